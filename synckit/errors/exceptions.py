@@ -1,0 +1,81 @@
+"""The synckit exception tree.
+
+Every exception synckit raises derives from :class:`SynckitError`. The
+categories are named for what the runtime does with them::
+
+    SynckitError
+    ├── ConfigurationError        bad URL, bad config, unknown connector: fix and rerun
+    ├── DatabaseError             the database cannot be used
+    │   └── DatabaseUnavailable   cannot connect right now: retried with backoff
+    ├── JobError                  a job operation was refused (not found, running, bad payload)
+    │   ├── JobNotFound
+    │   └── JobStateError
+    └── HandlerOutcome            raised by handlers to steer the runtime
+        ├── RetryableError        retry with backoff (or after ``retry_after``)
+        │   └── RateLimited       the resource is throttled: defer the whole resource
+        ├── NeedsReauth           credentials refused: stop the connection, keep attempts
+        └── PermanentError        never retry: dead-letter for review
+
+httpx and SQLAlchemy errors are translated into these at one seam each
+(``synckit.errors.classify`` and ``synckit.runtime.db``), with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+
+class SynckitError(Exception):
+    """Root of every error synckit raises."""
+
+
+class ConfigurationError(SynckitError):
+    """Configuration that cannot work: a bad URL, an invalid tenant config, a missing key."""
+
+
+class DatabaseError(SynckitError):
+    """The database cannot be used (unreachable, read-only, wrong schema)."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached right now; callers may retry with backoff."""
+
+
+class JobError(SynckitError):
+    """A job operation was refused."""
+
+
+class JobNotFound(JobError):
+    """No job has the given id."""
+
+
+class JobStateError(JobError):
+    """The job is in a state that does not allow the operation (for example, running)."""
+
+
+class HandlerOutcome(SynckitError):
+    """Base of the exceptions a handler raises to tell the runtime what happened."""
+
+
+class RetryableError(HandlerOutcome):
+    """The attempt failed but may succeed later.
+
+    ``retry_after`` is a wait the server asked for; the runtime honours it (plus a buffer)
+    instead of its computed backoff.
+    """
+
+    def __init__(self, message: str, *, retry_after: timedelta | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RateLimited(RetryableError):
+    """The resource is throttled; no job of the resource should call it before the wait ends."""
+
+
+class NeedsReauth(HandlerOutcome):
+    """The connection's credentials were refused; a human must re-authorise it."""
+
+
+class PermanentError(HandlerOutcome):
+    """The work can never succeed as it is; retrying is pointless. It goes to the DLQ."""

@@ -1,0 +1,223 @@
+"""The engine factory and the one seam where driver errors become synckit errors.
+
+``open_database(url)`` gives a :class:`Database`: an async SQLAlchemy engine configured
+for the engine behind the URL.
+
+* SQLite (the embedded default): WAL, ``busy_timeout``, foreign keys and
+  ``synchronous=NORMAL`` on every connection, and every transaction opened with
+  ``BEGIN IMMEDIATE`` so that a transaction that will write takes the write lock up
+  front instead of failing with ``SQLITE_BUSY`` when it upgrades from a read.
+* PostgreSQL (through asyncpg): a connection pool with pre-ping, so a restarted server
+  costs a reconnect rather than a failed job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from synckit.errors.exceptions import (
+    ConfigurationError,
+    DatabaseError,
+    DatabaseUnavailable,
+)
+
+DEFAULT_URL = "sqlite:///synckit.db"
+ENV_URL = "SYNCKIT_DATABASE_URL"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def database_url_from_env(explicit: str | None = None) -> str:
+    """The URL to use: the explicit one, else ``$SYNCKIT_DATABASE_URL``, else the default."""
+    return explicit or os.environ.get(ENV_URL) or DEFAULT_URL
+
+
+def mask_url(url: str | URL) -> str:
+    """The URL with any password replaced by ``***``, safe to print."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return re.sub(r"//([^:/@]*):[^@]*@", r"//\1:***@", str(url))
+
+
+def normalize_url(url: str) -> URL:
+    """Map a user's URL onto the async driver synckit uses for its engine.
+
+    ``sqlite:///x.db`` becomes ``sqlite+aiosqlite:///x.db``; ``postgresql://``,
+    ``postgres://`` and the psycopg/asyncpg variants become ``postgresql+asyncpg://``.
+    Anything else is a :class:`ConfigurationError`.
+    """
+    raw = url.strip()
+    if raw.startswith("postgres://"):
+        raw = "postgresql://" + raw[len("postgres://") :]
+    try:
+        parsed = make_url(raw)
+    except ArgumentError as exc:
+        raise ConfigurationError(f"cannot parse database URL {mask_url(raw)!r}") from exc
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise ConfigurationError(
+                "an in-memory SQLite database cannot be shared by workers; "
+                "use a file URL such as sqlite:///synckit.db"
+            )
+        return parsed.set(drivername="sqlite+aiosqlite")
+    if backend == "postgresql":
+        return parsed.set(drivername="postgresql+asyncpg")
+    raise ConfigurationError(
+        f"unsupported database URL {mask_url(raw)!r}: synckit runs on sqlite:/// or postgresql://"
+    )
+
+
+def _install_sqlite_pragmas(engine: AsyncEngine) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event below own transaction control.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+@dataclass(frozen=True)
+class Database:
+    """An engine and what synckit needs to know about it."""
+
+    engine: AsyncEngine
+    url: URL
+    #: The URL as the user gave it (before the async driver was filled in).
+    given_url: str
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self.engine.dialect.name
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @property
+    def display_url(self) -> str:
+        """The user's URL with the password masked."""
+        return mask_url(self.given_url)
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in a transaction, committed on exit, rolled back on error.
+
+        Driver errors are translated into :class:`DatabaseError` at this seam.
+        """
+        try:
+            async with self.engine.begin() as conn:
+                yield conn
+        except DBAPIError as exc:
+            raise translate_db_error(exc, self.given_url) from exc
+        except OSError as exc:
+            raise DatabaseUnavailable(f"cannot reach database {self.display_url}: {exc}") from exc
+
+    async def check(self) -> None:
+        """Connect and prove the database is usable for writing; raise a clear error if not."""
+        async with self.begin() as conn:
+            await conn.execute(text("SELECT 1"))
+            if self.dialect == "sqlite":
+                # A read-only file opens fine and only fails on the first write.
+                mode = (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar()
+                if str(mode).lower() != "wal":
+                    raise DatabaseError(
+                        f"database {self.display_url} is not writable (journal mode {mode})"
+                    )
+                await conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS _synckit_probe(x)")
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()
+
+
+def translate_db_error(exc: BaseException, url: URL | str) -> DatabaseError:
+    """Turn a driver error into a one-line :class:`DatabaseError` naming the database."""
+    shown = mask_url(url)
+    orig = getattr(exc, "orig", None) or exc
+    message = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    lowered = message.lower()
+    if "readonly" in lowered or "read-only" in lowered or "read only" in lowered:
+        return DatabaseError(f"database {shown} is read-only: {message}")
+    if "unable to open database file" in lowered:
+        return DatabaseError(f"cannot open database {shown}: {message}")
+    unavailable_markers = (
+        "connection refused",
+        "could not connect",
+        "connect call failed",
+        "connection was closed",
+        "connection is closed",
+        "connectiondoesnotexist",
+        "cannot connect",
+        "the database system is starting up",
+        "the database system is shutting down",
+        "terminating connection",
+        "timeout",
+    )
+    if getattr(exc, "connection_invalidated", False) or any(
+        m in lowered for m in unavailable_markers
+    ):
+        return DatabaseUnavailable(f"cannot reach database {shown}: {message}")
+    return DatabaseError(f"database {shown}: {message}")
+
+
+def open_database(
+    url: str | None = None,
+    *,
+    pool_size: int = 10,
+    echo: bool = False,
+    pg_schema: str | None = None,
+) -> Database:
+    """Create the engine for ``url`` (see :func:`database_url_from_env` for the default).
+
+    ``pg_schema`` puts synckit's tables in that PostgreSQL schema (its ``search_path``);
+    tests use it to give every test a database of its own. Raises
+    :class:`ConfigurationError` for a URL synckit cannot use. Nothing is connected until
+    first use; call :meth:`Database.check` to fail fast.
+    """
+    given = database_url_from_env(url)
+    parsed = normalize_url(given)
+    # ``?search_path=name`` on a PostgreSQL URL selects the schema, so that a URL alone
+    # (passed to a worker process, say) says everything about where the tables live.
+    url_schema = parsed.query.get("search_path")
+    if isinstance(url_schema, tuple):
+        url_schema = url_schema[-1]
+    parsed = parsed.difference_update_query(["search_path"])
+    pg_schema = pg_schema or url_schema
+    kwargs: dict[str, Any] = {"echo": echo}
+    if parsed.get_backend_name() == "postgresql":
+        kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+        connect_args: dict[str, Any] = {"timeout": 10}
+        if pg_schema:
+            connect_args["server_settings"] = {"search_path": pg_schema}
+        kwargs["connect_args"] = connect_args
+    try:
+        engine = create_async_engine(parsed, **kwargs)
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        hint = " (install synckit[postgres])" if "asyncpg" in str(exc) else ""
+        raise ConfigurationError(
+            f"cannot create an engine for {mask_url(parsed)}: {exc}{hint}"
+        ) from exc
+    if engine.dialect.name == "sqlite":
+        _install_sqlite_pragmas(engine)
+    return Database(engine=engine, url=parsed, given_url=given)

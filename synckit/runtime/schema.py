@@ -1,0 +1,306 @@
+"""The whole synckit schema as SQLAlchemy Core tables, one definition for both engines.
+
+Every timestamp is a timezone-aware UTC ``datetime`` in Python, whatever the engine
+(:class:`UTCDateTime`). JSON columns are ``JSONB`` on PostgreSQL and JSON text on SQLite.
+Indexes are named for the query they serve; the hot ones are partial so that finished
+rows (the bulk of a long-lived table) never slow a claim.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Dialect,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is timezone-aware UTC in Python on every engine.
+
+    PostgreSQL stores ``timestamptz``. SQLite has no time zones, so the value is stored
+    as naive UTC text (fixed width, so text order is time order) and given back as UTC.
+    Naive datetimes are refused: a naive value is ambiguous and a source of silent bugs.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: synckit timestamps must be timezone-aware")
+        value = value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (and so auto-increment).
+BigID = BigInteger().with_variant(Integer(), "sqlite")
+
+PENDING, RUNNING = "pending", "running"
+
+
+def _ts(name: str, **kw: Any) -> Column[datetime]:
+    return Column(name, UTCDateTime(), **kw)
+
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", BigID, primary_key=True, autoincrement=True),
+    Column("kind", String(200), nullable=False),
+    Column("resource_key", String(200)),
+    Column("payload", JSONType, nullable=False),
+    # pending | running | succeeded | dead | cancelled | discarded
+    Column("status", String(16), nullable=False),
+    Column("priority", Integer, nullable=False, server_default="0"),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("max_attempts", Integer, nullable=False, server_default="5"),
+    _ts("run_at", nullable=False),
+    Column("unique_key", String(300)),
+    Column("locked_by", String(100)),
+    Column("claim_token", BigInteger),
+    _ts("heartbeat_at"),
+    _ts("lease_expires_at"),
+    Column("last_error", Text),
+    Column("error_class", String(32)),
+    Column("errors", JSONType),
+    Column("trace_id", String(64)),
+    Column("recurring", String(200)),
+    _ts("created_at", nullable=False),
+    _ts("updated_at", nullable=False),
+    _ts("started_at"),
+    _ts("finished_at"),
+    # Due jobs without a resource key, in claim order. The partial predicate keeps the
+    # index as small as the backlog, however many finished rows the table holds.
+    Index(
+        "ix_jobs_due",
+        "priority",
+        "run_at",
+        "id",
+        postgresql_where=text("status = 'pending' AND resource_key IS NULL"),
+        sqlite_where=text("status = 'pending' AND resource_key IS NULL"),
+    ),
+    # Due jobs of one resource lane, in claim order.
+    Index(
+        "ix_jobs_lane_due",
+        "resource_key",
+        "priority",
+        "run_at",
+        "id",
+        postgresql_where=text("status = 'pending' AND resource_key IS NOT NULL"),
+        sqlite_where=text("status = 'pending' AND resource_key IS NOT NULL"),
+    ),
+    # Running jobs: in-flight counts per resource and lease rescue.
+    Index(
+        "ix_jobs_running",
+        "resource_key",
+        "lease_expires_at",
+        postgresql_where=text("status = 'running'"),
+        sqlite_where=text("status = 'running'"),
+    ),
+    # One unfinished job per unique key.
+    Index(
+        "uq_jobs_unique_key_unfinished",
+        "unique_key",
+        unique=True,
+        postgresql_where=text("status IN ('pending', 'running')"),
+        sqlite_where=text("status IN ('pending', 'running')"),
+    ),
+    Index("ix_jobs_status_kind", "status", "kind"),
+    Index("ix_jobs_finished_at", "finished_at"),
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("id", BigID, primary_key=True, autoincrement=True),
+    Column("tenant", String(200), nullable=False),
+    Column("connector", String(200), nullable=False),
+    Column("kind", String(200), nullable=False),
+    Column("record_id", String(500), nullable=False),
+    Column("job_id", BigInteger),
+    Column("resource_key", String(200)),
+    Column("payload", JSONType),
+    Column("error_class", String(32), nullable=False),
+    Column("error_message", Text, nullable=False),
+    Column("traceback", Text),
+    Column("history", JSONType),
+    Column("trace_id", String(64)),
+    Column("attempt_count", Integer, nullable=False, server_default="1"),
+    Column("replay_attempts", Integer, nullable=False, server_default="0"),
+    # pending | resolved | ignored | review
+    Column("status", String(16), nullable=False),
+    Column("status_reason", Text),
+    _ts("first_failed_at", nullable=False),
+    _ts("last_attempt_at", nullable=False),
+    _ts("next_retry_at"),
+    _ts("resolved_at"),
+    UniqueConstraint("tenant", "connector", "kind", "record_id", name="uq_dead_letters_record"),
+    Index(
+        "ix_dead_letters_due",
+        "next_retry_at",
+        "id",
+        postgresql_where=text("status = 'pending'"),
+        sqlite_where=text("status = 'pending'"),
+    ),
+    Index("ix_dead_letters_tenant_status", "tenant", "status", "error_class"),
+    Index("ix_dead_letters_status_last", "status", "last_attempt_at"),
+)
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("tenant", String(200), primary_key=True),
+    Column("connector", String(200), primary_key=True),
+    Column("stream", String(200), primary_key=True),
+    Column("cursor", JSONType),
+    _ts("updated_at", nullable=False),
+)
+
+resources = Table(
+    "resources",
+    metadata,
+    Column("resource_key", String(200), primary_key=True),
+    # The API-wide resource whose breaker also gates this one (None for a global resource).
+    Column("parent_key", String(200)),
+    # closed | open | half_open
+    Column("state", String(16), nullable=False, server_default="closed"),
+    Column("consecutive_failures", Integer, nullable=False, server_default="0"),
+    Column("reopen_count", Integer, nullable=False, server_default="0"),
+    _ts("opened_at"),
+    _ts("cooldown_until"),
+    Column("probe_job_id", BigInteger),
+    _ts("next_available_at"),
+    Column("last_error_class", String(32)),
+    Column("last_error", Text),
+    Column("max_in_flight", Integer),
+    Column("rate_per_s", Float),
+    Column("burst", Integer),
+    Column("tokens", Float),
+    _ts("tokens_at"),
+    _ts("last_claimed_at"),
+    _ts("updated_at", nullable=False),
+)
+
+intents = Table(
+    "intents",
+    metadata,
+    Column("id", BigID, primary_key=True, autoincrement=True),
+    Column("tenant", String(200), nullable=False),
+    Column("connector", String(200), nullable=False),
+    Column("intent_key", String(300), nullable=False),
+    # pending | done
+    Column("status", String(16), nullable=False),
+    Column("fingerprint", String(128), nullable=False),
+    Column("remote_id", String(500)),
+    Column("result", JSONType),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    _ts("created_at", nullable=False),
+    _ts("updated_at", nullable=False),
+    UniqueConstraint("tenant", "connector", "intent_key", name="uq_intents_key"),
+)
+
+connections = Table(
+    "connections",
+    metadata,
+    Column("tenant", String(200), primary_key=True),
+    Column("connector", String(200), nullable=False),
+    Column("resource_key", String(200), nullable=False),
+    Column("config", JSONType),
+    Column("schedule", String(200)),
+    Column("token_set", LargeBinary),
+    # active | needs_reauth | paused
+    Column("status", String(16), nullable=False, server_default="active"),
+    Column("status_reason", Text),
+    _ts("token_expires_at"),
+    _ts("created_at", nullable=False),
+    _ts("updated_at", nullable=False),
+    Index("ix_connections_resource_key", "resource_key"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", BigID, primary_key=True, autoincrement=True),
+    Column("topic", String(300), nullable=False),
+    Column("key", String(300)),
+    Column("payload", JSONType, nullable=False),
+    Column("message_id", String(100), nullable=False, unique=True),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("last_error", Text),
+    # pending | published | failed
+    Column("status", String(16), nullable=False, server_default="pending"),
+    _ts("next_attempt_at", nullable=False),
+    _ts("created_at", nullable=False),
+    _ts("published_at"),
+    Index(
+        "ix_outbox_pending",
+        "next_attempt_at",
+        "id",
+        postgresql_where=text("status = 'pending'"),
+        sqlite_where=text("status = 'pending'"),
+    ),
+)
+
+audit_buckets = Table(
+    "audit_buckets",
+    metadata,
+    Column("tenant", String(200), primary_key=True),
+    Column("connector", String(200), primary_key=True),
+    _ts("minute", primary_key=True),
+    Column("app_version", String(64), primary_key=True, server_default=""),
+    Column("ok", Integer, nullable=False, server_default="0"),
+    Column("failed", Integer, nullable=False, server_default="0"),
+    Column("failed_by_class", JSONType),
+    Index("ix_audit_buckets_minute", "minute"),
+)
+
+cron_ticks = Table(
+    "cron_ticks",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    _ts("last_tick_at"),
+    _ts("next_tick_at", nullable=False),
+    Column("spec", String(200), nullable=False),
+    Column("enabled", Boolean, nullable=False, server_default=text("true")),
+)

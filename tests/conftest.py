@@ -1,0 +1,114 @@
+"""Shared fixtures: a migrated database on every engine, each test isolated.
+
+Storage tests take the ``db`` (or ``db_url``) fixture and so run once on SQLite and once
+on PostgreSQL. PostgreSQL comes from ``$SYNCKIT_TEST_POSTGRES_URL`` (default: the server on
+127.0.0.1:5432, database ``test``); every test gets a schema of its own, dropped afterwards.
+Where PostgreSQL cannot be reached its cases are skipped with the reason, unless
+``SYNCKIT_REQUIRE_SERVICES=1``, where they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from synckit.runtime import migrate
+from synckit.runtime.db import Database, open_database
+
+PG_URL = os.environ.get(
+    "SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+REQUIRE_SERVICES = os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1"
+ENGINES = ["sqlite", "postgresql"]
+
+
+def service_unavailable(name: str, reason: str) -> None:
+    """Skip the test, or fail it when the services are required (CI)."""
+    message = f"{name} unavailable: {reason}"
+    if REQUIRE_SERVICES:
+        pytest.fail(message + " (SYNCKIT_REQUIRE_SERVICES=1)")
+    pytest.skip(message)
+
+
+def _tcp_reachable(host: str, port: int) -> str | None:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return None
+    except OSError as exc:
+        return f"{host}:{port}: {exc}"
+
+
+_pg_problem: list[str | None] = []
+
+
+def postgres_problem() -> str | None:
+    """Why PostgreSQL cannot be used, or None (checked once per session)."""
+    if not _pg_problem:
+        url = make_url(PG_URL)
+        _pg_problem.append(_tcp_reachable(url.host or "127.0.0.1", url.port or 5432))
+    return _pg_problem[0]
+
+
+async def _pg_admin(sql: str) -> None:
+    admin = open_database(PG_URL, pool_size=1)
+    try:
+        async with admin.engine.connect() as conn:
+            await conn.exec_driver_sql(sql)
+            await conn.commit()
+    finally:
+        await admin.dispose()
+
+
+@pytest.fixture(params=ENGINES)
+def engine_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    if name == "postgresql" and (problem := postgres_problem()):
+        service_unavailable("PostgreSQL", problem)
+    return name
+
+
+@pytest.fixture
+def db_url(engine_name: str, tmp_path: Path) -> Iterator[str]:
+    """An empty database of the parametrized engine, as a URL (usable by subprocesses)."""
+    if engine_name == "sqlite":
+        yield f"sqlite:///{tmp_path / 'synckit.db'}"
+        return
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    asyncio.run(_pg_admin(f"CREATE SCHEMA {schema}"))
+    sep = "&" if "?" in PG_URL else "?"
+    try:
+        yield f"{PG_URL}{sep}search_path={schema}"
+    finally:
+        asyncio.run(_pg_admin(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+
+
+@pytest.fixture
+def migrated_url(db_url: str) -> str:
+    """A database URL whose schema is at head."""
+
+    async def go() -> None:
+        d = open_database(db_url)
+        try:
+            await migrate.upgrade(d)
+        finally:
+            await d.dispose()
+
+    asyncio.run(go())
+    return db_url
+
+
+@pytest.fixture
+async def db(migrated_url: str) -> AsyncIterator[Database]:
+    """A migrated database on each engine, isolated to this test."""
+    d = open_database(migrated_url)
+    try:
+        yield d
+    finally:
+        await d.dispose()

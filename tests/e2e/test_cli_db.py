@@ -1,0 +1,99 @@
+"""`synckit db ...` run as a subprocess, on both engines, and its error cases."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SYNCKIT = [sys.executable, "-m", "synckit.cli"]
+
+
+def synckit(
+    *args: str, env: dict[str, str] | None = None, as_nobody: bool = False
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if as_nobody else []
+    return subprocess.run(
+        [*prefix, *SYNCKIT, *args], capture_output=True, text=True, env=full_env, timeout=60
+    )
+
+
+def test_db_upgrade_current_downgrade(db_url: str) -> None:
+    """upgrade creates the schema, current reports head, downgrade base empties it."""
+    up = synckit("db", "upgrade", "--database-url", db_url)
+    assert up.returncode == 0, up.stderr
+    assert "at revision 0001" in up.stdout
+    cur = synckit("db", "current", "--database-url", db_url)
+    assert cur.stdout.strip() == "0001 (up to date)"
+    again = synckit("db", "upgrade", "--database-url", db_url)
+    assert again.returncode == 0 and "at revision 0001" in again.stdout
+    down = synckit("db", "downgrade", "base", "--database-url", db_url)
+    assert down.returncode == 0, down.stderr
+    assert synckit("db", "current", "--database-url", db_url).stdout.startswith("base")
+
+
+def test_default_url_is_sqlite_in_working_directory(tmp_path: Path) -> None:
+    """Without a URL, synckit uses sqlite:///synckit.db in the working directory."""
+    env = {k: v for k, v in os.environ.items() if k != "SYNCKIT_DATABASE_URL"}
+    result = subprocess.run([*SYNCKIT, "db", "upgrade"], capture_output=True, text=True,
+                            env=env, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "synckit.db").exists()
+
+
+def test_url_from_environment(tmp_path: Path) -> None:
+    """SYNCKIT_DATABASE_URL is used when --database-url is absent."""
+    path = tmp_path / "env.db"
+    result = synckit("db", "upgrade", env={"SYNCKIT_DATABASE_URL": f"sqlite:///{path}"})
+    assert result.returncode == 0, result.stderr
+    assert path.exists()
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_unusable_url_is_one_line_with_password_masked() -> None:
+    """A URL synckit cannot use: one line, exit 2, password masked."""
+    line = _one_line_error(synckit("db", "upgrade", "--database-url", "mysql://u:hunter2@h/db"))
+    assert "unsupported database URL" in line
+    assert "hunter2" not in line and "***" in line
+
+
+def test_unreachable_server_is_one_line_with_password_masked() -> None:
+    """An unreachable PostgreSQL server: one line, exit 2, password masked."""
+    url = "postgresql://u:hunter2@127.0.0.1:9/db"
+    line = _one_line_error(synckit("db", "current", "--database-url", url))
+    assert "cannot reach database" in line
+    assert "hunter2" not in line
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
+def test_read_only_sqlite_path_is_one_line(tmp_path: Path) -> None:
+    """A read-only SQLite file, and a path in a read-only directory: one line, exit 2."""
+    as_nobody = os.geteuid() == 0  # root ignores permission bits
+    db_file = tmp_path / "ro.db"
+    assert synckit("db", "upgrade", "--database-url", f"sqlite:///{db_file}").returncode == 0
+    for p in tmp_path.iterdir():
+        p.chmod(0o444)
+    tmp_path.chmod(0o555)
+    try:
+        line = _one_line_error(
+            synckit("db", "upgrade", "--database-url", f"sqlite:///{db_file}", as_nobody=as_nobody)
+        )
+        assert "read-only" in line or "cannot open" in line
+        line = _one_line_error(
+            synckit("db", "upgrade", "--database-url", f"sqlite:///{tmp_path}/new.db", as_nobody=as_nobody)
+        )
+        assert "cannot open database" in line
+    finally:
+        tmp_path.chmod(0o755)
