@@ -110,26 +110,6 @@ jobs = Table(
     _ts("updated_at", nullable=False),
     _ts("started_at"),
     _ts("finished_at"),
-    # Due jobs without a resource key, in claim order. The partial predicate keeps the
-    # index as small as the backlog, however many finished rows the table holds.
-    Index(
-        "ix_jobs_due",
-        "priority",
-        "run_at",
-        "id",
-        postgresql_where=text("status = 'pending' AND resource_key IS NULL"),
-        sqlite_where=text("status = 'pending' AND resource_key IS NULL"),
-    ),
-    # Due jobs of one resource lane, in claim order.
-    Index(
-        "ix_jobs_lane_due",
-        "resource_key",
-        "priority",
-        "run_at",
-        "id",
-        postgresql_where=text("status = 'pending' AND resource_key IS NOT NULL"),
-        sqlite_where=text("status = 'pending' AND resource_key IS NOT NULL"),
-    ),
     # Running jobs: in-flight counts per resource and lease rescue.
     Index(
         "ix_jobs_running",
@@ -148,6 +128,28 @@ jobs = Table(
     ),
     Index("ix_jobs_status_kind", "status", "kind"),
     Index("ix_jobs_finished_at", "finished_at"),
+)
+
+# Due jobs without a resource key, in claim order (highest priority, then oldest). The
+# partial predicate keeps the index as small as the backlog, however many finished rows
+# the table holds.
+Index(
+    "ix_jobs_due",
+    jobs.c.priority.desc(),
+    jobs.c.run_at,
+    jobs.c.id,
+    postgresql_where=text("status = 'pending' AND resource_key IS NULL"),
+    sqlite_where=text("status = 'pending' AND resource_key IS NULL"),
+)
+# Due jobs of one resource lane, in claim order.
+Index(
+    "ix_jobs_lane_due",
+    jobs.c.resource_key,
+    jobs.c.priority.desc(),
+    jobs.c.run_at,
+    jobs.c.id,
+    postgresql_where=text("status = 'pending' AND resource_key IS NOT NULL"),
+    sqlite_where=text("status = 'pending' AND resource_key IS NOT NULL"),
 )
 
 dead_letters = Table(

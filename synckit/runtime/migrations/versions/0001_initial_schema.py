@@ -1,17 +1,17 @@
 """initial schema
 
 Revision ID: 0001
-Revises:
-Create Date: 2026-11-22 00:01:01.121474
+Revises: (none)
+Create Date: 2026-11-22 00:03:50.662471
 """
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
 
 import synckit.runtime.schema
+from sqlalchemy.dialects import postgresql
 
 revision = "0001"
 down_revision = None
@@ -221,7 +221,7 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.create_index(
             "ix_jobs_due",
-            ["priority", "run_at", "id"],
+            [sa.literal_column("priority DESC"), "run_at", "id"],
             unique=False,
             postgresql_where=sa.text("status = 'pending' AND resource_key IS NULL"),
             sqlite_where=sa.text("status = 'pending' AND resource_key IS NULL"),
@@ -229,7 +229,7 @@ def upgrade() -> None:
         batch_op.create_index("ix_jobs_finished_at", ["finished_at"], unique=False)
         batch_op.create_index(
             "ix_jobs_lane_due",
-            ["resource_key", "priority", "run_at", "id"],
+            ["resource_key", sa.literal_column("priority DESC"), "run_at", "id"],
             unique=False,
             postgresql_where=sa.text("status = 'pending' AND resource_key IS NOT NULL"),
             sqlite_where=sa.text("status = 'pending' AND resource_key IS NOT NULL"),
