@@ -22,9 +22,7 @@ from sqlalchemy.engine import make_url
 from synckit.runtime import migrate
 from synckit.runtime.db import Database, open_database
 
-PG_URL = os.environ.get(
-    "SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-)
+PG_URL = os.environ.get("SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REQUIRE_SERVICES = os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1"
 ENGINES = ["sqlite", "postgresql"]
 

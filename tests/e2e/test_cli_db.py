@@ -39,8 +39,14 @@ def test_db_upgrade_current_downgrade(db_url: str) -> None:
 def test_default_url_is_sqlite_in_working_directory(tmp_path: Path) -> None:
     """Without a URL, synckit uses sqlite:///synckit.db in the working directory."""
     env = {k: v for k, v in os.environ.items() if k != "SYNCKIT_DATABASE_URL"}
-    result = subprocess.run([*SYNCKIT, "db", "upgrade"], capture_output=True, text=True,
-                            env=env, cwd=tmp_path, timeout=60)
+    result = subprocess.run(
+        [*SYNCKIT, "db", "upgrade"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "synckit.db").exists()
 
@@ -92,7 +98,13 @@ def test_read_only_sqlite_path_is_one_line(tmp_path: Path) -> None:
         )
         assert "read-only" in line or "cannot open" in line
         line = _one_line_error(
-            synckit("db", "upgrade", "--database-url", f"sqlite:///{tmp_path}/new.db", as_nobody=as_nobody)
+            synckit(
+                "db",
+                "upgrade",
+                "--database-url",
+                f"sqlite:///{tmp_path}/new.db",
+                as_nobody=as_nobody,
+            )
         )
         assert "cannot open database" in line
     finally:

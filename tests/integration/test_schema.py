@@ -96,8 +96,13 @@ async def test_timestamp_order_in_sql_is_time_order(db: Database) -> None:
         for i, ts in enumerate(stamps):
             await conn.execute(
                 insert(jobs).values(
-                    kind="k", payload={}, status="pending", run_at=ts,
-                    created_at=ts, updated_at=ts, priority=i,
+                    kind="k",
+                    payload={},
+                    status="pending",
+                    run_at=ts,
+                    created_at=ts,
+                    updated_at=ts,
+                    priority=i,
                 )
             )
         due = (

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 import synckit.runtime.schema
-from sqlalchemy.dialects import postgresql
 
 revision = "0001"
 down_revision = None
