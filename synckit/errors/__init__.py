@@ -1,0 +1,98 @@
+"""Error handling decisions: classification, Retry-After parsing, backoff, circuit breaker.
+
+Everything here is pure: values in, frozen dataclasses out, no I/O, no logging.
+"""
+
+from synckit.errors.backoff import (
+    RetryDecision,
+    RetryPolicy,
+    is_testing,
+    retry_delay,
+    set_testing,
+)
+from synckit.errors.breaker import (
+    BreakerDecision,
+    BreakerOutcome,
+    BreakerPolicy,
+    BreakerSnapshot,
+    BreakerState,
+    breaker_allows,
+    breaker_claim_probe,
+    breaker_outcome,
+    breaker_transition,
+    reopen_cooldown,
+)
+from synckit.errors.classify import (
+    DEFAULT_MAX_ATTEMPTS,
+    BodyRule,
+    Classification,
+    ClassifyRules,
+    ErrorClass,
+    classify,
+)
+from synckit.errors.exceptions import (
+    ConfigurationError,
+    DatabaseError,
+    DatabaseUnavailable,
+    HandlerOutcome,
+    JobError,
+    JobNotFound,
+    JobStateError,
+    NeedsReauth,
+    PermanentError,
+    RateLimited,
+    RetryableError,
+    SynckitError,
+)
+from synckit.errors.headers import (
+    MAX_WAIT,
+    HeadersLike,
+    RateLimitInfo,
+    parse_rate_limit,
+    parse_retry_after,
+    parse_retry_after_ms,
+    server_wait,
+)
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "MAX_WAIT",
+    "BodyRule",
+    "BreakerDecision",
+    "BreakerOutcome",
+    "BreakerPolicy",
+    "BreakerSnapshot",
+    "BreakerState",
+    "Classification",
+    "ClassifyRules",
+    "ConfigurationError",
+    "DatabaseError",
+    "DatabaseUnavailable",
+    "ErrorClass",
+    "HandlerOutcome",
+    "HeadersLike",
+    "JobError",
+    "JobNotFound",
+    "JobStateError",
+    "NeedsReauth",
+    "PermanentError",
+    "RateLimitInfo",
+    "RateLimited",
+    "RetryDecision",
+    "RetryPolicy",
+    "RetryableError",
+    "SynckitError",
+    "breaker_allows",
+    "breaker_claim_probe",
+    "breaker_outcome",
+    "breaker_transition",
+    "classify",
+    "is_testing",
+    "parse_rate_limit",
+    "parse_retry_after",
+    "parse_retry_after_ms",
+    "reopen_cooldown",
+    "retry_delay",
+    "server_wait",
+    "set_testing",
+]

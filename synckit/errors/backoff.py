@@ -1,0 +1,206 @@
+"""How long to wait before the next attempt: one small pure function, :func:`retry_delay`.
+
+The computed backoff is exponential with *equal-ish jitter*: the exponential delay
+``d = min(cap, base * multiplier ** (attempt - 1))`` is multiplied by ``1 - jitter * u``
+with ``u`` uniform in [0, 1). The default ``jitter=0.5`` is equal jitter (a delay in
+[d/2, d]): it spreads a crowd of workers that failed together, while still guaranteeing
+that the waits grow. ``jitter=1.0`` is AWS-style full jitter, ``0.0`` none.
+
+A wait the server asked for always wins over the computed backoff, even when it is
+shorter: the server knows. It gets a safety buffer (default +20%), because clocks
+differ and servers round. Every delay is at least ``floor``, so a ``Retry-After: 0``
+cannot make a retry loop spin; so every delay lies in
+``[floor, max(cap, server_wait * (1 + buffer))]``.
+
+Tests of code that retries should not sleep: use ``RetryPolicy.deterministic()`` for
+one policy, or :func:`set_testing` for the whole process (like ``stamina.set_testing``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from synckit.errors.classify import DEFAULT_MAX_ATTEMPTS, Classification, ErrorClass
+from synckit.errors.exceptions import ConfigurationError
+
+__all__ = [
+    "RetryDecision",
+    "RetryPolicy",
+    "is_testing",
+    "retry_delay",
+    "set_testing",
+]
+
+_MICROSECOND = timedelta(microseconds=1)
+# Beyond this the exponential term has long passed any cap; clamping keeps huge attempt
+# numbers from costing anything.
+_MAX_EXPONENT = 100_000
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """The knobs of :func:`retry_delay`.
+
+    ``max_server_wait``: a server wait longer than this turns the decision into
+    "defer the job until then" (``RetryDecision.defer``) instead of a sleep in the
+    worker. ``max_attempts`` applies to classifications that carry no limit of their own
+    (:func:`~synckit.errors.classify.classify` always sets one). ``fixed_delay``, when
+    set, replaces every computed and server-told delay (see :meth:`deterministic`).
+
+    Raises :class:`~synckit.errors.exceptions.ConfigurationError` when the values
+    cannot work together (negative durations, ``floor > cap``, ``multiplier < 1``,
+    ``jitter`` outside [0, 1]).
+    """
+
+    base: timedelta = timedelta(seconds=1)
+    cap: timedelta = timedelta(minutes=5)
+    multiplier: float = 2.0
+    jitter: float = 0.5
+    server_wait_buffer: float = 0.20
+    floor: timedelta = timedelta(seconds=1)
+    max_server_wait: timedelta = timedelta(minutes=15)
+    max_attempts: Mapping[ErrorClass, int] = field(default_factory=lambda: DEFAULT_MAX_ATTEMPTS)
+    fixed_delay: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        zero = timedelta(0)
+        problems = [
+            message
+            for failed, message in (
+                (self.base < zero, "base must not be negative"),
+                (self.floor < zero, "floor must not be negative"),
+                (self.floor > self.cap, "floor must not exceed cap"),
+                (self.max_server_wait < zero, "max_server_wait must not be negative"),
+                (not (math.isfinite(self.multiplier) and self.multiplier >= 1), "multiplier < 1"),
+                (not 0.0 <= self.jitter <= 1.0, "jitter must be in [0, 1]"),
+                (
+                    not (math.isfinite(self.server_wait_buffer) and self.server_wait_buffer >= 0),
+                    "server_wait_buffer must be a non-negative number",
+                ),
+                (
+                    self.fixed_delay is not None and self.fixed_delay < zero,
+                    "fixed_delay must not be negative",
+                ),
+            )
+            if failed
+        ]
+        if problems:
+            raise ConfigurationError(f"invalid RetryPolicy: {'; '.join(problems)}")
+
+    @classmethod
+    def deterministic(cls, delay: timedelta = timedelta(0)) -> RetryPolicy:
+        """A policy for tests: every retry waits exactly ``delay``, no jitter, no defer.
+
+        Server-told waits are ignored too, so a fake API answering ``Retry-After: 30``
+        does not slow the test down. Attempt limits still apply.
+        """
+        return cls(
+            base=delay, cap=delay, multiplier=1.0, jitter=0.0, floor=delay, fixed_delay=delay
+        )
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    """Retry after ``delay``. When ``defer`` is true the runtime reschedules the job
+    (and, for rate limits, the resource) for ``now + delay`` rather than sleeping.
+    ``server_told`` says the delay came from the server rather than the backoff."""
+
+    delay: timedelta
+    defer: bool
+    reason: str
+    server_told: bool
+
+
+_testing_delay: timedelta | None = None
+
+
+def set_testing(enabled: bool, delay: timedelta = timedelta(0)) -> None:
+    """Make every retry in this process wait exactly ``delay`` (default: no wait).
+
+    Process-global, meant for test suites of code built on synckit; attempt limits still
+    apply. ``set_testing(False)`` restores normal behaviour.
+    """
+    global _testing_delay
+    if enabled and delay < timedelta(0):
+        raise ConfigurationError("the testing delay must not be negative")
+    _testing_delay = delay if enabled else None
+
+
+def is_testing() -> bool:
+    """Whether :func:`set_testing` is in effect."""
+    return _testing_delay is not None
+
+
+def retry_delay(
+    classification: Classification,
+    attempt: int,
+    policy: RetryPolicy,
+    *,
+    rng: random.Random | Callable[[], float],
+) -> RetryDecision | None:
+    """When to retry after attempt number ``attempt`` (1-based) failed, or None for never.
+
+    None when the class is not retryable or ``attempt`` reached the attempt limit (the
+    classification's, else the policy's for the class). Never raises for any ``attempt``.
+    ``rng`` returns floats in [0, 1): a :class:`random.Random` or a function; it is only
+    called for computed backoffs.
+    """
+    if not classification.retryable:
+        return None
+    limit = classification.max_attempts
+    if limit is None:
+        limit = policy.max_attempts.get(classification.error_class)
+    if limit is not None and attempt >= limit:
+        return None
+    server_told = classification.retry_after is not None
+
+    if _testing_delay is not None:
+        return RetryDecision(_testing_delay, False, "testing mode: fixed delay", server_told)
+    if policy.fixed_delay is not None:
+        return RetryDecision(policy.fixed_delay, False, "deterministic policy", server_told)
+
+    wait = classification.retry_after
+    if wait is not None and wait >= timedelta(0):
+        try:
+            buffered = wait * (1.0 + policy.server_wait_buffer)
+        except OverflowError:
+            buffered = timedelta.max
+        delay = max(policy.floor, buffered)
+        defer = wait > policy.max_server_wait
+        reason = f"server asked for {_show(wait)}, waiting {_show(delay)}"
+        if defer:
+            reason += f" (over {_show(policy.max_server_wait)}: deferred)"
+        return RetryDecision(delay, defer, reason, True)
+
+    delay = _backoff(policy, attempt, _uniform(rng))
+    return RetryDecision(
+        delay, False, f"backoff after attempt {attempt}: {_show(delay)}", server_told=False
+    )
+
+
+def _uniform(rng: random.Random | Callable[[], float]) -> float:
+    value = rng.random() if isinstance(rng, random.Random) else rng()
+    # A bad source (NaN, out of range) must not push a delay outside its bounds.
+    return value if 0.0 <= value <= 1.0 else 0.0
+
+
+def _backoff(policy: RetryPolicy, attempt: int, uniform: float) -> timedelta:
+    # Whole microseconds as ints, so that no float rounding can cross cap or floor.
+    cap = policy.cap // _MICROSECOND
+    floor = policy.floor // _MICROSECOND
+    exponent = min(max(attempt - 1, 0), _MAX_EXPONENT)
+    try:
+        grown = (policy.base // _MICROSECOND) * float(policy.multiplier) ** exponent
+    except OverflowError:
+        grown = math.inf
+    raw = cap if grown >= cap else int(grown)
+    jittered = min(raw, int(raw * (1.0 - policy.jitter * uniform)))
+    return max(floor, jittered) * _MICROSECOND
+
+
+def _show(delay: timedelta) -> str:
+    return f"{delay.total_seconds():g}s"

@@ -1,0 +1,218 @@
+"""The circuit breaker as pure functions over a stored snapshot.
+
+A breaker guards one resource (a tenant's connection, or a whole API). The runtime
+keeps its :class:`BreakerSnapshot` in the ``resources`` table and, shared by every
+worker, does three things with these functions:
+
+1. before a call, :func:`breaker_allows` says ``"allow"``, ``"deny"`` or ``"probe"``;
+   on ``"probe"`` the worker must *claim* the probe with a compare-and-set update to
+   the snapshot :func:`breaker_claim_probe` returns, so exactly one worker probes;
+2. after the call, :func:`breaker_transition` folds the outcome into the snapshot.
+
+States::
+
+    closed --(failure_threshold consecutive counted failures)--> open
+    open --(cool-down elapsed, probe claimed)--> half_open
+    half_open --probe success--> closed      (failures and re-open count reset)
+    half_open --probe failure--> open        (cool-down doubled, up to cooldown_cap)
+
+Failures whose classification has ``counts_for_breaker=False`` (validation, not found,
+authorization, conflict) are ``"ignored"`` outcomes: they leave the breaker as it is,
+except that an ignored probe result releases the probe so another can be claimed.
+A probe whose worker died is presumed lost after ``probe_timeout``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Literal
+
+from synckit.errors.classify import Classification
+from synckit.errors.exceptions import ConfigurationError
+
+__all__ = [
+    "BreakerDecision",
+    "BreakerOutcome",
+    "BreakerPolicy",
+    "BreakerSnapshot",
+    "BreakerState",
+    "breaker_allows",
+    "breaker_claim_probe",
+    "breaker_outcome",
+    "breaker_transition",
+    "reopen_cooldown",
+]
+
+BreakerDecision = Literal["allow", "probe", "deny"]
+
+_MICROSECOND = timedelta(microseconds=1)
+# Doubling past this many re-opens exceeds any cap a timedelta can hold.
+_MAX_DOUBLINGS = 64
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class BreakerOutcome(StrEnum):
+    """What a call through the breaker did, as far as the breaker cares."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    IGNORED = "ignored"
+
+
+@dataclass(frozen=True)
+class BreakerSnapshot:
+    """The stored state of one breaker. ``BreakerSnapshot()`` is a fresh, closed one.
+
+    ``cooldown_until`` is when an open breaker lets a probe through;
+    ``probe_expires_at`` is when a claimed probe is presumed lost.
+    """
+
+    state: BreakerState = BreakerState.CLOSED
+    consecutive_failures: int = 0
+    opened_at: datetime | None = None
+    reopen_count: int = 0
+    cooldown_until: datetime | None = None
+    probe_in_flight: bool = False
+    probe_expires_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    """``cooldown`` is the first open period; each re-open doubles it, up to
+    ``cooldown_cap``. ``probe_timeout`` bounds how long one claimed probe blocks others."""
+
+    failure_threshold: int = 5
+    cooldown: timedelta = timedelta(seconds=30)
+    cooldown_cap: timedelta = timedelta(minutes=10)
+    probe_timeout: timedelta = timedelta(minutes=5)
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 1:
+            raise ConfigurationError("failure_threshold must be at least 1")
+        if self.cooldown < timedelta(0) or self.cooldown_cap < self.cooldown:
+            raise ConfigurationError("need 0 <= cooldown <= cooldown_cap")
+        if self.probe_timeout <= timedelta(0):
+            raise ConfigurationError("probe_timeout must be positive")
+
+
+_DEFAULT_POLICY = BreakerPolicy()
+
+
+def _utc(moment: datetime) -> datetime:
+    # SQLite hands timestamps back naive; they are stored as UTC.
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def _before(now: datetime, deadline: datetime | None) -> bool:
+    return deadline is not None and _utc(now) < _utc(deadline)
+
+
+def breaker_outcome(classification: Classification | None) -> BreakerOutcome:
+    """The outcome of a call that succeeded (None) or failed with ``classification``."""
+    if classification is None:
+        return BreakerOutcome.SUCCESS
+    if not classification.counts_for_breaker:
+        return BreakerOutcome.IGNORED
+    return BreakerOutcome.FAILURE
+
+
+def reopen_cooldown(reopen_count: int, policy: BreakerPolicy = _DEFAULT_POLICY) -> timedelta:
+    """How long the breaker stays open after its ``reopen_count``-th re-open (0: first open)."""
+    doublings = min(max(reopen_count, 0), _MAX_DOUBLINGS)
+    # Integer microseconds: doubling an int cannot overflow the way timedelta * 2**n can.
+    grown = (policy.cooldown // _MICROSECOND) << doublings
+    return min(policy.cooldown_cap // _MICROSECOND, grown) * _MICROSECOND
+
+
+def breaker_allows(snapshot: BreakerSnapshot, now: datetime) -> BreakerDecision:
+    """Whether a call may go through now.
+
+    ``"probe"`` means one trial call may go, once the caller has atomically stored
+    :func:`breaker_claim_probe`'s result; if that store loses the race, treat it as deny.
+    """
+    if snapshot.state is BreakerState.CLOSED:
+        return "allow"
+    if snapshot.state is BreakerState.OPEN:
+        return "deny" if _before(now, snapshot.cooldown_until) else "probe"
+    if snapshot.probe_in_flight and _before(now, snapshot.probe_expires_at):
+        return "deny"
+    return "probe"
+
+
+def breaker_claim_probe(
+    snapshot: BreakerSnapshot, now: datetime, policy: BreakerPolicy = _DEFAULT_POLICY
+) -> BreakerSnapshot:
+    """The snapshot to store when claiming the probe that :func:`breaker_allows` offered."""
+    return replace(
+        snapshot,
+        state=BreakerState.HALF_OPEN,
+        probe_in_flight=True,
+        probe_expires_at=_utc(now) + policy.probe_timeout,
+    )
+
+
+def breaker_transition(
+    snapshot: BreakerSnapshot,
+    outcome: BreakerOutcome | Literal["success", "failure", "ignored"],
+    now: datetime,
+    policy: BreakerPolicy = _DEFAULT_POLICY,
+) -> BreakerSnapshot:
+    """The snapshot after a call through the breaker ended with ``outcome``.
+
+    An outcome that arrives while the breaker is open counts as a probe result once
+    the cool-down has elapsed (the runtime may skip the half-open claim for a single
+    worker); before that it is a straggler started while closed, and changes nothing.
+    """
+    outcome = BreakerOutcome(outcome)
+    if outcome is BreakerOutcome.IGNORED:
+        if snapshot.state is BreakerState.HALF_OPEN and snapshot.probe_in_flight:
+            # The probe got an answer that says nothing about health: let another probe.
+            return replace(snapshot, probe_in_flight=False, probe_expires_at=None)
+        return snapshot
+
+    if snapshot.state is BreakerState.CLOSED:
+        if outcome is BreakerOutcome.SUCCESS:
+            return replace(snapshot, consecutive_failures=0)
+        failures = snapshot.consecutive_failures + 1
+        if failures < policy.failure_threshold:
+            return replace(snapshot, consecutive_failures=failures)
+        return _open(now, policy, failures=failures, reopen_count=0)
+
+    if snapshot.state is BreakerState.OPEN and _before(now, snapshot.cooldown_until):
+        return snapshot
+
+    # A probe result (half-open, or open with the cool-down over).
+    if outcome is BreakerOutcome.SUCCESS:
+        return BreakerSnapshot()
+    return _open(
+        now,
+        policy,
+        failures=snapshot.consecutive_failures + 1,
+        reopen_count=snapshot.reopen_count + 1,
+    )
+
+
+def _open(
+    now: datetime,
+    policy: BreakerPolicy,
+    *,
+    failures: int,
+    reopen_count: int,
+) -> BreakerSnapshot:
+    now = _utc(now)
+    return BreakerSnapshot(
+        state=BreakerState.OPEN,
+        consecutive_failures=failures,
+        opened_at=now,
+        reopen_count=reopen_count,
+        cooldown_until=now + reopen_cooldown(reopen_count, policy),
+        probe_in_flight=False,
+        probe_expires_at=None,
+    )

@@ -1,0 +1,433 @@
+"""Turn a failed API call into an error class: the one seam where httpx errors are read.
+
+:func:`classify` looks at a response, an exception, or both, and returns a frozen
+:class:`Classification` saying what the runtime should do. It is pure (the clock is
+an argument) and never raises, whatever the server sent.
+
+Precedence, first match wins:
+
+1. a :class:`~synckit.errors.exceptions.HandlerOutcome` raised by the handler (the
+   connector has already decided);
+2. the connector's ``body_rules``, then its ``by_status`` (see :class:`ClassifyRules`);
+   a connector's rule is never undone by a default;
+3. the default table below, for the response (or the response of an
+   :class:`httpx.HTTPStatusError`);
+4. the exception, when there is no response or the response was a success.
+
+Default table:
+
+==========================================  =============  =========================
+input                                       class          attempts (first included)
+==========================================  =============  =========================
+timeouts, connect/read errors, other        transient      8
+httpx transport errors, builtin
+TimeoutError/ConnectionError, 408, 425,
+499, 502, 504, 520-524, 503 without a wait
+429; 503 with a server wait; 403 with       rate_limited   20
+rate-limit headers or a rate-limit body
+401                                         auth           2 (one retry after refresh)
+403, 407                                    authorization  1
+404, 410                                    not_found      1
+409, 412, 423                               conflict       3
+400, 422, any other 4xx, a 2xx that is not  validation     1
+JSON when JSON was expected, a body that
+does not parse (json.JSONDecodeError)
+500, 501, 505-599 except the above,         server_error   3
+undecodable content-encoding
+1xx/3xx/unexpected 2xx, out-of-range        unknown        3
+statuses, any other exception
+==========================================  =============  =========================
+
+The "other 4xx" rows (405, 406, 411, 413-418, 421, 431, ...) are validation: the
+request as sent is wrong, so repeating it cannot help, and a reviewer should see it.
+Conflicts do not count toward the circuit breaker, like not_found, validation and
+authorization: they describe one record, not the health of the API.
+
+Connectors override it in two ways. Declaratively, with a ``classify_rules =
+ClassifyRules(...)`` class attribute. Or by overriding the method: the runtime calls
+``connector.classify(response, exc, now)``, whose default is ``classify(response, exc,
+now=now, rules=self.classify_rules)``; a subclass can inspect the call itself and
+return its own :class:`Classification`, or call :func:`classify` and adjust the result
+with :func:`dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from types import MappingProxyType
+
+import httpx
+
+from synckit.errors.exceptions import (
+    DatabaseUnavailable,
+    HandlerOutcome,
+    NeedsReauth,
+    PermanentError,
+    RateLimited,
+    RetryableError,
+)
+from synckit.errors.headers import parse_rate_limit, server_wait
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "BodyRule",
+    "Classification",
+    "ClassifyRules",
+    "ErrorClass",
+    "classify",
+]
+
+
+class ErrorClass(StrEnum):
+    """What kind of failure happened; each kind has its own treatment."""
+
+    TRANSIENT = "transient"
+    RATE_LIMITED = "rate_limited"
+    AUTH = "auth"
+    AUTHORIZATION = "authorization"
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"
+    VALIDATION = "validation"
+    SERVER_ERROR = "server_error"
+    UNKNOWN = "unknown"
+
+
+#: Attempts allowed per class, the first one included. A class is retried when its
+#: limit is above 1, so a connector opts into retrying 404s with
+#: ``max_attempts={ErrorClass.NOT_FOUND: 3}``.
+DEFAULT_MAX_ATTEMPTS: Mapping[ErrorClass, int] = MappingProxyType(
+    {
+        ErrorClass.TRANSIENT: 8,
+        ErrorClass.RATE_LIMITED: 20,
+        ErrorClass.AUTH: 2,
+        ErrorClass.AUTHORIZATION: 1,
+        ErrorClass.NOT_FOUND: 1,
+        ErrorClass.CONFLICT: 3,
+        ErrorClass.VALIDATION: 1,
+        ErrorClass.SERVER_ERROR: 3,
+        ErrorClass.UNKNOWN: 3,
+    }
+)
+
+# Classes an operator must look at as soon as they happen.
+_SURFACED = frozenset(
+    {ErrorClass.AUTH, ErrorClass.AUTHORIZATION, ErrorClass.VALIDATION, ErrorClass.UNKNOWN}
+)
+# Classes that say something about one record rather than about the API's health.
+_NOT_COUNTED = frozenset(
+    {ErrorClass.VALIDATION, ErrorClass.NOT_FOUND, ErrorClass.AUTHORIZATION, ErrorClass.CONFLICT}
+)
+
+_DEFAULT_BY_STATUS: Mapping[int, ErrorClass] = MappingProxyType(
+    {
+        400: ErrorClass.VALIDATION,
+        401: ErrorClass.AUTH,
+        403: ErrorClass.AUTHORIZATION,
+        404: ErrorClass.NOT_FOUND,
+        407: ErrorClass.AUTHORIZATION,
+        408: ErrorClass.TRANSIENT,
+        409: ErrorClass.CONFLICT,
+        410: ErrorClass.NOT_FOUND,
+        412: ErrorClass.CONFLICT,
+        422: ErrorClass.VALIDATION,
+        423: ErrorClass.CONFLICT,
+        425: ErrorClass.TRANSIENT,
+        429: ErrorClass.RATE_LIMITED,
+        499: ErrorClass.TRANSIENT,
+        500: ErrorClass.SERVER_ERROR,
+        502: ErrorClass.TRANSIENT,
+        503: ErrorClass.TRANSIENT,
+        504: ErrorClass.TRANSIENT,
+        # Cloudflare's edge errors: the origin could not be reached in time.
+        520: ErrorClass.TRANSIENT,
+        521: ErrorClass.TRANSIENT,
+        522: ErrorClass.TRANSIENT,
+        523: ErrorClass.TRANSIENT,
+        524: ErrorClass.TRANSIENT,
+    }
+)
+
+# Only this much of a 403 body is parsed when looking for a rate-limit message.
+_SNIFF_LIMIT = 256 * 1024
+_REASON_LIMIT = 200
+
+BodyRule = tuple[Callable[[httpx.Response], bool], ErrorClass]
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The verdict on one failure; what the runtime acts on and stores.
+
+    ``max_attempts`` counts attempts including the first; ``None`` lets the retry
+    policy's default for the class apply. ``retry_after`` is the wait the server asked
+    for (``Retry-After``, ``retry-after-ms``, or the time until an exhausted quota
+    resets). ``rate_limit_reset`` is set whenever the server said no request is left:
+    the instant the resource becomes available again.
+    """
+
+    error_class: ErrorClass
+    retryable: bool
+    max_attempts: int | None
+    surface: bool
+    retry_after: timedelta | None
+    reason: str
+    rate_limit_reset: datetime | None = None
+    counts_for_breaker: bool = True
+
+
+@dataclass(frozen=True)
+class ClassifyRules:
+    """A connector's changes to the default table.
+
+    ``body_rules`` are tried in order on every response; a predicate that raises counts
+    as not matching. ``by_status`` replaces the default class of a status outright (a
+    403 mapped to authorization stays authorization even with rate-limit headers).
+    ``expect_json`` makes a 2xx whose body is not JSON a validation error.
+    ``max_attempts`` changes the attempt limit of a class; a limit above 1 makes the
+    class retryable.
+    """
+
+    by_status: Mapping[int, ErrorClass] = field(default_factory=dict)
+    body_rules: Sequence[BodyRule] = ()
+    expect_json: bool = False
+    max_attempts: Mapping[ErrorClass, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Copies, so that mutating the dict a connector passed in changes nothing later.
+        object.__setattr__(self, "by_status", MappingProxyType(dict(self.by_status)))
+        object.__setattr__(self, "body_rules", tuple(self.body_rules))
+        object.__setattr__(self, "max_attempts", MappingProxyType(dict(self.max_attempts)))
+
+
+_DEFAULT_RULES = ClassifyRules()
+
+
+def classify(
+    response: httpx.Response | None = None,
+    exc: BaseException | None = None,
+    *,
+    now: datetime,
+    rules: ClassifyRules | None = None,
+    expect_json: bool | None = None,
+) -> Classification:
+    """Classify a failed call from its response and/or exception; never raises.
+
+    ``expect_json`` overrides ``rules.expect_json`` for this call.
+    """
+    rules = rules or _DEFAULT_RULES
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)  # naive clocks are UTC, like the parsed headers
+    if expect_json is None:
+        expect_json = rules.expect_json
+    if isinstance(exc, HandlerOutcome):
+        return _from_outcome(exc, rules)
+    if response is None and isinstance(exc, httpx.HTTPStatusError):
+        response = exc.response
+    if response is not None:
+        verdict = _from_response(response, exc, now, rules, expect_json)
+        if verdict is not None:
+            return verdict
+    if exc is not None:
+        return _from_exception(exc, rules)
+    if response is not None:
+        return _make(ErrorClass.UNKNOWN, f"{_status_line(response)}: reported as a failure", rules)
+    return _make(ErrorClass.UNKNOWN, "no response and no exception", rules)
+
+
+def _make(
+    error_class: ErrorClass,
+    reason: str,
+    rules: ClassifyRules,
+    *,
+    retry_after: timedelta | None = None,
+    rate_limit_reset: datetime | None = None,
+    max_attempts: int | None = None,
+) -> Classification:
+    if max_attempts is None:
+        max_attempts = rules.max_attempts.get(error_class, DEFAULT_MAX_ATTEMPTS[error_class])
+    max_attempts = max(1, max_attempts)
+    return Classification(
+        error_class=error_class,
+        retryable=max_attempts > 1,
+        max_attempts=max_attempts,
+        surface=error_class in _SURFACED,
+        retry_after=retry_after,
+        reason=_one_line(reason),
+        rate_limit_reset=rate_limit_reset,
+        counts_for_breaker=error_class not in _NOT_COUNTED,
+    )
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 3] + "..."
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not break classification
+        message = "<unprintable>"
+    name = type(exc).__name__
+    return f"{name}: {message}" if message else name
+
+
+def _from_outcome(exc: HandlerOutcome, rules: ClassifyRules) -> Classification:
+    reason = _describe(exc)
+    if isinstance(exc, RetryableError):
+        wait = exc.retry_after
+        if not isinstance(wait, timedelta) or wait < timedelta(0):
+            wait = None
+        rate_limited = isinstance(exc, RateLimited)
+        error_class = ErrorClass.RATE_LIMITED if rate_limited else ErrorClass.TRANSIENT
+        return _make(error_class, reason, rules, retry_after=wait)
+    if isinstance(exc, NeedsReauth):
+        # The handler already knows a refresh will not help: no retry at all.
+        return _make(ErrorClass.AUTH, reason, rules, max_attempts=1)
+    if isinstance(exc, PermanentError):
+        return _make(ErrorClass.VALIDATION, reason, rules, max_attempts=1)
+    return _make(ErrorClass.UNKNOWN, reason, rules)
+
+
+def _from_exception(exc: BaseException, rules: ClassifyRules) -> Classification:
+    reason = _describe(exc)
+    if isinstance(exc, httpx.DecodingError):
+        # The server sent a content-encoding we cannot undo (e.g. corrupt gzip).
+        return _make(ErrorClass.SERVER_ERROR, reason, rules)
+    if isinstance(exc, httpx.TransportError | TimeoutError | ConnectionError | DatabaseUnavailable):
+        return _make(ErrorClass.TRANSIENT, reason, rules)
+    if isinstance(exc, json.JSONDecodeError):
+        return _make(ErrorClass.VALIDATION, reason, rules)
+    return _make(ErrorClass.UNKNOWN, reason, rules)
+
+
+def _status_line(response: httpx.Response) -> str:
+    return f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
+
+
+def _from_response(
+    response: httpx.Response,
+    exc: BaseException | None,
+    now: datetime,
+    rules: ClassifyRules,
+    expect_json: bool,
+) -> Classification | None:
+    """The verdict from the response, or None to let the exception decide."""
+    status = response.status_code
+    status_line = _status_line(response)
+    wait = server_wait(response.headers, now)
+    quota = parse_rate_limit(response.headers, now)
+    reset = quota.reset_at if quota is not None and quota.exhausted else None
+
+    def make(error_class: ErrorClass, reason: str) -> Classification:
+        retry_after = wait
+        if retry_after is None and reset is not None and error_class is ErrorClass.RATE_LIMITED:
+            retry_after = max(reset - now, timedelta(0))
+        return _make(error_class, reason, rules, retry_after=retry_after, rate_limit_reset=reset)
+
+    for index, (predicate, error_class) in enumerate(rules.body_rules):
+        if _matches(predicate, response):
+            return make(error_class, f"{status_line} (connector body rule {index})")
+    if status in rules.by_status:
+        return make(rules.by_status[status], f"{status_line} (connector status rule)")
+
+    if 200 <= status < 300:
+        if expect_json and status != 204 and not _is_json(response):
+            return make(ErrorClass.VALIDATION, f"{status_line}: body is not JSON")
+        return None
+    if status == 503 and wait is not None:
+        return make(ErrorClass.RATE_LIMITED, f"{status_line} with a server-told wait")
+    if status == 403:
+        exhausted = quota is not None and quota.exhausted
+        signal = _rate_limit_signal(response, wait is not None, exhausted)
+        if signal:
+            return make(ErrorClass.RATE_LIMITED, f"{status_line} ({signal})")
+    if status in _DEFAULT_BY_STATUS:
+        return make(_DEFAULT_BY_STATUS[status], status_line)
+    if 400 <= status < 500:
+        return make(ErrorClass.VALIDATION, status_line)
+    if 500 <= status < 600:
+        return make(ErrorClass.SERVER_ERROR, status_line)
+    if exc is not None:
+        return None
+    return make(ErrorClass.UNKNOWN, f"{status_line}: unexpected status")
+
+
+def _matches(predicate: Callable[[httpx.Response], bool], response: httpx.Response) -> bool:
+    try:
+        return bool(predicate(response))
+    except Exception:  # connector code: a predicate that fails is a rule that did not match
+        return False
+
+
+def _content(response: httpx.Response) -> bytes | None:
+    try:
+        return response.content
+    except httpx.ResponseNotRead:
+        return None
+
+
+def _is_json(response: httpx.Response) -> bool:
+    content = _content(response)
+    if content is None:
+        return True  # a streamed body was not read here; the handler will judge it
+    return _parse_json(content) is not _NOT_JSON
+
+
+_NOT_JSON = object()
+
+
+def _parse_json(content: bytes) -> object:
+    try:
+        return json.loads(content)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return _NOT_JSON
+
+
+_GOOGLE_RATE_REASONS = frozenset({"ratelimitexceeded", "userratelimitexceeded"})
+
+
+def _rate_limit_signal(response: httpx.Response, has_wait: bool, exhausted: bool) -> str:
+    """Why a 403 is really throttling, or "" when it is a plain refusal."""
+    if exhausted:
+        return "rate limit exhausted"
+    if has_wait:
+        return "Retry-After"
+    content = _content(response)
+    if not content or len(content) > _SNIFF_LIMIT:
+        return ""
+    return _rate_limit_body(_parse_json(content))
+
+
+def _rate_limit_body(body: object) -> str:
+    # GitHub: {"message": "API rate limit exceeded for ..."} and the secondary limit
+    # "You have exceeded a secondary rate limit"; its older wording was abuse detection.
+    if isinstance(body, dict):
+        message = body.get("message")
+        if isinstance(message, str):
+            lowered = message.lower()
+            if "rate limit" in lowered or "abuse detection" in lowered:
+                return "rate-limit message in body"
+        if body.get("errorCode") == "REQUEST_LIMIT_EXCEEDED":
+            return "REQUEST_LIMIT_EXCEEDED"
+        # Google APIs answer quota exhaustion with a 403 and these reasons.
+        error = body.get("error")
+        if isinstance(error, dict):
+            if error.get("status") == "RESOURCE_EXHAUSTED":
+                return "RESOURCE_EXHAUSTED"
+            errors = error.get("errors")
+            if isinstance(errors, list):
+                for item in errors:
+                    reason = item.get("reason") if isinstance(item, dict) else None
+                    if isinstance(reason, str) and reason.lower() in _GOOGLE_RATE_REASONS:
+                        return reason
+    # Salesforce: [{"message": "...", "errorCode": "REQUEST_LIMIT_EXCEEDED"}]
+    if isinstance(body, list):
+        for item in body:
+            if isinstance(item, dict) and item.get("errorCode") == "REQUEST_LIMIT_EXCEEDED":
+                return "REQUEST_LIMIT_EXCEEDED"
+    return ""

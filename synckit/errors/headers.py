@@ -1,0 +1,318 @@
+"""Pure parsing of the wait and quota signals APIs put in response headers.
+
+Every function here takes header values exactly as a server sent them and returns
+``None`` for anything it cannot read with confidence: garbage, negative numbers,
+non-ASCII digits, dates that do not parse, and waits longer than :data:`MAX_WAIT`
+(ten years; a larger value is a bug on the server's side, not a wait to honour).
+They never raise on header content.
+
+Header lookups are case-insensitive for both :class:`httpx.Headers` and plain
+mappings. When a header is repeated, the first occurrence is used.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import httpx
+
+__all__ = [
+    "MAX_WAIT",
+    "HeadersLike",
+    "RateLimitInfo",
+    "parse_rate_limit",
+    "parse_retry_after",
+    "parse_retry_after_ms",
+    "server_wait",
+]
+
+HeadersLike = httpx.Headers | Mapping[str, str]
+
+#: Waits and resets further away than this are treated as garbage.
+MAX_WAIT = timedelta(days=3653)
+
+_MAX_WAIT_SECONDS = MAX_WAIT.total_seconds()
+
+# ASCII digits only: ``\d`` would accept other scripts' digits, which no server means.
+# The length caps keep int() away from huge strings; anything that long is garbage.
+_NUMBER = re.compile(r"\s*([0-9]{1,18})(?:\.([0-9]{1,18}))?\s*", re.ASCII)
+_LEADING_INT = re.compile(r"\s*([0-9]{1,18})(?:\.[0-9]*)?(?![0-9])", re.ASCII)
+
+# X-RateLimit-Reset values below this are delta seconds (GitLab-style APIs and several
+# others send "seconds until reset"); 1e9 seconds after the epoch is September 2001,
+# so no real epoch timestamp is smaller. Values at or above 1e12 are epoch
+# milliseconds (1e12 epoch seconds would be the year 33658).
+_EPOCH_SECONDS_FROM = 1e9
+_EPOCH_MILLIS_FROM = 1e12
+
+
+@dataclass(frozen=True)
+class RateLimitInfo:
+    """A quota reported by the server.
+
+    ``reset_at`` is when the quota refills (may be in the past: available now).
+    Any field may be ``None`` when the server did not say or said garbage.
+    """
+
+    limit: int | None
+    remaining: int | None
+    reset_at: datetime | None
+
+    @property
+    def exhausted(self) -> bool:
+        """True when the server said no request is left in the current window."""
+        return self.remaining == 0
+
+
+def _as_utc(moment: datetime) -> datetime:
+    # HTTP dates are GMT and the stores may hand back naive datetimes: naive means UTC.
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def _header(headers: HeadersLike, name: str) -> str | None:
+    if isinstance(headers, httpx.Headers):
+        values = headers.get_list(name)
+        return values[0] if values else None
+    wanted = name.lower()
+    for key, value in headers.items():
+        if isinstance(key, str) and key.lower() == wanted and isinstance(value, str):
+            return value
+    return None
+
+
+def _number(value: str | None) -> float | None:
+    """A non-negative decimal number, or None."""
+    if value is None:
+        return None
+    match = _NUMBER.fullmatch(value)
+    if match is None:
+        return None
+    return float(match.group(0))
+
+
+def _leading_int(value: str | None) -> int | None:
+    """The integer at the start of a header such as ``"100, 100;w=60"``."""
+    if value is None:
+        return None
+    match = _LEADING_INT.match(value)
+    return int(match.group(1)) if match else None
+
+
+def _shift(moment: datetime, delta: timedelta) -> datetime | None:
+    try:
+        return _as_utc(moment) + delta
+    except OverflowError:  # ``now`` within ten years of datetime.max/min
+        return None
+
+
+def _seconds(seconds: float) -> timedelta | None:
+    if not math.isfinite(seconds) or seconds < 0 or seconds > _MAX_WAIT_SECONDS:
+        return None
+    return timedelta(seconds=seconds)
+
+
+def parse_retry_after(value: str | None, now: datetime) -> timedelta | None:
+    """The wait a ``Retry-After`` value asks for.
+
+    Accepts delta-seconds (fractional values are rounded up to the next whole second)
+    and HTTP-dates in the IMF-fixdate, obsolete RFC 850 and asctime forms. ``0`` and
+    dates in the past give ``timedelta(0)``; applying a minimum wait is the caller's
+    business (:func:`synckit.errors.backoff.retry_delay`).
+    """
+    if value is None:
+        return None
+    match = _NUMBER.fullmatch(value)
+    if match is not None:
+        whole, fraction = match.groups()
+        seconds = int(whole) + (1 if fraction and fraction.strip("0") else 0)
+        return _seconds(seconds)
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    try:
+        wait = _as_utc(when) - _as_utc(now)
+    except OverflowError:
+        return None
+    if wait > MAX_WAIT:
+        return None
+    return max(wait, timedelta(0))
+
+
+def parse_retry_after_ms(headers: HeadersLike) -> timedelta | None:
+    """The wait in ``retry-after-ms`` or, failing that, ``x-ms-retry-after-ms`` (Azure)."""
+    for name in ("retry-after-ms", "x-ms-retry-after-ms"):
+        millis = _number(_header(headers, name))
+        if millis is not None:
+            wait = _seconds(millis / 1000)
+            if wait is not None:
+                return wait
+    return None
+
+
+def server_wait(headers: HeadersLike, now: datetime) -> timedelta | None:
+    """The wait the server asked for: millisecond headers first, then ``Retry-After``."""
+    wait = parse_retry_after_ms(headers)
+    if wait is not None:
+        return wait
+    return parse_retry_after(_header(headers, "retry-after"), now)
+
+
+def _reset_from_delta(value: float | None, now: datetime) -> datetime | None:
+    if value is None:
+        return None
+    delta = _seconds(value)
+    return None if delta is None else _shift(now, delta)
+
+
+def _reset_from_x_header(value: float | None, now: datetime) -> datetime | None:
+    if value is None:
+        return None
+    if value < _EPOCH_SECONDS_FROM:
+        return _reset_from_delta(value, now)
+    epoch_seconds = value / 1000 if value >= _EPOCH_MILLIS_FROM else value
+    now_utc = _as_utc(now)
+    delta = epoch_seconds - now_utc.timestamp()
+    if not math.isfinite(delta) or abs(delta) > _MAX_WAIT_SECONDS:
+        return None
+    return _shift(now_utc, timedelta(seconds=delta))
+
+
+def _x_rate_limit(headers: HeadersLike, now: datetime) -> RateLimitInfo | None:
+    # "X-Rate-Limit-*" is the spelling of Twitter/X and a few others.
+    for prefix in ("x-ratelimit-", "x-rate-limit-"):
+        limit = _leading_int(_header(headers, prefix + "limit"))
+        remaining = _leading_int(_header(headers, prefix + "remaining"))
+        reset = _reset_from_x_header(_number(_header(headers, prefix + "reset")), now)
+        if limit is not None or remaining is not None or reset is not None:
+            return RateLimitInfo(limit, remaining, reset)
+    return None
+
+
+def _split_outside_quotes(text: str, separator: str) -> list[str]:
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
+    for char in text:
+        if char == '"':
+            quoted = not quoted
+        if char == separator and not quoted:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
+def _structured_items(value: str) -> list[tuple[str | None, dict[str, str]]]:
+    """Items of a structured-field list: ``"name";k=v;k2=v2, ...`` or ``k=v, k2=v2``."""
+    items: list[tuple[str | None, dict[str, str]]] = []
+    for raw_item in _split_outside_quotes(value, ","):
+        name: str | None = None
+        params: dict[str, str] = {}
+        for piece in _split_outside_quotes(raw_item, ";"):
+            piece = piece.strip()
+            if not piece:
+                continue
+            key, sep, param = piece.partition("=")
+            if sep:
+                params[key.strip().lower()] = param.strip().strip('"')
+            elif name is None:
+                name = piece.strip('"')
+        items.append((name, params))
+    return items
+
+
+def _ietf_rate_limit(headers: HeadersLike, now: datetime) -> RateLimitInfo | None:
+    value = _header(headers, "ratelimit")
+    if value is not None:
+        items = _structured_items(value)
+        # Draft 8+: '"default";r=0;t=30', one item per policy, quota in RateLimit-Policy.
+        structured = [(n, p) for n, p in items if "r" in p or "t" in p]
+        if structured:
+            return _structured_rate_limit(structured, headers, now)
+        # Drafts 5-7: 'limit=100, remaining=0, reset=30' (reset in delta seconds).
+        merged: dict[str, str] = {}
+        for _, params in items:
+            merged.update(params)
+        info = RateLimitInfo(
+            limit=_leading_int(merged.get("limit")),
+            remaining=_leading_int(merged.get("remaining")),
+            reset_at=_reset_from_delta(_number(merged.get("reset")), now),
+        )
+        if info != RateLimitInfo(None, None, None):
+            return info
+    # Drafts up to 4: separate RateLimit-Limit/-Remaining/-Reset headers, delta seconds.
+    limit = _leading_int(_header(headers, "ratelimit-limit"))
+    remaining = _leading_int(_header(headers, "ratelimit-remaining"))
+    reset = _reset_from_delta(_number(_header(headers, "ratelimit-reset")), now)
+    if limit is None and remaining is None and reset is None:
+        return None
+    return RateLimitInfo(limit, remaining, reset)
+
+
+def _structured_rate_limit(
+    items: list[tuple[str | None, dict[str, str]]], headers: HeadersLike, now: datetime
+) -> RateLimitInfo:
+    # Several policies may be reported; the one with the least left (and, on a tie,
+    # the latest reset) is the one that will block the next request.
+    def tightness(item: tuple[str | None, dict[str, str]]) -> tuple[float, float]:
+        remaining = _leading_int(item[1].get("r"))
+        reset = _number(item[1].get("t"))
+        return (
+            math.inf if remaining is None else remaining,
+            -(reset if reset is not None and reset <= _MAX_WAIT_SECONDS else 0.0),
+        )
+
+    name, params = min(items, key=tightness)
+    quotas: dict[str | None, int | None] = {}
+    policy = _header(headers, "ratelimit-policy")
+    if policy is not None:
+        for policy_name, policy_params in _structured_items(policy):
+            quotas.setdefault(policy_name, _leading_int(policy_params.get("q")))
+    limit = quotas.get(name)
+    if limit is None and len(quotas) == 1:
+        limit = next(iter(quotas.values()))
+    return RateLimitInfo(
+        limit=limit,
+        remaining=_leading_int(params.get("r")),
+        reset_at=_reset_from_delta(_number(params.get("t")), now),
+    )
+
+
+def parse_rate_limit(headers: HeadersLike, now: datetime) -> RateLimitInfo | None:
+    """The quota the server reported, or None when it reported none.
+
+    Reads ``X-RateLimit-Limit/-Remaining/-Reset`` (also spelled ``X-Rate-Limit-*``)
+    and the IETF ``RateLimit`` header in all its draft forms: ``RateLimit:
+    "default";r=0;t=30`` with ``RateLimit-Policy: "default";q=100;w=60``,
+    ``RateLimit: limit=100, remaining=0, reset=30``, and separate
+    ``RateLimit-Limit/-Remaining/-Reset`` headers.
+
+    ``X-RateLimit-Reset`` is epoch seconds as GitHub sends it; values below 1e9 are
+    taken as delta seconds (as several APIs send them) and values of 1e12 or more as
+    epoch milliseconds. IETF resets are always delta seconds.
+
+    When both families are present, the more restrictive report wins: the one with
+    fewer requests remaining, then the one with the later reset.
+    """
+    candidates = [
+        info
+        for info in (_ietf_rate_limit(headers, now), _x_rate_limit(headers, now))
+        if info is not None
+    ]
+    if not candidates:
+        return None
+
+    def restrictiveness(info: RateLimitInfo) -> tuple[float, float]:
+        remaining = math.inf if info.remaining is None else info.remaining
+        reset = 0.0 if info.reset_at is None else -_as_utc(info.reset_at).timestamp()
+        return (remaining, reset)
+
+    return min(candidates, key=restrictiveness)

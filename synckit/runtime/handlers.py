@@ -1,0 +1,175 @@
+"""Job handlers: registration by kind, what a handler receives, and how it steers its job.
+
+A handler is ``async def handler(ctx: JobContext) -> None``. Returning means success.
+Raising :class:`Snooze`, :class:`Cancel` or :class:`Discard` ends the attempt that way;
+any other exception is a failure, classified and retried by the errors rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from croniter import croniter
+
+from synckit.errors.exceptions import ConfigurationError, HandlerOutcome
+from synckit.runtime.jobs import ClaimedJob, JobSpec
+
+Handler = Callable[["JobContext"], Awaitable[None]]
+
+
+class Snooze(HandlerOutcome):
+    """Put the job back to sleep for ``delay`` without counting the attempt."""
+
+    def __init__(self, delay: timedelta) -> None:
+        super().__init__(f"snoozed for {delay}")
+        self.delay = delay
+
+
+class Cancel(HandlerOutcome):
+    """End the job as cancelled (it should not have run: the thing it was for is gone)."""
+
+    def __init__(self, reason: str = "cancelled by handler") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Discard(HandlerOutcome):
+    """End the job as discarded (it is not worth doing), without dead-lettering it."""
+
+    def __init__(self, reason: str = "discarded by handler") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class JobContext:
+    """What a handler receives: its job, a bound logger, and follow-up enqueueing."""
+
+    job: ClaimedJob
+    worker_id: str
+    log: Any
+    followups: list[JobSpec] = field(default_factory=list)
+
+    @property
+    def payload(self) -> Any:
+        return self.job.payload
+
+    @property
+    def attempt(self) -> int:
+        """The attempt being made, from 1."""
+        return self.job.attempts
+
+    def enqueue(self, kind: str, payload: Any = None, **options: Any) -> None:
+        """Enqueue a follow-up job, committed atomically with this job's success.
+
+        If this job fails, is snoozed or loses its lease, the follow-up is never created.
+        Options are those of :func:`synckit.runtime.jobs.enqueue`.
+        """
+        spec = JobSpec(kind=kind, payload={} if payload is None else payload, **options)
+        spec.row(datetime.now().astimezone())  # validate now, in the handler, not at commit
+        self.followups.append(spec)
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    kind: str
+    func: Handler
+    timeout: float
+    max_attempts: int | None
+
+
+@dataclass(frozen=True)
+class Recurring:
+    """A job enqueued on a schedule: a cron expression or a fixed interval."""
+
+    name: str
+    kind: str
+    cron: str | None = None
+    every: timedelta | None = None
+    payload: Any = None
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.cron is None) == (self.every is None):
+            raise ConfigurationError(f"recurring job {self.name!r}: give cron or every, not both")
+        if self.cron is not None and not croniter.is_valid(self.cron):
+            raise ConfigurationError(f"recurring job {self.name!r}: bad cron {self.cron!r}")
+        if self.every is not None and self.every <= timedelta(0):
+            raise ConfigurationError(f"recurring job {self.name!r}: interval must be positive")
+
+    @property
+    def spec(self) -> str:
+        return f"cron:{self.cron}" if self.cron else f"every:{self.every.total_seconds()}s"  # type: ignore[union-attr]
+
+    def next_after(self, moment: datetime) -> datetime:
+        """The first tick strictly after ``moment`` (pure)."""
+        if self.every is not None:
+            step = self.every.total_seconds()
+            # Ticks are aligned to the epoch, so every worker computes the same ones.
+            n = int(moment.timestamp() // step) + 1
+            return datetime.fromtimestamp(n * step, tz=moment.tzinfo)
+        assert self.cron is not None
+        nxt: datetime = croniter(self.cron, moment).get_next(datetime)
+        return nxt
+
+
+class Registry:
+    """Handlers by kind, and recurring jobs.
+
+    >>> registry = Registry()
+    >>> @registry.handler("send_invoice", timeout=30)
+    ... async def send_invoice(ctx: JobContext) -> None: ...
+    """
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, HandlerSpec] = {}
+        self._recurring: dict[str, Recurring] = {}
+        self.log = structlog.get_logger("synckit.jobs")
+
+    def handler(
+        self, kind: str, *, timeout: float = 300.0, max_attempts: int | None = None
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated coroutine function as the handler of ``kind``."""
+
+        def register(func: Handler) -> Handler:
+            self.add(kind, func, timeout=timeout, max_attempts=max_attempts)
+            return func
+
+        return register
+
+    def add(
+        self, kind: str, func: Handler, *, timeout: float = 300.0, max_attempts: int | None = None
+    ) -> None:
+        if kind in self._handlers:
+            raise ConfigurationError(f"a handler for job kind {kind!r} is already registered")
+        if timeout <= 0:
+            raise ConfigurationError(f"handler {kind!r}: timeout must be positive")
+        self._handlers[kind] = HandlerSpec(kind, func, timeout, max_attempts)
+
+    def recurring(
+        self,
+        name: str,
+        kind: str,
+        *,
+        cron: str | None = None,
+        every: timedelta | None = None,
+        payload: Any = None,
+        priority: int = 0,
+    ) -> None:
+        """Enqueue a ``kind`` job on each tick of ``cron`` or ``every``, once per tick."""
+        self._recurring[name] = Recurring(name, kind, cron, every, payload, priority)
+
+    def get(self, kind: str) -> HandlerSpec | None:
+        return self._handlers.get(kind)
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self._handlers)
+
+    @property
+    def schedules(self) -> list[Recurring]:
+        return list(self._recurring.values())

@@ -1,0 +1,1047 @@
+"""The job queue's persistence: every SQL statement on ``jobs`` lives here, named.
+
+The worker and the CLI call these operations; they never build SQL themselves.
+
+Claiming is fair across *lanes*. A lane is a resource key (a tenant's connection, say);
+jobs without a key share one more lane. A claim picks the lanes that have due work and
+whose resource is available (breaker not open, ``next_available_at`` passed, connection
+active), least recently served first, and takes at most an even share of the batch from
+each, bounded by the resource's ``max_in_flight``. A tenant with a backlog of 100,000 jobs
+therefore delays another tenant by at most one claim batch. On PostgreSQL the lane rows and
+the job rows are locked with ``FOR UPDATE SKIP LOCKED``, so concurrent workers never wait
+on each other and never claim one job twice; on SQLite the claim runs in one
+``BEGIN IMMEDIATE`` transaction, which SQLite serialises.
+
+Every claim stamps its rows with a fresh ``claim_token``; completing checks it, so a
+handler that outlived its lease cannot overwrite what happened after the rescue (fencing).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import (
+    Row,
+    and_,
+    case,
+    delete,
+    exists,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
+from synckit.runtime.db import Database
+from synckit.runtime.schema import connections, dead_letters, jobs, resources
+
+JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
+FINISHED: tuple[JobStatus, ...] = ("succeeded", "dead", "cancelled", "discarded")
+NOTIFY_CHANNEL = "synckit_jobs"
+DEFAULT_MAX_ATTEMPTS = 5
+
+# Literals, not bound parameters: the planners of both engines can only use a partial
+# index when the query's predicate visibly implies the index's.
+_PENDING: Any = literal_column("'pending'")
+_RUNNING: Any = literal_column("'running'")
+
+
+class PayloadError(JobError):
+    """A job payload that cannot be stored as JSON."""
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _check_payload(kind: str, payload: Any) -> None:
+    try:
+        json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"payload of job {kind!r} is not JSON-serialisable: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to enqueue (see :func:`enqueue`)."""
+
+    kind: str
+    payload: Any = field(default_factory=dict)
+    resource_key: str | None = None
+    priority: int = 0
+    run_at: datetime | None = None
+    delay: timedelta | None = None
+    max_attempts: int | None = None
+    unique_key: str | None = None
+    trace_id: str | None = None
+
+    def row(self, now: datetime) -> dict[str, Any]:
+        if self.run_at is not None and self.delay is not None:
+            raise JobError(f"job {self.kind!r}: give run_at or delay, not both")
+        if not self.kind:
+            raise JobError("a job needs a kind")
+        _check_payload(self.kind, self.payload)
+        run_at = self.run_at or (now + self.delay if self.delay is not None else now)
+        if run_at.tzinfo is None:
+            raise JobError(f"job {self.kind!r}: run_at must be timezone-aware")
+        return {
+            "kind": self.kind,
+            "payload": self.payload,
+            "resource_key": self.resource_key,
+            "status": "pending",
+            "priority": self.priority,
+            "attempts": 0,
+            "max_attempts": self.max_attempts or DEFAULT_MAX_ATTEMPTS,
+            "run_at": run_at,
+            "unique_key": self.unique_key,
+            "trace_id": self.trace_id or uuid.uuid4().hex,
+            "created_at": now,
+            "updated_at": now,
+        }
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """The job an enqueue names: ``created`` is False when a unique key matched a job."""
+
+    id: int
+    created: bool
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job this worker holds: the fields a handler sees, and the fencing token."""
+
+    id: int
+    kind: str
+    payload: Any
+    resource_key: str | None
+    attempts: int
+    max_attempts: int
+    priority: int
+    trace_id: str | None
+    run_at: datetime
+    claim_token: int
+    probe: bool = False
+
+
+Executor = Database | AsyncConnection | AsyncSession
+
+
+async def _connection(target: AsyncConnection | AsyncSession) -> AsyncConnection:
+    if isinstance(target, AsyncSession):
+        return await target.connection()
+    return target
+
+
+def _notify_sql(conn: AsyncConnection) -> str | None:
+    return f"NOTIFY {NOTIFY_CHANNEL}" if conn.dialect.name == "postgresql" else None
+
+
+async def _ensure_resources(conn: AsyncConnection, keys: Iterable[str], now: datetime) -> None:
+    unique = sorted(set(keys))
+    if not unique:
+        return
+    ins = _insert(conn)(resources).values(
+        [{"resource_key": k, "state": "closed", "updated_at": now} for k in unique]
+    )
+    await conn.execute(ins.on_conflict_do_nothing(index_elements=["resource_key"]))
+
+
+def _insert(conn: AsyncConnection) -> Any:
+    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+
+
+async def _enqueue_on(
+    conn: AsyncConnection, specs: Sequence[JobSpec], now: datetime
+) -> list[Enqueued]:
+    rows = [s.row(now) for s in specs]
+    await _ensure_resources(conn, (r["resource_key"] for r in rows if r["resource_key"]), now)
+    results: list[Enqueued] = []
+    plain = [r for r in rows if r["unique_key"] is None]
+    keyed = [r for r in rows if r["unique_key"] is not None]
+    ids_plain: list[int] = []
+    if plain:
+        res = await conn.execute(
+            insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), plain
+        )
+        ids_plain = [r[0] for r in res]
+    keyed_results: dict[int, Enqueued] = {}
+    for i, r in enumerate(keyed):
+        # One statement per unique key: the conflict target is the partial index on
+        # unfinished jobs, so a finished job with the same key does not block a new one.
+        stmt = (
+            _insert(conn)(jobs)
+            .values(**r)
+            .on_conflict_do_nothing(
+                index_elements=["unique_key"],
+                index_where=jobs.c.status.in_(["pending", "running"]),
+            )
+            .returning(jobs.c.id)
+        )
+        new_id = (await conn.execute(stmt)).scalar()
+        if new_id is not None:
+            keyed_results[i] = Enqueued(int(new_id), True)
+            continue
+        existing = (
+            await conn.execute(
+                select(jobs.c.id).where(
+                    jobs.c.unique_key == r["unique_key"], jobs.c.status.in_(["pending", "running"])
+                )
+            )
+        ).scalar()
+        if existing is None:  # finished between the insert and the select: try again
+            new_id = (
+                await conn.execute(insert(jobs).values(**r).returning(jobs.c.id))
+            ).scalar_one()
+            keyed_results[i] = Enqueued(int(new_id), True)
+        else:
+            keyed_results[i] = Enqueued(int(existing), False)
+    it_plain = iter(ids_plain)
+    k = 0
+    for r in rows:
+        if r["unique_key"] is None:
+            results.append(Enqueued(next(it_plain), True))
+        else:
+            results.append(keyed_results[k])
+            k += 1
+    if (sql := _notify_sql(conn)) is not None and any(e.created for e in results):
+        await conn.exec_driver_sql(sql)
+    return results
+
+
+async def enqueue_many(
+    target: Executor, specs: Sequence[JobSpec], *, now: datetime | None = None
+) -> list[Enqueued]:
+    """Enqueue several jobs in one transaction (the caller's, if given a connection)."""
+    now = now or utcnow()
+    if not specs:
+        return []
+    if isinstance(target, Database):
+        async with target.begin() as conn:
+            out = await _enqueue_on(conn, specs, now)
+        target_wake(target)
+        return out
+    conn = await _connection(target)
+    out = await _enqueue_on(conn, specs, now)
+    _wake_after_commit(conn)
+    return out
+
+
+async def enqueue(
+    target: Executor,
+    kind: str,
+    payload: Any = None,
+    *,
+    resource_key: str | None = None,
+    priority: int = 0,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
+    max_attempts: int | None = None,
+    unique_key: str | None = None,
+    trace_id: str | None = None,
+    now: datetime | None = None,
+) -> Enqueued:
+    """Enqueue one job.
+
+    ``target`` is a :class:`Database` (the job commits on its own) or the caller's
+    ``AsyncConnection``/``AsyncSession`` (the job commits or rolls back with the caller's
+    writes). A ``unique_key`` naming an unfinished job returns that job instead of creating
+    a second. A payload that is not JSON-serialisable raises :class:`PayloadError`.
+    """
+    spec = JobSpec(
+        kind=kind,
+        payload={} if payload is None else payload,
+        resource_key=resource_key,
+        priority=priority,
+        run_at=run_at,
+        delay=delay,
+        max_attempts=max_attempts,
+        unique_key=unique_key,
+        trace_id=trace_id,
+    )
+    return (await enqueue_many(target, [spec], now=now))[0]
+
+
+# In-process wake-ups (SQLite has no LISTEN/NOTIFY): workers of this process register an
+# event per database URL; an enqueue sets it once its transaction commits.
+_wakers: dict[str, set[Any]] = {}
+
+
+def register_waker(db: Database, event: Any) -> None:
+    _wakers.setdefault(str(db.url), set()).add(event)
+
+
+def unregister_waker(db: Database, event: Any) -> None:
+    _wakers.get(str(db.url), set()).discard(event)
+
+
+def target_wake(db: Database) -> None:
+    for ev in list(_wakers.get(str(db.url), ())):
+        ev.set()
+
+
+def _wake_after_commit(conn: AsyncConnection) -> None:
+    from sqlalchemy import event
+
+    key = str(conn.engine.url)
+    if not _wakers.get(key):
+        return
+    sync_conn = conn.sync_connection
+    if sync_conn is None:
+        return
+
+    def on_commit(_conn: Any) -> None:
+        for ev in list(_wakers.get(key, ())):
+            ev.set()
+
+    if not event.contains(sync_conn, "commit", on_commit):
+        event.listen(sync_conn, "commit", on_commit, once=True)
+
+
+# --- claiming -----------------------------------------------------------------------
+
+
+def _resource_blocked(r: Any, now: datetime) -> Any:
+    """SQL: the resource row ``r`` does not allow a call now (pacing or an open breaker)."""
+    # Every term is NULL-safe, so that NOT (...) means "available" and never "unknown".
+    return or_(
+        and_(r.c.next_available_at.is_not(None), r.c.next_available_at > now),
+        and_(r.c.state == "open", r.c.cooldown_until.is_not(None), r.c.cooldown_until > now),
+        and_(r.c.state == "half_open", r.c.probe_job_id.is_not(None)),
+    )
+
+
+@dataclass(frozen=True)
+class _Lane:
+    key: str
+    quota: int
+    probe: bool
+
+
+async def _claim_lane_rows(
+    conn: AsyncConnection,
+    *,
+    lane: str | None,
+    limit: int,
+    now: datetime,
+    worker_id: str,
+    token: int,
+    lease: timedelta,
+) -> list[Row[Any]]:
+    cond = [jobs.c.status == _PENDING, jobs.c.run_at <= now]
+    cond.append(jobs.c.resource_key.is_(None) if lane is None else jobs.c.resource_key == lane)
+    picked = (
+        select(jobs.c.id)
+        .where(*cond)
+        .order_by(jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    stmt = (
+        update(jobs)
+        .where(jobs.c.id.in_(picked.scalar_subquery()))
+        .values(
+            status="running",
+            attempts=jobs.c.attempts + 1,
+            locked_by=worker_id,
+            claim_token=token,
+            heartbeat_at=now,
+            lease_expires_at=now + lease,
+            started_at=now,
+            updated_at=now,
+        )
+        .returning(
+            jobs.c.id,
+            jobs.c.kind,
+            jobs.c.payload,
+            jobs.c.resource_key,
+            jobs.c.attempts,
+            jobs.c.max_attempts,
+            jobs.c.priority,
+            jobs.c.trace_id,
+            jobs.c.run_at,
+        )
+    )
+    return list(await conn.execute(stmt))
+
+
+async def _available_lanes(conn: AsyncConnection, now: datetime, max_lanes: int) -> list[Row[Any]]:
+    parent = resources.alias("parent")
+    running = (
+        select(func.count())
+        .select_from(jobs)
+        .where(jobs.c.status == _RUNNING, jobs.c.resource_key == resources.c.resource_key)
+        .scalar_subquery()
+    )
+    has_due = exists().where(
+        jobs.c.status == _PENDING,
+        jobs.c.resource_key == resources.c.resource_key,
+        jobs.c.run_at <= now,
+    )
+    parent_blocked = exists().where(
+        parent.c.resource_key == resources.c.parent_key, _resource_blocked(parent, now)
+    )
+    conn_inactive = exists().where(
+        connections.c.resource_key == resources.c.resource_key, connections.c.status != "active"
+    )
+    stmt = (
+        select(
+            resources.c.resource_key,
+            resources.c.state,
+            resources.c.cooldown_until,
+            resources.c.max_in_flight,
+            running.label("running"),
+        )
+        .where(
+            ~_resource_blocked(resources, now),
+            ~parent_blocked,
+            ~conn_inactive,
+            has_due,
+        )
+        .order_by(resources.c.last_claimed_at.is_not(None), resources.c.last_claimed_at)
+        .limit(max_lanes)
+        .with_for_update(skip_locked=True, of=resources)
+    )
+    return list(await conn.execute(stmt))
+
+
+async def claim(
+    db: Database,
+    worker_id: str,
+    limit: int,
+    *,
+    now: datetime | None = None,
+    lease: timedelta = timedelta(seconds=60),
+) -> list[ClaimedJob]:
+    """Claim up to ``limit`` due jobs for ``worker_id``, fairly across lanes.
+
+    Each claimed job is ``running`` with its attempt counted, a lease until
+    ``now + lease`` and a fresh claim token. A resource whose breaker waits for a probe
+    gives exactly one job, marked ``probe``.
+    """
+    if limit <= 0:
+        return []
+    now = now or utcnow()
+    token = secrets.randbits(62)
+    claimed: list[ClaimedJob] = []
+    async with db.begin() as conn:
+        lanes_rows = await _available_lanes(conn, now, max_lanes=limit)
+        lanes: list[_Lane] = []
+        share = max(1, math.ceil(limit / (len(lanes_rows) + 1)))
+        for r in lanes_rows:
+            probe = r.state in ("open", "half_open")
+            quota = 1 if probe else share
+            if r.max_in_flight is not None:
+                quota = min(quota, r.max_in_flight - r.running)
+            if quota > 0:
+                lanes.append(_Lane(r.resource_key, quota, probe))
+        served: list[str] = []
+        for lane in lanes:
+            room = limit - len(claimed)
+            if room <= 0:
+                break
+            rows = await _claim_lane_rows(
+                conn,
+                lane=lane.key,
+                limit=min(lane.quota, room),
+                now=now,
+                worker_id=worker_id,
+                token=token,
+                lease=lease,
+            )
+            if not rows:
+                continue
+            served.append(lane.key)
+            if lane.probe:
+                await conn.execute(
+                    update(resources)
+                    .where(resources.c.resource_key == lane.key)
+                    .values(state="half_open", probe_job_id=rows[0].id, updated_at=now)
+                )
+            claimed.extend(_claimed(r, token, lane.probe) for r in rows)
+        if served:
+            await conn.execute(
+                update(resources)
+                .where(resources.c.resource_key.in_(served))
+                .values(last_claimed_at=now)
+            )
+        room = limit - len(claimed)
+        if room > 0:
+            rows = await _claim_lane_rows(
+                conn, lane=None, limit=room, now=now, worker_id=worker_id, token=token, lease=lease
+            )
+            claimed.extend(_claimed(r, token, False) for r in rows)
+    return claimed
+
+
+def _claimed(r: Row[Any], token: int, probe: bool) -> ClaimedJob:
+    return ClaimedJob(
+        id=r.id,
+        kind=r.kind,
+        payload=r.payload,
+        resource_key=r.resource_key,
+        attempts=r.attempts,
+        max_attempts=r.max_attempts,
+        priority=r.priority,
+        trace_id=r.trace_id,
+        run_at=r.run_at,
+        claim_token=token,
+        probe=probe,
+    )
+
+
+# --- outcomes -----------------------------------------------------------------------
+
+
+async def complete_many(
+    conn: AsyncConnection,
+    done: Sequence[tuple[int, int]],
+    *,
+    now: datetime,
+) -> set[int]:
+    """Mark ``(job id, claim token)`` pairs succeeded; return the ids whose claim still held."""
+    if not done:
+        return set()
+    stmt = (
+        update(jobs)
+        .where(
+            tuple_(jobs.c.id, jobs.c.claim_token).in_(list(done)),
+            jobs.c.status == _RUNNING,
+        )
+        .values(
+            status="succeeded",
+            finished_at=now,
+            updated_at=now,
+            locked_by=None,
+            lease_expires_at=None,
+        )
+        .returning(jobs.c.id)
+    )
+    return {r[0] for r in await conn.execute(stmt)}
+
+
+async def _append_error(
+    conn: AsyncConnection, job_id: int, entry: dict[str, Any]
+) -> list[dict[str, Any]]:
+    current = (await conn.execute(select(jobs.c.errors).where(jobs.c.id == job_id))).scalar()
+    history = list(current or [])
+    history.append(entry)
+    return history[-20:]  # a job that failed 10,000 times keeps its recent story
+
+
+async def fail(
+    conn: AsyncConnection,
+    job: ClaimedJob,
+    *,
+    now: datetime,
+    error_class: str,
+    message: str,
+    retry_at: datetime | None,
+    traceback: str | None = None,
+    count_attempt: bool = True,
+) -> str | None:
+    """Record a failed attempt: back to pending at ``retry_at``, or dead when it is None.
+
+    A dead job is written to ``dead_letters`` in the same transaction. Returns the new
+    status, or None when the claim no longer held (the job was rescued or cancelled).
+    """
+    entry = {
+        "attempt": job.attempts,
+        "at": now.isoformat(),
+        "error_class": error_class,
+        "message": message[:2000],
+    }
+    history = await _append_error(conn, job.id, entry)
+    status = "pending" if retry_at is not None else "dead"
+    values: dict[str, Any] = {
+        "status": status,
+        "last_error": message[:4000],
+        "error_class": error_class,
+        "errors": history,
+        "locked_by": None,
+        "claim_token": None,
+        "lease_expires_at": None,
+        "updated_at": now,
+    }
+    if retry_at is not None:
+        values["run_at"] = retry_at
+    else:
+        values["finished_at"] = now
+    if not count_attempt:
+        values["attempts"] = jobs.c.attempts - 1
+    res = await conn.execute(
+        update(jobs)
+        .where(
+            jobs.c.id == job.id,
+            jobs.c.claim_token == job.claim_token,
+            jobs.c.status == _RUNNING,
+        )
+        .values(**values)
+        .returning(jobs.c.id)
+    )
+    if res.first() is None:
+        return None
+    if status == "dead":
+        await dead_letter_job(
+            conn,
+            job_id=job.id,
+            kind=job.kind,
+            payload=job.payload,
+            resource_key=job.resource_key,
+            error_class=error_class,
+            message=message,
+            traceback=traceback,
+            trace_id=job.trace_id,
+            attempts=job.attempts,
+            now=now,
+        )
+    return status
+
+
+async def dead_letter_job(
+    conn: AsyncConnection,
+    *,
+    job_id: int,
+    kind: str,
+    payload: Any,
+    resource_key: str | None,
+    error_class: str,
+    message: str,
+    traceback: str | None,
+    trace_id: str | None,
+    attempts: int,
+    now: datetime,
+) -> None:
+    """Write a dead job into ``dead_letters`` (one row per job; a repeat updates it)."""
+    tenant = ""
+    connector = ""
+    if isinstance(payload, Mapping):
+        tenant = str(payload.get("tenant") or "")
+        connector = str(payload.get("connector") or "")
+    row = {
+        "tenant": tenant or (resource_key or ""),
+        "connector": connector,
+        "kind": kind,
+        "record_id": f"job:{job_id}",
+        "job_id": job_id,
+        "resource_key": resource_key,
+        "payload": payload,
+        "error_class": error_class,
+        "error_message": message[:4000],
+        "traceback": traceback,
+        "trace_id": trace_id,
+        "attempt_count": attempts,
+        "status": "review" if error_class in ("validation", "authorization") else "pending",
+        "first_failed_at": now,
+        "last_attempt_at": now,
+        "next_retry_at": now + timedelta(minutes=1),
+    }
+    ins = _insert(conn)(dead_letters).values(**row)
+    await conn.execute(
+        ins.on_conflict_do_update(
+            index_elements=["tenant", "connector", "kind", "record_id"],
+            set_={
+                "error_class": ins.excluded.error_class,
+                "error_message": ins.excluded.error_message,
+                "traceback": ins.excluded.traceback,
+                "attempt_count": ins.excluded.attempt_count,
+                "last_attempt_at": ins.excluded.last_attempt_at,
+                "status": ins.excluded.status,
+            },
+        )
+    )
+
+
+async def snooze(conn: AsyncConnection, job: ClaimedJob, *, now: datetime, until: datetime) -> bool:
+    """Put the job back to pending until ``until`` without counting the attempt."""
+    res = await conn.execute(
+        update(jobs)
+        .where(
+            jobs.c.id == job.id, jobs.c.claim_token == job.claim_token, jobs.c.status == _RUNNING
+        )
+        .values(
+            status="pending",
+            run_at=until,
+            attempts=jobs.c.attempts - 1,
+            locked_by=None,
+            claim_token=None,
+            lease_expires_at=None,
+            updated_at=now,
+        )
+        .returning(jobs.c.id)
+    )
+    return res.first() is not None
+
+
+async def finish(
+    conn: AsyncConnection,
+    job: ClaimedJob,
+    *,
+    now: datetime,
+    status: Literal["cancelled", "discarded"],
+    reason: str,
+) -> bool:
+    """End the job as cancelled or discarded by its handler, with the reason."""
+    res = await conn.execute(
+        update(jobs)
+        .where(
+            jobs.c.id == job.id, jobs.c.claim_token == job.claim_token, jobs.c.status == _RUNNING
+        )
+        .values(
+            status=status,
+            last_error=reason,
+            locked_by=None,
+            lease_expires_at=None,
+            finished_at=now,
+            updated_at=now,
+        )
+        .returning(jobs.c.id)
+    )
+    return res.first() is not None
+
+
+async def release(
+    db: Database, held: Sequence[tuple[int, int]], *, now: datetime | None = None
+) -> int:
+    """Give claimed jobs back (shutdown): pending again, the attempt not counted."""
+    if not held:
+        return 0
+    now = now or utcnow()
+    async with db.begin() as conn:
+        res = await conn.execute(
+            update(jobs)
+            .where(tuple_(jobs.c.id, jobs.c.claim_token).in_(list(held)), jobs.c.status == _RUNNING)
+            .values(
+                status="pending",
+                attempts=jobs.c.attempts - 1,
+                locked_by=None,
+                claim_token=None,
+                lease_expires_at=None,
+                updated_at=now,
+            )
+            .returning(jobs.c.id, jobs.c.resource_key)
+        )
+        released = list(res)
+        await _clear_probes(conn, [r.id for r in released], now)
+    return len(released)
+
+
+async def _clear_probes(conn: AsyncConnection, job_ids: Sequence[int], now: datetime) -> None:
+    if job_ids:
+        await conn.execute(
+            update(resources)
+            .where(resources.c.probe_job_id.in_(list(job_ids)))
+            .values(probe_job_id=None, updated_at=now)
+        )
+
+
+async def heartbeat(
+    db: Database,
+    worker_id: str,
+    held: Sequence[tuple[int, int]],
+    *,
+    lease: timedelta,
+    now: datetime | None = None,
+) -> set[int]:
+    """Extend the leases of the jobs this worker still holds; return the ids it still holds.
+
+    A job missing from the result was rescued or cancelled: its handler should stop.
+    """
+    if not held:
+        return set()
+    now = now or utcnow()
+    async with db.begin() as conn:
+        res = await conn.execute(
+            update(jobs)
+            .where(
+                tuple_(jobs.c.id, jobs.c.claim_token).in_(list(held)),
+                jobs.c.status == _RUNNING,
+                jobs.c.locked_by == worker_id,
+            )
+            .values(heartbeat_at=now, lease_expires_at=now + lease)
+            .returning(jobs.c.id)
+        )
+        return {r[0] for r in res}
+
+
+async def rescue_expired(db: Database, *, now: datetime | None = None, limit: int = 500) -> int:
+    """Return jobs whose lease expired to pending (their attempt stays counted).
+
+    A job that has used all its attempts ends dead instead (it keeps killing workers) and
+    is dead-lettered in the same transaction.
+    """
+    now = now or utcnow()
+    async with db.begin() as conn:
+        expired = (
+            select(jobs.c.id)
+            .where(jobs.c.status == _RUNNING, jobs.c.lease_expires_at < now)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        message = "lease expired: the worker stopped heart-beating (crashed or hung)"
+        res = await conn.execute(
+            update(jobs)
+            .where(jobs.c.id.in_(expired.scalar_subquery()))
+            .values(
+                status=case((jobs.c.attempts >= jobs.c.max_attempts, "dead"), else_="pending"),
+                finished_at=case((jobs.c.attempts >= jobs.c.max_attempts, now), else_=None),
+                run_at=now,
+                locked_by=None,
+                claim_token=None,
+                lease_expires_at=None,
+                last_error=message,
+                error_class="transient",
+                updated_at=now,
+            )
+            .returning(
+                jobs.c.id,
+                jobs.c.status,
+                jobs.c.kind,
+                jobs.c.payload,
+                jobs.c.resource_key,
+                jobs.c.trace_id,
+                jobs.c.attempts,
+            )
+        )
+        rescued = list(res)
+        for r in rescued:
+            if r.status == "dead":
+                await dead_letter_job(
+                    conn,
+                    job_id=r.id,
+                    kind=r.kind,
+                    payload=r.payload,
+                    resource_key=r.resource_key,
+                    error_class="transient",
+                    message=message,
+                    traceback=None,
+                    trace_id=r.trace_id,
+                    attempts=r.attempts,
+                    now=now,
+                )
+        await _clear_probes(conn, [r.id for r in rescued], now)
+    return len(rescued)
+
+
+async def prune(
+    db: Database,
+    *,
+    older_than: timedelta = timedelta(days=7),
+    batch: int = 5000,
+    now: datetime | None = None,
+) -> int:
+    """Delete finished jobs older than ``older_than``, in batches of ``batch``; return count."""
+    now = now or utcnow()
+    cutoff = now - older_than
+    total = 0
+    while True:
+        async with db.begin() as conn:
+            victims = (
+                select(jobs.c.id)
+                .where(jobs.c.finished_at < cutoff, jobs.c.status.in_(FINISHED))
+                .limit(batch)
+            )
+            res = await conn.execute(delete(jobs).where(jobs.c.id.in_(victims.scalar_subquery())))
+            n = res.rowcount or 0
+        total += n
+        if n < batch:
+            return total
+
+
+# --- working with jobs ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    id: int
+    kind: str
+    status: str
+    resource_key: str | None
+    priority: int
+    attempts: int
+    max_attempts: int
+    run_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    unique_key: str | None
+    locked_by: str | None
+    last_error: str | None
+    error_class: str | None
+    trace_id: str | None
+    payload: Any = None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_row(cls, r: Row[Any], *, full: bool) -> JobInfo:
+        return cls(
+            id=r.id,
+            kind=r.kind,
+            status=r.status,
+            resource_key=r.resource_key,
+            priority=r.priority,
+            attempts=r.attempts,
+            max_attempts=r.max_attempts,
+            run_at=r.run_at,
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+            finished_at=r.finished_at,
+            unique_key=r.unique_key,
+            locked_by=r.locked_by,
+            last_error=r.last_error,
+            error_class=r.error_class,
+            trace_id=r.trace_id,
+            payload=r.payload if full else None,
+            errors=list(r.errors or []) if full else [],
+        )
+
+
+async def list_jobs(
+    db: Database,
+    *,
+    status: str | None = None,
+    kind: str | None = None,
+    resource_key: str | None = None,
+    created_since: datetime | None = None,
+    updated_since: datetime | None = None,
+    limit: int = 100,
+) -> list[JobInfo]:
+    """Jobs matching every filter given, newest first."""
+    stmt = select(jobs).order_by(jobs.c.id.desc()).limit(limit)
+    if status:
+        stmt = stmt.where(jobs.c.status == status)
+    if kind:
+        stmt = stmt.where(jobs.c.kind == kind)
+    if resource_key:
+        stmt = stmt.where(jobs.c.resource_key == resource_key)
+    if created_since:
+        stmt = stmt.where(jobs.c.created_at >= created_since)
+    if updated_since:
+        stmt = stmt.where(jobs.c.updated_at >= updated_since)
+    async with db.begin() as conn:
+        return [JobInfo.from_row(r, full=False) for r in await conn.execute(stmt)]
+
+
+async def get_job(db: Database, job_id: int) -> JobInfo:
+    """One job with its payload and error history; :class:`JobNotFound` if absent."""
+    async with db.begin() as conn:
+        row = (await conn.execute(select(jobs).where(jobs.c.id == job_id))).first()
+    if row is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return JobInfo.from_row(row, full=True)
+
+
+async def _change(
+    db: Database, job_id: int, action: str, values: dict[str, Any], *, allow_running: bool = False
+) -> JobInfo:
+    now = utcnow()
+    values = {**values, "updated_at": now}
+    async with db.begin() as conn:
+        row = (
+            await conn.execute(select(jobs.c.status).where(jobs.c.id == job_id).with_for_update())
+        ).first()
+        if row is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        if row.status == "running" and not allow_running:
+            raise JobStateError(f"job {job_id} is running; cannot {action} it until it stops")
+        try:
+            await conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+        except IntegrityError as exc:
+            raise JobStateError(
+                f"cannot {action} job {job_id}: another unfinished job has its unique key"
+            ) from exc
+    return await get_job(db, job_id)
+
+
+async def cancel_job(db: Database, job_id: int, reason: str = "cancelled by operator") -> JobInfo:
+    """Cancel a job; a running job's handler is told to stop at its next heartbeat."""
+    info = await get_job(db, job_id)
+    if info.status in FINISHED:
+        raise JobStateError(f"job {job_id} already ended ({info.status})")
+    return await _change(
+        db,
+        job_id,
+        "cancel",
+        {
+            "status": "cancelled",
+            "last_error": reason,
+            "finished_at": utcnow(),
+            "locked_by": None,
+            "claim_token": None,
+            "lease_expires_at": None,
+        },
+        allow_running=True,
+    )
+
+
+async def retry_job(db: Database, job_id: int) -> JobInfo:
+    """Run the job again now; an ended job starts over with fresh attempts."""
+    info = await get_job(db, job_id)
+    values: dict[str, Any] = {"status": "pending", "run_at": utcnow(), "finished_at": None}
+    if info.status in FINISHED:
+        values["attempts"] = 0
+    return await _change(db, job_id, "retry", values)
+
+
+async def reschedule_job(db: Database, job_id: int, run_at: datetime) -> JobInfo:
+    """Move a job's next run to ``run_at``."""
+    info = await get_job(db, job_id)
+    if info.status in FINISHED:
+        raise JobStateError(f"job {job_id} already ended ({info.status}); use retry")
+    return await _change(db, job_id, "reschedule", {"run_at": run_at})
+
+
+async def set_priority(db: Database, job_id: int, priority: int) -> JobInfo:
+    """Change a job's priority (higher runs first)."""
+    return await _change(db, job_id, "change the priority of", {"priority": priority})
+
+
+async def replace_payload(db: Database, job_id: int, payload: Any) -> JobInfo:
+    """Replace a job's payload (for example, to fix the data that made it fail)."""
+    info = await get_job(db, job_id)
+    _check_payload(info.kind, payload)
+    return await _change(db, job_id, "replace the payload of", {"payload": payload})
+
+
+async def count_by_status(db: Database) -> dict[str, int]:
+    async with db.begin() as conn:
+        rows = await conn.execute(select(jobs.c.status, func.count()).group_by(jobs.c.status))
+        return {s: c for s, c in rows}
+
+
+__all__ = [
+    "FINISHED",
+    "NOTIFY_CHANNEL",
+    "ClaimedJob",
+    "Enqueued",
+    "JobInfo",
+    "JobSpec",
+    "PayloadError",
+    "cancel_job",
+    "claim",
+    "enqueue",
+    "enqueue_many",
+    "get_job",
+    "list_jobs",
+    "prune",
+    "replace_payload",
+    "reschedule_job",
+    "rescue_expired",
+    "retry_job",
+    "set_priority",
+]

@@ -1,0 +1,602 @@
+"""The worker: one asyncio process that claims jobs, runs their handlers and records outcomes.
+
+Tasks inside one worker:
+
+* the claimer takes batches of due jobs while it has free slots, and otherwise sleeps
+  until woken (LISTEN/NOTIFY on PostgreSQL, in-process events on SQLite) or until the
+  poll interval passes;
+* one task per job runs its handler under the kind's timeout;
+* the recorder writes outcomes in batches: successes of many jobs commit in one
+  transaction together with their follow-up jobs; failures are classified and retried
+  by the errors rules, or dead-lettered;
+* the heartbeat extends the leases of held jobs and notices jobs cancelled meanwhile;
+* maintenance rescues expired leases, fires recurring ticks and prunes old jobs.
+
+A lost database is retried with backoff by every task; outcomes not yet written are kept
+in memory and written when the database returns, so nothing a handler did is forgotten
+while the process lives (and if it dies, the lease expires and the job runs again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import socket
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from synckit.errors import (
+    BreakerOutcome,
+    BreakerPolicy,
+    BreakerSnapshot,
+    BreakerState,
+    Classification,
+    ErrorClass,
+    RetryPolicy,
+    breaker_outcome,
+    breaker_transition,
+    classify,
+    retry_delay,
+)
+from synckit.errors.exceptions import DatabaseError, NeedsReauth, PermanentError, SynckitError
+from synckit.runtime import cron
+from synckit.runtime import jobs as store
+from synckit.runtime.db import Database
+from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
+from synckit.runtime.jobs import ClaimedJob, JobSpec, utcnow
+from synckit.runtime.schema import connections, resources
+
+log = structlog.get_logger("synckit.worker")
+
+
+@dataclass
+class _Outcome:
+    job: ClaimedJob
+    kind: str  # success | failure | snooze | cancel | discard
+    followups: list[JobSpec] = field(default_factory=list)
+    exc: BaseException | None = None
+    tb: str | None = None
+    snooze_until: datetime | None = None
+    reason: str = ""
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    snoozed: int = 0
+    cancelled: int = 0
+    discarded: int = 0
+    fenced: int = 0
+    rescued: int = 0
+
+
+class Worker:
+    """Runs jobs from one database with the handlers of one registry."""
+
+    def __init__(
+        self,
+        db: Database,
+        registry: Registry,
+        *,
+        concurrency: int = 10,
+        worker_id: str | None = None,
+        lease: timedelta = timedelta(seconds=60),
+        poll_interval: float = 1.0,
+        claim_batch: int | None = None,
+        retry_policy: RetryPolicy | None = None,
+        breaker_policy: BreakerPolicy | None = None,
+        grace_period: float = 30.0,
+        prune_after: timedelta = timedelta(days=7),
+        rescue_interval: float | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.db = db
+        self.registry = registry
+        self.concurrency = concurrency
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease = lease
+        self.poll_interval = poll_interval
+        self.claim_batch = claim_batch or max(concurrency, 1)
+        self.retry_policy = retry_policy or RetryPolicy()
+        self.breaker_policy = breaker_policy or BreakerPolicy()
+        self.grace_period = grace_period
+        self.prune_after = prune_after
+        self.rescue_interval = rescue_interval or max(1.0, lease.total_seconds() / 4)
+        self.rng = rng or random.Random()
+        self.clock = clock
+        self.stats = WorkerStats()
+        self._held: dict[int, ClaimedJob] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._outcomes: asyncio.Queue[_Outcome] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._recorded = asyncio.Event()
+        self._log = log.bind(worker_id=self.worker_id)
+
+    # --- public ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight jobs get the grace period to finish."""
+        self._stopping.set()
+        self._wake.set()
+        self._slot_free.set()
+
+    async def run(self, *, install_signals: bool = False) -> WorkerStats:
+        """Run until :meth:`stop` (or SIGTERM/SIGINT when ``install_signals``)."""
+        if install_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        return await self._main(idle_exit=False)
+
+    async def run_until_idle(self) -> WorkerStats:
+        """Run every job that is due (and what they enqueue), then return. For tests."""
+        return await self._main(idle_exit=True)
+
+    # --- main loop ------------------------------------------------------------------
+
+    async def _main(self, *, idle_exit: bool) -> WorkerStats:
+        store.register_waker(self.db, self._wake)
+        self._log.info("worker.started", concurrency=self.concurrency, database=self.db.display_url)
+        recorder = asyncio.create_task(self._recorder(), name="synckit-recorder")
+        background = [
+            asyncio.create_task(self._heartbeat(), name="synckit-heartbeat"),
+        ]
+        if not idle_exit:
+            background.append(asyncio.create_task(self._maintenance(), name="synckit-maint"))
+            if self.db.is_postgres:
+                background.append(asyncio.create_task(self._listen(), name="synckit-listen"))
+        try:
+            if idle_exit:
+                await self._maintenance_once(rescue=True)
+            await self._claim_loop(idle_exit=idle_exit)
+            await self._drain()
+        finally:
+            for t in background:
+                t.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self._outcomes.join()
+            recorder.cancel()
+            await asyncio.gather(recorder, return_exceptions=True)
+            store.unregister_waker(self.db, self._wake)
+            self._log.info("worker.stopped", **vars(self.stats))
+        return self.stats
+
+    async def _claim_loop(self, *, idle_exit: bool) -> None:
+        backoff = _Backoff()
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._tasks)
+            if free <= 0:
+                self._slot_free.clear()
+                if self.concurrency - len(self._tasks) <= 0:
+                    await self._slot_free.wait()
+                continue
+            self._wake.clear()
+            try:
+                batch = await store.claim(
+                    self.db,
+                    self.worker_id,
+                    min(free, self.claim_batch),
+                    now=self.clock(),
+                    lease=self.lease,
+                )
+            except DatabaseError as exc:
+                await self._db_trouble("claim", exc, backoff)
+                continue
+            backoff.reset()
+            for job in batch:
+                self._start(job)
+            if batch:
+                continue
+            if idle_exit:
+                if not self._tasks and self._outcomes.empty() and not self._held:
+                    return
+                # Wait for something in flight to finish: it may enqueue follow-ups.
+                self._recorded.clear()
+                await self._wait_any(self._recorded, self.poll_interval)
+                continue
+            await self._wait_any(self._wake, self.poll_interval)
+
+    async def _wait_any(self, event: asyncio.Event, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await event.wait()
+
+    async def _drain(self) -> None:
+        """Give in-flight jobs the grace period, then cancel and release the rest."""
+        if not self._tasks:
+            return
+        pending = list(self._tasks.values())
+        _done, still = await asyncio.wait(pending, timeout=self.grace_period)
+        if still:
+            for t in still:
+                t.cancel()
+            await asyncio.gather(*still, return_exceptions=True)
+        await self._outcomes.join()
+        leftover = [(j.id, j.claim_token) for j in self._held.values()]
+        if leftover:
+            with contextlib.suppress(SynckitError):
+                n = await store.release(self.db, leftover, now=self.clock())
+                self._log.info("worker.released", jobs=n)
+            self._held.clear()
+
+    # --- running one job --------------------------------------------------------------
+
+    def _start(self, job: ClaimedJob) -> None:
+        self.stats.claimed += 1
+        self._held[job.id] = job
+        task = asyncio.create_task(self._execute(job), name=f"synckit-job-{job.id}")
+        self._tasks[job.id] = task
+
+    async def _execute(self, job: ClaimedJob) -> None:
+        outcome: _Outcome
+        spec = self.registry.get(job.kind)
+        try:
+            if spec is None:
+                raise PermanentError(f"no handler registered for job kind {job.kind!r}")
+            ctx = JobContext(
+                job=job,
+                worker_id=self.worker_id,
+                log=self._log.bind(
+                    job_id=job.id,
+                    kind=job.kind,
+                    resource_key=job.resource_key,
+                    trace_id=job.trace_id,
+                ),
+            )
+            try:
+                async with asyncio.timeout(spec.timeout):
+                    await spec.func(ctx)
+            except TimeoutError as exc:
+                raise TimeoutError(
+                    f"job {job.kind!r} exceeded its {spec.timeout:g}s timeout"
+                ) from exc
+            outcome = _Outcome(job, "success", followups=ctx.followups)
+        except Snooze as s:
+            outcome = _Outcome(job, "snooze", snooze_until=self.clock() + s.delay)
+        except Cancel as c:
+            outcome = _Outcome(job, "cancel", reason=c.reason)
+        except Discard as d:
+            outcome = _Outcome(job, "discard", reason=d.reason)
+        except asyncio.CancelledError:
+            # Shutdown past the grace period, or the job was cancelled under us: the
+            # release (or the cancel) already decides what happens to it.
+            self._tasks.pop(job.id, None)
+            self._slot_free.set()
+            raise
+        except Exception as exc:
+            outcome = _Outcome(job, "failure", exc=exc, tb=traceback.format_exc(limit=30))
+        self._tasks.pop(job.id, None)
+        self._slot_free.set()
+        self._outcomes.put_nowait(outcome)
+
+    # --- recording outcomes -------------------------------------------------------------
+
+    async def _recorder(self) -> None:
+        backoff = _Backoff()
+        while True:
+            first = await self._outcomes.get()
+            batch = [first]
+            while len(batch) < 1000:
+                try:
+                    batch.append(self._outcomes.get_nowait())
+                except asyncio.QueueEmpty:
+                    break
+            while True:
+                try:
+                    await self._record(batch)
+                    backoff.reset()
+                    break
+                except DatabaseError as exc:
+                    await self._db_trouble("record", exc, backoff)
+            for o in batch:
+                self._held.pop(o.job.id, None)
+                self._outcomes.task_done()
+            self._recorded.set()
+
+    async def _record(self, batch: list[_Outcome]) -> None:
+        now = self.clock()
+        successes = [o for o in batch if o.kind == "success"]
+        others = [o for o in batch if o.kind != "success"]
+        async with self.db.begin() as conn:
+            held = await store.complete_many(
+                conn, [(o.job.id, o.job.claim_token) for o in successes], now=now
+            )
+            followups = [f for o in successes if o.job.id in held for f in o.followups]
+            if followups:
+                await store.enqueue_many(conn, followups, now=now)
+            keyed = sorted(
+                {o.job.resource_key for o in successes if o.job.id in held and o.job.resource_key}
+            )
+            if keyed:
+                await self._breaker_success(conn, keyed, now)
+            results: list[tuple[_Outcome, str | None]] = []
+            for o in others:
+                results.append((o, await self._record_other(conn, o, now)))
+        self.stats.succeeded += len(held)
+        self.stats.fenced += len(successes) - len(held)
+        if followups:
+            store.target_wake(self.db)
+        for o, status in results:
+            self._after(o, status)
+
+    async def _record_other(self, conn: AsyncConnection, o: _Outcome, now: datetime) -> str | None:
+        job = o.job
+        if o.kind == "snooze":
+            assert o.snooze_until is not None
+            return (
+                "snoozed" if await store.snooze(conn, job, now=now, until=o.snooze_until) else None
+            )
+        if o.kind in ("cancel", "discard"):
+            status = "cancelled" if o.kind == "cancel" else "discarded"
+            ok = await store.finish(conn, job, now=now, status=status, reason=o.reason)  # type: ignore[arg-type]
+            return status if ok else None
+        assert o.exc is not None
+        c = classify(exc=o.exc, now=now)
+        if isinstance(o.exc, NeedsReauth) and job.resource_key:
+            await conn.execute(
+                update(connections)
+                .where(connections.c.resource_key == job.resource_key)
+                .values(status="needs_reauth", status_reason=str(o.exc)[:500], updated_at=now)
+            )
+            # The job waits for re-authorisation without spending an attempt.
+            return await store.fail(
+                conn,
+                job,
+                now=now,
+                error_class=c.error_class.value,
+                message=c.reason,
+                retry_at=now,
+                traceback=o.tb,
+                count_attempt=False,
+            )
+        decision = None
+        if job.attempts < job.max_attempts:
+            decision = retry_delay(c, job.attempts, self.retry_policy, rng=self.rng)
+        retry_at = now + decision.delay if decision is not None else None
+        if job.resource_key:
+            await self._resource_failure(conn, job, c, now, retry_at)
+        return await store.fail(
+            conn,
+            job,
+            now=now,
+            error_class=c.error_class.value,
+            message=c.reason,
+            retry_at=retry_at,
+            traceback=o.tb,
+        )
+
+    def _after(self, o: _Outcome, status: str | None) -> None:
+        job = o.job
+        fields: dict[str, Any] = {
+            "job_id": job.id,
+            "kind": job.kind,
+            "attempt": job.attempts,
+            "resource_key": job.resource_key,
+            "trace_id": job.trace_id,
+        }
+        if status is None:
+            self.stats.fenced += 1
+            self._log.warning("job.outcome_fenced", **fields)
+        elif status == "pending":
+            self.stats.retried += 1
+            self._log.info("job.retry_scheduled", error=str(o.exc)[:300], **fields)
+        elif status == "dead":
+            self.stats.dead += 1
+            self._log.warning("job.dead", error=str(o.exc)[:300], **fields)
+        elif status == "snoozed":
+            self.stats.snoozed += 1
+        elif status == "cancelled":
+            self.stats.cancelled += 1
+        elif status == "discarded":
+            self.stats.discarded += 1
+
+    # --- per-resource state -------------------------------------------------------------
+
+    @staticmethod
+    def _snapshot(r: Any) -> BreakerSnapshot:
+        return BreakerSnapshot(
+            state=BreakerState(r.state),
+            consecutive_failures=r.consecutive_failures,
+            opened_at=r.opened_at,
+            reopen_count=r.reopen_count,
+            cooldown_until=r.cooldown_until,
+            probe_in_flight=r.probe_job_id is not None,
+        )
+
+    async def _store_snapshot(
+        self,
+        conn: AsyncConnection,
+        key: str,
+        before: BreakerSnapshot,
+        after: BreakerSnapshot,
+        now: datetime,
+        **extra: Any,
+    ) -> None:
+        values: dict[str, Any] = {
+            "state": after.state.value,
+            "consecutive_failures": after.consecutive_failures,
+            "opened_at": after.opened_at,
+            "reopen_count": after.reopen_count,
+            "cooldown_until": after.cooldown_until,
+            "updated_at": now,
+            **extra,
+        }
+        if not after.probe_in_flight:
+            values["probe_job_id"] = None
+        await conn.execute(
+            update(resources).where(resources.c.resource_key == key).values(**values)
+        )
+        if after.state != before.state:
+            event = {
+                "open": "breaker.opened",
+                "closed": "breaker.closed",
+                "half_open": "breaker.half_open",
+            }[after.state.value]
+            self._log.warning(
+                event,
+                resource_key=key,
+                failures=after.consecutive_failures,
+                cooldown_until=after.cooldown_until,
+            )
+
+    async def _breaker_success(self, conn: AsyncConnection, keys: list[str], now: datetime) -> None:
+        rows = await conn.execute(
+            select(resources).where(
+                resources.c.resource_key.in_(keys),
+                (resources.c.state != "closed") | (resources.c.consecutive_failures > 0),
+            )
+        )
+        for r in rows:
+            before = self._snapshot(r)
+            after = breaker_transition(before, BreakerOutcome.SUCCESS, now, self.breaker_policy)
+            await self._store_snapshot(conn, r.resource_key, before, after, now)
+
+    async def _resource_failure(
+        self,
+        conn: AsyncConnection,
+        job: ClaimedJob,
+        c: Classification,
+        now: datetime,
+        retry_at: datetime | None,
+    ) -> None:
+        r = (
+            await conn.execute(
+                select(resources).where(resources.c.resource_key == job.resource_key)
+            )
+        ).first()
+        if r is None:
+            return
+        extra: dict[str, Any] = {
+            "last_error_class": c.error_class.value,
+            "last_error": c.reason[:500],
+        }
+        if c.error_class is ErrorClass.RATE_LIMITED:
+            # Pace the whole resource: no worker calls it before the server's time is up.
+            until = c.rate_limit_reset or retry_at
+            if until is not None and (r.next_available_at is None or until > r.next_available_at):
+                extra["next_available_at"] = until
+                self._log.info("resource.throttled", resource_key=job.resource_key, until=until)
+        before = self._snapshot(r)
+        after = breaker_transition(before, breaker_outcome(c), now, self.breaker_policy)
+        await self._store_snapshot(conn, r.resource_key, before, after, now, **extra)
+
+    # --- background duties --------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        interval = max(0.05, self.lease.total_seconds() / 3)
+        while True:
+            await asyncio.sleep(interval)
+            held = [(j.id, j.claim_token) for j in list(self._held.values())]
+            if not held:
+                continue
+            try:
+                alive = await store.heartbeat(
+                    self.db, self.worker_id, held, lease=self.lease, now=self.clock()
+                )
+            except DatabaseError as exc:
+                self._log.warning("worker.heartbeat_failed", error=str(exc))
+                continue
+            for job_id, _ in held:
+                task = self._tasks.get(job_id)
+                if job_id not in alive and task is not None and job_id in self._held:
+                    # Cancelled by an operator or rescued by another worker: stop the handler.
+                    self._log.warning("job.lost_claim", job_id=job_id)
+                    self._held.pop(job_id, None)
+                    task.cancel()
+
+    async def _maintenance_once(self, *, rescue: bool) -> None:
+        now = self.clock()
+        if rescue:
+            n = await store.rescue_expired(self.db, now=now)
+            if n:
+                self.stats.rescued += n
+                self._log.warning("job.leases_rescued", jobs=n)
+                self._wake.set()
+        schedules = self.registry.schedules
+        if schedules:
+            await cron.sync_schedules(self.db, schedules, now)
+            if await cron.fire_due(self.db, schedules, now):
+                self._wake.set()
+
+    async def _maintenance(self) -> None:
+        last_rescue = 0.0
+        last_prune = time.monotonic()
+        backoff = _Backoff()
+        while True:
+            try:
+                due_rescue = time.monotonic() - last_rescue >= self.rescue_interval
+                await self._maintenance_once(rescue=due_rescue)
+                if due_rescue:
+                    last_rescue = time.monotonic()
+                if time.monotonic() - last_prune >= 3600:
+                    last_prune = time.monotonic()
+                    await store.prune(self.db, older_than=self.prune_after, now=self.clock())
+                backoff.reset()
+                await asyncio.sleep(1.0)
+            except DatabaseError as exc:
+                await self._db_trouble("maintenance", exc, backoff)
+
+    async def _listen(self) -> None:
+        """Wake the claimer on NOTIFY; reconnect with backoff when the connection drops."""
+        import asyncpg
+
+        backoff = _Backoff()
+        url = self.db.url.set(drivername="postgresql")
+        dsn = url.render_as_string(hide_password=False)
+        while True:
+            conn = None
+            try:
+                conn = await asyncpg.connect(dsn, timeout=10)
+                lost = asyncio.Event()
+                conn.add_termination_listener(lambda _c, ev=lost: ev.set())
+                await conn.add_listener(store.NOTIFY_CHANNEL, lambda *_a: self._wake.set())
+                backoff.reset()
+                self._wake.set()  # anything enqueued while we were away
+                await lost.wait()
+            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                self._log.warning("worker.listen_failed", error=str(exc))
+                await asyncio.sleep(backoff.next())
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+
+    async def _db_trouble(self, where: str, exc: DatabaseError, backoff: _Backoff) -> None:
+        delay = backoff.next()
+        self._log.warning("worker.database_error", where=where, error=str(exc), retry_in=delay)
+        await asyncio.sleep(delay)
+
+
+class _Backoff:
+    """Exponential backoff for database trouble: 0.1 s doubling to 5 s, with jitter."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def reset(self) -> None:
+        self.n = 0
+
+    def next(self) -> float:
+        self.n += 1
+        delay: float = min(5.0, 0.1 * 2 ** min(self.n, 10)) * random.uniform(0.5, 1.0)
+        return delay

@@ -1,0 +1,336 @@
+"""retry_delay(): server-told waits, exponential backoff with jitter, limits, test modes."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from synckit.errors import (
+    Classification,
+    ConfigurationError,
+    ErrorClass,
+    RetryPolicy,
+    is_testing,
+    retry_delay,
+    set_testing,
+)
+
+NO_JITTER = RetryPolicy(jitter=0.0)
+
+
+def verdict(
+    error_class: ErrorClass = ErrorClass.TRANSIENT,
+    *,
+    retryable: bool = True,
+    max_attempts: int | None = 100,
+    retry_after: timedelta | None = None,
+) -> Classification:
+    return Classification(
+        error_class=error_class,
+        retryable=retryable,
+        max_attempts=max_attempts,
+        surface=False,
+        retry_after=retry_after,
+        reason="test",
+    )
+
+
+def always(value: float) -> random.Random:
+    rng = random.Random()
+    rng.random = lambda: value  # type: ignore[method-assign]  # a fixed draw for the test
+    return rng
+
+
+@pytest.fixture(autouse=True)
+def _no_testing_mode() -> Iterator[None]:
+    set_testing(False)
+    yield
+    set_testing(False)
+
+
+# --- server-told waits ---------------------------------------------------------------
+
+
+def test_server_wait_gets_the_buffer() -> None:
+    """Retry-After: 30 becomes 36 s with the default 20% buffer, and is marked server-told."""
+    decision = retry_delay(
+        verdict(retry_after=timedelta(seconds=30)), 1, RetryPolicy(), rng=always(0)
+    )
+    assert decision is not None
+    assert decision.delay == timedelta(seconds=36)
+    assert decision.server_told
+    assert not decision.defer
+
+
+def test_server_wait_wins_even_when_shorter_than_backoff() -> None:
+    """A short server wait beats a long computed backoff on a late attempt."""
+    c = verdict(retry_after=timedelta(seconds=2))
+    decision = retry_delay(c, 20, NO_JITTER, rng=always(0))
+    assert decision is not None
+    assert decision.delay == timedelta(seconds=2.4)
+
+
+def test_zero_server_wait_is_raised_to_the_floor() -> None:
+    """Retry-After: 0 waits the floor, so a retry loop cannot spin."""
+    c = verdict(retry_after=timedelta(0))
+    decision = retry_delay(c, 1, RetryPolicy(floor=timedelta(milliseconds=500)), rng=always(0))
+    assert decision is not None
+    assert decision.delay == timedelta(milliseconds=500)
+
+
+def test_server_wait_beyond_max_server_wait_defers() -> None:
+    """A wait longer than max_server_wait defers the job instead of sleeping in the worker."""
+    c = verdict(ErrorClass.RATE_LIMITED, retry_after=timedelta(hours=1))
+    decision = retry_delay(c, 1, RetryPolicy(), rng=always(0))
+    assert decision is not None
+    assert decision.defer
+    assert decision.delay == timedelta(hours=1.2)
+    assert "deferred" in decision.reason
+
+
+def test_server_wait_at_max_server_wait_does_not_defer() -> None:
+    """Exactly max_server_wait is still a sleep."""
+    c = verdict(retry_after=timedelta(minutes=15))
+    decision = retry_delay(c, 1, RetryPolicy(), rng=always(0))
+    assert decision is not None
+    assert not decision.defer
+
+
+def test_negative_server_wait_falls_back_to_backoff() -> None:
+    """A negative wait on a hand-built classification is ignored."""
+    decision = retry_delay(verdict(retry_after=timedelta(seconds=-5)), 1, NO_JITTER, rng=always(0))
+    assert decision is not None
+    assert decision.delay == timedelta(seconds=1)
+    assert not decision.server_told
+
+
+# --- computed backoff ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "seconds"),
+    [(1, 1), (2, 2), (3, 4), (4, 8), (8, 128), (9, 256), (10, 300), (50, 300)],
+)
+def test_exponential_backoff_without_jitter_is_capped(attempt: int, seconds: int) -> None:
+    """base * 2**(attempt-1), capped at 5 minutes."""
+    decision = retry_delay(verdict(), attempt, NO_JITTER, rng=always(0.9))
+    assert decision is not None
+    assert decision.delay == timedelta(seconds=seconds)
+    assert not decision.server_told
+
+
+def test_equal_jitter_spans_half_to_full_delay() -> None:
+    """The default jitter (0.5) gives delays between d/2 and d."""
+    policy = RetryPolicy()
+    high = retry_delay(verdict(), 4, policy, rng=always(0.0))
+    low = retry_delay(verdict(), 4, policy, rng=always(0.999999))
+    assert high is not None and low is not None
+    assert high.delay == timedelta(seconds=8)
+    assert timedelta(seconds=4) <= low.delay < timedelta(seconds=4.001)
+
+
+def test_full_jitter_is_still_floored() -> None:
+    """Full jitter with a draw near 1 gives the floor, never zero."""
+    policy = RetryPolicy(jitter=1.0, floor=timedelta(seconds=1))
+    decision = retry_delay(verdict(), 3, policy, rng=always(0.99999))
+    assert decision is not None
+    assert decision.delay == timedelta(seconds=1)
+
+
+def test_rng_may_be_a_plain_function() -> None:
+    """rng accepts a zero-argument callable as well as random.Random."""
+    decision = retry_delay(verdict(), 2, RetryPolicy(), rng=lambda: 0.5)
+    assert decision is not None
+    assert decision.delay == timedelta(seconds=1.5)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, 7.0])
+def test_out_of_range_rng_cannot_push_delay_out_of_bounds(bad: float) -> None:
+    """A broken random source is treated as 0 (no jitter reduction)."""
+    decision = retry_delay(verdict(), 3, RetryPolicy(), rng=lambda: bad)
+    assert decision is not None
+    assert decision.delay == timedelta(seconds=4)
+
+
+def test_huge_attempt_number_gives_the_cap() -> None:
+    """A billion-and-more attempt does not overflow: it is simply capped."""
+    c = verdict(max_attempts=None)
+    decision = retry_delay(c, 10**100, RetryPolicy(max_attempts={}), rng=always(0))
+    assert decision is not None
+    assert decision.delay == timedelta(minutes=5)
+
+
+def test_zero_or_negative_attempt_is_treated_as_the_first() -> None:
+    """Nonsense attempt numbers get the first delay rather than an error."""
+    for attempt in (0, -5, -(10**50)):
+        decision = retry_delay(verdict(), attempt, NO_JITTER, rng=always(0))
+        assert decision is not None
+        assert decision.delay == timedelta(seconds=1)
+
+
+# --- limits --------------------------------------------------------------------------
+
+
+def test_not_retryable_gives_none() -> None:
+    """A non-retryable classification is never retried, whatever the attempt."""
+    assert retry_delay(verdict(retryable=False), 1, RetryPolicy(), rng=always(0)) is None
+
+
+def test_attempt_limit_of_the_classification() -> None:
+    """With max_attempts=3, attempts 1 and 2 retry and attempt 3 is the last."""
+    c = verdict(max_attempts=3)
+    assert retry_delay(c, 2, RetryPolicy(), rng=always(0)) is not None
+    assert retry_delay(c, 3, RetryPolicy(), rng=always(0)) is None
+    assert retry_delay(c, 10**30, RetryPolicy(), rng=always(0)) is None
+
+
+def test_policy_limit_applies_when_classification_has_none() -> None:
+    """A classification without a limit uses the policy's limit for its class."""
+    c = verdict(ErrorClass.CONFLICT, max_attempts=None)
+    policy = RetryPolicy(max_attempts={ErrorClass.CONFLICT: 2})
+    assert retry_delay(c, 1, policy, rng=always(0)) is not None
+    assert retry_delay(c, 2, policy, rng=always(0)) is None
+
+
+def test_default_policy_limits_match_classify_defaults() -> None:
+    """The default policy falls back to the same per-class limits classify uses."""
+    c = verdict(ErrorClass.SERVER_ERROR, max_attempts=None)
+    assert retry_delay(c, 2, RetryPolicy(), rng=always(0)) is not None
+    assert retry_delay(c, 3, RetryPolicy(), rng=always(0)) is None
+
+
+# --- deterministic and testing modes -------------------------------------------------
+
+
+def test_deterministic_policy_has_zero_delay_even_for_server_waits() -> None:
+    """RetryPolicy.deterministic() waits nothing, even when the server asked for a wait."""
+    policy = RetryPolicy.deterministic()
+    for c in (verdict(), verdict(retry_after=timedelta(hours=2))):
+        decision = retry_delay(c, 5, policy, rng=always(0.3))
+        assert decision is not None
+        assert (decision.delay, decision.defer) == (timedelta(0), False)
+
+
+def test_deterministic_policy_fixed_delay_and_limits() -> None:
+    """deterministic(delay) waits exactly that delay and still stops at the limit."""
+    policy = RetryPolicy.deterministic(timedelta(milliseconds=10))
+    decision = retry_delay(verdict(max_attempts=2), 1, policy, rng=always(0.3))
+    assert decision is not None
+    assert decision.delay == timedelta(milliseconds=10)
+    assert retry_delay(verdict(max_attempts=2), 2, policy, rng=always(0.3)) is None
+
+
+def test_set_testing_makes_every_retry_instant_until_disabled() -> None:
+    """set_testing(True) zeroes delays process-wide; set_testing(False) restores them."""
+    c = verdict(retry_after=timedelta(minutes=30))
+    set_testing(True)
+    assert is_testing()
+    decision = retry_delay(c, 1, RetryPolicy(), rng=always(0))
+    assert decision is not None
+    assert (decision.delay, decision.defer) == (timedelta(0), False)
+    assert retry_delay(verdict(max_attempts=1), 1, RetryPolicy(), rng=always(0)) is None
+    set_testing(False)
+    assert not is_testing()
+    decision = retry_delay(c, 1, RetryPolicy(), rng=always(0))
+    assert decision is not None
+    assert decision.defer
+
+
+def test_set_testing_with_a_fixed_delay() -> None:
+    """set_testing(True, delay) uses that delay for every retry."""
+    set_testing(True, timedelta(milliseconds=5))
+    decision = retry_delay(verdict(), 9, RetryPolicy(), rng=always(0))
+    assert decision is not None
+    assert decision.delay == timedelta(milliseconds=5)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"base": timedelta(seconds=-1)},
+        {"floor": timedelta(minutes=10)},
+        {"multiplier": 0.5},
+        {"multiplier": float("nan")},
+        {"jitter": 1.5},
+        {"server_wait_buffer": -0.1},
+        {"server_wait_buffer": float("inf")},
+        {"max_server_wait": timedelta(seconds=-1)},
+        {"fixed_delay": timedelta(seconds=-1)},
+    ],
+)
+def test_invalid_policy_is_a_configuration_error(kwargs: dict[str, object]) -> None:
+    """Policies that cannot work are refused when built, not when used."""
+    with pytest.raises(ConfigurationError):
+        RetryPolicy(**kwargs)  # type: ignore[arg-type]  # kwargs values vary in type
+
+
+# --- properties ----------------------------------------------------------------------
+
+_DURATIONS = st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=30))
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> RetryPolicy:
+    floor, cap = sorted([draw(_DURATIONS), draw(_DURATIONS)])
+    return RetryPolicy(
+        base=draw(st.timedeltas(min_value=timedelta(0), max_value=timedelta.max)),
+        cap=cap,
+        floor=floor,
+        multiplier=draw(st.floats(min_value=1.0, max_value=1e6)),
+        jitter=draw(st.floats(min_value=0.0, max_value=1.0)),
+        server_wait_buffer=draw(st.floats(min_value=0.0, max_value=100.0)),
+        max_server_wait=draw(_DURATIONS),
+    )
+
+
+_CLASSIFICATIONS = st.builds(
+    Classification,
+    error_class=st.sampled_from(ErrorClass),
+    retryable=st.booleans(),
+    max_attempts=st.none() | st.integers(),
+    surface=st.booleans(),
+    retry_after=st.none() | st.timedeltas(),
+    reason=st.just("property"),
+)
+_ATTEMPTS = st.integers() | st.integers(min_value=1, max_value=60) | st.just(10**400)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    c=_CLASSIFICATIONS,
+    attempt=_ATTEMPTS,
+    policy=policies(),
+    draw=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+)
+def test_every_delay_lies_between_floor_and_cap_or_buffered_server_wait(
+    c: Classification, attempt: int, policy: RetryPolicy, draw: float
+) -> None:
+    """For any input, retry_delay never raises and delays stay in [floor, max(cap, wait*buf)]."""
+    decision = retry_delay(c, attempt, policy, rng=lambda: draw)
+    if decision is None:
+        return
+    upper = policy.cap
+    if c.retry_after is not None and c.retry_after >= timedelta(0):
+        try:
+            upper = max(upper, c.retry_after * (1 + policy.server_wait_buffer))
+        except OverflowError:
+            upper = timedelta.max
+    assert policy.floor <= decision.delay <= upper
+    assert decision.server_told is (c.retry_after is not None and c.retry_after >= timedelta(0))
+    assert not decision.defer or decision.server_told
+
+
+@settings(max_examples=300, deadline=None)
+@given(attempt=st.integers(min_value=1, max_value=40), draw=st.floats(0.0, 0.999))
+def test_backoff_grows_with_attempts_under_equal_jitter(attempt: int, draw: float) -> None:
+    """Under equal jitter, the worst delay of attempt n+1 is never below the best of attempt n/2."""
+    policy = RetryPolicy(floor=timedelta(0))
+    later = retry_delay(verdict(), attempt + 1, policy, rng=lambda: draw)
+    earlier = retry_delay(verdict(), attempt, policy, rng=lambda: 0.0)
+    assert later is not None and earlier is not None
+    assert later.delay >= earlier.delay / 2

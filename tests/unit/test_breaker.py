@@ -1,0 +1,262 @@
+"""The circuit breaker's pure transitions and admission decisions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from synckit.errors import (
+    BreakerOutcome,
+    BreakerPolicy,
+    BreakerSnapshot,
+    BreakerState,
+    Classification,
+    ConfigurationError,
+    ErrorClass,
+    breaker_allows,
+    breaker_claim_probe,
+    breaker_outcome,
+    breaker_transition,
+    reopen_cooldown,
+)
+
+T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
+POLICY = BreakerPolicy()  # threshold 5, cool-down 30 s doubling up to 10 min
+
+
+def fail_times(snapshot: BreakerSnapshot, n: int, now: datetime = T0) -> BreakerSnapshot:
+    for _ in range(n):
+        snapshot = breaker_transition(snapshot, "failure", now, POLICY)
+    return snapshot
+
+
+def opened(now: datetime = T0) -> BreakerSnapshot:
+    return fail_times(BreakerSnapshot(), POLICY.failure_threshold, now)
+
+
+def test_fresh_breaker_is_closed_and_allows() -> None:
+    """A new breaker lets calls through."""
+    assert breaker_allows(BreakerSnapshot(), T0) == "allow"
+
+
+def test_failures_below_threshold_keep_it_closed() -> None:
+    """Four consecutive failures (threshold 5) keep the breaker closed and counting."""
+    snapshot = fail_times(BreakerSnapshot(), 4)
+    assert snapshot.state is BreakerState.CLOSED
+    assert snapshot.consecutive_failures == 4
+    assert breaker_allows(snapshot, T0) == "allow"
+
+
+def test_threshold_failure_opens_with_the_first_cooldown() -> None:
+    """The fifth consecutive failure opens the breaker for 30 s."""
+    snapshot = opened()
+    assert snapshot.state is BreakerState.OPEN
+    assert snapshot.opened_at == T0
+    assert snapshot.cooldown_until == T0 + timedelta(seconds=30)
+    assert snapshot.reopen_count == 0
+    assert not snapshot.probe_in_flight
+
+
+def test_success_resets_the_failure_count() -> None:
+    """A success in between means the failures were not consecutive."""
+    snapshot = fail_times(BreakerSnapshot(), 4)
+    snapshot = breaker_transition(snapshot, "success", T0, POLICY)
+    snapshot = fail_times(snapshot, 4)
+    assert snapshot.state is BreakerState.CLOSED
+    assert snapshot.consecutive_failures == 4
+
+
+def test_ignored_outcomes_neither_count_nor_reset() -> None:
+    """Validation-like failures are ignored: no count, no reset of the count."""
+    snapshot = fail_times(BreakerSnapshot(), 4)
+    for _ in range(10):
+        snapshot = breaker_transition(snapshot, BreakerOutcome.IGNORED, T0, POLICY)
+    assert (snapshot.state, snapshot.consecutive_failures) == (BreakerState.CLOSED, 4)
+    assert fail_times(snapshot, 1).state is BreakerState.OPEN
+
+
+def test_open_denies_until_the_cooldown_ends_then_offers_a_probe() -> None:
+    """Open: deny before cooldown_until, probe from then on."""
+    snapshot = opened()
+    assert breaker_allows(snapshot, T0 + timedelta(seconds=29)) == "deny"
+    assert breaker_allows(snapshot, T0 + timedelta(seconds=30)) == "probe"
+    assert breaker_allows(snapshot, T0 + timedelta(hours=5)) == "probe"
+
+
+def test_claimed_probe_denies_others_until_it_expires() -> None:
+    """Once a probe is claimed, other callers are denied until the probe timeout passes."""
+    claim_at = T0 + timedelta(seconds=31)
+    snapshot = breaker_claim_probe(opened(), claim_at, POLICY)
+    assert snapshot.state is BreakerState.HALF_OPEN
+    assert snapshot.probe_in_flight
+    assert breaker_allows(snapshot, claim_at) == "deny"
+    assert breaker_allows(snapshot, claim_at + POLICY.probe_timeout) == "probe"
+
+
+def test_half_open_without_a_probe_in_flight_offers_a_probe() -> None:
+    """Half-open with no claimed probe lets one be claimed."""
+    snapshot = BreakerSnapshot(state=BreakerState.HALF_OPEN, probe_in_flight=False)
+    assert breaker_allows(snapshot, T0) == "probe"
+
+
+def test_probe_success_closes_and_resets_everything() -> None:
+    """A successful probe closes the breaker and forgets failures and re-opens."""
+    snapshot = opened()
+    now = T0 + timedelta(seconds=30)
+    snapshot = breaker_claim_probe(snapshot, now, POLICY)
+    snapshot = breaker_transition(snapshot, "failure", now, POLICY)  # re-open once
+    now = snapshot.cooldown_until or now
+    snapshot = breaker_claim_probe(snapshot, now, POLICY)
+    snapshot = breaker_transition(snapshot, "success", now, POLICY)
+    assert snapshot == BreakerSnapshot()
+    assert breaker_allows(snapshot, now) == "allow"
+
+
+def test_probe_failures_double_the_cooldown_up_to_the_cap() -> None:
+    """Each failed probe re-opens with twice the cool-down: 30s, 60s, ... capped at 10 min."""
+    snapshot = opened()
+    now = T0
+    cooldowns = []
+    for _ in range(7):
+        assert snapshot.cooldown_until is not None
+        now = snapshot.cooldown_until
+        snapshot = breaker_claim_probe(snapshot, now, POLICY)
+        snapshot = breaker_transition(snapshot, "failure", now, POLICY)
+        assert snapshot.state is BreakerState.OPEN
+        assert snapshot.opened_at == now
+        assert snapshot.cooldown_until is not None
+        cooldowns.append((snapshot.cooldown_until - now).total_seconds())
+    assert cooldowns == [60, 120, 240, 480, 600, 600, 600]
+    assert snapshot.reopen_count == 7
+
+
+def test_ignored_probe_result_releases_the_probe() -> None:
+    """A probe answered by, say, a 404 frees the slot so another probe can run."""
+    now = T0 + timedelta(seconds=30)
+    snapshot = breaker_claim_probe(opened(), now, POLICY)
+    snapshot = breaker_transition(snapshot, "ignored", now, POLICY)
+    assert snapshot.state is BreakerState.HALF_OPEN
+    assert not snapshot.probe_in_flight
+    assert breaker_allows(snapshot, now) == "probe"
+
+
+def test_stragglers_during_cooldown_change_nothing() -> None:
+    """Results of calls started before the breaker opened do not move an open breaker."""
+    snapshot = opened()
+    during = T0 + timedelta(seconds=10)
+    assert breaker_transition(snapshot, "success", during, POLICY) == snapshot
+    assert breaker_transition(snapshot, "failure", during, POLICY) == snapshot
+
+
+def test_open_after_cooldown_treats_outcome_as_probe_result() -> None:
+    """A result after the cool-down counts as the probe's, even without a claim."""
+    snapshot = opened()
+    after = T0 + timedelta(seconds=45)
+    assert breaker_transition(snapshot, "success", after, POLICY).state is BreakerState.CLOSED
+    reopened = breaker_transition(snapshot, "failure", after, POLICY)
+    assert (reopened.state, reopened.reopen_count) == (BreakerState.OPEN, 1)
+
+
+def test_naive_datetimes_from_the_database_are_accepted() -> None:
+    """Naive timestamps (as SQLite returns them) compare as UTC, without raising."""
+    snapshot = opened()
+    naive = BreakerSnapshot(
+        state=snapshot.state,
+        consecutive_failures=snapshot.consecutive_failures,
+        opened_at=T0.replace(tzinfo=None),
+        cooldown_until=(T0 + timedelta(seconds=30)).replace(tzinfo=None),
+    )
+    assert breaker_allows(naive, T0 + timedelta(seconds=10)) == "deny"
+    assert breaker_allows(naive, T0 + timedelta(seconds=30)) == "probe"
+
+
+def test_open_without_cooldown_offers_a_probe() -> None:
+    """An open row missing its cool-down (hand-edited) does not stay closed forever."""
+    assert breaker_allows(BreakerSnapshot(state=BreakerState.OPEN), T0) == "probe"
+
+
+@pytest.mark.parametrize(
+    ("classification_class", "expected"),
+    [
+        (None, BreakerOutcome.SUCCESS),
+        (ErrorClass.TRANSIENT, BreakerOutcome.FAILURE),
+        (ErrorClass.SERVER_ERROR, BreakerOutcome.FAILURE),
+        (ErrorClass.VALIDATION, BreakerOutcome.IGNORED),
+        (ErrorClass.NOT_FOUND, BreakerOutcome.IGNORED),
+        (ErrorClass.AUTHORIZATION, BreakerOutcome.IGNORED),
+    ],
+)
+def test_breaker_outcome_follows_counts_for_breaker(
+    classification_class: ErrorClass | None, expected: BreakerOutcome
+) -> None:
+    """Successes, counted failures and ignored failures map to breaker outcomes."""
+    classification = None
+    if classification_class is not None:
+        classification = Classification(
+            error_class=classification_class,
+            retryable=False,
+            max_attempts=1,
+            surface=False,
+            retry_after=None,
+            reason="x",
+            counts_for_breaker=classification_class
+            not in {ErrorClass.VALIDATION, ErrorClass.NOT_FOUND, ErrorClass.AUTHORIZATION},
+        )
+    assert breaker_outcome(classification) is expected
+
+
+def test_reopen_cooldown_never_overflows() -> None:
+    """Absurd re-open counts give the cap, negative ones the first cool-down."""
+    assert reopen_cooldown(10**9, POLICY) == POLICY.cooldown_cap
+    assert reopen_cooldown(-3, POLICY) == POLICY.cooldown
+    huge = BreakerPolicy(cooldown_cap=timedelta.max)
+    assert reopen_cooldown(10**9, huge) == timedelta.max
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"failure_threshold": 0},
+        {"cooldown": timedelta(seconds=-1)},
+        {"cooldown": timedelta(hours=1), "cooldown_cap": timedelta(minutes=1)},
+        {"probe_timeout": timedelta(0)},
+    ],
+)
+def test_invalid_breaker_policy_is_refused(kwargs: dict[str, object]) -> None:
+    """Policies that cannot work raise ConfigurationError when built."""
+    with pytest.raises(ConfigurationError):
+        BreakerPolicy(**kwargs)  # type: ignore[arg-type]  # kwargs values vary in type
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["success", "failure", "ignored", "claim"]),
+            st.integers(min_value=0, max_value=900),
+        ),
+        max_size=60,
+    )
+)
+def test_any_sequence_keeps_the_snapshot_consistent(steps: list[tuple[str, int]]) -> None:
+    """Whatever happens, closed rows have no cool-down and open ones a capped cool-down."""
+    snapshot = BreakerSnapshot()
+    now = T0
+    for action, seconds in steps:
+        now += timedelta(seconds=seconds)
+        if action == "claim":
+            if breaker_allows(snapshot, now) == "probe":
+                snapshot = breaker_claim_probe(snapshot, now, POLICY)
+        else:
+            snapshot = breaker_transition(snapshot, action, now, POLICY)  # type: ignore[arg-type]
+        if snapshot.state is BreakerState.CLOSED:
+            assert snapshot.cooldown_until is None
+            assert snapshot.consecutive_failures < POLICY.failure_threshold
+            assert breaker_allows(snapshot, now) == "allow"
+        elif snapshot.state is BreakerState.OPEN:
+            assert snapshot.cooldown_until is not None and snapshot.opened_at is not None
+            assert snapshot.cooldown_until - snapshot.opened_at <= POLICY.cooldown_cap
+            assert not snapshot.probe_in_flight
