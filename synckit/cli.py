@@ -8,9 +8,13 @@ becomes one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import importlib
 import json
+import re
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import click
@@ -18,9 +22,14 @@ from rich.console import Console
 from rich.table import Table
 
 from synckit.errors.exceptions import SynckitError
+from synckit.runtime import jobs as store
 from synckit.runtime import migrate
 from synckit.runtime.db import ENV_URL, Database, database_url_from_env, mask_url, open_database
+from synckit.runtime.handlers import Registry
+from synckit.runtime.jobs import JobInfo, utcnow
+from synckit.runtime.logging import configure_logging
 from synckit.runtime.status import read_status
+from synckit.runtime.worker import Worker, WorkerStats
 
 T = TypeVar("T")
 
@@ -144,6 +153,261 @@ def status_cmd(as_json: bool, database_url: str | None) -> None:
     console.print(queue)
     dlq = ", ".join(f"{k} {v}" for k, v in sorted(snapshot.dead_letters.items())) or "empty"
     console.print(f"Dead letters: {dlq}    Outbox pending: {snapshot.outbox_pending}")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``10m``, ``2h``, ``7d`` or a plain number of seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise CliError(f"cannot read duration {text!r}: use forms like 90s, 10m, 2h, 7d")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    return timedelta(seconds=float(m.group(1)) * unit)
+
+
+def load_registry(spec: str) -> Registry:
+    """Import ``module:attribute`` and return the :class:`Registry` it names."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise CliError(f"--app {spec!r}: expected module:attribute, e.g. myapp.jobs:registry")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    registry = getattr(module, attr, None)
+    if callable(registry) and not isinstance(registry, Registry):
+        registry = registry()
+    if not isinstance(registry, Registry):
+        raise CliError(f"--app {spec!r}: {attr!r} is not a synckit Registry")
+    return registry
+
+
+@cli.command("worker")
+@click.option(
+    "--app",
+    "app",
+    envvar="SYNCKIT_APP",
+    required=True,
+    help="module:attribute of the handler Registry (or $SYNCKIT_APP).",
+)
+@click.option("--concurrency", default=10, show_default=True, help="Jobs in flight at once.")
+@click.option("--lease", default="60s", show_default=True, help="Lease of a claimed job.")
+@click.option("--poll-interval", default=1.0, show_default=True, help="Fallback polling (s).")
+@click.option("--grace", default=30.0, show_default=True, help="Shutdown grace period (s).")
+@click.option("--burst", is_flag=True, help="Run the due jobs, then exit.")
+@database_option
+def worker_cmd(
+    app: str,
+    concurrency: int,
+    lease: str,
+    poll_interval: float,
+    grace: float,
+    burst: bool,
+    database_url: str | None,
+) -> None:
+    """Run jobs until SIGTERM/SIGINT (or, with --burst, until the queue is idle)."""
+    configure_logging()
+    registry = load_registry(app)
+
+    async def go(d: Database) -> WorkerStats:
+        w = Worker(
+            d,
+            registry,
+            concurrency=concurrency,
+            lease=parse_duration(lease),
+            poll_interval=poll_interval,
+            grace_period=grace,
+        )
+        return await (w.run_until_idle() if burst else w.run(install_signals=True))
+
+    stats = run(go, database_url)
+    if burst:
+        click.echo(json.dumps(vars(stats), sort_keys=True))
+
+
+@cli.group()
+def jobs() -> None:
+    """List, inspect and change jobs."""
+
+
+def _job_json(info: JobInfo) -> dict[str, Any]:
+    data = dataclasses.asdict(info)
+    for k, v in data.items():
+        if isinstance(v, datetime):
+            data[k] = v.isoformat()
+    return data
+
+
+@jobs.command("ls")
+@click.option("--status")
+@click.option("--kind")
+@click.option("--resource-key")
+@click.option("--since", help="Updated within this long (e.g. 1h, 2d).")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@database_option
+def jobs_ls(
+    status: str | None,
+    kind: str | None,
+    resource_key: str | None,
+    since: str | None,
+    limit: int,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """List jobs, newest first."""
+    updated_since = utcnow() - parse_duration(since) if since else None
+    found = run(
+        lambda d: store.list_jobs(
+            d,
+            status=status,
+            kind=kind,
+            resource_key=resource_key,
+            updated_since=updated_since,
+            limit=limit,
+        ),
+        database_url,
+    )
+    if as_json:
+        for info in found:
+            click.echo(json.dumps(_job_json(info), sort_keys=True))
+        return
+    table = Table(title=f"Jobs ({len(found)})")
+    for col in ("id", "kind", "status", "resource", "prio", "attempts", "run at", "last error"):
+        table.add_column(col)
+    for j in found:
+        table.add_row(
+            str(j.id),
+            j.kind,
+            j.status,
+            j.resource_key or "-",
+            str(j.priority),
+            f"{j.attempts}/{j.max_attempts}",
+            j.run_at.isoformat(timespec="seconds"),
+            (j.last_error or "")[:60],
+        )
+    console.print(table)
+
+
+@jobs.command("show")
+@click.argument("job_id", type=int)
+@database_option
+def jobs_show(job_id: int, database_url: str | None) -> None:
+    """Show one job with its payload and error history (JSON)."""
+    info = run(lambda d: store.get_job(d, job_id), database_url)
+    click.echo(json.dumps(_job_json(info), indent=2, sort_keys=True))
+
+
+def _job_action(make: Callable[[Database], Awaitable[JobInfo]], url: str | None) -> None:
+    info = run(make, url)
+    click.echo(
+        f"job {info.id}: {info.status}, run at {info.run_at.isoformat(timespec='seconds')}"
+        f", priority {info.priority}"
+    )
+
+
+@jobs.command("cancel")
+@click.argument("job_id", type=int)
+@click.option("--reason", default="cancelled by operator")
+@database_option
+def jobs_cancel(job_id: int, reason: str, database_url: str | None) -> None:
+    """Cancel a job (a running one is stopped at its next heartbeat)."""
+    _job_action(lambda d: store.cancel_job(d, job_id, reason), database_url)
+
+
+@jobs.command("retry")
+@click.argument("job_id", type=int)
+@database_option
+def jobs_retry(job_id: int, database_url: str | None) -> None:
+    """Run a job again now (an ended job starts over with fresh attempts)."""
+    _job_action(lambda d: store.retry_job(d, job_id), database_url)
+
+
+@jobs.command("reschedule")
+@click.argument("job_id", type=int)
+@click.option("--at", "at", help="ISO 8601 time (with zone).")
+@click.option("--in", "after", help="A delay from now, e.g. 10m.")
+@database_option
+def jobs_reschedule(
+    job_id: int, at: str | None, after: str | None, database_url: str | None
+) -> None:
+    """Move a job's next run."""
+    if (at is None) == (after is None):
+        raise CliError("give exactly one of --at or --in")
+    if at is not None:
+        try:
+            when = datetime.fromisoformat(at)
+        except ValueError as exc:
+            raise CliError(f"--at {at!r} is not an ISO 8601 time") from exc
+        if when.tzinfo is None:
+            raise CliError(f"--at {at!r} needs a time zone, e.g. {at}+00:00")
+    else:
+        when = utcnow() + parse_duration(after or "0")
+    _job_action(lambda d: store.reschedule_job(d, job_id, when), database_url)
+
+
+@jobs.command("priority")
+@click.argument("job_id", type=int)
+@click.argument("priority", type=int)
+@database_option
+def jobs_priority(job_id: int, priority: int, database_url: str | None) -> None:
+    """Change a job's priority (higher runs first)."""
+    _job_action(lambda d: store.set_priority(d, job_id, priority), database_url)
+
+
+@jobs.command("set-payload")
+@click.argument("job_id", type=int)
+@click.argument("payload")
+@database_option
+def jobs_set_payload(job_id: int, payload: str, database_url: str | None) -> None:
+    """Replace a job's payload with the JSON document PAYLOAD."""
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"payload is not JSON: {exc}") from exc
+    _job_action(lambda d: store.replace_payload(d, job_id, data), database_url)
+
+
+@jobs.command("enqueue")
+@click.argument("kind")
+@click.option("--payload", default="{}", help="JSON payload.")
+@click.option("--resource-key")
+@click.option("--priority", default=0)
+@click.option("--in", "after", help="Delay, e.g. 10m.")
+@click.option("--unique-key")
+@database_option
+def jobs_enqueue(
+    kind: str,
+    payload: str,
+    resource_key: str | None,
+    priority: int,
+    after: str | None,
+    unique_key: str | None,
+    database_url: str | None,
+) -> None:
+    """Enqueue a job by hand."""
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"payload is not JSON: {exc}") from exc
+    delay = parse_duration(after) if after else None
+    out = run(
+        lambda d: store.enqueue(
+            d,
+            kind,
+            data,
+            resource_key=resource_key,
+            priority=priority,
+            delay=delay,
+            unique_key=unique_key,
+        ),
+        database_url,
+    )
+    click.echo(f"job {out.id} {'enqueued' if out.created else 'already queued'}")
+
+
+from synckit.runtime.outbox_cli import outbox as outbox_group
+
+cli.add_command(outbox_group)
 
 
 def main() -> None:

@@ -130,6 +130,7 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self._recorded = asyncio.Event()
+        self._record_seq = 0
         self._log = log.bind(worker_id=self.worker_id)
 
     # --- public ---------------------------------------------------------------------
@@ -184,13 +185,16 @@ class Worker:
     async def _claim_loop(self, *, idle_exit: bool) -> None:
         backoff = _Backoff()
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._tasks)
+            # A slot frees when its outcome is recorded, not when the handler returns: a job
+            # that just hit a 429 must pace its resource before the next claim.
+            free = self.concurrency - len(self._held)
             if free <= 0:
                 self._slot_free.clear()
-                if self.concurrency - len(self._tasks) <= 0:
+                if self.concurrency - len(self._held) <= 0:
                     await self._slot_free.wait()
                 continue
             self._wake.clear()
+            seq = self._record_seq
             try:
                 batch = await store.claim(
                     self.db,
@@ -208,7 +212,9 @@ class Worker:
             if batch:
                 continue
             if idle_exit:
-                if not self._tasks and self._outcomes.empty() and not self._held:
+                # An outcome recorded while the claim ran may have made a job due again.
+                quiet = seq == self._record_seq
+                if quiet and not self._tasks and self._outcomes.empty() and not self._held:
                     return
                 # Wait for something in flight to finish: it may enqueue follow-ups.
                 self._recorded.clear()
@@ -311,7 +317,9 @@ class Worker:
             for o in batch:
                 self._held.pop(o.job.id, None)
                 self._outcomes.task_done()
+            self._record_seq += 1
             self._recorded.set()
+            self._slot_free.set()
 
     async def _record(self, batch: list[_Outcome]) -> None:
         now = self.clock()

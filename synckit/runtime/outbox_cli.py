@@ -1,0 +1,119 @@
+"""``synckit outbox ...``: look at the outbox and put failed messages back in line.
+
+``synckit.cli`` imports this module at its bottom to register the group, so this module
+must not import ``synckit.cli`` at import time (under ``python -m synckit.cli`` that would
+import the CLI a second time, half-built); its helpers are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import click
+
+from synckit.runtime import outbox as store
+from synckit.runtime.db import ENV_URL, Database
+
+# The same option as ``synckit.cli.database_option``, which cannot be imported here at
+# import time (see the module docstring).
+database_option = click.option(
+    "--database-url",
+    "database_url",
+    envvar=ENV_URL,
+    default=None,
+    help=f"Database URL (default: ${ENV_URL}, else sqlite:///synckit.db).",
+)
+
+STATUSES = ("pending", "published", "failed")
+
+
+def _ts(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "-"
+
+
+def _short(text: str | None, width: int = 60) -> str:
+    if not text:
+        return "-"
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= width else one_line[: width - 1] + "…"
+
+
+@click.group()
+def outbox() -> None:
+    """Inspect the transactional outbox and retry failed messages."""
+
+
+@outbox.command("ls")
+@click.option("--status", type=click.Choice(STATUSES), help="Only messages in this status.")
+@click.option("--topic", help="Only messages of this topic.")
+@click.option("--key", help="Only messages with this ordering key.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array (payloads included).")
+@database_option
+def ls(
+    status: str | None,
+    topic: str | None,
+    key: str | None,
+    limit: int,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """List outbox messages, newest first."""
+    from rich.table import Table
+
+    from synckit.cli import console, run
+
+    async def go(d: Database) -> tuple[list[store.OutboxInfo], dict[str, int]]:
+        rows = await store.list_messages(d, status=status, topic=topic, key=key, limit=limit)
+        return rows, await store.count_by_status(d)
+
+    rows, counts = run(go, database_url)
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
+        return
+    table = Table(title="Outbox")
+    for col in ("id", "status", "topic", "key", "message id", "tries", "when", "last error"):
+        table.add_column(col, justify="right" if col in ("id", "tries") else "left")
+    for r in rows:
+        # Pending: when it is next tried; published: when; failed: when it was written.
+        when = {"pending": r.next_attempt_at, "published": r.published_at}.get(r.status)
+        table.add_row(
+            str(r.id),
+            r.status,
+            r.topic,
+            r.key or "-",
+            r.message_id,
+            str(r.attempts),
+            _ts(when or r.created_at),
+            _short(r.last_error),
+        )
+    table.caption = ", ".join(f"{s} {counts.get(s, 0)}" for s in STATUSES)
+    if not rows:
+        table.caption = "no messages match; " + table.caption
+    console.print(table)
+
+
+@outbox.command("retry")
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--failed", "all_failed", is_flag=True, help="Retry every failed message.")
+@click.option("--topic", help="With --failed: only failed messages of this topic.")
+@database_option
+def retry(
+    ids: tuple[int, ...], all_failed: bool, topic: str | None, database_url: str | None
+) -> None:
+    """Put messages back to pending, due now: the IDS given, or --failed for all failed."""
+    from synckit.cli import CliError, run
+
+    if bool(ids) == all_failed:
+        raise CliError("give message ids or --failed (not both)")
+    if topic and not all_failed:
+        raise CliError("--topic goes with --failed")
+
+    async def go(d: Database) -> int:
+        if all_failed:
+            return await store.retry_failed(d, topic=topic)
+        return await store.retry_messages(d, ids)
+
+    n = run(go, database_url)
+    click.echo(f"{n} message{'s' if n != 1 else ''} back to pending")

@@ -1,0 +1,44 @@
+"""Handlers the queue's multi-process tests run in `synckit worker` subprocesses.
+
+Each execution appends one line to ``$QUEUE_APP_LOG``: ``kind job_id pid start end``.
+Lines this short are written atomically with O_APPEND, so several processes can share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from datetime import timedelta
+
+from synckit.runtime.handlers import JobContext, Registry
+
+registry = Registry()
+
+
+def _record(ctx: JobContext, start: float) -> None:
+    path = os.environ["QUEUE_APP_LOG"]
+    line = f"{ctx.job.kind} {ctx.job.id} {os.getpid()} {start:.6f} {time.time():.6f}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+@registry.handler("record")
+async def record(ctx: JobContext) -> None:
+    start = time.time()
+    seconds = float((ctx.payload or {}).get("sleep", 0))
+    if seconds:
+        await asyncio.sleep(seconds)
+    _record(ctx, start)
+
+
+@registry.handler("tick")
+async def tick(ctx: JobContext) -> None:
+    _record(ctx, time.time())
+
+
+if os.environ.get("QUEUE_APP_CRON") == "1":
+    registry.recurring("every-second", "tick", every=timedelta(seconds=1))

@@ -1,0 +1,478 @@
+"""The job queue in one process, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, insert, select, update
+
+from synckit.errors import RetryPolicy
+from synckit.errors.exceptions import JobNotFound, JobStateError, RateLimited
+from synckit.runtime import jobs as store
+from synckit.runtime.db import Database
+from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
+from synckit.runtime.jobs import JobSpec, PayloadError
+from synckit.runtime.schema import connections, dead_letters, jobs, resources
+from synckit.runtime.worker import Worker
+
+
+def make_worker(db: Database, registry: Registry, **kw: Any) -> Worker:
+    kw.setdefault("retry_policy", RetryPolicy.deterministic())
+    kw.setdefault("poll_interval", 0.05)
+    return Worker(db, registry, **kw)
+
+
+async def statuses(db: Database) -> dict[str, int]:
+    return await store.count_by_status(db)
+
+
+async def test_each_job_runs_once_and_succeeds(db: Database) -> None:
+    """Enqueued jobs each run exactly once and end succeeded."""
+    reg = Registry()
+    seen: list[int] = []
+
+    @reg.handler("noop")
+    async def noop(ctx: JobContext) -> None:
+        seen.append(ctx.payload["i"])
+
+    await store.enqueue_many(db, [JobSpec("noop", {"i": i}) for i in range(300)])
+    stats = await make_worker(db, reg, concurrency=8).run_until_idle()
+    assert sorted(seen) == list(range(300))
+    assert stats.succeeded == 300
+    assert await statuses(db) == {"succeeded": 300}
+
+
+async def test_enqueue_joins_the_callers_transaction(db: Database) -> None:
+    """A job enqueued on the caller's connection commits or rolls back with it."""
+    with pytest.raises(RuntimeError):
+        async with db.begin() as conn:
+            await store.enqueue(conn, "k", {"a": 1})
+            raise RuntimeError("caller's business write failed")
+    assert await statuses(db) == {}
+    async with db.begin() as conn:
+        await conn.execute(update(resources).values(updated_at=datetime.now(UTC)))
+        await store.enqueue(conn, "k", {"a": 1})
+    assert await statuses(db) == {"pending": 1}
+
+
+async def test_unique_key_returns_the_unfinished_job(db: Database) -> None:
+    """A unique key naming an unfinished job returns it; once finished, a new one is made."""
+    a = await store.enqueue(db, "k", {}, unique_key="order-1")
+    b = await store.enqueue(db, "k", {}, unique_key="order-1")
+    assert a.created and not b.created and a.id == b.id
+    batch = await store.enqueue_many(
+        db, [JobSpec("k", unique_key="order-1"), JobSpec("k", unique_key="order-2")]
+    )
+    assert [e.id for e in batch][0] == a.id and batch[1].created
+    reg = Registry()
+    reg.add("k", _noop)
+    await make_worker(db, reg).run_until_idle()
+    c = await store.enqueue(db, "k", {}, unique_key="order-1")
+    assert c.created and c.id != a.id
+
+
+async def _noop(ctx: JobContext) -> None:
+    return None
+
+
+async def test_payload_that_is_not_json_is_refused(db: Database) -> None:
+    """A payload that cannot be serialised to JSON is refused at enqueue, naming the kind."""
+    with pytest.raises(PayloadError, match="payload of job 'k' is not JSON-serialisable"):
+        await store.enqueue(db, "k", {"when": datetime.now(UTC)})
+    with pytest.raises(PayloadError):
+        await store.enqueue(db, "k", {"x": float("nan")})
+    assert await statuses(db) == {}
+
+
+async def test_unknown_kind_fails_with_reason_and_is_dead_lettered(db: Database) -> None:
+    """A job whose kind has no handler ends dead with the reason, and lands in the DLQ."""
+    job = await store.enqueue(db, "nobody-handles-this", {"x": 1}, max_attempts=5)
+    stats = await make_worker(db, Registry()).run_until_idle()
+    assert stats.dead == 1
+    info = await store.get_job(db, job.id)
+    assert info.status == "dead"
+    assert "no handler registered for job kind 'nobody-handles-this'" in (info.last_error or "")
+    async with db.begin() as conn:
+        row = (await conn.execute(select(dead_letters))).one()
+    assert row.kind == "nobody-handles-this" and row.record_id == f"job:{job.id}"
+    assert row.payload == {"x": 1} and row.status == "review"
+
+
+async def test_priority_then_run_at_order(db: Database) -> None:
+    """Higher priority runs first; within a priority, the oldest run_at first."""
+    reg = Registry()
+    order: list[str] = []
+
+    @reg.handler("k")
+    async def k(ctx: JobContext) -> None:
+        order.append(ctx.payload["n"])
+
+    base = datetime.now(UTC) - timedelta(minutes=5)
+    await store.enqueue(db, "k", {"n": "low-old"}, priority=0, run_at=base)
+    await store.enqueue(db, "k", {"n": "high-new"}, priority=10, run_at=base + timedelta(1e-3))
+    await store.enqueue(db, "k", {"n": "high-old"}, priority=10, run_at=base)
+    await store.enqueue(db, "k", {"n": "mid"}, priority=5, run_at=base)
+    await make_worker(db, reg, concurrency=1, claim_batch=1).run_until_idle()
+    assert order == ["high-old", "high-new", "mid", "low-old"]
+
+
+async def test_delayed_jobs_wait_for_their_time(db: Database) -> None:
+    """A job days ahead is not run now, and runs once its time has come."""
+    reg = Registry()
+    reg.add("k", _noop)
+    job = await store.enqueue(db, "k", {}, delay=timedelta(days=3))
+    assert (await make_worker(db, reg).run_until_idle()).claimed == 0
+    later = datetime.now(UTC) + timedelta(days=3, seconds=1)
+    stats = await make_worker(db, reg, clock=lambda: later).run_until_idle()
+    assert stats.succeeded == 1
+    assert (await store.get_job(db, job.id)).status == "succeeded"
+
+
+async def test_hanging_handler_is_cancelled_and_counts_as_transient(db: Database) -> None:
+    """A handler past its kind's timeout is cancelled; the attempt is a transient failure."""
+    reg = Registry()
+
+    @reg.handler("hang", timeout=0.2)
+    async def hang(ctx: JobContext) -> None:
+        await asyncio.sleep(3600)
+
+    job = await store.enqueue(db, "hang", {}, max_attempts=2)
+    stats = await make_worker(db, reg).run_until_idle()
+    info = await store.get_job(db, job.id)
+    assert info.status == "dead" and info.attempts == 2 and stats.dead == 1
+    assert info.error_class == "transient"
+    assert "exceeded its 0.2s timeout" in (info.last_error or "")
+    assert [e["attempt"] for e in info.errors] == [1, 2]
+
+
+async def test_failure_retries_then_succeeds(db: Database) -> None:
+    """A failing attempt is retried by the retry policy and may then succeed."""
+    reg = Registry()
+    calls = 0
+
+    @reg.handler("flaky")
+    async def flaky(ctx: JobContext) -> None:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionError("reset by peer")
+
+    job = await store.enqueue(db, "flaky", {})
+    stats = await make_worker(db, reg).run_until_idle()
+    assert calls == 3 and stats.retried == 2
+    info = await store.get_job(db, job.id)
+    assert info.status == "succeeded" and info.attempts == 3 and len(info.errors) == 2
+
+
+async def test_retry_waits_computed_backoff(db: Database) -> None:
+    """With the default policy, a failed attempt is rescheduled into the future."""
+    reg = Registry()
+
+    @reg.handler("fails")
+    async def fails(ctx: JobContext) -> None:
+        raise ConnectionError("boom")
+
+    job = await store.enqueue(db, "fails", {})
+    before = datetime.now(UTC)
+    await make_worker(db, reg, retry_policy=RetryPolicy()).run_until_idle()
+    info = await store.get_job(db, job.id)
+    assert info.status == "pending" and info.attempts == 1
+    assert info.run_at >= before + timedelta(milliseconds=500)
+
+
+async def test_snooze_cancel_discard(db: Database) -> None:
+    """Snooze re-queues without spending an attempt; cancel and discard end the job."""
+    reg = Registry()
+    snoozed = 0
+
+    @reg.handler("snooze")
+    async def snooze(ctx: JobContext) -> None:
+        nonlocal snoozed
+        snoozed += 1
+        if snoozed == 1:
+            raise Snooze(timedelta(0))
+
+    @reg.handler("cancel")
+    async def cancel(ctx: JobContext) -> None:
+        raise Cancel("the invoice was deleted")
+
+    @reg.handler("discard")
+    async def discard(ctx: JobContext) -> None:
+        raise Discard("stale")
+
+    s = await store.enqueue(db, "snooze", {}, max_attempts=1)
+    c = await store.enqueue(db, "cancel", {})
+    d = await store.enqueue(db, "discard", {})
+    await make_worker(db, reg).run_until_idle()
+    si = await store.get_job(db, s.id)
+    assert si.status == "succeeded" and si.attempts == 1 and snoozed == 2
+    ci = await store.get_job(db, c.id)
+    assert ci.status == "cancelled" and ci.last_error == "the invoice was deleted"
+    assert (await store.get_job(db, d.id)).status == "discarded"
+    async with db.begin() as conn:
+        assert (await conn.execute(select(func.count()).select_from(dead_letters))).scalar() == 0
+
+
+async def test_followups_commit_only_with_success(db: Database) -> None:
+    """A follow-up commits with its parent's success; a parent that fails leaves none."""
+    reg = Registry()
+    ran: list[str] = []
+
+    @reg.handler("parent")
+    async def parent(ctx: JobContext) -> None:
+        ctx.enqueue("child", {"from": ctx.job.id})
+        if ctx.payload.get("fail"):
+            raise ValueError("parent failed after enqueueing")
+
+    @reg.handler("child")
+    async def child(ctx: JobContext) -> None:
+        ran.append("child")
+
+    await store.enqueue(db, "parent", {"fail": True}, max_attempts=1)
+    await make_worker(db, reg).run_until_idle()
+    assert ran == []
+    assert [j.kind for j in await store.list_jobs(db)] == ["parent"]
+    await store.enqueue(db, "parent", {})
+    await make_worker(db, reg).run_until_idle()
+    assert ran == ["child"]
+
+
+async def test_lease_rescue_and_fencing(db: Database) -> None:
+    """An expired lease is rescued; the old holder cannot overwrite the new outcome."""
+    job = await store.enqueue(db, "k", {})
+    now = datetime.now(UTC)
+    [a] = await store.claim(db, "worker-a", 10, now=now, lease=timedelta(seconds=5))
+    assert await store.rescue_expired(db, now=now + timedelta(seconds=1)) == 0
+    assert await store.rescue_expired(db, now=now + timedelta(seconds=6)) == 1
+    info = await store.get_job(db, job.id)
+    assert info.status == "pending" and info.attempts == 1
+    [b] = await store.claim(db, "worker-b", 10, now=now + timedelta(seconds=7))
+    assert b.attempts == 2 and b.claim_token != a.claim_token
+    async with db.begin() as conn:
+        assert await store.complete_many(conn, [(a.id, a.claim_token)], now=now) == set()
+        assert (
+            await store.fail(
+                conn, a, now=now, error_class="transient", message="late", retry_at=None
+            )
+            is None
+        )
+    async with db.begin() as conn:
+        assert await store.complete_many(conn, [(b.id, b.claim_token)], now=now) == {b.id}
+    assert (await store.get_job(db, job.id)).status == "succeeded"
+
+
+async def test_job_that_keeps_killing_workers_ends_dead(db: Database) -> None:
+    """A job whose lease expires on its last attempt ends dead and is dead-lettered."""
+    job = await store.enqueue(db, "k", {}, max_attempts=2)
+    now = datetime.now(UTC)
+    for i in range(2):
+        t = now + timedelta(minutes=i * 10)
+        assert len(await store.claim(db, f"w{i}", 1, now=t, lease=timedelta(seconds=1))) == 1
+        assert await store.rescue_expired(db, now=t + timedelta(seconds=2)) == 1
+    info = await store.get_job(db, job.id)
+    assert info.status == "dead" and "lease expired" in (info.last_error or "")
+    async with db.begin() as conn:
+        assert (await conn.execute(select(func.count()).select_from(dead_letters))).scalar() == 1
+
+
+async def test_pruning_removes_old_finished_jobs_in_batches(db: Database) -> None:
+    """Finished jobs past retention are deleted in bounded batches; others stay."""
+    old = datetime.now(UTC) - timedelta(days=8)
+    async with db.begin() as conn:
+        await conn.execute(
+            insert(jobs),
+            [
+                dict(
+                    kind="k",
+                    payload={},
+                    status=s,
+                    run_at=old,
+                    created_at=old,
+                    updated_at=old,
+                    finished_at=old if s != "pending" else None,
+                )
+                for s in ["succeeded"] * 25 + ["dead"] * 5 + ["pending"] * 3
+            ],
+        )
+        await conn.execute(
+            insert(jobs).values(
+                kind="k",
+                payload={},
+                status="succeeded",
+                run_at=old,
+                created_at=old,
+                updated_at=old,
+                finished_at=datetime.now(UTC),
+            )
+        )
+    assert await store.prune(db, older_than=timedelta(days=7), batch=7) == 30
+    assert await statuses(db) == {"pending": 3, "succeeded": 1}
+
+
+async def test_job_management_operations(db: Database) -> None:
+    """List, show, cancel, retry, reschedule, re-prioritise and replace payloads."""
+    a = await store.enqueue(db, "k", {"v": 1}, resource_key="tenant-1")
+    b = await store.enqueue(db, "other", {"v": 2})
+    assert {j.id for j in await store.list_jobs(db, kind="k")} == {a.id}
+    assert {j.id for j in await store.list_jobs(db, resource_key="tenant-1")} == {a.id}
+    assert len(await store.list_jobs(db, status="pending")) == 2
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    assert (await store.reschedule_job(db, a.id, when)).run_at == when
+    assert (await store.set_priority(db, a.id, 7)).priority == 7
+    assert (await store.replace_payload(db, a.id, {"v": 3})).payload == {"v": 3}
+    with pytest.raises(PayloadError):
+        await store.replace_payload(db, a.id, {"bad": {1, 2}})
+    assert (await store.cancel_job(db, b.id)).status == "cancelled"
+    with pytest.raises(JobStateError, match="already ended"):
+        await store.cancel_job(db, b.id)
+    retried = await store.retry_job(db, b.id)
+    assert retried.status == "pending" and retried.attempts == 0
+    with pytest.raises(JobNotFound):
+        await store.get_job(db, 999_999)
+
+
+async def test_operations_refuse_a_running_job(db: Database) -> None:
+    """Retry, reschedule, priority and payload changes refuse a running job; cancel works."""
+    job = await store.enqueue(db, "k", {})
+    await store.claim(db, "w", 1)
+    for op in (
+        store.retry_job(db, job.id),
+        store.reschedule_job(db, job.id, datetime.now(UTC)),
+        store.set_priority(db, job.id, 1),
+        store.replace_payload(db, job.id, {}),
+    ):
+        with pytest.raises(JobStateError, match="is running"):
+            await op
+    assert (await store.cancel_job(db, job.id)).status == "cancelled"
+
+
+async def test_cancelled_running_job_is_stopped_at_heartbeat(db: Database) -> None:
+    """Cancelling a running job stops its handler, and its late outcome is fenced off."""
+    reg = Registry()
+    started = asyncio.Event()
+    stopped = asyncio.Event()
+
+    @reg.handler("long")
+    async def long(ctx: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    job = await store.enqueue(db, "long", {})
+    worker = make_worker(db, reg, lease=timedelta(seconds=0.6))
+    run = asyncio.create_task(worker.run())
+    await asyncio.wait_for(started.wait(), 10)
+    await store.cancel_job(db, job.id)
+    await asyncio.wait_for(stopped.wait(), 10)
+    worker.stop()
+    await asyncio.wait_for(run, 10)
+    assert (await store.get_job(db, job.id)).status == "cancelled"
+
+
+async def test_fairness_backlog_does_not_hold_back_another_tenant(db: Database) -> None:
+    """10 jobs of tenant B, enqueued after 100,000 of tenant A, are claimed in the first batches."""
+    now = datetime.now(UTC)
+    await store.enqueue_many(
+        db, [JobSpec("k", resource_key="tenant-a") for _ in range(100_000)], now=now
+    )
+    await store.enqueue_many(
+        db,
+        [JobSpec("k", resource_key="tenant-b") for _ in range(10)],
+        now=now + timedelta(seconds=1),
+    )
+    later = now + timedelta(seconds=2)
+    got_b = 0
+    for batch_no in range(1, 4):
+        batch = await store.claim(db, "w", 16, now=later)
+        assert len(batch) == 16
+        got_b += sum(1 for j in batch if j.resource_key == "tenant-b")
+        if got_b == 10:
+            break
+    assert got_b == 10 and batch_no <= 2
+
+
+async def test_unavailable_resources_are_left_out_by_the_claim(db: Database) -> None:
+    """Open breakers, future next_available_at and inactive connections keep jobs unclaimed."""
+    now = datetime.now(UTC)
+    for key in ("open", "paced", "reauth", "fine"):
+        await store.enqueue(db, "k", {}, resource_key=key, now=now)
+    async with db.begin() as conn:
+        await conn.execute(
+            update(resources)
+            .where(resources.c.resource_key == "open")
+            .values(state="open", cooldown_until=now + timedelta(minutes=1))
+        )
+        await conn.execute(
+            update(resources)
+            .where(resources.c.resource_key == "paced")
+            .values(next_available_at=now + timedelta(minutes=1))
+        )
+        await conn.execute(
+            insert(connections).values(
+                tenant="t-reauth",
+                connector="c",
+                resource_key="reauth",
+                status="needs_reauth",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    claimed = await store.claim(db, "w", 10, now=now)
+    assert [j.resource_key for j in claimed] == ["fine"]
+    later = now + timedelta(minutes=2)
+    again = await store.claim(db, "w", 10, now=later)
+    # The open breaker's cool-down has passed: exactly one probe; pacing has passed too.
+    assert sorted(j.resource_key for j in again) == ["open", "paced"]
+    assert [j.probe for j in again if j.resource_key == "open"] == [True]
+
+
+async def test_half_open_breaker_gives_exactly_one_probe(db: Database) -> None:
+    """Past the cool-down, a resource with many due jobs gives out exactly one, its probe."""
+    now = datetime.now(UTC)
+    await store.enqueue_many(db, [JobSpec("k", resource_key="r") for _ in range(5)], now=now)
+    async with db.begin() as conn:
+        await conn.execute(
+            update(resources).values(state="open", cooldown_until=now - timedelta(seconds=1))
+        )
+    first = await store.claim(db, "w1", 10, now=now)
+    second = await store.claim(db, "w2", 10, now=now)
+    assert len(first) == 1 and first[0].probe and second == []
+    async with db.begin() as conn:
+        row = (await conn.execute(select(resources))).one()
+    assert row.state == "half_open" and row.probe_job_id == first[0].id
+
+
+async def test_in_flight_limit_in_one_process(db: Database) -> None:
+    """A resource's max_in_flight bounds its running jobs across claims."""
+    now = datetime.now(UTC)
+    await store.enqueue_many(db, [JobSpec("k", resource_key="mbox") for _ in range(6)], now=now)
+    async with db.begin() as conn:
+        await conn.execute(update(resources).values(max_in_flight=2))
+    assert len(await store.claim(db, "w1", 10, now=now)) == 2
+    assert await store.claim(db, "w2", 10, now=now) == []
+
+
+async def test_rate_limited_failure_paces_the_whole_resource(db: Database) -> None:
+    """A job failing with RateLimited(7 s) defers its resource by 7 s plus the buffer."""
+    reg = Registry()
+
+    @reg.handler("call")
+    async def call(ctx: JobContext) -> None:
+        raise RateLimited("429", retry_after=timedelta(seconds=7))
+
+    await store.enqueue(db, "call", {}, resource_key="tenant-x")
+    await store.enqueue(db, "call", {}, resource_key="tenant-x")
+    before = datetime.now(UTC)
+    w = make_worker(db, reg, retry_policy=RetryPolicy(), concurrency=1, claim_batch=1)
+    stats = await w.run_until_idle()
+    assert stats.claimed == 1  # the second job of the resource was held back
+    async with db.begin() as conn:
+        row = (await conn.execute(select(resources))).one()
+    assert row.next_available_at >= before + timedelta(seconds=8.4)
+    assert row.next_available_at <= datetime.now(UTC) + timedelta(seconds=8.4 + 1)

@@ -1,0 +1,64 @@
+"""Helpers to run `synckit worker` as real OS processes in tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+APPS = Path(__file__).parent / "apps"
+
+
+def spawn_worker(
+    url: str, log_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `synckit worker --app queue_app:registry` on ``url``."""
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+        "QUEUE_APP_LOG": str(log_path),
+        **(env or {}),
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "synckit.cli",
+            "worker",
+            "--app",
+            "queue_app:registry",
+            "--database-url",
+            url,
+            *args,
+        ],
+        env=full_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def read_log(path: Path) -> list[tuple[str, int, int, float, float]]:
+    """The executions recorded by queue_app: (kind, job id, pid, start, end)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        kind, job_id, pid, start, end = line.split()
+        out.append((kind, int(job_id), int(pid), float(start), float(end)))
+    return out
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 30) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
