@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -10,34 +11,41 @@ from collections.abc import Sequence
 from pathlib import Path
 
 APPS = Path(__file__).parent / "apps"
+_seq = itertools.count()
 
 
 def spawn_worker(
     url: str, log_path: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start `synckit worker --app queue_app:registry` on ``url``."""
+    """Start `synckit worker --app queue_app:registry` on ``url``.
+
+    Its log goes to a file beside ``log_path``: a pipe nobody reads would fill up and
+    block the worker.
+    """
     full_env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
         "QUEUE_APP_LOG": str(log_path),
         **(env or {}),
     }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "synckit.cli",
-            "worker",
-            "--app",
-            "queue_app:registry",
-            "--database-url",
-            url,
-            *args,
-        ],
-        env=full_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    stderr_path = log_path.parent / f"worker-{next(_seq)}.stderr"
+    with open(stderr_path, "wb") as stderr:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "synckit.cli",
+                "worker",
+                "--app",
+                "queue_app:registry",
+                "--database-url",
+                url,
+                *args,
+            ],
+            env=full_env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
 
 
 def read_log(path: Path) -> list[tuple[str, int, int, float, float]]:

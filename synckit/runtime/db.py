@@ -133,6 +133,10 @@ class Database:
             raise translate_db_error(exc, self.given_url) from exc
         except OSError as exc:
             raise DatabaseUnavailable(f"cannot reach database {self.display_url}: {exc}") from exc
+        except _RAW_DRIVER_ERRORS as exc:
+            # asyncpg raises some errors while connecting (the server is starting or
+            # shutting down) before SQLAlchemy can wrap them.
+            raise translate_db_error(exc, self.given_url) from exc
 
     async def check(self) -> None:
         """Connect and prove the database is usable for writing; raise a clear error if not."""
@@ -149,6 +153,17 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+
+
+def _raw_driver_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import asyncpg
+    except ImportError:  # pragma: no cover - the postgres extra is not installed
+        return ()
+    return (asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+_RAW_DRIVER_ERRORS = _raw_driver_errors()
 
 
 def translate_db_error(exc: BaseException, url: URL | str) -> DatabaseError:
@@ -171,6 +186,7 @@ def translate_db_error(exc: BaseException, url: URL | str) -> DatabaseError:
         "cannot connect",
         "the database system is starting up",
         "the database system is shutting down",
+        "too many connections",
         "terminating connection",
         "timeout",
     )

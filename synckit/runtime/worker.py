@@ -203,7 +203,7 @@ class Worker:
                     now=self.clock(),
                     lease=self.lease,
                 )
-            except DatabaseError as exc:
+            except Exception as exc:  # the worker must outlive any one failure
                 await self._db_trouble("claim", exc, backoff)
                 continue
             backoff.reset()
@@ -312,7 +312,7 @@ class Worker:
                     await self._record(batch)
                     backoff.reset()
                     break
-                except DatabaseError as exc:
+                except Exception as exc:  # the worker must outlive any one failure
                     await self._db_trouble("record", exc, backoff)
             for o in batch:
                 self._held.pop(o.job.id, None)
@@ -521,7 +521,7 @@ class Worker:
                 alive = await store.heartbeat(
                     self.db, self.worker_id, held, lease=self.lease, now=self.clock()
                 )
-            except DatabaseError as exc:
+            except Exception as exc:  # the worker must outlive any one failure
                 self._log.warning("worker.heartbeat_failed", error=str(exc))
                 continue
             for job_id, _ in held:
@@ -561,7 +561,7 @@ class Worker:
                     await store.prune(self.db, older_than=self.prune_after, now=self.clock())
                 backoff.reset()
                 await asyncio.sleep(1.0)
-            except DatabaseError as exc:
+            except Exception as exc:  # the worker must outlive any one failure
                 await self._db_trouble("maintenance", exc, backoff)
 
     async def _listen(self) -> None:
@@ -589,9 +589,23 @@ class Worker:
                     with contextlib.suppress(Exception):
                         await conn.close()
 
-    async def _db_trouble(self, where: str, exc: DatabaseError, backoff: _Backoff) -> None:
+    async def _db_trouble(self, where: str, exc: Exception, backoff: _Backoff) -> None:
+        """Log a failed step and wait before the caller retries it.
+
+        Database trouble is expected (restarts, failovers) and logged as a warning; any
+        other exception is a bug worth a traceback, but it must not kill the worker.
+        """
         delay = backoff.next()
-        self._log.warning("worker.database_error", where=where, error=str(exc), retry_in=delay)
+        if isinstance(exc, DatabaseError):
+            self._log.warning("worker.database_error", where=where, error=str(exc), retry_in=delay)
+        else:
+            self._log.error(
+                "worker.unexpected_error",
+                where=where,
+                error=repr(exc),
+                retry_in=delay,
+                exc_info=exc,
+            )
         await asyncio.sleep(delay)
 
 

@@ -1,0 +1,231 @@
+"""The job queue across real worker processes (`synckit worker` subprocesses)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from procs import read_log, spawn_worker, stop_all  # type: ignore[import-not-found]
+from sqlalchemy import select, text
+
+from synckit.runtime import jobs as store
+from synckit.runtime.db import Database, open_database
+from synckit.runtime.jobs import JobSpec
+from synckit.runtime.resources import configure_resource
+from synckit.runtime.schema import jobs
+
+
+async def wait_until(
+    check: Callable[[], object], seconds: float, what: str, interval: float = 0.1
+) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {seconds}s waiting for {what}")
+
+
+async def all_final(db: Database) -> bool:
+    counts = await store.count_by_status(db)
+    return counts.get("pending", 0) == 0 and counts.get("running", 0) == 0
+
+
+async def test_four_processes_run_each_job_exactly_once(
+    engine_name: str, db: Database, migrated_url: str, tmp_path: Path
+) -> None:
+    """Four worker processes, 10,000 jobs: each executed exactly once."""
+    if engine_name != "postgresql":
+        pytest.skip("many workers on many hosts is what PostgreSQL is for")
+    log = tmp_path / "exec.log"
+    await store.enqueue_many(db, [JobSpec("record", {"i": i}) for i in range(10_000)])
+    procs = [spawn_worker(migrated_url, log, "--concurrency", "16") for _ in range(4)]
+    try:
+        await wait_until(lambda: all_final(db), 120, "10,000 jobs to finish")
+    finally:
+        stop_all(procs)
+    execs = read_log(log)
+    per_job = collections.Counter(job_id for _, job_id, *_ in execs)
+    assert len(per_job) == 10_000
+    assert max(per_job.values()) == 1
+    assert len({pid for _, _, pid, *_ in execs}) == 4  # every process took part
+    assert await store.count_by_status(db) == {"succeeded": 10_000}
+
+
+async def test_kill_9_mid_batch_loses_nothing(
+    db: Database, migrated_url: str, tmp_path: Path
+) -> None:
+    """kill -9 of a worker mid-batch: another worker rescues its jobs; every job finishes."""
+    log = tmp_path / "exec.log"
+    # Long enough handlers that the kill lands while a batch is running, not between batches.
+    await store.enqueue_many(db, [JobSpec("record", {"sleep": 0.1}) for _ in range(400)])
+    victim = spawn_worker(migrated_url, log, "--concurrency", "8", "--lease", "2s")
+    try:
+        await wait_until(lambda: len(read_log(log)) >= 24, 60, "the first worker to get going")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        async with db.begin() as conn:
+            running = (
+                await conn.execute(select(jobs.c.id).where(jobs.c.status == "running"))
+            ).all()
+        counts = await store.count_by_status(db)
+        assert running, f"the kill should have left claimed jobs behind: {counts}"
+        rescuer = spawn_worker(migrated_url, log, "--concurrency", "8", "--lease", "2s")
+        try:
+            await wait_until(lambda: all_final(db), 90, "every job to finish after the kill")
+        finally:
+            stop_all([rescuer])
+    finally:
+        stop_all([victim])
+    assert await store.count_by_status(db) == {"succeeded": 400}
+    executed = {job_id for _, job_id, *_ in read_log(log)}
+    assert len(executed) == 400
+    for job_id, *_ in running:
+        info = await store.get_job(db, job_id)
+        assert info.attempts >= 2  # the killed attempt counted
+
+
+async def test_in_flight_limit_holds_across_three_processes(
+    db: Database, migrated_url: str, tmp_path: Path
+) -> None:
+    """A per-resource limit of 2 holds across 3 worker processes."""
+    log = tmp_path / "exec.log"
+    await configure_resource(db, "mailbox-1", max_in_flight=2)
+    await store.enqueue_many(
+        db, [JobSpec("record", {"sleep": 0.15}, resource_key="mailbox-1") for _ in range(24)]
+    )
+    procs = [
+        spawn_worker(migrated_url, log, "--concurrency", "4", "--poll-interval", "0.05")
+        for _ in range(3)
+    ]
+    try:
+        await wait_until(lambda: all_final(db), 90, "the limited jobs to finish")
+    finally:
+        stop_all(procs)
+    execs = read_log(log)
+    assert len(execs) == 24
+    events = sorted(
+        [(start, 1) for *_, start, _end in execs] + [(end, -1) for *_, _start, end in execs],
+        key=lambda e: (e[0], e[1]),
+    )
+    running = peak = 0
+    for _, delta in events:
+        running += delta
+        peak = max(peak, running)
+    assert peak == 2
+    assert len({pid for _, _, pid, *_ in execs}) >= 2
+
+
+async def test_cron_ticks_enqueue_exactly_once_with_three_processes(
+    db: Database, migrated_url: str, tmp_path: Path
+) -> None:
+    """An every-second schedule run by 3 worker processes enqueues each tick once."""
+    log = tmp_path / "exec.log"
+    env = {"QUEUE_APP_CRON": "1"}
+    procs = [spawn_worker(migrated_url, log, "--poll-interval", "0.2", env=env) for _ in range(3)]
+    try:
+        await wait_until(lambda: len(read_log(log)) >= 5, 30, "five ticks")
+    finally:
+        stop_all(procs)
+    async with db.begin() as conn:
+        ticks = (
+            (await conn.execute(select(jobs.c.unique_key).where(jobs.c.kind == "tick")))
+            .scalars()
+            .all()
+        )
+    assert len(ticks) >= 5
+    assert len(set(ticks)) == len(ticks)
+    executed = collections.Counter(job_id for _, job_id, *_ in read_log(log))
+    assert max(executed.values()) == 1
+
+
+async def test_sigterm_finishes_in_flight_work_and_releases_nothing_else(
+    db: Database, migrated_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM: claiming stops, in-flight jobs finish within the grace period, exit 0."""
+    log = tmp_path / "exec.log"
+    await store.enqueue_many(db, [JobSpec("record", {"sleep": 1.0}) for _ in range(6)])
+    proc = spawn_worker(migrated_url, log, "--concurrency", "2", "--grace", "20")
+    try:
+
+        async def two_running() -> bool:
+            return (await store.count_by_status(db)).get("running", 0) == 2
+
+        await wait_until(two_running, 30, "two jobs to be running")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        stop_all([proc])
+    assert await store.count_by_status(db) == {"succeeded": 2, "pending": 4}
+    assert len(read_log(log)) == 2
+
+
+async def test_grace_period_over_releases_jobs_without_spending_attempts(
+    db: Database, migrated_url: str, tmp_path: Path
+) -> None:
+    """A job still running when the grace period ends is released to pending, attempt kept."""
+    log = tmp_path / "exec.log"
+    job = await store.enqueue(db, "record", {"sleep": 60})
+    proc = spawn_worker(migrated_url, log, "--grace", "0.5")
+    try:
+
+        async def running() -> bool:
+            return (await store.get_job(db, job.id)).status == "running"
+
+        await wait_until(running, 30, "the job to start")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        stop_all([proc])
+    info = await store.get_job(db, job.id)
+    assert info.status == "pending" and info.attempts == 0
+
+
+def _restart_postgres() -> None:
+    version = os.listdir("/etc/postgresql")[0]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+async def test_worker_survives_a_postgres_restart(
+    engine_name: str, migrated_url: str, tmp_path: Path
+) -> None:
+    """The server restarts under a running worker: it reconnects and loses no job."""
+    if engine_name != "postgresql":
+        pytest.skip("PostgreSQL restart")
+    if shutil.which("pg_ctlcluster") is None or os.geteuid() != 0:
+        pytest.skip("needs pg_ctlcluster and root to restart the local server")
+    log = tmp_path / "exec.log"
+    db = open_database(migrated_url)
+    try:
+        await store.enqueue_many(db, [JobSpec("record", {"sleep": 0.01}) for _ in range(300)])
+        proc = spawn_worker(migrated_url, log, "--concurrency", "4", "--lease", "5s")
+        try:
+            await wait_until(lambda: len(read_log(log)) >= 30, 60, "the worker to get going")
+            await db.engine.dispose()
+            await asyncio.to_thread(_restart_postgres)
+            await store.enqueue_many(db, [JobSpec("record", {}) for _ in range(50)])
+            await wait_until(lambda: all_final(db), 90, "every job after the restart")
+            assert proc.poll() is None, "the worker died with the database"
+        finally:
+            stop_all([proc])
+        assert await store.count_by_status(db) == {"succeeded": 350}
+        async with db.begin() as conn:
+            assert (await conn.execute(text("SELECT 1"))).scalar() == 1
+    finally:
+        await db.dispose()
