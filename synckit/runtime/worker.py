@@ -28,7 +28,7 @@ import socket
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -70,6 +70,26 @@ class _Outcome:
     tb: str | None = None
     snooze_until: datetime | None = None
     reason: str = ""
+    error_class: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordedOutcome:
+    """What happened to one job, as recorded: handed to outcome observers.
+
+    ``status`` is ``succeeded``, ``pending`` (a retry is scheduled), ``dead``,
+    ``snoozed``, ``cancelled`` or ``discarded``; ``error_class`` is set for failures.
+    """
+
+    job: ClaimedJob
+    status: str
+    error_class: str | None
+    error: BaseException | None
+
+
+#: Called inside the transaction that records a batch of outcomes, so what an observer
+#: writes (audit counts, say) commits atomically with the outcomes themselves.
+OutcomeObserver = Callable[[AsyncConnection, list[RecordedOutcome], datetime], Awaitable[None]]
 
 
 @dataclass
@@ -105,6 +125,7 @@ class Worker:
         rescue_interval: float | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], datetime] = utcnow,
+        observers: Sequence[OutcomeObserver] = (),
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -123,6 +144,7 @@ class Worker:
         self.rng = rng or random.Random()
         self.clock = clock
         self.stats = WorkerStats()
+        self.observers = list(observers)
         self._held: dict[int, ClaimedJob] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._outcomes: asyncio.Queue[_Outcome] = asyncio.Queue()
@@ -340,6 +362,18 @@ class Worker:
             results: list[tuple[_Outcome, str | None]] = []
             for o in others:
                 results.append((o, await self._record_other(conn, o, now)))
+            if self.observers:
+                recorded = [
+                    RecordedOutcome(o.job, "succeeded", None, None)
+                    for o in successes
+                    if o.job.id in held
+                ] + [
+                    RecordedOutcome(o.job, status, o.error_class, o.exc)
+                    for o, status in results
+                    if status is not None
+                ]
+                for observe in self.observers:
+                    await observe(conn, recorded, now)
         self.stats.succeeded += len(held)
         self.stats.fenced += len(successes) - len(held)
         if followups:
@@ -360,6 +394,7 @@ class Worker:
             return status if ok else None
         assert o.exc is not None
         c = classify(exc=o.exc, now=now)
+        o.error_class = c.error_class.value
         if isinstance(o.exc, NeedsReauth) and job.resource_key:
             await conn.execute(
                 update(connections)
