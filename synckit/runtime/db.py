@@ -138,6 +138,23 @@ class Database:
             # shutting down) before SQLAlchemy can wrap them.
             raise translate_db_error(exc, self.given_url) from exc
 
+    @asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[AsyncConnection]:
+        """A connection where each statement commits on its own (one round trip each).
+
+        For single statements that are atomic by themselves; errors are translated as in
+        :meth:`begin`.
+        """
+        try:
+            async with self.engine.connect() as conn:
+                yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+        except DBAPIError as exc:
+            raise translate_db_error(exc, self.given_url) from exc
+        except OSError as exc:
+            raise DatabaseUnavailable(f"cannot reach database {self.display_url}: {exc}") from exc
+        except _RAW_DRIVER_ERRORS as exc:
+            raise translate_db_error(exc, self.given_url) from exc
+
     async def check(self) -> None:
         """Connect and prove the database is usable for writing; raise a clear error if not."""
         async with self.begin() as conn:
@@ -222,7 +239,10 @@ def open_database(
     pg_schema = pg_schema or url_schema
     kwargs: dict[str, Any] = {"echo": echo}
     if parsed.get_backend_name() == "postgresql":
-        kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+        # No pre-ping: it costs a round trip per checkout. A connection found dead fails
+        # its statement, SQLAlchemy then invalidates the whole pool, and every caller
+        # (the worker included) retries database errors with backoff.
+        kwargs.update(pool_size=pool_size, max_overflow=pool_size)
         connect_args: dict[str, Any] = {"timeout": 10}
         if pg_schema:
             connect_args["server_settings"] = {"search_path": pg_schema}

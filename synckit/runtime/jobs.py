@@ -28,8 +28,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import (
+    Integer,
     Row,
     and_,
+    bindparam,
     case,
     delete,
     exists,
@@ -229,6 +231,48 @@ async def _enqueue_on(
     return results
 
 
+def _insert_and_notify() -> Any:
+    ins = (
+        insert(jobs)
+        .values({c: bindparam(c, type_=jobs.c[c].type) for c in _ROW_COLUMNS})
+        .returning(jobs.c.id)
+        .cte("ins")
+    )
+    return select(ins.c.id, func.pg_notify(NOTIFY_CHANNEL, ""))
+
+
+_ROW_COLUMNS = (
+    "kind",
+    "payload",
+    "resource_key",
+    "status",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "run_at",
+    "unique_key",
+    "trace_id",
+    "created_at",
+    "updated_at",
+)
+_INSERT_AND_NOTIFY = _insert_and_notify()
+
+
+async def _enqueue_one_pg(db: Database, spec: JobSpec, now: datetime) -> Enqueued:
+    """One job on PostgreSQL in one autocommitted statement that also notifies workers.
+
+    A single statement is atomic by itself, so this is as safe as a transaction and
+    saves the BEGIN, NOTIFY and COMMIT round trips: one-at-a-time enqueue is the path
+    applications hit most.
+    """
+    row = spec.row(now)
+    async with db.autocommit() as conn:
+        if row["resource_key"]:
+            await _ensure_resources(conn, [row["resource_key"]], now)
+        new_id = (await conn.execute(_INSERT_AND_NOTIFY, row)).scalar_one()
+    return Enqueued(int(new_id), True)
+
+
 async def enqueue_many(
     target: Executor, specs: Sequence[JobSpec], *, now: datetime | None = None
 ) -> list[Enqueued]:
@@ -237,6 +281,8 @@ async def enqueue_many(
     if not specs:
         return []
     if isinstance(target, Database):
+        if target.is_postgres and len(specs) == 1 and specs[0].unique_key is None:
+            return [await _enqueue_one_pg(target, specs[0], now)]
         async with target.begin() as conn:
             out = await _enqueue_on(conn, specs, now)
         target_wake(target)
@@ -331,37 +377,30 @@ def _resource_blocked(r: Any, now: datetime) -> Any:
     )
 
 
-async def _claim_lane_rows(
-    conn: AsyncConnection,
-    *,
-    lane: str | None,
-    limit: int,
-    now: datetime,
-    worker_id: str,
-    token: int,
-    lease: timedelta,
-) -> list[Row[Any]]:
-    cond = [jobs.c.status == _PENDING, jobs.c.run_at <= now]
-    cond.append(jobs.c.resource_key.is_(None) if lane is None else jobs.c.resource_key == lane)
+def _claim_statement(keyed: bool) -> Any:
+    """The claim of one lane, built once: parameters ``now``, ``lim``, ``lane``, ``worker``,
+    ``token`` and ``until`` (the lease's end). Prebuilt so that a claim costs no SQL
+    construction or cache-key computation, only execution."""
+    lane_cond = jobs.c.resource_key == bindparam("lane") if keyed else jobs.c.resource_key.is_(None)
     picked = (
         select(jobs.c.id)
-        .where(*cond)
+        .where(jobs.c.status == _PENDING, jobs.c.run_at <= bindparam("now"), lane_cond)
         .order_by(jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
-        .limit(limit)
+        .limit(bindparam("lim", type_=Integer))
         .with_for_update(skip_locked=True)
     )
-    stmt = (
+    return (
         update(jobs)
         .where(jobs.c.id.in_(picked.scalar_subquery()))
         .values(
             status="running",
             attempts=jobs.c.attempts + 1,
-            locked_by=worker_id,
-            claim_token=token,
-            heartbeat_at=now,
-            lease_expires_at=now + lease,
-            started_at=now,
-            updated_at=now,
+            locked_by=bindparam("worker"),
+            claim_token=bindparam("token"),
+            heartbeat_at=bindparam("now"),
+            lease_expires_at=bindparam("until"),
+            started_at=bindparam("now"),
+            updated_at=bindparam("now"),
         )
         .returning(
             jobs.c.id,
@@ -375,7 +414,26 @@ async def _claim_lane_rows(
             jobs.c.run_at,
         )
     )
-    return list(await conn.execute(stmt))
+
+
+_CLAIM_KEYED = _claim_statement(keyed=True)
+_CLAIM_UNKEYED = _claim_statement(keyed=False)
+
+
+async def _claim_lane_rows(
+    conn: AsyncConnection,
+    *,
+    lane: str | None,
+    limit: int,
+    now: datetime,
+    worker_id: str,
+    token: int,
+    lease: timedelta,
+) -> list[Row[Any]]:
+    params = {"now": now, "lim": limit, "worker": worker_id, "token": token, "until": now + lease}
+    if lane is None:
+        return list(await conn.execute(_CLAIM_UNKEYED, params))
+    return list(await conn.execute(_CLAIM_KEYED, {**params, "lane": lane}))
 
 
 async def _available_lanes(conn: AsyncConnection, now: datetime, max_lanes: int) -> list[Row[Any]]:
@@ -526,22 +584,33 @@ async def complete_many(
     """Mark ``(job id, claim token)`` pairs succeeded; return the ids whose claim still held."""
     if not done:
         return set()
-    stmt = (
-        update(jobs)
-        .where(
-            tuple_(jobs.c.id, jobs.c.claim_token).in_(list(done)),
-            jobs.c.status == _RUNNING,
-        )
-        .values(
-            status="succeeded",
-            finished_at=now,
-            updated_at=now,
-            locked_by=None,
-            lease_expires_at=None,
-        )
-        .returning(jobs.c.id)
+    by_token: dict[int, list[int]] = {}
+    for job_id, token in done:
+        by_token.setdefault(token, []).append(job_id)
+    held: set[int] = set()
+    for token, ids in by_token.items():
+        res = await conn.execute(_COMPLETE, {"ids": ids, "token": token, "now": now})
+        held.update(r[0] for r in res)
+    return held
+
+
+# Grouped by claim token (one per claim batch) so both engines use the primary key index.
+_COMPLETE: Any = (
+    update(jobs)
+    .where(
+        jobs.c.id.in_(bindparam("ids", expanding=True)),
+        jobs.c.claim_token == bindparam("token"),
+        jobs.c.status == _RUNNING,
     )
-    return {r[0] for r in await conn.execute(stmt)}
+    .values(
+        status="succeeded",
+        finished_at=bindparam("now"),
+        updated_at=bindparam("now"),
+        locked_by=None,
+        lease_expires_at=None,
+    )
+    .returning(jobs.c.id)
+)
 
 
 async def _append_error(
