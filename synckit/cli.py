@@ -24,12 +24,14 @@ from rich.table import Table
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime import jobs as store
 from synckit.runtime import migrate
+from synckit.runtime.alerts import bind_database as bind_alerts_database
+from synckit.runtime.audit import audit_observer
 from synckit.runtime.db import ENV_URL, Database, database_url_from_env, mask_url, open_database
 from synckit.runtime.handlers import Registry
 from synckit.runtime.jobs import JobInfo, utcnow
 from synckit.runtime.logging import configure_logging
-from synckit.runtime.status import read_status
-from synckit.runtime.worker import Worker, WorkerStats
+from synckit.runtime.status import read_status, render_status
+from synckit.runtime.worker import OutcomeObserver, Worker, WorkerStats
 
 T = TypeVar("T")
 
@@ -126,33 +128,12 @@ def db_current(database_url: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @database_option
 def status_cmd(as_json: bool, database_url: str | None) -> None:
-    """Show tenants, queue depth, dead letters and the outbox at a glance."""
+    """Show tenants (breaker, lag, error budget, DLQ), queue depth and alerts at a glance."""
     snapshot = run(read_status, database_url)
     if as_json:
         click.echo(json.dumps(snapshot.to_json(), indent=2, sort_keys=True))
         return
-    console.print(f"[bold]synckit[/bold] {snapshot.database}")
-    tenants = Table(title="Tenants")
-    for col in ("tenant", "connector", "status", "breaker", "next available", "DLQ"):
-        tenants.add_column(col)
-    for t in snapshot.tenants:
-        nxt = t.next_available_at.isoformat(timespec="seconds") if t.next_available_at else "-"
-        tenants.add_row(t.tenant, t.connector, t.status, t.breaker, nxt, str(t.dlq_pending))
-    if not snapshot.tenants:
-        tenants.caption = "no tenants yet"
-    console.print(tenants)
-    queue = Table(title="Queue")
-    statuses = ("pending", "running", "succeeded", "dead", "cancelled", "discarded")
-    queue.add_column("kind")
-    for s in statuses:
-        queue.add_column(s, justify="right")
-    for kind, counts in sorted(snapshot.queue.items()):
-        queue.add_row(kind, *(str(counts.get(s, 0)) for s in statuses))
-    if not snapshot.queue:
-        queue.caption = "no jobs yet"
-    console.print(queue)
-    dlq = ", ".join(f"{k} {v}" for k, v in sorted(snapshot.dead_letters.items())) or "empty"
-    console.print(f"Dead letters: {dlq}    Outbox pending: {snapshot.outbox_pending}")
+    render_status(snapshot, console)
 
 
 def parse_duration(text: str) -> timedelta:
@@ -194,6 +175,13 @@ def load_registry(spec: str) -> Registry:
 @click.option("--poll-interval", default=1.0, show_default=True, help="Fallback polling (s).")
 @click.option("--grace", default=30.0, show_default=True, help="Shutdown grace period (s).")
 @click.option("--burst", is_flag=True, help="Run the due jobs, then exit.")
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    envvar="SYNCKIT_METRICS_PORT",
+    help="Serve Prometheus metrics on this port at /metrics (or $SYNCKIT_METRICS_PORT).",
+)
 @database_option
 def worker_cmd(
     app: str,
@@ -202,6 +190,7 @@ def worker_cmd(
     poll_interval: float,
     grace: float,
     burst: bool,
+    metrics_port: int | None,
     database_url: str | None,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (or, with --burst, until the queue is idle)."""
@@ -209,6 +198,14 @@ def worker_cmd(
     registry = load_registry(app)
 
     async def go(d: Database) -> WorkerStats:
+        observers: list[OutcomeObserver] = [audit_observer()]
+        server = None
+        if metrics_port is not None:
+            from synckit.runtime.metrics import metrics_observer, start_metrics_server
+
+            observers.append(metrics_observer())
+            server = await start_metrics_server(metrics_port, d)
+        bind_alerts_database(registry, d)
         w = Worker(
             d,
             registry,
@@ -216,8 +213,13 @@ def worker_cmd(
             lease=parse_duration(lease),
             poll_interval=poll_interval,
             grace_period=grace,
+            observers=observers,
         )
-        return await (w.run_until_idle() if burst else w.run(install_signals=True))
+        try:
+            return await (w.run_until_idle() if burst else w.run(install_signals=True))
+        finally:
+            if server is not None:
+                await server.close()
 
     stats = run(go, database_url)
     if burst:
@@ -408,6 +410,10 @@ def jobs_enqueue(
 from synckit.runtime.outbox_cli import outbox as outbox_group
 
 cli.add_command(outbox_group)
+
+from synckit.runtime.breakers_cli import breakers as breakers_group  # noqa: E402
+
+cli.add_command(breakers_group)
 
 
 def main() -> None:

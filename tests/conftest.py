@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,6 +22,9 @@ from sqlalchemy.engine import make_url
 
 from synckit.runtime import migrate
 from synckit.runtime.db import Database, open_database
+
+# Test apps (handler registries, connectors) are importable in-process too.
+sys.path.insert(0, str(Path(__file__).parent / "apps"))
 
 PG_URL = os.environ.get("SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REQUIRE_SERVICES = os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1"

@@ -15,9 +15,13 @@ _seq = itertools.count()
 
 
 def spawn_worker(
-    url: str, log_path: Path, *args: str, env: dict[str, str] | None = None
+    url: str,
+    log_path: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    app: str = "queue_app:registry",
 ) -> subprocess.Popen[bytes]:
-    """Start `synckit worker --app queue_app:registry` on ``url``.
+    """Start `synckit worker --app APP` (default queue_app:registry) on ``url``.
 
     Its log goes to a file beside ``log_path``: a pipe nobody reads would fill up and
     block the worker.
@@ -37,7 +41,7 @@ def spawn_worker(
                 "synckit.cli",
                 "worker",
                 "--app",
-                "queue_app:registry",
+                app,
                 "--database-url",
                 url,
                 *args,

@@ -18,8 +18,10 @@ from synckit.errors.breaker import (
     BreakerState,
     breaker_allows,
     breaker_claim_probe,
+    breaker_open,
     breaker_outcome,
     breaker_transition,
+    global_breaker_trips,
     reopen_cooldown,
 )
 from synckit.errors.classify import (
@@ -84,9 +86,11 @@ __all__ = [
     "SynckitError",
     "breaker_allows",
     "breaker_claim_probe",
+    "breaker_open",
     "breaker_outcome",
     "breaker_transition",
     "classify",
+    "global_breaker_trips",
     "is_testing",
     "parse_rate_limit",
     "parse_retry_after",

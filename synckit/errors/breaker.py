@@ -92,6 +92,10 @@ class BreakerPolicy:
     cooldown: timedelta = timedelta(seconds=30)
     cooldown_cap: timedelta = timedelta(minutes=10)
     probe_timeout: timedelta = timedelta(minutes=5)
+    #: The API-wide breaker opens when at least this many of its tenants' breakers are
+    #: open, and they are at least ``global_ratio`` of its tenants.
+    global_min_tenants: int = 3
+    global_ratio: float = 0.5
 
     def __post_init__(self) -> None:
         if self.failure_threshold < 1:
@@ -197,6 +201,26 @@ def breaker_transition(
         failures=snapshot.consecutive_failures + 1,
         reopen_count=snapshot.reopen_count + 1,
     )
+
+
+def breaker_open(
+    snapshot: BreakerSnapshot, now: datetime, policy: BreakerPolicy = _DEFAULT_POLICY
+) -> BreakerSnapshot:
+    """Open the breaker now (a re-open doubles the cool-down), whatever its failure count."""
+    reopen = snapshot.reopen_count + 1 if snapshot.opened_at is not None else 0
+    return _open(now, policy, failures=snapshot.consecutive_failures, reopen_count=reopen)
+
+
+def global_breaker_trips(
+    open_tenants: int, tenants: int, policy: BreakerPolicy = _DEFAULT_POLICY
+) -> bool:
+    """Whether an API's breaker should open: many of its tenants failing together.
+
+    One broken tenant is that tenant's problem; several at once is the API's.
+    """
+    if tenants <= 0 or open_tenants < policy.global_min_tenants:
+        return False
+    return open_tenants / tenants >= policy.global_ratio
 
 
 def _open(

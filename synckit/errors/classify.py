@@ -223,6 +223,10 @@ def classify(
         now = now.replace(tzinfo=UTC)  # naive clocks are UTC, like the parsed headers
     if expect_json is None:
         expect_json = rules.expect_json
+    carried = getattr(exc, "classification", None)
+    if isinstance(carried, Classification):
+        # Classified where the response was seen (synckit.errors.raising): keep it.
+        return carried
     if isinstance(exc, HandlerOutcome):
         return _from_outcome(exc, rules)
     if response is None and isinstance(exc, httpx.HTTPStatusError):

@@ -15,8 +15,11 @@ from typing import Any
 import structlog
 from croniter import croniter
 
+from synckit.errors.backoff import RetryPolicy
+from synckit.errors.breaker import BreakerPolicy
 from synckit.errors.exceptions import ConfigurationError, HandlerOutcome
 from synckit.runtime.jobs import ClaimedJob, JobSpec
+from synckit.runtime.outbox import NewMessage, _new_row
 
 Handler = Callable[["JobContext"], Awaitable[None]]
 
@@ -53,6 +56,21 @@ class JobContext:
     worker_id: str
     log: Any
     followups: list[JobSpec] = field(default_factory=list)
+    messages: list[NewMessage] = field(default_factory=list)
+
+    def publish(
+        self, topic: str, payload: Any, *, key: str | None = None, message_id: str | None = None
+    ) -> None:
+        """Add an outbox message, committed atomically with this job's success.
+
+        The worker's outbox relay publishes it once that commit happens; if the job fails,
+        the message never exists. ``message_id`` defaults to one derived from the job and
+        the message's position, so a job that runs twice publishes the same ids.
+        """
+        msg_id = message_id or f"job-{self.job.id}-{len(self.messages)}"
+        message = NewMessage(topic=topic, payload=payload, key=key, message_id=msg_id)
+        _new_row(message, datetime.now().astimezone())  # refuse a bad message here
+        self.messages.append(message)
 
     @property
     def payload(self) -> Any:
@@ -125,7 +143,15 @@ class Registry:
     ... async def send_invoice(ctx: JobContext) -> None: ...
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        retry_policy: RetryPolicy | None = None,
+        breaker_policy: BreakerPolicy | None = None,
+    ) -> None:
+        #: Policies workers running this registry use unless given their own.
+        self.retry_policy = retry_policy
+        self.breaker_policy = breaker_policy
         self._handlers: dict[str, HandlerSpec] = {}
         self._recurring: dict[str, Recurring] = {}
         self.log = structlog.get_logger("synckit.jobs")

@@ -58,7 +58,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
-from sqlalchemy import Row, bindparam, func, literal_column, select, update
+from sqlalchemy import Row, bindparam, delete, func, literal_column, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -73,10 +73,11 @@ from synckit.runtime.db import Database
 from synckit.runtime.schema import dead_letters, outbox
 
 if TYPE_CHECKING:
-    from aio_pika.abc import AbstractConnection, AbstractExchange
+    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
 __all__ = [
     "DEFAULT_EXCHANGE",
+    "DEFAULT_RETRY_POLICY",
     "NOTIFY_CHANNEL",
     "BatchResult",
     "CallbackPublisher",
@@ -94,6 +95,7 @@ __all__ = [
     "Publisher",
     "PublisherUnavailable",
     "RabbitPublisher",
+    "RelayStats",
     "add",
     "add_many",
     "claim_batch",
@@ -102,6 +104,7 @@ __all__ = [
     "mark_failed",
     "mark_published",
     "pending_count",
+    "prune",
     "retry_failed",
     "retry_messages",
     "schedule_retries",
@@ -367,10 +370,21 @@ async def claim_batch(conn: AsyncConnection, *, now: datetime, limit: int) -> li
 
     Must run in the transaction that will record their outcome: the row locks (on
     PostgreSQL; the write lock on SQLite) are what keep other relays off them. A keyed
-    message is returned only if no pending message of its key with a smaller id is left
-    out of this claim, so the returned messages of each key are the head of its queue.
+    message is returned only if every pending message of its key with a smaller id is in
+    this claim too, so the returned messages of each key are the head of its queue.
     Returned in id order.
     """
+    # Keys whose head waits for a retry, and from which id on they are held back.
+    waiting = (
+        select(outbox.c.key, func.min(outbox.c.id).label("first_id"))
+        .where(
+            outbox.c.status == _PENDING,
+            outbox.c.next_attempt_at > now,
+            outbox.c.key.is_not(None),
+        )
+        .group_by(outbox.c.key)
+        .subquery("waiting")
+    )
     stmt = (
         select(
             outbox.c.id,
@@ -381,18 +395,28 @@ async def claim_batch(conn: AsyncConnection, *, now: datetime, limit: int) -> li
             outbox.c.attempts,
             outbox.c.created_at,
         )
-        .where(outbox.c.status == _PENDING, outbox.c.next_attempt_at <= now)
-        .order_by(outbox.c.next_attempt_at, outbox.c.id)
+        .select_from(outbox.outerjoin(waiting, waiting.c.key == outbox.c.key))
+        .where(
+            outbox.c.status == _PENDING,
+            outbox.c.next_attempt_at <= now,
+            # Held-back messages are left out before the LIMIT: otherwise the followers
+            # of one stuck key could fill every batch and starve all the other keys.
+            or_(waiting.c.first_id.is_(None), outbox.c.id < waiting.c.first_id),
+        )
+        # Oldest first, so a key's head always comes before its followers. "+ 0" keeps
+        # PostgreSQL from walking the primary key through the whole published history
+        # to find pending rows; it filters on the partial index and sorts instead.
+        .order_by(outbox.c.id + 0)
         .limit(limit)
-        .with_for_update(skip_locked=True)
+        .with_for_update(skip_locked=True, of=outbox)
     )
-    rows = sorted(await conn.execute(stmt), key=lambda r: int(r.id))
+    rows = list(await conn.execute(stmt))
     keys = {r.key for r in rows if r.key is not None}
     if not keys:
         return [_message(r) for r in rows]
-    # The first pending message of each key that this claim does not hold: locked by
-    # another relay, waiting for its retry, or beyond the LIMIT. Nothing after it may go.
-    # A plain read: it must see rows other relays hold, not skip them.
+    # The first pending message of each key that this claim does not hold (locked by
+    # another relay, or just added): nothing after it may go. A plain read, so that it
+    # sees the rows other relays hold instead of skipping them.
     blockers = (
         select(outbox.c.key, func.min(outbox.c.id))
         .where(
@@ -528,7 +552,8 @@ class CallbackPublisher:
 
     The callback may raise :class:`PublishRejected` or :class:`PublishFailed`; any other
     exception counts as a transient failure (the message is retried), because this is
-    the seam where arbitrary user code meets the relay.
+    the seam where arbitrary user code meets the relay. On SQLite the callback runs while
+    the relay holds the write lock, so it must not write to the same database.
     """
 
     def __init__(self, callback: Callable[[OutboxMessage], Awaitable[None]]) -> None:
@@ -612,6 +637,7 @@ class RabbitPublisher:
         self.max_message_size = max_message_size
         self.connects = 0
         self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
         self._exchange: AbstractExchange | None = None
         self._lock = asyncio.Lock()
 
@@ -621,6 +647,8 @@ class RabbitPublisher:
             self._exchange is not None
             and self._connection is not None
             and not self._connection.is_closed
+            and self._channel is not None
+            and not self._channel.is_closed
         )
 
     async def connect(self) -> None:
@@ -661,7 +689,7 @@ class RabbitPublisher:
                 raise PublisherUnavailable(
                     f"cannot use RabbitMQ at {_mask_amqp(self.url)}: {type(exc).__name__}: {exc}"
                 ) from exc
-            self._connection, self._exchange = connection, exchange
+            self._connection, self._channel, self._exchange = connection, channel, exchange
             self.connects += 1
 
     async def publish(self, message: OutboxMessage) -> None:
@@ -733,12 +761,13 @@ class RabbitPublisher:
             await self._drop()
 
     async def _drop(self) -> None:
-        connection, self._connection, self._exchange = self._connection, None, None
+        connection, self._connection = self._connection, None
+        self._channel = self._exchange = None
         if connection is not None and not connection.is_closed:
             # Closing a connection the broker already dropped can raise anything the
-            # transport had; there is nothing left to save in it.
+            # transport had, or wait for ever on a hung broker; nothing is left to save.
             with contextlib.suppress(Exception):
-                await connection.close()
+                await asyncio.wait_for(connection.close(), self.connect_timeout)
 
 
 def _mask_amqp(url: str) -> str:
@@ -760,6 +789,8 @@ class BatchResult:
 
 @dataclass
 class RelayStats:
+    """Running totals of one relay, for tests, benchmarks and status pages."""
+
     batches: int = 0
     published: int = 0
     rejected: int = 0
@@ -1168,3 +1199,30 @@ async def retry_failed(db: Database, *, topic: str | None = None) -> int:
         where = where & (outbox.c.topic == topic)
     async with db.begin() as conn:
         return len(await _requeue(conn, where, now))
+
+
+async def prune(
+    db: Database,
+    *,
+    older_than: timedelta = timedelta(days=7),
+    batch: int = 5000,
+    now: datetime | None = None,
+) -> int:
+    """Delete messages published more than ``older_than`` ago, ``batch`` rows per
+    transaction; return how many. Failed messages stay until an operator deals with them."""
+    cutoff = (now or utcnow()) - older_than
+    total = 0
+    while True:
+        async with db.begin() as conn:
+            victims = (
+                select(outbox.c.id)
+                .where(outbox.c.status == "published", outbox.c.published_at < cutoff)
+                .limit(batch)
+            )
+            res = await conn.execute(
+                delete(outbox).where(outbox.c.id.in_(victims.scalar_subquery()))
+            )
+            n = res.rowcount or 0
+        total += n
+        if n < batch:
+            return total

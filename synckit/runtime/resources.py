@@ -72,7 +72,9 @@ async def get_resource(db: Database, resource_key: str) -> ResourceInfo:
     async with db.begin() as conn:
         row = (
             await conn.execute(select(resources).where(resources.c.resource_key == resource_key))
-        ).one()
+        ).first()
+    if row is None:
+        raise LookupError(f"no resource {resource_key!r}")
     return ResourceInfo(**{f: getattr(row, f) for f in ResourceInfo.__dataclass_fields__})
 
 
@@ -86,7 +88,11 @@ async def list_resources(db: Database) -> list[ResourceInfo]:
 
 
 async def reset_resource(db: Database, resource_key: str) -> ResourceInfo:
-    """Close the breaker and clear pacing of ``resource_key`` (an operator's reset)."""
+    """Close the breaker and clear pacing of ``resource_key`` (an operator's reset).
+
+    Raises :class:`LookupError` when no resource has that key.
+    """
+    await get_resource(db, resource_key)
     now = utcnow()
     async with db.begin() as conn:
         await conn.execute(

@@ -45,17 +45,20 @@ from synckit.errors import (
     Classification,
     ErrorClass,
     RetryPolicy,
+    breaker_open,
     breaker_outcome,
     breaker_transition,
     classify,
+    global_breaker_trips,
     retry_delay,
 )
 from synckit.errors.exceptions import DatabaseError, NeedsReauth, PermanentError, SynckitError
-from synckit.runtime import cron
+from synckit.runtime import cron, outbox
 from synckit.runtime import jobs as store
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
 from synckit.runtime.jobs import ClaimedJob, JobSpec, utcnow
+from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
 from synckit.runtime.schema import connections, resources
 
 log = structlog.get_logger("synckit.worker")
@@ -66,6 +69,7 @@ class _Outcome:
     job: ClaimedJob
     kind: str  # success | failure | snooze | cancel | discard
     followups: list[JobSpec] = field(default_factory=list)
+    messages: list[NewMessage] = field(default_factory=list)
     exc: BaseException | None = None
     tb: str | None = None
     snooze_until: datetime | None = None
@@ -126,6 +130,7 @@ class Worker:
         rng: random.Random | None = None,
         clock: Callable[[], datetime] = utcnow,
         observers: Sequence[OutcomeObserver] = (),
+        outbox_publisher: Publisher | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -136,8 +141,8 @@ class Worker:
         self.lease = lease
         self.poll_interval = poll_interval
         self.claim_batch = claim_batch or max(concurrency, 1)
-        self.retry_policy = retry_policy or RetryPolicy()
-        self.breaker_policy = breaker_policy or BreakerPolicy()
+        self.retry_policy = retry_policy or registry.retry_policy or RetryPolicy()
+        self.breaker_policy = breaker_policy or registry.breaker_policy or BreakerPolicy()
         self.grace_period = grace_period
         self.prune_after = prune_after
         self.rescue_interval = rescue_interval or max(1.0, lease.total_seconds() / 4)
@@ -145,6 +150,8 @@ class Worker:
         self.clock = clock
         self.stats = WorkerStats()
         self.observers = list(observers)
+        #: When set, this worker also relays the transactional outbox to it.
+        self.outbox_publisher = outbox_publisher
         self._held: dict[int, ClaimedJob] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._outcomes: asyncio.Queue[_Outcome] = asyncio.Queue()
@@ -188,6 +195,11 @@ class Worker:
             background.append(asyncio.create_task(self._maintenance(), name="synckit-maint"))
             if self.db.is_postgres:
                 background.append(asyncio.create_task(self._listen(), name="synckit-listen"))
+            if self.outbox_publisher is not None:
+                relay = OutboxRelay(self.db, self.outbox_publisher)
+                background.append(
+                    asyncio.create_task(relay.run(self._stopping), name="synckit-outbox")
+                )
         try:
             if idle_exit:
                 await self._maintenance_once(rescue=True)
@@ -310,7 +322,7 @@ class Worker:
                 raise TimeoutError(
                     f"job {job.kind!r} exceeded its {spec.timeout:g}s timeout"
                 ) from exc
-            outcome = _Outcome(job, "success", followups=ctx.followups)
+            outcome = _Outcome(job, "success", followups=ctx.followups, messages=ctx.messages)
         except Snooze as s:
             outcome = _Outcome(job, "snooze", snooze_until=self.clock() + s.delay)
         except Cancel as c:
@@ -366,6 +378,9 @@ class Worker:
             followups = [f for o in successes if o.job.id in held for f in o.followups]
             if followups:
                 await store.enqueue_many(conn, followups, now=now)
+            messages = [m for o in successes if o.job.id in held for m in o.messages]
+            if messages:
+                await outbox.add_many(conn, messages, now=now)
             keyed = sorted(
                 {o.job.resource_key for o in successes if o.job.id in held and o.job.resource_key}
             )
@@ -521,10 +536,23 @@ class Worker:
                 (resources.c.state != "closed") | (resources.c.consecutive_failures > 0),
             )
         )
+        parents: set[str] = set()
         for r in rows:
             before = self._snapshot(r)
             after = breaker_transition(before, BreakerOutcome.SUCCESS, now, self.breaker_policy)
             await self._store_snapshot(conn, r.resource_key, before, after, now)
+            if r.parent_key:
+                parents.add(r.parent_key)
+        if parents:
+            # A tenant call that succeeds once the API-wide cool-down is over is its probe.
+            for p in await conn.execute(
+                select(resources).where(
+                    resources.c.resource_key.in_(sorted(parents)), resources.c.state != "closed"
+                )
+            ):
+                before = self._snapshot(p)
+                after = breaker_transition(before, BreakerOutcome.SUCCESS, now, self.breaker_policy)
+                await self._store_snapshot(conn, p.resource_key, before, after, now)
 
     async def _resource_failure(
         self,
@@ -554,6 +582,36 @@ class Worker:
         before = self._snapshot(r)
         after = breaker_transition(before, breaker_outcome(c), now, self.breaker_policy)
         await self._store_snapshot(conn, r.resource_key, before, after, now, **extra)
+        if r.parent_key and after.state is BreakerState.OPEN and before.state is not after.state:
+            await self._maybe_open_parent(conn, r.parent_key, now)
+
+    async def _maybe_open_parent(
+        self, conn: AsyncConnection, parent_key: str, now: datetime
+    ) -> None:
+        """Open the API-wide breaker when many of its tenants' breakers are open together."""
+        children = list(
+            await conn.execute(
+                select(resources.c.state).where(resources.c.parent_key == parent_key)
+            )
+        )
+        open_children = sum(1 for c in children if c.state != "closed")
+        if not global_breaker_trips(open_children, len(children), self.breaker_policy):
+            return
+        p = (
+            await conn.execute(select(resources).where(resources.c.resource_key == parent_key))
+        ).first()
+        if p is None or p.state == "open":
+            return
+        before = self._snapshot(p)
+        after = breaker_open(before, now, self.breaker_policy)
+        await self._store_snapshot(
+            conn,
+            parent_key,
+            before,
+            after,
+            now,
+            last_error=f"{open_children} of {len(children)} tenants failing",
+        )
 
     # --- background duties --------------------------------------------------------------
 

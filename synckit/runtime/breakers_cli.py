@@ -1,0 +1,82 @@
+"""`synckit breakers ls|reset`: the circuit breakers and pacing all workers share."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import click
+from rich.table import Table
+
+from synckit.runtime.resources import ResourceInfo, list_resources, reset_resource
+
+
+def _when(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value else "-"
+
+
+@click.group("breakers")
+def breakers() -> None:
+    """Circuit breakers and pacing per resource (tenant connection or whole API)."""
+
+
+@breakers.command("ls")
+@click.option("--open", "only_open", is_flag=True, help="Only breakers that are not closed.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--database-url", envvar="SYNCKIT_DATABASE_URL", default=None)
+def breakers_ls(only_open: bool, as_json: bool, database_url: str | None) -> None:
+    """List resources with their breaker state, failures and next available time."""
+    from synckit.cli import console, run
+
+    found = run(list_resources, database_url)
+    if only_open:
+        found = [r for r in found if r.state != "closed"]
+    if as_json:
+        for r in found:
+            click.echo(json.dumps(_json(r), sort_keys=True))
+        return
+    table = Table(title=f"Breakers ({len(found)})")
+    for col in (
+        "resource",
+        "parent",
+        "state",
+        "failures",
+        "cool-down until",
+        "next available",
+        "in flight max",
+        "last error",
+    ):
+        table.add_column(col)
+    for r in found:
+        table.add_row(
+            r.resource_key,
+            r.parent_key or "-",
+            r.state,
+            str(r.consecutive_failures),
+            _when(r.cooldown_until),
+            _when(r.next_available_at),
+            str(r.max_in_flight or "-"),
+            (r.last_error or "")[:50],
+        )
+    console.print(table)
+
+
+@breakers.command("reset")
+@click.argument("resource_key")
+@click.option("--database-url", envvar="SYNCKIT_DATABASE_URL", default=None)
+def breakers_reset(resource_key: str, database_url: str | None) -> None:
+    """Close RESOURCE_KEY's breaker and clear its pacing, so its jobs run again."""
+    from synckit.cli import CliError, run
+
+    try:
+        info = run(lambda db: reset_resource(db, resource_key), database_url)
+    except LookupError as exc:
+        raise CliError(f"{exc}; see `synckit breakers ls`") from exc
+    click.echo(f"{info.resource_key}: breaker {info.state}, pacing cleared")
+
+
+def _json(r: ResourceInfo) -> dict[str, object]:
+    data: dict[str, object] = {}
+    for k, v in vars(r).items():
+        data[k] = v.isoformat() if isinstance(v, datetime) else v
+    return data

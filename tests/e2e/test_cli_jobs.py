@@ -1,0 +1,117 @@
+"""`synckit jobs ...`, `synckit worker --burst` and `synckit breakers ...` as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+APPS = Path(__file__).parent.parent / "apps"
+
+
+def synckit(
+    url: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {
+        **os.environ,
+        "SYNCKIT_DATABASE_URL": url,
+        "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+        **(env or {}),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "synckit.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_jobs_lifecycle_through_the_cli(migrated_url: str, tmp_path: Path) -> None:
+    """Enqueue, list, show, reschedule, re-prioritise, cancel, retry and run jobs."""
+    first = ok(synckit(migrated_url, "jobs", "enqueue", "record", "--payload", '{"n": 1}'))
+    assert first.startswith("job 1 enqueued")
+    ok(synckit(migrated_url, "jobs", "enqueue", "record", "--in", "2d", "--unique-key", "u"))
+    again = ok(synckit(migrated_url, "jobs", "enqueue", "record", "--unique-key", "u"))
+    assert "already queued" in again
+    listed = [json.loads(x) for x in ok(synckit(migrated_url, "jobs", "ls", "--json")).splitlines()]
+    assert [j["id"] for j in listed] == [2, 1]
+    shown = json.loads(ok(synckit(migrated_url, "jobs", "show", "1")))
+    assert shown["payload"] == {"n": 1} and shown["status"] == "pending"
+    assert "priority 5" in ok(synckit(migrated_url, "jobs", "priority", "1", "5"))
+    out = ok(synckit(migrated_url, "jobs", "reschedule", "2", "--at", "2031-01-01T00:00:00+00:00"))
+    assert "2031-01-01" in out
+    assert "cancelled" in ok(synckit(migrated_url, "jobs", "cancel", "2"))
+    assert "pending" in ok(synckit(migrated_url, "jobs", "retry", "2"))
+    ok(synckit(migrated_url, "jobs", "reschedule", "2", "--in", "0s"))
+    stats = json.loads(
+        ok(
+            synckit(
+                migrated_url,
+                "worker",
+                "--app",
+                "queue_app:registry",
+                "--burst",
+                env={"QUEUE_APP_LOG": str(tmp_path / "log")},
+            )
+        )
+    )
+    assert stats["succeeded"] == 2
+    done = [
+        json.loads(x)
+        for x in ok(
+            synckit(migrated_url, "jobs", "ls", "--json", "--status", "succeeded")
+        ).splitlines()
+    ]
+    assert len(done) == 2
+
+
+def test_job_cli_errors_are_one_line(migrated_url: str) -> None:
+    """Unknown ids, bad payloads and bad apps: one line, exit code 2."""
+    for args, expected in [
+        (("jobs", "show", "99"), "no job with id 99"),
+        (("jobs", "set-payload", "99", "{not json"), "payload is not JSON"),
+        (("jobs", "reschedule", "1", "--at", "2030-01-01"), "needs a time zone"),
+        (("worker", "--app", "nowhere:registry", "--burst"), "cannot import 'nowhere'"),
+        (("worker", "--app", "queue_app:nothing", "--burst"), "is not a synckit Registry"),
+        (("breakers", "reset", "nope"), "no resource 'nope'"),
+    ]:
+        result = synckit(migrated_url, *args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], (args, result.stderr)
+
+
+def test_breakers_ls_and_reset(migrated_url: str) -> None:
+    """`breakers ls` shows a resource's state; `reset` closes it."""
+    ok(synckit(migrated_url, "jobs", "enqueue", "record", "--resource-key", "tenant-1"))
+    import asyncio
+
+    from sqlalchemy import update
+
+    from synckit.runtime.db import open_database
+    from synckit.runtime.schema import resources
+
+    async def open_it() -> None:
+        db = open_database(migrated_url)
+        async with db.begin() as conn:
+            await conn.execute(update(resources).values(state="open", consecutive_failures=5))
+        await db.dispose()
+
+    asyncio.run(open_it())
+    rows = [
+        json.loads(x) for x in ok(synckit(migrated_url, "breakers", "ls", "--json")).splitlines()
+    ]
+    assert rows[0]["resource_key"] == "tenant-1" and rows[0]["state"] == "open"
+    assert "breaker closed" in ok(synckit(migrated_url, "breakers", "reset", "tenant-1"))
+    rows = [
+        json.loads(x) for x in ok(synckit(migrated_url, "breakers", "ls", "--json")).splitlines()
+    ]
+    assert rows[0]["state"] == "closed" and rows[0]["consecutive_failures"] == 0

@@ -1,0 +1,47 @@
+"""Jobs publish through the outbox: the message commits with the job's success."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from synckit.errors import RetryPolicy
+from synckit.runtime import jobs as store
+from synckit.runtime import outbox
+from synckit.runtime.db import Database
+from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.outbox import CallbackPublisher
+from synckit.runtime.worker import Worker
+
+
+async def test_worker_relays_messages_of_succeeded_jobs_only(db: Database) -> None:
+    """A job's message is relayed after its success; a failed job's message never exists."""
+    reg = Registry(retry_policy=RetryPolicy.deterministic())
+
+    @reg.handler("invoice.send")
+    async def send(ctx: JobContext) -> None:
+        ctx.publish("invoices", {"invoice": ctx.payload["n"]}, key=f"customer-{ctx.payload['n']}")
+        if ctx.payload.get("fail"):
+            raise ValueError("the send failed after publishing")
+
+    published: list[Any] = []
+
+    async def record(message: Any) -> None:
+        published.append(message)
+
+    await store.enqueue(db, "invoice.send", {"n": 1})
+    await store.enqueue(db, "invoice.send", {"n": 2, "fail": True}, max_attempts=1)
+    worker = Worker(db, reg, poll_interval=0.05, outbox_publisher=CallbackPublisher(record))
+    running = asyncio.create_task(worker.run())
+    try:
+        for _ in range(200):
+            if published and (await store.count_by_status(db)).get("pending", 0) == 0:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop()
+        await running
+    assert len(published) == 1
+    assert published[0].payload == {"invoice": 1}
+    assert published[0].message_id.startswith("job-")
+    assert await outbox.pending_count(db) == 0
