@@ -44,6 +44,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -150,29 +151,33 @@ async def _connection(target: AsyncConnection | AsyncSession) -> AsyncConnection
     return target
 
 
-def _notify_sql(conn: AsyncConnection) -> str | None:
+def _notify_sql(conn: AsyncConnection | Connection) -> str | None:
     return f"NOTIFY {NOTIFY_CHANNEL}" if conn.dialect.name == "postgresql" else None
 
 
-async def _ensure_resources(conn: AsyncConnection, keys: Iterable[str], now: datetime) -> None:
+def _ensure_resources_sync(conn: Connection, keys: Iterable[str], now: datetime) -> None:
+    """Make sure a ``resources`` row exists for every key (lanes are claimed from them)."""
     unique = sorted(set(keys))
     if not unique:
         return
     ins = _insert(conn)(resources).values(
         [{"resource_key": k, "state": "closed", "updated_at": now} for k in unique]
     )
-    await conn.execute(ins.on_conflict_do_nothing(index_elements=["resource_key"]))
+    conn.execute(ins.on_conflict_do_nothing(index_elements=["resource_key"]))
 
 
-def _insert(conn: AsyncConnection) -> Any:
+async def _ensure_resources(conn: AsyncConnection, keys: Iterable[str], now: datetime) -> None:
+    await conn.run_sync(_ensure_resources_sync, list(keys), now)
+
+
+def _insert(conn: AsyncConnection | Connection) -> Any:
     return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
 
 
-async def _enqueue_on(
-    conn: AsyncConnection, specs: Sequence[JobSpec], now: datetime
-) -> list[Enqueued]:
+def _enqueue_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) -> list[Enqueued]:
+    """Insert the jobs on a synchronous connection (see :meth:`Database.write`)."""
     rows = [s.row(now) for s in specs]
-    await _ensure_resources(conn, (r["resource_key"] for r in rows if r["resource_key"]), now)
+    _ensure_resources_sync(conn, (r["resource_key"] for r in rows if r["resource_key"]), now)
     results: list[Enqueued] = []
     plain = [r for r in rows if r["unique_key"] is None]
     keyed = [r for r in rows if r["unique_key"] is not None]
@@ -182,11 +187,11 @@ async def _enqueue_on(
             # The transaction holds SQLite's write lock, so the new rowids are ascending in
             # row order; sorting them is exact and 20x cheaper than SQLAlchemy's
             # sort_by_parameter_order, which falls back to one row per statement here.
-            res = await conn.execute(insert(jobs).returning(jobs.c.id), plain)
+            res = conn.execute(insert(jobs).returning(jobs.c.id), plain)
             ids_plain = sorted(r[0] for r in res)
         else:
             stmt = insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True)
-            ids_plain = [r[0] for r in await conn.execute(stmt, plain)]
+            ids_plain = [r[0] for r in conn.execute(stmt, plain)]
     keyed_results: dict[int, Enqueued] = {}
     for i, r in enumerate(keyed):
         # One statement per unique key: the conflict target is the partial index on
@@ -200,21 +205,19 @@ async def _enqueue_on(
             )
             .returning(jobs.c.id)
         )
-        new_id = (await conn.execute(stmt)).scalar()
+        new_id = (conn.execute(stmt)).scalar()
         if new_id is not None:
             keyed_results[i] = Enqueued(int(new_id), True)
             continue
         existing = (
-            await conn.execute(
+            conn.execute(
                 select(jobs.c.id).where(
                     jobs.c.unique_key == r["unique_key"], jobs.c.status.in_(["pending", "running"])
                 )
             )
         ).scalar()
         if existing is None:  # finished between the insert and the select: try again
-            new_id = (
-                await conn.execute(insert(jobs).values(**r).returning(jobs.c.id))
-            ).scalar_one()
+            new_id = (conn.execute(insert(jobs).values(**r).returning(jobs.c.id))).scalar_one()
             keyed_results[i] = Enqueued(int(new_id), True)
         else:
             keyed_results[i] = Enqueued(int(existing), False)
@@ -227,7 +230,7 @@ async def _enqueue_on(
             results.append(keyed_results[k])
             k += 1
     if (sql := _notify_sql(conn)) is not None and any(e.created for e in results):
-        await conn.exec_driver_sql(sql)
+        conn.exec_driver_sql(sql)
     return results
 
 
@@ -283,12 +286,11 @@ async def enqueue_many(
     if isinstance(target, Database):
         if target.is_postgres and len(specs) == 1 and specs[0].unique_key is None:
             return [await _enqueue_one_pg(target, specs[0], now)]
-        async with target.begin() as conn:
-            out = await _enqueue_on(conn, specs, now)
+        out = await target.write(_enqueue_sync, specs, now)
         target_wake(target)
         return out
     conn = await _connection(target)
-    out = await _enqueue_on(conn, specs, now)
+    out = await conn.run_sync(_enqueue_sync, specs, now)
     _wake_after_commit(conn)
     return out
 
@@ -420,8 +422,8 @@ _CLAIM_KEYED = _claim_statement(keyed=True)
 _CLAIM_UNKEYED = _claim_statement(keyed=False)
 
 
-async def _claim_lane_rows(
-    conn: AsyncConnection,
+def _claim_lane_rows(
+    conn: Connection,
     *,
     lane: str | None,
     limit: int,
@@ -432,11 +434,11 @@ async def _claim_lane_rows(
 ) -> list[Row[Any]]:
     params = {"now": now, "lim": limit, "worker": worker_id, "token": token, "until": now + lease}
     if lane is None:
-        return list(await conn.execute(_CLAIM_UNKEYED, params))
-    return list(await conn.execute(_CLAIM_KEYED, {**params, "lane": lane}))
+        return list(conn.execute(_CLAIM_UNKEYED, params))
+    return list(conn.execute(_CLAIM_KEYED, {**params, "lane": lane}))
 
 
-async def _available_lanes(conn: AsyncConnection, now: datetime, max_lanes: int) -> list[Row[Any]]:
+def _available_lanes(conn: Connection, now: datetime, max_lanes: int) -> list[Row[Any]]:
     parent = resources.alias("parent")
     running = (
         select(func.count())
@@ -473,7 +475,7 @@ async def _available_lanes(conn: AsyncConnection, now: datetime, max_lanes: int)
         .limit(max_lanes)
         .with_for_update(skip_locked=True, of=resources)
     )
-    return list(await conn.execute(stmt))
+    return list(conn.execute(stmt))
 
 
 async def claim(
@@ -494,65 +496,70 @@ async def claim(
         return []
     now = now or utcnow()
     token = secrets.randbits(62)
+    return await db.write(_claim_sync, worker_id, limit, now, lease, token)
+
+
+def _claim_sync(
+    conn: Connection, worker_id: str, limit: int, now: datetime, lease: timedelta, token: int
+) -> list[ClaimedJob]:
     claimed: list[ClaimedJob] = []
-    async with db.begin() as conn:
-        lanes_rows = await _available_lanes(conn, now, max_lanes=limit)
-        # Room per lane: 1 for a breaker probe, else what max_in_flight leaves (None: no cap).
-        room_of: dict[str | None, int | None] = {}
-        probes: set[str] = set()
-        for r in lanes_rows:
-            if r.state in ("open", "half_open"):
-                room_of[r.resource_key] = 1
-                probes.add(r.resource_key)
-            elif r.max_in_flight is not None:
-                room_of[r.resource_key] = r.max_in_flight - r.running
-            else:
-                room_of[r.resource_key] = None
-        room_of[None] = None  # the lane of jobs without a resource key
-        served: set[str] = set()
-        # Even shares first; lanes that filled their share split what is left, and so on.
-        open_lanes = [k for k, room in room_of.items() if room is None or room > 0]
-        while open_lanes and len(claimed) < limit:
-            share = max(1, math.ceil((limit - len(claimed)) / len(open_lanes)))
-            still_open: list[str | None] = []
-            for key in open_lanes:
-                room = limit - len(claimed)
-                if room <= 0:
-                    break
-                cap = room_of[key]
-                want = min(share, room, cap if cap is not None else room)
-                rows = await _claim_lane_rows(
-                    conn,
-                    lane=key,
-                    limit=want,
-                    now=now,
-                    worker_id=worker_id,
-                    token=token,
-                    lease=lease,
-                )
-                if not rows:
-                    continue
-                probe = key in probes
-                if key is not None:
-                    served.add(key)
-                    if probe:
-                        await conn.execute(
-                            update(resources)
-                            .where(resources.c.resource_key == key)
-                            .values(state="half_open", probe_job_id=rows[0].id, updated_at=now)
-                        )
-                claimed.extend(_claimed(r, token, probe) for r in rows)
-                if cap is not None:
-                    room_of[key] = cap - len(rows)
-                if len(rows) == want and not probe and (cap is None or cap > len(rows)):
-                    still_open.append(key)
-            open_lanes = still_open
-        if served:
-            await conn.execute(
-                update(resources)
-                .where(resources.c.resource_key.in_(sorted(served)))
-                .values(last_claimed_at=now)
+    lanes_rows = _available_lanes(conn, now, max_lanes=limit)
+    # Room per lane: 1 for a breaker probe, else what max_in_flight leaves (None: no cap).
+    room_of: dict[str | None, int | None] = {}
+    probes: set[str] = set()
+    for r in lanes_rows:
+        if r.state in ("open", "half_open"):
+            room_of[r.resource_key] = 1
+            probes.add(r.resource_key)
+        elif r.max_in_flight is not None:
+            room_of[r.resource_key] = r.max_in_flight - r.running
+        else:
+            room_of[r.resource_key] = None
+    room_of[None] = None  # the lane of jobs without a resource key
+    served: set[str] = set()
+    # Even shares first; lanes that filled their share split what is left, and so on.
+    open_lanes = [k for k, room in room_of.items() if room is None or room > 0]
+    while open_lanes and len(claimed) < limit:
+        share = max(1, math.ceil((limit - len(claimed)) / len(open_lanes)))
+        still_open: list[str | None] = []
+        for key in open_lanes:
+            room = limit - len(claimed)
+            if room <= 0:
+                break
+            cap = room_of[key]
+            want = min(share, room, cap if cap is not None else room)
+            rows = _claim_lane_rows(
+                conn,
+                lane=key,
+                limit=want,
+                now=now,
+                worker_id=worker_id,
+                token=token,
+                lease=lease,
             )
+            if not rows:
+                continue
+            probe = key in probes
+            if key is not None:
+                served.add(key)
+                if probe:
+                    conn.execute(
+                        update(resources)
+                        .where(resources.c.resource_key == key)
+                        .values(state="half_open", probe_job_id=rows[0].id, updated_at=now)
+                    )
+            claimed.extend(_claimed(r, token, probe) for r in rows)
+            if cap is not None:
+                room_of[key] = cap - len(rows)
+            if len(rows) == want and not probe and (cap is None or cap > len(rows)):
+                still_open.append(key)
+        open_lanes = still_open
+    if served:
+        conn.execute(
+            update(resources)
+            .where(resources.c.resource_key.in_(sorted(served)))
+            .values(last_claimed_at=now)
+        )
     return claimed
 
 
