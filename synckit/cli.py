@@ -155,6 +155,13 @@ def load_registry(spec: str) -> Registry:
     except ImportError as exc:
         raise CliError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from exc
     registry = getattr(module, attr, None)
+    from synckit.app import App
+
+    if isinstance(registry, App):
+        # The App's handlers must use the database this worker claims from.
+        ctx = click.get_current_context(silent=True)
+        registry.use_database_url(ctx.params.get("database_url") if ctx else None)
+        return registry.registry
     if callable(registry) and not isinstance(registry, Registry):
         registry = registry()
     if not isinstance(registry, Registry):
@@ -414,6 +421,14 @@ cli.add_command(outbox_group)
 from synckit.runtime.breakers_cli import breakers as breakers_group  # noqa: E402
 
 cli.add_command(breakers_group)
+
+from synckit.dlq.cli import dlq as dlq_group  # noqa: E402
+
+cli.add_command(dlq_group)
+
+from synckit.connectors.tenants_cli import tenants as tenants_group  # noqa: E402
+
+cli.add_command(tenants_group)
 
 
 def main() -> None:

@@ -58,6 +58,7 @@ from synckit.runtime import jobs as store
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
 from synckit.runtime.jobs import ClaimedJob, JobSpec, utcnow
+from synckit.runtime.logging import bind_claimed_job, redact_text
 from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
 from synckit.runtime.schema import connections, resources
 
@@ -300,6 +301,11 @@ class Worker:
         self._tasks[job.id] = task
 
     async def _execute(self, job: ClaimedJob) -> None:
+        # Every event logged while the handler runs carries the job's context.
+        with bind_claimed_job(job):
+            await self._execute_bound(job)
+
+    async def _execute_bound(self, job: ClaimedJob) -> None:
         outcome: _Outcome
         spec = self.registry.get(job.kind)
         try:
@@ -422,6 +428,9 @@ class Worker:
         assert o.exc is not None
         c = classify(exc=o.exc, now=now)
         o.error_class = c.error_class.value
+        # Error texts are stored and shown to operators: no token may survive into them.
+        message = redact_text(c.reason)
+        o.tb = redact_text(o.tb) if o.tb else None
         if isinstance(o.exc, NeedsReauth) and job.resource_key:
             await conn.execute(
                 update(connections)
@@ -434,7 +443,7 @@ class Worker:
                 job,
                 now=now,
                 error_class=c.error_class.value,
-                message=c.reason,
+                message=message,
                 retry_at=now,
                 traceback=o.tb,
                 count_attempt=False,
@@ -457,7 +466,12 @@ class Worker:
 
     def _after(self, o: _Outcome, status: str | None) -> None:
         job = o.job
+        tenant, connector = (None, None)
+        if isinstance(job.payload, dict):
+            tenant, connector = job.payload.get("tenant"), job.payload.get("connector")
         fields: dict[str, Any] = {
+            "tenant": tenant or job.resource_key,
+            "connector": connector,
             "job_id": job.id,
             "kind": job.kind,
             "attempt": job.attempts,

@@ -1,0 +1,1151 @@
+"""Pattern alerts: rules over the runtime's tables, evaluated on a schedule, de-duplicated,
+and routed to sinks.
+
+One failure is not news; a pattern is. Each rule is a frozen dataclass holding its
+thresholds, with a pure ``evaluate(data) -> list[Alert]`` over an :class:`AlertData`
+snapshot; :func:`load_alert_data` is the only part that reads the database. The rules:
+
+=====================  ===========================================================
+``server_errors``      N or more server errors (``server_error``/``transient``
+                       attempts, retried or final) in a few minutes for one connector
+``tenant_outlier``     one tenant failing while most tenants of its connector are fine
+``deploy_regression``  an error class whose rate jumped under the newest app version
+                       compared with the version before it
+``dlq_growth``         dead letters created in the last window outpace the window
+                       before by a factor
+``poll_lag``           a tenant whose last successful poll is older than twice its
+                       schedule
+``needs_reauth``       a connection waiting for re-authorisation
+``error_budget``       a tenant whose error budget is in alert (optionally paused)
+=====================  ===========================================================
+
+De-duplication
+    An alert names a window (:attr:`Alert.window`): the start of the fixed,
+    epoch-aligned period of its rule's ``repeat_every`` (the new version's name for
+    ``deploy_regression``). At most one alert per rule, subject and window is delivered,
+    so a lasting condition is re-announced once per window, not once per evaluation.
+    Delivered alerts are recorded as rows of ``jobs`` with kind ``synckit.alert_record``,
+    status ``succeeded`` and ``unique_key`` ``alert:<rule>|<subject>|<window>``: no schema
+    change, visible to ``synckit status`` and ``synckit jobs ls --kind
+    synckit.alert_record``, and pruned with finished jobs. Evaluators serialise on a
+    PostgreSQL advisory lock (SQLite's write lock does it there), so two workers never
+    deliver the same alert. A router without a database de-duplicates in memory.
+
+Delivery
+    Sinks receive alerts after the record commits: the log (event ``alert.fired``,
+    always), a webhook (:class:`WebhookSink`, JSON POST retried with backoff) and Python
+    callbacks (:class:`CallbackSink`). A failing sink is logged and does not stop the
+    others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import math
+import random
+import re
+import uuid
+import weakref
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any, Protocol
+
+import httpx
+import structlog
+from croniter import croniter
+from sqlalchemy import case, func, insert, select, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from synckit.errors.exceptions import SynckitError
+from synckit.runtime.audit import (
+    AuditRow,
+    Totals,
+    VersionTotals,
+    read_audit,
+    totals_by_tenant,
+    totals_by_version,
+    window_start,
+)
+from synckit.runtime.budget import BudgetLevel, BudgetPolicy, pause_tenants
+from synckit.runtime.db import Database
+from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.jobs import utcnow
+from synckit.runtime.schema import checkpoints, connections, dead_letters, jobs
+
+ALERTS_KIND = "synckit.alerts"
+ALERT_RECORD_KIND = "synckit.alert_record"
+POLL_KIND = "synckit.poll"
+# An arbitrary constant: the key of the PostgreSQL advisory lock evaluators share.
+_ALERTS_LOCK = 0x5C_A1_E7_01
+
+log = structlog.get_logger("synckit.alerts")
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert: what rule fired, about what (``subject``), when and why."""
+
+    rule: str
+    subject: str
+    message: str
+    fired_at: datetime
+    window: str
+    severity: Severity = Severity.WARNING
+    tenant: str | None = None
+    connector: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """The de-duplication key: one delivery per rule, subject and window."""
+        return f"{self.rule}|{self.subject}|{self.window}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "subject": self.subject,
+            "message": self.message,
+            "fired_at": self.fired_at.isoformat(),
+            "window": self.window,
+            "severity": self.severity.value,
+            "tenant": self.tenant,
+            "connector": self.connector,
+            "details": dict(self.details),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Alert:
+        fired = datetime.fromisoformat(str(data["fired_at"]))
+        return cls(
+            rule=str(data["rule"]),
+            subject=str(data["subject"]),
+            message=str(data.get("message", "")),
+            fired_at=fired if fired.tzinfo else fired.replace(tzinfo=UTC),
+            window=str(data.get("window", "")),
+            severity=Severity(data.get("severity", "warning")),
+            tenant=data.get("tenant"),
+            connector=data.get("connector"),
+            details=dict(data.get("details") or {}),
+        )
+
+
+def window_key(now: datetime, every: timedelta) -> str:
+    """The start of the epoch-aligned period of length ``every`` that contains ``now``."""
+    step = every.total_seconds()
+    if step <= 0:
+        raise ValueError("a de-duplication window must be positive")
+    start = math.floor(now.timestamp() / step) * step
+    return datetime.fromtimestamp(start, tz=UTC).isoformat()
+
+
+# --- what the rules read ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConnectionState:
+    """A tenant's connection as the rules see it."""
+
+    tenant: str
+    connector: str
+    status: str
+    schedule: str | None
+    created_at: datetime
+    last_success_at: datetime | None = None
+    status_reason: str | None = None
+    resource_key: str | None = None
+
+
+@dataclass(frozen=True)
+class DlqGrowth:
+    """Dead letters of one connector created in the last window and the one before."""
+
+    connector: str
+    current: int
+    previous: int
+
+
+@dataclass(frozen=True)
+class AlertData:
+    """Everything the rules look at, loaded at ``now`` (see :func:`load_alert_data`)."""
+
+    now: datetime
+    recent: Sequence[AuditRow] = ()
+    versions: Sequence[VersionTotals] = ()
+    tenant_totals: Mapping[str, Totals] = field(default_factory=dict)
+    dlq: Sequence[DlqGrowth] = ()
+    connections: Sequence[ConnectionState] = ()
+
+
+class AlertRule(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def evaluate(self, data: AlertData) -> list[Alert]: ...
+
+
+def _recent_rows(data: AlertData, window: timedelta) -> list[AuditRow]:
+    start = window_start(data.now, window)
+    return [r for r in data.recent if start <= r.minute <= data.now]
+
+
+# --- the rules (pure) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerErrorBurst:
+    """``threshold`` or more server-side failures within ``window`` for one connector.
+
+    Every failed attempt counts, retried or final: five 500s matter even when the
+    retries then succeed. A lone transient stays quiet.
+    """
+
+    threshold: int = 5
+    window: timedelta = timedelta(minutes=5)
+    classes: tuple[str, ...] = ("server_error", "transient")
+    repeat_every: timedelta = timedelta(hours=1)
+    severity: Severity = Severity.CRITICAL
+    name: str = "server_errors"
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        counts: dict[str, int] = defaultdict(int)
+        tenants: dict[str, set[str]] = defaultdict(set)
+        for r in _recent_rows(data, self.window):
+            attempts = r.classes.attempts()
+            n = sum(attempts.get(c, 0) for c in self.classes)
+            if n:
+                counts[r.connector] += n
+                tenants[r.connector].add(r.tenant)
+        minutes = self.window.total_seconds() / 60
+        return [
+            Alert(
+                rule=self.name,
+                subject=connector,
+                message=(
+                    f"{n} server errors in {minutes:g} min on connector {connector or '-'} "
+                    f"({len(tenants[connector])} tenant(s))"
+                ),
+                fired_at=data.now,
+                window=window_key(data.now, self.repeat_every),
+                severity=self.severity,
+                connector=connector,
+                details={"count": n, "tenants": sorted(tenants[connector])},
+            )
+            for connector, n in sorted(counts.items())
+            if n >= self.threshold
+        ]
+
+
+@dataclass(frozen=True)
+class TenantOutlier:
+    """A tenant failing while the other tenants of its connector are normal.
+
+    A tenant fails when at least ``min_failures`` of its attempts in ``window`` failed
+    and its failure rate is at least ``failing_rate``. The others are normal when there
+    are at least ``min_peers`` of them with activity and at least ``normal_share`` of
+    those have a failure rate at or below ``normal_rate``. When every tenant fails, the
+    API is the problem and :class:`ServerErrorBurst` speaks instead.
+    """
+
+    window: timedelta = timedelta(minutes=15)
+    min_failures: int = 5
+    failing_rate: float = 0.5
+    normal_rate: float = 0.05
+    normal_share: float = 0.5
+    min_peers: int = 1
+    repeat_every: timedelta = timedelta(hours=1)
+    severity: Severity = Severity.WARNING
+    name: str = "tenant_outlier"
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        stats: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+        for r in _recent_rows(data, self.window):
+            s = stats[r.connector][r.tenant]
+            s[0] += r.ok
+            s[1] += r.failed_attempts
+        out: list[Alert] = []
+        for connector, by_tenant in sorted(stats.items()):
+            rates = {t: (f / (ok + f) if ok + f else 0.0) for t, (ok, f) in by_tenant.items()}
+            for tenant, (_ok, failures) in sorted(by_tenant.items()):
+                if failures < self.min_failures or rates[tenant] < self.failing_rate:
+                    continue
+                peers = [t for t, (o, f) in by_tenant.items() if t != tenant and o + f > 0]
+                if len(peers) < max(1, self.min_peers):
+                    continue
+                normal = [t for t in peers if rates[t] <= self.normal_rate]
+                if len(normal) < self.normal_share * len(peers):
+                    continue
+                out.append(
+                    Alert(
+                        rule=self.name,
+                        subject=tenant,
+                        message=(
+                            f"tenant {tenant} is failing ({failures} failures, "
+                            f"{rates[tenant]:.0%}) while {len(normal)} of {len(peers)} other "
+                            f"tenant(s) of {connector or '-'} are normal"
+                        ),
+                        fired_at=data.now,
+                        window=window_key(data.now, self.repeat_every),
+                        severity=self.severity,
+                        tenant=tenant,
+                        connector=connector,
+                        details={
+                            "failures": failures,
+                            "rate": round(rates[tenant], 4),
+                            "peers": len(peers),
+                            "normal_peers": len(normal),
+                        },
+                    )
+                )
+        return out
+
+
+@dataclass(frozen=True)
+class DeployRegression:
+    """An error class whose rate jumped under the newest app version of a connector.
+
+    Versions are ordered by when they first appear in the audit within ``lookback``;
+    the newest is compared with the one before it. It fires when the class has at
+    least ``min_count`` failed attempts under the new version, a rate of at least
+    ``min_rate`` of its operations, and ``factor`` times the old version's rate. One
+    alert per connector, class and new version.
+    """
+
+    lookback: timedelta = timedelta(hours=24)
+    min_count: int = 5
+    min_rate: float = 0.01
+    factor: float = 3.0
+    severity: Severity = Severity.CRITICAL
+    name: str = "deploy_regression"
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        by_connector: dict[str, list[VersionTotals]] = defaultdict(list)
+        for v in data.versions:
+            by_connector[v.connector].append(v)
+        out: list[Alert] = []
+        for connector, versions in sorted(by_connector.items()):
+            if len(versions) < 2:
+                continue
+            versions.sort(key=lambda v: (v.first_seen, v.app_version))
+            prev, new = versions[-2], versions[-1]
+            if not new.operations or not prev.operations:
+                continue
+            for cls, n in sorted(new.attempts_by_class.items()):
+                new_rate = n / new.operations
+                old_rate = prev.attempts_by_class.get(cls, 0) / prev.operations
+                if n < self.min_count or new_rate < self.min_rate:
+                    continue
+                if new_rate <= old_rate or new_rate < self.factor * old_rate:
+                    continue
+                out.append(
+                    Alert(
+                        rule=self.name,
+                        subject=f"{connector}:{cls}",
+                        message=(
+                            f"{cls} errors on {connector or '-'} jumped after deploying "
+                            f"{new.app_version or '(unversioned)'}: {new_rate:.1%} of "
+                            f"operations, {old_rate:.1%} under "
+                            f"{prev.app_version or '(unversioned)'}"
+                        ),
+                        fired_at=data.now,
+                        window=f"version:{new.app_version}",
+                        severity=self.severity,
+                        connector=connector,
+                        details={
+                            "error_class": cls,
+                            "new_version": new.app_version,
+                            "previous_version": prev.app_version,
+                            "new_rate": round(new_rate, 6),
+                            "previous_rate": round(old_rate, 6),
+                            "count": n,
+                        },
+                    )
+                )
+        return out
+
+
+@dataclass(frozen=True)
+class DlqAcceleration:
+    """Dead letters accumulating faster: the last ``window`` created at least
+    ``min_count`` rows and ``factor`` times as many as the window before."""
+
+    window: timedelta = timedelta(hours=1)
+    min_count: int = 10
+    factor: float = 2.0
+    repeat_every: timedelta = timedelta(hours=1)
+    severity: Severity = Severity.WARNING
+    name: str = "dlq_growth"
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        return [
+            Alert(
+                rule=self.name,
+                subject=g.connector,
+                message=(
+                    f"dead letters of {g.connector or '-'} accelerating: {g.current} in the "
+                    f"last {_human(self.window)}, {g.previous} in the one before"
+                ),
+                fired_at=data.now,
+                window=window_key(data.now, self.repeat_every),
+                severity=self.severity,
+                connector=g.connector,
+                details={"current": g.current, "previous": g.previous},
+            )
+            for g in sorted(data.dlq, key=lambda g: g.connector)
+            if g.current >= self.min_count and g.current >= self.factor * g.previous
+        ]
+
+
+_EVERY = re.compile(
+    r"^\s*(?:every\s+)?(\d+(?:\.\d+)?)\s*"
+    r"(s|sec|secs|seconds?|m|min|mins|minutes?|h|hr|hrs|hours?|d|days?)\s*$",
+    re.IGNORECASE,
+)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def schedule_interval(schedule: str) -> timedelta | None:
+    """The interval of an ``every 5m``-style schedule (``5m``, ``every 2 hours``...)."""
+    m = _EVERY.match(schedule)
+    if not m:
+        return None
+    seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)[0].lower()]
+    return timedelta(seconds=seconds) if seconds > 0 else None
+
+
+def poll_deadline(
+    schedule: str, last_success: datetime, factor: float = 2.0, grace: timedelta = timedelta(0)
+) -> datetime | None:
+    """When a tenant polled on ``schedule`` and last successful at ``last_success`` is late.
+
+    An interval schedule is late after ``factor`` intervals. A cron expression is late
+    once ``ceil(factor)`` of its ticks passed without a success: a cron's gaps vary
+    (weekends), so its cadence is counted in ticks, not in a fixed interval. ``None``
+    when the schedule cannot be read.
+    """
+    interval = schedule_interval(schedule)
+    if interval is not None:
+        return last_success + interval * factor + grace
+    spec = schedule.strip()
+    if spec.lower().startswith("cron:"):
+        spec = spec[5:].strip()
+    if not spec or not croniter.is_valid(spec):
+        return None
+    it = croniter(spec, last_success)
+    tick = last_success
+    for _ in range(max(1, math.ceil(factor))):
+        tick = it.get_next(datetime)
+    return tick + grace
+
+
+@dataclass(frozen=True)
+class PollLag:
+    """An active tenant whose last successful poll is older than ``factor`` times its schedule.
+
+    The last success is the newest of its checkpoints' ``updated_at`` and its last
+    succeeded poll job; a tenant that never succeeded counts from its creation.
+    """
+
+    factor: float = 2.0
+    grace: timedelta = timedelta(0)
+    repeat_every: timedelta = timedelta(hours=1)
+    severity: Severity = Severity.WARNING
+    name: str = "poll_lag"
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        out: list[Alert] = []
+        for c in sorted(data.connections, key=lambda c: c.tenant):
+            if c.status != "active" or not c.schedule:
+                continue
+            since = c.last_success_at or c.created_at
+            deadline = poll_deadline(c.schedule, since, self.factor, self.grace)
+            if deadline is None or data.now <= deadline:
+                continue
+            lag = data.now - since
+            out.append(
+                Alert(
+                    rule=self.name,
+                    subject=c.tenant,
+                    message=(
+                        f"tenant {c.tenant} has not polled successfully for {_human(lag)} "
+                        f"(schedule {c.schedule!r})"
+                    ),
+                    fired_at=data.now,
+                    window=window_key(data.now, self.repeat_every),
+                    severity=self.severity,
+                    tenant=c.tenant,
+                    connector=c.connector,
+                    details={
+                        "lag_seconds": round(lag.total_seconds(), 3),
+                        "schedule": c.schedule,
+                        "last_success_at": (
+                            c.last_success_at.isoformat() if c.last_success_at else None
+                        ),
+                    },
+                )
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class NeedsReauthRule:
+    """A connection that waits for its tenant to re-authorise."""
+
+    repeat_every: timedelta = timedelta(hours=6)
+    severity: Severity = Severity.CRITICAL
+    name: str = "needs_reauth"
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        return [
+            Alert(
+                rule=self.name,
+                subject=c.tenant,
+                message=(
+                    f"tenant {c.tenant} ({c.connector}) must re-authorise: "
+                    f"{c.status_reason or 'credentials refused'}"
+                ),
+                fired_at=data.now,
+                window=window_key(data.now, self.repeat_every),
+                severity=self.severity,
+                tenant=c.tenant,
+                connector=c.connector,
+                details={"reason": c.status_reason},
+            )
+            for c in sorted(data.connections, key=lambda c: c.tenant)
+            if c.status == "needs_reauth"
+        ]
+
+
+@dataclass(frozen=True)
+class BudgetRule:
+    """A tenant whose error budget is in alert (more than 200% burnt) with enough volume
+    (``policy.min_operations``) for the rate to mean something."""
+
+    policy: BudgetPolicy = field(default_factory=BudgetPolicy)
+    repeat_every: timedelta = timedelta(hours=1)
+    severity: Severity = Severity.CRITICAL
+    name: str = "error_budget"
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        out: list[Alert] = []
+        for tenant, totals in sorted(data.tenant_totals.items()):
+            s = self.policy.status(totals)
+            if s.level is not BudgetLevel.ALERT or s.operations < self.policy.min_operations:
+                continue
+            out.append(
+                Alert(
+                    rule=self.name,
+                    subject=tenant,
+                    message=(
+                        f"tenant {tenant} burnt {s.burn:.0%} of its error budget "
+                        f"({s.failed} of {s.operations} operations failed in "
+                        f"{_human(self.policy.window)})"
+                    ),
+                    fired_at=data.now,
+                    window=window_key(data.now, self.repeat_every),
+                    severity=self.severity,
+                    tenant=tenant,
+                    details={
+                        "rate": round(s.rate, 6),
+                        "burn": s.burn,
+                        "ok": s.ok,
+                        "failed": s.failed,
+                    },
+                )
+            )
+        return out
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The rules to evaluate; set one to ``None`` to turn it off."""
+
+    server_errors: ServerErrorBurst | None = field(default_factory=ServerErrorBurst)
+    tenant_outlier: TenantOutlier | None = field(default_factory=TenantOutlier)
+    deploy_regression: DeployRegression | None = field(default_factory=DeployRegression)
+    dlq_growth: DlqAcceleration | None = field(default_factory=DlqAcceleration)
+    poll_lag: PollLag | None = field(default_factory=PollLag)
+    needs_reauth: NeedsReauthRule | None = field(default_factory=NeedsReauthRule)
+    error_budget: BudgetRule | None = field(default_factory=BudgetRule)
+    #: The job kind whose success counts as a successful poll.
+    poll_kind: str = POLL_KIND
+
+    @property
+    def rules(self) -> list[AlertRule]:
+        candidates: list[AlertRule | None] = [
+            self.server_errors,
+            self.tenant_outlier,
+            self.deploy_regression,
+            self.dlq_growth,
+            self.poll_lag,
+            self.needs_reauth,
+            self.error_budget,
+        ]
+        return [r for r in candidates if r is not None]
+
+    @property
+    def recent_window(self) -> timedelta | None:
+        windows = [r.window for r in (self.server_errors, self.tenant_outlier) if r is not None]
+        return max(windows) if windows else None
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        """Every alert the data calls for (pure; no de-duplication)."""
+        return [a for rule in self.rules for a in rule.evaluate(data)]
+
+
+def dlq_review_alert(
+    tenant: str,
+    error_class: str,
+    count: int,
+    *,
+    now: datetime,
+    connector: str = "",
+    repeat_every: timedelta = timedelta(hours=6),
+) -> Alert:
+    """The alert for dead letters that need an operator's review (from the DLQ)."""
+    return Alert(
+        rule="dlq_review",
+        subject=f"{tenant}:{error_class}",
+        message=(f"{count} dead letter(s) of tenant {tenant} ({error_class}) need review"),
+        fired_at=now,
+        window=window_key(now, repeat_every),
+        severity=Severity.WARNING,
+        tenant=tenant,
+        connector=connector or None,
+        details={"error_class": error_class, "count": count},
+    )
+
+
+def _human(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+# --- loading (the only part that reads the database) ------------------------------------
+
+
+async def load_connections(
+    conn: AsyncConnection, *, poll_kind: str = POLL_KIND
+) -> list[ConnectionState]:
+    """Every connection with its last successful poll (checkpoint write or poll job)."""
+    rows = list(
+        await conn.execute(
+            select(
+                connections.c.tenant,
+                connections.c.connector,
+                connections.c.resource_key,
+                connections.c.status,
+                connections.c.status_reason,
+                connections.c.schedule,
+                connections.c.created_at,
+            ).order_by(connections.c.tenant)
+        )
+    )
+    if not rows:
+        return []
+    last_checkpoint = {
+        (t, c): at
+        for t, c, at in await conn.execute(
+            select(
+                checkpoints.c.tenant, checkpoints.c.connector, func.max(checkpoints.c.updated_at)
+            ).group_by(checkpoints.c.tenant, checkpoints.c.connector)
+        )
+    }
+    last_poll = {
+        key: at
+        for key, at in await conn.execute(
+            select(jobs.c.resource_key, func.max(jobs.c.finished_at))
+            .where(
+                jobs.c.status == "succeeded",
+                jobs.c.kind == poll_kind,
+                jobs.c.resource_key.is_not(None),
+            )
+            .group_by(jobs.c.resource_key)
+        )
+    }
+    out: list[ConnectionState] = []
+    for r in rows:
+        seen = [
+            _as_utc(x)
+            for x in (last_checkpoint.get((r.tenant, r.connector)), last_poll.get(r.resource_key))
+            if x is not None
+        ]
+        out.append(
+            ConnectionState(
+                tenant=r.tenant,
+                connector=r.connector,
+                status=r.status,
+                schedule=r.schedule,
+                created_at=r.created_at,
+                last_success_at=max(seen) if seen else None,
+                status_reason=r.status_reason,
+                resource_key=r.resource_key,
+            )
+        )
+    return out
+
+
+def _as_utc(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    parsed = datetime.fromisoformat(str(value))
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+async def dlq_growth(conn: AsyncConnection, *, now: datetime, window: timedelta) -> list[DlqGrowth]:
+    """Dead letters created per connector in ``[now - window, now]`` and the window before."""
+    start, middle = now - 2 * window, now - window
+    created = dead_letters.c.first_failed_at
+    rows = await conn.execute(
+        select(
+            dead_letters.c.connector,
+            func.sum(case((created >= middle, 1), else_=0)),
+            func.sum(case((created < middle, 1), else_=0)),
+        )
+        # last_attempt_at >= first_failed_at, and it is the indexed one of the two.
+        .where(created >= start, created <= now, dead_letters.c.last_attempt_at >= start)
+        .group_by(dead_letters.c.connector)
+    )
+    return [DlqGrowth(c, int(cur or 0), int(prev or 0)) for c, cur, prev in rows]
+
+
+async def load_alert_data(conn: AsyncConnection, *, now: datetime, rules: RuleSet) -> AlertData:
+    """Read what ``rules`` need, as of ``now``."""
+    recent: list[AuditRow] = []
+    if (window := rules.recent_window) is not None:
+        recent = await read_audit(conn, since=window_start(now, window))
+    versions: list[VersionTotals] = []
+    if rules.deploy_regression is not None:
+        versions = await totals_by_version(conn, since=now - rules.deploy_regression.lookback)
+    tenant_totals: dict[str, Totals] = {}
+    if rules.error_budget is not None:
+        since = window_start(now, rules.error_budget.policy.window)
+        tenant_totals = await totals_by_tenant(conn, since=since)
+    dlq: list[DlqGrowth] = []
+    if rules.dlq_growth is not None:
+        dlq = await dlq_growth(conn, now=now, window=rules.dlq_growth.window)
+    states: list[ConnectionState] = []
+    if rules.poll_lag is not None or rules.needs_reauth is not None:
+        states = await load_connections(conn, poll_kind=rules.poll_kind)
+    return AlertData(
+        now=now,
+        recent=recent,
+        versions=versions,
+        tenant_totals=tenant_totals,
+        dlq=dlq,
+        connections=states,
+    )
+
+
+# --- records of fired alerts (rows of ``jobs``) -----------------------------------------
+
+
+def _record_key(alert: Alert) -> str:
+    key = f"alert:{alert.key}"
+    if len(key) <= 300:
+        return key
+    digest = hashlib.sha256(alert.key.encode()).hexdigest()[:40]
+    return f"alert:{alert.rule[:200]}|#{digest}"
+
+
+async def record_alerts(
+    conn: AsyncConnection, alerts: Sequence[Alert], *, now: datetime
+) -> list[Alert]:
+    """Record the alerts not recorded yet (by rule, subject and window); return those."""
+    unique: dict[str, Alert] = {}
+    for a in alerts:
+        unique.setdefault(_record_key(a), a)
+    if not unique:
+        return []
+    if conn.dialect.name == "postgresql":
+        # Serialise evaluators so that check-then-insert cannot deliver an alert twice;
+        # SQLite's BEGIN IMMEDIATE already holds the write lock.
+        await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ALERTS_LOCK})
+    existing = {
+        k
+        for (k,) in await conn.execute(
+            select(jobs.c.unique_key).where(
+                jobs.c.status == "succeeded",
+                jobs.c.kind == ALERT_RECORD_KIND,
+                jobs.c.unique_key.in_(list(unique)),
+            )
+        )
+    }
+    new = {k: a for k, a in unique.items() if k not in existing}
+    if new:
+        await conn.execute(
+            insert(jobs),
+            [
+                {
+                    "kind": ALERT_RECORD_KIND,
+                    "payload": a.to_json(),
+                    "resource_key": None,
+                    "status": "succeeded",
+                    "priority": 0,
+                    "attempts": 0,
+                    "max_attempts": 1,
+                    "run_at": a.fired_at,
+                    "unique_key": k,
+                    "trace_id": uuid.uuid4().hex,
+                    "created_at": now,
+                    "updated_at": now,
+                    "finished_at": now,
+                }
+                for k, a in new.items()
+            ],
+        )
+    return list(new.values())
+
+
+async def recent_alerts(conn: AsyncConnection, *, since: datetime, limit: int = 100) -> list[Alert]:
+    """Alerts delivered since ``since``, newest first."""
+    rows = await conn.execute(
+        select(jobs.c.payload)
+        .where(
+            jobs.c.status == "succeeded",
+            jobs.c.kind == ALERT_RECORD_KIND,
+            jobs.c.created_at >= since,
+        )
+        .order_by(jobs.c.id.desc())
+        .limit(limit)
+    )
+    out: list[Alert] = []
+    for (payload,) in rows:
+        try:
+            out.append(Alert.from_json(payload))
+        except (KeyError, TypeError, ValueError):
+            continue  # a hand-edited record must not break `synckit status`
+    return out
+
+
+# --- sinks and routing ------------------------------------------------------------------
+
+AlertSink = Callable[[Alert], Awaitable[None]]
+
+
+class AlertDeliveryError(SynckitError):
+    """A sink could not deliver an alert."""
+
+
+class LogSink:
+    """Logs each alert as the structlog event ``alert.fired``."""
+
+    async def __call__(self, alert: Alert) -> None:
+        log.warning("alert.fired", **alert.to_json())
+
+
+class CallbackSink:
+    """Calls ``func(alert)``; ``func`` may be a plain function or a coroutine function."""
+
+    def __init__(self, func: Callable[[Alert], Any]) -> None:
+        self.func = func
+
+    async def __call__(self, alert: Alert) -> None:
+        result = self.func(alert)
+        if inspect.isawaitable(result):
+            await result
+
+
+class WebhookSink:
+    """POSTs each alert as JSON to ``url``.
+
+    Transport errors, 5xx and 429 are retried up to ``attempts`` times in all, waiting
+    ``backoff`` seconds doubling (with jitter, capped at ``max_backoff``); any other
+    non-2xx answer fails at once. Failing raises :class:`AlertDeliveryError`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        attempts: int = 4,
+        backoff: float = 0.5,
+        max_backoff: float = 10.0,
+        timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        self.url = url
+        self.attempts = attempts
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.timeout = timeout
+        self.headers = dict(headers or {})
+        self.transport = transport
+
+    async def __call__(self, alert: Alert) -> None:
+        body = alert.to_json()
+        problem = ""
+        async with httpx.AsyncClient(timeout=self.timeout, transport=self.transport) as client:
+            for attempt in range(1, self.attempts + 1):
+                try:
+                    response = await client.post(self.url, json=body, headers=self.headers)
+                except httpx.TransportError as exc:
+                    problem = f"{type(exc).__name__}: {exc}"
+                else:
+                    if response.is_success:
+                        return
+                    problem = f"HTTP {response.status_code}"
+                    if response.status_code != 429 and response.status_code < 500:
+                        break
+                if attempt < self.attempts:
+                    delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+                    log.info("alert.webhook_retry", rule=alert.rule, attempt=attempt, error=problem)
+                    await asyncio.sleep(delay * random.uniform(0.8, 1.0))
+        raise AlertDeliveryError(f"webhook {self.url} refused alert {alert.key}: {problem}")
+
+
+class AlertRouter:
+    """De-duplicates alerts and hands the new ones to every sink.
+
+    With a database (given here or per call) de-duplication is recorded in ``jobs`` and
+    holds across processes; without one it is kept in this process's memory.
+    """
+
+    def __init__(
+        self,
+        sinks: Sequence[AlertSink] = (),
+        *,
+        db: Database | None = None,
+        log_sink: bool = True,
+        memory: timedelta = timedelta(days=2),
+    ) -> None:
+        self.sinks: list[AlertSink] = ([LogSink()] if log_sink else []) + list(sinks)
+        self.db = db
+        self.memory = memory
+        self._seen: dict[str, datetime] = {}
+
+    def add_sink(self, sink: AlertSink) -> None:
+        self.sinks.append(sink)
+
+    async def emit(self, alert: Alert, *, db: Database | None = None) -> bool:
+        """Deliver ``alert`` unless its rule, subject and window were delivered; say which."""
+        return bool(await self.emit_many([alert], db=db))
+
+    async def emit_many(
+        self, alerts: Sequence[Alert], *, db: Database | None = None, now: datetime | None = None
+    ) -> list[Alert]:
+        """Deliver the alerts not delivered yet; return those delivered."""
+        if not alerts:
+            return []
+        now = now or utcnow()
+        target = db or self.db
+        if target is not None:
+            async with target.begin() as conn:
+                new = await record_alerts(conn, alerts, now=now)
+        else:
+            new = self._remember(alerts, now)
+        for alert in new:
+            await self._deliver(alert)
+        return new
+
+    async def dlq_review(
+        self,
+        tenant: str,
+        error_class: str,
+        count: int,
+        *,
+        connector: str = "",
+        now: datetime | None = None,
+        db: Database | None = None,
+    ) -> bool:
+        """Alert that ``count`` dead letters of ``tenant`` (``error_class``) need review."""
+        alert = dlq_review_alert(
+            tenant, error_class, count, now=now or utcnow(), connector=connector
+        )
+        return await self.emit(alert, db=db)
+
+    def _remember(self, alerts: Sequence[Alert], now: datetime) -> list[Alert]:
+        for key, at in list(self._seen.items()):
+            if now - at > self.memory:
+                del self._seen[key]
+        new: list[Alert] = []
+        for a in alerts:
+            if a.key not in self._seen:
+                self._seen[a.key] = now
+                new.append(a)
+        return new
+
+    async def _deliver(self, alert: Alert) -> None:
+        from synckit.runtime.metrics import record_alert  # metrics imports this module
+
+        record_alert(alert.rule)
+        results = await asyncio.gather(*(s(alert) for s in self.sinks), return_exceptions=True)
+        for sink, result in zip(self.sinks, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                # One broken sink (a webhook down) must not silence the others.
+                log.error(
+                    "alert.sink_failed",
+                    rule=alert.rule,
+                    subject=alert.subject,
+                    sink=type(sink).__name__,
+                    error=str(result),
+                )
+
+
+_router = AlertRouter()
+
+
+def get_alert_router() -> AlertRouter:
+    """The process's default router (log sink only, in-memory de-duplication)."""
+    return _router
+
+
+def set_alert_router(router: AlertRouter) -> None:
+    """Make ``router`` the default one that :func:`emit_alert` uses."""
+    global _router
+    _router = router
+
+
+async def emit_alert(alert: Alert) -> bool:
+    """Deliver ``alert`` through the default router; False if it was a duplicate."""
+    return await _router.emit(alert)
+
+
+# --- the scheduled evaluation -------------------------------------------------------------
+
+DatabaseSource = Database | Callable[[], Database]
+
+
+class AlertEvaluator:
+    """Loads, evaluates and routes the rules; the ``synckit.alerts`` job runs it."""
+
+    def __init__(
+        self,
+        database: DatabaseSource | None = None,
+        *,
+        rules: RuleSet | None = None,
+        router: AlertRouter | None = None,
+    ) -> None:
+        self._database = database
+        self.rules = rules or RuleSet()
+        self.router = router or get_alert_router()
+
+    def bind(self, db: Database) -> None:
+        """Use ``db`` (the worker's database) if no database was given at creation."""
+        if self._database is None:
+            self._database = db
+
+    @property
+    def database(self) -> Database:
+        source = self._database
+        if source is None:
+            raise SynckitError(
+                "the alert evaluator has no database: pass one to register_alerts() or "
+                "run it under `synckit worker`, which binds the worker's database"
+            )
+        return source if isinstance(source, Database) else source()
+
+    async def evaluate(self, now: datetime | None = None) -> list[Alert]:
+        """Evaluate every rule now; deliver and return the alerts that are new."""
+        now = now or utcnow()
+        db = self.database
+        async with db.begin() as conn:
+            data = await load_alert_data(conn, now=now, rules=self.rules)
+        candidates = self.rules.evaluate(data)
+        fired = await self.router.emit_many(candidates, db=db, now=now)
+        budget = self.rules.error_budget
+        if budget is not None and budget.policy.pause_on_alert:
+            to_pause = [a for a in fired if a.rule == budget.name and a.tenant]
+            if to_pause:
+                async with db.begin() as conn:
+                    for a in to_pause:
+                        assert a.tenant is not None
+                        await pause_tenants(conn, [a.tenant], reason=a.message, now=now)
+        log.info("alerts.evaluated", candidates=len(candidates), fired=len(fired))
+        return fired
+
+    async def handle(self, ctx: JobContext) -> None:
+        await self.evaluate()
+
+
+_evaluators: weakref.WeakKeyDictionary[Registry, list[AlertEvaluator]] = weakref.WeakKeyDictionary()
+
+
+def register_alerts(
+    registry: Registry,
+    database: DatabaseSource | None = None,
+    *,
+    rules: RuleSet | None = None,
+    router: AlertRouter | None = None,
+    every: timedelta = timedelta(minutes=1),
+    kind: str = ALERTS_KIND,
+) -> AlertEvaluator:
+    """Evaluate the alert rules every ``every`` as the recurring job ``kind``.
+
+    ``database`` is a :class:`Database` or a factory of one; left out, ``synckit
+    worker`` binds its own database (see :func:`bind_database`).
+    """
+    evaluator = AlertEvaluator(database, rules=rules, router=router)
+    registry.add(kind, evaluator.handle, timeout=120, max_attempts=2)
+    registry.recurring(kind, kind, every=every)
+    _evaluators.setdefault(registry, []).append(evaluator)
+    return evaluator
+
+
+def bind_database(registry: Registry, db: Database) -> None:
+    """Give the evaluators registered on ``registry`` without a database this one."""
+    for evaluator in _evaluators.get(registry, []):
+        evaluator.bind(db)
+
+
+__all__ = [
+    "ALERTS_KIND",
+    "ALERT_RECORD_KIND",
+    "POLL_KIND",
+    "Alert",
+    "AlertData",
+    "AlertDeliveryError",
+    "AlertEvaluator",
+    "AlertRouter",
+    "AlertRule",
+    "AlertSink",
+    "BudgetRule",
+    "CallbackSink",
+    "ConnectionState",
+    "DeployRegression",
+    "DlqAcceleration",
+    "DlqGrowth",
+    "LogSink",
+    "NeedsReauthRule",
+    "PollLag",
+    "RuleSet",
+    "ServerErrorBurst",
+    "Severity",
+    "TenantOutlier",
+    "WebhookSink",
+    "bind_database",
+    "dlq_growth",
+    "dlq_review_alert",
+    "emit_alert",
+    "get_alert_router",
+    "load_alert_data",
+    "load_connections",
+    "poll_deadline",
+    "recent_alerts",
+    "record_alerts",
+    "register_alerts",
+    "schedule_interval",
+    "set_alert_router",
+    "window_key",
+]

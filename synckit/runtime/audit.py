@@ -1,0 +1,369 @@
+"""Audit counts: outcomes per tenant, connector, minute and application version.
+
+``audit_buckets`` holds counters, never a row per operation: one row per
+``(tenant, connector, minute, app_version)`` whose ``ok`` and ``failed`` grow by upserts
+that add. Writers call :func:`record_audit` inside their own transaction (the worker's
+:func:`audit_observer` runs inside the transaction that records job outcomes), so a count
+commits atomically with the outcome it counts.
+
+What the counters mean
+    ``ok`` counts final successes, ``failed`` counts final failures (a job that went
+    dead, a record that was dead-lettered). ``failed_by_class`` is a JSON object of
+    counts by error class; its plain keys (``"server_error"``) sum to ``failed``. Failed
+    attempts that were retried are not failures of the operation, but the alert rules
+    need them (five 500s in five minutes matter even when the retries succeed), so they
+    are counted under ``"retried:<class>"`` keys, which are *not* part of ``failed``.
+    :class:`ClassCounts` splits the two. ``failed_by_class`` is NULL while a row has
+    neither, so "rows with any failure" is a plain ``IS NOT NULL`` on both engines.
+
+How the JSON counts are merged
+    Adding to counts inside a JSON value needs engine-specific SQL (``jsonb_set`` and
+    friends on PostgreSQL, ``json_set`` on SQLite), so the merge is a read-modify-write
+    under the row lock instead: one upsert adds ``ok``/``failed`` and returns the row's
+    current ``failed_by_class`` while holding the row lock (PostgreSQL's
+    ``ON CONFLICT DO UPDATE`` locks the row until commit; SQLite's ``BEGIN IMMEDIATE``
+    holds the database write lock), then Python merges and one ``UPDATE`` writes the
+    result. Keys are written in sorted order so two workers never lock rows in opposite
+    orders.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, null, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from synckit.runtime.jobs import _insert
+from synckit.runtime.schema import audit_buckets
+from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
+
+ENV_APP_VERSION = "SYNCKIT_APP_VERSION"
+RETRIED_PREFIX = "retried:"
+
+
+def current_app_version() -> str:
+    """The application version outcomes are recorded under: ``$SYNCKIT_APP_VERSION`` or ``""``."""
+    return os.environ.get(ENV_APP_VERSION, "")[:64]
+
+
+def minute_of(moment: datetime) -> datetime:
+    """The start of the minute ``moment`` falls in (its audit bucket)."""
+    return moment.replace(second=0, microsecond=0)
+
+
+def merge_counts(*counts: Mapping[str, int] | None) -> dict[str, int]:
+    """The key-wise sum of count objects (``None`` counts as empty); zero entries dropped."""
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in (c or {}).items():
+            out[k] = out.get(k, 0) + int(v)
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
+@dataclass(frozen=True)
+class ClassCounts:
+    """``failed_by_class`` split into final failures and retried attempts, by class."""
+
+    final: Mapping[str, int] = field(default_factory=dict)
+    retried: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any] | None) -> ClassCounts:
+        final: dict[str, int] = {}
+        retried: dict[str, int] = {}
+        for k, v in (raw or {}).items():
+            if not isinstance(v, int | float):
+                continue  # a hand-edited row must not break a report
+            if k.startswith(RETRIED_PREFIX):
+                retried[k[len(RETRIED_PREFIX) :]] = int(v)
+            else:
+                final[k] = int(v)
+        return cls(final, retried)
+
+    def attempts(self) -> dict[str, int]:
+        """Every failed attempt by class, final or retried."""
+        return merge_counts(self.final, self.retried)
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One ``audit_buckets`` row."""
+
+    tenant: str
+    connector: str
+    minute: datetime
+    app_version: str
+    ok: int
+    failed: int
+    failed_by_class: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def classes(self) -> ClassCounts:
+        return ClassCounts.parse(self.failed_by_class)
+
+    @property
+    def failed_attempts(self) -> int:
+        """Final failures plus retried attempts."""
+        return self.failed + sum(self.classes.retried.values())
+
+
+async def record_audit(
+    conn: AsyncConnection,
+    tenant: str,
+    connector: str,
+    now: datetime,
+    ok: int,
+    failed_by_class: Mapping[str, int],
+    *,
+    app_version: str | None = None,
+    retried_by_class: Mapping[str, int] | None = None,
+) -> None:
+    """Add ``ok`` successes and ``failed_by_class`` final failures to the bucket of ``now``.
+
+    Runs in the caller's transaction. ``retried_by_class`` counts failed attempts that
+    will be retried (not failures of the operation). ``app_version`` defaults to
+    :func:`current_app_version`.
+    """
+    failed_by_class = {k: int(v) for k, v in failed_by_class.items() if v}
+    retried = {k: int(v) for k, v in (retried_by_class or {}).items() if v}
+    if any(v < 0 for v in (ok, *failed_by_class.values(), *retried.values())):
+        raise ValueError("audit counts cannot be negative")
+    if not ok and not failed_by_class and not retried:
+        return
+    version = current_app_version() if app_version is None else app_version[:64]
+    key = {
+        "tenant": tenant[:200],
+        "connector": connector[:200],
+        "minute": minute_of(now),
+        "app_version": version,
+    }
+    # SQL NULL, not JSON null: "rows with failures" is then a plain IS NOT NULL.
+    ins = _insert(conn)(audit_buckets).values(
+        **key, ok=ok, failed=sum(failed_by_class.values()), failed_by_class=null()
+    )
+    upsert = ins.on_conflict_do_update(
+        index_elements=["tenant", "connector", "minute", "app_version"],
+        set_={
+            "ok": audit_buckets.c.ok + ins.excluded.ok,
+            "failed": audit_buckets.c.failed + ins.excluded.failed,
+        },
+    ).returning(audit_buckets.c.failed_by_class)
+    current = (await conn.execute(upsert)).scalar()
+    delta = merge_counts(failed_by_class, {RETRIED_PREFIX + k: v for k, v in retried.items()})
+    if not delta:
+        return
+    # The upsert above holds the row lock until commit, so this read-modify-write cannot
+    # lose a concurrent writer's counts.
+    merged = merge_counts(current if isinstance(current, Mapping) else None, delta)
+    await conn.execute(
+        update(audit_buckets)
+        .where(*(audit_buckets.c[k] == v for k, v in key.items()))
+        .values(failed_by_class=merged)
+    )
+
+
+@dataclass
+class _Tally:
+    ok: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+    retried: dict[str, int] = field(default_factory=dict)
+
+
+def outcome_subject(job_payload: Any, resource_key: str | None) -> tuple[str, str]:
+    """``(tenant, connector)`` of a job: payload keys, else the resource key and ``""``."""
+    tenant = connector = ""
+    if isinstance(job_payload, Mapping):
+        tenant = str(job_payload.get("tenant") or "")
+        connector = str(job_payload.get("connector") or "")
+    return tenant or (resource_key or ""), connector
+
+
+def tally_outcomes(
+    outcomes: Iterable[RecordedOutcome],
+) -> dict[tuple[str, str], _Tally]:
+    """Counts by ``(tenant, connector)``: succeeded is ok, dead a final failure, a
+    scheduled retry a retried attempt; snoozes, cancels, discards and jobs with no
+    tenant at all (internal jobs such as the alert evaluator) are not counted."""
+    out: dict[tuple[str, str], _Tally] = {}
+    for o in outcomes:
+        subject = outcome_subject(o.job.payload, o.job.resource_key)
+        if not subject[0]:
+            continue
+        cls = o.error_class or "unknown"
+        if o.status == "succeeded":
+            out.setdefault(subject, _Tally()).ok += 1
+        elif o.status == "dead":
+            t = out.setdefault(subject, _Tally())
+            t.failed[cls] = t.failed.get(cls, 0) + 1
+        elif o.status == "pending":
+            t = out.setdefault(subject, _Tally())
+            t.retried[cls] = t.retried.get(cls, 0) + 1
+    return out
+
+
+def audit_observer(app_version: str | None = None) -> OutcomeObserver:
+    """An outcome observer for :class:`~synckit.runtime.worker.Worker` that counts outcomes.
+
+    ``app_version`` defaults to :func:`current_app_version`, read once, now.
+    """
+    version = current_app_version() if app_version is None else app_version
+
+    async def observe(
+        conn: AsyncConnection, outcomes: list[RecordedOutcome], now: datetime
+    ) -> None:
+        tallies = tally_outcomes(outcomes)
+        for (tenant, connector), t in sorted(tallies.items()):
+            await record_audit(
+                conn,
+                tenant,
+                connector,
+                now,
+                t.ok,
+                t.failed,
+                app_version=version,
+                retried_by_class=t.retried,
+            )
+
+    return observe
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+async def read_audit(
+    conn: AsyncConnection,
+    *,
+    since: datetime,
+    until: datetime | None = None,
+    only_failures: bool = False,
+) -> list[AuditRow]:
+    """Rows whose minute is in ``[since, until)``; ``only_failures`` skips clean rows."""
+    stmt = select(audit_buckets).where(audit_buckets.c.minute >= since)
+    if until is not None:
+        stmt = stmt.where(audit_buckets.c.minute < until)
+    if only_failures:
+        stmt = stmt.where(audit_buckets.c.failed_by_class.is_not(None))
+    rows = await conn.execute(stmt.order_by(audit_buckets.c.minute))
+    return [
+        AuditRow(
+            tenant=r.tenant,
+            connector=r.connector,
+            minute=r.minute,
+            app_version=r.app_version,
+            ok=r.ok,
+            failed=r.failed,
+            failed_by_class=dict(r.failed_by_class or {}),
+        )
+        for r in rows
+    ]
+
+
+@dataclass(frozen=True)
+class Totals:
+    ok: int = 0
+    failed: int = 0
+
+    @property
+    def operations(self) -> int:
+        return self.ok + self.failed
+
+
+async def totals_by_tenant(
+    conn: AsyncConnection, *, since: datetime, until: datetime | None = None
+) -> dict[str, Totals]:
+    """Summed ``ok``/``failed`` per tenant (all connectors and versions) since ``since``."""
+    stmt = (
+        select(
+            audit_buckets.c.tenant,
+            func.coalesce(func.sum(audit_buckets.c.ok), 0),
+            func.coalesce(func.sum(audit_buckets.c.failed), 0),
+        )
+        .where(audit_buckets.c.minute >= since)
+        .group_by(audit_buckets.c.tenant)
+    )
+    if until is not None:
+        stmt = stmt.where(audit_buckets.c.minute < until)
+    return {t: Totals(int(ok), int(failed)) for t, ok, failed in await conn.execute(stmt)}
+
+
+@dataclass(frozen=True)
+class VersionTotals:
+    """What one connector did under one application version."""
+
+    connector: str
+    app_version: str
+    first_seen: datetime
+    ok: int
+    failed: int
+    attempts_by_class: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def operations(self) -> int:
+        """Successes plus every failed attempt (final or retried)."""
+        return self.ok + sum(self.attempts_by_class.values())
+
+
+async def totals_by_version(conn: AsyncConnection, *, since: datetime) -> list[VersionTotals]:
+    """Per connector and version since ``since``: counts and failed attempts by class.
+
+    Counts are summed in SQL; only the rows that carry failures are read to merge their
+    JSON class counts.
+    """
+    sums = await conn.execute(
+        select(
+            audit_buckets.c.connector,
+            audit_buckets.c.app_version,
+            func.min(audit_buckets.c.minute),
+            func.coalesce(func.sum(audit_buckets.c.ok), 0),
+            func.coalesce(func.sum(audit_buckets.c.failed), 0),
+        )
+        .where(audit_buckets.c.minute >= since)
+        .group_by(audit_buckets.c.connector, audit_buckets.c.app_version)
+    )
+    base = {(c, v): (first, int(ok), int(failed)) for c, v, first, ok, failed in sums}
+    classes: dict[tuple[str, str], dict[str, int]] = {}
+    for row in await read_audit(conn, since=since, only_failures=True):
+        k = (row.connector, row.app_version)
+        classes[k] = merge_counts(classes.get(k), row.classes.attempts())
+    out: list[VersionTotals] = []
+    for (c, v), (first, ok, failed) in sorted(base.items()):
+        # SQLite's MIN() over a column returns the stored text, not a datetime.
+        first_seen = first if isinstance(first, datetime) else _parse_minute(first)
+        out.append(VersionTotals(c, v, first_seen, ok, failed, classes.get((c, v), {})))
+    return out
+
+
+def _parse_minute(value: Any) -> datetime:
+    parsed = datetime.fromisoformat(str(value))
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def window_start(now: datetime, window: timedelta) -> datetime:
+    """The first minute bucket of the ``window`` that ends with the bucket of ``now``."""
+    return minute_of(now) - window + timedelta(minutes=1)
+
+
+__all__ = [
+    "ENV_APP_VERSION",
+    "RETRIED_PREFIX",
+    "AuditRow",
+    "ClassCounts",
+    "Totals",
+    "VersionTotals",
+    "audit_observer",
+    "current_app_version",
+    "merge_counts",
+    "minute_of",
+    "outcome_subject",
+    "read_audit",
+    "record_audit",
+    "tally_outcomes",
+    "totals_by_tenant",
+    "totals_by_version",
+    "window_start",
+]

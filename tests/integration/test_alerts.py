@@ -1,0 +1,394 @@
+"""Alert rules over real tables, de-duplication in the database, sinks, the scheduled job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from sqlalchemy import func, insert, select
+from structlog.testing import capture_logs
+
+from synckit.errors import RetryPolicy
+from synckit.runtime import cron
+from synckit.runtime.alerts import (
+    ALERT_RECORD_KIND,
+    ALERTS_KIND,
+    Alert,
+    AlertEvaluator,
+    AlertRouter,
+    BudgetRule,
+    CallbackSink,
+    RuleSet,
+    WebhookSink,
+    bind_database,
+    load_alert_data,
+    recent_alerts,
+    register_alerts,
+)
+from synckit.runtime.audit import record_audit
+from synckit.runtime.budget import BudgetPolicy
+from synckit.runtime.db import Database
+from synckit.runtime.handlers import Registry
+from synckit.runtime.jobs import utcnow
+from synckit.runtime.schema import checkpoints, connections, dead_letters, jobs
+from synckit.runtime.worker import Worker
+
+NOW = datetime(2026, 3, 4, 12, 4, 30, tzinfo=UTC)
+
+
+async def add_connection(
+    db: Database,
+    tenant: str,
+    connector: str = "graph",
+    *,
+    status: str = "active",
+    schedule: str | None = "every 5m",
+    reason: str | None = None,
+    now: datetime = NOW,
+) -> None:
+    async with db.begin() as conn:
+        await conn.execute(
+            insert(connections).values(
+                tenant=tenant,
+                connector=connector,
+                resource_key=f"{connector}:{tenant}",
+                schedule=schedule,
+                status=status,
+                status_reason=reason,
+                created_at=now - timedelta(days=5),
+                updated_at=now - timedelta(days=5),
+            )
+        )
+
+
+async def add_checkpoint(db: Database, tenant: str, at: datetime, connector: str = "graph") -> None:
+    async with db.begin() as conn:
+        await conn.execute(
+            insert(checkpoints).values(
+                tenant=tenant,
+                connector=connector,
+                stream="messages",
+                cursor={"d": 1},
+                updated_at=at,
+            )
+        )
+
+
+async def add_poll_job(db: Database, tenant: str, finished: datetime) -> None:
+    async with db.begin() as conn:
+        await conn.execute(
+            insert(jobs).values(
+                kind="synckit.poll",
+                payload={"tenant": tenant, "connector": "graph"},
+                resource_key=f"graph:{tenant}",
+                status="succeeded",
+                run_at=finished,
+                created_at=finished,
+                updated_at=finished,
+                finished_at=finished,
+            )
+        )
+
+
+async def add_dead_letters(db: Database, connector: str, ages: list[timedelta]) -> None:
+    async with db.begin() as conn:
+        await conn.execute(
+            insert(dead_letters),
+            [
+                {
+                    "tenant": "acme",
+                    "connector": connector,
+                    "kind": "record:messages",
+                    "record_id": f"r{i}",
+                    "error_class": "validation",
+                    "error_message": "bad",
+                    "status": "review",
+                    "first_failed_at": NOW - age,
+                    "last_attempt_at": NOW - age,
+                }
+                for i, age in enumerate(ages)
+            ],
+        )
+
+
+async def seed_patterns(db: Database) -> None:
+    """One instance of every pattern, next to healthy tenants that must stay quiet."""
+    async with db.begin() as conn:
+        # (a) + (b) + budget: acme of graph failing with 500s, beta and gamma fine.
+        for m in range(3):
+            at = NOW - timedelta(minutes=m)
+            await record_audit(
+                conn,
+                "acme",
+                "graph",
+                at,
+                1,
+                {"server_error": 1},
+                app_version="v1",
+                retried_by_class={"server_error": 2},
+            )
+            await record_audit(conn, "beta", "graph", at, 40, {}, app_version="v1")
+            await record_audit(
+                conn,
+                "gamma",
+                "graph",
+                at,
+                30,
+                {},
+                app_version="v1",
+                retried_by_class={"transient": 1} if m == 0 else None,
+            )
+        await record_audit(
+            conn,
+            "acme",
+            "graph",
+            NOW - timedelta(hours=3),
+            60,
+            {"server_error": 40},
+            app_version="v1",
+        )
+        # (c) hubspot: validation errors jump after v2 replaced v1.
+        for h in (5, 4, 3):
+            await record_audit(
+                conn,
+                "delta",
+                "hubspot",
+                NOW - timedelta(hours=h),
+                5000,
+                {"validation": 1},
+                app_version="v1",
+            )
+        await record_audit(
+            conn,
+            "delta",
+            "hubspot",
+            NOW - timedelta(minutes=40),
+            150,
+            {"validation": 30},
+            app_version="v2",
+        )
+    # (d) 12 dead letters of graph in the last hour, 3 in the hour before.
+    await add_dead_letters(
+        db,
+        "graph",
+        [timedelta(minutes=5 * i + 1) for i in range(12)]
+        + [timedelta(minutes=70 + i) for i in range(3)],
+    )
+    # (e) lag: beta's last checkpoint is 30 min old; gamma and acme polled recently.
+    await add_connection(db, "acme")
+    await add_connection(db, "beta")
+    await add_connection(db, "gamma")
+    await add_checkpoint(db, "acme", NOW - timedelta(minutes=2))
+    await add_checkpoint(db, "beta", NOW - timedelta(minutes=30))
+    await add_poll_job(db, "beta", NOW - timedelta(minutes=25))
+    await add_checkpoint(db, "gamma", NOW - timedelta(minutes=40))
+    await add_poll_job(db, "gamma", NOW - timedelta(minutes=1))
+    # (f) epsilon must re-authorise.
+    await add_connection(db, "epsilon", "hubspot", status="needs_reauth", reason="invalid_grant")
+
+
+EXPECTED = {
+    ("server_errors", "graph"),
+    ("tenant_outlier", "acme"),
+    ("deploy_regression", "hubspot:validation"),
+    ("dlq_growth", "graph"),
+    ("poll_lag", "beta"),
+    ("needs_reauth", "epsilon"),
+    ("error_budget", "acme"),
+}
+
+
+@dataclass
+class Collected:
+    alerts: list[Alert] = field(default_factory=list)
+
+    def router(self, db: Database | None = None) -> AlertRouter:
+        return AlertRouter([CallbackSink(self.alerts.append)], db=db)
+
+
+async def test_every_pattern_fires_from_the_tables(db: Database) -> None:
+    """Seeded patterns each fire their rule, about the right subject, and nothing else."""
+    await seed_patterns(db)
+    got = Collected()
+    fired = await AlertEvaluator(db, router=got.router()).evaluate(NOW)
+    assert {(a.rule, a.subject) for a in fired} == EXPECTED
+    assert {(a.rule, a.subject) for a in got.alerts} == EXPECTED
+    lag = next(a for a in fired if a.rule == "poll_lag")
+    assert lag.details["lag_seconds"] == 25 * 60  # the poll job is newer than the checkpoint
+
+
+async def test_a_lone_transient_in_the_tables_fires_nothing(db: Database) -> None:
+    """Healthy tenants and one transient failure: the evaluation delivers no alert."""
+    await add_connection(db, "acme")
+    await add_checkpoint(db, "acme", NOW - timedelta(minutes=1))
+    async with db.begin() as conn:
+        await record_audit(conn, "acme", "graph", NOW, 50, {}, retried_by_class={"transient": 1})
+        await record_audit(conn, "beta", "graph", NOW, 50, {})
+    await add_dead_letters(db, "graph", [timedelta(minutes=3)])
+    assert await AlertEvaluator(db, router=Collected().router()).evaluate(NOW) == []
+
+
+async def test_alerts_are_delivered_once_per_window_and_recorded(db: Database) -> None:
+    """A second evaluation in the same window delivers nothing; the next window re-fires
+    the lasting conditions, except a deploy regression (once per version)."""
+    await seed_patterns(db)
+    got = Collected()
+    evaluator = AlertEvaluator(db, router=got.router())
+    assert len(await evaluator.evaluate(NOW)) == len(EXPECTED)
+    assert await evaluator.evaluate(NOW + timedelta(seconds=50)) == []
+    async with db.begin() as conn:
+        recorded = await recent_alerts(conn, since=NOW - timedelta(hours=1))
+        count = (
+            await conn.execute(
+                select(func.count()).select_from(jobs).where(jobs.c.kind == ALERT_RECORD_KIND)
+            )
+        ).scalar_one()
+    assert count == len(EXPECTED)
+    assert {(a.rule, a.subject) for a in recorded} == EXPECTED
+    later = await evaluator.evaluate(NOW + timedelta(hours=1))
+    assert ("deploy_regression", "hubspot:validation") not in {(a.rule, a.subject) for a in later}
+    assert ("needs_reauth", "epsilon") not in {(a.rule, a.subject) for a in later}  # 6 h window
+    assert ("poll_lag", "beta") in {(a.rule, a.subject) for a in later}
+
+
+async def test_concurrent_evaluators_deliver_each_alert_once(db: Database) -> None:
+    """Two workers evaluating at the same moment deliver every alert exactly once."""
+    await seed_patterns(db)
+    got = Collected()
+    router = got.router()
+    results = await asyncio.gather(
+        *(AlertEvaluator(db, router=router).evaluate(NOW) for _ in range(3))
+    )
+    assert sum(len(r) for r in results) == len(EXPECTED)
+    assert sorted((a.rule, a.subject) for a in got.alerts) == sorted(EXPECTED)
+
+
+async def test_budget_alert_pauses_the_tenant(db: Database) -> None:
+    """With pause_on_alert the budget alert pauses the tenant, with the alert as reason."""
+    await seed_patterns(db)
+    rules = RuleSet(error_budget=BudgetRule(BudgetPolicy(pause_on_alert=True)))
+    await AlertEvaluator(db, rules=rules, router=Collected().router()).evaluate(NOW)
+    async with db.begin() as conn:
+        state = dict(
+            (r.tenant, (r.status, r.status_reason)) for r in await conn.execute(select(connections))
+        )
+    assert state["acme"][0] == "paused"
+    assert "error budget" in str(state["acme"][1])
+    assert state["beta"] == ("active", None)
+
+
+async def test_loaded_data_reads_last_success_on_both_engines(db: Database) -> None:
+    """The newest of checkpoint and poll job is the last success, as an aware datetime."""
+    await seed_patterns(db)
+    async with db.begin() as conn:
+        data = await load_alert_data(conn, now=NOW, rules=RuleSet())
+    last = {c.tenant: c.last_success_at for c in data.connections}
+    assert last["gamma"] == NOW - timedelta(minutes=1)
+    assert last["beta"] == NOW - timedelta(minutes=25)
+    assert last["epsilon"] is None
+    versions = {(v.connector, v.app_version): v for v in data.versions}
+    assert versions[("hubspot", "v2")].first_seen.tzinfo is not None
+
+
+async def test_scheduled_job_evaluates_under_the_worker(db: Database) -> None:
+    """register_alerts adds the recurring synckit.alerts job; the worker binds its
+    database and the job's evaluation reaches the sinks."""
+    now = utcnow()
+    await add_connection(db, "zeta", status="needs_reauth", reason="refresh refused", now=now)
+    got = Collected()
+    reg = Registry()
+    register_alerts(reg, router=got.router(), every=timedelta(minutes=1))
+    bind_database(reg, db)
+    await cron.sync_schedules(db, reg.schedules, now - timedelta(minutes=2))
+    worker = Worker(db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05)
+    await worker.run_until_idle()
+    assert [(a.rule, a.subject) for a in got.alerts] == [("needs_reauth", "zeta")]
+    async with db.begin() as conn:
+        statuses = [
+            r.status for r in await conn.execute(select(jobs).where(jobs.c.kind == ALERTS_KIND))
+        ]
+    assert statuses == ["succeeded"]
+
+
+# --- the webhook sink against a real HTTP server ----------------------------------------------
+
+
+@dataclass
+class Hook:
+    statuses: list[int]
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+
+
+@pytest.fixture
+def hook_server() -> Iterator[Hook]:
+    hook = Hook(statuses=[])
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            hook.bodies.append(json.loads(self.rfile.read(length)))
+            status = hook.statuses.pop(0) if hook.statuses else 200
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    hook.url = f"http://127.0.0.1:{server.server_address[1]}/alerts"
+    try:
+        yield hook
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_webhook_delivers_json_and_retries_after_a_500(
+    db: Database, hook_server: Hook
+) -> None:
+    """The webhook gets a JSON POST per alert; a 500 is retried with backoff."""
+    await add_connection(db, "epsilon", "hubspot", status="needs_reauth", reason="invalid_grant")
+    hook_server.statuses = [500]
+    router = AlertRouter([WebhookSink(hook_server.url, backoff=0.05)], db=db)
+    with capture_logs() as logs:
+        fired = await AlertEvaluator(db, router=router).evaluate(NOW)
+    assert [(a.rule, a.subject) for a in fired] == [("needs_reauth", "epsilon")]
+    assert len(hook_server.bodies) == 2
+    body = hook_server.bodies[-1]
+    assert (body["rule"], body["subject"], body["severity"]) == (
+        "needs_reauth",
+        "epsilon",
+        "critical",
+    )
+    assert "invalid_grant" in body["message"]
+    events = [e["event"] for e in logs]
+    assert events.count("alert.fired") == 1 and events.count("alert.webhook_retry") == 1
+    assert not any(e["event"] == "alert.sink_failed" for e in logs)
+
+
+async def test_webhook_that_keeps_failing_is_logged_not_raised(
+    db: Database, hook_server: Hook
+) -> None:
+    """After its attempts, a failing webhook is logged as alert.sink_failed; the
+    evaluation itself succeeds and the alert stays recorded (no re-delivery storm)."""
+    await add_connection(db, "epsilon", "hubspot", status="needs_reauth")
+    hook_server.statuses = [500, 502, 503]
+    router = AlertRouter([WebhookSink(hook_server.url, attempts=3, backoff=0.01)], db=db)
+    with capture_logs() as logs:
+        fired = await AlertEvaluator(db, router=router).evaluate(NOW)
+    assert len(fired) == 1 and len(hook_server.bodies) == 3
+    failed = [e for e in logs if e["event"] == "alert.sink_failed"]
+    assert failed and "HTTP 503" in failed[0]["error"]
