@@ -36,6 +36,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, null, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.runtime.jobs import _insert
@@ -123,6 +124,32 @@ async def record_audit(
     app_version: str | None = None,
     retried_by_class: Mapping[str, int] | None = None,
 ) -> None:
+    """:func:`record_audit_sync` on an async connection."""
+    await conn.run_sync(
+        lambda c: record_audit_sync(
+            c,
+            tenant,
+            connector,
+            now,
+            ok,
+            failed_by_class,
+            app_version=app_version,
+            retried_by_class=retried_by_class,
+        )
+    )
+
+
+def record_audit_sync(
+    conn: Connection,
+    tenant: str,
+    connector: str,
+    now: datetime,
+    ok: int,
+    failed_by_class: Mapping[str, int],
+    *,
+    app_version: str | None = None,
+    retried_by_class: Mapping[str, int] | None = None,
+) -> None:
     """Add ``ok`` successes and ``failed_by_class`` final failures to the bucket of ``now``.
 
     Runs in the caller's transaction. ``retried_by_class`` counts failed attempts that
@@ -153,14 +180,14 @@ async def record_audit(
             "failed": audit_buckets.c.failed + ins.excluded.failed,
         },
     ).returning(audit_buckets.c.failed_by_class)
-    current = (await conn.execute(upsert)).scalar()
+    current = conn.execute(upsert).scalar()
     delta = merge_counts(failed_by_class, {RETRIED_PREFIX + k: v for k, v in retried.items()})
     if not delta:
         return
     # The upsert above holds the row lock until commit, so this read-modify-write cannot
     # lose a concurrent writer's counts.
     merged = merge_counts(current if isinstance(current, Mapping) else None, delta)
-    await conn.execute(
+    conn.execute(
         update(audit_buckets)
         .where(*(audit_buckets.c[k] == v for k, v in key.items()))
         .values(failed_by_class=merged)
@@ -213,12 +240,10 @@ def audit_observer(app_version: str | None = None) -> OutcomeObserver:
     """
     version = current_app_version() if app_version is None else app_version
 
-    async def observe(
-        conn: AsyncConnection, outcomes: list[RecordedOutcome], now: datetime
-    ) -> None:
+    def observe(conn: Connection, outcomes: list[RecordedOutcome], now: datetime) -> None:
         tallies = tally_outcomes(outcomes)
         for (tenant, connector), t in sorted(tallies.items()):
-            await record_audit(
+            record_audit_sync(
                 conn,
                 tenant,
                 connector,

@@ -582,8 +582,8 @@ def _claimed(r: Row[Any], token: int, probe: bool) -> ClaimedJob:
 # --- outcomes -----------------------------------------------------------------------
 
 
-async def complete_many(
-    conn: AsyncConnection,
+def complete_many_sync(
+    conn: Connection,
     done: Sequence[tuple[int, int]],
     *,
     now: datetime,
@@ -596,7 +596,7 @@ async def complete_many(
         by_token.setdefault(token, []).append(job_id)
     held: set[int] = set()
     for token, ids in by_token.items():
-        res = await conn.execute(_COMPLETE, {"ids": ids, "token": token, "now": now})
+        res = conn.execute(_COMPLETE, {"ids": ids, "token": token, "now": now})
         held.update(r[0] for r in res)
     return held
 
@@ -620,17 +620,15 @@ _COMPLETE: Any = (
 )
 
 
-async def _append_error(
-    conn: AsyncConnection, job_id: int, entry: dict[str, Any]
-) -> list[dict[str, Any]]:
-    current = (await conn.execute(select(jobs.c.errors).where(jobs.c.id == job_id))).scalar()
+def _append_error(conn: Connection, job_id: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    current = (conn.execute(select(jobs.c.errors).where(jobs.c.id == job_id))).scalar()
     history = list(current or [])
     history.append(entry)
     return history[-20:]  # a job that failed 10,000 times keeps its recent story
 
 
-async def fail(
-    conn: AsyncConnection,
+def fail_sync(
+    conn: Connection,
     job: ClaimedJob,
     *,
     now: datetime,
@@ -651,7 +649,7 @@ async def fail(
         "error_class": error_class,
         "message": message[:2000],
     }
-    history = await _append_error(conn, job.id, entry)
+    history = _append_error(conn, job.id, entry)
     status = "pending" if retry_at is not None else "dead"
     values: dict[str, Any] = {
         "status": status,
@@ -669,7 +667,7 @@ async def fail(
         values["finished_at"] = now
     if not count_attempt:
         values["attempts"] = jobs.c.attempts - 1
-    res = await conn.execute(
+    res = conn.execute(
         update(jobs)
         .where(
             jobs.c.id == job.id,
@@ -682,7 +680,7 @@ async def fail(
     if res.first() is None:
         return None
     if status == "dead":
-        await dead_letter_job(
+        dead_letter_job_sync(
             conn,
             job_id=job.id,
             kind=job.kind,
@@ -698,8 +696,8 @@ async def fail(
     return status
 
 
-async def dead_letter_job(
-    conn: AsyncConnection,
+def dead_letter_job_sync(
+    conn: Connection,
     *,
     job_id: int,
     kind: str,
@@ -737,7 +735,7 @@ async def dead_letter_job(
         "next_retry_at": now + timedelta(minutes=1),
     }
     ins = _insert(conn)(dead_letters).values(**row)
-    await conn.execute(
+    conn.execute(
         ins.on_conflict_do_update(
             index_elements=["tenant", "connector", "kind", "record_id"],
             set_={
@@ -752,9 +750,9 @@ async def dead_letter_job(
     )
 
 
-async def snooze(conn: AsyncConnection, job: ClaimedJob, *, now: datetime, until: datetime) -> bool:
+def snooze_sync(conn: Connection, job: ClaimedJob, *, now: datetime, until: datetime) -> bool:
     """Put the job back to pending until ``until`` without counting the attempt."""
-    res = await conn.execute(
+    res = conn.execute(
         update(jobs)
         .where(
             jobs.c.id == job.id, jobs.c.claim_token == job.claim_token, jobs.c.status == _RUNNING
@@ -773,8 +771,8 @@ async def snooze(conn: AsyncConnection, job: ClaimedJob, *, now: datetime, until
     return res.first() is not None
 
 
-async def finish(
-    conn: AsyncConnection,
+def finish_sync(
+    conn: Connection,
     job: ClaimedJob,
     *,
     now: datetime,
@@ -782,7 +780,7 @@ async def finish(
     reason: str,
 ) -> bool:
     """End the job as cancelled or discarded by its handler, with the reason."""
-    res = await conn.execute(
+    res = conn.execute(
         update(jobs)
         .where(
             jobs.c.id == job.id, jobs.c.claim_token == job.claim_token, jobs.c.status == _RUNNING
@@ -798,6 +796,44 @@ async def finish(
         .returning(jobs.c.id)
     )
     return res.first() is not None
+
+
+# Async forms of the outcome operations, for callers holding an AsyncConnection. The
+# worker records outcomes with the synchronous forms in one hop (Database.write).
+
+
+async def complete_many(
+    conn: AsyncConnection, done: Sequence[tuple[int, int]], *, now: datetime
+) -> set[int]:
+    """Mark ``(job id, claim token)`` pairs succeeded; return the ids whose claim still held."""
+    return await conn.run_sync(lambda c: complete_many_sync(c, done, now=now))
+
+
+async def fail(conn: AsyncConnection, job: ClaimedJob, **kw: Any) -> str | None:
+    """See :func:`fail_sync`."""
+    return await conn.run_sync(lambda c: fail_sync(c, job, **kw))
+
+
+async def dead_letter_job(conn: AsyncConnection, **kw: Any) -> None:
+    """See :func:`dead_letter_job_sync`."""
+    await conn.run_sync(lambda c: dead_letter_job_sync(c, **kw))
+
+
+async def snooze(conn: AsyncConnection, job: ClaimedJob, *, now: datetime, until: datetime) -> bool:
+    """See :func:`snooze_sync`."""
+    return await conn.run_sync(lambda c: snooze_sync(c, job, now=now, until=until))
+
+
+async def finish(
+    conn: AsyncConnection,
+    job: ClaimedJob,
+    *,
+    now: datetime,
+    status: Literal["cancelled", "discarded"],
+    reason: str,
+) -> bool:
+    """See :func:`finish_sync`."""
+    return await conn.run_sync(lambda c: finish_sync(c, job, now=now, status=status, reason=reason))
 
 
 async def release(

@@ -38,7 +38,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.runtime.budget import BudgetPolicy, BudgetStatus, tenant_budgets
@@ -124,9 +124,7 @@ def metrics_observer() -> OutcomeObserver:
     for rates and trends; ``audit_buckets`` holds the exact counts).
     """
 
-    async def observe(
-        conn: AsyncConnection, outcomes: list[RecordedOutcome], now: datetime
-    ) -> None:
+    def observe(conn: Connection, outcomes: list[RecordedOutcome], now: datetime) -> None:
         m = _instruments()
         if m is None:
             return

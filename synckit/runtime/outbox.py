@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import structlog
 from sqlalchemy import Row, bindparam, delete, func, literal_column, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from synckit.errors import Classification, ErrorClass, RetryPolicy, retry_delay
@@ -263,7 +264,7 @@ def _new_row(m: NewMessage, now: datetime) -> dict[str, Any]:
 # --- writing messages (in the caller's transaction) ------------------------------------
 
 
-def _insert(conn: AsyncConnection) -> Any:
+def _insert(conn: AsyncConnection | SyncConnection) -> Any:
     return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
 
 
@@ -292,19 +293,36 @@ async def add_many(
     message id doubles as an idempotency key.
     """
     now = now or utcnow()
-    rows = [_new_row(m, now) for m in messages]
-    if not rows:
+    batch = list(messages)
+    if not batch:
         return []
     conn = await _connection(connection)
+    ids = await conn.run_sync(lambda c: add_many_sync(c, batch, now=now))
+    _wake_after_commit(conn)
+    return ids
+
+
+def add_many_sync(
+    conn: SyncConnection, messages: Iterable[NewMessage], *, now: datetime
+) -> list[str]:
+    """:func:`add_many` on a synchronous connection, for code already running inside a
+    transaction there (the worker records a job's messages this way). The caller wakes
+    local relays after commit with :func:`wake_local_relays`."""
+    rows = [_new_row(m, now) for m in messages]
     for start in range(0, len(rows), _INSERT_CHUNK):
         ins = _insert(conn)(outbox).values(rows[start : start + _INSERT_CHUNK])
-        await conn.execute(ins.on_conflict_do_nothing(index_elements=["message_id"]))
-    if conn.dialect.name == "postgresql":
+        conn.execute(ins.on_conflict_do_nothing(index_elements=["message_id"]))
+    if rows and conn.dialect.name == "postgresql":
         # Delivered at commit and dropped on rollback, which is exactly when a relay
         # should (and should not) wake up.
-        await conn.exec_driver_sql(f"NOTIFY {NOTIFY_CHANNEL}")
-    _wake_after_commit(conn)
+        conn.exec_driver_sql(f"NOTIFY {NOTIFY_CHANNEL}")
     return [r["message_id"] for r in rows]
+
+
+def wake_local_relays(db: Database) -> None:
+    """Wake this process's relays of ``db`` (call on the event loop, after commit)."""
+    for ev in list(_wakers.get(str(db.url), ())):
+        ev.set()
 
 
 async def add(

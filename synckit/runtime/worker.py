@@ -28,14 +28,14 @@ import socket
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from synckit.errors import (
     BreakerOutcome,
@@ -94,7 +94,7 @@ class RecordedOutcome:
 
 #: Called inside the transaction that records a batch of outcomes, so what an observer
 #: writes (audit counts, say) commits atomically with the outcomes themselves.
-OutcomeObserver = Callable[[AsyncConnection, list[RecordedOutcome], datetime], Awaitable[None]]
+OutcomeObserver = Callable[[Connection, list[RecordedOutcome], datetime], None]
 
 
 @dataclass
@@ -376,54 +376,63 @@ class Worker:
     async def _record(self, batch: list[_Outcome]) -> None:
         now = self.clock()
         successes = [o for o in batch if o.kind == "success"]
-        others = [o for o in batch if o.kind != "success"]
-        async with self.db.begin() as conn:
-            held = await store.complete_many(
-                conn, [(o.job.id, o.job.claim_token) for o in successes], now=now
-            )
-            followups = [f for o in successes if o.job.id in held for f in o.followups]
-            if followups:
-                await store.enqueue_many(conn, followups, now=now)
-            messages = [m for o in successes if o.job.id in held for m in o.messages]
-            if messages:
-                await outbox.add_many(conn, messages, now=now)
-            keyed = sorted(
-                {o.job.resource_key for o in successes if o.job.id in held and o.job.resource_key}
-            )
-            if keyed:
-                await self._breaker_success(conn, keyed, now)
-            results: list[tuple[_Outcome, str | None]] = []
-            for o in others:
-                results.append((o, await self._record_other(conn, o, now)))
-            if self.observers:
-                recorded = [
-                    RecordedOutcome(o.job, "succeeded", None, None)
-                    for o in successes
-                    if o.job.id in held
-                ] + [
-                    RecordedOutcome(o.job, status, o.error_class, o.exc)
-                    for o, status in results
-                    if status is not None
-                ]
-                for observe in self.observers:
-                    await observe(conn, recorded, now)
+        held, results, woke_jobs, woke_outbox = await self.db.write(self._record_sync, batch, now)
         self.stats.succeeded += len(held)
         self.stats.fenced += len(successes) - len(held)
-        if followups:
+        if woke_jobs:
             store.target_wake(self.db)
+        if woke_outbox:
+            outbox.wake_local_relays(self.db)
         for o, status in results:
             self._after(o, status)
 
-    async def _record_other(self, conn: AsyncConnection, o: _Outcome, now: datetime) -> str | None:
+    def _record_sync(
+        self, conn: Connection, batch: list[_Outcome], now: datetime
+    ) -> tuple[set[int], list[tuple[_Outcome, str | None]], bool, bool]:
+        """Record a batch of outcomes in one transaction (run whole by Database.write)."""
+        successes = [o for o in batch if o.kind == "success"]
+        others = [o for o in batch if o.kind != "success"]
+        held = store.complete_many_sync(
+            conn, [(o.job.id, o.job.claim_token) for o in successes], now=now
+        )
+        followups = [f for o in successes if o.job.id in held for f in o.followups]
+        if followups:
+            store._enqueue_sync(conn, followups, now)
+        messages = [m for o in successes if o.job.id in held for m in o.messages]
+        if messages:
+            outbox.add_many_sync(conn, messages, now=now)
+        keyed = sorted(
+            {o.job.resource_key for o in successes if o.job.id in held and o.job.resource_key}
+        )
+        if keyed:
+            self._breaker_success(conn, keyed, now)
+        results: list[tuple[_Outcome, str | None]] = []
+        for o in others:
+            results.append((o, self._record_other(conn, o, now)))
+        if self.observers:
+            recorded = [
+                RecordedOutcome(o.job, "succeeded", None, None)
+                for o in successes
+                if o.job.id in held
+            ] + [
+                RecordedOutcome(o.job, status, o.error_class, o.exc)
+                for o, status in results
+                if status is not None
+            ]
+            for observe in self.observers:
+                observe(conn, recorded, now)
+        return held, results, bool(followups), bool(messages)
+
+    def _record_other(self, conn: Connection, o: _Outcome, now: datetime) -> str | None:
         job = o.job
         if o.kind == "snooze":
             assert o.snooze_until is not None
             return (
-                "snoozed" if await store.snooze(conn, job, now=now, until=o.snooze_until) else None
+                "snoozed" if store.snooze_sync(conn, job, now=now, until=o.snooze_until) else None
             )
         if o.kind in ("cancel", "discard"):
             status = "cancelled" if o.kind == "cancel" else "discarded"
-            ok = await store.finish(conn, job, now=now, status=status, reason=o.reason)  # type: ignore[arg-type]
+            ok = store.finish_sync(conn, job, now=now, status=status, reason=o.reason)  # type: ignore[arg-type]
             return status if ok else None
         assert o.exc is not None
         c = classify(exc=o.exc, now=now)
@@ -432,13 +441,13 @@ class Worker:
         message = redact_text(c.reason)
         o.tb = redact_text(o.tb) if o.tb else None
         if isinstance(o.exc, NeedsReauth) and job.resource_key:
-            await conn.execute(
+            conn.execute(
                 update(connections)
                 .where(connections.c.resource_key == job.resource_key)
                 .values(status="needs_reauth", status_reason=str(o.exc)[:500], updated_at=now)
             )
             # The job waits for re-authorisation without spending an attempt.
-            return await store.fail(
+            return store.fail_sync(
                 conn,
                 job,
                 now=now,
@@ -453,13 +462,13 @@ class Worker:
             decision = retry_delay(c, job.attempts, self.retry_policy, rng=self.rng)
         retry_at = now + decision.delay if decision is not None else None
         if job.resource_key:
-            await self._resource_failure(conn, job, c, now, retry_at)
-        return await store.fail(
+            self._resource_failure(conn, job, c, now, retry_at)
+        return store.fail_sync(
             conn,
             job,
             now=now,
             error_class=c.error_class.value,
-            message=c.reason,
+            message=message,
             retry_at=retry_at,
             traceback=o.tb,
         )
@@ -507,9 +516,9 @@ class Worker:
             probe_in_flight=r.probe_job_id is not None,
         )
 
-    async def _store_snapshot(
+    def _store_snapshot(
         self,
-        conn: AsyncConnection,
+        conn: Connection,
         key: str,
         before: BreakerSnapshot,
         after: BreakerSnapshot,
@@ -527,9 +536,7 @@ class Worker:
         }
         if not after.probe_in_flight:
             values["probe_job_id"] = None
-        await conn.execute(
-            update(resources).where(resources.c.resource_key == key).values(**values)
-        )
+        conn.execute(update(resources).where(resources.c.resource_key == key).values(**values))
         if after.state != before.state:
             event = {
                 "open": "breaker.opened",
@@ -543,8 +550,8 @@ class Worker:
                 cooldown_until=after.cooldown_until,
             )
 
-    async def _breaker_success(self, conn: AsyncConnection, keys: list[str], now: datetime) -> None:
-        rows = await conn.execute(
+    def _breaker_success(self, conn: Connection, keys: list[str], now: datetime) -> None:
+        rows = conn.execute(
             select(resources).where(
                 resources.c.resource_key.in_(keys),
                 (resources.c.state != "closed") | (resources.c.consecutive_failures > 0),
@@ -554,32 +561,30 @@ class Worker:
         for r in rows:
             before = self._snapshot(r)
             after = breaker_transition(before, BreakerOutcome.SUCCESS, now, self.breaker_policy)
-            await self._store_snapshot(conn, r.resource_key, before, after, now)
+            self._store_snapshot(conn, r.resource_key, before, after, now)
             if r.parent_key:
                 parents.add(r.parent_key)
         if parents:
             # A tenant call that succeeds once the API-wide cool-down is over is its probe.
-            for p in await conn.execute(
+            for p in conn.execute(
                 select(resources).where(
                     resources.c.resource_key.in_(sorted(parents)), resources.c.state != "closed"
                 )
             ):
                 before = self._snapshot(p)
                 after = breaker_transition(before, BreakerOutcome.SUCCESS, now, self.breaker_policy)
-                await self._store_snapshot(conn, p.resource_key, before, after, now)
+                self._store_snapshot(conn, p.resource_key, before, after, now)
 
-    async def _resource_failure(
+    def _resource_failure(
         self,
-        conn: AsyncConnection,
+        conn: Connection,
         job: ClaimedJob,
         c: Classification,
         now: datetime,
         retry_at: datetime | None,
     ) -> None:
         r = (
-            await conn.execute(
-                select(resources).where(resources.c.resource_key == job.resource_key)
-            )
+            conn.execute(select(resources).where(resources.c.resource_key == job.resource_key))
         ).first()
         if r is None:
             return
@@ -595,30 +600,24 @@ class Worker:
                 self._log.info("resource.throttled", resource_key=job.resource_key, until=until)
         before = self._snapshot(r)
         after = breaker_transition(before, breaker_outcome(c), now, self.breaker_policy)
-        await self._store_snapshot(conn, r.resource_key, before, after, now, **extra)
+        self._store_snapshot(conn, r.resource_key, before, after, now, **extra)
         if r.parent_key and after.state is BreakerState.OPEN and before.state is not after.state:
-            await self._maybe_open_parent(conn, r.parent_key, now)
+            self._maybe_open_parent(conn, r.parent_key, now)
 
-    async def _maybe_open_parent(
-        self, conn: AsyncConnection, parent_key: str, now: datetime
-    ) -> None:
+    def _maybe_open_parent(self, conn: Connection, parent_key: str, now: datetime) -> None:
         """Open the API-wide breaker when many of its tenants' breakers are open together."""
         children = list(
-            await conn.execute(
-                select(resources.c.state).where(resources.c.parent_key == parent_key)
-            )
+            conn.execute(select(resources.c.state).where(resources.c.parent_key == parent_key))
         )
         open_children = sum(1 for c in children if c.state != "closed")
         if not global_breaker_trips(open_children, len(children), self.breaker_policy):
             return
-        p = (
-            await conn.execute(select(resources).where(resources.c.resource_key == parent_key))
-        ).first()
+        p = (conn.execute(select(resources).where(resources.c.resource_key == parent_key))).first()
         if p is None or p.state == "open":
             return
         before = self._snapshot(p)
         after = breaker_open(before, now, self.breaker_policy)
-        await self._store_snapshot(
+        self._store_snapshot(
             conn,
             parent_key,
             before,
