@@ -1,1 +1,79 @@
+"""The dead-letter queue: capture of failed records and jobs, automatic replay with
+capped backoff, manual review, and purge.
 
+* :mod:`synckit.dlq.store` — every SQL statement on ``dead_letters`` (capture, leases,
+  streaming filters, group counts, purge);
+* :mod:`synckit.dlq.replay` — :class:`ReplayProcessor` and the :class:`Replayers` registry;
+* :mod:`synckit.dlq.policy` — the pure decisions (backoff, resource waits);
+* :mod:`synckit.dlq.cli` — ``synckit dlq ...``.
+"""
+
+from synckit.dlq.policy import (
+    MAX_DELAY,
+    REVIEW_CLASSES,
+    blocked_until,
+    next_retry_delay,
+)
+from synckit.dlq.replay import (
+    DLQ_REPLAY_KIND,
+    Plan,
+    RecordReplayApp,
+    Replayer,
+    Replayers,
+    ReplayProcessor,
+    ReplayResult,
+    ReplaySummary,
+    Unreplayable,
+    app_record_replayer,
+    register_dlq_replay,
+    replayers_from_app,
+)
+from synckit.dlq.store import (
+    HISTORY_LIMIT,
+    STATUSES,
+    Captured,
+    DeadLetter,
+    DeadLetterNotFound,
+    DlqError,
+    DlqFilter,
+    Failure,
+    GroupCount,
+    capture,
+    capture_many,
+    group_counts,
+    iter_rows,
+    purge,
+)
+
+__all__ = [
+    "DLQ_REPLAY_KIND",
+    "HISTORY_LIMIT",
+    "MAX_DELAY",
+    "REVIEW_CLASSES",
+    "STATUSES",
+    "Captured",
+    "DeadLetter",
+    "DeadLetterNotFound",
+    "DlqError",
+    "DlqFilter",
+    "Failure",
+    "GroupCount",
+    "Plan",
+    "RecordReplayApp",
+    "ReplayProcessor",
+    "ReplayResult",
+    "ReplaySummary",
+    "Replayer",
+    "Replayers",
+    "Unreplayable",
+    "app_record_replayer",
+    "blocked_until",
+    "capture",
+    "capture_many",
+    "group_counts",
+    "iter_rows",
+    "next_retry_delay",
+    "purge",
+    "register_dlq_replay",
+    "replayers_from_app",
+]

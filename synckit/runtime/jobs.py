@@ -50,7 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
 from synckit.runtime.db import Database
-from synckit.runtime.schema import connections, dead_letters, jobs, resources
+from synckit.runtime.schema import connections, jobs, resources
 
 JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
 FINISHED: tuple[JobStatus, ...] = ("succeeded", "dead", "cancelled", "discarded")
@@ -710,43 +710,31 @@ def dead_letter_job_sync(
     attempts: int,
     now: datetime,
 ) -> None:
-    """Write a dead job into ``dead_letters`` (one row per job; a repeat updates it)."""
-    tenant = ""
-    connector = ""
+    """Write a dead job into ``dead_letters`` through the DLQ's capture (one row per job;
+    a job that dies again after a replay updates its row, adding to its count and history).
+    """
+    from synckit.dlq.store import capture_sync  # the DLQ builds on the queue, not the reverse
+
+    tenant = connector = ""
     if isinstance(payload, Mapping):
         tenant = str(payload.get("tenant") or "")
         connector = str(payload.get("connector") or "")
-    row = {
-        "tenant": tenant or (resource_key or ""),
-        "connector": connector,
-        "kind": kind,
-        "record_id": f"job:{job_id}",
-        "job_id": job_id,
-        "resource_key": resource_key,
-        "payload": payload,
-        "error_class": error_class,
-        "error_message": message[:4000],
-        "traceback": traceback,
-        "trace_id": trace_id,
-        "attempt_count": attempts,
-        "status": "review" if error_class in ("validation", "authorization") else "pending",
-        "first_failed_at": now,
-        "last_attempt_at": now,
-        "next_retry_at": now + timedelta(minutes=1),
-    }
-    ins = _insert(conn)(dead_letters).values(**row)
-    conn.execute(
-        ins.on_conflict_do_update(
-            index_elements=["tenant", "connector", "kind", "record_id"],
-            set_={
-                "error_class": ins.excluded.error_class,
-                "error_message": ins.excluded.error_message,
-                "traceback": ins.excluded.traceback,
-                "attempt_count": ins.excluded.attempt_count,
-                "last_attempt_at": ins.excluded.last_attempt_at,
-                "status": ins.excluded.status,
-            },
-        )
+    capture_sync(
+        conn,
+        tenant=tenant or (resource_key or ""),
+        connector=connector,
+        kind=kind,
+        record_id=f"job:{job_id}",
+        payload=payload,
+        error_class=error_class,
+        message=message,
+        traceback=traceback,
+        trace_id=trace_id,
+        job_id=job_id,
+        resource_key=resource_key,
+        attempts=max(1, attempts),
+        now=now,
+        keep_replay_count=True,
     )
 
 

@@ -458,7 +458,10 @@ class Worker:
                 count_attempt=False,
             )
         decision = None
-        if job.attempts < job.max_attempts:
+        # A handler registered with max_attempts sets the limit for its kind.
+        spec = self.registry.get(job.kind)
+        limit = spec.max_attempts if spec and spec.max_attempts is not None else job.max_attempts
+        if job.attempts < limit:
             decision = retry_delay(c, job.attempts, self.retry_policy, rng=self.rng)
         retry_at = now + decision.delay if decision is not None else None
         if job.resource_key:

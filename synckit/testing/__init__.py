@@ -1,1 +1,28 @@
+"""Testing tools for connector authors: a fake API with fault injection and a fake clock.
 
+The pytest fixtures live in :mod:`synckit.testing.fixtures`, enabled with
+``pytest_plugins = ["synckit.testing.fixtures"]``; importing this package does not import
+pytest.
+"""
+
+from synckit.testing.clock import FakeClock
+from synckit.testing.fakeapi import (
+    PASS,
+    FakeAPI,
+    Fault,
+    FaultRates,
+    RecordedRequest,
+    Reply,
+    TokenInfo,
+)
+
+__all__ = [
+    "PASS",
+    "FakeAPI",
+    "FakeClock",
+    "Fault",
+    "FaultRates",
+    "RecordedRequest",
+    "Reply",
+    "TokenInfo",
+]

@@ -474,3 +474,20 @@ async def test_rate_limited_failure_paces_the_whole_resource(db: Database) -> No
         row = (await conn.execute(select(resources))).one()
     assert row.next_available_at >= before + timedelta(seconds=8.4)
     assert row.next_available_at <= datetime.now(UTC) + timedelta(seconds=8.4 + 1)
+
+
+async def test_handler_max_attempts_sets_the_limit_for_its_kind(db: Database) -> None:
+    """A handler registered with max_attempts=2 ends its jobs dead after two attempts."""
+    reg = Registry()
+    calls = 0
+
+    @reg.handler("fragile", max_attempts=2)
+    async def fragile(ctx: JobContext) -> None:
+        nonlocal calls
+        calls += 1
+        raise ConnectionError("reset")
+
+    job = await store.enqueue(db, "fragile", {})
+    await make_worker(db, reg).run_until_idle()
+    assert calls == 2
+    assert (await store.get_job(db, job.id)).status == "dead"

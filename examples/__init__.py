@@ -1,0 +1,1 @@
+"""Example connectors built on synckit."""

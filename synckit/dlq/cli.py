@@ -1,0 +1,529 @@
+"""``synckit dlq ...``: list, show, replay, resolve, ignore, purge and export dead letters.
+
+Every command that walks rows streams them (keyset pages, see :mod:`synckit.dlq.store`),
+so a filter matching 100,000 rows never holds them all in memory.
+
+``synckit.cli`` imports this module at its bottom to register the group, so this module
+must not import ``synckit.cli`` at import time (under ``python -m synckit.cli`` that would
+import the CLI a second time, half-built); its helpers are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import IO, Any
+
+import click
+
+from synckit.dlq import store
+from synckit.dlq.replay import ReplayProcessor, ReplayResult, ReplaySummary, replayers_from_app
+from synckit.dlq.store import STATUSES, DeadLetter, DlqFilter
+from synckit.runtime.db import ENV_URL, Database
+from synckit.runtime.jobs import utcnow
+
+# The same option as ``synckit.cli.database_option`` (see the module docstring).
+database_option = click.option(
+    "--database-url",
+    "database_url",
+    envvar=ENV_URL,
+    default=None,
+    help=f"Database URL (default: ${ENV_URL}, else sqlite:///synckit.db).",
+)
+
+GROUPS = ("tenant", "connector", "kind", "class", "status")
+NO_APP_REASON = "needs --app (no replayer for this kind without the application)"
+
+
+def _split(values: Iterable[str]) -> tuple[str, ...]:
+    """``--x a,b --x c`` -> ("a", "b", "c")."""
+    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
+
+
+def filter_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The row filters every command shares."""
+    options = [
+        click.option("--tenant", "tenants", multiple=True, help="Only these tenants (a,b)."),
+        click.option("--connector", "connectors", multiple=True, help="Only these connectors."),
+        click.option(
+            "--kind", "kinds", multiple=True, help="Only these kinds; 'record:*' is a prefix."
+        ),
+        click.option("--class", "error_classes", multiple=True, help="Only these error classes."),
+        click.option(
+            "--status",
+            "statuses",
+            multiple=True,
+            help=f"Only these statuses ({', '.join(STATUSES)}).",
+        ),
+        click.option("--since", help="Failed or replayed within this long (e.g. 1h, 2d)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def build_filter(ids: Iterable[int] = (), **kw: Any) -> DlqFilter:
+    from synckit.cli import CliError, parse_duration
+
+    statuses = _split(kw.get("statuses") or ())
+    unknown = [s for s in statuses if s not in STATUSES]
+    if unknown:
+        raise CliError(f"unknown status {', '.join(unknown)}: choose among {', '.join(STATUSES)}")
+    since = kw.get("since")
+    return DlqFilter(
+        ids=tuple(ids),
+        tenants=_split(kw.get("tenants") or ()),
+        connectors=_split(kw.get("connectors") or ()),
+        kinds=_split(kw.get("kinds") or ()),
+        error_classes=_split(kw.get("error_classes") or ()),
+        statuses=statuses,
+        since=utcnow() - parse_duration(since) if since else None,
+    )
+
+
+def _selection(ids: tuple[int, ...], all_rows: bool, filters: dict[str, Any]) -> DlqFilter:
+    """The rows a changing command applies to: ids and/or filters, or --all explicitly."""
+    from synckit.cli import CliError
+
+    flt = build_filter(ids, **filters)
+    if flt.is_empty and not all_rows:
+        raise CliError("give dead letter ids, a filter (e.g. --tenant acme), or --all")
+    return flt
+
+
+def _ts(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "-"
+
+
+def _short(text: str | None, width: int = 50) -> str:
+    if not text:
+        return "-"
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= width else one_line[: width - 1] + "…"
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+@click.group()
+def dlq() -> None:
+    """Inspect, replay, resolve, ignore, purge and export dead letters."""
+
+
+# --- ls / show ------------------------------------------------------------------------------
+
+
+@dlq.command("ls")
+@filter_options
+@click.option(
+    "--group-by", help=f"Count rows per these columns ({', '.join(GROUPS)}), e.g. tenant,class."
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    help="At most this many rows (default: 50 in the table, all with --json; 0: all).",
+)
+@click.option("--json", "as_json", is_flag=True, help="JSON lines, one row (or group) a line.")
+@database_option
+def ls(
+    group_by: str | None, limit: int | None, as_json: bool, database_url: str | None, **filters: Any
+) -> None:
+    """List dead letters, newest first, or count them per group."""
+    from rich.table import Table
+
+    from synckit.cli import CliError, console, run
+
+    flt = build_filter(**filters)
+    if group_by:
+        columns = list(_split([group_by]))
+        if not columns or any(c not in GROUPS for c in columns):
+            raise CliError(f"--group-by {group_by!r}: choose among {', '.join(GROUPS)}")
+        groups = run(lambda d: store.group_counts(d, columns, flt), database_url)
+        if as_json:
+            for g in groups:
+                click.echo(_dumps({**dict(zip(columns, g.key, strict=True)), "count": g.count}))
+            return
+        table = Table(title=f"Dead letters by {', '.join(columns)}")
+        for c in columns:
+            table.add_column(c)
+        table.add_column("count", justify="right")
+        for g in groups:
+            table.add_row(*g.key, str(g.count))
+        table.caption = f"{sum(g.count for g in groups)} rows in {len(groups)} groups"
+        console.print(table)
+        return
+
+    if as_json:
+        # Streamed: each page is printed before the next is read.
+        async def stream(d: Database) -> None:
+            async for row in store.iter_rows(d, flt, newest_first=True, limit=limit or None):
+                click.echo(_dumps(row.to_json()))
+
+        run(stream, database_url)
+        return
+
+    shown = 50 if limit is None else limit
+
+    async def page(d: Database) -> tuple[list[DeadLetter], int]:
+        rows = [r async for r in store.iter_rows(d, flt, newest_first=True, limit=shown or None)]
+        return rows, await store.count(d, flt)
+
+    rows, total = run(page, database_url)
+    table = Table(title="Dead letters")
+    for col in (
+        "id",
+        "status",
+        "tenant",
+        "connector",
+        "kind",
+        "record",
+        "class",
+        "tries",
+        "last failure",
+        "next retry",
+        "error / reason",
+    ):
+        table.add_column(col, justify="right" if col in ("id", "tries") else "left")
+    for r in rows:
+        table.add_row(
+            str(r.id),
+            r.status,
+            r.tenant,
+            r.connector or "-",
+            r.kind,
+            _short(r.record_id, 24),
+            r.error_class,
+            f"{r.attempt_count}/{r.replay_attempts}",
+            _ts(r.last_attempt_at),
+            _ts(r.next_retry_at) if r.status == "pending" else "-",
+            _short(
+                r.status_reason if r.status != "pending" and r.status_reason else r.error_message
+            ),
+        )
+    table.caption = (
+        f"{len(rows)} of {total} matching (tries: failures/replays)"
+        if rows
+        else "no dead letters match"
+    )
+    console.print(table)
+
+
+@dlq.command("show")
+@click.argument("row_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@database_option
+def show(row_id: int, as_json: bool, database_url: str | None) -> None:
+    """Show one dead letter: its payload, error history and traceback."""
+    from rich.syntax import Syntax
+    from rich.table import Table
+
+    from synckit.cli import console, run
+
+    row = run(lambda d: store.get(d, row_id), database_url)
+    if as_json:
+        click.echo(json.dumps(row.to_json(), indent=2, sort_keys=True, default=str))
+        return
+    console.print(
+        f"[bold]dead letter {row.id}[/bold]  {row.status}"
+        + (f" — {row.status_reason}" if row.status_reason else "")
+    )
+    facts = Table.grid(padding=(0, 2))
+    for name, value in (
+        ("tenant", row.tenant),
+        ("connector", row.connector or "-"),
+        ("kind", row.kind),
+        ("record", row.record_id),
+        ("resource", row.resource_key or "-"),
+        ("error", f"{row.error_class}: {row.error_message}"),
+        ("failures", str(row.attempt_count)),
+        ("replays", str(row.replay_attempts)),
+        ("first failed", _ts(row.first_failed_at)),
+        ("last attempt", _ts(row.last_attempt_at)),
+        ("next retry", _ts(row.next_retry_at)),
+        ("resolved", _ts(row.resolved_at)),
+        ("trace id", row.trace_id or "-"),
+    ):
+        facts.add_row(f"[dim]{name}[/dim]", value)
+    console.print(facts)
+    console.print("[bold]payload[/bold]")
+    if row.payload_error is not None:
+        console.print(f"[red]does not parse: {row.payload_error}[/red]")
+        console.print(row.payload_raw or "", markup=False)
+    else:
+        console.print(Syntax(json.dumps(row.payload, indent=2, default=str), "json"))
+    history = Table(title="history (oldest first)")
+    for col in ("at", "source", "class", "message"):
+        history.add_column(col)
+    for h in row.history:
+        history.add_row(
+            str(h.get("at", "-")),
+            str(h.get("source", "-")),
+            str(h.get("error_class", "-")),
+            _short(str(h.get("message", "")), 80),
+        )
+    console.print(history)
+    console.print("[bold]traceback[/bold]")
+    console.print(row.traceback or "-", markup=False, highlight=False)
+
+
+# --- replay ---------------------------------------------------------------------------------
+
+
+def load_app(spec: str) -> object:
+    """Import ``module:attribute``; call it when it is a factory rather than an app."""
+    from synckit.cli import CliError
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise CliError(f"--app {spec!r}: expected module:attribute, e.g. myapp:app")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    if not hasattr(module, attr):
+        raise CliError(f"--app {spec!r}: {module_name!r} has no attribute {attr!r}")
+    app: object = getattr(module, attr)
+    if inspect.isclass(app) or inspect.isfunction(app):
+        app = app()  # an application class or factory
+    return app
+
+
+def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:
+    from rich.table import Table
+
+    outcomes = Table(title=title)
+    outcomes.add_column("outcome")
+    outcomes.add_column("rows", justify="right")
+    for name, n in summary.counts().items():
+        if name != "claimed":
+            outcomes.add_row(name, str(n))
+    tables: list[Any] = [outcomes]
+    if summary.reasons:
+        reasons = Table(title="Why rows were ignored, skipped or deferred")
+        for col in ("outcome", "reason", "rows"):
+            reasons.add_column(col, justify="right" if col == "rows" else "left")
+        ranked = sorted(summary.reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+        for (outcome, reason), n in ranked[:20]:
+            reasons.add_row(outcome, _short(reason, 90), str(n))
+        tables.append(reasons)
+    if summary.reviews:
+        reviews = Table(title="Sent to review")
+        for col in ("tenant", "class", "rows"):
+            reviews.add_column(col, justify="right" if col == "rows" else "left")
+        for (tenant, cls), n in sorted(summary.reviews.items()):
+            reviews.add_row(tenant, cls, str(n))
+        tables.append(reviews)
+    return tables
+
+
+@dlq.command("replay")
+@click.argument("ids", nargs=-1, type=int)
+@filter_options
+@click.option("--all", "all_rows", is_flag=True, help="Every pending and review row.")
+@click.option("--dry-run", is_flag=True, help="Say what would be done; change nothing.")
+@click.option(
+    "--app",
+    envvar="SYNCKIT_APP",
+    help="module:attribute of the application (or $SYNCKIT_APP); without it, dead jobs are "
+    "re-run as jobs and record rows are reported as needing --app.",
+)
+@click.option("--max-attempts", default=10, show_default=True, help="Replays before review.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds per replay.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@database_option
+def replay(
+    ids: tuple[int, ...],
+    all_rows: bool,
+    dry_run: bool,
+    app: str | None,
+    max_attempts: int,
+    timeout: float,
+    as_json: bool,
+    database_url: str | None,
+    **filters: Any,
+) -> None:
+    """Replay dead letters now, whenever they were due: the IDS given, or those matching
+    the filters (pending and review rows only)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from synckit.cli import console, run
+
+    flt = _selection(ids, all_rows, filters)
+    target = load_app(app) if app else None
+
+    def processor(d: Database) -> ReplayProcessor:
+        if target is None:
+            return ReplayProcessor(
+                d,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                missing_replayer="skip",
+                skip_reason=NO_APP_REASON,
+            )
+        replayers, registry = replayers_from_app(target, d)
+        return ReplayProcessor(
+            d, replayers, registry=registry, max_attempts=max_attempts, timeout=timeout
+        )
+
+    if dry_run:
+
+        async def preview(d: Database) -> Counter[tuple[str, str]]:
+            plans: Counter[tuple[str, str]] = Counter()
+            async for row, plan in processor(d).preview(flt):
+                plans[(plan.describe(), row.kind)] += 1
+            return plans
+
+        plans = run(preview, database_url)
+        total = sum(plans.values())
+        if as_json:
+            click.echo(
+                _dumps(
+                    {
+                        "dry_run": True,
+                        "rows": total,
+                        "plans": [
+                            {"plan": p, "kind": k, "rows": n} for (p, k), n in sorted(plans.items())
+                        ],
+                    }
+                )
+            )
+            return
+        from rich.table import Table
+
+        table = Table(title=f"Dry run: {total} dead letters would be replayed")
+        for col in ("plan", "kind", "rows"):
+            table.add_column(col, justify="right" if col == "rows" else "left")
+        for (p, k), n in sorted(plans.items()):
+            table.add_row(_short(p, 90), k, str(n))
+        console.print(table)
+        return
+
+    err = Console(stderr=True)
+
+    async def go(d: Database) -> ReplaySummary:
+        total = await store.count(d, flt.narrowed(("pending", "review")))
+        with Progress(
+            TextColumn("replaying"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            disable=as_json or not err.is_terminal,
+        ) as bar:
+            task = bar.add_task("replay", total=total)
+
+            def advance(_result: ReplayResult) -> None:
+                bar.advance(task)
+
+            return await processor(d).replay_matching(flt, progress=advance)
+
+    summary = run(go, database_url)
+    if as_json:
+        click.echo(
+            _dumps(
+                {
+                    **summary.counts(),
+                    "reasons": [
+                        {"outcome": o, "reason": r, "rows": n}
+                        for (o, r), n in sorted(summary.reasons.items())
+                    ],
+                    "reviews": [
+                        {"tenant": t, "class": c, "rows": n}
+                        for (t, c), n in sorted(summary.reviews.items())
+                    ],
+                }
+            )
+        )
+        return
+    for table in _summary_tables(summary, f"Replayed {summary.claimed} dead letters"):
+        console.print(table)
+
+
+# --- resolve / ignore / purge / export ------------------------------------------------------
+
+
+@dlq.command("resolve")
+@click.argument("ids", nargs=-1, type=int)
+@filter_options
+@click.option("--all", "all_rows", is_flag=True, help="Every row not resolved yet.")
+@click.option("--reason", default="resolved by operator", show_default=True)
+@database_option
+def resolve(
+    ids: tuple[int, ...], all_rows: bool, reason: str, database_url: str | None, **filters: Any
+) -> None:
+    """Mark dead letters resolved (fixed by hand): the IDS given, or those matching."""
+    from synckit.cli import run
+
+    flt = _selection(ids, all_rows, filters)
+    n = run(lambda d: store.resolve_matching(d, flt, reason=reason, now=utcnow()), database_url)
+    click.echo(f"{n} dead letter{'s' if n != 1 else ''} resolved")
+
+
+@dlq.command("ignore")
+@click.argument("ids", nargs=-1, type=int)
+@filter_options
+@click.option("--all", "all_rows", is_flag=True, help="Every pending and review row.")
+@click.option("--reason", default="ignored by operator", show_default=True)
+@database_option
+def ignore(
+    ids: tuple[int, ...], all_rows: bool, reason: str, database_url: str | None, **filters: Any
+) -> None:
+    """Mark pending and review dead letters ignored, with a reason."""
+    from synckit.cli import run
+
+    flt = _selection(ids, all_rows, filters)
+    n = run(lambda d: store.ignore_matching(d, flt, reason=reason, now=utcnow()), database_url)
+    click.echo(f"{n} dead letter{'s' if n != 1 else ''} ignored")
+
+
+@dlq.command("purge")
+@click.option("--older-than", default="30d", show_default=True, help="Closed before this long ago.")
+@database_option
+def purge(older_than: str, database_url: str | None) -> None:
+    """Delete resolved and ignored dead letters closed before --older-than (never pending or
+    review ones), in batches."""
+    from synckit.cli import parse_duration, run
+
+    age = parse_duration(older_than)
+    n = run(lambda d: store.purge(d, older_than=age, now=utcnow()), database_url)
+    click.echo(f"{n} resolved or ignored dead letter{'s' if n != 1 else ''} purged")
+
+
+@dlq.command("export")
+@filter_options
+@click.option("--output", "-o", default="-", help="File to write (default: stdout).")
+@database_option
+def export(output: str, database_url: str | None, **filters: Any) -> None:
+    """Write matching dead letters as JSON lines (payload, history and traceback included),
+    streamed in id order."""
+    from synckit.cli import CliError, run
+
+    flt = build_filter(**filters)
+    try:
+        out: IO[str] = sys.stdout if output == "-" else open(output, "w", encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise CliError(f"cannot write {output}: {exc}") from exc
+
+    async def go(d: Database) -> int:
+        n = 0
+        async for row in store.iter_rows(d, flt, full=True):
+            out.write(_dumps(row.to_json()) + "\n")
+            n += 1
+        return n
+
+    try:
+        n = run(go, database_url)
+    finally:
+        if out is sys.stdout:
+            out.flush()
+        else:
+            out.close()
+    if output != "-":
+        click.echo(f"{n} dead letter{'s' if n != 1 else ''} written to {output}", err=True)

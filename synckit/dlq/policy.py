@@ -1,0 +1,83 @@
+"""The DLQ's decisions, as pure functions: when to replay next, and whether a resource waits.
+
+Nothing here touches the database, the clock or a global random source: the time and
+the random source are arguments, so every rule is tested exhaustively.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Protocol
+
+__all__ = [
+    "BASE_DELAY",
+    "JITTER",
+    "MAX_DELAY",
+    "PROBE_WAIT",
+    "REVIEW_CLASSES",
+    "UniformSource",
+    "blocked_until",
+    "next_retry_delay",
+]
+
+#: The delay before the first replay of a freshly captured row (``2 ** 0`` minutes).
+BASE_DELAY = timedelta(minutes=1)
+#: No replay waits longer than this, however many attempts failed.
+MAX_DELAY = timedelta(hours=24)
+#: The share of a delay that jitter may take off: delays lie in ``[(1 - JITTER) d, d]``.
+JITTER = 0.25
+#: How long rows wait while a half-open breaker's single probe is in flight.
+PROBE_WAIT = timedelta(seconds=30)
+#: Error classes that no replay can fix: they go to manual review at once.
+REVIEW_CLASSES = frozenset({"validation", "authorization"})
+
+# 2 ** 11 minutes already exceeds the cap; clamping keeps huge attempt numbers free.
+_MAX_EXPONENT = 11
+
+
+class UniformSource(Protocol):
+    """What :func:`next_retry_delay` needs of a random source (``random.Random`` fits)."""
+
+    def random(self) -> float: ...
+
+
+def next_retry_delay(attempt: int, rng: UniformSource, *, jitter: float = JITTER) -> timedelta:
+    """The wait before the next replay after ``attempt`` failed replays.
+
+    The nominal delay is ``min(2 ** attempt minutes, 24 h)``; jitter takes off up to
+    ``jitter`` of it (``d * (1 - jitter * u)``, ``u`` uniform in [0, 1)), so that rows that
+    failed together spread out while the waits still grow. Whatever ``rng`` returns, the
+    result lies in ``[(1 - jitter) * d, d]`` and never exceeds 24 hours.
+    """
+    if attempt < 0:
+        raise ValueError(f"attempt must not be negative, got {attempt}")
+    if not 0.0 <= jitter <= 1.0:
+        raise ValueError(f"jitter must be in [0, 1], got {jitter}")
+    nominal = min(BASE_DELAY * 2 ** min(attempt, _MAX_EXPONENT), MAX_DELAY)
+    u = min(max(float(rng.random()), 0.0), 1.0)  # a misbehaving source cannot break the bounds
+    delay: timedelta = nominal * (1.0 - jitter * u)
+    return delay
+
+
+def blocked_until(
+    *,
+    state: str | None,
+    cooldown_until: datetime | None,
+    next_available_at: datetime | None,
+    probe_in_flight: bool,
+    now: datetime,
+) -> datetime | None:
+    """When a resource lets replays call it again, or None when it does now.
+
+    A resource waits while its breaker is open (until ``cooldown_until``), while it is
+    paced (``next_available_at``), and for a short :data:`PROBE_WAIT` while a half-open
+    breaker's only probe is in flight. The latest of these wins.
+    """
+    waits: list[datetime] = []
+    if next_available_at is not None and next_available_at > now:
+        waits.append(next_available_at)
+    if state == "open" and cooldown_until is not None and cooldown_until > now:
+        waits.append(cooldown_until)
+    if state == "half_open" and probe_in_flight:
+        waits.append(now + PROBE_WAIT)
+    return max(waits) if waits else None

@@ -1,0 +1,1051 @@
+"""A fake HTTP API for connector tests: routes, scripted replies and injected faults.
+
+One :class:`FakeAPI` answers in-process (through :meth:`FakeAPI.transport`, an
+``httpx.MockTransport``, or :meth:`FakeAPI.mock_router`, a respx router) and on loopback
+(:meth:`FakeAPI.serve`, :meth:`FakeAPI.serve_in_thread`: a real HTTP/1.1 server on
+``127.0.0.1``), with the same routes, scripts and faults::
+
+    api = FakeAPI()
+    api.route("GET", "/items", {"items": [1, 2]})
+    api.script("GET", "/items", [Fault.rate_limited(retry_after=7), PASS])
+    async with httpx.AsyncClient(transport=api.transport(), base_url="https://api.test") as c:
+        assert (await c.get("/items")).status_code == 429
+        assert (await c.get("/items")).json() == {"items": [1, 2]}
+
+How a request is answered; the first rule that applies wins:
+
+1. the next step of a script registered for its method and path (:meth:`FakeAPI.script`):
+   a :class:`Reply`, a :class:`Fault`, or :data:`PASS` (go on with the rules below);
+2. bearer authentication, on routes that require it (:meth:`FakeAPI.issue_token`): 401
+   with ``WWW-Authenticate: Bearer error="invalid_token"`` for an unknown, expired or
+   revoked token;
+3. random faults (:meth:`FakeAPI.faults`), drawn from a seeded generator;
+4. expired cursors (:meth:`FakeAPI.expire_cursor`): 410 Gone;
+5. the route's handler, or its static JSON; 405 for a known path with another method,
+   404 for an unknown path.
+
+Faults that cannot be an HTTP answer differ by where the fake runs. In-process they raise
+what httpx raises against a real server; on loopback the server really does it:
+
+==================  ===================================  ===============================
+fault               in-process (transport)               loopback
+==================  ===================================  ===============================
+timeout             ``httpx.ReadTimeout``                waits ``delay`` s, then closes
+disconnect          ``httpx.RemoteProtocolError``        closes without answering
+connection_reset    ``httpx.ReadError``                  closes with a TCP RST
+connect_error       ``httpx.ConnectError``               closes with a TCP RST
+lost_response       handler runs, then as disconnect     handler runs, then closes
+                    (as timeout when ``delay`` is set)   (after ``delay`` s if set)
+==================  ===================================  ===============================
+
+Every request is recorded in :attr:`FakeAPI.requests`, answered or not. Handlers are plain
+(synchronous) functions: they run under the fake's lock, so a handler's state changes are
+atomic with respect to concurrent requests and to a test thread inspecting the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import http
+import json
+import math
+import random
+import re
+import socket
+import struct
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final, Literal
+from urllib.parse import parse_qsl
+
+import httpx
+
+if TYPE_CHECKING:
+    import respx
+
+__all__ = [
+    "PASS",
+    "DropMode",
+    "FakeAPI",
+    "Fault",
+    "FaultRates",
+    "Handler",
+    "Passthrough",
+    "RecordedRequest",
+    "Reply",
+    "RetryAfterForm",
+    "TokenInfo",
+]
+
+#: How a rate-limit fault states its wait.
+RetryAfterForm = Literal["seconds", "http-date", "retry-after-ms", "x-ms-retry-after-ms"]
+#: How a request goes unanswered (see the module docstring's table).
+DropMode = Literal["timeout", "disconnect", "reset", "connect_error"]
+
+_JSON = "application/json"
+_RETRY_HEADERS: Final[dict[str, str]] = {
+    "seconds": "Retry-After",
+    "http-date": "Retry-After",
+    "retry-after-ms": "retry-after-ms",
+    "x-ms-retry-after-ms": "x-ms-retry-after-ms",
+}
+
+
+# --- what a request looks like, and what answers it --------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the fake received it; handlers get it too.
+
+    ``path`` is percent-decoded; ``query`` keeps the last value of each parameter
+    (``query_items`` keeps them all, in order); ``params`` are the route's path
+    parameters (``/items/{id}`` gives ``{"id": ...}``); ``time`` is the fake's clock.
+    """
+
+    method: str
+    path: str
+    query: Mapping[str, str]
+    headers: httpx.Headers
+    body: bytes
+    time: datetime
+    url: str
+    params: Mapping[str, str] = field(default_factory=dict)
+    query_items: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        """The body parsed as JSON (raises ``ValueError`` when it is not JSON)."""
+        return json.loads(self.body)
+
+    def form(self) -> dict[str, str]:
+        """The body parsed as ``application/x-www-form-urlencoded``."""
+        return dict(parse_qsl(self.text, keep_blank_values=True))
+
+    @property
+    def base_url(self) -> str:
+        """``scheme://host[:port]`` as the client addressed the fake, for absolute links."""
+        u = httpx.URL(self.url)
+        port = f":{u.port}" if u.port is not None else ""
+        return f"{u.scheme}://{u.host}{port}"
+
+    @property
+    def bearer_token(self) -> str | None:
+        scheme, _, value = self.headers.get("authorization", "").partition(" ")
+        return value.strip() or None if scheme.lower() == "bearer" else None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP answer: status, headers and body bytes."""
+
+    status: int = 200
+    body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def json(cls, data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Reply:
+        return cls(status, json.dumps(data).encode(), _with_type(headers, _JSON))
+
+    @classmethod
+    def text(
+        cls,
+        text: str,
+        status: int = 200,
+        headers: Mapping[str, str] | None = None,
+        content_type: str = "text/plain; charset=utf-8",
+    ) -> Reply:
+        return cls(status, text.encode(), _with_type(headers, content_type))
+
+    @classmethod
+    def empty(cls, status: int = 204, headers: Mapping[str, str] | None = None) -> Reply:
+        return cls(status, b"", tuple((headers or {}).items()))
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
+
+
+def _with_type(headers: Mapping[str, str] | None, content_type: str) -> tuple[tuple[str, str], ...]:
+    items = dict(headers or {})
+    if not any(k.lower() == "content-type" for k in items):
+        items["Content-Type"] = content_type
+    return tuple(items.items())
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Something going wrong on the server's side, in a script or from a handler.
+
+    Build them with the class methods. ``repeat`` says how many script steps one fault
+    stands for (``Fault.unavailable(times=3)`` is a burst of three 503s).
+    """
+
+    kind: Literal["reply", "drop", "lost_response", "truncated"]
+    status: int = 0
+    body: bytes | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    retry_after: float | None = None
+    retry_after_form: RetryAfterForm = "seconds"
+    drop: DropMode | None = None
+    delay: float = 0.0
+    repeat: int = 1
+
+    # --- answers that are HTTP responses ---
+
+    @classmethod
+    def rate_limited(
+        cls,
+        retry_after: float | None = 1,
+        *,
+        form: RetryAfterForm = "seconds",
+        status: int = 429,
+        body: Any = None,
+        times: int = 1,
+    ) -> Fault:
+        """429 with the wait as ``Retry-After`` seconds (``form="seconds"``), as an HTTP-date
+        that far from the fake's clock (``"http-date"``), or in milliseconds
+        (``"retry-after-ms"``, ``"x-ms-retry-after-ms"``); ``retry_after=None`` sends none."""
+        if form not in _RETRY_HEADERS:
+            raise ValueError(f"unknown Retry-After form {form!r}")
+        payload = {"error": "rate_limited"} if body is None else body
+        return cls(
+            "reply",
+            status,
+            json.dumps(payload).encode(),
+            (("Content-Type", _JSON),),
+            retry_after=retry_after,
+            retry_after_form=form,
+            repeat=times,
+        )
+
+    @classmethod
+    def server_error(cls, status: int = 500, *, body: Any = None, times: int = 1) -> Fault:
+        payload = {"error": http.HTTPStatus(status).phrase} if body is None else body
+        headers = (("Content-Type", _JSON),)
+        return cls("reply", status, json.dumps(payload).encode(), headers, repeat=times)
+
+    @classmethod
+    def unavailable(cls, times: int = 1, *, retry_after: float | None = None) -> Fault:
+        """503 Service Unavailable, ``times`` in a row, optionally with ``Retry-After``."""
+        return replace(cls.server_error(503, times=times), retry_after=retry_after)
+
+    @classmethod
+    def token_expired(cls, description: str = "The access token expired") -> Fault:
+        """401 with ``WWW-Authenticate: Bearer error="invalid_token"``, whatever the token."""
+        return cls("reply", 401, *_unauthorized_parts(description, None))
+
+    @classmethod
+    def gone(cls, body: Any = None) -> Fault:
+        """410 Gone, as APIs answer an expired cursor or sync token."""
+        payload = {"error": "cursor_expired"} if body is None else body
+        return cls("reply", 410, json.dumps(payload).encode(), (("Content-Type", _JSON),))
+
+    @classmethod
+    def malformed_json(cls, body: bytes = b'{"items": [{"id": 1,, ]', status: int = 200) -> Fault:
+        """A body that is not JSON, sent with a JSON content type."""
+        return cls("reply", status, body, (("Content-Type", _JSON),))
+
+    @classmethod
+    def truncated_json(cls, data: Any = None) -> Fault:
+        """The first half of a JSON document, with a JSON content type and a correct
+        ``Content-Length``: ``data``'s serialisation, or, without data, the handler's own
+        answer (the handler runs)."""
+        body = None if data is None else json.dumps(data).encode()
+        return cls("truncated", 200, body, (("Content-Type", _JSON),))
+
+    # --- no answer ---
+
+    @classmethod
+    def timeout(cls, delay: float = 30.0) -> Fault:
+        """No answer: in-process ``httpx.ReadTimeout``; on loopback the server waits
+        ``delay`` seconds (make it longer than the client's timeout) and closes. The
+        handler does not run."""
+        return cls("drop", drop="timeout", delay=delay)
+
+    @classmethod
+    def disconnect(cls) -> Fault:
+        """The server closes the connection without answering (handler does not run)."""
+        return cls("drop", drop="disconnect")
+
+    @classmethod
+    def connection_reset(cls) -> Fault:
+        """The connection is reset (TCP RST) instead of answered (handler does not run)."""
+        return cls("drop", drop="reset")
+
+    @classmethod
+    def connect_error(cls) -> Fault:
+        """In-process ``httpx.ConnectError``; on loopback an immediate reset."""
+        return cls("drop", drop="connect_error")
+
+    @classmethod
+    def lost_response(cls, delay: float = 0.0) -> Fault:
+        """The handler runs (a create commits), then the answer is lost: the connection
+        closes without it, after ``delay`` seconds on loopback (in-process, a delay makes
+        it a ``ReadTimeout``, as a client with a shorter timeout would see)."""
+        return cls("lost_response", delay=delay)
+
+    def repeated(self, times: int) -> Fault:
+        """This fault as ``times`` consecutive script steps."""
+        return replace(self, repeat=times)
+
+
+class Passthrough:
+    """The type of :data:`PASS`."""
+
+    _instance: Passthrough | None = None
+
+    def __new__(cls) -> Passthrough:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "PASS"
+
+
+#: A script step meaning "answer this request normally" (auth, random faults, handler).
+PASS: Final = Passthrough()
+
+Step = Reply | Fault | Passthrough
+#: A route handler: returns a :class:`Reply`, a :class:`Fault`, ``None`` (204) or any
+#: JSON-serialisable value (200 with that JSON).
+Handler = Callable[[RecordedRequest], Any]
+
+
+@dataclass(frozen=True)
+class FaultRates:
+    """Probabilities of random faults per request (see :meth:`FakeAPI.faults`)."""
+
+    rate_limit: float = 0.0
+    server_error: float = 0.0
+    timeout: float = 0.0
+    connection_reset: float = 0.0
+    lost_response: float = 0.0
+    retry_after: float = 1.0
+    retry_after_form: RetryAfterForm = "seconds"
+    server_error_status: int = 503
+    burst: int = 1
+    timeout_delay: float = 30.0
+    methods: frozenset[str] | None = None
+    paths: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        rates = (
+            self.rate_limit,
+            self.server_error,
+            self.timeout,
+            self.connection_reset,
+            self.lost_response,
+        )
+        if any(not 0.0 <= r <= 1.0 for r in rates) or sum(rates) > 1.0 + 1e-9:
+            raise ValueError("fault rates must be in [0, 1] and add up to at most 1")
+        if self.burst < 1:
+            raise ValueError("burst must be at least 1")
+
+
+@dataclass
+class TokenInfo:
+    """A bearer token the fake knows: who it is for and until when it is good."""
+
+    token: str
+    subject: str | None
+    expires_at: datetime
+    revoked: bool = False
+
+    def valid_at(self, now: datetime) -> bool:
+        return not self.revoked and now < self.expires_at
+
+
+# --- routing -------------------------------------------------------------------------------
+
+
+_PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path))?\}")
+
+
+def _compile(template: str) -> re.Pattern[str]:
+    """``/items/{id}`` matches one segment; ``/files/{rest:path}`` matches the rest."""
+    out, pos = [], 0
+    for m in _PARAM.finditer(template):
+        out.append(re.escape(template[pos : m.start()]))
+        out.append(f"(?P<{m.group(1)}>{'.+' if m.group(2) else '[^/]+'})")
+        pos = m.end()
+    out.append(re.escape(template[pos:]))
+    return re.compile("".join(out) + r"\Z")
+
+
+@dataclass
+class _Route:
+    method: str
+    template: str
+    pattern: re.Pattern[str]
+    target: Any
+    auth: bool | None
+
+    @property
+    def literal(self) -> bool:
+        return _PARAM.search(self.template) is None
+
+
+@dataclass
+class _Script:
+    method: str
+    template: str
+    pattern: re.Pattern[str]
+    steps: deque[Step]
+
+
+@dataclass(frozen=True)
+class _Decision:
+    request: RecordedRequest
+    reply: Reply | None
+    drop: DropMode | None = None
+    delay: float = 0.0
+
+
+def _unauthorized_parts(description: str, body: Any) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+    payload = {"error": "invalid_token", "error_description": description} if body is None else body
+    challenge = f'Bearer error="invalid_token", error_description="{description}"'
+    return json.dumps(payload).encode(), (
+        ("Content-Type", _JSON),
+        ("WWW-Authenticate", challenge),
+    )
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _seconds(value: timedelta | float) -> timedelta:
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+class FakeAPI:
+    """A scriptable fake HTTP API with fault injection; see the module docstring.
+
+    ``clock`` drives token expiry, HTTP-date waits and request times (plug in a
+    :class:`~synckit.testing.clock.FakeClock`). ``seed`` makes random faults and generated
+    tokens reproducible. ``require_auth`` makes every route (unless registered with
+    ``auth=False``) demand a bearer token issued by :meth:`issue_token`.
+    ``unauthorized_body`` replaces the JSON body of 401 answers.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], datetime] | None = None,
+        seed: int | None = None,
+        require_auth: bool = False,
+        unauthorized_body: Any = None,
+    ) -> None:
+        self.clock: Callable[[], datetime] = clock or _utcnow
+        self.require_auth = require_auth
+        self.unauthorized_body = unauthorized_body
+        #: Held while a request is dispatched; take it to change a handler's state from
+        #: another thread while :meth:`serve_in_thread` serves.
+        self.lock = threading.RLock()
+        #: Every request received, in order, answered or not.
+        self.requests: list[RecordedRequest] = []
+        #: Exceptions raised by handlers (each answered as a 500).
+        self.handler_errors: list[BaseException] = []
+        self._routes: list[_Route] = []
+        self._scripts: list[_Script] = []
+        self._rates: FaultRates | None = None
+        self._rng = random.Random(seed)
+        self._ids = random.Random(None if seed is None else f"{seed}:ids")
+        self._bursts: dict[str, int] = {}
+        self._tokens: dict[str, TokenInfo] = {}
+        self._cursors: list[tuple[str, str | None, Reply]] = []
+
+    # --- configuration ---------------------------------------------------------------------
+
+    def route(self, method: str, path: str, target: Any, *, auth: bool | None = None) -> None:
+        """Answer ``method path`` with ``target``: a :data:`Handler` or static JSON.
+
+        ``path`` may hold ``{name}`` (one segment) and ``{name:path}`` (the rest) parameters;
+        ``method`` may be ``"*"``. Registering the same method and path again replaces it.
+        ``auth`` overrides the fake's ``require_auth`` for this route.
+        """
+        m = method.upper()
+        with self.lock:
+            self._routes = [r for r in self._routes if (r.method, r.template) != (m, path)]
+            self._routes.append(_Route(m, path, _compile(path), target, auth))
+
+    def script(self, method: str, path: str, steps: Iterable[Step]) -> None:
+        """Queue steps that answer the next requests to ``method path``, one each, before
+        anything else; then requests fall back to the normal rules. A fault with
+        ``repeat=n`` stands for n steps. Calling again appends to that path's script.
+        ``path`` may be a route template or a concrete path."""
+        expanded: deque[Step] = deque()
+        for step in steps:
+            if not isinstance(step, Reply | Fault | Passthrough):
+                raise TypeError(f"a script step is a Reply, a Fault or PASS, not {step!r}")
+            count = step.repeat if isinstance(step, Fault) else 1
+            expanded.extend([step] * count)
+        m = method.upper()
+        with self.lock:
+            for s in self._scripts:
+                if (s.method, s.template) == (m, path):
+                    s.steps.extend(expanded)
+                    return
+            self._scripts.append(_Script(m, path, _compile(path), expanded))
+
+    def clear_scripts(self) -> None:
+        with self.lock:
+            self._scripts.clear()
+
+    def pending_script_steps(self, method: str, path: str) -> int:
+        """How many scripted steps are still queued for ``method path``."""
+        with self.lock:
+            return sum(
+                len(s.steps)
+                for s in self._scripts
+                if (s.method, s.template) == (method.upper(), path)
+            )
+
+    def faults(
+        self,
+        *,
+        rate_limit: float = 0.0,
+        server_error: float = 0.0,
+        timeout: float = 0.0,
+        connection_reset: float = 0.0,
+        lost_response: float = 0.0,
+        seed: int | None = None,
+        retry_after: float = 1.0,
+        retry_after_form: RetryAfterForm = "seconds",
+        server_error_status: int = 503,
+        burst: int = 1,
+        timeout_delay: float = 30.0,
+        methods: Iterable[str] | None = None,
+        paths: Iterable[str] | None = None,
+    ) -> FaultRates:
+        """Inject faults at random: each request draws once from a generator seeded with
+        ``seed`` (reseeded on every call that gives one), so the same sequence of requests
+        meets the same faults. A server error opens a burst: the next ``burst - 1``
+        requests to the same route get the same status. ``methods`` and ``paths`` (route
+        templates or concrete paths) limit which requests are eligible. Calling with no
+        rates turns random faults off."""
+        rates = FaultRates(
+            rate_limit=rate_limit,
+            server_error=server_error,
+            timeout=timeout,
+            connection_reset=connection_reset,
+            lost_response=lost_response,
+            retry_after=retry_after,
+            retry_after_form=retry_after_form,
+            server_error_status=server_error_status,
+            burst=burst,
+            timeout_delay=timeout_delay,
+            methods=None if methods is None else frozenset(m.upper() for m in methods),
+            paths=None if paths is None else tuple(paths),
+        )
+        with self.lock:
+            self._rates = rates
+            self._bursts.clear()
+            if seed is not None:
+                self._rng.seed(seed)
+        return rates
+
+    def issue_token(
+        self,
+        token: str | None = None,
+        *,
+        expires_in: timedelta | float = 3600.0,
+        subject: str | None = None,
+    ) -> str:
+        """Accept ``token`` (generated when omitted) as a bearer token until the fake's
+        clock passes ``expires_in``; ``subject`` says whose it is (see :meth:`token_info`)."""
+        with self.lock:
+            value = token or f"fake-{self._ids.getrandbits(96):024x}"
+            self._tokens[value] = TokenInfo(value, subject, self.clock() + _seconds(expires_in))
+            return value
+
+    def expire_token(self, token: str) -> None:
+        """Make ``token`` expired now: requests carrying it get 401 ``invalid_token``."""
+        with self.lock:
+            self._tokens[token].expires_at = self.clock()
+
+    def revoke_token(self, token: str) -> None:
+        with self.lock:
+            self._tokens[token].revoked = True
+
+    def token_info(self, token: str | None) -> TokenInfo | None:
+        """What the fake knows about ``token`` (None for an unknown one)."""
+        with self.lock:
+            return None if token is None else self._tokens.get(token)
+
+    def expire_cursor(
+        self, value: str, *, param: str | None = None, body: Any = None, status: int = 410
+    ) -> None:
+        """Answer 410 Gone to any request carrying ``value`` as a query parameter (only as
+        ``param`` when given), as APIs answer a cursor or sync token they no longer keep."""
+        reply = Reply.json({"error": "cursor_expired"} if body is None else body, status)
+        with self.lock:
+            self._cursors.append((value, param, reply))
+
+    def calls(self, method: str | None = None, path: str | None = None) -> list[RecordedRequest]:
+        """Recorded requests, optionally only those of ``method`` and matching ``path``
+        (a route template or a concrete path)."""
+        pattern = None if path is None else _compile(path)
+        with self.lock:
+            return [
+                r
+                for r in self.requests
+                if (method is None or r.method == method.upper())
+                and (pattern is None or pattern.match(r.path))
+            ]
+
+    # --- dispatch --------------------------------------------------------------------------
+
+    def _match(self, method: str, path: str) -> tuple[_Route | None, dict[str, str], list[str]]:
+        found: tuple[_Route, dict[str, str]] | None = None
+        allowed: list[str] = []
+        # Literal paths win over templates, then registration order.
+        for route in sorted(self._routes, key=lambda r: not r.literal):
+            m = route.pattern.match(path)
+            if m is None:
+                continue
+            if route.method in (method, "*"):
+                if found is None:
+                    found = (route, m.groupdict())
+            else:
+                allowed.append(route.method)
+        if found is None:
+            return None, {}, allowed
+        return found[0], found[1], allowed
+
+    def _scripted(self, method: str, path: str) -> Step | None:
+        for s in self._scripts:
+            if s.method in (method, "*") and s.steps and s.pattern.match(path):
+                return s.steps.popleft()
+        return None
+
+    def _answer(
+        self, method: str, url: httpx.URL, headers: httpx.Headers, body: bytes
+    ) -> _Decision:
+        with self.lock:
+            now = self.clock()
+            method = method.upper()
+            path = url.path
+            route, params, allowed = self._match(method, path)
+            items = tuple(parse_qsl(url.query.decode("latin-1"), keep_blank_values=True))
+            request = RecordedRequest(
+                method=method,
+                path=path,
+                query=dict(items),
+                headers=httpx.Headers(headers),
+                body=body,
+                time=now,
+                url=str(url),
+                params=params,
+                query_items=items,
+            )
+            self.requests.append(request)
+
+            def produce() -> Reply:
+                result = self._run_handler(request, route, allowed)
+                if isinstance(result, Fault):
+                    return self._fault_reply(result, now) if result.kind == "reply" else Reply()
+                return result
+
+            step = self._scripted(method, path)
+            if isinstance(step, Reply):
+                return _Decision(request, step)
+            if isinstance(step, Fault):
+                return self._apply(step, request, now, produce)
+            needs_auth = self.require_auth if route is None or route.auth is None else route.auth
+            if needs_auth and (denied := self._check_auth(request, now)) is not None:
+                return _Decision(request, denied)
+            if (fault := self._random_fault(method, path, route)) is not None:
+                return self._apply(fault, request, now, produce)
+            if (gone := self._expired_cursor(request)) is not None:
+                return _Decision(request, gone)
+            result = self._run_handler(request, route, allowed)
+            if isinstance(result, Fault):
+                # The handler already ran: a lost response or truncation is of its answer.
+                return self._apply(result, request, now, Reply)
+            return _Decision(request, result)
+
+    def _run_handler(
+        self, request: RecordedRequest, route: _Route | None, allowed: list[str]
+    ) -> Reply | Fault:
+        if route is None:
+            if allowed:
+                return Reply.json(
+                    {"error": "method_not_allowed"}, 405, {"Allow": ", ".join(sorted(allowed))}
+                )
+            return Reply.json({"error": "not_found", "path": request.path}, 404)
+        if not callable(route.target):
+            return Reply.json(route.target)
+        try:
+            result = route.target(request)
+        except Exception as exc:
+            # A bug in a test's handler: answer as a real server would (500) and keep the
+            # exception for the test to see, rather than crash the transport or server.
+            self.handler_errors.append(exc)
+            return Reply.json({"error": "fake_handler_failed", "detail": repr(exc)}, 500)
+        if isinstance(result, Reply | Fault):
+            return result
+        if result is None:
+            return Reply.empty(204)
+        return Reply.json(result)
+
+    def _apply(
+        self, fault: Fault, request: RecordedRequest, now: datetime, produce: Callable[[], Reply]
+    ) -> _Decision:
+        if fault.kind == "reply":
+            return _Decision(request, self._fault_reply(fault, now))
+        if fault.kind == "drop":
+            return _Decision(request, None, fault.drop, fault.delay)
+        if fault.kind == "lost_response":
+            produce()
+            return _Decision(request, None, "timeout" if fault.delay else "disconnect", fault.delay)
+        if fault.body is not None:
+            base = Reply(fault.status, fault.body, fault.headers)
+        else:
+            base = produce()
+        cut = base.body[: max(1, len(base.body) // 2)] if base.body else b"{"
+        return _Decision(request, Reply(base.status, cut, _with_type(None, _JSON)))
+
+    def _fault_reply(self, fault: Fault, now: datetime) -> Reply:
+        headers = list(fault.headers)
+        if fault.retry_after is not None:
+            name = _RETRY_HEADERS[fault.retry_after_form]
+            headers.append((name, _format_wait(fault.retry_after, fault.retry_after_form, now)))
+        return Reply(fault.status, fault.body or b"", tuple(headers))
+
+    def _check_auth(self, request: RecordedRequest, now: datetime) -> Reply | None:
+        token = request.bearer_token
+        if token is None:
+            # RFC 6750 §3.1: no credentials at all gets a bare challenge, no error code.
+            body = json.dumps(
+                {"error": "unauthorized"}
+                if self.unauthorized_body is None
+                else self.unauthorized_body
+            ).encode()
+            return Reply(401, body, (("Content-Type", _JSON), ("WWW-Authenticate", "Bearer")))
+        info = self._tokens.get(token)
+        if info is None:
+            problem = "The access token is not recognised"
+        elif info.revoked:
+            problem = "The access token was revoked"
+        elif now >= info.expires_at:
+            problem = "The access token expired"
+        else:
+            return None
+        return Reply(401, *_unauthorized_parts(problem, self.unauthorized_body))
+
+    def _random_fault(self, method: str, path: str, route: _Route | None) -> Fault | None:
+        rates = self._rates
+        if rates is None:
+            return None
+        if rates.methods is not None and method not in rates.methods:
+            return None
+        if rates.paths is not None and not any(_compile(p).match(path) for p in rates.paths):
+            return None
+        key = f"{route.method} {route.template}" if route else f"{method} {path}"
+        if self._bursts.get(key, 0) > 0:
+            self._bursts[key] -= 1
+            return Fault.server_error(rates.server_error_status)
+        x = self._rng.random()
+        if x < (edge := rates.rate_limit):
+            return Fault.rate_limited(rates.retry_after, form=rates.retry_after_form)
+        if x < (edge := edge + rates.server_error):
+            if rates.burst > 1:
+                self._bursts[key] = rates.burst - 1
+            return Fault.server_error(rates.server_error_status)
+        if x < (edge := edge + rates.timeout):
+            return Fault.timeout(rates.timeout_delay)
+        if x < (edge := edge + rates.connection_reset):
+            return Fault.connection_reset()
+        if x < edge + rates.lost_response:
+            return Fault.lost_response()
+        return None
+
+    def _expired_cursor(self, request: RecordedRequest) -> Reply | None:
+        for value, param, reply in self._cursors:
+            if any(v == value and (param is None or k == param) for k, v in request.query_items):
+                return reply
+        return None
+
+    # --- in-process ------------------------------------------------------------------------
+
+    def transport(self) -> httpx.MockTransport:
+        """An httpx transport answering from this fake (for ``AsyncClient`` and ``Client``)."""
+        return httpx.MockTransport(self.handle)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        """Answer one httpx request in-process (raises httpx errors for dropped answers)."""
+        decision = self._answer(request.method, request.url, request.headers, request.content)
+        if decision.reply is None:
+            raise _transport_error(decision.drop or "disconnect", request)
+        reply = decision.reply
+        headers = [(k, v) for k, v in reply.headers if k.lower() != "content-length"]
+        return httpx.Response(reply.status, headers=headers, content=reply.body, request=request)
+
+    def mock_router(self, base_url: str | None = None) -> respx.MockRouter:
+        """A respx router sending every request (under ``base_url``, if given) to this fake.
+
+        Use it as a context manager to patch httpx globally: ``with api.mock_router(url):``.
+        Needs ``respx`` installed (it is a test dependency, not a synckit one).
+        """
+        import respx
+
+        router = respx.MockRouter(base_url=base_url, assert_all_called=False)
+        router.route().mock(side_effect=self.handle)
+        return router
+
+    # --- loopback --------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def serve(self, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+        """Serve on ``host:port`` (a free port by default) in this event loop; yields the
+        base URL. Leaving the block closes the server and every open connection."""
+        server = _LoopbackServer(self, host, port)
+        url = await server.start()
+        try:
+            yield url
+        finally:
+            await server.close()
+
+    @contextlib.contextmanager
+    def serve_in_thread(self, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+        """Serve from a background thread with its own event loop (for synchronous tests
+        and for clients running in another loop); yields the base URL."""
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        box: dict[str, Any] = {}
+        server = _LoopbackServer(self, host, port)
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                box["url"] = loop.run_until_complete(server.start())
+            except BaseException as exc:
+                box["error"] = exc
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(server.close())
+                loop.close()
+
+        thread = threading.Thread(target=run, name="synckit-fakeapi", daemon=True)
+        thread.start()
+        ready.wait(30)
+        if "error" in box:
+            thread.join(5)
+            raise box["error"]
+        try:
+            yield str(box["url"])
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(30)
+
+
+def _format_wait(seconds: float, form: RetryAfterForm, now: datetime) -> str:
+    if form in ("retry-after-ms", "x-ms-retry-after-ms"):
+        return str(round(seconds * 1000))
+    whole = math.ceil(seconds)
+    if form == "http-date":
+        # HTTP-dates have whole seconds; round the moment up so the wait is never shorter.
+        moment = (now + timedelta(seconds=whole)).astimezone(UTC)
+        if moment.microsecond:
+            moment = moment.replace(microsecond=0) + timedelta(seconds=1)
+        return email.utils.format_datetime(moment, usegmt=True)
+    return str(whole)
+
+
+def _transport_error(drop: DropMode, request: httpx.Request) -> httpx.TransportError:
+    if drop == "timeout":
+        return httpx.ReadTimeout("timed out", request=request)
+    if drop == "reset":
+        return httpx.ReadError("[Errno 104] Connection reset by peer", request=request)
+    if drop == "connect_error":
+        return httpx.ConnectError("[Errno 111] Connection refused", request=request)
+    return httpx.RemoteProtocolError(
+        "Server disconnected without sending a response.", request=request
+    )
+
+
+# --- the loopback server: just enough HTTP/1.1 -----------------------------------------------
+
+
+class _BadRequest(Exception):
+    pass
+
+
+@dataclass
+class _RawRequest:
+    method: str
+    target: str
+    version: str
+    headers: httpx.Headers
+    body: bytes
+
+
+class _LoopbackServer:
+    """HTTP/1.1 with keep-alive on asyncio streams; answers come from ``FakeAPI._answer``.
+
+    Hand-rolled rather than ``http.server`` because faults need control of the socket
+    itself: close without answering, reset, or hold the connection open.
+    """
+
+    def __init__(self, api: FakeAPI, host: str, port: int) -> None:
+        self.api = api
+        self.host = host
+        self.port = port
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._hostport = f"{host}:{port}"
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._on_connection, self.host, self.port)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self._hostport = f"{host}:{port}"
+        return f"http://{self._hostport}"
+
+    async def close(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await self._serve(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            # Only close() cancels these tasks. Ending normally rather than re-raising:
+            # Python 3.11's stream callback calls task.exception() on a cancelled task
+            # and logs a spurious "Exception in callback".
+            pass
+        except _BadRequest as exc:
+            with contextlib.suppress(ConnectionError):
+                writer.write(_encode(Reply.text(f"bad request: {exc}", 400), "GET", False))
+                await writer.drain()
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            raw = await _read_request(reader)
+            if raw is None:
+                return
+            if raw.target.startswith(("http://", "https://")):
+                url = httpx.URL(raw.target)
+            else:
+                url = httpx.URL(f"http://{raw.headers.get('host') or self._hostport}{raw.target}")
+            decision = self.api._answer(raw.method, url, raw.headers, raw.body)
+            if decision.delay > 0:
+                await asyncio.sleep(decision.delay)
+            if decision.reply is None:
+                if decision.drop in ("reset", "connect_error"):
+                    _abort_with_reset(writer)
+                return  # the finally clause closes the connection without an answer
+            keep_alive = (
+                raw.version == "HTTP/1.1" and raw.headers.get("connection", "").lower() != "close"
+            )
+            writer.write(_encode(decision.reply, raw.method, keep_alive))
+            await writer.drain()
+            if not keep_alive:
+                return
+
+
+async def _read_request(reader: asyncio.StreamReader) -> _RawRequest | None:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial.strip():
+            raise _BadRequest("incomplete request head") from exc
+        return None
+    except asyncio.LimitOverrunError as exc:
+        raise _BadRequest("request head too large") from exc
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        method, target, version = lines[0].split(" ", 2)
+    except ValueError as exc:
+        raise _BadRequest(f"bad request line {lines[0]!r}") from exc
+    pairs: list[tuple[str, str]] = []
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise _BadRequest(f"bad header line {line!r}")
+        pairs.append((name.strip(), value.strip()))
+    headers = httpx.Headers(pairs)
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = await _read_chunked(reader)
+    else:
+        try:
+            length = int(headers.get("content-length", "0"))
+        except ValueError as exc:
+            raise _BadRequest("bad Content-Length") from exc
+        body = await reader.readexactly(length) if length > 0 else b""
+    return _RawRequest(method.upper(), target, version.strip(), headers, body)
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        size_line = await reader.readuntil(b"\r\n")
+        try:
+            size = int(size_line.split(b";")[0].strip(), 16)
+        except ValueError as exc:
+            raise _BadRequest("bad chunk size") from exc
+        if size == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
+                pass
+            return b"".join(chunks)
+        chunks.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+
+
+def _encode(reply: Reply, method: str, keep_alive: bool) -> bytes:
+    try:
+        phrase = http.HTTPStatus(reply.status).phrase
+    except ValueError:
+        phrase = "Unknown"
+    lines = [f"HTTP/1.1 {reply.status} {phrase}"]
+    skip = {"content-length", "transfer-encoding", "connection"}
+    lines += [f"{k}: {v}" for k, v in reply.headers if k.lower() not in skip]
+    no_body = reply.status in (204, 304) or 100 <= reply.status < 200
+    body = b"" if no_body or method == "HEAD" else reply.body
+    if not no_body:
+        lines.append(f"Content-Length: {len(reply.body) if method == 'HEAD' else len(body)}")
+    lines.append(f"Date: {email.utils.formatdate(usegmt=True)}")
+    lines.append("Connection: keep-alive" if keep_alive else "Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _abort_with_reset(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            # Linger 0: close() sends RST instead of FIN, as a crashed peer or middlebox does.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
