@@ -40,6 +40,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
     tuple_,
     update,
 )
@@ -201,7 +202,9 @@ def _enqueue_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) -> 
             .values(**r)
             .on_conflict_do_nothing(
                 index_elements=["unique_key"],
-                index_where=jobs.c.status.in_(["pending", "running"]),
+                # Literal SQL: with bound parameters PostgreSQL's generic plan (after five
+                # runs) cannot match the statement to the partial unique index.
+                index_where=text("status IN ('pending', 'running')"),
             )
             .returning(jobs.c.id)
         )

@@ -491,3 +491,13 @@ async def test_handler_max_attempts_sets_the_limit_for_its_kind(db: Database) ->
     await make_worker(db, reg).run_until_idle()
     assert calls == 2
     assert (await store.get_job(db, job.id)).status == "dead"
+
+
+async def test_unique_key_enqueue_survives_generic_plans(db: Database) -> None:
+    """Unique-key enqueues keep working past PostgreSQL's switch to generic plans."""
+    for n in range(8):
+        async with db.begin() as conn:
+            out = await store.enqueue_many(
+                conn, [JobSpec("k", unique_key=f"u{n}-{i}") for i in range(3)]
+            )
+        assert all(e.created for e in out)

@@ -1,0 +1,299 @@
+""":class:`App`: the object users build from their connectors, and the CLI loads.
+
+>>> app = App(connectors=[GraphMail])          # doctest: +SKIP
+
+``synckit worker --app myproject.sync:app`` runs its jobs; ``synckit tenants ... --app
+myproject.sync:app`` manages its tenants. The App builds the job :class:`Registry`:
+
+* ``synckit.poll``: one poll cycle of one tenant and stream
+  (:func:`synckit.runtime.poll.run_cycle`);
+* ``synckit.schedule``: the scheduler, a recurring job (every 5 s by default) that
+  enqueues the due cycles (:func:`synckit.runtime.poll.schedule_polls`).
+
+Handlers get no database from the queue, so the App holds one: the one given to
+:meth:`App.worker` / :meth:`App.bind`, else one opened from the worker's
+``--database-url`` (the CLI tells the App), ``$SYNCKIT_DATABASE_URL``, the App's own
+``database_url``, then the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+
+from synckit.connectors.base import Connector
+from synckit.connectors.context import SyncContext, open_context
+from synckit.connectors.tenants import (
+    Tenant,
+    TenantNotFound,
+    add_tenant,
+    get_tenant,
+)
+from synckit.errors.exceptions import ConfigurationError, PermanentError
+from synckit.runtime.db import ENV_URL, Database, open_database
+from synckit.runtime.handlers import Discard, JobContext, Registry
+from synckit.runtime.jobs import ClaimedJob
+from synckit.runtime.poll import (
+    POLL_KIND,
+    SCHEDULE_KIND,
+    CycleResult,
+    record_id_of,
+    run_cycle,
+    schedule_polls,
+    stream_of_kind,
+)
+from synckit.runtime.worker import Worker
+
+__all__ = ["App"]
+
+SCHEDULER_NAME = "synckit.poll-scheduler"
+
+
+class App:
+    """Connectors by name, the job registry that runs them, and the database they use.
+
+    ``scheduler_every`` is how often due cycles are looked for; ``poll_timeout`` bounds
+    one cycle (a cycle cut short keeps the checkpoints of the pages it committed).
+    ``transport`` replaces the network of every connector (for tests). ``registry`` lets
+    the App's handlers join an existing registry.
+    """
+
+    def __init__(
+        self,
+        connectors: Sequence[type[Connector[Any]]] = (),
+        *,
+        database_url: str | None = None,
+        registry: Registry | None = None,
+        scheduler_every: timedelta = timedelta(seconds=5),
+        poll_timeout: float = 3600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self._connectors: dict[str, type[Connector[Any]]] = {}
+        for cls in connectors:
+            self.add_connector(cls)
+        self.database_url = database_url
+        self.transport = transport
+        self.registry = registry if registry is not None else Registry()
+        self.registry.add(POLL_KIND, self._poll_job, timeout=poll_timeout)
+        self.registry.add(SCHEDULE_KIND, self._schedule_job, timeout=120.0)
+        self.registry.recurring(SCHEDULER_NAME, SCHEDULE_KIND, every=scheduler_every)
+        self._db: Database | None = None
+        self._owned: tuple[asyncio.AbstractEventLoop, Database] | None = None
+
+    # --- connectors -----------------------------------------------------------------------
+
+    def add_connector(self, cls: type[Connector[Any]]) -> None:
+        """Know one more connector class (its ``name`` must be set and unique)."""
+        if not (isinstance(cls, type) and issubclass(cls, Connector)):
+            raise ConfigurationError(f"{cls!r} is not a Connector subclass")
+        if not cls.name:
+            raise ConfigurationError(f"connector class {cls.__qualname__} has no name")
+        other = self._connectors.get(cls.name)
+        if other is not None and other is not cls:
+            raise ConfigurationError(
+                f"two connectors are named {cls.name!r}: {other.__qualname__} "
+                f"and {cls.__qualname__}"
+            )
+        self._connectors[cls.name] = cls
+
+    @property
+    def connectors(self) -> Mapping[str, type[Connector[Any]]]:
+        return dict(self._connectors)
+
+    def connector(self, name: str) -> type[Connector[Any]]:
+        """The connector class named ``name``; ConfigurationError listing the known ones."""
+        try:
+            return self._connectors[name]
+        except KeyError:
+            known = ", ".join(sorted(self._connectors)) or "none"
+            raise ConfigurationError(
+                f"unknown connector {name!r} (this app knows: {known})"
+            ) from None
+
+    # --- the database ---------------------------------------------------------------------
+
+    def bind(self, db: Database) -> None:
+        """Make the App's handlers use ``db`` (:meth:`worker` does this)."""
+        self._db = db
+
+    def use_database_url(self, url: str | None) -> None:
+        """Called by ``synckit worker``: the handlers use the worker's database.
+
+        Without a URL from the command line or the environment, the App's own
+        ``database_url`` becomes the worker's too (set in ``$SYNCKIT_DATABASE_URL`` for
+        this process), so that handlers and worker never use different databases.
+        """
+        if url:
+            self.database_url = url
+        elif self.database_url and not os.environ.get(ENV_URL):
+            os.environ[ENV_URL] = self.database_url
+
+    async def database(self) -> Database:
+        """The database the App's handlers use (see the module docstring)."""
+        if self._db is not None:
+            return self._db
+        loop = asyncio.get_running_loop()
+        if self._owned is None or self._owned[0] is not loop:
+            self._owned = (loop, open_database(self.database_url))
+        return self._owned[1]
+
+    async def aclose(self) -> None:
+        """Dispose of a database the App opened itself."""
+        if self._owned is not None:
+            owned, self._owned = self._owned[1], None
+            await owned.dispose()
+
+    def worker(self, db: Database, **options: Any) -> Worker:
+        """A :class:`Worker` running this App's jobs on ``db`` (options as for Worker)."""
+        self.bind(db)
+        return Worker(db, self.registry, **options)
+
+    # --- tenants and cycles ---------------------------------------------------------------
+
+    async def add_tenant(
+        self, db: Database, tenant: str, connector: str, config: Any = None, **options: Any
+    ) -> Tenant:
+        """:func:`synckit.connectors.tenants.add_tenant` with this App's connectors."""
+        return await add_tenant(db, tenant, connector, config, app=self, **options)
+
+    def instance(self, tenant: Tenant) -> Connector[Any]:
+        """The tenant's connector, bound to it (its config validated)."""
+        return self.connector(tenant.connector)(tenant.tenant, tenant.config)
+
+    @asynccontextmanager
+    async def context(
+        self,
+        db: Database,
+        tenant: str | Tenant,
+        *,
+        stream: str | None = None,
+        trace_id: str | None = None,
+        log: Any = None,
+    ) -> AsyncIterator[SyncContext]:
+        """A :class:`SyncContext` for ``tenant`` (e.g. to call its API from a script)."""
+        t = tenant if isinstance(tenant, Tenant) else await get_tenant(db, tenant)
+        connector = self.instance(t)
+        streams = type(connector).declared_streams()
+        name = stream or (streams[0].name if streams else "default")
+        async with open_context(
+            db,
+            connector,
+            resource_key=t.resource_key,
+            stream=name,
+            trace_id=trace_id,
+            log=log,
+            transport=self.transport,
+        ) as ctx:
+            yield ctx
+
+    async def schedule(self, db: Database, *, now: datetime | None = None) -> list[str]:
+        """Enqueue the due cycles now; what the recurring scheduler job does."""
+        return await schedule_polls(db, self._connectors, now=now)
+
+    async def poll(
+        self,
+        db: Database,
+        tenant: str,
+        stream: str | None = None,
+        *,
+        job: ClaimedJob | None = None,
+        trace_id: str | None = None,
+        log: Any = None,
+    ) -> CycleResult:
+        """Run one cycle of ``tenant``'s ``stream`` (default: its first) in this process."""
+        t = await get_tenant(db, tenant)
+        cls = self.connector(t.connector)
+        if stream is None:
+            streams = cls.declared_streams()
+            if not streams:
+                raise ConfigurationError(f"connector {cls.name!r} does not poll")
+            stream = streams[0].name
+        cls.stream(stream)
+        async with self.context(db, t, stream=stream, trace_id=trace_id, log=log) as ctx:
+            return await run_cycle(db, ctx.connector, ctx, job=job)
+
+    async def replay_record(
+        self, db: Database, tenant: str, connector: str, kind: str, payload: Any
+    ) -> None:
+        """Run ``handle()`` again on one dead-lettered record; raise if it fails again.
+
+        ``kind`` is the dead letter's (``record:<stream>``). The call is paced and
+        classified like a poll cycle's. Rows that can never be replayed (the tenant or
+        connector is gone, the kind is not a record kind) raise
+        :class:`synckit.dlq.replay.Unreplayable`; a paused tenant raises
+        :class:`~synckit.connectors.tenants.TenantError` (replay it once resumed).
+        """
+        from synckit.connectors.tenants import TenantError
+        from synckit.dlq.replay import Unreplayable
+
+        try:
+            stream = stream_of_kind(kind)
+            t = await get_tenant(db, tenant)
+            if t.connector != connector:
+                raise Unreplayable(
+                    f"tenant {tenant!r} now uses connector {t.connector!r}, not {connector!r}"
+                )
+            cls = self.connector(connector)
+            cls.stream(stream)
+            instance = cls(t.tenant, t.config)
+        except TenantNotFound as exc:
+            raise Unreplayable(str(exc)) from exc
+        except ConfigurationError as exc:
+            raise Unreplayable(str(exc)) from exc
+        if t.status == "paused":
+            raise TenantError(f"tenant {tenant!r} is paused")
+        async with open_context(
+            db, instance, resource_key=t.resource_key, stream=stream, transport=self.transport
+        ) as ctx:
+            await instance.handle(ctx.for_record(record_id_of(instance, payload)), payload)
+
+    # --- job handlers ---------------------------------------------------------------------
+
+    async def _schedule_job(self, jctx: JobContext) -> None:
+        fired = await self.schedule(await self.database())
+        if fired:
+            jctx.log.info("poll.cycles_enqueued", cycles=len(fired))
+
+    async def _poll_job(self, jctx: JobContext) -> None:
+        p = jctx.payload
+        if not (
+            isinstance(p, Mapping)
+            and all(isinstance(p.get(k), str) for k in ("tenant", "connector", "stream"))
+        ):
+            raise Discard(f"malformed poll payload: {str(p)[:200]}")
+        db = await self.database()
+        try:
+            t = await get_tenant(db, p["tenant"])
+        except TenantNotFound:
+            raise Discard(f"tenant {p['tenant']!r} was removed") from None
+        if t.connector != p["connector"]:
+            raise Discard(f"tenant {t.tenant!r} now uses connector {t.connector!r}")
+        if t.status != "active":
+            raise Discard(f"tenant {t.tenant!r} is {t.status}")
+        try:
+            cls = self.connector(t.connector)
+            cls.stream(p["stream"])
+        except ConfigurationError as exc:
+            raise Discard(str(exc)) from None
+        try:
+            instance = cls(t.tenant, t.config)
+        except ConfigurationError as exc:
+            # The config was valid when added; the model has changed since. Retrying
+            # cannot help: a human must update the tenant's config.
+            raise PermanentError(str(exc)) from exc
+        async with open_context(
+            db,
+            instance,
+            resource_key=t.resource_key,
+            stream=p["stream"],
+            trace_id=jctx.job.trace_id,
+            log=jctx.log,
+            transport=self.transport,
+        ) as ctx:
+            await run_cycle(db, instance, ctx, job=jctx.job)

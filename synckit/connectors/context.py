@@ -1,0 +1,171 @@
+""":class:`SyncContext`: what a connector's hooks receive.
+
+``ctx.http`` is the tenant's ``httpx.AsyncClient`` (base URL, auth, timeouts, pacing and
+error classification applied to every request: see :mod:`synckit.connectors.http`);
+``ctx.log`` a structlog logger bound to tenant, connector, stream and trace id;
+``ctx.intent(...)`` an intent-first create; ``ctx.stream`` the stream being polled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import structlog
+
+from synckit.connectors.base import DEFAULT_STREAM, Connector
+from synckit.connectors.http import PacedTransport, Pacer, SyncClient
+from synckit.runtime.db import Database
+from synckit.runtime.jobs import utcnow
+
+if TYPE_CHECKING:
+    from synckit.connectors.intents import Create, Find, IntentResult
+
+__all__ = ["SyncContext", "open_context"]
+
+
+@dataclass(eq=False)
+class SyncContext:
+    """What ``poll()`` and ``handle()`` get. One per tenant and cycle (or replay).
+
+    ``record_id`` is set in the copy ``handle()`` receives for one record, whose ``log``
+    is bound to it too.
+    """
+
+    db: Database
+    connector: Connector[Any]
+    tenant: str
+    stream: str
+    resource_key: str
+    trace_id: str
+    log: Any
+    http: httpx.AsyncClient
+    record_id: str | None = None
+
+    @property
+    def connector_name(self) -> str:
+        return self.connector.name
+
+    def for_record(self, record_id: str) -> SyncContext:
+        """This context for the handling of one record: ``record_id`` set and logged."""
+        return dataclasses.replace(
+            self, record_id=record_id, log=self.log.bind(record_id=record_id)
+        )
+
+    async def intent(
+        self,
+        key: str,
+        *,
+        create: Create,
+        find: Find | None = None,
+        request: Any = None,
+        idempotency_header: str | None = None,
+    ) -> IntentResult:
+        """Create something on the API at most once per ``key`` for this tenant.
+
+        Delegates to :func:`synckit.connectors.intents.run_intent` (the intent is stored
+        before ``create`` runs; a finished one returns its stored result; an unfinished
+        one asks ``find`` first). ``request`` is what the create sends: its fingerprint
+        detects a key reused for a different request.
+        """
+        # Imported here: intents depends on the runtime, and a connector that never
+        # creates anything should not pay for it.
+        from synckit.connectors.intents import run_intent
+
+        return await run_intent(
+            self.db,
+            tenant=self.tenant,
+            connector=self.connector.name,
+            key=key,
+            create=create,
+            find=find,
+            request=request,
+            idempotency_header=idempotency_header,
+        )
+
+
+async def _idempotency_hook(request: httpx.Request) -> None:
+    # Inside ctx.intent(..., idempotency_header=...), the create's POST/PUT/PATCH requests
+    # carry the intent's idempotency key.
+    from synckit.connectors.intents import idempotency_request_hook
+
+    await idempotency_request_hook(request)
+
+
+def _user_agent(connector: Connector[Any]) -> str:
+    try:
+        from importlib.metadata import version
+
+        v = version("synckit")
+    except Exception:  # not installed as a distribution (a source checkout)
+        v = "dev"
+    return f"synckit/{v} ({connector.name})"
+
+
+@asynccontextmanager
+async def open_context(
+    db: Database,
+    connector: Connector[Any],
+    *,
+    resource_key: str,
+    stream: str = DEFAULT_STREAM,
+    trace_id: str | None = None,
+    log: Any = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    clock: Callable[[], datetime] = utcnow,
+) -> AsyncIterator[SyncContext]:
+    """A :class:`SyncContext` for ``connector``'s tenant; its HTTP client closes on exit.
+
+    ``transport`` replaces the network (``httpx.MockTransport`` in tests); pacing and
+    classification still apply on top of it.
+    """
+    trace_id = trace_id or uuid.uuid4().hex
+    bound = (log if log is not None else structlog.get_logger("synckit.connector")).bind(
+        tenant=connector.tenant, connector=connector.name, stream=stream, trace_id=trace_id
+    )
+    pacer = Pacer(
+        db,
+        resource_key,
+        rate_limit=connector.rate_limit,
+        max_wait=connector.max_inline_wait,
+        clock=clock,
+    )
+    timeout = connector.timeout
+    if not isinstance(timeout, httpx.Timeout):
+        timeout = httpx.Timeout(timeout)
+    client = SyncClient(
+        connector=connector,
+        pacer=pacer,
+        clock=clock,
+        base_url=connector.base_url,
+        timeout=timeout,
+        transport=PacedTransport(transport or httpx.AsyncHTTPTransport(), pacer),
+        headers={"User-Agent": _user_agent(connector)},
+        event_hooks={"request": [_idempotency_hook]},
+    )
+    ctx = SyncContext(
+        db=db,
+        connector=connector,
+        tenant=connector.tenant,
+        stream=stream,
+        resource_key=resource_key,
+        trace_id=trace_id,
+        log=bound,
+        http=client,
+    )
+    try:
+        # Auth is built last: an OAuth flow needs the context (database, tenant).
+        auth = connector.build_auth(ctx)
+        if auth is not None:
+            client.auth = auth
+    except BaseException:
+        await client.aclose()
+        raise
+    async with client:
+        yield ctx

@@ -1,0 +1,281 @@
+"""``synckit tenants add|ls|show|pause|resume|remove``: manage tenants from the shell.
+
+Commands that need the connector classes (``add`` validates the config with the
+connector's model) take ``--app module:attribute`` naming a :class:`synckit.App`
+(or ``$SYNCKIT_APP``).
+
+``synckit.cli`` imports this module at its bottom to register the group, so this module
+must not import ``synckit.cli`` at import time (under ``python -m synckit.cli`` that would
+import the CLI a second time, half-built): its helpers are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from pydantic import SecretBytes, SecretStr
+from rich.table import Table
+
+from synckit.connectors import tenants as store
+from synckit.connectors.schedule import DEFAULT_SCHEDULE
+from synckit.runtime.db import ENV_URL, Database
+from synckit.runtime.logging import REDACTED, redact
+from synckit.runtime.poll import list_checkpoints
+
+if TYPE_CHECKING:
+    from synckit.app import App
+
+# The same option as ``synckit.cli.database_option`` (see the module docstring).
+database_option = click.option(
+    "--database-url",
+    "database_url",
+    envvar=ENV_URL,
+    default=None,
+    help=f"Database URL (default: ${ENV_URL}, else sqlite:///synckit.db).",
+)
+
+app_option = click.option(
+    "--app",
+    "app_spec",
+    envvar="SYNCKIT_APP",
+    default=None,
+    help="module:attribute of the synckit App (or $SYNCKIT_APP).",
+)
+
+
+def load_app(spec: str | None) -> App:
+    """Import ``module:attribute`` and return the :class:`App` it names."""
+    from synckit.app import App
+    from synckit.cli import CliError
+
+    if not spec:
+        raise CliError("--app is required: module:attribute of your synckit App")
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise CliError(f"--app {spec!r}: expected module:attribute, e.g. myproject.sync:app")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    app = getattr(module, attr, None)
+    if inspect.isfunction(app):  # a factory: ``def make_app() -> App``
+        app = app()
+    if not isinstance(app, App):
+        raise CliError(f"--app {spec!r}: {attr!r} is not a synckit App")
+    return app
+
+
+def _parse_config(config: str | None, config_file: str | None, sets: tuple[str, ...]) -> Any:
+    from synckit.cli import CliError
+
+    data: Any = {}
+    if config is not None and config_file is not None:
+        raise CliError("give --config or --config-file, not both")
+    try:
+        if config is not None:
+            data = json.loads(config)
+        elif config_file is not None:
+            data = json.loads(Path(config_file).read_text())
+    except OSError as exc:
+        raise CliError(f"cannot read --config-file: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise CliError(f"config is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CliError(f"config must be a JSON object, not {type(data).__name__}")
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            data[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            data[key] = raw  # a bare string
+    return data
+
+
+def _secret_fields(app: App | None, connector: str) -> set[str]:
+    if app is None:
+        return set()
+    try:
+        model = app.connector(connector).config_model
+    except Exception:  # an unknown connector: mask by key names only
+        return set()
+    return {
+        name
+        for name, f in model.model_fields.items()
+        if f.annotation in (SecretStr, SecretBytes, SecretStr | None, SecretBytes | None)
+    }
+
+
+def _shown_config(t: store.Tenant, app: App | None) -> dict[str, Any]:
+    config = {
+        k: (REDACTED if k in _secret_fields(app, t.connector) else v) for k, v in t.config.items()
+    }
+    masked: dict[str, Any] = redact(config)
+    return masked
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat(timespec="seconds") if moment else None
+
+
+def _tenant_json(t: store.Tenant, app: App | None) -> dict[str, Any]:
+    return {
+        "tenant": t.tenant,
+        "connector": t.connector,
+        "status": t.status,
+        "status_reason": t.status_reason,
+        "schedule": t.schedule,
+        "resource_key": t.resource_key,
+        "config": _shown_config(t, app),
+        "has_tokens": t.has_tokens,
+        "created_at": _iso(t.created_at),
+        "updated_at": _iso(t.updated_at),
+    }
+
+
+@click.group()
+def tenants() -> None:
+    """Add, list, inspect, pause, resume and remove tenants."""
+
+
+@tenants.command("add")
+@click.argument("tenant")
+@click.argument("connector")
+@click.option("--config", "config", help="The tenant's config as a JSON object.")
+@click.option("--config-file", type=click.Path(dir_okay=False), help="A JSON file of config.")
+@click.option("--set", "sets", multiple=True, help="KEY=VALUE config entry (repeatable).")
+@click.option("--schedule", default=DEFAULT_SCHEDULE, show_default=True, help="'every 5m' or cron.")
+@click.option("--resource-key", help="Default: <connector>:<tenant>.")
+@click.option("--parent-key", help="The per-API resource. Default: api:<connector>.")
+@app_option
+@database_option
+def tenants_add(
+    tenant: str,
+    connector: str,
+    config: str | None,
+    config_file: str | None,
+    sets: tuple[str, ...],
+    schedule: str,
+    resource_key: str | None,
+    parent_key: str | None,
+    app_spec: str | None,
+    database_url: str | None,
+) -> None:
+    """Add TENANT of CONNECTOR; its config is validated by the connector's model."""
+    app = load_app(app_spec)
+    data = _parse_config(config, config_file, sets)
+
+    async def go(d: Database) -> store.Tenant:
+        return await store.add_tenant(
+            d,
+            tenant,
+            connector,
+            data,
+            schedule=schedule,
+            resource_key=resource_key,
+            parent_key=parent_key,
+            app=app,
+        )
+
+    from synckit.cli import run
+
+    t = run(go, database_url)
+    click.echo(
+        f"tenant {t.tenant} added: connector {t.connector}, schedule {t.schedule!r}, "
+        f"resource {t.resource_key}"
+    )
+
+
+@tenants.command("ls")
+@click.option("--connector", help="Only tenants of this connector.")
+@click.option("--status", type=click.Choice(["active", "paused", "needs_reauth"]))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@database_option
+def tenants_ls(
+    connector: str | None, status: str | None, as_json: bool, database_url: str | None
+) -> None:
+    """List tenants by name."""
+    from synckit.cli import console, run
+
+    found = run(lambda d: store.list_tenants(d, connector=connector, status=status), database_url)
+    if as_json:
+        for t in found:
+            click.echo(json.dumps(_tenant_json(t, None), sort_keys=True))
+        return
+    table = Table(title=f"Tenants ({len(found)})")
+    for col in ("tenant", "connector", "status", "schedule", "resource", "reason"):
+        table.add_column(col)
+    for t in found:
+        table.add_row(
+            t.tenant, t.connector, t.status, t.schedule, t.resource_key, t.status_reason or ""
+        )
+    if not found:
+        table.caption = "no tenants yet: synckit tenants add TENANT CONNECTOR --app ..."
+    console.print(table)
+
+
+@tenants.command("show")
+@click.argument("tenant")
+@app_option
+@database_option
+def tenants_show(tenant: str, app_spec: str | None, database_url: str | None) -> None:
+    """Show one tenant (secrets masked), its checkpoints and dead letters, as JSON."""
+    app = load_app(app_spec) if app_spec else None
+
+    async def go(d: Database) -> dict[str, Any]:
+        t = await store.get_tenant(d, tenant)
+        data = _tenant_json(t, app)
+        data["checkpoints"] = {
+            stream: {"cursor": cursor, "updated_at": _iso(at)}
+            for _, stream, cursor, at in await list_checkpoints(d, tenant)
+        }
+        data["dead_letters"] = await store.dead_letter_counts(d, tenant)
+        return data
+
+    from synckit.cli import run
+
+    click.echo(json.dumps(run(go, database_url), indent=2, sort_keys=True, default=str))
+
+
+@tenants.command("pause")
+@click.argument("tenant")
+@click.option("--reason", default="paused by operator", show_default=True)
+@database_option
+def tenants_pause(tenant: str, reason: str, database_url: str | None) -> None:
+    """Pause TENANT: its jobs are not claimed and no cycle is scheduled."""
+    from synckit.cli import run
+
+    t = run(lambda d: store.pause_tenant(d, tenant, reason), database_url)
+    click.echo(f"tenant {t.tenant}: {t.status} ({t.status_reason})")
+
+
+@tenants.command("resume")
+@click.argument("tenant")
+@database_option
+def tenants_resume(tenant: str, database_url: str | None) -> None:
+    """Resume a paused TENANT; overdue cycles run at once."""
+    from synckit.cli import run
+
+    t = run(lambda d: store.resume_tenant(d, tenant), database_url)
+    click.echo(f"tenant {t.tenant}: {t.status}")
+
+
+@tenants.command("remove")
+@click.argument("tenant")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@database_option
+def tenants_remove(tenant: str, yes: bool, database_url: str | None) -> None:
+    """Remove TENANT with its checkpoints (its dead letters and audit counts stay)."""
+    from synckit.cli import run
+
+    if not yes:
+        click.confirm(f"Remove tenant {tenant} and its checkpoints?", abort=True)
+    t = run(lambda d: store.remove_tenant(d, tenant), database_url)
+    click.echo(f"tenant {t.tenant} removed")

@@ -1,0 +1,739 @@
+"""Poll cycles and the scheduler that starts them.
+
+A *poll cycle* is a job (kind ``synckit.poll``) for one tenant and stream. It reads the
+stored checkpoint, iterates the connector's ``poll()`` pages and runs ``handle()`` on
+every record of a page, a few at once, each isolated from the others. After each page,
+one transaction commits:
+
+* the page's checkpoint (unless the stream's ``hold`` policy stops before a failure),
+* a ``dead_letters`` row per failed record, one row per (tenant, connector,
+  ``record:<stream>``, record id): a record failing again updates its row (attempt
+  count, last error, history) instead of adding one; validation and authorization
+  failures wait for ``review``, the rest are ``pending`` for replay a minute later,
+* ``resolved`` on the dead letters of records that succeeded this time (so a replay
+  never overwrites newer data with an old payload),
+* the audit counts of the page (:func:`synckit.runtime.audit.record_audit`),
+* and, for a cycle run as a job, a check that the job still holds its claim (a cycle
+  whose lease was rescued must not move a checkpoint another cycle now owns).
+
+A crash therefore re-processes at most the page it interrupted. Errors about the whole
+API abort the cycle without committing the page: anything ``poll()`` raises, and
+:class:`~synckit.errors.RateLimited` / :class:`~synckit.errors.NeedsReauth` (or a
+database outage) raised by ``handle()``; the job then fails and is retried by the
+worker's rules, which pace the resource. Any other exception of ``handle()`` fails that
+record only.
+
+The *scheduler* (a recurring job, kind ``synckit.schedule``) keeps one tick per tenant and
+stream in ``cron_ticks`` (named ``poll:<tenant>:<stream>``, beside the recurring jobs'
+own ticks) and, for every due tick of an active tenant, advances the tick with a
+compare-and-set and enqueues the cycle in the same transaction, with unique key
+``poll:<tenant>:<stream>`` (never two unfinished cycles for one pair) and the tenant's
+resource key (breakers, pacing and ``max_in_flight`` apply to it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import traceback as tb
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from sqlalchemy import delete, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from synckit.connectors.base import Connector, Page
+from synckit.connectors.schedule import DEFAULT_SCHEDULE, PollSchedule, parse_schedule
+from synckit.errors.classify import Classification, classify
+from synckit.errors.exceptions import (
+    ConfigurationError,
+    DatabaseError,
+    NeedsReauth,
+    RateLimited,
+)
+from synckit.runtime.audit import record_audit
+from synckit.runtime.db import Database
+from synckit.runtime.handlers import Cancel
+from synckit.runtime.jobs import ClaimedJob, JobSpec, _insert, enqueue_many, utcnow
+from synckit.runtime.schema import checkpoints, connections, cron_ticks, dead_letters, jobs
+
+if TYPE_CHECKING:
+    from synckit.connectors.context import SyncContext
+
+__all__ = [
+    "POLL_KIND",
+    "SCHEDULE_KIND",
+    "CycleResult",
+    "RecordFailure",
+    "dead_letter_records",
+    "delete_checkpoints",
+    "delete_poll_ticks",
+    "list_checkpoints",
+    "load_checkpoint",
+    "poll_key",
+    "record_id_of",
+    "record_kind",
+    "resolve_records",
+    "run_cycle",
+    "save_checkpoint",
+    "schedule_polls",
+    "stream_of_kind",
+]
+
+POLL_KIND = "synckit.poll"
+SCHEDULE_KIND = "synckit.schedule"
+#: Attempts of one poll job; a cycle that keeps failing is replaced at the next tick.
+POLL_MAX_ATTEMPTS = 10
+DLQ_RETRY_DELAY = timedelta(minutes=1)
+HISTORY_LIMIT = 20
+_REVIEW = frozenset({"validation", "authorization"})
+_TICK_PREFIX = "poll:"
+# Errors of handle() that say the API (or synckit's database) cannot be used right now,
+# not that this record is bad: they end the cycle, and the page is read again later.
+_CYCLE_ERRORS = (RateLimited, NeedsReauth, DatabaseError)
+
+log = structlog.get_logger("synckit.poll")
+
+
+def record_kind(stream: str) -> str:
+    """The ``dead_letters.kind`` of the records of ``stream``."""
+    return f"record:{stream}"
+
+
+def stream_of_kind(kind: str) -> str:
+    """The stream of a record dead letter's kind (``record:messages`` -> ``messages``)."""
+    if not kind.startswith("record:") or len(kind) == len("record:"):
+        raise ConfigurationError(
+            f"dead letter kind {kind!r} is not a record kind (record:<stream>)"
+        )
+    return kind[len("record:") :]
+
+
+def poll_key(tenant: str, stream: str) -> str:
+    """The unique key of a tenant's cycle of ``stream`` (and the name of its tick)."""
+    return f"{_TICK_PREFIX}{tenant}:{stream}"
+
+
+# --- checkpoints ------------------------------------------------------------------------
+
+
+async def load_checkpoint(
+    target: Database | AsyncConnection, tenant: str, connector: str, stream: str
+) -> Any:
+    """The stored checkpoint of the stream, or None before its first page."""
+    stmt = select(checkpoints.c.cursor).where(
+        checkpoints.c.tenant == tenant,
+        checkpoints.c.connector == connector,
+        checkpoints.c.stream == stream,
+    )
+    if isinstance(target, Database):
+        async with target.begin() as conn:
+            return (await conn.execute(stmt)).scalar()
+    return (await target.execute(stmt)).scalar()
+
+
+async def save_checkpoint(
+    conn: AsyncConnection, tenant: str, connector: str, stream: str, cursor: Any, now: datetime
+) -> None:
+    """Store the stream's checkpoint, in the caller's transaction."""
+    ins = _insert(conn)(checkpoints).values(
+        tenant=tenant, connector=connector, stream=stream, cursor=cursor, updated_at=now
+    )
+    await conn.execute(
+        ins.on_conflict_do_update(
+            index_elements=["tenant", "connector", "stream"],
+            set_={"cursor": ins.excluded.cursor, "updated_at": ins.excluded.updated_at},
+        )
+    )
+
+
+async def list_checkpoints(db: Database, tenant: str) -> list[tuple[str, str, Any, datetime]]:
+    """``(connector, stream, cursor, updated_at)`` of every stream of ``tenant``."""
+    async with db.begin() as conn:
+        rows = await conn.execute(
+            select(
+                checkpoints.c.connector,
+                checkpoints.c.stream,
+                checkpoints.c.cursor,
+                checkpoints.c.updated_at,
+            )
+            .where(checkpoints.c.tenant == tenant)
+            .order_by(checkpoints.c.connector, checkpoints.c.stream)
+        )
+        return [(r.connector, r.stream, r.cursor, r.updated_at) for r in rows]
+
+
+async def delete_checkpoints(conn: AsyncConnection, tenant: str) -> None:
+    await conn.execute(delete(checkpoints).where(checkpoints.c.tenant == tenant))
+
+
+# --- dead letters of records ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordFailure:
+    """One record whose ``handle()`` failed, as it goes to the dead-letter queue."""
+
+    record_id: str
+    payload: Any
+    error_class: str
+    message: str
+    traceback: str | None
+
+
+def _chunks(items: Sequence[str], size: int = 500) -> list[Sequence[str]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+async def dead_letter_records(
+    conn: AsyncConnection,
+    *,
+    tenant: str,
+    connector: str,
+    kind: str,
+    failures: Sequence[RecordFailure],
+    trace_id: str | None,
+    job_id: int | None,
+    resource_key: str | None,
+    now: datetime,
+) -> None:
+    """Write failed records to ``dead_letters``, one row per record, in the caller's txn.
+
+    A record that already has a row gets it updated: ``attempt_count + 1``, the last
+    error, its history appended (the last 20 kept), the latest payload, and back to
+    ``pending``/``review`` whatever it was.
+    """
+    by_id = {f.record_id: f for f in failures}  # a record twice in one page: the last counts
+    if not by_id:
+        return
+    ids = sorted(by_id)
+    existing: dict[str, Any] = {}
+    for chunk in _chunks(ids):
+        rows = await conn.execute(
+            select(dead_letters.c.record_id, dead_letters.c.history)
+            .where(
+                dead_letters.c.tenant == tenant,
+                dead_letters.c.connector == connector,
+                dead_letters.c.kind == kind,
+                dead_letters.c.record_id.in_(list(chunk)),
+            )
+            .with_for_update()
+        )
+        existing.update({r.record_id: r for r in rows})
+    new_rows: list[dict[str, Any]] = []
+    for rid in ids:
+        f = by_id[rid]
+        entry = {
+            "at": now.isoformat(),
+            "error_class": f.error_class,
+            "message": f.message[:500],
+            "trace_id": trace_id,
+        }
+        review = f.error_class in _REVIEW
+        values: dict[str, Any] = {
+            "payload": f.payload,
+            "error_class": f.error_class[:32],
+            "error_message": f.message[:4000],
+            "traceback": f.traceback,
+            "trace_id": trace_id,
+            "job_id": job_id,
+            "resource_key": resource_key,
+            "status": "review" if review else "pending",
+            "status_reason": None,
+            "last_attempt_at": now,
+            "next_retry_at": None if review else now + DLQ_RETRY_DELAY,
+            "resolved_at": None,
+        }
+        if rid in existing:
+            old = existing[rid].history
+            history = [*(old if isinstance(old, list) else []), entry][-HISTORY_LIMIT:]
+            await conn.execute(
+                update(dead_letters)
+                .where(
+                    dead_letters.c.tenant == tenant,
+                    dead_letters.c.connector == connector,
+                    dead_letters.c.kind == kind,
+                    dead_letters.c.record_id == rid,
+                )
+                .values(**values, history=history, attempt_count=dead_letters.c.attempt_count + 1)
+            )
+        else:
+            new_rows.append(
+                {
+                    **values,
+                    "tenant": tenant,
+                    "connector": connector,
+                    "kind": kind,
+                    "record_id": rid,
+                    "history": [entry],
+                    "attempt_count": 1,
+                    "replay_attempts": 0,
+                    "first_failed_at": now,
+                }
+            )
+    if new_rows:
+        ins = _insert(conn)(dead_letters).values(new_rows)
+        # Only a concurrent writer of the same record can conflict here (the row was not
+        # there when read); count the failure on its row rather than fail the page.
+        await conn.execute(
+            ins.on_conflict_do_update(
+                index_elements=["tenant", "connector", "kind", "record_id"],
+                set_={
+                    "payload": ins.excluded.payload,
+                    "error_class": ins.excluded.error_class,
+                    "error_message": ins.excluded.error_message,
+                    "traceback": ins.excluded.traceback,
+                    "trace_id": ins.excluded.trace_id,
+                    "status": ins.excluded.status,
+                    "last_attempt_at": ins.excluded.last_attempt_at,
+                    "next_retry_at": ins.excluded.next_retry_at,
+                    "attempt_count": dead_letters.c.attempt_count + 1,
+                },
+            )
+        )
+
+
+async def resolve_records(
+    conn: AsyncConnection,
+    *,
+    tenant: str,
+    connector: str,
+    kind: str,
+    record_ids: Sequence[str],
+    now: datetime,
+) -> int:
+    """Mark the open dead letters of records that just succeeded ``resolved``."""
+    resolved = 0
+    for chunk in _chunks(sorted(set(record_ids))):
+        res = await conn.execute(
+            update(dead_letters)
+            .where(
+                dead_letters.c.tenant == tenant,
+                dead_letters.c.connector == connector,
+                dead_letters.c.kind == kind,
+                dead_letters.c.record_id.in_(list(chunk)),
+                dead_letters.c.status.in_(["pending", "review"]),
+            )
+            .values(
+                status="resolved",
+                status_reason="succeeded in a later poll cycle",
+                resolved_at=now,
+                next_retry_at=None,
+            )
+        )
+        resolved += res.rowcount or 0
+    return resolved
+
+
+async def _still_holds(conn: AsyncConnection, job: ClaimedJob) -> bool:
+    # Locks the job row until the page commits, so a rescue cannot slip in between.
+    row = await conn.execute(
+        select(jobs.c.id)
+        .where(
+            jobs.c.id == job.id,
+            jobs.c.claim_token == job.claim_token,
+            jobs.c.status == "running",
+        )
+        .with_for_update()
+    )
+    return row.first() is not None
+
+
+# --- one cycle --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """What one cycle did. ``held`` is true when a ``hold`` stream stopped at a failure."""
+
+    tenant: str
+    connector: str
+    stream: str
+    pages: int
+    ok: int
+    failed: int
+    checkpoint: Any
+    held: bool = False
+
+
+@dataclass
+class _PageOutcome:
+    ok_ids: list[str] = field(default_factory=list)
+    failures: list[RecordFailure] = field(default_factory=list)
+    abort: BaseException | None = None
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value, allow_nan=False)
+        return value
+    except (TypeError, ValueError):
+        return {"unserialisable": repr(value)[:10_000]}
+
+
+def record_id_of(connector: Connector[Any], record: Any) -> str:
+    """``connector.record_id(record)``, or a hash of the record when that fails."""
+    try:
+        rid = connector.record_id(record)
+        if isinstance(rid, str) and rid:
+            return rid[:500]
+    except Exception:  # connector code; a record without an id still gets a stable one
+        pass
+    text = json.dumps(_jsonable(record), sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def _classification(connector: Connector[Any], exc: BaseException, now: datetime) -> Classification:
+    try:
+        return connector.classify(None, exc, now)
+    except Exception:  # a broken classify() override must not lose the record
+        return classify(exc=exc, now=now, rules=connector.classify_rules)
+
+
+def _failure(
+    connector: Connector[Any], rid: str, record: Any, exc: Exception, now: datetime
+) -> RecordFailure:
+    c = _classification(connector, exc, now)
+    text = str(exc)
+    message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    trace = "".join(tb.format_exception(exc, limit=30))
+    return RecordFailure(
+        record_id=rid,
+        payload=_jsonable(record),
+        error_class=c.error_class.value,
+        message=message,
+        traceback=trace[-20_000:],
+    )
+
+
+async def handle_page(
+    connector: Connector[Any],
+    ctx: SyncContext,
+    records: Sequence[Any],
+    *,
+    concurrency: int,
+    clock: Callable[[], datetime] = utcnow,
+) -> _PageOutcome:
+    """Run ``handle()`` on every record, ``concurrency`` at a time, each isolated."""
+    out = _PageOutcome()
+    pending = iter(records)
+
+    async def lane() -> None:
+        for record in pending:
+            if out.abort is not None:
+                return
+            rid = record_id_of(connector, record)
+            try:
+                await connector.handle(ctx.for_record(rid), record)
+            except _CYCLE_ERRORS as exc:
+                if out.abort is None:
+                    out.abort = exc
+                return
+            except Exception as exc:
+                failure = _failure(connector, rid, record, exc, clock())
+                out.failures.append(failure)
+                ctx.log.warning(
+                    "record.failed",
+                    record_id=rid,
+                    error_class=failure.error_class,
+                    error=failure.message[:300],
+                )
+            else:
+                out.ok_ids.append(rid)
+
+    tasks = [asyncio.create_task(lane()) for _ in range(max(1, min(concurrency, len(records))))]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return out
+
+
+_KEEP: Any = object()
+
+
+def _check_checkpoint(connector: Connector[Any], stream: str, cursor: Any) -> None:
+    try:
+        json.dumps(cursor, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"connector {connector.name!r} stream {stream!r}: the checkpoint of a page must "
+            f"be JSON-serialisable: {exc}"
+        ) from None
+
+
+async def run_cycle(
+    db: Database,
+    connector: Connector[Any],
+    ctx: SyncContext,
+    *,
+    job: ClaimedJob | None = None,
+    clock: Callable[[], datetime] = utcnow,
+) -> CycleResult:
+    """Run one poll cycle of ``ctx.stream`` for ``connector``'s tenant (see the module doc).
+
+    ``job`` is the poll job running it, whose claim is checked at every page commit
+    (:class:`~synckit.runtime.handlers.Cancel` if it was lost); None outside the queue.
+    """
+    cls = type(connector)
+    stream = cls.stream(ctx.stream)
+    concurrency = stream.concurrency or cls.record_concurrency
+    kind = record_kind(stream.name)
+    tenant, name = connector.tenant, connector.name
+    checkpoint = await load_checkpoint(db, tenant, name, stream.name)
+    pages = ok = failed = 0
+    held = False
+    source = connector.poll(ctx, checkpoint)
+    if not hasattr(source, "__anext__"):
+        raise ConfigurationError(
+            f"connector {name!r}: poll() must be an async generator yielding Page objects, "
+            f"it returned {type(source).__name__}"
+        )
+    ctx.log.info("poll.started", pages_from=_short(checkpoint))
+    try:
+        async for page in source:
+            if not isinstance(page, Page):
+                raise ConfigurationError(
+                    f"connector {name!r}: poll() yielded {type(page).__name__}, not a Page"
+                )
+            outcome = await handle_page(
+                connector, ctx, page.records, concurrency=concurrency, clock=clock
+            )
+            if outcome.abort is not None:
+                ctx.log.warning(
+                    "poll.aborted",
+                    page=pages + 1,
+                    error=str(outcome.abort)[:300],
+                    error_type=type(outcome.abort).__name__,
+                )
+                raise outcome.abort
+            advance = not (outcome.failures and stream.policy == "hold")
+            cursor = page.checkpoint if advance and page.checkpoint is not None else _KEEP
+            if cursor is not _KEEP:
+                _check_checkpoint(connector, stream.name, cursor)
+            now = clock()
+            async with db.begin() as conn:
+                if job is not None and not await _still_holds(conn, job):
+                    raise Cancel(f"poll job {job.id} lost its claim; the page is not committed")
+                if cursor is not _KEEP:
+                    await save_checkpoint(conn, tenant, name, stream.name, cursor, now)
+                if outcome.failures:
+                    await dead_letter_records(
+                        conn,
+                        tenant=tenant,
+                        connector=name,
+                        kind=kind,
+                        failures=outcome.failures,
+                        trace_id=ctx.trace_id,
+                        job_id=job.id if job is not None else None,
+                        resource_key=ctx.resource_key,
+                        now=now,
+                    )
+                # A record twice in one page that failed once stays failed.
+                succeeded = sorted(set(outcome.ok_ids) - {f.record_id for f in outcome.failures})
+                if succeeded:
+                    await resolve_records(
+                        conn,
+                        tenant=tenant,
+                        connector=name,
+                        kind=kind,
+                        record_ids=succeeded,
+                        now=now,
+                    )
+                await record_audit(
+                    conn,
+                    tenant,
+                    name,
+                    now,
+                    len(outcome.ok_ids),
+                    Counter(f.error_class for f in outcome.failures),
+                )
+            pages += 1
+            ok += len(outcome.ok_ids)
+            failed += len(outcome.failures)
+            if cursor is not _KEEP:
+                checkpoint = cursor
+            ctx.log.info(
+                "poll.page_committed",
+                page=pages,
+                ok=len(outcome.ok_ids),
+                failed=len(outcome.failures),
+            )
+            if not advance:
+                held = True
+                ctx.log.warning(
+                    "poll.held",
+                    page=pages,
+                    failed=len(outcome.failures),
+                    reason="hold policy: the checkpoint stays before the first failed page",
+                )
+                break
+    finally:
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    ctx.log.info("poll.finished", pages=pages, ok=ok, failed=failed, held=held)
+    return CycleResult(tenant, name, stream.name, pages, ok, failed, checkpoint, held)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(_jsonable(value), default=str)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+# --- the scheduler ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    tenant: str
+    connector: str
+    stream: str
+    resource_key: str
+    active: bool
+    spec: str
+    schedule: PollSchedule
+
+
+def _split_tick(name: str) -> tuple[str, str] | None:
+    rest = name[len(_TICK_PREFIX) :]
+    tenant, sep, stream = rest.rpartition(":")
+    return (tenant, stream) if sep and tenant else None
+
+
+async def schedule_polls(
+    db: Database, connectors: Mapping[str, type[Connector[Any]]], *, now: datetime | None = None
+) -> list[str]:
+    """Enqueue a cycle for every due (tenant, stream) of ``connectors``; return their keys.
+
+    A tenant added since the last run is due at once. A changed schedule starts from its
+    next tick. Paused tenants (and those needing re-authorisation) keep their ticks but
+    are not enqueued; ticks of removed tenants are deleted. Keys whose cycle was still
+    queued or running are not in the result (their tick is consumed all the same).
+    """
+    now = now or utcnow()
+    if not connectors:
+        return []
+    async with db.begin() as conn:
+        conn_rows = list(
+            await conn.execute(
+                select(
+                    connections.c.tenant,
+                    connections.c.connector,
+                    connections.c.resource_key,
+                    connections.c.schedule,
+                    connections.c.status,
+                )
+            )
+        )
+        present = {r.tenant: r.connector for r in conn_rows}
+        wanted: dict[str, _Wanted] = {}
+        for r in conn_rows:
+            cls = connectors.get(r.connector)
+            if cls is None:
+                continue  # another application's connector
+            for s in cls.declared_streams():
+                text = s.schedule or r.schedule or DEFAULT_SCHEDULE
+                try:
+                    sched = parse_schedule(text)
+                except ConfigurationError as exc:
+                    log.warning("poll.bad_schedule", tenant=r.tenant, stream=s.name, error=str(exc))
+                    continue
+                key = poll_key(r.tenant, s.name)
+                wanted[key] = _Wanted(
+                    r.tenant,
+                    r.connector,
+                    s.name,
+                    r.resource_key,
+                    r.status == "active",
+                    f"{r.connector}|{sched.text}"[:200],
+                    sched,
+                )
+        ticks = {
+            t.name: t
+            for t in await conn.execute(
+                select(cron_ticks.c.name, cron_ticks.c.spec, cron_ticks.c.next_tick_at).where(
+                    cron_ticks.c.name.startswith(_TICK_PREFIX, autoescape=True)
+                )
+            )
+        }
+        orphans = []
+        for tick_name in ticks:
+            if tick_name in wanted:
+                continue
+            parts = _split_tick(tick_name)
+            owner = present.get(parts[0]) if parts else None
+            if owner is None or owner in connectors:
+                orphans.append(tick_name)
+        if orphans:
+            await conn.execute(delete(cron_ticks).where(cron_ticks.c.name.in_(orphans)))
+        new = [k for k in wanted if k not in ticks]
+        if new:
+            ins = _insert(conn)(cron_ticks).values(
+                [
+                    {"name": k, "spec": wanted[k].spec, "next_tick_at": now, "enabled": True}
+                    for k in new
+                ]
+            )
+            await conn.execute(ins.on_conflict_do_nothing(index_elements=["name"]))
+        current: dict[str, datetime] = {k: now for k in new}
+        for key, w in wanted.items():
+            t = ticks.get(key)
+            if t is None:
+                continue
+            if t.spec != w.spec:
+                nxt = w.schedule.next_after(now, key)
+                await conn.execute(
+                    update(cron_ticks)
+                    .where(cron_ticks.c.name == key)
+                    .values(spec=w.spec, next_tick_at=nxt)
+                )
+                current[key] = nxt
+            else:
+                current[key] = t.next_tick_at
+        specs: list[JobSpec] = []
+        keys: list[str] = []
+        for key, w in sorted(wanted.items()):
+            due_at = current[key]
+            if not w.active or due_at > now:
+                continue
+            won = await conn.execute(
+                update(cron_ticks)
+                .where(cron_ticks.c.name == key, cron_ticks.c.next_tick_at == due_at)
+                .values(last_tick_at=due_at, next_tick_at=w.schedule.next_after(now, key))
+                .returning(cron_ticks.c.name)
+            )
+            if won.first() is None:
+                continue  # another scheduler fired this tick
+            keys.append(key)
+            specs.append(
+                JobSpec(
+                    kind=POLL_KIND,
+                    payload={"tenant": w.tenant, "connector": w.connector, "stream": w.stream},
+                    resource_key=w.resource_key,
+                    unique_key=key,
+                    max_attempts=POLL_MAX_ATTEMPTS,
+                )
+            )
+        enqueued = await enqueue_many(conn, specs, now=now) if specs else []
+    fired = [k for k, e in zip(keys, enqueued, strict=True) if e.created]
+    if fired:
+        log.info("poll.scheduled", cycles=len(fired))
+    return fired
+
+
+async def delete_poll_ticks(conn: AsyncConnection, tenant: str) -> None:
+    """Forget the schedule ticks of ``tenant`` (when it is removed)."""
+    await conn.execute(
+        delete(cron_ticks).where(
+            cron_ticks.c.name.startswith(poll_key(tenant, ""), autoescape=True)
+        )
+    )

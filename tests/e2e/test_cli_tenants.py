@@ -1,0 +1,200 @@
+"""`synckit tenants ...` and `synckit worker --app <App>` run as subprocesses, on both engines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from synckit.runtime.db import open_database
+from synckit.runtime.poll import load_checkpoint
+
+SYNCKIT = [sys.executable, "-m", "synckit.cli"]
+APPS = Path(__file__).parent.parent / "apps"
+APP = "connector_app:app"
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+        "COLUMNS": "200",
+        **extra,
+    }
+
+
+def synckit(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*SYNCKIT, *args], capture_output=True, text=True, env=env(**extra_env), timeout=60
+    )
+
+
+def tenants(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return synckit("tenants", *args, "--database-url", url)
+
+
+def ls(url: str, *args: str) -> list[dict[str, Any]]:
+    result = tenants(url, "ls", "--json", *args)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_add_list_show_pause_resume_remove(migrated_url: str) -> None:
+    """The tenant lifecycle from the shell: every command, its output and its effect."""
+    add = tenants(
+        migrated_url,
+        "add", "acme", "demo", "--config", '{"api_token": "s3cret"}',
+        "--set", "page_size=20", "--schedule", "every 10m", "--app", APP,
+    )  # fmt: skip
+    assert add.returncode == 0, add.stderr
+    assert "tenant acme added" in add.stdout and "demo:acme" in add.stdout
+    [row] = ls(migrated_url)
+    assert (row["tenant"], row["connector"], row["status"]) == ("acme", "demo", "active")
+    assert row["schedule"] == "every 10m" and row["resource_key"] == "demo:acme"
+    table = tenants(migrated_url, "ls")
+    assert table.returncode == 0 and "acme" in table.stdout and "demo" in table.stdout
+
+    show = tenants(migrated_url, "show", "acme", "--app", APP)
+    assert show.returncode == 0, show.stderr
+    shown = json.loads(show.stdout)
+    assert shown["config"] == {"api_token": "***", "page_size": 20}
+    assert shown["checkpoints"] == {} and shown["dead_letters"] == {}
+    assert "s3cret" not in show.stdout + tenants(migrated_url, "show", "acme").stdout
+
+    pause = tenants(migrated_url, "pause", "acme", "--reason", "customer asked")
+    assert pause.returncode == 0 and "paused (customer asked)" in pause.stdout
+    assert [r["tenant"] for r in ls(migrated_url, "--status", "paused")] == ["acme"]
+    assert ls(migrated_url, "--status", "active") == []
+    resume = tenants(migrated_url, "resume", "acme")
+    assert resume.returncode == 0 and "active" in resume.stdout
+
+    remove = tenants(migrated_url, "remove", "acme", "--yes")
+    assert remove.returncode == 0 and "tenant acme removed" in remove.stdout
+    assert ls(migrated_url) == []
+    gone = tenants(migrated_url, "show", "acme")
+    assert gone.returncode == 2 and "no tenant 'acme'" in gone.stderr
+
+
+def test_invalid_config_is_refused_naming_the_field(migrated_url: str) -> None:
+    """A config the connector's model refuses: exit 2, one line naming the fields."""
+    bad = tenants(migrated_url, "add", "bad", "demo", "--set", "page_size=lots", "--app", APP)
+    assert bad.returncode == 2
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: invalid config for tenant 'bad'")
+    assert "api_token: Field required" in lines[0] and "page_size:" in lines[0]
+    assert "Traceback" not in bad.stderr
+    assert ls(migrated_url) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("add", "t1", "nope", "--app", APP), "unknown connector 'nope' (this app knows: demo)"),
+        (("add", "t1", "demo", "--config", "[1]", "--app", APP), "config must be a JSON object"),
+        (("add", "t1", "demo", "--config", "{", "--app", APP), "config is not JSON"),
+        (("add", "t1", "demo", "--set", "api_token=x", "--schedule", "often", "--app", APP),
+         "schedule 'often'"),
+        (("add", "a:b", "demo", "--set", "api_token=x", "--app", APP), "tenant name 'a:b'"),
+        (("add", "t1", "demo"), "--app is required"),
+        (("add", "t1", "demo", "--app", "connector_app:Demo"), "is not a synckit App"),
+        (("pause", "ghost"), "no tenant 'ghost'"),
+    ],
+)  # fmt: skip
+def test_refusals_are_one_line_with_exit_code_2(
+    migrated_url: str, args: tuple[str, ...], message: str
+) -> None:
+    result = tenants(migrated_url, *args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_adding_a_tenant_twice_is_refused(migrated_url: str) -> None:
+    first = tenants(migrated_url, "add", "acme", "demo", "--set", "api_token=x", "--app", APP)
+    assert first.returncode == 0, first.stderr
+    again = tenants(migrated_url, "add", "acme", "demo", "--set", "api_token=y", "--app", APP)
+    assert again.returncode == 2 and "exists already" in again.stderr
+
+
+class _Api(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    posted: list[str] = []
+
+    def _reply(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        page = int(self.path.rpartition("page=")[2] or 0)
+        items = [{"id": f"r{page}-{i}"} for i in range(2)] if page <= 2 else []
+        self._reply(200, {"items": items, "next": page + 1 if page < 2 else None})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).posted.append(body["id"])
+        self._reply(201, {})
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def api_url() -> Iterator[str]:
+    _Api.posted = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _checkpoint(url: str) -> Any:
+    async def go() -> Any:
+        db = open_database(url)
+        try:
+            return await load_checkpoint(db, "acme", "demo", "default")
+        finally:
+            await db.dispose()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.slow
+def test_worker_runs_an_apps_poll_cycles(migrated_url: str, api_url: str, tmp_path: Path) -> None:
+    """`synckit worker --app module:App` schedules and runs the tenants' cycles."""
+    add = tenants(migrated_url, "add", "acme", "demo", "--set", "api_token=x", "--app", APP)
+    assert add.returncode == 0, add.stderr
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as stderr:
+        worker = subprocess.Popen(
+            [*SYNCKIT, "worker", "--app", APP, "--database-url", migrated_url],
+            env=env(CONNECTOR_APP_URL=api_url),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _checkpoint(migrated_url) != {"page": 2}:
+            time.sleep(0.5)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    assert _checkpoint(migrated_url) == {"page": 2}, log.read_text()[-3000:]
+    assert sorted(_Api.posted) == ["r1-0", "r1-1", "r2-0", "r2-1"]
+    assert worker.returncode == 0, log.read_text()[-3000:]

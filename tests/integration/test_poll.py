@@ -1,0 +1,603 @@
+"""Poll cycles against a real HTTP server on loopback, on SQLite and PostgreSQL.
+
+The fake API pages records (``GET /<stream>?page=N``, three records a page) and accepts
+writes (``POST /sink``); a test overrides single responses to inject failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from http import HTTPStatus
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from synckit import App, BearerToken, Connector, Page, RateLimit, Stream, SyncContext
+from synckit.connectors.intents import RemoteRecord
+from synckit.dlq.replay import Unreplayable
+from synckit.errors import NeedsReauth, RateLimited, RetryPolicy
+from synckit.runtime import jobs as store
+from synckit.runtime.db import Database
+from synckit.runtime.handlers import Cancel
+from synckit.runtime.jobs import ClaimedJob, utcnow
+from synckit.runtime.poll import load_checkpoint, run_cycle
+from synckit.runtime.resources import get_resource
+from synckit.runtime.schema import audit_buckets, connections, dead_letters, jobs
+
+# --- a paged REST API on loopback ---------------------------------------------------------
+
+
+@dataclass
+class Req:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+    @property
+    def page(self) -> int:
+        return int(self.query.get("page", "0"))
+
+    def json(self) -> Any:
+        return json.loads(self.body or b"null")
+
+
+Response = tuple[int, dict[str, str], Any]
+
+
+@dataclass
+class FakeApi:
+    """An HTTP/1.1 server (asyncio, keep-alive) that records every request it gets."""
+
+    pages: dict[str, int] = field(default_factory=lambda: {"default": 3, "items": 3, "users": 3})
+    per_page: int = 3
+    override: Callable[[Req], Response | None] | None = None
+    requests: list[Req] = field(default_factory=list)
+    url: str = ""
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+
+    async def close(self) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    def gets(self, path: str) -> list[Req]:
+        return [r for r in self.requests if r.method == "GET" and r.path == path]
+
+    def respond(self, req: Req) -> Response:
+        if self.override is not None and (custom := self.override(req)) is not None:
+            return custom
+        if req.method == "POST" and req.path == "/sink":
+            return 201, {}, {"id": f"remote-{req.json()['id']}"}
+        stream = req.path.strip("/")
+        if req.method == "GET" and stream in self.pages:
+            last = self.pages[stream]
+            if req.page > last:
+                return 200, {}, {"items": [], "next": None}
+            prefix = "u" if stream == "users" else "i"
+            items = [
+                {"id": f"{prefix}{req.page}-{i}", "page": req.page} for i in range(self.per_page)
+            ]
+            return 200, {}, {"items": items, "next": req.page + 1 if req.page < last else None}
+        return 404, {}, {"error": "no such route"}
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                method, target, _ = line.decode().split(" ", 2)
+                headers: dict[str, str] = {}
+                while (h := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    k, _, v = h.decode().partition(":")
+                    headers[k.strip().lower()] = v.strip()
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                url = urllib.parse.urlsplit(target)
+                req = Req(
+                    method,
+                    url.path,
+                    dict(urllib.parse.parse_qsl(url.query)),
+                    headers,
+                    body,
+                    time.monotonic(),
+                )
+                self.requests.append(req)
+                status, extra, payload = self.respond(req)
+                data = json.dumps(payload).encode()
+                head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+                head += [f"{k}: {v}" for k, v in extra.items()]
+                head += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
+                writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeApi]:
+    server = FakeApi()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+# --- the connector under test -------------------------------------------------------------
+
+
+class Crash(BaseException):
+    """Stands for the process dying mid-page (nothing after it runs)."""
+
+
+class ItemsConfig(BaseModel):
+    api_token: str
+
+
+@dataclass
+class Knobs:
+    seen: list[str] = field(default_factory=list)
+    fail: dict[str, Exception] = field(default_factory=dict)
+    crash_once: set[str] = field(default_factory=set)
+    post: bool = False
+    checkpoints_seen: list[Any] = field(default_factory=list)
+    intents: bool = False
+
+
+class ItemsBase(Connector[ItemsConfig]):
+    """A paged REST connector as an integration engineer writes one."""
+
+    auth = BearerToken("api_token")
+    record_concurrency = 2
+    knobs: ClassVar[Knobs]
+
+    async def poll(self, ctx: SyncContext, checkpoint: Any) -> AsyncIterator[Page]:
+        page = (checkpoint or {}).get("page", 0) + 1
+        while True:
+            body = (await ctx.http.get(f"/{ctx.stream}", params={"page": page})).json()
+            yield Page(body["items"], checkpoint={"page": page})
+            if body["next"] is None:
+                return
+            page = body["next"]
+
+    async def handle(self, ctx: SyncContext, record: Any) -> None:
+        k = self.knobs
+        rid = record["id"]
+        k.seen.append(rid)
+        k.checkpoints_seen.append(await load_checkpoint(ctx.db, self.tenant, self.name, ctx.stream))
+        if rid in k.crash_once:
+            k.crash_once.discard(rid)
+            raise Crash(rid)
+        if rid in k.fail:
+            raise k.fail[rid]
+        if k.intents:
+
+            async def create(idempotency_key: str) -> RemoteRecord:
+                sent = await ctx.http.post("/sink", json=record)
+                return RemoteRecord(sent.json()["id"])
+
+            await ctx.intent(f"copy:{rid}", create=create, request=record)
+        elif k.post:
+            await ctx.http.post("/sink", json=record)
+
+
+def make(api: FakeApi, **attrs: Any) -> type[ItemsBase]:
+    """A connector class on this test's server: ``name = "items"`` unless given."""
+    attrs.setdefault("name", "items")
+    attrs.setdefault("knobs", Knobs())
+    return type("Items", (ItemsBase,), {"base_url": api.url, **attrs})
+
+
+async def setup(db: Database, cls: type[ItemsBase], *tenants: str) -> App:
+    app = App([cls])
+    for t in tenants or ("acme",):
+        await app.add_tenant(db, t, cls.name, {"api_token": f"tok-{t}"})
+    return app
+
+
+async def run_worker(app: App, db: Database) -> None:
+    worker = app.worker(db, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05)
+    await worker.run_until_idle()
+
+
+async def dlq_rows(db: Database) -> dict[str, Any]:
+    async with db.begin() as conn:
+        rows = await conn.execute(select(dead_letters).where(dead_letters.c.kind.like("record:%")))
+        return {r.record_id: r for r in rows}
+
+
+async def job_rows(db: Database, kind: str = "synckit.poll") -> list[Any]:
+    async with db.begin() as conn:
+        return list(await conn.execute(select(jobs).where(jobs.c.kind == kind)))
+
+
+# --- cycles ---------------------------------------------------------------------------------
+
+
+async def test_cycle_commits_the_checkpoint_of_each_page(db: Database, api: FakeApi) -> None:
+    """Three pages: every record handled, and page N's checkpoint is stored before N+1."""
+    cls = make(api)
+    app = await setup(db, cls)
+    result = await app.poll(db, "acme")
+    assert (result.pages, result.ok, result.failed) == (3, 9, 0)
+    assert sorted(cls.knobs.seen) == sorted(f"i{p}-{i}" for p in (1, 2, 3) for i in range(3))
+    assert await load_checkpoint(db, "acme", "items", "default") == {"page": 3}
+    seen_during = dict(zip(cls.knobs.seen, cls.knobs.checkpoints_seen, strict=True))
+    assert {seen_during[f"i{p}-0"]["page"] if p > 1 else None for p in (1, 2, 3)} == {
+        None,
+        1,
+        2,
+    }
+    assert all(r.headers["authorization"] == "Bearer tok-acme" for r in api.requests)
+    async with db.begin() as conn:
+        audit = list(await conn.execute(select(audit_buckets)))
+    assert sum(r.ok for r in audit) == 9 and sum(r.failed for r in audit) == 0
+
+
+async def test_bad_records_are_dead_lettered_and_the_checkpoint_advances(
+    db: Database, api: FakeApi
+) -> None:
+    """One bad record (and one the API refuses with 422) fail alone; the rest succeed."""
+    cls = make(api, knobs=Knobs(fail={"i2-1": ValueError("no title")}, post=True))
+    api.override = lambda r: (
+        (422, {}, {"error": "bad"}) if r.path == "/sink" and r.json()["id"] == "i3-0" else None
+    )
+    app = await setup(db, cls)
+    before = utcnow()
+    result = await app.poll(db, "acme", trace_id="trace-123")
+    assert (result.ok, result.failed) == (7, 2)
+    assert await load_checkpoint(db, "acme", "items", "default") == {"page": 3}
+    rows = await dlq_rows(db)
+    assert set(rows) == {"i2-1", "i3-0"}
+    bad = rows["i2-1"]
+    assert (bad.tenant, bad.connector, bad.kind) == ("acme", "items", "record:default")
+    assert bad.payload == {"id": "i2-1", "page": 2}
+    assert bad.error_class == "unknown" and "ValueError: no title" in bad.error_message
+    assert "ValueError: no title" in bad.traceback and "in handle" in bad.traceback
+    assert bad.trace_id == "trace-123" and bad.status == "pending" and bad.attempt_count == 1
+    assert timedelta(seconds=55) < bad.next_retry_at - before < timedelta(seconds=65)
+    refused = rows["i3-0"]
+    assert refused.error_class == "validation" and refused.status == "review"
+    assert refused.next_retry_at is None
+    assert "POST " in refused.error_message and "/sink" in refused.error_message
+    async with db.begin() as conn:
+        audit = list(await conn.execute(select(audit_buckets)))
+    assert sum(r.ok for r in audit) == 7 and sum(r.failed for r in audit) == 2
+    classes: Counter[str] = Counter()
+    for r in audit:
+        classes.update(r.failed_by_class or {})
+    assert classes == {"unknown": 1, "validation": 1}
+
+
+async def test_hold_stops_before_the_failure_and_a_second_failure_updates_the_row(
+    db: Database, api: FakeApi
+) -> None:
+    """hold: checkpoint of the last clean page, cycle ends; failing again counts on one row;
+    succeeding later resolves it."""
+    knobs = Knobs(fail={"i2-1": ValueError("boom")})
+    cls = make(api, knobs=knobs, streams=(Stream("items", policy="hold"),))
+    app = await setup(db, cls)
+    first = await app.poll(db, "acme")
+    assert first.held and first.pages == 2
+    assert await load_checkpoint(db, "acme", "items", "items") == {"page": 1}
+    assert [r.page for r in api.gets("/items")] == [1, 2]
+    second = await app.poll(db, "acme")
+    assert second.held and [r.page for r in api.gets("/items")] == [1, 2, 2]
+    rows = await dlq_rows(db)
+    assert list(rows) == ["i2-1"]
+    row = rows["i2-1"]
+    assert row.attempt_count == 2 and row.kind == "record:items"
+    assert [h["error_class"] for h in row.history] == ["unknown", "unknown"]
+    knobs.fail.clear()
+    third = await app.poll(db, "acme")
+    assert not third.held and await load_checkpoint(db, "acme", "items", "items") == {"page": 3}
+    resolved = (await dlq_rows(db))["i2-1"]
+    assert resolved.status == "resolved" and resolved.resolved_at is not None
+
+
+async def test_a_crash_mid_page_reprocesses_only_that_page(db: Database, api: FakeApi) -> None:
+    """A cycle killed in page 2 resumes at page 2: page 1 is never handled twice."""
+    cls = make(api, knobs=Knobs(crash_once={"i2-0"}))
+    app = await setup(db, cls)
+    with pytest.raises(Crash):
+        await app.poll(db, "acme")
+    assert await load_checkpoint(db, "acme", "items", "default") == {"page": 1}
+    await app.poll(db, "acme")
+    assert await load_checkpoint(db, "acme", "items", "default") == {"page": 3}
+    counts = Counter(cls.knobs.seen)
+    assert all(counts[f"i1-{i}"] == 1 for i in range(3))
+    assert all(counts[f"i3-{i}"] == 1 for i in range(3))
+    assert all(1 <= counts[f"i2-{i}"] <= 2 for i in range(3))
+    assert counts["i2-0"] == 2
+    assert await dlq_rows(db) == {}
+
+
+async def test_a_cycle_that_lost_its_claim_commits_nothing(db: Database, api: FakeApi) -> None:
+    """Fencing: a cycle whose job was rescued elsewhere cannot move the checkpoint."""
+    cls = make(api)
+    app = await setup(db, cls)
+    ghost = ClaimedJob(
+        id=999, kind="synckit.poll", payload={}, resource_key="items:acme", attempts=1,
+        max_attempts=5, priority=0, trace_id=None, run_at=utcnow(), claim_token=1,
+    )  # fmt: skip
+    with pytest.raises(Cancel, match="lost its claim"):
+        await app.poll(db, "acme", job=ghost)
+    assert await load_checkpoint(db, "acme", "items", "default") is None
+
+
+# --- errors about the whole API --------------------------------------------------------------
+
+
+async def test_429_aborts_the_cycle_and_defers_the_tenant(db: Database, api: FakeApi) -> None:
+    """A 429 on page 2 ends the job (retried later), paces the resource by Retry-After, and
+    keeps page 1's checkpoint; no record is dead-lettered."""
+    api.override = lambda r: (429, {"Retry-After": "120"}, {}) if r.page == 2 else None
+    cls = make(api)
+    app = await setup(db, cls)
+    before = utcnow()
+    assert await app.schedule(db) == ["poll:acme:default"]
+    await run_worker(app, db)
+    [job] = await job_rows(db)
+    assert job.status == "pending" and job.error_class == "rate_limited"
+    info = await get_resource(db, "items:acme")
+    assert info.next_available_at is not None
+    assert timedelta(seconds=115) < info.next_available_at - before < timedelta(seconds=150)
+    assert await load_checkpoint(db, "acme", "items", "default") == {"page": 1}
+    assert await dlq_rows(db) == {}
+    assert [r.page for r in api.gets("/default")] == [1, 2]
+
+
+async def test_rate_limit_in_handle_aborts_without_dead_lettering(
+    db: Database, api: FakeApi
+) -> None:
+    """A 429 answering one record's write is about the API: the page is not committed."""
+    api.override = lambda r: (
+        (429, {"Retry-After": "60"}, {}) if r.path == "/sink" and r.json()["page"] == 2 else None
+    )
+    cls = make(api, knobs=Knobs(post=True))
+    app = await setup(db, cls)
+    with pytest.raises(RateLimited):
+        await app.poll(db, "acme")
+    assert await load_checkpoint(db, "acme", "items", "default") == {"page": 1}
+    assert await dlq_rows(db) == {}
+    assert (await get_resource(db, "items:acme")).next_available_at is not None
+
+
+async def test_401_marks_the_tenant_needs_reauth(db: Database, api: FakeApi) -> None:
+    """A 401 ends the cycle with NeedsReauth; the worker stops the tenant's jobs."""
+    api.override = lambda r: (401, {}, {"error": "expired"}) if r.method == "GET" else None
+    cls = make(api)
+    app = await setup(db, cls)
+    with pytest.raises(NeedsReauth):
+        await app.poll(db, "acme")
+    await app.schedule(db)
+    await run_worker(app, db)
+    async with db.begin() as conn:
+        status = (await conn.execute(select(connections.c.status))).scalar()
+    assert status == "needs_reauth"
+    [job] = await job_rows(db)
+    assert job.status == "pending"
+
+
+async def test_exhausted_quota_on_a_success_defers_until_reset(db: Database, api: FakeApi) -> None:
+    """X-RateLimit-Remaining: 0 on a 200 paces the tenant until the reset: a long wait ends
+    the cycle (RateLimited), and no further request is sent meanwhile."""
+    quota = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "600"}
+    api.override = lambda r: (
+        (200, quota, {"items": [{"id": "i1-0", "page": 1}], "next": 2}) if r.page == 1 else None
+    )
+    cls = make(api, max_inline_wait=timedelta(seconds=5))
+    app = await setup(db, cls)
+    before = utcnow()
+    with pytest.raises(RateLimited, match="paced"):
+        await app.poll(db, "acme")
+    info = await get_resource(db, "items:acme")
+    assert info.next_available_at is not None
+    assert timedelta(seconds=595) < info.next_available_at - before < timedelta(seconds=610)
+    assert [r.page for r in api.gets("/default")] == [1]
+    assert await load_checkpoint(db, "acme", "items", "default") == {"page": 1}
+
+
+async def test_a_short_quota_reset_is_waited_for_inline(db: Database, api: FakeApi) -> None:
+    """An exhausted quota that resets within max_inline_wait is slept through."""
+    quota = {"RateLimit": "limit=10, remaining=0, reset=1"}
+    api.override = lambda r: (200, quota, {"items": [], "next": 2}) if r.page == 1 else None
+    cls = make(api)
+    app = await setup(db, cls)
+    result = await app.poll(db, "acme")
+    assert result.pages == 3
+    page1, page2 = api.gets("/default")[:2]
+    assert page2.at - page1.at >= 0.9
+
+
+async def test_client_rate_limit_paces_requests(db: Database, api: FakeApi) -> None:
+    """RateLimit(5/s, burst 1): six requests take at least a second, at the server."""
+    api.pages["default"] = 6
+    cls = make(api, rate_limit=RateLimit(5, burst=1))
+    app = await setup(db, cls)
+    await app.poll(db, "acme")
+    times = [r.at for r in api.gets("/default")]
+    assert len(times) == 6
+    assert times[-1] - times[0] >= 0.95
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0.15
+
+
+# --- scheduling -------------------------------------------------------------------------------
+
+
+async def test_scheduler_enqueues_one_cycle_per_due_tenant_and_stream(
+    db: Database, api: FakeApi
+) -> None:
+    """Each (tenant, stream) gets one job with the tenant's resource key, never two."""
+    cls = make(api, streams=(Stream("items"), Stream("users", schedule="every 1h")))
+    app = await setup(db, cls, "acme", "globex")
+    now = utcnow()
+    fired = await app.schedule(db, now=now)
+    assert sorted(fired) == [
+        "poll:acme:items",
+        "poll:acme:users",
+        "poll:globex:items",
+        "poll:globex:users",
+    ]
+    assert await app.schedule(db, now=now) == []
+    assert await app.schedule(db, now=now + timedelta(hours=2)) == []  # still queued
+    rows = await job_rows(db)
+    assert len(rows) == 4
+    assert {(r.unique_key, r.resource_key) for r in rows} == {
+        (f"poll:{t}:{s}", f"items:{t}") for t in ("acme", "globex") for s in ("items", "users")
+    }
+    assert all(r.payload["connector"] == "items" for r in rows)
+
+
+async def test_scheduler_fires_again_after_the_interval(db: Database, api: FakeApi) -> None:
+    """After a cycle finished, the next one is enqueued at the next tick, not before."""
+    cls = make(api)
+    app = await setup(db, cls)
+    now = utcnow()
+    assert await app.schedule(db, now=now) == ["poll:acme:default"]
+    await run_worker(app, db)
+    assert [r.status for r in await job_rows(db)] == ["succeeded"]
+    assert await app.schedule(db, now=now + timedelta(seconds=1)) == []
+    assert await app.schedule(db, now=now + timedelta(minutes=6)) == ["poll:acme:default"]
+
+
+async def test_paused_tenants_are_not_polled(db: Database, api: FakeApi) -> None:
+    """A paused tenant gets no new cycle, and its queued cycle is not claimed."""
+    from synckit import pause_tenant, resume_tenant
+
+    cls = make(api)
+    app = await setup(db, cls, "acme", "globex")
+    await pause_tenant(db, "globex")
+    assert await app.schedule(db) == ["poll:acme:default"]
+    await resume_tenant(db, "globex")
+    assert await app.schedule(db) == ["poll:globex:default"]
+    await pause_tenant(db, "globex")
+    await run_worker(app, db)
+    status = {r.payload["tenant"]: r.status for r in await job_rows(db)}
+    assert status == {"acme": "succeeded", "globex": "pending"}
+    tokens = {r.headers["authorization"] for r in api.requests}
+    assert tokens == {"Bearer tok-acme"}
+
+
+async def test_streams_keep_separate_checkpoints(db: Database, api: FakeApi) -> None:
+    """Two streams of one tenant: each cycle stores its own checkpoint and DLQ kind."""
+    api.pages["users"] = 2
+    cls = make(
+        api,
+        streams=(Stream("items"), Stream("users")),
+        knobs=Knobs(fail={"u1-0": ValueError("bad user")}),
+    )
+    app = await setup(db, cls)
+    await app.schedule(db)
+    await run_worker(app, db)
+    assert [r.status for r in await job_rows(db)] == ["succeeded", "succeeded"]
+    assert await load_checkpoint(db, "acme", "items", "items") == {"page": 3}
+    assert await load_checkpoint(db, "acme", "items", "users") == {"page": 2}
+    assert {r.kind for r in (await dlq_rows(db)).values()} == {"record:users"}
+
+
+# --- replay and intents -------------------------------------------------------------------------
+
+
+async def test_replay_record_runs_handle_again(db: Database, api: FakeApi) -> None:
+    """App.replay_record re-runs handle() on a payload, raising when it fails again."""
+    knobs = Knobs(fail={"i2-1": ValueError("still bad")}, post=True)
+    cls = make(api, knobs=knobs)
+    app = await setup(db, cls)
+    await app.poll(db, "acme")
+    row = (await dlq_rows(db))["i2-1"]
+    with pytest.raises(ValueError, match="still bad"):
+        await app.replay_record(db, row.tenant, row.connector, row.kind, row.payload)
+    knobs.fail.clear()
+    await app.replay_record(db, row.tenant, row.connector, row.kind, row.payload)
+    posted = [r.json()["id"] for r in api.requests if r.path == "/sink"]
+    assert posted.count("i2-1") == 1
+    with pytest.raises(Unreplayable, match="no tenant"):
+        await app.replay_record(db, "gone", "items", "record:default", row.payload)
+    with pytest.raises(Unreplayable, match="record kind"):
+        await app.replay_record(db, "acme", "items", "synckit.poll", row.payload)
+
+
+async def test_ctx_intent_creates_once_across_cycles(db: Database, api: FakeApi) -> None:
+    """ctx.intent delegates to run_intent: re-polled records are not created twice."""
+    cls = make(api, knobs=Knobs(intents=True), streams=(Stream("items", policy="hold"),))
+    app = await setup(db, cls)
+    await app.poll(db, "acme")
+    async with db.begin() as conn:
+        await conn.execute(dead_letters.delete())
+    from synckit.runtime.poll import save_checkpoint
+
+    async with db.begin() as conn:  # read everything again from the start
+        await save_checkpoint(conn, "acme", "items", "items", None, utcnow())
+    await app.poll(db, "acme")
+    posted = Counter(r.json()["id"] for r in api.requests if r.path == "/sink")
+    assert len(posted) == 9 and set(posted.values()) == {1}
+
+
+async def test_run_cycle_reports_a_poll_that_is_not_a_generator(db: Database, api: FakeApi) -> None:
+    """poll() yielding something other than Page fails clearly."""
+
+    class Odd(ItemsBase):
+        name = "odd"
+        base_url = api.url
+        knobs = Knobs()
+
+        async def poll(self, ctx: SyncContext, checkpoint: Any) -> AsyncIterator[Page]:
+            yield {"records": []}  # type: ignore[misc]
+
+    app = App([Odd])
+    await app.add_tenant(db, "acme", "odd", {"api_token": "x"})
+    from synckit.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="not a Page"):
+        async with app.context(db, "acme") as ctx:
+            await run_cycle(db, ctx.connector, ctx)
+
+
+async def test_queued_jobs_of_a_removed_tenant_are_discarded(db: Database, api: FakeApi) -> None:
+    from synckit import remove_tenant
+
+    cls = make(api)
+    app = await setup(db, cls)
+    await app.schedule(db)
+    await remove_tenant(db, "acme")
+    await run_worker(app, db)
+    [job] = await job_rows(db)
+    assert job.status == "discarded" and "removed" in job.last_error
+    assert await store.count_by_status(db) == {"discarded": 1}
+
+
+async def test_update_tenant_validates_config_and_reschedules(db: Database, api: FakeApi) -> None:
+    """A new config is validated like at add; a new schedule starts from its next tick."""
+    from synckit import update_tenant
+    from synckit.errors import ConfigurationError
+
+    cls = make(api)
+    app = await setup(db, cls)
+    now = utcnow()
+    assert await app.schedule(db, now=now) == ["poll:acme:default"]
+    await run_worker(app, db)
+    with pytest.raises(ConfigurationError, match="api_token: Field required"):
+        await update_tenant(db, "acme", config={}, app=app)
+    t = await update_tenant(db, "acme", config={"api_token": "new"}, schedule="every 1h", app=app)
+    assert t.config == {"api_token": "new"} and t.schedule == "every 1h"
+    assert await app.schedule(db, now=now + timedelta(minutes=10)) == []
+    assert await app.schedule(db, now=now + timedelta(hours=2)) == ["poll:acme:default"]
+    await app.poll(db, "acme")
+    assert api.requests[-1].headers["authorization"] == "Bearer new"

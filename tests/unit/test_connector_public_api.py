@@ -1,0 +1,22 @@
+"""The public API: what `synckit` exports is importable and `__all__` is sorted."""
+
+from __future__ import annotations
+
+import synckit
+
+
+def test_all_is_sorted_and_importable() -> None:
+    """Every exported name exists, and __all__ keeps ruff's RUF022 order."""
+    assert list(synckit.__all__) == sorted(
+        synckit.__all__, key=lambda n: (not n.isupper(), not n[:1].isupper(), n)
+    )
+    for name in synckit.__all__:
+        assert getattr(synckit, name) is not None
+
+
+def test_connector_api_is_exported() -> None:
+    """An integration engineer needs only `from synckit import ...`."""
+    for name in ("App", "Connector", "Page", "RateLimit", "Stream", "SyncContext"):
+        assert name in synckit.__all__
+    for name in ("add_tenant", "list_tenants", "pause_tenant", "resume_tenant", "remove_tenant"):
+        assert name in synckit.__all__

@@ -1,0 +1,74 @@
+"""Poll schedules and the token bucket's arithmetic (pure)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from synckit.connectors.schedule import parse_schedule
+from synckit.errors import ConfigurationError
+from synckit.runtime.pacing import bucket_level
+
+NOW = datetime(2024, 5, 1, 12, 0, 7, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("every 5m", 300), ("every 30s", 30), ("EVERY 2h", 7200), ("every 1d", 86400)],
+)
+def test_interval_schedules(text: str, seconds: int) -> None:
+    assert parse_schedule(text).every == timedelta(seconds=seconds)
+
+
+def test_cron_schedule_ticks_exactly() -> None:
+    s = parse_schedule("*/10 * * * *")
+    assert s.cron == "*/10 * * * *"
+    assert s.next_after(NOW) == datetime(2024, 5, 1, 12, 10, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("text", ["", "sometimes", "every 0s", "every 5 minutes", "61 * * * *"])
+def test_bad_schedules_are_refused_with_the_forms_named(text: str) -> None:
+    with pytest.raises(ConfigurationError, match="schedule"):
+        parse_schedule(text)
+
+
+def test_interval_ticks_are_spread_by_key_and_stable() -> None:
+    """Tenants on one interval tick at different offsets, and each always at its own."""
+    s = parse_schedule("every 5m")
+    ticks = {s.next_after(NOW, f"poll:t{i}:default") for i in range(50)}
+    assert len(ticks) > 40
+    a = s.next_after(NOW, "poll:acme:default")
+    assert s.next_after(NOW, "poll:acme:default") == a
+    assert s.next_after(a, "poll:acme:default") - a == timedelta(minutes=5)
+
+
+@given(
+    st.integers(min_value=1, max_value=86400),
+    st.integers(min_value=0, max_value=10**6),
+    st.text(max_size=20),
+)
+def test_next_tick_is_after_and_within_one_interval(step: int, offset: int, key: str) -> None:
+    s = parse_schedule(f"every {step}s")
+    moment = NOW + timedelta(seconds=offset)
+    nxt = s.next_after(moment, key)
+    assert moment < nxt <= moment + timedelta(seconds=step) + timedelta(microseconds=1)
+
+
+def test_bucket_starts_full_and_refills_at_the_rate() -> None:
+    full = bucket_level(None, None, rate=5, burst=3, now=NOW)
+    assert full.level == 3 and full.wait == 0
+    empty = bucket_level(0.0, NOW, rate=5, burst=3, now=NOW)
+    assert empty.level == 0 and empty.wait == pytest.approx(0.2)
+    later = bucket_level(0.0, NOW, rate=5, burst=3, now=NOW + timedelta(seconds=0.1))
+    assert later.level == pytest.approx(0.5) and later.wait == pytest.approx(0.1)
+    capped = bucket_level(0.0, NOW, rate=5, burst=3, now=NOW + timedelta(hours=1))
+    assert capped.level == 3
+
+
+def test_bucket_ignores_a_clock_that_went_backwards() -> None:
+    """A taker whose clock is behind the stored time gets no tokens from the skew."""
+    state = bucket_level(0.5, NOW, rate=5, burst=1, now=NOW - timedelta(seconds=10))
+    assert state.level == 0.5 and state.wait == pytest.approx(0.1)
