@@ -35,7 +35,9 @@ from synckit.connectors.tenants import (
     add_tenant,
     get_tenant,
 )
+from synckit.dlq.replay import ReplayProcessor, register_dlq_replay, replayers_from_app
 from synckit.errors.exceptions import ConfigurationError, PermanentError
+from synckit.runtime.alerts import bind_database, get_alert_router, register_alerts
 from synckit.runtime.db import ENV_URL, Database, open_database
 from synckit.runtime.handlers import Discard, JobContext, Registry
 from synckit.runtime.jobs import ClaimedJob
@@ -73,6 +75,8 @@ class App:
         scheduler_every: timedelta = timedelta(seconds=5),
         poll_timeout: float = 3600.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        dlq_replay_every: timedelta | None = timedelta(minutes=1),
+        alerts_every: timedelta | None = timedelta(minutes=1),
     ) -> None:
         self._connectors: dict[str, type[Connector[Any]]] = {}
         for cls in connectors:
@@ -83,6 +87,12 @@ class App:
         self.registry.add(POLL_KIND, self._poll_job, timeout=poll_timeout)
         self.registry.add(SCHEDULE_KIND, self._schedule_job, timeout=120.0)
         self.registry.recurring(SCHEDULER_NAME, SCHEDULE_KIND, every=scheduler_every)
+        if dlq_replay_every is not None:
+            # Failed records and dead jobs are replayed automatically (capped backoff).
+            register_dlq_replay(self.registry, self._replay_processor, every=dlq_replay_every)
+        if alerts_every is not None:
+            # Pattern alerts; the worker binds its database to the evaluator.
+            register_alerts(self.registry, every=alerts_every)
         self._db: Database | None = None
         self._owned: tuple[asyncio.AbstractEventLoop, Database] | None = None
 
@@ -149,9 +159,15 @@ class App:
             owned, self._owned = self._owned[1], None
             await owned.dispose()
 
+    async def _replay_processor(self) -> ReplayProcessor:
+        db = await self.database()
+        replayers, _ = replayers_from_app(self, db)
+        return ReplayProcessor(db, replayers, registry=self.registry, on_review=_announce_review)
+
     def worker(self, db: Database, **options: Any) -> Worker:
         """A :class:`Worker` running this App's jobs on ``db`` (options as for Worker)."""
         self.bind(db)
+        bind_database(self.registry, db)
         return Worker(db, self.registry, **options)
 
     # --- tenants and cycles ---------------------------------------------------------------
@@ -297,3 +313,15 @@ class App:
             transport=self.transport,
         ) as ctx:
             await run_cycle(db, instance, ctx, job=jctx.job)
+
+
+_review_tasks: set[asyncio.Task[Any]] = set()
+
+
+def _announce_review(tenant: str, error_class: str, count: int) -> None:
+    """Route DLQ rows that reached review to the alert sinks (grouped by tenant and class)."""
+    task = asyncio.get_running_loop().create_task(
+        get_alert_router().dlq_review(tenant, error_class, count)
+    )
+    _review_tasks.add(task)
+    task.add_done_callback(_review_tasks.discard)

@@ -36,6 +36,7 @@ no exception of ``on_review``, ever stops the processor.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import random
 import traceback as tb
@@ -716,7 +717,7 @@ def _summary_of(results: Sequence[ReplayResult]) -> ReplaySummary:
 
 def register_dlq_replay(
     registry: Registry,
-    processor_factory: Callable[[], ReplayProcessor],
+    processor_factory: Callable[[], ReplayProcessor | Awaitable[ReplayProcessor]],
     every: timedelta = timedelta(minutes=1),
     *,
     limit: int = 500,
@@ -724,14 +725,17 @@ def register_dlq_replay(
 ) -> None:
     """Run the DLQ replay processor every ``every`` as the recurring job ``synckit.dlq_replay``.
 
-    ``processor_factory`` is called at each run (return one shared processor if you like).
+    ``processor_factory`` is called at each run (return one shared processor if you like);
+    it may be a coroutine function, for processors that need the worker's database.
     A run that fails is logged (``dlq.replay_failed``) and not retried: the next tick is
     the retry, and no row is lost meanwhile (leases simply expire).
     """
 
     async def dlq_replay(ctx: JobContext) -> None:
         try:
-            summary = await processor_factory().run_once(limit)
+            made = processor_factory()
+            processor = await made if inspect.isawaitable(made) else made
+            summary = await processor.run_once(limit)
         except Exception as exc:  # the next tick retries; a dead sweep job helps nobody
             ctx.log.error("dlq.replay_failed", error=_describe(exc), exc_info=exc)
             return
