@@ -279,3 +279,9 @@ def tenants_remove(tenant: str, yes: bool, database_url: str | None) -> None:
         click.confirm(f"Remove tenant {tenant} and its checkpoints?", abort=True)
     t = run(lambda d: store.remove_tenant(d, tenant), database_url)
     click.echo(f"tenant {t.tenant} removed")
+
+
+# `synckit tenants reauth TENANT`: store new tokens for a connection that needs re-auth.
+from synckit.connectors.oauth_cli import reauth_command  # noqa: E402
+
+tenants.add_command(reauth_command)

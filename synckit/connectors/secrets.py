@@ -1,0 +1,333 @@
+"""OAuth token sets, and how they are kept at rest: encrypted with Fernet.
+
+A :class:`TokenSet` is what a tenant's connection holds (access token, refresh token,
+expiry). It never shows its secrets: its ``repr`` masks them, and it is not a ``dict``,
+so it cannot be splatted into a log event by accident.
+
+:class:`TokenCipher` turns a token set into the bytes stored in ``connections.token_set``
+and back. The key comes from ``$SYNCKIT_SECRET_KEY``: a Fernet key, or several separated
+by commas to rotate keys (the first encrypts; every one of them decrypts). Without a key,
+storing tokens is refused with a :class:`ConfigurationError`, unless
+``SYNCKIT_INSECURE_DEV_TOKENS=1`` is set for local development: the tokens are then stored
+in plaintext behind a recognisable marker, and a warning says so each time.
+
+The named operations at the bottom are the only SQL that touches ``token_set``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from sqlalchemy import Row, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from synckit.errors.exceptions import ConfigurationError
+from synckit.runtime.schema import connections
+
+ENV_KEY = "SYNCKIT_SECRET_KEY"
+ENV_INSECURE_DEV = "SYNCKIT_INSECURE_DEV_TOKENS"
+
+#: Stored bytes start with one of these, so a reader knows what it holds.
+FERNET_MARKER = b"synckit:fernet:v1:"
+PLAINTEXT_MARKER = b"synckit:INSECURE-PLAINTEXT:v1:"
+
+_MASK = "***"
+
+log = structlog.get_logger("synckit.secrets")
+
+
+class InsecureTokenStorageWarning(UserWarning):
+    """Tokens are being stored unencrypted (``SYNCKIT_INSECURE_DEV_TOKENS=1``)."""
+
+
+def _mask(secret: str | None) -> str | None:
+    return None if secret is None else _MASK
+
+
+@dataclass(frozen=True)
+class TokenSet:
+    """A tenant's OAuth2 tokens. ``repr`` and ``str`` never show the tokens."""
+
+    access_token: str = field(repr=False)
+    refresh_token: str | None = field(default=None, repr=False)
+    #: When the access token stops working (UTC), if the provider said.
+    expires_at: datetime | None = None
+    token_type: str = "Bearer"
+    scope: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.access_token:
+            raise ValueError("a token set needs an access token")
+        if self.expires_at is not None and self.expires_at.tzinfo is None:
+            raise ValueError("expires_at must be timezone-aware")
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenSet(access_token={_mask(self.access_token)!r}, "
+            f"refresh_token={_mask(self.refresh_token)!r}, expires_at={self.expires_at!r}, "
+            f"token_type={self.token_type!r}, scope={self.scope!r})"
+        )
+
+    __str__ = __repr__
+
+    @classmethod
+    def from_token_response(
+        cls,
+        token: Mapping[str, Any],
+        *,
+        now: datetime,
+        previous_refresh_token: str | None = None,
+    ) -> TokenSet:
+        """Build from a token endpoint response (RFC 6749 section 5.1).
+
+        ``expires_in`` is counted from ``now``; a response without a refresh token keeps
+        ``previous_refresh_token`` (providers that do not rotate omit it).
+        Raises ``ValueError`` (without echoing the response) when it has no access token.
+        """
+        access = token.get("access_token")
+        if not isinstance(access, str) or not access:
+            raise ValueError("the token response has no access_token")
+        refresh = token.get("refresh_token")
+        if not isinstance(refresh, str) or not refresh:
+            refresh = previous_refresh_token
+        expires_at: datetime | None = None
+        expires_in = token.get("expires_in")
+        raw_at = token.get("expires_at")
+        if isinstance(expires_in, int | float | str) and str(expires_in).strip():
+            try:
+                expires_at = now + timedelta(seconds=float(expires_in))
+            except ValueError:
+                expires_at = None
+        elif isinstance(raw_at, int | float):
+            expires_at = datetime.fromtimestamp(raw_at, tz=UTC)
+        scope = token.get("scope")
+        return cls(
+            access_token=access,
+            refresh_token=refresh,
+            expires_at=expires_at,
+            token_type=str(token.get("token_type") or "Bearer"),
+            scope=scope if isinstance(scope, str) else None,
+        )
+
+    def expires_within(self, leeway: timedelta, now: datetime) -> bool:
+        """Whether the access token is expired, or will be within ``leeway`` of ``now``.
+
+        A token without a known expiry is taken to be valid (a 401 will say otherwise).
+        """
+        return self.expires_at is not None and self.expires_at - leeway <= now
+
+    @property
+    def authorization(self) -> str:
+        """The ``Authorization`` header value."""
+        # Providers answer "bearer" or "Bearer"; RFC 6750 servers must accept "Bearer".
+        kind = "Bearer" if self.token_type.lower() == "bearer" else self.token_type
+        return f"{kind} {self.access_token}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "access_token": self.access_token,
+            "refresh_token": self.refresh_token,
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+            "token_type": self.token_type,
+            "scope": self.scope,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TokenSet:
+        raw = data.get("expires_at")
+        return cls(
+            access_token=str(data["access_token"]),
+            refresh_token=data.get("refresh_token"),
+            expires_at=datetime.fromisoformat(raw) if raw else None,
+            token_type=str(data.get("token_type") or "Bearer"),
+            scope=data.get("scope"),
+        )
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_NO_KEY = (
+    f"refusing to store OAuth tokens unencrypted: set {ENV_KEY} to a Fernet key "
+    "(generate one with: python -c 'from cryptography.fernet import Fernet; "
+    "print(Fernet.generate_key().decode())'), "
+    f"or set {ENV_INSECURE_DEV}=1 for local development only"
+)
+
+
+class TokenCipher:
+    """Seals token sets into the bytes stored at rest, and opens them again.
+
+    ``keys`` are Fernet keys (urlsafe base64 of 32 bytes); the first encrypts, all
+    decrypt. With no key, :meth:`seal` raises :class:`ConfigurationError` unless
+    ``insecure_dev`` is set. Error messages never include a key or a token.
+    """
+
+    def __init__(self, keys: list[str] | None = None, *, insecure_dev: bool = False) -> None:
+        self.insecure_dev = insecure_dev
+        self._fernet: MultiFernet | None = None
+        usable = [k.strip() for k in keys or [] if k.strip()]
+        if usable:
+            try:
+                self._fernet = MultiFernet([Fernet(k.encode()) for k in usable])
+            except (ValueError, TypeError) as exc:
+                raise ConfigurationError(
+                    f"{ENV_KEY} is not a valid Fernet key (32 url-safe base64-encoded bytes); "
+                    "generate one with Fernet.generate_key()"
+                ) from exc
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> TokenCipher:
+        """The cipher configured by ``$SYNCKIT_SECRET_KEY`` and ``$SYNCKIT_INSECURE_DEV_TOKENS``."""
+        env = os.environ if environ is None else environ
+        raw = env.get(ENV_KEY) or ""
+        return cls(raw.split(","), insecure_dev=_truthy(env.get(ENV_INSECURE_DEV)))
+
+    @property
+    def encrypts(self) -> bool:
+        return self._fernet is not None
+
+    def seal(self, token_set: TokenSet) -> bytes:
+        """The bytes to store for ``token_set``."""
+        plain = json.dumps(token_set.to_json(), sort_keys=True).encode()
+        if self._fernet is not None:
+            return FERNET_MARKER + self._fernet.encrypt(plain)
+        if not self.insecure_dev:
+            raise ConfigurationError(_NO_KEY)
+        message = (
+            f"storing OAuth tokens UNENCRYPTED because {ENV_INSECURE_DEV}=1; "
+            f"never do this outside local development (set {ENV_KEY})"
+        )
+        warnings.warn(message, InsecureTokenStorageWarning, stacklevel=2)
+        log.warning("secrets.insecure_dev_tokens", message=message)
+        return PLAINTEXT_MARKER + plain
+
+    def open(self, data: bytes) -> TokenSet:
+        """The token set stored as ``data``; :class:`ConfigurationError` if it cannot be read."""
+        data = bytes(data)
+        try:
+            if data.startswith(FERNET_MARKER):
+                if self._fernet is None:
+                    raise ConfigurationError(
+                        f"the stored tokens are encrypted but {ENV_KEY} is not set"
+                    )
+                try:
+                    plain = self._fernet.decrypt(data[len(FERNET_MARKER) :])
+                except InvalidToken:
+                    raise ConfigurationError(
+                        f"cannot decrypt the stored tokens: {ENV_KEY} does not hold the key "
+                        "they were encrypted with (keep old keys after the new one, "
+                        "comma-separated, while rotating)"
+                    ) from None
+                return TokenSet.from_json(json.loads(plain))
+            if data.startswith(PLAINTEXT_MARKER):
+                if not self.insecure_dev:
+                    raise ConfigurationError(
+                        "the stored tokens are unencrypted development tokens; set "
+                        f"{ENV_INSECURE_DEV}=1 to use them, or re-authorise the tenant "
+                        f"with {ENV_KEY} set"
+                    )
+                return TokenSet.from_json(json.loads(data[len(PLAINTEXT_MARKER) :]))
+        except (ValueError, KeyError, TypeError) as exc:
+            # The message of a JSON error quotes the document: do not chain it.
+            raise ConfigurationError(
+                f"the stored tokens are corrupt ({type(exc).__name__})"
+            ) from None
+        raise ConfigurationError("the stored tokens are in an unknown format")
+
+
+# --- the named operations on connections.token_set --------------------------------------
+
+
+class ConnectionNotFound(ConfigurationError):
+    """No connection row for the tenant (create the tenant first)."""
+
+
+async def read_connection(conn: AsyncConnection, tenant: str, *, lock: bool = False) -> Row[Any]:
+    """The tenant's connection row (tenant, connector, resource_key, status, token_set...).
+
+    ``lock=True`` takes the per-connection lock until the transaction ends: a row lock
+    (``FOR UPDATE``) on PostgreSQL; on SQLite the transaction is ``BEGIN IMMEDIATE``,
+    which already holds the database's write lock.
+    """
+    stmt = select(
+        connections.c.tenant,
+        connections.c.connector,
+        connections.c.resource_key,
+        connections.c.status,
+        connections.c.status_reason,
+        connections.c.token_set,
+        connections.c.token_expires_at,
+    ).where(connections.c.tenant == tenant)
+    if lock:
+        stmt = stmt.with_for_update()
+    row = (await conn.execute(stmt)).first()
+    if row is None:
+        raise ConnectionNotFound(f"no connection for tenant {tenant!r}")
+    return row
+
+
+async def write_token_set(
+    conn: AsyncConnection,
+    tenant: str,
+    token_set: TokenSet,
+    *,
+    cipher: TokenCipher,
+    now: datetime,
+    activate: bool = False,
+) -> None:
+    """Store ``token_set`` (sealed) for the tenant; ``activate`` also sets status active."""
+    values: dict[str, Any] = {
+        "token_set": cipher.seal(token_set),
+        "token_expires_at": token_set.expires_at,
+        "updated_at": now,
+    }
+    if activate:
+        values.update(status="active", status_reason=None)
+    res = await conn.execute(
+        update(connections)
+        .where(connections.c.tenant == tenant)
+        .values(**values)
+        .returning(connections.c.tenant)
+    )
+    if res.first() is None:
+        raise ConnectionNotFound(f"no connection for tenant {tenant!r}")
+
+
+async def mark_needs_reauth(
+    conn: AsyncConnection, tenant: str, *, reason: str, now: datetime
+) -> None:
+    """Set the tenant's connection to ``needs_reauth`` with ``reason`` (no secrets in it)."""
+    await conn.execute(
+        update(connections)
+        .where(connections.c.tenant == tenant)
+        .values(status="needs_reauth", status_reason=reason[:500], updated_at=now)
+    )
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+__all__ = [
+    "ENV_INSECURE_DEV",
+    "ENV_KEY",
+    "FERNET_MARKER",
+    "PLAINTEXT_MARKER",
+    "ConnectionNotFound",
+    "InsecureTokenStorageWarning",
+    "TokenCipher",
+    "TokenSet",
+    "mark_needs_reauth",
+    "read_connection",
+    "write_token_set",
+]

@@ -1,0 +1,503 @@
+"""OAuth2Auth against a real OAuth2 provider on loopback, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+from click.testing import CliRunner
+from cryptography.fernet import Fernet
+from sqlalchemy import insert, select
+
+from synckit.connectors.oauth import (
+    OAuth2Auth,
+    OAuth2Config,
+    TokenEndpointUnavailable,
+    reauth,
+)
+from synckit.connectors.oauth_cli import reauth_command
+from synckit.connectors.secrets import (
+    FERNET_MARKER,
+    PLAINTEXT_MARKER,
+    ConnectionNotFound,
+    InsecureTokenStorageWarning,
+    TokenCipher,
+    TokenSet,
+)
+from synckit.errors.exceptions import ConfigurationError, NeedsReauth, RetryableError
+from synckit.runtime.db import Database, open_database
+from synckit.runtime.schema import connections
+from synckit.testing.oauth_server import OAuthTestServer
+
+
+@pytest.fixture(autouse=True)
+def secret_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    key = Fernet.generate_key().decode()
+    monkeypatch.setenv("SYNCKIT_SECRET_KEY", key)
+    monkeypatch.delenv("SYNCKIT_INSECURE_DEV_TOKENS", raising=False)
+    return key
+
+
+@pytest.fixture
+def server() -> Iterator[OAuthTestServer]:
+    with OAuthTestServer() as s:
+        yield s
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def add_connection(db: Database, tenant: str, tokens: dict[str, Any] | None = None) -> None:
+    """A connection row for ``tenant`` (connector demo), holding ``tokens`` if given."""
+    t = now()
+    async with db.begin() as conn:
+        await conn.execute(
+            insert(connections).values(
+                tenant=tenant,
+                connector="demo",
+                resource_key=f"demo:{tenant}",
+                created_at=t,
+                updated_at=t,
+            )
+        )
+    if tokens is not None:
+        await reauth(db, tenant, TokenSet.from_token_response(tokens, now=t))
+
+
+async def connection_row(db: Database, tenant: str) -> Any:
+    async with db.begin() as conn:
+        return (await conn.execute(select(connections).where(connections.c.tenant == tenant))).one()
+
+
+async def stored_tokens(db: Database, tenant: str) -> TokenSet:
+    return TokenCipher.from_env().open((await connection_row(db, tenant)).token_set)
+
+
+def config(server: OAuthTestServer, **kw: Any) -> OAuth2Config:
+    return OAuth2Config(server.token_url, server.client_id, server.client_secret, **kw)
+
+
+async def call(auth: OAuth2Auth, url: str) -> httpx.Response:
+    async with httpx.AsyncClient(auth=auth, timeout=10) as client:
+        return await client.get(url)
+
+
+async def test_an_expiring_token_is_refreshed_ahead_and_the_rotation_is_stored(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """Within the leeway of expiry: one refresh before the call, the rotated tokens stored."""
+    await add_connection(db, "t1", server.issue_tokens("alice", expires_in=30))
+    before = await stored_tokens(db, "t1")
+    response = await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+    assert response.status_code == 200 and response.json()["user"] == "alice"
+    assert server.stats.token_requests == 1
+    assert server.stats.resource_unauthorized == 0  # refreshed before, not after, a 401
+    after = await stored_tokens(db, "t1")
+    assert after.refresh_token != before.refresh_token  # the rotated one was saved
+    assert after.expires_at is not None and after.expires_at > now() + timedelta(minutes=50)
+    assert (await connection_row(db, "t1")).token_expires_at == after.expires_at
+
+
+async def test_a_401_refreshes_once_and_retries_the_request_once(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """A token the API refuses though not expired by our clock: refresh, retry, success."""
+    tokens = server.issue_tokens("alice")
+    await add_connection(db, "t1", tokens)
+    server.expire_access_token(tokens["access_token"])
+    response = await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+    assert response.status_code == 200
+    assert server.stats.token_requests == 1
+    assert server.stats.resource_requests == 2  # the refused request and its one retry
+
+
+async def test_a_post_refused_with_401_is_sent_again_with_its_body(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """The retry after a refresh replays the request body (requires_request_body)."""
+    tokens = server.issue_tokens("alice")
+    await add_connection(db, "t1", tokens)
+    server.expire_access_token(tokens["access_token"])
+    seen: list[tuple[str | None, bytes]] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        seen.append((request.headers.get("Authorization"), request.content))
+        return httpx.Response(401 if len(seen) == 1 else 201)
+
+    auth = OAuth2Auth(db, "t1", config(server))
+    async with httpx.AsyncClient(auth=auth, transport=httpx.MockTransport(api)) as client:
+        response = await client.post("https://api.example/items", json={"n": 1})
+    assert response.status_code == 201
+    assert [body for _, body in seen] == [b'{"n":1}', b'{"n":1}']
+    assert seen[0][0] != seen[1][0]  # the retry carries the new token
+
+
+async def test_a_401_straight_after_a_refresh_needs_reauth(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """Refreshed, then refused again: needs_reauth, one refresh only, no endless loop."""
+    tokens = server.issue_tokens("alice")
+    await add_connection(db, "t1", tokens)
+    server.deny_user("alice")
+    with structlog.testing.capture_logs() as logs, pytest.raises(NeedsReauth) as info:
+        await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+    assert "401 straight after a token refresh" in str(info.value)
+    assert server.stats.token_requests == 1
+    row = await connection_row(db, "t1")
+    assert row.status == "needs_reauth"
+    assert "401 straight after a token refresh" in row.status_reason
+    alerts = [e for e in logs if e["event"] == "connection.needs_reauth"]
+    assert len(alerts) == 1 and alerts[0]["alert"] is True and alerts[0]["tenant"] == "t1"
+
+
+async def test_a_revoked_refresh_token_needs_reauth_with_the_reason_and_an_alert(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """invalid_grant: connection needs_reauth (reason names it), alert event, NeedsReauth."""
+    tokens = server.issue_tokens("alice", expires_in=0)
+    await add_connection(db, "t1", tokens)
+    server.revoke_refresh_token(tokens["refresh_token"])
+    with structlog.testing.capture_logs() as logs, pytest.raises(NeedsReauth) as info:
+        await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+    assert "invalid_grant" in str(info.value) and "synckit tenants reauth t1" in str(info.value)
+    row = await connection_row(db, "t1")
+    assert row.status == "needs_reauth" and "invalid_grant" in row.status_reason
+    assert [e["event"] for e in logs if e.get("alert")] == ["connection.needs_reauth"]
+    assert server.stats.invalid_grants == 1
+
+
+async def test_a_connection_needing_reauth_never_calls_the_provider(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """Once needs_reauth, requests fail fast with NeedsReauth: no refresh, no API call."""
+    tokens = server.issue_tokens("alice", expires_in=0)
+    await add_connection(db, "t1", tokens)
+    server.revoke_refresh_token(tokens["refresh_token"])
+    with pytest.raises(NeedsReauth):
+        await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+    server.reset_stats()
+    for _ in range(3):
+        with pytest.raises(NeedsReauth):
+            await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+    assert server.stats.token_requests == 0 and server.stats.resource_requests == 0
+
+
+async def test_another_workers_refresh_is_used_without_calling_the_provider(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """A 401 after another worker refreshed: the stored fresh token is used as it is."""
+    tokens = server.issue_tokens("alice")
+    await add_connection(db, "t1", tokens)
+    slow = OAuth2Auth(db, "t1", config(server))
+    assert (await call(slow, server.resource_url)).status_code == 200  # caches the token
+    server.expire_access_token(tokens["access_token"])
+    fast = OAuth2Auth(db, "t1", config(server))
+    assert (await call(fast, server.resource_url)).status_code == 200  # refreshes
+    assert server.stats.token_requests == 1
+    assert (await call(slow, server.resource_url)).status_code == 200  # 401, then re-read
+    assert server.stats.token_requests == 1
+    assert server.stats.invalid_grants == 0
+
+
+@pytest.mark.parametrize("method", ["client_secret_basic", "client_secret_post"])
+async def test_client_credentials_grant_with_the_method_the_provider_requires(
+    db: Database, server: OAuthTestServer, method: str
+) -> None:
+    """A client registered for one auth method only gets tokens with exactly that method."""
+    server.add_client("strict", "strict-secret", auth_methods=[method])
+    await add_connection(db, "svc")
+    cfg = OAuth2Config(
+        server.token_url, "strict", "strict-secret", grant="client_credentials", auth_method=method
+    )
+    response = await call(OAuth2Auth(db, "svc", cfg), server.resource_url)
+    assert response.status_code == 200 and response.json()["client_id"] == "strict"
+    assert server.stats.token_requests_by_grant == {"client_credentials": 1}
+    assert (await stored_tokens(db, "svc")).refresh_token is None
+
+
+async def test_the_wrong_client_auth_method_is_refused_as_needs_reauth(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """A provider refusing the client (invalid_client) needs a human: needs_reauth."""
+    server.add_client("post-only", "pw", auth_methods=["client_secret_post"])
+    await add_connection(db, "svc")
+    cfg = OAuth2Config(server.token_url, "post-only", "pw", grant="client_credentials")
+    with pytest.raises(NeedsReauth, match="invalid_client"):
+        await call(OAuth2Auth(db, "svc", cfg), server.resource_url)
+    assert (await connection_row(db, "svc")).status == "needs_reauth"
+
+
+async def test_an_unreachable_token_endpoint_is_retryable_and_keeps_the_connection(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """Provider down: a RetryableError; the connection stays active with its tokens."""
+    await add_connection(db, "t1", server.issue_tokens("alice", expires_in=0))
+    before = await stored_tokens(db, "t1")
+    cfg = OAuth2Config("http://127.0.0.1:9/token", server.client_id, server.client_secret)
+    with pytest.raises(TokenEndpointUnavailable) as info:
+        await call(OAuth2Auth(db, "t1", cfg), server.resource_url)
+    assert isinstance(info.value, RetryableError)
+    assert (await connection_row(db, "t1")).status == "active"
+    assert await stored_tokens(db, "t1") == before
+
+
+async def test_a_provider_outage_does_not_fail_requests_while_the_token_still_works(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """Refresh-ahead that fails (provider down) falls back to the not-yet-expired token."""
+    await add_connection(db, "t1", server.issue_tokens("alice", expires_in=30))  # in leeway
+    cfg = OAuth2Config("http://127.0.0.1:9/token", server.client_id, server.client_secret)
+    with structlog.testing.capture_logs() as logs:
+        response = await call(OAuth2Auth(db, "t1", cfg), server.resource_url)
+    assert response.status_code == 200
+    assert "oauth.refresh_deferred" in [e["event"] for e in logs]
+
+
+async def test_a_token_endpoint_error_page_is_retryable(db: Database) -> None:
+    """A 503 (or an HTML page) from the token endpoint is transient, not a refusal."""
+
+    def idp(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, text="<html>maintenance</html>")
+
+    await add_connection(db, "t1")
+    await reauth(db, "t1", TokenSet("a", "r", expires_at=now()))
+    cfg = OAuth2Config("https://idp.example/token", "c", "s")
+    auth = OAuth2Auth(db, "t1", cfg, transport=httpx.MockTransport(idp))
+    with pytest.raises(TokenEndpointUnavailable, match="503"):
+        await call(auth, "https://api.example/x")
+    assert (await connection_row(db, "t1")).status == "active"
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (429, {"error": "slow_down"}),
+        (400, {"error": "temporarily_unavailable"}),
+        (503, {"error": "invalid_grant"}),
+    ],
+)
+async def test_a_throttled_token_endpoint_is_retryable_after_its_retry_after(
+    db: Database, status: int, body: dict[str, str]
+) -> None:
+    """'Not now' from the token endpoint (429, 503, transient codes) is no refusal."""
+
+    def idp(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, json=body, headers={"Retry-After": "7"})
+
+    await add_connection(db, "t1")
+    await reauth(db, "t1", TokenSet("a", "r", expires_at=now()))
+    cfg = OAuth2Config("https://idp.example/token", "c", "s")
+    auth = OAuth2Auth(db, "t1", cfg, transport=httpx.MockTransport(idp))
+    with pytest.raises(TokenEndpointUnavailable) as info:
+        await call(auth, "https://api.example/x")
+    assert info.value.retry_after == timedelta(seconds=7)
+    assert (await connection_row(db, "t1")).status == "active"
+
+
+async def test_reauth_resumes_a_connection_and_refuses_an_unknown_tenant(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """reauth() stores the new tokens and sets the connection active again."""
+    tokens = server.issue_tokens("alice", expires_in=0)
+    await add_connection(db, "t1", tokens)
+    server.revoke_refresh_token(tokens["refresh_token"])
+    with pytest.raises(NeedsReauth):
+        await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+    fresh = TokenSet.from_token_response(server.issue_tokens("alice"), now=now())
+    result = await reauth(db, "t1", fresh)
+    assert result.previous_status == "needs_reauth" and result.resource_key == "demo:t1"
+    row = await connection_row(db, "t1")
+    assert row.status == "active" and row.status_reason is None
+    assert (await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)).is_success
+    with pytest.raises(ConnectionNotFound):
+        await reauth(db, "nobody", fresh)
+
+
+async def test_stored_token_bytes_are_encrypted(db: Database, server: OAuthTestServer) -> None:
+    """The token_set column holds Fernet ciphertext containing neither token."""
+    tokens = server.issue_tokens("alice")
+    await add_connection(db, "t1", tokens)
+    raw = bytes((await connection_row(db, "t1")).token_set)
+    assert raw.startswith(FERNET_MARKER)
+    assert tokens["access_token"].encode() not in raw
+    assert tokens["refresh_token"].encode() not in raw
+
+
+async def test_without_a_key_tokens_are_not_stored(
+    db: Database, server: OAuthTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No SYNCKIT_SECRET_KEY: reauth is refused with the clear message; nothing stored."""
+    await add_connection(db, "t1")
+    monkeypatch.delenv("SYNCKIT_SECRET_KEY")
+    with pytest.raises(ConfigurationError, match="refusing to store OAuth tokens unencrypted"):
+        await reauth(db, "t1", TokenSet.from_token_response(server.issue_tokens("a"), now=now()))
+    assert (await connection_row(db, "t1")).token_set is None
+
+
+async def test_with_the_dev_flag_tokens_are_stored_in_plaintext_with_a_warning(
+    db: Database, server: OAuthTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SYNCKIT_INSECURE_DEV_TOKENS=1: a warning, the marker, and the flow still works."""
+    await add_connection(db, "t1")
+    monkeypatch.delenv("SYNCKIT_SECRET_KEY")
+    monkeypatch.setenv("SYNCKIT_INSECURE_DEV_TOKENS", "1")
+    tokens = server.issue_tokens("alice", expires_in=0)
+    with (
+        pytest.warns(InsecureTokenStorageWarning),
+        structlog.testing.capture_logs() as logs,
+    ):
+        await reauth(db, "t1", TokenSet.from_token_response(tokens, now=now()))
+    assert "secrets.insecure_dev_tokens" in [e["event"] for e in logs]
+    assert bytes((await connection_row(db, "t1")).token_set).startswith(PLAINTEXT_MARKER)
+    with pytest.warns(InsecureTokenStorageWarning):  # the refresh stores tokens again
+        assert (await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)).is_success
+
+
+def test_a_sync_client_is_refused(server: OAuthTestServer, tmp_path: Path) -> None:
+    """OAuth2Auth refreshes through the async database: a sync client gets a clear error."""
+    db = open_database(f"sqlite:///{tmp_path / 'unused.db'}")  # never connected
+    with (
+        httpx.Client(auth=OAuth2Auth(db, "t1", config(server))) as client,
+        pytest.raises(RuntimeError, match="AsyncClient"),
+    ):
+        client.get(server.resource_url)
+    assert server.stats.resource_requests == 0
+
+
+def test_reauth_cli_stores_the_tokens_and_never_prints_them(
+    migrated_url: str, secret_key: str
+) -> None:
+    """`tenants reauth` (the command object): tokens stored, connection active, not echoed."""
+
+    async def setup() -> None:
+        d = open_database(migrated_url)
+        try:
+            await add_connection(d, "t1")
+            async with d.begin() as conn:
+                await conn.execute(
+                    connections.update().values(status="needs_reauth", status_reason="revoked")
+                )
+        finally:
+            await d.dispose()
+
+    asyncio.run(setup())
+    runner = CliRunner()
+    access, refresh = "at-CLI-secret-value", "rt-CLI-secret-value"
+    result = runner.invoke(
+        reauth_command,
+        ["t1", "--refresh-token", refresh, "--expires-in", "3600", "--database-url", migrated_url],
+        input=access + "\n",  # the access token from the hidden prompt
+    )
+    assert result.exit_code == 0, result.output
+    assert "re-authorised" in result.output and "was needs_reauth" in result.output
+    assert access not in result.output and refresh not in result.output
+
+    async def check() -> tuple[Any, TokenSet]:
+        d = open_database(migrated_url)
+        try:
+            return await connection_row(d, "t1"), await stored_tokens(d, "t1")
+        finally:
+            await d.dispose()
+
+    row, tokens = asyncio.run(check())
+    assert row.status == "active"
+    assert (tokens.access_token, tokens.refresh_token) == (access, refresh)
+    assert tokens.expires_at is not None
+
+    missing = runner.invoke(
+        reauth_command, ["ghost", "--access-token", access, "--database-url", migrated_url]
+    )
+    assert missing.exit_code == 2
+    assert "no connection for tenant 'ghost'" in missing.output
+    assert access not in missing.output
+
+
+# --- no secret anywhere -----------------------------------------------------------------
+
+# The test provider's own grant classes log issued tokens at debug level; they are the
+# provider's logs, not ours.
+_PROVIDER_LOGGERS = ("authlib.oauth2.rfc6749",)
+
+
+async def test_no_token_or_client_secret_in_logs_errors_or_output(
+    db: Database,
+    server: OAuthTestServer,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every path (refresh, 401 retry, refusals, outages, dev mode): no secret leaks."""
+    caplog.set_level(logging.DEBUG)
+    texts: list[str] = []
+
+    def keep(exc: BaseException) -> None:
+        texts.extend([str(exc), repr(exc), "".join(traceback.format_exception(exc))])
+
+    with structlog.testing.capture_logs() as logs:
+        # refresh ahead of expiry, and a 401 retry
+        await add_connection(db, "ok", server.issue_tokens("alice", expires_in=0))
+        assert (await call(OAuth2Auth(db, "ok", config(server)), server.resource_url)).is_success
+        t = server.issue_tokens("bob")
+        await add_connection(db, "retry", t)
+        server.expire_access_token(t["access_token"])
+        auth = OAuth2Auth(db, "retry", config(server, auth_method="client_secret_post"))
+        assert (await call(auth, server.resource_url)).is_success
+        texts.append(repr(auth))
+        # invalid_grant
+        t = server.issue_tokens("carol", expires_in=0)
+        await add_connection(db, "revoked", t)
+        server.revoke_refresh_token(t["refresh_token"])
+        with pytest.raises(NeedsReauth) as e1:
+            await call(OAuth2Auth(db, "revoked", config(server)), server.resource_url)
+        keep(e1.value)
+        # 401 straight after a refresh
+        await add_connection(db, "denied", server.issue_tokens("dave"))
+        server.deny_user("dave")
+        with pytest.raises(NeedsReauth) as e2:
+            await call(OAuth2Auth(db, "denied", config(server)), server.resource_url)
+        keep(e2.value)
+        # wrong client secret, and an unreachable provider
+        await add_connection(db, "badclient", server.issue_tokens("erin", expires_in=0))
+        bad = OAuth2Config(server.token_url, server.client_id, "wrong-" + server.client_secret)
+        with pytest.raises(NeedsReauth) as e3:
+            await call(OAuth2Auth(db, "badclient", bad), server.resource_url)
+        keep(e3.value)
+        await add_connection(db, "down", server.issue_tokens("frank", expires_in=0))
+        down = OAuth2Config("http://127.0.0.1:9/token", server.client_id, server.client_secret)
+        with pytest.raises(TokenEndpointUnavailable) as e4:
+            await call(OAuth2Auth(db, "down", down), server.resource_url)
+        keep(e4.value)
+        # dev mode
+        monkeypatch.delenv("SYNCKIT_SECRET_KEY")
+        monkeypatch.setenv("SYNCKIT_INSECURE_DEV_TOKENS", "1")
+        await add_connection(db, "dev")
+        with pytest.warns(InsecureTokenStorageWarning) as warned:
+            await reauth(
+                db, "dev", TokenSet.from_token_response(server.issue_tokens("gina"), now=now())
+            )
+        texts.extend(str(w.message) for w in warned)
+        texts.append(repr(await stored_tokens(db, "dev")))
+
+    texts.extend(repr(e) for e in logs)
+    texts.extend(
+        r.getMessage() + repr(r.args)
+        for r in caplog.records
+        if not r.name.startswith(_PROVIDER_LOGGERS)
+    )
+    assert len(logs) >= 8 and caplog.records  # the capture did capture
+    async with db.begin() as conn:
+        reasons = [r[0] or "" for r in await conn.execute(select(connections.c.status_reason))]
+    texts.extend(reasons)
+    blob = "\n".join(texts)
+    secrets = server.secrets_issued() | {"wrong-" + server.client_secret}
+    assert len(secrets) > 10
+    leaked = sorted(s for s in secrets if s in blob)
+    assert leaked == []
