@@ -20,3 +20,15 @@ def test_connector_api_is_exported() -> None:
         assert name in synckit.__all__
     for name in ("add_tenant", "list_tenants", "pause_tenant", "resume_tenant", "remove_tenant"):
         assert name in synckit.__all__
+
+
+def test_all_is_complete() -> None:
+    """Every public name the package binds is listed in __all__, and nothing else."""
+    import types
+
+    bound = {
+        name
+        for name, value in vars(synckit).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert bound == set(synckit.__all__)
