@@ -6,46 +6,108 @@ underneath (:func:`enqueue`, :class:`Registry`, :class:`Worker`) is public too, 
 that is not a poll cycle.
 """
 
-from synckit.app import App
-from synckit.connectors.base import BearerToken, Connector, Page, RateLimit, Stream
-from synckit.connectors.context import SyncContext
-from synckit.connectors.intents import IntentConflict, IntentResult, RemoteRecord, run_intent
-from synckit.connectors.oauth import OAuth2Auth, OAuth2Config, reauth
-from synckit.connectors.secrets import TokenSet
-from synckit.connectors.tenants import (
-    Tenant,
-    add_tenant,
-    get_tenant,
-    list_tenants,
-    pause_tenant,
-    remove_tenant,
-    resume_tenant,
-    update_tenant,
-)
-from synckit.errors import (
-    BreakerPolicy,
-    Classification,
-    ClassifyRules,
-    ConfigurationError,
-    DatabaseError,
-    DatabaseUnavailable,
-    ErrorClass,
-    NeedsReauth,
-    PermanentError,
-    RateLimited,
-    RetryableError,
-    RetryPolicy,
-    SynckitError,
-    classify,
-    retry_delay,
-    set_testing,
-)
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
-from synckit.runtime.jobs import JobSpec, enqueue, enqueue_many
-from synckit.runtime.migrate import upgrade as migrate_database
-from synckit.runtime.outbox import add as outbox_add
-from synckit.runtime.worker import Worker
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from synckit.app import App
+    from synckit.connectors.base import BearerToken, Connector, Page, RateLimit, Stream
+    from synckit.connectors.context import SyncContext
+    from synckit.connectors.intents import IntentConflict, IntentResult, RemoteRecord, run_intent
+    from synckit.connectors.oauth import OAuth2Auth, OAuth2Config, reauth
+    from synckit.connectors.secrets import TokenSet
+    from synckit.connectors.tenants import (
+        Tenant,
+        add_tenant,
+        get_tenant,
+        list_tenants,
+        pause_tenant,
+        remove_tenant,
+        resume_tenant,
+        update_tenant,
+    )
+    from synckit.errors import (
+        BreakerPolicy,
+        Classification,
+        ClassifyRules,
+        ConfigurationError,
+        DatabaseError,
+        DatabaseUnavailable,
+        ErrorClass,
+        NeedsReauth,
+        PermanentError,
+        RateLimited,
+        RetryableError,
+        RetryPolicy,
+        SynckitError,
+        classify,
+        retry_delay,
+        set_testing,
+    )
+    from synckit.runtime.db import Database, open_database
+    from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
+    from synckit.runtime.jobs import JobSpec, enqueue, enqueue_many
+    from synckit.runtime.migrate import upgrade as migrate_database
+    from synckit.runtime.outbox import add as outbox_add
+    from synckit.runtime.worker import Worker
+
+# Names are imported on first use (PEP 562), so that `import synckit` (and every
+# `synckit` command, which imports the package) does not pay for Alembic, authlib and
+# the whole runtime up front.
+_EXPORTS: dict[str, tuple[str, str]] = {
+    "App": ("synckit.app", "App"),
+    "BearerToken": ("synckit.connectors.base", "BearerToken"),
+    "BreakerPolicy": ("synckit.errors", "BreakerPolicy"),
+    "Cancel": ("synckit.runtime.handlers", "Cancel"),
+    "Classification": ("synckit.errors", "Classification"),
+    "ClassifyRules": ("synckit.errors", "ClassifyRules"),
+    "ConfigurationError": ("synckit.errors", "ConfigurationError"),
+    "Connector": ("synckit.connectors.base", "Connector"),
+    "Database": ("synckit.runtime.db", "Database"),
+    "DatabaseError": ("synckit.errors", "DatabaseError"),
+    "DatabaseUnavailable": ("synckit.errors", "DatabaseUnavailable"),
+    "Discard": ("synckit.runtime.handlers", "Discard"),
+    "ErrorClass": ("synckit.errors", "ErrorClass"),
+    "IntentConflict": ("synckit.connectors.intents", "IntentConflict"),
+    "IntentResult": ("synckit.connectors.intents", "IntentResult"),
+    "JobContext": ("synckit.runtime.handlers", "JobContext"),
+    "JobSpec": ("synckit.runtime.jobs", "JobSpec"),
+    "NeedsReauth": ("synckit.errors", "NeedsReauth"),
+    "OAuth2Auth": ("synckit.connectors.oauth", "OAuth2Auth"),
+    "OAuth2Config": ("synckit.connectors.oauth", "OAuth2Config"),
+    "Page": ("synckit.connectors.base", "Page"),
+    "PermanentError": ("synckit.errors", "PermanentError"),
+    "RateLimit": ("synckit.connectors.base", "RateLimit"),
+    "RateLimited": ("synckit.errors", "RateLimited"),
+    "Registry": ("synckit.runtime.handlers", "Registry"),
+    "RemoteRecord": ("synckit.connectors.intents", "RemoteRecord"),
+    "RetryPolicy": ("synckit.errors", "RetryPolicy"),
+    "RetryableError": ("synckit.errors", "RetryableError"),
+    "Snooze": ("synckit.runtime.handlers", "Snooze"),
+    "Stream": ("synckit.connectors.base", "Stream"),
+    "SyncContext": ("synckit.connectors.context", "SyncContext"),
+    "SynckitError": ("synckit.errors", "SynckitError"),
+    "Tenant": ("synckit.connectors.tenants", "Tenant"),
+    "TokenSet": ("synckit.connectors.secrets", "TokenSet"),
+    "Worker": ("synckit.runtime.worker", "Worker"),
+    "add_tenant": ("synckit.connectors.tenants", "add_tenant"),
+    "classify": ("synckit.errors", "classify"),
+    "enqueue": ("synckit.runtime.jobs", "enqueue"),
+    "enqueue_many": ("synckit.runtime.jobs", "enqueue_many"),
+    "get_tenant": ("synckit.connectors.tenants", "get_tenant"),
+    "list_tenants": ("synckit.connectors.tenants", "list_tenants"),
+    "migrate_database": ("synckit.runtime.migrate", "upgrade"),
+    "open_database": ("synckit.runtime.db", "open_database"),
+    "outbox_add": ("synckit.runtime.outbox", "add"),
+    "pause_tenant": ("synckit.connectors.tenants", "pause_tenant"),
+    "reauth": ("synckit.connectors.oauth", "reauth"),
+    "remove_tenant": ("synckit.connectors.tenants", "remove_tenant"),
+    "resume_tenant": ("synckit.connectors.tenants", "resume_tenant"),
+    "retry_delay": ("synckit.errors", "retry_delay"),
+    "run_intent": ("synckit.connectors.intents", "run_intent"),
+    "set_testing": ("synckit.errors", "set_testing"),
+    "update_tenant": ("synckit.connectors.tenants", "update_tenant"),
+}
 
 __all__ = [
     "App",
@@ -101,3 +163,17 @@ __all__ = [
     "set_testing",
     "update_tenant",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'synckit' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,11 +9,12 @@ of shell history and process listings), or from a hidden prompt; they are never 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import click
 
-from synckit.connectors.oauth import ReauthResult, reauth
-from synckit.connectors.secrets import TokenSet, utcnow
+if TYPE_CHECKING:
+    from synckit.connectors.oauth import ReauthResult
 from synckit.runtime.db import ENV_URL, Database
 
 
@@ -64,6 +65,10 @@ def reauth_command(
 
     if not access_token.strip():
         raise CliError("--access-token must not be empty")
+    # Imported here: authlib is heavy, and every `synckit` command loads this module.
+    from synckit.connectors.oauth import reauth
+    from synckit.connectors.secrets import TokenSet, utcnow
+
     now = utcnow()
     token_set = TokenSet(
         access_token=access_token.strip(),
