@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import resource
 import statistics
@@ -32,6 +33,7 @@ from synckit.runtime import jobs as store
 from synckit.runtime import migrate
 from synckit.runtime.db import Database, open_database
 from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.logging import configure_logging
 from synckit.runtime.worker import Worker
 
 PG_URL = os.environ.get("SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -182,6 +184,7 @@ async def run_engine(engine: str, n: int) -> dict[str, Any]:
         out["enqueue_batch_per_s"] = round(await b.enqueue_batch(n))
         out["process_c1_per_s"] = round(await b.process(min(n, 5000), 1))
         out["process_c32_per_s"] = round(await b.process(n, 32))
+        b.started.clear()  # job ids restart in every fresh database
         p50, p99 = await b.latency(200)
         out["start_latency_p50_ms"] = round(p50, 2)
         out["start_latency_p99_ms"] = round(p99, 2)
@@ -201,6 +204,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--engines", default="sqlite,postgresql")
     args = parser.parse_args()
+    configure_logging(json_lines=True, level=logging.WARNING)
     results: dict[str, dict[str, Any]] = {}
     for engine in args.engines.split(","):
         if not args.json:

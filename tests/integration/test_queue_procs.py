@@ -106,7 +106,8 @@ async def test_in_flight_limit_holds_across_three_processes(
         db, [JobSpec("record", {"sleep": 0.15}, resource_key="mailbox-1") for _ in range(24)]
     )
     procs = [
-        spawn_worker(migrated_url, log, "--concurrency", "4", "--poll-interval", "0.05")
+        # One job at a time per process: three processes could run three, the limit is two.
+        spawn_worker(migrated_url, log, "--concurrency", "1", "--poll-interval", "0.05")
         for _ in range(3)
     ]
     try:
@@ -124,7 +125,7 @@ async def test_in_flight_limit_holds_across_three_processes(
         running += delta
         peak = max(peak, running)
     assert peak == 2
-    assert len({pid for _, _, pid, *_ in execs}) >= 2
+    assert len({pid for _, _, pid, *_ in execs}) >= 2  # so the limit held across processes
 
 
 async def test_cron_ticks_enqueue_exactly_once_with_three_processes(
