@@ -1,4 +1,4 @@
-"""Job queue benchmark: ``python -m bench.queue [--n 20000] [--json] [--engines sqlite,postgresql]``.
+"""Job queue benchmark: ``python -m bench.queue [--n 20000] [--json] [--engines ...]``.
 
 Measured per engine, with durability as shipped (SQLite WAL + synchronous=NORMAL,
 PostgreSQL synchronous_commit on, logged tables):
@@ -51,8 +51,11 @@ class Bench:
         self.started: dict[int, float] = {}
         self.registry = Registry()
 
+        self.job_started = asyncio.Event()
+
         async def noop(ctx: JobContext) -> None:
             self.started[ctx.job.id] = time.perf_counter()
+            self.job_started.set()
 
         self.registry.add("noop", noop)
 
@@ -131,10 +134,10 @@ class Bench:
         await asyncio.sleep(0.5)  # the worker is up and idle (listening on PostgreSQL)
         lat: list[float] = []
         for _ in range(samples):
+            self.job_started.clear()
             t = time.perf_counter()
             job = await store.enqueue(db, "noop", {})
-            while job.id not in self.started:
-                await asyncio.sleep(0.0005)
+            await asyncio.wait_for(self.job_started.wait(), 10)
             lat.append((self.started[job.id] - t) * 1000)
             await asyncio.sleep(0.01)
         worker.stop()
@@ -148,8 +151,8 @@ class Bench:
         if self.engine == "postgresql":
             sql = (
                 "INSERT INTO jobs (kind, payload, status, priority, attempts, max_attempts, run_at,"
-                " created_at, updated_at, finished_at) SELECT 'old', '{}'::jsonb, 'succeeded', 0, 1,"
-                " 5, now(), now(), now(), now() FROM generate_series(1, :n)"
+                " created_at, updated_at, finished_at) SELECT 'old', '{}'::jsonb, 'succeeded',"
+                " 0, 1, 5, now(), now(), now(), now() FROM generate_series(1, :n)"
             )
         else:
             stamp = "strftime('%Y-%m-%d %H:%M:%f000', 'now')"

@@ -414,7 +414,7 @@ def jobs_enqueue(
     click.echo(f"job {out.id} {'enqueued' if out.created else 'already queued'}")
 
 
-from synckit.runtime.outbox_cli import outbox as outbox_group
+from synckit.runtime.outbox_cli import outbox as outbox_group  # noqa: E402
 
 cli.add_command(outbox_group)
 
@@ -429,6 +429,10 @@ cli.add_command(dlq_group)
 from synckit.connectors.tenants_cli import tenants as tenants_group  # noqa: E402
 
 cli.add_command(tenants_group)
+
+from synckit.demo import demo_command  # noqa: E402
+
+cli.add_command(demo_command)
 
 
 def main() -> None:

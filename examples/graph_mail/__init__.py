@@ -1,2 +1,43 @@
-"""A Microsoft Graph mail example: a simulated Graph service (``simulator``) to develop
-and test a Graph mail connector against, offline."""
+"""A Microsoft Graph mail example: a connector to copy (``connector``), its application
+(``app``: ``synckit worker --app examples.graph_mail.app:app``), and a simulated Graph
+service to run it against offline (``simulator``). ``synckit demo`` runs all three.
+
+The App object is not re-exported here, so that ``examples.graph_mail.app`` stays the
+module; ``make_app()`` builds one.
+"""
+
+from examples.graph_mail.app import (
+    SEND_KIND,
+    SendMailJob,
+    connect_tenant,
+    enqueue_send,
+    make_app,
+)
+from examples.graph_mail.connector import (
+    GRAPH_SCOPE,
+    GraphMail,
+    GraphMailConfig,
+    Message,
+    OutgoingMail,
+    create_tables,
+    internet_message_id,
+    mail_messages,
+)
+from examples.graph_mail.simulator import GraphSimulator
+
+__all__ = [
+    "GRAPH_SCOPE",
+    "SEND_KIND",
+    "GraphMail",
+    "GraphMailConfig",
+    "GraphSimulator",
+    "Message",
+    "OutgoingMail",
+    "SendMailJob",
+    "connect_tenant",
+    "create_tables",
+    "enqueue_send",
+    "internet_message_id",
+    "mail_messages",
+    "make_app",
+]

@@ -1,0 +1,226 @@
+"""`synckit demo`, run as a newcomer runs it: a subprocess in an empty directory.
+
+The summary it prints must be what its database holds: every figure is checked against
+the SQLite file the demo leaves behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, func, select
+
+from examples.graph_mail import internet_message_id, mail_messages
+from synckit.runtime.audit import RETRIED_PREFIX
+from synckit.runtime.schema import (
+    audit_buckets,
+    connections,
+    dead_letters,
+    intents,
+    jobs,
+    resources,
+)
+
+SECTIONS = (
+    "What happened",
+    "Tenants",
+    "Retries, and why",
+    "Retry-After honoured",
+    "Circuit breakers",
+    "Needs re-authorisation",
+    "Dead letters",
+    "Mail sent exactly once",
+    "synckit status --database-url sqlite:///synckit-demo.db",
+    "synckit dlq ls --database-url sqlite:///synckit-demo.db",
+)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path, float]:
+    """One run of ``synckit demo --json``: (summary, human output, database, seconds)."""
+    workdir = tmp_path_factory.mktemp("demo")
+    (workdir / "synckit-demo.db").write_text("an old demo database, to be replaced")
+    env = {**os.environ, "COLUMNS": "200"}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "synckit.cli", "demo", "--json"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout), proc.stderr, workdir / "synckit-demo.db", elapsed
+
+
+@pytest.fixture(scope="module")
+def tables(demo: tuple[dict[str, Any], str, Path, float]) -> dict[str, list[Any]]:
+    """The rows of the demo's database the summary speaks of."""
+    engine = create_engine(f"sqlite:///{demo[2]}")
+    try:
+        with engine.connect() as c:
+            return {
+                "connections": list(c.execute(select(connections))),
+                "resources": list(c.execute(select(resources))),
+                "dead_letters": list(c.execute(select(dead_letters))),
+                "audit": list(c.execute(select(audit_buckets))),
+                "jobs": list(c.execute(select(jobs))),
+                "intents": list(c.execute(select(intents))),
+                "synced": list(
+                    c.execute(
+                        select(mail_messages.c.tenant, func.count()).group_by(
+                            mail_messages.c.tenant
+                        )
+                    )
+                ),
+            }
+    finally:
+        engine.dispose()
+
+
+def by_tenant(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["tenant"]: t for t in summary["tenants"]}
+
+
+def test_the_demo_converges_within_a_minute_and_prints_every_section(
+    demo: tuple[dict[str, Any], str, Path, float],
+) -> None:
+    summary, human, db_path, elapsed = demo
+    assert summary["converged"] and summary["unmet"] == []
+    assert elapsed < 60 and summary["elapsed_seconds"] < 60
+    for section in SECTIONS:
+        assert section in human, section
+    assert db_path.stat().st_size > 0 and (db_path.parent / "synckit-demo.log").exists()
+
+
+def test_records_synced_per_tenant_are_the_rows_of_the_example_table_and_the_audit(
+    demo: tuple[dict[str, Any], str, Path, float], tables: dict[str, list[Any]]
+) -> None:
+    tenants = by_tenant(demo[0])
+    assert {t: n for t, n in tables["synced"]} == {t: r["synced"] for t, r in tenants.items()}
+    assert tenants["contoso"]["synced"] == tenants["contoso"]["in_mailbox"]
+    assert tenants["fabrikam"]["synced"] == tenants["fabrikam"]["in_mailbox"]
+    assert tenants["northwind"]["synced"] < tenants["northwind"]["in_mailbox"]
+
+    audit: dict[str, Counter[str]] = {}
+    for row in tables["audit"]:
+        counts = audit.setdefault(row.tenant, Counter())
+        counts["ok"] += row.ok
+        counts["failed"] += row.failed
+        for k, v in (row.failed_by_class or {}).items():
+            if k.startswith(RETRIED_PREFIX):
+                counts[k] += v
+    succeeded = Counter(
+        j.payload["tenant"]
+        for j in tables["jobs"]
+        if j.status == "succeeded" and "tenant" in j.payload
+    )
+    for tenant, row in tenants.items():
+        assert row["audit"] == {"ok": audit[tenant]["ok"], "failed": audit[tenant]["failed"]}
+        assert row["jobs_succeeded"] == succeeded[tenant]
+        # Every record handled is counted; a full resync handles records again.
+        assert row["records_handled"] == audit[tenant]["ok"] - succeeded[tenant] >= row["synced"]
+        retried = {
+            k[len(RETRIED_PREFIX) :]: v
+            for k, v in audit[tenant].items()
+            if k.startswith(RETRIED_PREFIX)
+        }
+        assert row["retries"] == retried
+    assert tenants["contoso"]["full_syncs"] == 2 and tenants["contoso"]["expired_delta_tokens"] >= 1
+
+
+def test_dead_letters_are_the_malformed_messages_waiting_for_review(
+    demo: tuple[dict[str, Any], str, Path, float], tables: dict[str, list[Any]]
+) -> None:
+    summary = demo[0]
+    rows = {
+        (d.tenant, d.kind, d.record_id, d.error_class, d.status) for d in tables["dead_letters"]
+    }
+    shown = {
+        (d["tenant"], d["kind"], d["record_id"], d["error_class"], d["status"])
+        for d in summary["dead_letters"]
+    }
+    assert shown == rows
+    records = [d for d in tables["dead_letters"] if d.kind.startswith("record:")]
+    assert {(d.kind, d.error_class, d.status) for d in records} == {
+        ("record:messages", "validation", "review")
+    }
+    per_tenant = Counter(d.tenant for d in records)
+    for tenant, row in by_tenant(summary).items():
+        assert per_tenant[tenant] == row["malformed"]
+        assert row["dead_letters"] == sum(1 for d in tables["dead_letters"] if d.tenant == tenant)
+        # A record failing again (the full resync) counts again, on the same row.
+        dead_jobs = sum(1 for d in tables["dead_letters"] if d.tenant == tenant and d.kind == "job")
+        failed = sum(d.attempt_count for d in records if d.tenant == tenant)
+        assert row["audit"]["failed"] == failed + dead_jobs
+
+
+def test_the_revoked_tenant_needs_reauth_and_the_others_are_active(
+    demo: tuple[dict[str, Any], str, Path, float], tables: dict[str, list[Any]]
+) -> None:
+    summary = demo[0]
+    status = {c.tenant: (c.status, c.status_reason) for c in tables["connections"]}
+    assert {t: row["status"] for t, row in by_tenant(summary).items()} == {
+        t: s for t, (s, _) in status.items()
+    }
+    assert status["northwind"][0] == "needs_reauth" and "invalid_grant" in status["northwind"][1]
+    assert status["contoso"][0] == status["fabrikam"][0] == "active"
+    [reauth] = summary["needs_reauth"]
+    assert reauth["tenant"] == "northwind" and reauth["reason"] == status["northwind"][1]
+    waiting = [
+        j
+        for j in tables["jobs"]
+        if j.resource_key == "graph_mail:northwind" and j.status == "pending"
+    ]
+    assert reauth["jobs_waiting"] == len(waiting) >= 1
+    assert by_tenant(summary)["northwind"]["token_refusals"] >= 1
+
+
+def test_every_mail_was_sent_exactly_once_despite_lost_answers(
+    demo: tuple[dict[str, Any], str, Path, float], tables: dict[str, list[Any]]
+) -> None:
+    summary = demo[0]
+    done = {(i.tenant, i.intent_key): i for i in tables["intents"] if i.status == "done"}
+    assert len(summary["sent"]) == len(tables["intents"]) == len(done) == 9
+    for s in summary["sent"]:
+        intent = done[(s["tenant"], s["key"])]
+        assert s["copies_in_sent_items"] == 1
+        assert intent.remote_id == s["internet_message_id"]
+        assert s["internet_message_id"] == internet_message_id(s["tenant"], s["key"])
+        assert s["intent_attempts"] == intent.attempts
+        found = isinstance(intent.result, dict) and "id" in intent.result
+        assert s["found_after_lost_response"] == found
+    lost = sum(t["sends"]["lost_responses"] for t in summary["tenants"])
+    assert summary["lost_responses"] == lost >= 1
+    # Each lost answer was recovered by finding the mail, never by sending it again.
+    assert sum(s["found_after_lost_response"] for s in summary["sent"]) == lost
+    assert all(t["sends"]["send_calls"] == t["sends"]["enqueued"] for t in summary["tenants"])
+
+
+def test_a_breaker_opened_and_closed_again_and_retry_after_was_honoured(
+    demo: tuple[dict[str, Any], str, Path, float], tables: dict[str, list[Any]]
+) -> None:
+    summary = demo[0]
+    states = {
+        r.resource_key: r.state
+        for r in tables["resources"]
+        if not r.resource_key.startswith("api:")
+    }
+    assert {b["resource_key"]: b["state"] for b in summary["breakers"]} == states
+    assert set(states.values()) == {"closed"}
+    opened = {b["tenant"]: b["opened"] for b in summary["breakers"]}
+    assert opened["fabrikam"] >= 1
+    retry_after = summary["retry_after"]
+    assert retry_after["answers"] == by_tenant(summary)["fabrikam"]["throttled_429"] >= 1
+    assert retry_after["not_honoured"] == 0
+    assert retry_after["honoured"] + retry_after["no_later_request"] == retry_after["answers"]
