@@ -13,6 +13,7 @@ import importlib
 import json
 import re
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -435,8 +436,18 @@ from synckit.demo import demo_command  # noqa: E402
 cli.add_command(demo_command)
 
 
+def _quiet_thread_error(args: threading.ExceptHookArgs) -> None:
+    """No traceback from background threads: one line, or nothing for aiosqlite's worker
+    thread finishing after ``asyncio.run`` closed the loop (after a failed connect)."""
+    exc = args.exc_value
+    if isinstance(exc, RuntimeError) and "Event loop is closed" in str(exc):
+        return
+    click.echo(f"error: in background thread: {type(exc).__name__}: {exc}", err=True)
+
+
 def main() -> None:
     """Entry point of the ``synckit`` console script."""
+    threading.excepthook = _quiet_thread_error
     try:
         cli.main(prog_name="synckit", standalone_mode=True)
     except KeyboardInterrupt:  # pragma: no cover - interactive only

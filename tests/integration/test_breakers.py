@@ -78,7 +78,9 @@ async def test_three_processes_share_one_breaker_and_one_probe(
     burst_end = opened_first[-1]  # the call whose failure re-opened it is the probe
     before_probe = [t for t in times if t < burst_end]
     gap_before_probe = burst_end - before_probe[-1]
-    assert gap_before_probe >= 1.9, f"a call during the first cool-down ({gap_before_probe:.2f}s)"
+    # The cool-down is 2 s from the opening; a call already in flight when it opened may
+    # land a little after it, hence the margin.
+    assert gap_before_probe >= 1.6, f"a call during the first cool-down ({gap_before_probe:.2f}s)"
     in_second_cooldown = [t for t in times if first_open + 0.3 < t < first_open + 3.9]
     assert in_second_cooldown == [], "a call during the doubled cool-down"
     after = [t for t in times if t >= first_open + 3.9]
