@@ -87,7 +87,6 @@ class Bench:
             db,
             self.registry,
             concurrency=concurrency,
-            claim_batch=max(concurrency, 1),
             retry_policy=RetryPolicy.deterministic(),
             poll_interval=1.0,
         )
