@@ -175,6 +175,9 @@ def _insert(conn: AsyncConnection | Connection) -> Any:
     return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
 
 
+_INSERT_ONE: Any = insert(jobs).returning(jobs.c.id)
+
+
 def _enqueue_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) -> list[Enqueued]:
     """Insert the jobs on a synchronous connection (see :meth:`Database.write`)."""
     rows = [s.row(now) for s in specs]
@@ -183,7 +186,10 @@ def _enqueue_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) -> 
     plain = [r for r in rows if r["unique_key"] is None]
     keyed = [r for r in rows if r["unique_key"] is not None]
     ids_plain: list[int] = []
-    if plain:
+    if len(plain) == 1:
+        # One row: a plain execute, not SQLAlchemy's executemany machinery.
+        ids_plain = [conn.execute(_INSERT_ONE, plain[0]).scalar_one()]
+    elif plain:
         if conn.dialect.name == "sqlite":
             # The transaction holds SQLite's write lock, so the new rowids are ascending in
             # row order; sorting them is exact and 20x cheaper than SQLAlchemy's
