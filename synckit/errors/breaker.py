@@ -81,6 +81,10 @@ class BreakerSnapshot:
     cooldown_until: datetime | None = None
     probe_in_flight: bool = False
     probe_expires_at: datetime | None = None
+    #: The failure-rate window while closed: when it started, counted calls, failures.
+    window_start: datetime | None = None
+    window_calls: int = 0
+    window_failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,12 +100,22 @@ class BreakerPolicy:
     #: open, and they are at least ``global_ratio`` of its tenants.
     global_min_tenants: int = 3
     global_ratio: float = 0.5
+    #: A closed breaker also opens when, within ``rate_window``, at least
+    #: ``rate_min_calls`` counted calls were made and ``rate_threshold`` of them failed
+    #: (an API failing every other call never reaches N failures in a row). None: off.
+    rate_threshold: float | None = 0.5
+    rate_window: timedelta = timedelta(minutes=1)
+    rate_min_calls: int = 20
 
     def __post_init__(self) -> None:
         if self.failure_threshold < 1:
             raise ConfigurationError("failure_threshold must be at least 1")
         if self.cooldown < timedelta(0) or self.cooldown_cap < self.cooldown:
             raise ConfigurationError("need 0 <= cooldown <= cooldown_cap")
+        if self.rate_threshold is not None and not 0 < self.rate_threshold <= 1:
+            raise ConfigurationError("rate_threshold must be in (0, 1], or None")
+        if self.rate_min_calls < 1 or self.rate_window <= timedelta(0):
+            raise ConfigurationError("need rate_min_calls >= 1 and a positive rate_window")
         if self.probe_timeout <= timedelta(0):
             raise ConfigurationError("probe_timeout must be positive")
 
@@ -182,12 +196,14 @@ def breaker_transition(
         return snapshot
 
     if snapshot.state is BreakerState.CLOSED:
-        if outcome is BreakerOutcome.SUCCESS:
-            return replace(snapshot, consecutive_failures=0)
+        failed = outcome is BreakerOutcome.FAILURE
+        windowed = _count_in_window(snapshot, failed, now, policy)
+        if not failed:
+            return replace(windowed, consecutive_failures=0)
         failures = snapshot.consecutive_failures + 1
-        if failures < policy.failure_threshold:
-            return replace(snapshot, consecutive_failures=failures)
-        return _open(now, policy, failures=failures, reopen_count=0)
+        if failures >= policy.failure_threshold or _rate_trips(windowed, policy):
+            return _open(now, policy, failures=failures, reopen_count=0)
+        return replace(windowed, consecutive_failures=failures)
 
     if snapshot.state is BreakerState.OPEN and _before(now, snapshot.cooldown_until):
         return snapshot
@@ -201,6 +217,29 @@ def breaker_transition(
         failures=snapshot.consecutive_failures + 1,
         reopen_count=snapshot.reopen_count + 1,
     )
+
+
+def _count_in_window(
+    snapshot: BreakerSnapshot, failed: bool, now: datetime, policy: BreakerPolicy
+) -> BreakerSnapshot:
+    """Count a call in the failure-rate window, which a failure opens and which lasts
+    ``rate_window``: a healthy resource has no window, so its successes write nothing."""
+    start = snapshot.window_start
+    if start is None or _utc(now) - _utc(start) >= policy.rate_window:
+        if not failed:
+            return replace(snapshot, window_start=None, window_calls=0, window_failures=0)
+        return replace(snapshot, window_start=_utc(now), window_calls=1, window_failures=1)
+    return replace(
+        snapshot,
+        window_calls=snapshot.window_calls + 1,
+        window_failures=snapshot.window_failures + int(failed),
+    )
+
+
+def _rate_trips(snapshot: BreakerSnapshot, policy: BreakerPolicy) -> bool:
+    if policy.rate_threshold is None or snapshot.window_calls < policy.rate_min_calls:
+        return False
+    return snapshot.window_failures / snapshot.window_calls >= policy.rate_threshold
 
 
 def breaker_open(

@@ -106,6 +106,9 @@ async def reset_resource(db: Database, resource_key: str) -> ResourceInfo:
                 cooldown_until=None,
                 probe_job_id=None,
                 next_available_at=None,
+                window_start=None,
+                window_calls=0,
+                window_failures=0,
                 updated_at=now,
             )
         )

@@ -215,6 +215,10 @@ resources = Table(
     _ts("next_available_at"),
     Column("last_error_class", String(32)),
     Column("last_error", Text),
+    # The breaker's failure-rate window (opened by a failure, see errors.breaker).
+    _ts("window_start"),
+    Column("window_calls", Integer, nullable=False, server_default="0"),
+    Column("window_failures", Integer, nullable=False, server_default="0"),
     Column("max_in_flight", Integer),
     Column("rate_per_s", Float),
     Column("burst", Integer),

@@ -28,6 +28,7 @@ import socket
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -451,8 +452,8 @@ class Worker:
         messages = [m for o in successes if o.job.id in held for m in o.messages]
         if messages:
             outbox.add_many_sync(conn, messages, now=now)
-        keyed = sorted(
-            {o.job.resource_key for o in successes if o.job.id in held and o.job.resource_key}
+        keyed = Counter(
+            o.job.resource_key for o in successes if o.job.id in held and o.job.resource_key
         )
         if keyed:
             self._breaker_success(conn, keyed, now)
@@ -567,6 +568,9 @@ class Worker:
             reopen_count=r.reopen_count,
             cooldown_until=r.cooldown_until,
             probe_in_flight=r.probe_job_id is not None,
+            window_start=r.window_start,
+            window_calls=r.window_calls,
+            window_failures=r.window_failures,
         )
 
     def _store_snapshot(
@@ -584,6 +588,9 @@ class Worker:
             "opened_at": after.opened_at,
             "reopen_count": after.reopen_count,
             "cooldown_until": after.cooldown_until,
+            "window_start": after.window_start,
+            "window_calls": after.window_calls,
+            "window_failures": after.window_failures,
             "updated_at": now,
             **extra,
         }
@@ -603,17 +610,21 @@ class Worker:
                 cooldown_until=after.cooldown_until,
             )
 
-    def _breaker_success(self, conn: Connection, keys: list[str], now: datetime) -> None:
+    def _breaker_success(self, conn: Connection, keys: Counter[str], now: datetime) -> None:
         rows = conn.execute(
             select(resources).where(
-                resources.c.resource_key.in_(keys),
-                (resources.c.state != "closed") | (resources.c.consecutive_failures > 0),
+                resources.c.resource_key.in_(sorted(keys)),
+                (resources.c.state != "closed")
+                | (resources.c.consecutive_failures > 0)
+                # A failure-rate window is open: successes count in it too.
+                | resources.c.window_start.is_not(None),
             )
         )
         parents: set[str] = set()
         for r in rows:
-            before = self._snapshot(r)
-            after = breaker_transition(before, BreakerOutcome.SUCCESS, now, self.breaker_policy)
+            before = after = self._snapshot(r)
+            for _ in range(keys[r.resource_key]):  # each success counts in the rate window
+                after = breaker_transition(after, BreakerOutcome.SUCCESS, now, self.breaker_policy)
             self._store_snapshot(conn, r.resource_key, before, after, now)
             if r.parent_key:
                 parents.add(r.parent_key)

@@ -509,3 +509,29 @@ async def test_unique_key_enqueue_survives_generic_plans(db: Database) -> None:
                 conn, [JobSpec("k", unique_key=f"u{n}-{i}") for i in range(3)]
             )
         assert all(e.created for e in out)
+
+
+async def test_failure_rate_opens_the_breaker_without_a_run_of_failures(db: Database) -> None:
+    """Every other call failing opens the resource's breaker by rate, shared in the DB."""
+    from synckit.errors import BreakerPolicy
+
+    policy = BreakerPolicy(failure_threshold=50, rate_threshold=0.5, rate_min_calls=10)
+    reg = Registry(breaker_policy=policy, retry_policy=RetryPolicy.deterministic())
+    calls = 0
+
+    @reg.handler("call")
+    async def call(ctx: JobContext) -> None:
+        nonlocal calls
+        calls += 1
+        if ctx.payload["n"] % 2 == 0:
+            raise ConnectionError("reset")
+
+    await store.enqueue_many(
+        db,
+        [JobSpec("call", {"n": n}, resource_key="flaky-api", max_attempts=1) for n in range(30)],
+    )
+    await make_worker(db, reg, concurrency=1, claim_batch=1).run_until_idle()
+    async with db.begin() as conn:
+        row = (await conn.execute(select(resources))).one()
+    assert row.state == "open"
+    assert calls < 30  # once open, the rest waited for the cool-down

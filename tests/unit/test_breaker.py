@@ -260,3 +260,40 @@ def test_any_sequence_keeps_the_snapshot_consistent(steps: list[tuple[str, int]]
             assert snapshot.cooldown_until is not None and snapshot.opened_at is not None
             assert snapshot.cooldown_until - snapshot.opened_at <= POLICY.cooldown_cap
             assert not snapshot.probe_in_flight
+
+
+def test_alternating_failures_open_the_breaker_by_rate() -> None:
+    """Half the calls failing opens it once enough calls were made, with no run of N."""
+    from synckit.errors.breaker import BreakerPolicy as Policy
+
+    policy = Policy(failure_threshold=5, rate_threshold=0.5, rate_min_calls=20)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    snap = BreakerSnapshot()
+    for i in range(19):
+        outcome = "failure" if i % 2 == 0 else "success"
+        snap = breaker_transition(snap, outcome, now + timedelta(seconds=i), policy)
+        assert snap.state is BreakerState.CLOSED
+    # The 20th call: 10 failures of 20 calls.
+    snap = breaker_transition(snap, "success", now + timedelta(seconds=19), policy)
+    assert snap.state is BreakerState.CLOSED  # a success never opens it
+    snap = breaker_transition(snap, "failure", now + timedelta(seconds=20), policy)
+    assert snap.state is BreakerState.OPEN
+
+
+def test_successes_of_a_healthy_resource_open_no_window() -> None:
+    """Without a recent failure a success changes nothing (so it writes nothing)."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert breaker_transition(BreakerSnapshot(), "success", now) == BreakerSnapshot()
+
+
+def test_failures_spread_beyond_the_window_do_not_trip_by_rate() -> None:
+    """The rate counts one window: a failure every 2 minutes never opens it by rate."""
+    from synckit.errors.breaker import BreakerPolicy as Policy
+
+    policy = Policy(failure_threshold=100, rate_min_calls=2, rate_window=timedelta(minutes=1))
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    snap = BreakerSnapshot()
+    for i in range(10):
+        snap = breaker_transition(snap, "failure", now + timedelta(minutes=2 * i), policy)
+        snap = breaker_transition(snap, "success", now + timedelta(minutes=2 * i + 1.5), policy)
+    assert snap.state is BreakerState.CLOSED
