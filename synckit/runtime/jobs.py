@@ -50,7 +50,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
-from synckit.runtime.db import Database
+from synckit.runtime.db import Database, _Busy
 from synckit.runtime.schema import connections, jobs, resources
 
 JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
@@ -285,6 +285,38 @@ async def _enqueue_one_pg(db: Database, spec: JobSpec, now: datetime) -> Enqueue
     return Enqueued(int(new_id), True)
 
 
+def _sqlite_params(columns: Sequence[str]) -> list[tuple[str, Any]]:
+    """Each column with SQLAlchemy's own bind processor for SQLite (JSON, UTC timestamps)."""
+    dialect = sqlite.dialect()
+    return [(c, jobs.c[c].type.bind_processor(dialect)) for c in columns]
+
+
+_SQLITE_INSERT_ONE = (
+    f"INSERT INTO jobs ({', '.join(_ROW_COLUMNS)}) VALUES ({', '.join('?' * len(_ROW_COLUMNS))})"
+    " RETURNING id"
+)
+_SQLITE_JOB_PARAMS = _sqlite_params(_ROW_COLUMNS)
+_SQLITE_ENSURE_RESOURCE = (
+    "INSERT INTO resources (resource_key, state, updated_at) VALUES (?, 'closed', ?)"
+    " ON CONFLICT (resource_key) DO NOTHING"
+)
+_SQLITE_TIMESTAMP: Any = resources.c.updated_at.type.bind_processor(sqlite.dialect())
+
+
+def _enqueue_one_sqlite(conn: Any, row: dict[str, Any]) -> int:
+    """One job on a raw ``sqlite3`` connection (see :meth:`Database.try_inline`).
+
+    The same INSERT as :func:`_enqueue_sync` makes, with the values bound through the
+    columns' own SQLAlchemy bind processors, minus SQLAlchemy's per-statement overhead.
+    """
+    if row["resource_key"]:
+        conn.execute(
+            _SQLITE_ENSURE_RESOURCE, (row["resource_key"], _SQLITE_TIMESTAMP(row["created_at"]))
+        )
+    params = tuple(row[c] if p is None else p(row[c]) for c, p in _SQLITE_JOB_PARAMS)
+    return int(conn.execute(_SQLITE_INSERT_ONE, params).fetchone()[0])
+
+
 async def enqueue_many(
     target: Executor, specs: Sequence[JobSpec], *, now: datetime | None = None
 ) -> list[Enqueued]:
@@ -293,8 +325,13 @@ async def enqueue_many(
     if not specs:
         return []
     if isinstance(target, Database):
-        if target.is_postgres and len(specs) == 1 and specs[0].unique_key is None:
-            return [await _enqueue_one_pg(target, specs[0], now)]
+        if len(specs) == 1 and specs[0].unique_key is None:
+            if target.is_postgres:
+                return [await _enqueue_one_pg(target, specs[0], now)]
+            new_id = target.try_inline(_enqueue_one_sqlite, specs[0].row(now))
+            if not isinstance(new_id, _Busy):
+                target_wake(target)
+                return [Enqueued(new_id, True)]
         out = await target.write(_enqueue_sync, specs, now)
         target_wake(target)
         return out

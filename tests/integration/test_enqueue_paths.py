@@ -1,0 +1,192 @@
+"""The one-job enqueue fast paths, on SQLite and PostgreSQL.
+
+A single job takes a shortcut on each engine: one autocommitted statement on PostgreSQL,
+and on SQLite a raw ``sqlite3`` transaction on the caller's own thread when the write
+lock is free (``InlineSqlite``). These tests hold the shortcuts to the general path's
+results and to its durability.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from synckit.runtime import jobs as store
+from synckit.runtime.db import BUSY, Database, InlineSqlite
+from synckit.runtime.jobs import JobSpec
+from synckit.runtime.schema import jobs, resources
+
+NOW = datetime(2026, 11, 22, 3, 4, 5, 678901, tzinfo=UTC)
+
+
+async def rows(db: Database) -> list[dict[str, Any]]:
+    async with db.begin() as conn:
+        result = await conn.execute(select(jobs).order_by(jobs.c.id))
+        return [dict(r._mapping) for r in result]
+
+
+async def test_one_job_is_stored_exactly_as_a_batch_stores_it(db: Database) -> None:
+    """Every column the shortcut writes equals what the general (batch) path writes."""
+    spec = JobSpec(
+        "mail.send",
+        {"to": ["a@example.com"], "n": 1.5, "nested": {"ü": None}},
+        resource_key="tenant-a",
+        priority=7,
+        delay=timedelta(days=2, microseconds=3),
+        max_attempts=9,
+        trace_id="trace-1",
+    )
+    one = await store.enqueue_many(db, [spec], now=NOW)
+    two = await store.enqueue_many(db, [spec, spec], now=NOW)
+    assert [e.created for e in one + two] == [True, True, True]
+    stored = await rows(db)
+    assert len(stored) == 3
+    for r in stored:
+        r.pop("id")
+    assert stored[0] == stored[1] == stored[2]
+    assert stored[0]["run_at"] == NOW + timedelta(days=2, microseconds=3)
+    assert stored[0]["created_at"] == NOW and stored[0]["run_at"].tzinfo is not None
+    async with db.begin() as conn:
+        lanes = (await conn.execute(select(resources.c.resource_key, resources.c.state))).all()
+    assert [tuple(x) for x in lanes] == [("tenant-a", "closed")]
+
+
+async def test_one_job_is_refused_before_anything_is_written(db: Database) -> None:
+    with pytest.raises(store.PayloadError, match="not JSON-serialisable"):
+        await store.enqueue(db, "k", {"when": object()})
+    assert await rows(db) == []
+
+
+def _hold_write_lock(path: str, seconds: float) -> subprocess.Popen[str]:
+    """Another OS process that takes SQLite's write lock and keeps it for ``seconds``."""
+    code = textwrap.dedent(
+        f"""
+        import sqlite3, time
+        c = sqlite3.connect({path!r}, isolation_level=None)
+        c.execute("BEGIN IMMEDIATE")
+        print("locked", flush=True)
+        time.sleep({seconds})
+        c.execute("COMMIT")
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+async def test_sqlite_enqueue_waits_for_another_writer_without_blocking_the_loop(
+    engine_name: str, db: Database
+) -> None:
+    """A write lock held by another process: the shortcut steps aside, the loop keeps going."""
+    if engine_name != "sqlite":
+        pytest.skip("SQLite's write lock; PostgreSQL inserts do not wait for each other")
+    assert db.url.database is not None
+    holder = _hold_write_lock(db.url.database, 0.6)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    tick = asyncio.create_task(ticker())
+    try:
+        assert db.try_inline(lambda conn: 1) is BUSY
+        started = time.monotonic()
+        job = await store.enqueue(db, "k", {"a": 1})
+        waited = time.monotonic() - started
+    finally:
+        tick.cancel()
+        holder.wait(10)
+    assert job.created
+    assert waited > 0.3, waited  # it did wait for the lock (in the writer thread)...
+    assert ticks > 10, ticks  # ...while the event loop kept running
+    assert [r["payload"] for r in await rows(db)] == [{"a": 1}]
+
+
+async def test_sqlite_inline_writes_ask_for_wal_checkpoints(
+    engine_name: str, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inline connection never checkpoints; every Nth commit asks the writer thread to."""
+    if engine_name != "sqlite":
+        pytest.skip("SQLite's WAL")
+    monkeypatch.setattr(InlineSqlite, "CHECKPOINT_EVERY", 10)
+    calls: list[float] = []
+    real = Database._checkpoint
+
+    def spy(self: Database) -> None:
+        calls.append(time.monotonic())
+        real(self)
+
+    monkeypatch.setattr(Database, "_checkpoint", spy)
+    for i in range(35):
+        await store.enqueue(db, "k", {"i": i})
+    for _ in range(100):
+        if len(calls) >= 3:
+            break
+        await asyncio.sleep(0.01)
+    assert len(calls) == 3
+    assert len(await rows(db)) == 35
+
+
+_ENQUEUER = """
+import asyncio, sys
+from synckit.runtime import jobs
+from synckit.runtime.db import open_database
+
+async def main():
+    db = open_database(sys.argv[1])
+    i = 0
+    while True:
+        job = await jobs.enqueue(db, "k", {"i": i})
+        print(job.id, i, flush=True)
+        i += 1
+
+asyncio.run(main())
+"""
+
+
+def _enqueue_then_kill_9(url: str, out: Path, acks: int) -> None:
+    """Run the enqueuer until it has acknowledged ``acks`` jobs, then kill -9 it."""
+    with open(out, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-c", _ENQUEUER, url], stdout=sink)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and out.read_text().count("\n") < acks:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+async def test_every_acknowledged_enqueue_survives_kill_9(
+    db: Database, migrated_url: str, tmp_path: Path
+) -> None:
+    """A process enqueuing one job at a time is killed -9: every job it was told of exists."""
+    out = tmp_path / "acks.txt"
+    await asyncio.to_thread(_enqueue_then_kill_9, migrated_url, out, 300)
+    acked = {}
+    for line in out.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2:  # the last line may have been cut by the kill
+            acked[int(parts[0])] = int(parts[1])
+    assert len(acked) >= 300
+    stored = {r["id"]: r["payload"] for r in await rows(db)}
+    missing = [job_id for job_id in acked if job_id not in stored]
+    assert not missing, f"{len(missing)} acknowledged jobs lost"
+    assert all(stored[job_id] == {"i": i} for job_id, i in acked.items())
+    assert json.dumps(sorted(acked.values())[:3]) == "[0, 1, 2]"
