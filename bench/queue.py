@@ -7,13 +7,20 @@ PostgreSQL synchronous_commit on, logged tables):
 * processing jobs/s of no-op jobs with one worker at concurrency 1 and 32;
 * enqueue-to-start latency p50/p99 with the worker idle (one job at a time);
 * peak RSS of this process;
-* claim+complete cost per job with 10k versus 1M finished rows already in the table.
+* claim+complete cost per job with 10k versus 1M finished rows already in the table;
+* RSS flatness: one long-lived worker processes N jobs five times over; the process's
+  RSS after each round (``rss_rounds_mb``) and its growth from the second round to the
+  last (``rss_growth_mb``; the first round warms caches and pools up);
+* reference figures for the machine at the moment of the run, since a shared 2-core
+  machine's speed varies from hour to hour: bare ``sqlite3`` and bare ``asyncpg`` doing
+  one INSERT per transaction (``ref_bare_insert_per_s``), with the same durability.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -43,6 +50,14 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def rss_mb() -> float:
+    """This process's resident set size now (Linux)."""
+    gc.collect()
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 class Bench:
     def __init__(self, engine: str) -> None:
         self.engine = engine
@@ -58,6 +73,16 @@ class Bench:
             self.job_started.set()
 
         self.registry.add("noop", noop)
+        self.counted = 0
+        self.count_target = 0
+        self.count_reached = asyncio.Event()
+
+        async def count(ctx: JobContext) -> None:
+            self.counted += 1
+            if self.counted >= self.count_target:
+                self.count_reached.set()
+
+        self.registry.add("count", count)
 
     async def fresh(self) -> Database:
         """An empty migrated database."""
@@ -145,6 +170,62 @@ class Bench:
         lat.sort()
         return statistics.median(lat), lat[int(len(lat) * 0.99) - 1]
 
+    async def rss_rounds(self, n: int, rounds: int = 5) -> list[float]:
+        """RSS after each of ``rounds`` rounds of ``n`` jobs through one long-lived worker."""
+        db = await self.fresh()
+        worker = self.worker(db, 32)
+        running = asyncio.create_task(worker.run())
+        sizes = []
+        try:
+            for r in range(1, rounds + 1):
+                self.count_target = r * n
+                self.count_reached.clear()
+                for k in range(0, n, 5000):
+                    specs = [store.JobSpec("count", {"i": i}) for i in range(k, min(n, k + 5000))]
+                    await store.enqueue_many(db, specs)
+                await asyncio.wait_for(self.count_reached.wait(), 600)
+                sizes.append(round(rss_mb(), 1))
+        finally:
+            worker.stop()
+            await running
+            await db.dispose()
+        return sizes
+
+    async def bare_inserts(self, n: int) -> float:
+        """One INSERT per transaction with the bare driver: the machine's speed right now."""
+        db = await self.fresh()
+        await db.dispose()
+        if self.engine == "sqlite":
+            import sqlite3
+
+            assert db.url.database is not None
+            conn = sqlite3.connect(db.url.database, isolation_level=None)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            t = time.perf_counter()
+            for i in range(n):
+                conn.execute(
+                    "INSERT INTO jobs (kind, payload, status, run_at, created_at, updated_at)"
+                    " VALUES ('noop', ?, 'pending', '2026-01-01', '2026-01-01', '2026-01-01')",
+                    (json.dumps({"i": i}),),
+                )
+            rate = n / (time.perf_counter() - t)
+            conn.close()
+            return rate
+        import asyncpg
+
+        pg = await asyncpg.connect(PG_URL, server_settings={"search_path": self.schema})
+        t = time.perf_counter()
+        for i in range(n):
+            await pg.execute(
+                "INSERT INTO jobs (kind, payload, status, run_at, created_at, updated_at)"
+                " VALUES ('noop', $1, 'pending', now(), now(), now())",
+                json.dumps({"i": i}),
+            )
+        rate = n / (time.perf_counter() - t)
+        await pg.close()
+        return rate
+
     async def filler(self, db: Database, rows: int) -> None:
         """``rows`` finished jobs, as a long-lived table holds."""
         if self.engine == "postgresql":
@@ -194,7 +275,11 @@ async def run_engine(engine: str, n: int) -> dict[str, Any]:
         out["claim_cost_10k_ms"] = round(c10k, 4)
         out["claim_cost_1m_ms"] = round(c1m, 4)
         out["claim_cost_ratio_1m_10k"] = round(ratio, 3)
+        rounds = await b.rss_rounds(n)
         out["peak_rss_mb"] = round(peak_rss_mb(), 1)
+        out["rss_rounds_mb"] = rounds
+        out["rss_growth_mb"] = round(rounds[-1] - rounds[1], 1)
+        out["ref_bare_insert_per_s"] = round(await b.bare_inserts(min(n, 5000)))
         return out
     finally:
         await b.cleanup()
@@ -219,7 +304,9 @@ def main() -> None:
     width = max(len(k) for k in keys)
     print(f"{'':{width}}  " + "  ".join(f"{e:>12}" for e in results))
     for k in keys:
-        print(f"{k:{width}}  " + "  ".join(f"{results[e][k]:>12}" for e in results))
+        cells = [results[e][k] for e in results]
+        shown = [" ".join(map(str, c)) if isinstance(c, list) else str(c) for c in cells]
+        print(f"{k:{width}}  " + "  ".join(f"{c:>12}" for c in shown))
 
 
 if __name__ == "__main__":

@@ -190,3 +190,18 @@ async def test_every_acknowledged_enqueue_survives_kill_9(
     assert not missing, f"{len(missing)} acknowledged jobs lost"
     assert all(stored[job_id] == {"i": i} for job_id, i in acked.items())
     assert json.dumps(sorted(acked.values())[:3]) == "[0, 1, 2]"
+
+
+async def test_a_batch_returns_each_jobs_own_id_in_order(db: Database) -> None:
+    """Ids come back in the order of the specs, keyed and un-keyed rows mixed."""
+    specs = [
+        JobSpec("k", {"i": i}, unique_key=f"u{i}" if i % 7 == 0 else None, priority=i % 3)
+        for i in range(500)
+    ]
+    await store.enqueue(db, "k", {"i": 0}, unique_key="u0")  # the batch's u0 finds this one
+    out = await store.enqueue_many(db, specs)
+    assert [e.created for e in out] == [i != 0 for i in range(500)]
+    stored = {r["id"]: r for r in await rows(db)}
+    for i, e in enumerate(out):
+        assert stored[e.id]["payload"] == {"i": i}
+        assert stored[e.id]["priority"] == (i % 3 if i else 0)
