@@ -973,13 +973,28 @@ async def heartbeat(
         return {r[0] for r in res}
 
 
-async def rescue_expired(db: Database, *, now: datetime | None = None, limit: int = 500) -> int:
+async def rescue_expired(
+    db: Database,
+    *,
+    now: datetime | None = None,
+    limit: int = 500,
+    max_attempts_by_kind: Mapping[str, int] | None = None,
+) -> int:
     """Return jobs whose lease expired to pending (their attempt stays counted).
 
     A job that has used all its attempts ends dead instead (it keeps killing workers) and
-    is dead-lettered in the same transaction.
+    is dead-lettered in the same transaction. ``max_attempts_by_kind`` overrides the
+    row's limit for those kinds, as a handler registered with ``max_attempts`` does for
+    ordinary failures.
     """
     now = now or utcnow()
+    limit_of: Any = jobs.c.max_attempts
+    if max_attempts_by_kind:
+        limit_of = case(
+            {k: int(v) for k, v in max_attempts_by_kind.items()},
+            value=jobs.c.kind,
+            else_=jobs.c.max_attempts,
+        )
     async with db.begin() as conn:
         expired = (
             select(jobs.c.id)
@@ -992,8 +1007,8 @@ async def rescue_expired(db: Database, *, now: datetime | None = None, limit: in
             update(jobs)
             .where(jobs.c.id.in_(expired.scalar_subquery()))
             .values(
-                status=case((jobs.c.attempts >= jobs.c.max_attempts, "dead"), else_="pending"),
-                finished_at=case((jobs.c.attempts >= jobs.c.max_attempts, now), else_=None),
+                status=case((jobs.c.attempts >= limit_of, "dead"), else_="pending"),
+                finished_at=case((jobs.c.attempts >= limit_of, now), else_=None),
                 run_at=now,
                 locked_by=None,
                 claim_token=None,

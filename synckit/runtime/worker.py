@@ -727,7 +727,12 @@ class Worker:
     async def _maintenance_once(self, *, rescue: bool) -> None:
         now = self.clock()
         if rescue:
-            n = await store.rescue_expired(self.db, now=now)
+            limits = {
+                kind: spec.max_attempts
+                for kind in self.registry.kinds
+                if (spec := self.registry.get(kind)) and spec.max_attempts is not None
+            }
+            n = await store.rescue_expired(self.db, now=now, max_attempts_by_kind=limits)
             if n:
                 self.stats.rescued += n
                 self._log.warning("job.leases_rescued", jobs=n)

@@ -278,6 +278,29 @@ async def test_job_that_keeps_killing_workers_ends_dead(db: Database) -> None:
         assert (await conn.execute(select(func.count()).select_from(dead_letters))).scalar() == 1
 
 
+async def test_rescue_applies_the_handlers_max_attempts(db: Database) -> None:
+    """A kind registered with max_attempts=1 ends dead at its first expired lease."""
+    fragile = await store.enqueue(db, "fragile", {}, max_attempts=5)
+    other = await store.enqueue(db, "other", {}, max_attempts=5)
+    now = datetime.now(UTC)
+    assert len(await store.claim(db, "w", 2, now=now, lease=timedelta(seconds=1))) == 2
+    later = now + timedelta(seconds=2)
+    assert await store.rescue_expired(db, now=later, max_attempts_by_kind={"fragile": 1}) == 2
+    assert (await store.get_job(db, fragile.id)).status == "dead"
+    assert (await store.get_job(db, other.id)).status == "pending"
+    # The worker passes its registry's limits to the rescue it runs.
+    reg = Registry()
+    reg.add("other", _noop, max_attempts=1)
+    assert len(await store.claim(db, "w", 1, now=later, lease=timedelta(seconds=1))) == 1
+    worker = make_worker(db, reg, clock=lambda: later + timedelta(seconds=2))
+    await worker._maintenance_once(rescue=True)
+    assert (await store.get_job(db, other.id)).status == "dead"
+
+
+async def _noop(ctx: JobContext) -> None:
+    return None
+
+
 async def test_pruning_removes_old_finished_jobs_in_batches(db: Database) -> None:
     """Finished jobs past retention are deleted in bounded batches; others stay."""
     old = datetime.now(UTC) - timedelta(days=8)
