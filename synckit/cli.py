@@ -248,10 +248,14 @@ def _job_json(info: JobInfo) -> dict[str, Any]:
 
 
 @jobs.command("ls")
-@click.option("--status")
+@click.option(
+    "--status",
+    type=click.Choice(["pending", "running", "succeeded", "dead", "cancelled", "discarded"]),
+)
 @click.option("--kind")
 @click.option("--resource-key")
 @click.option("--since", help="Updated within this long (e.g. 1h, 2d).")
+@click.option("--created-since", help="Created within this long (e.g. 1h, 2d).")
 @click.option("--limit", default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @database_option
@@ -260,12 +264,14 @@ def jobs_ls(
     kind: str | None,
     resource_key: str | None,
     since: str | None,
+    created_since: str | None,
     limit: int,
     as_json: bool,
     database_url: str | None,
 ) -> None:
     """List jobs, newest first."""
     updated_since = utcnow() - parse_duration(since) if since else None
+    created_after = utcnow() - parse_duration(created_since) if created_since else None
     found = run(
         lambda d: store.list_jobs(
             d,
@@ -273,6 +279,7 @@ def jobs_ls(
             kind=kind,
             resource_key=resource_key,
             updated_since=updated_since,
+            created_since=created_after,
             limit=limit,
         ),
         database_url,

@@ -72,9 +72,10 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _check_payload(kind: str, payload: Any) -> None:
+def _check_payload(kind: str, payload: Any) -> str:
+    """The payload as JSON text, or :class:`PayloadError`."""
     try:
-        json.dumps(payload, allow_nan=False)
+        return json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload of job {kind!r} is not JSON-serialisable: {exc}") from exc
 
@@ -94,11 +95,15 @@ class JobSpec:
     trace_id: str | None = None
 
     def row(self, now: datetime) -> dict[str, Any]:
+        return self.row_and_json(now)[0]
+
+    def row_and_json(self, now: datetime) -> tuple[dict[str, Any], str]:
+        """The ``jobs`` row for this spec, and its payload as JSON text (checked)."""
         if self.run_at is not None and self.delay is not None:
             raise JobError(f"job {self.kind!r}: give run_at or delay, not both")
         if not self.kind:
             raise JobError("a job needs a kind")
-        _check_payload(self.kind, self.payload)
+        payload_json = _check_payload(self.kind, self.payload)
         run_at = self.run_at or (now + self.delay if self.delay is not None else now)
         if run_at.tzinfo is None:
             raise JobError(f"job {self.kind!r}: run_at must be timezone-aware")
@@ -115,7 +120,7 @@ class JobSpec:
             "trace_id": self.trace_id or uuid.uuid4().hex,
             "created_at": now,
             "updated_at": now,
-        }
+        }, payload_json
 
 
 @dataclass(frozen=True)
@@ -180,10 +185,12 @@ _INSERT_ONE: Any = insert(jobs).returning(jobs.c.id)
 
 def _enqueue_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) -> list[Enqueued]:
     """Insert the jobs on a synchronous connection (see :meth:`Database.write`)."""
-    rows = [s.row(now) for s in specs]
+    checked = [s.row_and_json(now) for s in specs]
+    rows = [row for row, _ in checked]
     _ensure_resources_sync(conn, (r["resource_key"] for r in rows if r["resource_key"]), now)
     results: list[Enqueued] = []
     plain = [r for r in rows if r["unique_key"] is None]
+    plain_json = [j for r, j in checked if r["unique_key"] is None]
     keyed = [r for r in rows if r["unique_key"] is not None]
     ids_plain: list[int] = []
     if len(plain) == 1:
@@ -197,7 +204,7 @@ def _enqueue_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) -> 
             res = conn.execute(insert(jobs).returning(jobs.c.id), plain)
             ids_plain = sorted(r[0] for r in res)
         else:
-            ids_plain = _insert_many_pg(conn, plain, now)
+            ids_plain = _insert_many_pg(conn, plain, plain_json, now)
     keyed_results: dict[int, Enqueued] = {}
     for i, r in enumerate(keyed):
         # One statement per unique key: the conflict target is the partial index on
@@ -259,13 +266,16 @@ _PG_INSERT_MANY: Any = text(
 ).bindparams(bindparam("now", type_=jobs.c.created_at.type))
 
 
-def _insert_many_pg(conn: Connection, rows: Sequence[dict[str, Any]], now: datetime) -> list[int]:
-    """Insert pending, un-keyed ``rows`` made at ``now``; their ids in row order."""
+def _insert_many_pg(
+    conn: Connection, rows: Sequence[dict[str, Any]], payloads: list[str], now: datetime
+) -> list[int]:
+    """Insert pending, un-keyed ``rows`` made at ``now`` (``payloads``: their payloads as
+    JSON text); their ids in row order."""
     params: dict[str, Any] = {
         name: [r[name] for r in rows]
         for name in ("kind", "resource_key", "priority", "max_attempts", "run_at", "trace_id")
     }
-    params["payload"] = [json.dumps(r["payload"]) for r in rows]
+    params["payload"] = payloads
     params["now"] = now
     return sorted(r[0] for r in conn.execute(_PG_INSERT_MANY, params))
 
@@ -330,7 +340,7 @@ _SQLITE_ENSURE_RESOURCE = (
 _SQLITE_TIMESTAMP: Any = resources.c.updated_at.type.bind_processor(sqlite.dialect())
 
 
-def _enqueue_one_sqlite(conn: Any, row: dict[str, Any]) -> int:
+def _enqueue_one_sqlite(conn: Any, row: dict[str, Any], payload_json: str) -> int:
     """One job on a raw ``sqlite3`` connection (see :meth:`Database.try_inline`).
 
     The same INSERT as :func:`_enqueue_sync` makes, with the values bound through the
@@ -340,7 +350,10 @@ def _enqueue_one_sqlite(conn: Any, row: dict[str, Any]) -> int:
         conn.execute(
             _SQLITE_ENSURE_RESOURCE, (row["resource_key"], _SQLITE_TIMESTAMP(row["created_at"]))
         )
-    params = tuple(row[c] if p is None else p(row[c]) for c, p in _SQLITE_JOB_PARAMS)
+    params = tuple(
+        payload_json if c == "payload" else row[c] if p is None else p(row[c])
+        for c, p in _SQLITE_JOB_PARAMS
+    )
     return int(conn.execute(_SQLITE_INSERT_ONE, params).fetchone()[0])
 
 
@@ -355,7 +368,7 @@ async def enqueue_many(
         if len(specs) == 1 and specs[0].unique_key is None:
             if target.is_postgres:
                 return [await _enqueue_one_pg(target, specs[0], now)]
-            new_id = target.try_inline(_enqueue_one_sqlite, specs[0].row(now))
+            new_id = target.try_inline(_enqueue_one_sqlite, *specs[0].row_and_json(now))
             if not isinstance(new_id, _Busy):
                 target_wake(target)
                 return [Enqueued(new_id, True)]

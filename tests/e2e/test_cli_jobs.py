@@ -43,6 +43,10 @@ def test_jobs_lifecycle_through_the_cli(migrated_url: str, tmp_path: Path) -> No
     assert "already queued" in again
     listed = [json.loads(x) for x in ok(synckit(migrated_url, "jobs", "ls", "--json")).splitlines()]
     assert [j["id"] for j in listed] == [2, 1]
+    recent = ok(synckit(migrated_url, "jobs", "ls", "--json", "--created-since", "1h"))
+    assert len(recent.splitlines()) == 2
+    bad = synckit(migrated_url, "jobs", "ls", "--status", "finished")
+    assert bad.returncode == 2 and "'finished' is not one of" in bad.stderr
     shown = json.loads(ok(synckit(migrated_url, "jobs", "show", "1")))
     assert shown["payload"] == {"n": 1} and shown["status"] == "pending"
     assert "priority 5" in ok(synckit(migrated_url, "jobs", "priority", "1", "5"))
