@@ -17,6 +17,7 @@ for the engine behind the URL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -203,6 +204,8 @@ class Database:
     sync_engine: Engine | None = None
     _writer: ThreadPoolExecutor | None = field(default=None, repr=False)
     _inline: InlineSqlite | None = field(default=None, repr=False)
+    #: The writer thread's own state (its connection); touched only on that thread.
+    _writer_state: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def dialect(self) -> str:
@@ -283,13 +286,30 @@ class Database:
 
     def _write_sync(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         assert self.sync_engine is not None
+        # The writer thread keeps one connection: checking a connection out of the pool
+        # and resetting it on return cost more than many of the transactions it runs.
+        conn = self._writer_state.get("conn")
         try:
-            with self.sync_engine.begin() as conn:
-                return fn(conn, *args)
+            try:
+                if conn is None:
+                    conn = self._writer_state["conn"] = self.sync_engine.connect()
+                with conn.begin():
+                    return fn(conn, *args)
+            except BaseException:
+                # Whatever state a failure left the connection in, the next transaction
+                # starts on a fresh one.
+                self._close_writer_connection()
+                raise
         except DBAPIError as exc:
             raise translate_db_error(exc, self.given_url) from exc
         except OSError as exc:
             raise DatabaseUnavailable(f"cannot reach database {self.display_url}: {exc}") from exc
+
+    def _close_writer_connection(self) -> None:
+        conn = self._writer_state.pop("conn", None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def try_inline(self, fn: Callable[..., T], *args: Any) -> T | _Busy:
         """SQLite: run ``fn(sqlite3_connection, *args)`` now on this thread, or :data:`BUSY`.
@@ -325,6 +345,10 @@ class Database:
     async def dispose(self) -> None:
         if self._inline is not None:
             self._inline.close()
+        if self._writer is not None and self._writer_state:
+            await asyncio.get_running_loop().run_in_executor(
+                self._writer, self._close_writer_connection
+            )
         await self.engine.dispose()
         if self._writer is not None:
             self._writer.shutdown(wait=False)

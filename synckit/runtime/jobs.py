@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import (
+    BigInteger,
     Integer,
     Row,
     and_,
@@ -693,28 +694,39 @@ def complete_many_sync(
     for job_id, token in done:
         by_token.setdefault(token, []).append(job_id)
     held: set[int] = set()
+    sqlite_ = conn.dialect.name == "sqlite"
+    stmt = _COMPLETE_SQLITE if sqlite_ else _COMPLETE_PG
     for token, ids in by_token.items():
-        res = conn.execute(_COMPLETE, {"ids": ids, "token": token, "now": now})
+        param = json.dumps(ids) if sqlite_ else ids
+        res = conn.execute(stmt, {"ids": param, "token": token, "now": now})
         held.update(r[0] for r in res)
     return held
 
 
-# Grouped by claim token (one per claim batch) so both engines use the primary key index.
-_COMPLETE: Any = (
-    update(jobs)
-    .where(
-        jobs.c.id.in_(bindparam("ids", expanding=True)),
-        jobs.c.claim_token == bindparam("token"),
-        jobs.c.status == _RUNNING,
+def _complete_statement(ids_match: Any) -> Any:
+    # Grouped by claim token (one per claim batch) so both engines use the primary key
+    # index. The ids travel as one parameter (a JSON array on SQLite, an array on
+    # PostgreSQL), so the SQL text is the same for every batch size: prepared once, and no
+    # per-execution expansion of an IN list.
+    return (
+        update(jobs)
+        .where(ids_match, jobs.c.claim_token == bindparam("token"), jobs.c.status == _RUNNING)
+        .values(
+            status="succeeded",
+            finished_at=bindparam("now"),
+            updated_at=bindparam("now"),
+            locked_by=None,
+            lease_expires_at=None,
+        )
+        .returning(jobs.c.id)
     )
-    .values(
-        status="succeeded",
-        finished_at=bindparam("now"),
-        updated_at=bindparam("now"),
-        locked_by=None,
-        lease_expires_at=None,
-    )
-    .returning(jobs.c.id)
+
+
+_COMPLETE_SQLITE: Any = _complete_statement(
+    jobs.c.id.in_(select(literal_column("value")).select_from(func.json_each(bindparam("ids"))))
+)
+_COMPLETE_PG: Any = _complete_statement(
+    jobs.c.id == func.any(bindparam("ids", type_=postgresql.ARRAY(BigInteger)))
 )
 
 

@@ -229,9 +229,8 @@ def bind_job_context(
         structlog.contextvars.reset_contextvars(**tokens)
 
 
-@contextmanager
-def bind_claimed_job(job: Any) -> Iterator[None]:
-    """:func:`bind_job_context` for a claimed job (``synckit.runtime.jobs.ClaimedJob``).
+def claimed_job_fields(job: Any) -> dict[str, Any]:
+    """The context fields of a claimed job (``synckit.runtime.jobs.ClaimedJob``).
 
     Tenant and connector come from the payload's ``tenant``/``connector`` keys, else the
     resource key and nothing, as the audit counts do.
@@ -242,21 +241,39 @@ def bind_claimed_job(job: Any) -> Iterator[None]:
     if isinstance(payload, Mapping):
         tenant = payload.get("tenant")
         connector = payload.get("connector")
-    with bind_job_context(
+    return job_context_fields(
         tenant=str(tenant) if tenant else resource_key,
         connector=str(connector) if connector else None,
         job_id=getattr(job, "id", None),
         trace_id=getattr(job, "trace_id", None),
         kind=getattr(job, "kind", None),
-    ):
+    )
+
+
+@contextmanager
+def bind_claimed_job(job: Any) -> Iterator[None]:
+    """:func:`bind_job_context` for a claimed job (see :func:`claimed_job_fields`)."""
+    with bind_job_context(**claimed_job_fields(job)):
         yield
+
+
+def bind_claimed_job_in_task(job: Any) -> None:
+    """Bind a claimed job's context for the rest of the current asyncio task.
+
+    For a task that runs exactly one job (the worker's): the task's context is its own
+    copy and dies with it, so there is nothing to restore, and the saving (no context
+    manager, no reset) is measurable at thousands of jobs a second.
+    """
+    structlog.contextvars.bind_contextvars(**claimed_job_fields(job))
 
 
 __all__ = [
     "REDACTED",
     "SECRET_KEYS",
     "bind_claimed_job",
+    "bind_claimed_job_in_task",
     "bind_job_context",
+    "claimed_job_fields",
     "configure_logging",
     "is_secret_key",
     "job_context_fields",

@@ -59,7 +59,7 @@ from synckit.runtime import jobs as store
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
 from synckit.runtime.jobs import ClaimedJob, JobSpec, utcnow
-from synckit.runtime.logging import bind_claimed_job, redact_text
+from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
 from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
 from synckit.runtime.schema import connections, resources
 
@@ -269,12 +269,14 @@ class Worker:
             if batch:
                 continue
             if idle_exit:
-                # An outcome recorded while the claim ran may have made a job due again.
-                quiet = seq == self._record_seq
-                if quiet and not self._tasks and self._outcomes.empty() and not self._held:
+                self._recorded.clear()
+                if seq != self._record_seq:
+                    # An outcome recorded while the claim ran may have made a job due
+                    # (a follow-up, a retry): look again now, not a poll interval later.
+                    continue
+                if not self._tasks and self._outcomes.empty() and not self._held:
                     return
                 # Wait for something in flight to finish: it may enqueue follow-ups.
-                self._recorded.clear()
                 await self._wait_any(self._recorded, self.poll_interval)
                 continue
             await self._wait_any(self._wake, self.poll_interval)
@@ -324,9 +326,10 @@ class Worker:
                 self._outcomes.put_nowait(_Outcome(job, "snooze", snooze_until=until))
                 return
             started = time.monotonic()
-            # Every event logged while the handler runs carries the job's context.
-            with bind_claimed_job(job):
-                await self._execute_bound(job)
+            # Every event logged while the handler runs carries the job's context (this
+            # task runs this one job, so the binding ends with it).
+            bind_claimed_job_in_task(job)
+            await self._execute_bound(job)
             took = time.monotonic() - started
             self._avg_run = took if self._avg_run is None else 0.8 * self._avg_run + 0.2 * took
         finally:
