@@ -256,6 +256,40 @@ class Database:
         except _RAW_DRIVER_ERRORS as exc:
             raise translate_db_error(exc, self.given_url) from exc
 
+    @asynccontextmanager
+    async def raw_pg(self) -> AsyncIterator[Any]:
+        """PostgreSQL: a pooled connection's own asyncpg connection, outside any transaction.
+
+        For the few hot single statements where SQLAlchemy's per-execution work costs as
+        much as the round trip (one enqueued job). Each statement commits on its own.
+        Errors are translated as in :meth:`begin`; a connection that failed at the
+        connection level is invalidated rather than returned to the pool.
+        """
+        try:
+            raw = await self.engine.raw_connection()
+        except DBAPIError as exc:
+            raise translate_db_error(exc, self.given_url) from exc
+        except OSError as exc:
+            raise DatabaseUnavailable(f"cannot reach database {self.display_url}: {exc}") from exc
+        except _RAW_DRIVER_ERRORS as exc:
+            raise translate_db_error(exc, self.given_url) from exc
+        try:
+            yield raw.driver_connection
+        except (OSError, *_RAW_DRIVER_ERRORS) as exc:  # type: ignore[misc]
+            if isinstance(exc, OSError) or not _is_statement_error(exc):
+                # The server went away (a restart, say): every pooled connection is as
+                # dead as this one, so start a new pool, as SQLAlchemy does itself when
+                # a statement finds a disconnect.
+                raw.invalidate(exc)
+                await self.engine.dispose(close=False)
+            if isinstance(exc, OSError):
+                raise DatabaseUnavailable(
+                    f"cannot reach database {self.display_url}: {exc}"
+                ) from exc
+            raise translate_db_error(exc, self.given_url) from exc
+        finally:
+            raw.close()
+
     async def check(self) -> None:
         """Connect and prove the database is usable for writing; raise a clear error if not."""
         async with self.begin() as conn:
@@ -365,6 +399,17 @@ def _raw_driver_errors() -> tuple[type[BaseException], ...]:
 
 
 _RAW_DRIVER_ERRORS = _raw_driver_errors()
+
+
+def _is_statement_error(exc: BaseException) -> bool:
+    """An error the server raised for one statement (the connection is still good)."""
+    try:
+        import asyncpg
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, asyncpg.PostgresError) and not isinstance(
+        exc, asyncpg.exceptions.PostgresConnectionError | asyncpg.exceptions.AdminShutdownError
+    )
 
 
 def translate_db_error(exc: BaseException, url: URL | str) -> DatabaseError:

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from synckit.errors.exceptions import DatabaseError, DatabaseUnavailable
 from synckit.runtime import jobs as store
-from synckit.runtime.db import BUSY, Database, InlineSqlite
+from synckit.runtime.db import BUSY, Database, InlineSqlite, open_database
 from synckit.runtime.jobs import JobSpec
 from synckit.runtime.schema import jobs, resources
 
@@ -205,3 +206,29 @@ async def test_a_batch_returns_each_jobs_own_id_in_order(db: Database) -> None:
     for i, e in enumerate(out):
         assert stored[e.id]["payload"] == {"i": i}
         assert stored[e.id]["priority"] == (i % 3 if i else 0)
+
+
+async def test_a_refused_job_is_one_clear_error_and_the_connection_lives_on(
+    db: Database,
+) -> None:
+    """PostgreSQL's jsonb refuses a NUL character: a one-line error, the pool still works."""
+    if not db.is_postgres:
+        pytest.skip("SQLite stores the NUL escape as given")
+    for _ in range(3):  # more times than the pool has idle connections to hide behind
+        with pytest.raises(DatabaseError) as caught:
+            await store.enqueue(db, "k", {"text": "a\u0000b"})
+        assert "\n" not in str(caught.value) and "unsupported Unicode" in str(caught.value)
+    job = await store.enqueue(db, "k", {"ok": True})
+    assert [r["id"] for r in await rows(db)] == [job.id]
+
+
+async def test_an_unreachable_server_is_database_unavailable(engine_name: str) -> None:
+    if engine_name != "postgresql":
+        pytest.skip("a server to be unreachable")
+    db = open_database("postgresql://nobody:secret@127.0.0.1:1/none")
+    try:
+        with pytest.raises(DatabaseUnavailable) as caught:
+            await store.enqueue(db, "k", {})
+        assert "secret" not in str(caught.value) and "\n" not in str(caught.value)
+    finally:
+        await db.dispose()
