@@ -16,7 +16,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
@@ -24,15 +24,17 @@ from rich.table import Table
 
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime import jobs as store
-from synckit.runtime import migrate
-from synckit.runtime.alerts import bind_database as bind_alerts_database
-from synckit.runtime.audit import audit_observer
 from synckit.runtime.db import ENV_URL, Database, database_url_from_env, mask_url, open_database
 from synckit.runtime.handlers import Registry
 from synckit.runtime.jobs import JobInfo, utcnow
 from synckit.runtime.logging import configure_logging
-from synckit.runtime.status import read_status, render_status
-from synckit.runtime.worker import OutcomeObserver, Worker, WorkerStats
+
+if TYPE_CHECKING:
+    from synckit.runtime.worker import OutcomeObserver, WorkerStats
+
+# Modules that only some commands need are imported by those commands: every
+# invocation pays for what it imports, and `synckit jobs ls` needs neither Alembic nor
+# the worker.
 
 T = TypeVar("T")
 
@@ -76,7 +78,36 @@ database_option = click.option(
 )
 
 
-@click.group()
+class LazyGroup(click.Group):
+    """A command group whose listed subcommands are imported only when used."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        spec = self.lazy.get(cmd_name)
+        if spec is None:
+            return super().get_command(ctx, cmd_name)
+        module_name, _, attr = spec.partition(":")
+        command = getattr(importlib.import_module(module_name), attr)
+        assert isinstance(command, click.Command), spec
+        return command
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy={
+        "outbox": "synckit.runtime.outbox_cli:outbox",
+        "breakers": "synckit.runtime.breakers_cli:breakers",
+        "dlq": "synckit.dlq.cli:dlq",
+        "tenants": "synckit.connectors.tenants_cli:tenants",
+        "demo": "synckit.demo:demo_command",
+    },
+)
 @click.version_option(package_name="synckit")
 def cli() -> None:
     """synckit: third-party API sync that survives crashes and hostile APIs."""
@@ -92,6 +123,7 @@ def db() -> None:
 @database_option
 def db_upgrade(revision: str, database_url: str | None) -> None:
     """Migrate the schema up to REVISION (default: head)."""
+    from synckit.runtime import migrate
 
     async def go(d: Database) -> str | None:
         await migrate.upgrade(d, revision)
@@ -106,6 +138,7 @@ def db_upgrade(revision: str, database_url: str | None) -> None:
 @database_option
 def db_downgrade(revision: str, database_url: str | None) -> None:
     """Migrate the schema down to REVISION (`base` removes every table)."""
+    from synckit.runtime import migrate
 
     async def go(d: Database) -> str | None:
         await migrate.downgrade(d, revision)
@@ -119,6 +152,7 @@ def db_downgrade(revision: str, database_url: str | None) -> None:
 @database_option
 def db_current(database_url: str | None) -> None:
     """Print the schema revision the database is at."""
+    from synckit.runtime import migrate
     rev = run(migrate.current, database_url)
     head = migrate.head_revision()
     state = "up to date" if rev == head else f"head is {head}"
@@ -130,6 +164,7 @@ def db_current(database_url: str | None) -> None:
 @database_option
 def status_cmd(as_json: bool, database_url: str | None) -> None:
     """Show tenants (breaker, lag, error budget, DLQ), queue depth and alerts at a glance."""
+    from synckit.runtime.status import read_status, render_status
     snapshot = run(read_status, database_url)
     if as_json:
         click.echo(json.dumps(snapshot.to_json(), indent=2, sort_keys=True))
@@ -202,6 +237,9 @@ def worker_cmd(
     database_url: str | None,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (or, with --burst, until the queue is idle)."""
+    from synckit.runtime.alerts import bind_database as bind_alerts_database
+    from synckit.runtime.audit import audit_observer
+    from synckit.runtime.worker import Worker
     configure_logging()
     registry = load_registry(app)
 
@@ -420,27 +458,6 @@ def jobs_enqueue(
         database_url,
     )
     click.echo(f"job {out.id} {'enqueued' if out.created else 'already queued'}")
-
-
-from synckit.runtime.outbox_cli import outbox as outbox_group  # noqa: E402
-
-cli.add_command(outbox_group)
-
-from synckit.runtime.breakers_cli import breakers as breakers_group  # noqa: E402
-
-cli.add_command(breakers_group)
-
-from synckit.dlq.cli import dlq as dlq_group  # noqa: E402
-
-cli.add_command(dlq_group)
-
-from synckit.connectors.tenants_cli import tenants as tenants_group  # noqa: E402
-
-cli.add_command(tenants_group)
-
-from synckit.demo import demo_command  # noqa: E402
-
-cli.add_command(demo_command)
 
 
 def _quiet_thread_error(args: threading.ExceptHookArgs) -> None:
