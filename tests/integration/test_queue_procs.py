@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from sqlalchemy import select, text
 
 from synckit.errors.exceptions import DatabaseUnavailable
 from synckit.runtime import jobs as store
+from synckit.runtime import migrate
 from synckit.runtime.db import Database, open_database
 from synckit.runtime.jobs import JobSpec
 from synckit.runtime.resources import configure_resource
@@ -194,37 +198,91 @@ async def test_grace_period_over_releases_jobs_without_spending_attempts(
     assert info.status == "pending" and info.attempts == 0
 
 
-def _restart_postgres() -> None:
-    version = os.listdir("/etc/postgresql")[0]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+class PrivatePostgres:
+    """A PostgreSQL server of this test's own, so that restarting it disturbs nobody
+    (the shared server on 5432 serves every other test, in parallel ones included)."""
+
+    def __init__(self, bindir: Path, root: Path) -> None:
+        self.bindir, self.root = bindir, root
+        self.data = root / "data"
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _as_postgres(self, *args: str) -> None:
+        # Output to a file, not a pipe: the server that pg_ctl starts inherits it, and a
+        # pipe would stay open for as long as the server runs.
+        with open(self.root / "ctl.log", "ab") as out:
+            subprocess.run(
+                ["runuser", "-u", "postgres", "--", *args],
+                check=True,
+                stdout=out,
+                stderr=out,
+                timeout=60,
+            )
+
+    def start(self) -> None:
+        self._as_postgres(
+            str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
+            "--no-sync",
+        )  # fmt: skip
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
+        self._as_postgres(
+            str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options,
+            "-l", str(self.root / "server.log"), "-w", "start",
+        )  # fmt: skip
+
+    def pg_ctl(self, *args: str) -> None:
+        self._as_postgres(str(self.bindir / "pg_ctl"), "-D", str(self.data), *args)
+
+    def restart(self) -> None:
+        self.pg_ctl("-w", "-m", "fast", "-l", str(self.root / "server.log"), "restart")
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError):
+            self.pg_ctl("-m", "immediate", "stop")
+
+
+@pytest.fixture
+def private_postgres(engine_name: str) -> Iterator[PrivatePostgres]:
+    if engine_name != "postgresql":
+        pytest.skip("PostgreSQL restart")
+    bindirs = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
+    if not bindirs or os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs PostgreSQL's server binaries and root to run a server of its own")
+    root = Path(tempfile.mkdtemp(prefix="synckit-pg-"))
+    shutil.chown(root, "postgres", "postgres")
+    server = PrivatePostgres(bindirs[-1], root)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_worker_survives_a_postgres_restart(
-    engine_name: str, migrated_url: str, tmp_path: Path
+    private_postgres: PrivatePostgres, tmp_path: Path
 ) -> None:
     """The server restarts under a running worker: it reconnects and loses no job."""
-    if engine_name != "postgresql":
-        pytest.skip("PostgreSQL restart")
-    if shutil.which("pg_ctlcluster") is None or os.geteuid() != 0:
-        pytest.skip("needs pg_ctlcluster and root to restart the local server")
+    url = private_postgres.url
+    setup = open_database(url)
+    await migrate.upgrade(setup)
+    await setup.dispose()
     log = tmp_path / "exec.log"
-    db = open_database(migrated_url)
+    db = open_database(url)
     try:
         await store.enqueue_many(db, [JobSpec("record", {"sleep": 0.01}) for _ in range(300)])
-        proc = spawn_worker(migrated_url, log, "--concurrency", "4", "--lease", "5s")
+        proc = spawn_worker(url, log, "--concurrency", "4", "--lease", "5s")
         try:
             await wait_until(lambda: len(read_log(log)) >= 30, 60, "the worker to get going")
             await db.engine.dispose()
             # An application enqueuing one job at a time, its pool full of connections
             # that the restart will kill: at most one enqueue fails (and clearly).
-            app = open_database(migrated_url)
+            app = open_database(url)
             await asyncio.gather(*(store.enqueue(app, "record", {}) for _ in range(6)))
-            await asyncio.to_thread(_restart_postgres)
+            await asyncio.to_thread(private_postgres.restart)
             await store.enqueue_many(db, [JobSpec("record", {}) for _ in range(44)])
             failures = 0
             for _ in range(10):
