@@ -36,6 +36,7 @@ from synckit.connectors.tenants import (
     get_tenant,
 )
 from synckit.dlq.replay import ReplayProcessor, register_dlq_replay, replayers_from_app
+from synckit.errors.backoff import RetryPolicy
 from synckit.errors.exceptions import ConfigurationError, PermanentError
 from synckit.runtime.alerts import bind_database, get_alert_router, register_alerts
 from synckit.runtime.db import ENV_URL, Database, open_database
@@ -85,6 +86,8 @@ class App:
         self.transport = transport
         self.registry = registry if registry is not None else Registry()
         self.registry.add(POLL_KIND, self._poll_job, timeout=poll_timeout)
+        # A poll cycle that fails is retried with its connector's retry_policy, if any.
+        self.registry.retry_policy_for = self._retry_policy_for
         self.registry.add(SCHEDULE_KIND, self._schedule_job, timeout=120.0)
         self.registry.recurring(SCHEDULER_NAME, SCHEDULE_KIND, every=scheduler_every)
         if dlq_replay_every is not None:
@@ -111,6 +114,12 @@ class App:
                 f"and {cls.__qualname__}"
             )
         self._connectors[cls.name] = cls
+
+    def _retry_policy_for(self, job: ClaimedJob) -> RetryPolicy | None:
+        if job.kind != POLL_KIND or not isinstance(job.payload, Mapping):
+            return None
+        cls = self._connectors.get(str(job.payload.get("connector")))
+        return cls.retry_policy if cls is not None else None
 
     @property
     def connectors(self) -> Mapping[str, type[Connector[Any]]]:

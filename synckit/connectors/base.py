@@ -210,7 +210,9 @@ class Connector(typing.Generic[ConfigT]):
     ``classify_rules``
         changes to the default error table (:class:`~synckit.errors.ClassifyRules`).
     ``retry_policy``
-        the connector's backoff knobs, for the runtime parts that retry its work.
+        the connector's backoff knobs: a failed poll cycle of this connector is retried
+        on this :class:`~synckit.errors.RetryPolicy` instead of the worker's (None: the
+        worker's).
     ``max_in_flight``
         jobs of one tenant running at once (None: no limit).
     ``streams``

@@ -152,6 +152,10 @@ class Registry:
         #: Policies workers running this registry use unless given their own.
         self.retry_policy = retry_policy
         self.breaker_policy = breaker_policy
+        #: A more specific retry policy for one job, or None for the worker's own: an
+        #: :class:`~synckit.App` answers with the ``retry_policy`` of the connector whose
+        #: work a poll job is. Called as the worker records a failure; must not do I/O.
+        self.retry_policy_for: Callable[[ClaimedJob], RetryPolicy | None] | None = None
         self._handlers: dict[str, HandlerSpec] = {}
         self._recurring: dict[str, Recurring] = {}
         self.log = structlog.get_logger("synckit.jobs")

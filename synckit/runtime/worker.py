@@ -477,6 +477,12 @@ class Worker:
                 observe(conn, recorded, now)
         return held, results, bool(followups), bool(messages)
 
+    def _retry_policy_of(self, job: ClaimedJob) -> RetryPolicy:
+        """The registry's policy for this job (a connector's, say), else the worker's."""
+        choose = self.registry.retry_policy_for
+        chosen = choose(job) if choose is not None else None
+        return chosen if chosen is not None else self.retry_policy
+
     def _record_other(self, conn: Connection, o: _Outcome, now: datetime) -> str | None:
         job = o.job
         if o.kind == "snooze":
@@ -516,7 +522,7 @@ class Worker:
         spec = self.registry.get(job.kind)
         limit = spec.max_attempts if spec and spec.max_attempts is not None else job.max_attempts
         if job.attempts < limit:
-            decision = retry_delay(c, job.attempts, self.retry_policy, rng=self.rng)
+            decision = retry_delay(c, job.attempts, self._retry_policy_of(job), rng=self.rng)
         retry_at = now + decision.delay if decision is not None else None
         if job.resource_key:
             self._resource_failure(conn, job, c, now, retry_at)

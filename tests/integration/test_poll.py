@@ -362,6 +362,22 @@ async def test_429_aborts_the_cycle_and_defers_the_tenant(db: Database, api: Fak
     assert [r.page for r in api.gets("/default")] == [1, 2]
 
 
+async def test_a_failed_cycle_is_retried_by_its_connectors_retry_policy(
+    db: Database, api: FakeApi
+) -> None:
+    """Connector.retry_policy times the retry of its failed cycles, not the worker's."""
+    api.override = lambda r: (503, {}, {})
+    cls = make(api, retry_policy=RetryPolicy(fixed_delay=timedelta(minutes=7)))
+    app = await setup(db, cls)
+    before = utcnow()
+    assert await app.schedule(db) == ["poll:acme:default"]
+    await run_worker(app, db)  # the worker's own policy would retry at once
+    [job] = await job_rows(db)
+    assert job.status == "pending" and job.attempts == 1
+    assert job.error_class == "transient"
+    assert timedelta(minutes=7) <= job.run_at - before < timedelta(minutes=8)
+
+
 async def test_rate_limit_in_handle_aborts_without_dead_lettering(
     db: Database, api: FakeApi
 ) -> None:
