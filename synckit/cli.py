@@ -153,6 +153,7 @@ def db_downgrade(revision: str, database_url: str | None) -> None:
 def db_current(database_url: str | None) -> None:
     """Print the schema revision the database is at."""
     from synckit.runtime import migrate
+
     rev = run(migrate.current, database_url)
     head = migrate.head_revision()
     state = "up to date" if rev == head else f"head is {head}"
@@ -165,6 +166,7 @@ def db_current(database_url: str | None) -> None:
 def status_cmd(as_json: bool, database_url: str | None) -> None:
     """Show tenants (breaker, lag, error budget, DLQ), queue depth and alerts at a glance."""
     from synckit.runtime.status import read_status, render_status
+
     snapshot = run(read_status, database_url)
     if as_json:
         click.echo(json.dumps(snapshot.to_json(), indent=2, sort_keys=True))
@@ -240,6 +242,7 @@ def worker_cmd(
     from synckit.runtime.alerts import bind_database as bind_alerts_database
     from synckit.runtime.audit import audit_observer
     from synckit.runtime.worker import Worker
+
     configure_logging()
     registry = load_registry(app)
 

@@ -58,7 +58,7 @@ from typing import Any, Protocol
 import httpx
 import structlog
 from croniter import croniter
-from sqlalchemy import case, func, insert, select, text
+from sqlalchemy import case, func, insert, literal_column, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.errors.exceptions import SynckitError
@@ -185,6 +185,7 @@ class AlertData:
     tenant_totals: Mapping[str, Totals] = field(default_factory=dict)
     dlq: Sequence[DlqGrowth] = ()
     connections: Sequence[ConnectionState] = ()
+    review: Sequence[ReviewGroup] = ()
 
 
 class AlertRule(Protocol):
@@ -406,6 +407,44 @@ class DlqAcceleration:
         ]
 
 
+@dataclass(frozen=True)
+class ReviewGroup:
+    """Dead letters waiting in review for one tenant, connector and error class."""
+
+    tenant: str
+    connector: str
+    error_class: str
+    count: int
+
+
+@dataclass(frozen=True)
+class DlqReview:
+    """Dead letters that wait for an operator (status ``review``), per tenant and class.
+
+    The replay processor announces the rows it moves to review; rows that go there at
+    capture (validation and authorization failures) are announced only by this rule.
+    Both raise the same alert (rule, subject, window), so an operator gets one, repeated
+    every ``repeat_every`` while rows wait.
+    """
+
+    repeat_every: timedelta = timedelta(hours=6)
+    name: str = "dlq_review"
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        return [
+            dlq_review_alert(
+                g.tenant,
+                g.error_class,
+                g.count,
+                now=data.now,
+                connector=g.connector,
+                repeat_every=self.repeat_every,
+            )
+            for g in sorted(data.review, key=lambda g: (g.tenant, g.error_class, g.connector))
+            if g.count > 0
+        ]
+
+
 _EVERY = re.compile(
     r"^\s*(?:every\s+)?(\d+(?:\.\d+)?)\s*"
     r"(s|sec|secs|seconds?|m|min|mins|minutes?|h|hr|hrs|hours?|d|days?)\s*$",
@@ -577,6 +616,7 @@ class RuleSet:
     poll_lag: PollLag | None = field(default_factory=PollLag)
     needs_reauth: NeedsReauthRule | None = field(default_factory=NeedsReauthRule)
     error_budget: BudgetRule | None = field(default_factory=BudgetRule)
+    dlq_review: DlqReview | None = field(default_factory=DlqReview)
     #: The job kind whose success counts as a successful poll.
     poll_kind: str = POLL_KIND
 
@@ -590,6 +630,7 @@ class RuleSet:
             self.poll_lag,
             self.needs_reauth,
             self.error_budget,
+            self.dlq_review,
         ]
         return [r for r in candidates if r is not None]
 
@@ -725,6 +766,21 @@ async def dlq_growth(conn: AsyncConnection, *, now: datetime, window: timedelta)
     return [DlqGrowth(c, int(cur or 0), int(prev or 0)) for c, cur, prev in rows]
 
 
+async def dlq_in_review(conn: AsyncConnection) -> list[ReviewGroup]:
+    """Dead letters in review, counted per tenant, connector and error class."""
+    rows = await conn.execute(
+        select(
+            dead_letters.c.tenant,
+            dead_letters.c.connector,
+            dead_letters.c.error_class,
+            func.count(),
+        )
+        .where(dead_letters.c.status == literal_column("'review'"))
+        .group_by(dead_letters.c.tenant, dead_letters.c.connector, dead_letters.c.error_class)
+    )
+    return [ReviewGroup(t, c, e, int(n)) for t, c, e, n in rows]
+
+
 async def load_alert_data(conn: AsyncConnection, *, now: datetime, rules: RuleSet) -> AlertData:
     """Read what ``rules`` need, as of ``now``."""
     recent: list[AuditRow] = []
@@ -743,6 +799,7 @@ async def load_alert_data(conn: AsyncConnection, *, now: datetime, rules: RuleSe
     states: list[ConnectionState] = []
     if rules.poll_lag is not None or rules.needs_reauth is not None:
         states = await load_connections(conn, poll_kind=rules.poll_kind)
+    review = await dlq_in_review(conn) if rules.dlq_review is not None else []
     return AlertData(
         now=now,
         recent=recent,
@@ -750,6 +807,7 @@ async def load_alert_data(conn: AsyncConnection, *, now: datetime, rules: RuleSe
         tenant_totals=tenant_totals,
         dlq=dlq,
         connections=states,
+        review=review,
     )
 
 
@@ -1126,9 +1184,11 @@ __all__ = [
     "DeployRegression",
     "DlqAcceleration",
     "DlqGrowth",
+    "DlqReview",
     "LogSink",
     "NeedsReauthRule",
     "PollLag",
+    "ReviewGroup",
     "RuleSet",
     "ServerErrorBurst",
     "Severity",
@@ -1136,6 +1196,7 @@ __all__ = [
     "WebhookSink",
     "bind_database",
     "dlq_growth",
+    "dlq_in_review",
     "dlq_review_alert",
     "emit_alert",
     "get_alert_router",

@@ -97,19 +97,27 @@ async def add_poll_job(db: Database, tenant: str, finished: datetime) -> None:
         )
 
 
-async def add_dead_letters(db: Database, connector: str, ages: list[timedelta]) -> None:
+async def add_dead_letters(
+    db: Database,
+    connector: str,
+    ages: list[timedelta],
+    *,
+    status: str = "pending",
+    tenant: str = "acme",
+    error_class: str = "transient",
+) -> None:
     async with db.begin() as conn:
         await conn.execute(
             insert(dead_letters),
             [
                 {
-                    "tenant": "acme",
+                    "tenant": tenant,
                     "connector": connector,
                     "kind": "record:messages",
-                    "record_id": f"r{i}",
-                    "error_class": "validation",
+                    "record_id": f"{tenant}-{status}-r{i}",
+                    "error_class": error_class,
                     "error_message": "bad",
-                    "status": "review",
+                    "status": status,
                     "first_failed_at": NOW - age,
                     "last_attempt_at": NOW - age,
                 }
@@ -192,6 +200,15 @@ async def seed_patterns(db: Database) -> None:
     await add_poll_job(db, "gamma", NOW - timedelta(minutes=1))
     # (f) epsilon must re-authorise.
     await add_connection(db, "epsilon", "hubspot", status="needs_reauth", reason="invalid_grant")
+    # (g) two of zeta's records failed validation: straight to review, at capture.
+    await add_dead_letters(
+        db,
+        "hubspot",
+        [timedelta(days=2), timedelta(days=3)],
+        status="review",
+        tenant="zeta",
+        error_class="validation",
+    )
 
 
 EXPECTED = {
@@ -202,6 +219,7 @@ EXPECTED = {
     ("poll_lag", "beta"),
     ("needs_reauth", "epsilon"),
     ("error_budget", "acme"),
+    ("dlq_review", "zeta:validation"),
 }
 
 
@@ -222,6 +240,8 @@ async def test_every_pattern_fires_from_the_tables(db: Database) -> None:
     assert {(a.rule, a.subject) for a in got.alerts} == EXPECTED
     lag = next(a for a in fired if a.rule == "poll_lag")
     assert lag.details["lag_seconds"] == 25 * 60  # the poll job is newer than the checkpoint
+    review = next(a for a in fired if a.rule == "dlq_review")
+    assert review.details["count"] == 2 and review.connector == "hubspot"
 
 
 async def test_a_lone_transient_in_the_tables_fires_nothing(db: Database) -> None:
