@@ -58,7 +58,18 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
-from sqlalchemy import Row, bindparam, delete, func, literal_column, or_, select, update
+from sqlalchemy import (
+    Row,
+    bindparam,
+    delete,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -383,24 +394,35 @@ def _message(r: Row[Any]) -> OutboxMessage:
     )
 
 
-async def claim_batch(conn: AsyncConnection, *, now: datetime, limit: int) -> list[OutboxMessage]:
-    """Lock up to ``limit`` due pending messages and return those that may be published now.
+_BLOCKERS = {
+    "postgresql": text(
+        "SELECT k.key, (SELECT o.id FROM outbox o WHERE o.status = 'pending'"
+        " AND o.key = k.key AND o.id <> ALL(CAST(:ids AS bigint[])) ORDER BY o.id LIMIT 1)"
+        " FROM unnest(CAST(:keys AS varchar[])) AS k(key)"
+    ),
+    "sqlite": text(
+        "SELECT k.value, (SELECT o.id FROM outbox o WHERE o.status = 'pending'"
+        " AND o.key = k.value AND o.id NOT IN (SELECT value FROM json_each(:ids))"
+        " ORDER BY o.id LIMIT 1) FROM json_each(:keys) AS k"
+    ),
+}
 
-    Must run in the transaction that will record their outcome: the row locks (on
-    PostgreSQL; the write lock on SQLite) are what keep other relays off them. A keyed
-    message is returned only if every pending message of its key with a smaller id is in
-    this claim too, so the returned messages of each key are the head of its queue.
-    Returned in id order.
-    """
+
+def _claim_statement(now: datetime, limit: int) -> Any:
+    """Due pending messages, oldest first, minus those a waiting key holds back."""
     # Keys whose head waits for a retry, and from which id on they are held back.
+    # key || '' is the key, but no index on key can serve it: SQLite then finds the few
+    # waiting messages through next_attempt_at (ix_outbox_pending) instead of walking
+    # every keyed pending message in key order (ix_outbox_pending_key) for the GROUP BY.
+    unindexed_key = outbox.c.key + literal("")
     waiting = (
-        select(outbox.c.key, func.min(outbox.c.id).label("first_id"))
+        select(unindexed_key.label("key"), func.min(outbox.c.id).label("first_id"))
         .where(
             outbox.c.status == _PENDING,
             outbox.c.next_attempt_at > now,
-            outbox.c.key.is_not(None),
+            unindexed_key.is_not(None),
         )
-        .group_by(outbox.c.key)
+        .group_by(unindexed_key)
         .subquery("waiting")
     )
     stmt = (
@@ -421,30 +443,43 @@ async def claim_batch(conn: AsyncConnection, *, now: datetime, limit: int) -> li
             # of one stuck key could fill every batch and starve all the other keys.
             or_(waiting.c.first_id.is_(None), outbox.c.id < waiting.c.first_id),
         )
-        # Oldest first, so a key's head always comes before its followers. "+ 0" keeps
-        # PostgreSQL from walking the primary key through the whole published history
-        # to find pending rows; it filters on the partial index and sorts instead.
-        .order_by(outbox.c.id + 0)
+        # Oldest first, so a key's head always comes before its followers. The partial
+        # index ix_outbox_pending_id holds pending rows only, in id order: the claim
+        # reads about `limit` rows of it, whatever the backlog or published history.
+        .order_by(outbox.c.id)
         .limit(limit)
         .with_for_update(skip_locked=True, of=outbox)
     )
-    rows = list(await conn.execute(stmt))
+    return stmt
+
+
+async def claim_batch(conn: AsyncConnection, *, now: datetime, limit: int) -> list[OutboxMessage]:
+    """Lock up to ``limit`` due pending messages and return those that may be published now.
+
+    Must run in the transaction that will record their outcome: the row locks (on
+    PostgreSQL; the write lock on SQLite) are what keep other relays off them. A keyed
+    message is returned only if every pending message of its key with a smaller id is in
+    this claim too, so the returned messages of each key are the head of its queue.
+    Returned in id order.
+    """
+    rows = list(await conn.execute(_claim_statement(now, limit)))
     keys = {r.key for r in rows if r.key is not None}
     if not keys:
         return [_message(r) for r in rows]
     # The first pending message of each key that this claim does not hold (locked by
     # another relay, or just added): nothing after it may go. A plain read, so that it
-    # sees the rows other relays hold instead of skipping them.
-    blockers = (
-        select(outbox.c.key, func.min(outbox.c.id))
-        .where(
-            outbox.c.status == _PENDING,
-            outbox.c.key.in_(sorted(keys)),
-            outbox.c.id.not_in([r.id for r in rows]),
-        )
-        .group_by(outbox.c.key)
-    )
-    first_blocker: dict[str, int] = {k: int(i) for k, i in await conn.execute(blockers)}
+    # sees the rows other relays hold instead of skipping them. One index probe per key
+    # (ix_outbox_pending_key), not a scan of every pending message of the keys.
+    held = [r.id for r in rows]
+    if conn.dialect.name == "postgresql":
+        params: dict[str, Any] = {"keys": sorted(keys), "ids": held}
+    else:
+        params = {"keys": json.dumps(sorted(keys)), "ids": json.dumps(held)}
+    first_blocker: dict[str, int] = {
+        k: int(i)
+        for k, i in await conn.execute(_BLOCKERS[conn.dialect.name], params)
+        if i is not None
+    }
     return [
         _message(r)
         for r in rows

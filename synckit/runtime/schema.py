@@ -310,6 +310,20 @@ outbox = Table(
         postgresql_where=text("status = 'pending'"),
         sqlite_where=text("status = 'pending'"),
     ),
+    # The relay's claim: pending messages in id order, and the first pending one of a key.
+    Index(
+        "ix_outbox_pending_id",
+        "id",
+        postgresql_where=text("status = 'pending'"),
+        sqlite_where=text("status = 'pending'"),
+    ),
+    Index(
+        "ix_outbox_pending_key",
+        "key",
+        "id",
+        postgresql_where=text("status = 'pending'"),
+        sqlite_where=text("status = 'pending'"),
+    ),
 )
 
 audit_buckets = Table(

@@ -26,11 +26,11 @@ def test_db_upgrade_current_downgrade(db_url: str) -> None:
     """upgrade creates the schema, current reports head, downgrade base empties it."""
     up = synckit("db", "upgrade", "--database-url", db_url)
     assert up.returncode == 0, up.stderr
-    assert "at revision 0003" in up.stdout
+    assert "at revision 0004" in up.stdout
     cur = synckit("db", "current", "--database-url", db_url)
-    assert cur.stdout.strip() == "0003 (up to date)"
+    assert cur.stdout.strip() == "0004 (up to date)"
     again = synckit("db", "upgrade", "--database-url", db_url)
-    assert again.returncode == 0 and "at revision 0003" in again.stdout
+    assert again.returncode == 0 and "at revision 0004" in again.stdout
     down = synckit("db", "downgrade", "base", "--database-url", db_url)
     assert down.returncode == 0, down.stderr
     assert synckit("db", "current", "--database-url", db_url).stdout.startswith("base")
