@@ -578,6 +578,75 @@ def _lanes_statement() -> Any:
 _LANES = _lanes_statement()
 
 
+# PostgreSQL: many lanes' claims in one statement (and one round trip), each lane its own
+# LIMIT under FOR UPDATE SKIP LOCKED. With a thousand tenants a claim used to cost a
+# round trip per lane.
+_CLAIM_LANES_PG: Any = (
+    text(
+        "UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1,"
+        " locked_by = :worker, claim_token = :token, heartbeat_at = :now,"
+        " lease_expires_at = :until, started_at = :now, updated_at = :now"
+        " WHERE jobs.id IN (SELECT picked.id FROM unnest(CAST(:lanes AS varchar[]),"
+        " CAST(:wants AS int[])) AS l(key, want) CROSS JOIN LATERAL (SELECT j.id FROM jobs j"
+        " WHERE j.status = 'pending' AND j.resource_key = l.key AND j.run_at <= :now"
+        " ORDER BY j.priority DESC, j.run_at, j.id LIMIT l.want FOR UPDATE SKIP LOCKED)"
+        " AS picked)"
+        " RETURNING jobs.id, jobs.kind, jobs.payload, jobs.resource_key, jobs.attempts,"
+        " jobs.max_attempts, jobs.priority, jobs.trace_id, jobs.run_at"
+    )
+    .bindparams(
+        bindparam("now", type_=jobs.c.run_at.type),
+        bindparam("until", type_=jobs.c.run_at.type),
+    )
+    .columns(
+        jobs.c.id,
+        jobs.c.kind,
+        jobs.c.payload,
+        jobs.c.resource_key,
+        jobs.c.attempts,
+        jobs.c.max_attempts,
+        jobs.c.priority,
+        jobs.c.trace_id,
+        jobs.c.run_at,
+    )
+)
+
+
+def _claim_lanes(
+    conn: Connection,
+    wants: Sequence[tuple[str | None, int]],
+    *,
+    now: datetime,
+    worker_id: str,
+    token: int,
+    lease: timedelta,
+) -> dict[str | None, list[Row[Any]]]:
+    """Claim up to ``want`` due jobs of each lane; the rows claimed, per lane."""
+    got: dict[str | None, list[Row[Any]]] = {key: [] for key, _ in wants}
+    keyed = [(k, w) for k, w in wants if k is not None]
+    batched = conn.dialect.name == "postgresql" and len(keyed) > 1
+    if batched:
+        params = {
+            "now": now,
+            "until": now + lease,
+            "worker": worker_id,
+            "token": token,
+            "lanes": [k for k, _ in keyed],
+            "wants": [w for _, w in keyed],
+        }
+        for row in conn.execute(_CLAIM_LANES_PG, params):
+            got[row.resource_key].append(row)
+        # RETURNING has no order: each lane's jobs in claim order, as one lane's claim.
+        for rows in got.values():
+            rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
+    for key, want in wants:
+        if key is None or not batched:  # SQLite: in-process statements, one per lane
+            got[key] = _claim_lane_rows(
+                conn, lane=key, limit=want, now=now, worker_id=worker_id, token=token, lease=lease
+            )
+    return got
+
+
 def _available_lanes(conn: Connection, now: datetime, max_lanes: int) -> list[Row[Any]]:
     return list(conn.execute(_LANES, {"now": now, "lim": max_lanes}))
 
@@ -625,22 +694,21 @@ def _claim_sync(
     open_lanes = [k for k, room in room_of.items() if room is None or room > 0]
     while open_lanes and len(claimed) < limit:
         share = max(1, math.ceil((limit - len(claimed)) / len(open_lanes)))
-        still_open: list[str | None] = []
+        # This round's wants: an even share each, within the batch and each lane's cap.
+        wants: list[tuple[str | None, int]] = []
+        budget = limit - len(claimed)
         for key in open_lanes:
-            room = limit - len(claimed)
-            if room <= 0:
+            if budget <= 0:
                 break
             cap = room_of[key]
-            want = min(share, room, cap if cap is not None else room)
-            rows = _claim_lane_rows(
-                conn,
-                lane=key,
-                limit=want,
-                now=now,
-                worker_id=worker_id,
-                token=token,
-                lease=lease,
-            )
+            want = min(share, budget, cap if cap is not None else budget)
+            wants.append((key, want))
+            budget -= want
+        got = _claim_lanes(conn, wants, now=now, worker_id=worker_id, token=token, lease=lease)
+        still_open: list[str | None] = []
+        for key, want in wants:
+            rows = got[key]
+            cap = room_of[key]
             if not rows:
                 continue
             probe = key in probes

@@ -558,3 +558,35 @@ async def test_failure_rate_opens_the_breaker_without_a_run_of_failures(db: Data
         row = (await conn.execute(select(resources))).one()
     assert row.state == "open"
     assert calls < 30  # once open, the rest waited for the cool-down
+
+
+async def test_a_claim_over_many_lanes_is_fair_capped_and_in_priority_order(
+    db: Database,
+) -> None:
+    """30 lanes in one claim (one statement on PostgreSQL): every lane served, a capped
+    lane held to its cap, each lane's jobs taken highest priority first."""
+    from synckit.runtime.resources import configure_resource
+
+    specs = [
+        JobSpec("k", {"lane": i, "p": p}, resource_key=f"lane-{i:02d}", priority=p)
+        for i in range(30)
+        for p in (1, 5, 3, 9, 7)
+    ]
+    await store.enqueue_many(db, specs)
+    await configure_resource(db, "lane-07", max_in_flight=2)
+    first = await store.claim(db, "w", 60)
+    assert len(first) == 60
+    by_lane: dict[str | None, list[int]] = {}
+    for job in first:
+        by_lane.setdefault(job.resource_key, []).append(job.priority)
+    assert len(by_lane) == 30  # every lane got its share
+    assert len(by_lane["lane-07"]) == 2
+    for lane, prios in by_lane.items():
+        assert prios == sorted(prios, reverse=True), lane
+        assert prios[0] == 9, lane  # the lane's highest priority first
+    rest = await store.claim(db, "w", 500)
+    counts = {k: len(v) for k, v in by_lane.items()}
+    for job in rest:
+        counts[job.resource_key] = counts.get(job.resource_key, 0) + 1
+    assert counts.pop("lane-07") == 2  # its cap holds across claims
+    assert set(counts.values()) == {5}
