@@ -31,7 +31,7 @@ from sqlalchemy import select
 from synckit.connectors.intents import write_job
 from synckit.runtime import jobs as store
 from synckit.runtime.db import Database
-from synckit.runtime.schema import intents
+from synckit.runtime.schema import intents, jobs
 
 APPS = Path(__file__).parent.parent / "apps"
 INTENDED = 200
@@ -162,6 +162,13 @@ def rescued_jobs(tmp_path: Path) -> int:
     return total
 
 
+async def pids_holding_jobs(db: Database) -> set[int]:
+    """The worker processes that hold running jobs (a worker id is host:pid:random)."""
+    async with db.begin() as conn:
+        rows = await conn.execute(select(jobs.c.locked_by).where(jobs.c.status == "running"))
+        return {int(w.rsplit(":", 2)[1]) for (w,) in rows if w}
+
+
 async def unfinished(db: Database) -> int:
     counts = await store.count_by_status(db)
     return counts.get("pending", 0) + counts.get("running", 0)
@@ -186,27 +193,28 @@ async def chaos_run(
     )
     rng = random.Random(11)
     loop = asyncio.get_running_loop()
-    # (process, started at): only a worker running for a while is busy enough to kill.
-    workers = [(spawn(url, api.url, find, tmp_path, n), loop.time()) for n in range(WORKERS)]
+    workers = [spawn(url, api.url, find, tmp_path, n) for n in range(WORKERS)]
     spawned, killed = WORKERS, 0
     deadline = loop.time() + 90
     try:
         while await unfinished(db):
             assert loop.time() < deadline, "the writes did not finish in time"
-            busy = [w for w in workers if loop.time() - w[1] > 1.5]
-            if killed < KILLS and busy:
+            # Only a worker holding jobs is worth killing: its jobs must then be rescued.
+            holders = await pids_holding_jobs(db) if killed < KILLS else set()
+            busy = [w for w in workers if w.pid in holders]
+            if busy:
                 victim = rng.choice(busy)
                 workers.remove(victim)
-                os.kill(victim[0].pid, signal.SIGKILL)
-                await asyncio.to_thread(victim[0].wait, 10)
+                os.kill(victim.pid, signal.SIGKILL)
+                await asyncio.to_thread(victim.wait, 10)
                 killed += 1
-                workers.append((spawn(url, api.url, find, tmp_path, spawned), loop.time()))
+                workers.append(spawn(url, api.url, find, tmp_path, spawned))
                 spawned += 1
             await asyncio.sleep(0.3)
     finally:
-        for w, _ in workers:
+        for w in workers:
             w.terminate()
-        for w, _ in workers:
+        for w in workers:
             try:
                 await asyncio.to_thread(w.wait, 15)
             except subprocess.TimeoutExpired:
