@@ -230,14 +230,8 @@ class Database:
         try:
             async with self.engine.begin() as conn:
                 yield conn
-        except DBAPIError as exc:
-            raise translate_db_error(exc, self.given_url) from exc
-        except OSError as exc:
-            raise DatabaseUnavailable(f"cannot reach database {self.display_url}: {exc}") from exc
-        except _RAW_DRIVER_ERRORS as exc:
-            # asyncpg raises some errors while connecting (the server is starting or
-            # shutting down) before SQLAlchemy can wrap them.
-            raise translate_db_error(exc, self.given_url) from exc
+        except _DRIVER_ERRORS as exc:
+            raise self.translate(exc) from exc
 
     @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[AsyncConnection]:
@@ -249,12 +243,8 @@ class Database:
         try:
             async with self.engine.connect() as conn:
                 yield await conn.execution_options(isolation_level="AUTOCOMMIT")
-        except DBAPIError as exc:
-            raise translate_db_error(exc, self.given_url) from exc
-        except OSError as exc:
-            raise DatabaseUnavailable(f"cannot reach database {self.display_url}: {exc}") from exc
-        except _RAW_DRIVER_ERRORS as exc:
-            raise translate_db_error(exc, self.given_url) from exc
+        except _DRIVER_ERRORS as exc:
+            raise self.translate(exc) from exc
 
     @asynccontextmanager
     async def raw_pg(self) -> AsyncIterator[Any]:
@@ -267,28 +257,26 @@ class Database:
         """
         try:
             raw = await self.engine.raw_connection()
-        except DBAPIError as exc:
-            raise translate_db_error(exc, self.given_url) from exc
-        except OSError as exc:
-            raise DatabaseUnavailable(f"cannot reach database {self.display_url}: {exc}") from exc
-        except _RAW_DRIVER_ERRORS as exc:
-            raise translate_db_error(exc, self.given_url) from exc
+        except _DRIVER_ERRORS as exc:
+            raise self.translate(exc) from exc
         try:
             yield raw.driver_connection
-        except (OSError, *_RAW_DRIVER_ERRORS) as exc:  # type: ignore[misc]
-            if isinstance(exc, OSError) or not _is_statement_error(exc):
+        except _DRIVER_ERRORS as exc:
+            if not _is_statement_error(exc):
                 # The server went away (a restart, say): every pooled connection is as
                 # dead as this one, so start a new pool, as SQLAlchemy does itself when
                 # a statement finds a disconnect.
                 raw.invalidate(exc)
                 await self.engine.dispose(close=False)
-            if isinstance(exc, OSError):
-                raise DatabaseUnavailable(
-                    f"cannot reach database {self.display_url}: {exc}"
-                ) from exc
-            raise translate_db_error(exc, self.given_url) from exc
+            raise self.translate(exc) from exc
         finally:
             raw.close()
+
+    def translate(self, exc: BaseException) -> DatabaseError:
+        """A driver or network error as the one-line synckit error naming this database."""
+        if isinstance(exc, OSError):
+            return DatabaseUnavailable(f"cannot reach database {self.display_url}: {exc}")
+        return translate_db_error(exc, self.given_url)
 
     async def check(self) -> None:
         """Connect and prove the database is usable for writing; raise a clear error if not."""
@@ -334,10 +322,8 @@ class Database:
                 # starts on a fresh one.
                 self._close_writer_connection()
                 raise
-        except DBAPIError as exc:
-            raise translate_db_error(exc, self.given_url) from exc
-        except OSError as exc:
-            raise DatabaseUnavailable(f"cannot reach database {self.display_url}: {exc}") from exc
+        except _DRIVER_ERRORS as exc:
+            raise self.translate(exc) from exc
 
     def _close_writer_connection(self) -> None:
         conn = self._writer_state.pop("conn", None)
@@ -356,8 +342,8 @@ class Database:
             return BUSY
         try:
             result = self._inline.try_run(fn, *args)
-        except sqlite3.Error as exc:
-            raise translate_db_error(exc, self.given_url) from exc
+        except _DRIVER_ERRORS as exc:
+            raise self.translate(exc) from exc
         every = InlineSqlite.CHECKPOINT_EVERY
         if not isinstance(result, _Busy) and self._inline.commits % every == 0:
             asyncio.get_running_loop().run_in_executor(self._writer, self._checkpoint)
@@ -399,6 +385,15 @@ def _raw_driver_errors() -> tuple[type[BaseException], ...]:
 
 
 _RAW_DRIVER_ERRORS = _raw_driver_errors()
+# What a database call can raise that the seam turns into a DatabaseError: SQLAlchemy's
+# wrapped driver errors, network errors, asyncpg's own (raised while connecting, when the
+# server is starting or shutting down, and on raw_pg connections) and sqlite3's (inline).
+_DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    DBAPIError,
+    OSError,
+    sqlite3.Error,
+    *_RAW_DRIVER_ERRORS,
+)
 
 
 def _is_statement_error(exc: BaseException) -> bool:

@@ -471,6 +471,20 @@ def _resource_blocked(r: Any, now: Any) -> Any:
     )
 
 
+# What a claim returns of each job: the fields of a ClaimedJob.
+_CLAIMED_COLUMNS = (
+    jobs.c.id,
+    jobs.c.kind,
+    jobs.c.payload,
+    jobs.c.resource_key,
+    jobs.c.attempts,
+    jobs.c.max_attempts,
+    jobs.c.priority,
+    jobs.c.trace_id,
+    jobs.c.run_at,
+)
+
+
 def _claim_statement(keyed: bool) -> Any:
     """The claim of one lane, built once: parameters ``now``, ``lim``, ``lane``, ``worker``,
     ``token`` and ``until`` (the lease's end). Prebuilt so that a claim costs no SQL
@@ -496,17 +510,7 @@ def _claim_statement(keyed: bool) -> Any:
             started_at=bindparam("now"),
             updated_at=bindparam("now"),
         )
-        .returning(
-            jobs.c.id,
-            jobs.c.kind,
-            jobs.c.payload,
-            jobs.c.resource_key,
-            jobs.c.attempts,
-            jobs.c.max_attempts,
-            jobs.c.priority,
-            jobs.c.trace_id,
-            jobs.c.run_at,
-        )
+        .returning(*_CLAIMED_COLUMNS)
     )
 
 
@@ -590,25 +594,13 @@ _CLAIM_LANES_PG: Any = (
         " CAST(:wants AS int[])) AS l(key, want) CROSS JOIN LATERAL (SELECT j.id FROM jobs j"
         " WHERE j.status = 'pending' AND j.resource_key = l.key AND j.run_at <= :now"
         " ORDER BY j.priority DESC, j.run_at, j.id LIMIT l.want FOR UPDATE SKIP LOCKED)"
-        " AS picked)"
-        " RETURNING jobs.id, jobs.kind, jobs.payload, jobs.resource_key, jobs.attempts,"
-        " jobs.max_attempts, jobs.priority, jobs.trace_id, jobs.run_at"
+        " AS picked) RETURNING " + ", ".join(f"jobs.{c.name}" for c in _CLAIMED_COLUMNS)
     )
     .bindparams(
         bindparam("now", type_=jobs.c.run_at.type),
         bindparam("until", type_=jobs.c.run_at.type),
     )
-    .columns(
-        jobs.c.id,
-        jobs.c.kind,
-        jobs.c.payload,
-        jobs.c.resource_key,
-        jobs.c.attempts,
-        jobs.c.max_attempts,
-        jobs.c.priority,
-        jobs.c.trace_id,
-        jobs.c.run_at,
-    )
+    .columns(*_CLAIMED_COLUMNS)
 )
 
 
