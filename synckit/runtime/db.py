@@ -156,7 +156,9 @@ class InlineSqlite:
         return self._conn
 
     def try_run(self, fn: Callable[..., T], *args: Any) -> T | _Busy:
-        """``fn(sqlite3_connection, *args)`` in one transaction, or :data:`BUSY`."""
+        """``fn(sqlite3_connection, *args)`` in one transaction, or :data:`BUSY` (having
+        written nothing) if it would have had to wait for a lock at any step. ``fn`` must
+        have no effect outside the transaction: on BUSY it may be run again elsewhere."""
         if not self._lock.acquire(blocking=False):  # another thread is using it
             return BUSY
         try:
@@ -170,9 +172,11 @@ class InlineSqlite:
             try:
                 result = fn(conn, *args)
                 conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                    return BUSY  # rolled back, nothing written: the caller waits instead
                 raise
             self.commits += 1
             return result

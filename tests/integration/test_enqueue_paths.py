@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -115,6 +116,27 @@ async def test_sqlite_enqueue_waits_for_another_writer_without_blocking_the_loop
     assert waited > 0.3, waited  # it did wait for the lock (in the writer thread)...
     assert ticks > 10, ticks  # ...while the event loop kept running
     assert [r["payload"] for r in await rows(db)] == [{"a": 1}]
+
+
+async def test_sqlite_inline_busy_midway_rolls_back_and_steps_aside(
+    engine_name: str, db: Database
+) -> None:
+    """A lock wait after BEGIN (at COMMIT, say) is BUSY too, with nothing written."""
+    if engine_name != "sqlite":
+        pytest.skip("SQLite's write lock")
+
+    def write_then_find_it_locked(conn: sqlite3.Connection) -> int:
+        conn.execute(
+            "INSERT INTO resources (resource_key, state, updated_at)"
+            " VALUES ('x', 'closed', '2026-01-01 00:00:00.000000')"
+        )
+        raise sqlite3.OperationalError("database is locked")
+
+    assert db.try_inline(write_then_find_it_locked) is BUSY
+    async with db.begin() as conn:
+        assert (await conn.execute(select(resources.c.resource_key))).all() == []
+    with pytest.raises(DatabaseError, match="no such table"):  # other errors still raise
+        db.try_inline(lambda conn: conn.execute("SELECT * FROM nowhere"))
 
 
 async def test_sqlite_inline_writes_ask_for_wal_checkpoints(
