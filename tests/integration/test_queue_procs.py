@@ -78,6 +78,14 @@ async def test_kill_9_mid_batch_loses_nothing(
     victim = spawn_worker(migrated_url, log, "--concurrency", "8", "--lease", "2s")
     try:
         await wait_until(lambda: len(read_log(log)) >= 24, 60, "the first worker to get going")
+
+        async def holding() -> bool:
+            counts = await store.count_by_status(db)
+            return counts.get("running", 0) > 0
+
+        # All jobs take the same time, so batches end together: kill while one runs,
+        # not in the moment between recording a batch and claiming the next.
+        await wait_until(holding, 30, "the worker to hold running jobs", interval=0.01)
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
         async with db.begin() as conn:
