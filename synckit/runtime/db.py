@@ -209,7 +209,7 @@ class Database:
     _writer: ThreadPoolExecutor | None = field(default=None, repr=False)
     _inline: InlineSqlite | None = field(default=None, repr=False)
     #: The writer thread's own state (its connection); touched only on that thread.
-    _writer_state: dict[str, Any] = field(default_factory=dict, repr=False)
+    _writer_state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def dialect(self) -> str:

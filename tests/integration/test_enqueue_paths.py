@@ -64,6 +64,13 @@ async def test_one_job_is_stored_exactly_as_a_batch_stores_it(db: Database) -> N
     assert [tuple(x) for x in lanes] == [("tenant-a", "closed")]
 
 
+async def test_a_database_stays_hashable_and_equal_to_itself(db: Database) -> None:
+    """The writer thread's state lives in the Database without making it unhashable."""
+    await store.enqueue(db, "k", {})  # the inline connection (SQLite) now exists
+    await store.enqueue_many(db, [JobSpec("k"), JobSpec("k")])  # and the writer's
+    assert {db: 1}[db] == 1 and db == db
+
+
 async def test_one_job_is_refused_before_anything_is_written(db: Database) -> None:
     with pytest.raises(store.PayloadError, match="not JSON-serialisable"):
         await store.enqueue(db, "k", {"when": object()})
