@@ -22,9 +22,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from synckit.cli_options import database_option
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime import jobs as store
-from synckit.runtime.db import ENV_URL, Database, database_url_from_env, mask_url, open_database
+from synckit.runtime.db import Database, database_url_from_env, mask_url, open_database
 from synckit.runtime.handlers import Registry
 from synckit.runtime.jobs import JobInfo, utcnow
 from synckit.runtime.logging import configure_logging
@@ -67,15 +68,6 @@ def run(make: Callable[[Database], Awaitable[T]], url: str | None, *, check: boo
         return asyncio.run(main())
     except SynckitError as exc:
         raise CliError(str(exc)) from exc
-
-
-database_option = click.option(
-    "--database-url",
-    "database_url",
-    envvar=ENV_URL,
-    default=None,
-    help=f"Database URL (default: ${ENV_URL}, else sqlite:///synckit.db).",
-)
 
 
 class LazyGroup(click.Group):

@@ -4,9 +4,10 @@ Commands that need the connector classes (``add`` validates the config with the
 connector's model) take ``--app module:attribute`` naming a :class:`synckit.App`
 (or ``$SYNCKIT_APP``).
 
-``synckit.cli`` imports this module at its bottom to register the group, so this module
-must not import ``synckit.cli`` at import time (under ``python -m synckit.cli`` that would
-import the CLI a second time, half-built): its helpers are imported inside the functions.
+``synckit.cli`` loads this module when its command runs. It must not import
+``synckit.cli`` at import time (under ``python -m synckit.cli`` that would run the CLI
+module a second time), so the CLI's helpers are imported inside the functions; shared
+options come from :mod:`synckit.cli_options`.
 """
 
 from __future__ import annotations
@@ -22,23 +23,16 @@ import click
 from pydantic import SecretBytes, SecretStr
 from rich.table import Table
 
+from synckit.cli_options import database_option
 from synckit.connectors import tenants as store
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
-from synckit.runtime.db import ENV_URL, Database
+from synckit.runtime.db import Database
 from synckit.runtime.logging import REDACTED, redact
 from synckit.runtime.poll import list_checkpoints
 
 if TYPE_CHECKING:
     from synckit.app import App
 
-# The same option as ``synckit.cli.database_option`` (see the module docstring).
-database_option = click.option(
-    "--database-url",
-    "database_url",
-    envvar=ENV_URL,
-    default=None,
-    help=f"Database URL (default: ${ENV_URL}, else sqlite:///synckit.db).",
-)
 
 app_option = click.option(
     "--app",

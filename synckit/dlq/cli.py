@@ -3,9 +3,10 @@
 Every command that walks rows streams them (keyset pages, see :mod:`synckit.dlq.store`),
 so a filter matching 100,000 rows never holds them all in memory.
 
-``synckit.cli`` imports this module at its bottom to register the group, so this module
-must not import ``synckit.cli`` at import time (under ``python -m synckit.cli`` that would
-import the CLI a second time, half-built); its helpers are imported inside the commands.
+``synckit.cli`` loads this module when its command runs. It must not import
+``synckit.cli`` at import time (under ``python -m synckit.cli`` that would run the CLI
+module a second time), so the CLI's helpers are imported inside the commands; shared
+options come from :mod:`synckit.cli_options`.
 """
 
 from __future__ import annotations
@@ -21,20 +22,12 @@ from typing import IO, Any
 
 import click
 
+from synckit.cli_options import database_option
 from synckit.dlq import store
 from synckit.dlq.replay import ReplayProcessor, ReplayResult, ReplaySummary, replayers_from_app
 from synckit.dlq.store import STATUSES, DeadLetter, DlqFilter
-from synckit.runtime.db import ENV_URL, Database
+from synckit.runtime.db import Database
 from synckit.runtime.jobs import utcnow
-
-# The same option as ``synckit.cli.database_option`` (see the module docstring).
-database_option = click.option(
-    "--database-url",
-    "database_url",
-    envvar=ENV_URL,
-    default=None,
-    help=f"Database URL (default: ${ENV_URL}, else sqlite:///synckit.db).",
-)
 
 GROUPS = ("tenant", "connector", "kind", "class", "status")
 NO_APP_REASON = "needs --app (no replayer for this kind without the application)"

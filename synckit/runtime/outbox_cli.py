@@ -1,8 +1,9 @@
 """``synckit outbox ...``: look at the outbox and put failed messages back in line.
 
-``synckit.cli`` imports this module at its bottom to register the group, so this module
-must not import ``synckit.cli`` at import time (under ``python -m synckit.cli`` that would
-import the CLI a second time, half-built); its helpers are imported inside the commands.
+``synckit.cli`` loads this module when its command runs. It must not import
+``synckit.cli`` at import time (under ``python -m synckit.cli`` that would run the CLI
+module a second time), so the CLI's helpers are imported inside the commands; shared
+options come from :mod:`synckit.cli_options`.
 """
 
 from __future__ import annotations
@@ -12,18 +13,9 @@ from datetime import datetime
 
 import click
 
+from synckit.cli_options import database_option
 from synckit.runtime import outbox as store
-from synckit.runtime.db import ENV_URL, Database
-
-# The same option as ``synckit.cli.database_option``, which cannot be imported here at
-# import time (see the module docstring).
-database_option = click.option(
-    "--database-url",
-    "database_url",
-    envvar=ENV_URL,
-    default=None,
-    help=f"Database URL (default: ${ENV_URL}, else sqlite:///synckit.db).",
-)
+from synckit.runtime.db import Database
 
 STATUSES = ("pending", "published", "failed")
 
