@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -157,12 +157,23 @@ class Pacer:
 class PacedTransport(httpx.AsyncBaseTransport):
     """Wraps a transport: pacing before every request, quota headers after every response."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport, pacer: Pacer) -> None:
+    def __init__(
+        self,
+        inner: httpx.AsyncBaseTransport,
+        pacer: Pacer,
+        *,
+        before_send: Callable[[httpx.Request], Awaitable[None]] | None = None,
+    ) -> None:
         self.inner = inner
         self.pacer = pacer
+        #: Awaited after the pacing wait, just before the request leaves: an auth that
+        #: must attach a fresh credential at send time (OAuth2) sets it.
+        self.before_send = before_send
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await self.pacer.before_request()
+        if self.before_send is not None:
+            await self.before_send(request)
         response = await self.inner.handle_async_request(request)
         try:
             await self.pacer.after_response(response)

@@ -250,6 +250,19 @@ resources = Table(
     _ts("tokens_at"),
     _ts("last_claimed_at"),
     _ts("updated_at", nullable=False),
+    # Rate-limit events (migration 0005): a streak of rate limits that gave no wait grows
+    # the default pace; requests sent before ``rate_limited_at`` belong to that event.
+    Column("rate_limit_streak", Integer, nullable=False, server_default="0"),
+    _ts("rate_limited_at"),
+    # Why next_available_at is where it is ("Retry-After", "X-RateLimit-Reset", ...).
+    Column("paced_reason", String(300)),
+    # The quota the API last reported (X-RateLimit-*, IETF RateLimit): adaptive pacing.
+    Column("quota_limit", Integer),
+    Column("quota_remaining", Integer),
+    _ts("quota_reset_at"),
+    _ts("quota_at"),
+    # When a claimed breaker probe is presumed lost (BreakerPolicy.probe_timeout).
+    _ts("probe_expires_at"),
 )
 
 intents = Table(
@@ -283,6 +296,9 @@ connections = Table(
     Column("status", String(16), nullable=False, server_default="active"),
     Column("status_reason", Text),
     _ts("token_expires_at"),
+    # The refresh lease (migration 0005): who is refreshing the token set, until when.
+    Column("refresh_owner", String(100)),
+    _ts("refresh_until"),
     _ts("created_at", nullable=False),
     _ts("updated_at", nullable=False),
     Index("ix_connections_resource_key", "resource_key"),
