@@ -304,6 +304,21 @@ connections = Table(
     Index("ix_connections_resource_key", "resource_key"),
 )
 
+# The connect flow's consent URLs not yet completed (migration 0006): ``state`` is the
+# key, the PKCE verifier is sealed like tokens, ``used_at`` makes a callback count once.
+pending_authorizations = Table(
+    "pending_authorizations",
+    metadata,
+    Column("state", String(100), primary_key=True),
+    Column("tenant", String(200), nullable=False),
+    Column("verifier", LargeBinary, nullable=False),
+    Column("redirect_uri", String(1000), nullable=False),
+    _ts("expires_at", nullable=False),
+    _ts("used_at"),
+    _ts("created_at", nullable=False),
+    Index("ix_pending_authorizations_tenant", "tenant"),
+)
+
 outbox = Table(
     "outbox",
     metadata,

@@ -23,6 +23,7 @@ TABLES = {
     "outbox",
     "audit_buckets",
     "cron_ticks",
+    "pending_authorizations",
 }
 
 
