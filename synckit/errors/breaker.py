@@ -16,10 +16,16 @@ States::
     half_open --probe success--> closed      (failures and re-open count reset)
     half_open --probe failure--> open        (cool-down doubled, up to cooldown_cap)
 
-Failures whose classification has ``counts_for_breaker=False`` (validation, not found,
-authorization, conflict) are ``"ignored"`` outcomes: they leave the breaker as it is,
-except that an ignored probe result releases the probe so another can be claimed.
-A probe whose worker died is presumed lost after ``probe_timeout``.
+Breakers are for health: server errors, timeouts, resets. Failures whose classification
+has ``counts_for_breaker=False`` (validation, not found, authorization, conflict) and
+every rate limit (a throttled API is healthy; pacing handles it) are ``"ignored"``
+outcomes: they leave the breaker as it is, except that an ignored probe result releases
+the probe so another can be claimed. A first opening lasts the server's wait when the
+failure carried one (an outage that says "3 s left" opens 3 s), else ``cooldown``; only
+re-openings grow. A probe whose worker died is presumed lost after ``probe_timeout``.
+
+The claim decides :func:`breaker_allows` in SQL (``runtime/jobs.py``), held to this
+function by a property test on both engines; it stores :func:`breaker_claim_probe`.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Literal
 
-from synckit.errors.classify import Classification
+from synckit.errors.classify import Classification, ErrorClass
 from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.waits import clamp_wait, moment_after
 
 __all__ = [
     "BreakerDecision",
@@ -42,6 +49,7 @@ __all__ = [
     "breaker_claim_probe",
     "breaker_outcome",
     "breaker_transition",
+    "open_cooldown",
     "reopen_cooldown",
 ]
 
@@ -89,11 +97,13 @@ class BreakerSnapshot:
 
 @dataclass(frozen=True)
 class BreakerPolicy:
-    """``cooldown`` is the first open period; each re-open doubles it, up to
-    ``cooldown_cap``. ``probe_timeout`` bounds how long one claimed probe blocks others."""
+    """``cooldown`` is the first open period when the server gave no wait; each re-open
+    doubles it, up to ``cooldown_cap``. ``probe_timeout`` bounds how long one claimed
+    probe blocks others (its worker may have died)."""
 
     failure_threshold: int = 5
-    cooldown: timedelta = timedelta(seconds=30)
+    # Short: an outage usually ends in seconds, and a probe every few seconds is cheap.
+    cooldown: timedelta = timedelta(seconds=5)
     cooldown_cap: timedelta = timedelta(minutes=10)
     probe_timeout: timedelta = timedelta(minutes=5)
     #: The API-wide breaker opens when at least this many of its tenants' breakers are
@@ -136,6 +146,8 @@ def breaker_outcome(classification: Classification | None) -> BreakerOutcome:
     """The outcome of a call that succeeded (None) or failed with ``classification``."""
     if classification is None:
         return BreakerOutcome.SUCCESS
+    if classification.error_class is ErrorClass.RATE_LIMITED:
+        return BreakerOutcome.IGNORED  # a throttled API is healthy: pacing handles it
     if not classification.counts_for_breaker:
         return BreakerOutcome.IGNORED
     return BreakerOutcome.FAILURE
@@ -147,6 +159,24 @@ def reopen_cooldown(reopen_count: int, policy: BreakerPolicy = _DEFAULT_POLICY) 
     # Integer microseconds: doubling an int cannot overflow the way timedelta * 2**n can.
     grown = (policy.cooldown // _MICROSECOND) << doublings
     return min(policy.cooldown_cap // _MICROSECOND, grown) * _MICROSECOND
+
+
+def open_cooldown(
+    reopen_count: int, server_wait: timedelta | None, policy: BreakerPolicy = _DEFAULT_POLICY
+) -> timedelta:
+    """How long the breaker stays open after its ``reopen_count``-th re-open (0: first),
+    when the failure that opened it carried ``server_wait`` (None: the server gave none).
+
+    A first opening honours the server's wait, clamped to ``[0, cooldown_cap]``; a
+    re-opening grows as :func:`reopen_cooldown`, and is never shorter than the wait.
+    """
+    grown = reopen_cooldown(reopen_count, policy)
+    asked = clamp_wait(server_wait, policy.cooldown_cap)
+    if asked is None:
+        return grown
+    if reopen_count <= 0:
+        return asked
+    return max(asked, grown)
 
 
 def breaker_allows(snapshot: BreakerSnapshot, now: datetime) -> BreakerDecision:
@@ -172,7 +202,7 @@ def breaker_claim_probe(
         snapshot,
         state=BreakerState.HALF_OPEN,
         probe_in_flight=True,
-        probe_expires_at=_utc(now) + policy.probe_timeout,
+        probe_expires_at=moment_after(_utc(now), policy.probe_timeout, policy.probe_timeout),
     )
 
 
@@ -181,8 +211,13 @@ def breaker_transition(
     outcome: BreakerOutcome | Literal["success", "failure", "ignored"],
     now: datetime,
     policy: BreakerPolicy = _DEFAULT_POLICY,
+    *,
+    server_wait: timedelta | None = None,
 ) -> BreakerSnapshot:
     """The snapshot after a call through the breaker ended with ``outcome``.
+
+    ``server_wait`` is the wait the failed response asked for (its ``Retry-After``), which
+    an opening honours (see :func:`open_cooldown`).
 
     An outcome that arrives while the breaker is open counts as a probe result once
     the cool-down has elapsed (the runtime may skip the half-open claim for a single
@@ -202,7 +237,7 @@ def breaker_transition(
             return replace(windowed, consecutive_failures=0)
         failures = snapshot.consecutive_failures + 1
         if failures >= policy.failure_threshold or _rate_trips(windowed, policy):
-            return _open(now, policy, failures=failures, reopen_count=0)
+            return _open(now, policy, failures=failures, reopen_count=0, server_wait=server_wait)
         return replace(windowed, consecutive_failures=failures)
 
     if snapshot.state is BreakerState.OPEN and _before(now, snapshot.cooldown_until):
@@ -216,6 +251,7 @@ def breaker_transition(
         policy,
         failures=snapshot.consecutive_failures + 1,
         reopen_count=snapshot.reopen_count + 1,
+        server_wait=server_wait,
     )
 
 
@@ -268,6 +304,7 @@ def _open(
     *,
     failures: int,
     reopen_count: int,
+    server_wait: timedelta | None = None,
 ) -> BreakerSnapshot:
     now = _utc(now)
     return BreakerSnapshot(
@@ -275,7 +312,9 @@ def _open(
         consecutive_failures=failures,
         opened_at=now,
         reopen_count=reopen_count,
-        cooldown_until=now + reopen_cooldown(reopen_count, policy),
+        cooldown_until=moment_after(
+            now, open_cooldown(reopen_count, server_wait, policy), policy.cooldown_cap
+        ),
         probe_in_flight=False,
         probe_expires_at=None,
     )

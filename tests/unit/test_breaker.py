@@ -22,9 +22,12 @@ from synckit.errors import (
     breaker_transition,
     reopen_cooldown,
 )
+from synckit.errors.breaker import open_cooldown
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
-POLICY = BreakerPolicy()  # threshold 5, cool-down 30 s doubling up to 10 min
+# Threshold 5, cool-down 30 s doubling up to 10 min (the default cool-down is 5 s; these
+# tests pin the doubling with rounder numbers).
+POLICY = BreakerPolicy(cooldown=timedelta(seconds=30))
 
 
 def fail_times(snapshot: BreakerSnapshot, n: int, now: datetime = T0) -> BreakerSnapshot:
@@ -297,3 +300,70 @@ def test_failures_spread_beyond_the_window_do_not_trip_by_rate() -> None:
         snap = breaker_transition(snap, "failure", now + timedelta(minutes=2 * i), policy)
         snap = breaker_transition(snap, "success", now + timedelta(minutes=2 * i + 1.5), policy)
     assert snap.state is BreakerState.CLOSED
+
+
+def test_default_first_cooldown_is_short() -> None:
+    """Without a server wait, a first opening lasts the default 5 s, and re-opens grow."""
+    policy = BreakerPolicy()
+    assert policy.cooldown == timedelta(seconds=5)
+    snap = BreakerSnapshot()
+    for _ in range(policy.failure_threshold):
+        snap = breaker_transition(snap, "failure", T0, policy)
+    assert snap.cooldown_until == T0 + timedelta(seconds=5)
+    assert [open_cooldown(n, None, policy).total_seconds() for n in range(4)] == [5, 10, 20, 40]
+
+
+def test_first_opening_honours_the_servers_wait() -> None:
+    """An outage whose last answer says "3 s left" opens 3 s, not the policy's cool-down."""
+    snap = fail_times(BreakerSnapshot(), POLICY.failure_threshold - 1)
+    snap = breaker_transition(snap, "failure", T0, POLICY, server_wait=timedelta(seconds=3))
+    assert snap.state is BreakerState.OPEN
+    assert snap.cooldown_until == T0 + timedelta(seconds=3)
+
+
+def test_reopening_grows_and_is_never_shorter_than_the_servers_wait() -> None:
+    """A re-open grows as the policy says; a longer server wait wins; both within the cap."""
+    assert open_cooldown(1, timedelta(seconds=1), POLICY) == timedelta(seconds=60)
+    assert open_cooldown(1, timedelta(seconds=90), POLICY) == timedelta(seconds=90)
+    assert open_cooldown(0, timedelta(days=3_000_000), POLICY) == POLICY.cooldown_cap
+    assert open_cooldown(0, timedelta(seconds=-5), POLICY) == timedelta(0)
+
+
+@given(
+    reopen=st.integers(min_value=0, max_value=200),
+    wait=st.one_of(st.none(), st.timedeltas(min_value=timedelta(0))),
+    longer=st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=30)),
+)
+def test_open_cooldown_is_bounded_and_monotone(
+    reopen: int, wait: timedelta | None, longer: timedelta
+) -> None:
+    """Any server wait gives a cool-down within the cap; a longer wait never a shorter one."""
+    got = open_cooldown(reopen, wait, POLICY)
+    assert timedelta(0) <= got <= POLICY.cooldown_cap
+    if wait is not None and wait <= timedelta.max - longer:
+        assert open_cooldown(reopen, wait + longer, POLICY) >= got
+
+
+def test_rate_limits_never_count_for_the_breaker() -> None:
+    """A rate-limited answer is ignored even if its classification says it counts."""
+    c = Classification(
+        error_class=ErrorClass.RATE_LIMITED,
+        retryable=True,
+        max_attempts=None,
+        surface=False,
+        retry_after=None,
+        reason="429",
+        counts_for_breaker=True,
+    )
+    assert breaker_outcome(c) is BreakerOutcome.IGNORED
+    snap = fail_times(BreakerSnapshot(), POLICY.failure_threshold - 1)
+    assert breaker_transition(snap, breaker_outcome(c), T0, POLICY) == snap
+
+
+def test_a_lost_probe_is_replaced_after_the_probe_timeout() -> None:
+    """A claimed probe blocks others until probe_timeout passes, then another may go."""
+    policy = BreakerPolicy(probe_timeout=timedelta(seconds=20))
+    snap = breaker_claim_probe(opened(), T0 + timedelta(seconds=30), policy)
+    assert snap.probe_expires_at == T0 + timedelta(seconds=50)
+    assert breaker_allows(snap, T0 + timedelta(seconds=49)) == "deny"
+    assert breaker_allows(snap, T0 + timedelta(seconds=50)) == "probe"
