@@ -13,8 +13,17 @@ if TYPE_CHECKING:
     from synckit.app import App
     from synckit.connectors.base import BearerToken, Connector, Page, RateLimit, Stream
     from synckit.connectors.context import SyncContext
+    from synckit.connectors.incremental import Incremental, Watermark
     from synckit.connectors.intents import IntentConflict, IntentResult, RemoteRecord, run_intent
     from synckit.connectors.oauth import OAuth2Auth, OAuth2Config, reauth
+    from synckit.connectors.paging import (
+        CursorPaginator,
+        LinkHeaderPaginator,
+        NextUrlPaginator,
+        OffsetPaginator,
+        PageNumberPaginator,
+        Paginator,
+    )
     from synckit.connectors.secrets import TokenSet
     from synckit.connectors.tenants import (
         Tenant,
@@ -55,6 +64,14 @@ if TYPE_CHECKING:
 # `synckit` command, which imports the package) does not pay for Alembic, authlib and
 # the whole runtime up front.
 _EXPORTS: dict[str, tuple[str, str]] = {
+    "Watermark": ("synckit.connectors.incremental", "Watermark"),
+    "Paginator": ("synckit.connectors.paging", "Paginator"),
+    "PageNumberPaginator": ("synckit.connectors.paging", "PageNumberPaginator"),
+    "OffsetPaginator": ("synckit.connectors.paging", "OffsetPaginator"),
+    "NextUrlPaginator": ("synckit.connectors.paging", "NextUrlPaginator"),
+    "LinkHeaderPaginator": ("synckit.connectors.paging", "LinkHeaderPaginator"),
+    "Incremental": ("synckit.connectors.incremental", "Incremental"),
+    "CursorPaginator": ("synckit.connectors.paging", "CursorPaginator"),
     "App": ("synckit.app", "App"),
     "BearerToken": ("synckit.connectors.base", "BearerToken"),
     "BreakerPolicy": ("synckit.errors", "BreakerPolicy"),
@@ -118,19 +135,26 @@ __all__ = [
     "ClassifyRules",
     "ConfigurationError",
     "Connector",
+    "CursorPaginator",
     "Database",
     "DatabaseError",
     "DatabaseUnavailable",
     "Discard",
     "ErrorClass",
+    "Incremental",
     "IntentConflict",
     "IntentResult",
     "JobContext",
     "JobSpec",
+    "LinkHeaderPaginator",
     "NeedsReauth",
+    "NextUrlPaginator",
     "OAuth2Auth",
     "OAuth2Config",
+    "OffsetPaginator",
     "Page",
+    "PageNumberPaginator",
+    "Paginator",
     "PermanentError",
     "RateLimit",
     "RateLimited",
@@ -144,6 +168,7 @@ __all__ = [
     "SynckitError",
     "Tenant",
     "TokenSet",
+    "Watermark",
     "Worker",
     "add_tenant",
     "classify",
