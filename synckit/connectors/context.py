@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
 import structlog
@@ -27,7 +27,18 @@ from synckit.runtime.jobs import utcnow
 if TYPE_CHECKING:
     from synckit.connectors.intents import Create, Find, IntentResult
 
-__all__ = ["SyncContext", "open_context"]
+__all__ = ["SendTimeAuth", "SyncContext", "open_context"]
+
+
+@runtime_checkable
+class SendTimeAuth(Protocol):
+    """An ``httpx.Auth`` that attaches its credential when the transport sends the request
+    (:class:`~synckit.connectors.oauth.OAuth2Auth`): ``open_context`` wires
+    ``before_send`` into the paced transport and sets ``attached_by_transport``."""
+
+    attached_by_transport: bool
+
+    async def before_send(self, request: httpx.Request) -> None: ...
 
 
 @dataclass(eq=False)
@@ -137,6 +148,7 @@ async def open_context(
         clock=clock,
     )
     timeout = connector.timeout
+    paced = PacedTransport(transport or httpx.AsyncHTTPTransport(), pacer)
     if not isinstance(timeout, httpx.Timeout):
         timeout = httpx.Timeout(timeout)
     client = SyncClient(
@@ -145,7 +157,7 @@ async def open_context(
         clock=clock,
         base_url=connector.base_url,
         timeout=timeout,
-        transport=PacedTransport(transport or httpx.AsyncHTTPTransport(), pacer),
+        transport=paced,
         headers={"User-Agent": _user_agent(connector)},
         event_hooks={"request": [_idempotency_hook]},
     )
@@ -164,6 +176,12 @@ async def open_context(
         auth = connector.build_auth(ctx)
         if auth is not None:
             client.auth = auth
+        if isinstance(auth, SendTimeAuth):
+            # The bearer token goes on after the pacing wait, just before the request
+            # leaves: a wait longer than the token's remaining life must not send it
+            # expired (and a 401 on it is no evidence of a refused grant).
+            paced.before_send = auth.before_send
+            auth.attached_by_transport = True
     except BaseException:
         await client.aclose()
         raise

@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
-from sqlalchemy import Row, select, update
+from sqlalchemy import Row, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.errors.exceptions import ConfigurationError
@@ -41,6 +41,9 @@ PLAINTEXT_MARKER = b"synckit:INSECURE-PLAINTEXT:v1:"
 
 _MASK = "***"
 
+#: The longest reason stored in ``connections.status_reason``.
+REASON_CHARS = 500
+
 log = structlog.get_logger("synckit.secrets")
 
 
@@ -54,26 +57,34 @@ def _mask(secret: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class TokenSet:
-    """A tenant's OAuth2 tokens. ``repr`` and ``str`` never show the tokens."""
+    """A tenant's OAuth2 tokens. ``repr`` and ``str`` never show the tokens.
 
-    access_token: str = field(repr=False)
+    ``access_token`` may be ``None`` when only a refresh token is known (``tenants reauth
+    --refresh-token``): the first request then refreshes.
+    """
+
+    access_token: str | None = field(repr=False)
     refresh_token: str | None = field(default=None, repr=False)
     #: When the access token stops working (UTC), if the provider said.
     expires_at: datetime | None = None
     token_type: str = "Bearer"
     scope: str | None = None
+    #: When the access token was issued (UTC): with ``expires_at``, its lifetime, which
+    #: sets how early it is refreshed. ``None`` for tokens stored before synckit kept it.
+    issued_at: datetime | None = None
 
     def __post_init__(self) -> None:
-        if not self.access_token:
-            raise ValueError("a token set needs an access token")
-        if self.expires_at is not None and self.expires_at.tzinfo is None:
-            raise ValueError("expires_at must be timezone-aware")
+        if not self.access_token and not self.refresh_token:
+            raise ValueError("a token set needs an access token or a refresh token")
+        for moment in (self.expires_at, self.issued_at):
+            if moment is not None and moment.tzinfo is None:
+                raise ValueError("expires_at and issued_at must be timezone-aware")
 
     def __repr__(self) -> str:
         return (
             f"TokenSet(access_token={_mask(self.access_token)!r}, "
             f"refresh_token={_mask(self.refresh_token)!r}, expires_at={self.expires_at!r}, "
-            f"token_type={self.token_type!r}, scope={self.scope!r})"
+            f"token_type={self.token_type!r}, scope={self.scope!r}, issued_at={self.issued_at!r})"
         )
 
     __str__ = __repr__
@@ -115,6 +126,7 @@ class TokenSet:
             expires_at=expires_at,
             token_type=str(token.get("token_type") or "Bearer"),
             scope=scope if isinstance(scope, str) else None,
+            issued_at=now,
         )
 
     def expires_within(self, leeway: timedelta, now: datetime) -> bool:
@@ -125,8 +137,15 @@ class TokenSet:
         return self.expires_at is not None and self.expires_at - leeway <= now
 
     @property
+    def usable(self) -> bool:
+        """Whether there is an access token to send at all."""
+        return bool(self.access_token)
+
+    @property
     def authorization(self) -> str:
         """The ``Authorization`` header value."""
+        if not self.access_token:
+            raise ValueError("no access token (only a refresh token is known)")
         # Providers answer "bearer" or "Bearer"; RFC 6750 servers must accept "Bearer".
         kind = "Bearer" if self.token_type.lower() == "bearer" else self.token_type
         return f"{kind} {self.access_token}"
@@ -138,17 +157,21 @@ class TokenSet:
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
             "token_type": self.token_type,
             "scope": self.scope,
+            "issued_at": self.issued_at.isoformat() if self.issued_at else None,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TokenSet:
         raw = data.get("expires_at")
+        issued = data.get("issued_at")
+        access = data.get("access_token")
         return cls(
-            access_token=str(data["access_token"]),
+            access_token=str(access) if access else None,
             refresh_token=data.get("refresh_token"),
             expires_at=datetime.fromisoformat(raw) if raw else None,
             token_type=str(data.get("token_type") or "Bearer"),
             scope=data.get("scope"),
+            issued_at=datetime.fromisoformat(issued) if issued else None,
         )
 
 
@@ -267,6 +290,8 @@ async def read_connection(conn: AsyncConnection, tenant: str, *, lock: bool = Fa
         connections.c.status_reason,
         connections.c.token_set,
         connections.c.token_expires_at,
+        connections.c.refresh_owner,
+        connections.c.refresh_until,
     ).where(connections.c.tenant == tenant)
     if lock:
         stmt = stmt.with_for_update()
@@ -292,7 +317,8 @@ async def write_token_set(
         "updated_at": now,
     }
     if activate:
-        values.update(status="active", status_reason=None)
+        # New credentials from a human: whatever refresh was under way is moot.
+        values.update(status="active", status_reason=None, refresh_owner=None, refresh_until=None)
     res = await conn.execute(
         update(connections)
         .where(connections.c.tenant == tenant)
@@ -306,12 +332,91 @@ async def write_token_set(
 async def mark_needs_reauth(
     conn: AsyncConnection, tenant: str, *, reason: str, now: datetime
 ) -> None:
-    """Set the tenant's connection to ``needs_reauth`` with ``reason`` (no secrets in it)."""
+    """Set the tenant's connection to ``needs_reauth`` with ``reason`` (no secrets in it).
+
+    Any refresh lease is dropped with it: nobody may refresh a refused grant.
+    """
     await conn.execute(
         update(connections)
         .where(connections.c.tenant == tenant)
-        .values(status="needs_reauth", status_reason=reason[:500], updated_at=now)
+        .values(
+            status="needs_reauth",
+            status_reason=reason[:REASON_CHARS],
+            refresh_owner=None,
+            refresh_until=None,
+            updated_at=now,
+        )
     )
+
+
+# --- the refresh lease ------------------------------------------------------------------
+# Who refreshes a tenant's token set, until when (connections.refresh_owner/_until). The
+# lease is taken and given back in short transactions; the call to the provider runs
+# between them with no transaction open.
+
+
+async def take_refresh_lease(
+    conn: AsyncConnection, tenant: str, *, owner: str, until: datetime, now: datetime
+) -> bool:
+    """Take the lease if it is free or expired (compare-and-set); True if taken."""
+    res = await conn.execute(
+        update(connections)
+        .where(
+            connections.c.tenant == tenant,
+            or_(
+                connections.c.refresh_owner.is_(None),
+                connections.c.refresh_until.is_(None),
+                connections.c.refresh_until <= now,
+            ),
+        )
+        .values(refresh_owner=owner, refresh_until=until)
+        .returning(connections.c.tenant)
+    )
+    return res.first() is not None
+
+
+async def save_refreshed_token_set(
+    conn: AsyncConnection,
+    tenant: str,
+    token_set: TokenSet,
+    *,
+    owner: str,
+    cipher: TokenCipher,
+    now: datetime,
+) -> bool:
+    """Store the refreshed set and end the lease, only if ``owner`` still holds it."""
+    res = await conn.execute(
+        update(connections)
+        .where(connections.c.tenant == tenant, connections.c.refresh_owner == owner)
+        .values(
+            token_set=cipher.seal(token_set),
+            token_expires_at=token_set.expires_at,
+            refresh_owner=None,
+            refresh_until=None,
+            updated_at=now,
+        )
+        .returning(connections.c.tenant)
+    )
+    return res.first() is not None
+
+
+async def hand_back_refresh_lease(
+    conn: AsyncConnection,
+    tenant: str,
+    *,
+    owner: str,
+    hold_as: str | None = None,
+    until: datetime | None = None,
+) -> bool:
+    """End ``owner``'s lease; or, with ``hold_as``/``until``, keep it held under another
+    name until then (a token endpoint that asked for a wait is not called before it)."""
+    res = await conn.execute(
+        update(connections)
+        .where(connections.c.tenant == tenant, connections.c.refresh_owner == owner)
+        .values(refresh_owner=hold_as, refresh_until=until if hold_as else None)
+        .returning(connections.c.tenant)
+    )
+    return res.first() is not None
 
 
 def utcnow() -> datetime:
@@ -323,11 +428,15 @@ __all__ = [
     "ENV_KEY",
     "FERNET_MARKER",
     "PLAINTEXT_MARKER",
+    "REASON_CHARS",
     "ConnectionNotFound",
     "InsecureTokenStorageWarning",
     "TokenCipher",
     "TokenSet",
+    "hand_back_refresh_lease",
     "mark_needs_reauth",
     "read_connection",
+    "save_refreshed_token_set",
+    "take_refresh_lease",
     "write_token_set",
 ]

@@ -56,8 +56,15 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-async def add_connection(db: Database, tenant: str, tokens: dict[str, Any] | None = None) -> None:
-    """A connection row for ``tenant`` (connector demo), holding ``tokens`` if given."""
+async def add_connection(
+    db: Database,
+    tenant: str,
+    tokens: dict[str, Any] | None = None,
+    *,
+    issued_ago: timedelta = timedelta(0),
+) -> None:
+    """A connection row for ``tenant`` (connector demo), holding ``tokens`` if given,
+    as if they had been issued ``issued_ago``."""
     t = now()
     async with db.begin() as conn:
         await conn.execute(
@@ -70,7 +77,7 @@ async def add_connection(db: Database, tenant: str, tokens: dict[str, Any] | Non
             )
         )
     if tokens is not None:
-        await reauth(db, tenant, TokenSet.from_token_response(tokens, now=t))
+        await reauth(db, tenant, TokenSet.from_token_response(tokens, now=t - issued_ago))
 
 
 async def connection_row(db: Database, tenant: str) -> Any:
@@ -94,8 +101,10 @@ async def call(auth: OAuth2Auth, url: str) -> httpx.Response:
 async def test_an_expiring_token_is_refreshed_ahead_and_the_rotation_is_stored(
     db: Database, server: OAuthTestServer
 ) -> None:
-    """Within the leeway of expiry: one refresh before the call, the rotated tokens stored."""
-    await add_connection(db, "t1", server.issue_tokens("alice", expires_in=30))
+    """Within the refresh margin: one refresh before the call, the rotated tokens stored."""
+    # A 60 s token 50 s into its life: inside its margin (a quarter of its lifetime).
+    tokens = server.issue_tokens("alice", expires_in=60)
+    await add_connection(db, "t1", tokens, issued_ago=timedelta(seconds=50))
     before = await stored_tokens(db, "t1")
     response = await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
     assert response.status_code == 200 and response.json()["user"] == "alice"
@@ -141,22 +150,61 @@ async def test_a_post_refused_with_401_is_sent_again_with_its_body(
     assert seen[0][0] != seen[1][0]  # the retry carries the new token
 
 
-async def test_a_401_straight_after_a_refresh_needs_reauth(
+async def test_a_401_on_a_token_minted_for_the_request_needs_reauth(
     db: Database, server: OAuthTestServer
 ) -> None:
-    """Refreshed, then refused again: needs_reauth, one refresh only, no endless loop."""
+    """Cached token refused, refreshed, the new one refused too: needs_reauth, one refresh."""
     tokens = server.issue_tokens("alice")
     await add_connection(db, "t1", tokens)
     server.deny_user("alice")
     with structlog.testing.capture_logs() as logs, pytest.raises(NeedsReauth) as info:
         await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
-    assert "401 straight after a token refresh" in str(info.value)
-    assert server.stats.token_requests == 1
+    cause = "the API answered 401 to an access token minted for this request"
+    assert str(info.value).startswith(cause)
+    assert server.stats.token_requests == 1 and server.stats.resource_requests == 2
     row = await connection_row(db, "t1")
-    assert row.status == "needs_reauth"
-    assert "401 straight after a token refresh" in row.status_reason
+    assert row.status == "needs_reauth" and row.status_reason.startswith(cause)
     alerts = [e for e in logs if e["event"] == "connection.needs_reauth"]
     assert len(alerts) == 1 and alerts[0]["alert"] is True and alerts[0]["tenant"] == "t1"
+    verdicts = [e["verdict"] for e in logs if e["event"] == "oauth.unauthorized"]
+    assert verdicts == ["refresh", "refuse"]  # each 401 logged with what it meant
+
+
+async def test_a_401_on_re_read_tokens_is_retried_a_bounded_number_of_times_then_retryable(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """401s on tokens someone else minted prove nothing: bounded retries, no needs_reauth."""
+    tokens = server.issue_tokens("alice")
+    await add_connection(db, "t1", tokens)
+    minted: list[str] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401)
+
+    auth = OAuth2Auth(db, "t1", config(server))
+
+    async def someone_else_refreshed(*args: Any) -> Any:
+        raise AssertionError("the provider must not be called")
+
+    # Before each refresh another worker stores a new token: every refresh re-reads.
+    real_refresh = auth.refresh
+
+    async def refresh(*, failed: TokenSet | None = None) -> Any:
+        fresh = server.issue_tokens("alice")
+        minted.append(fresh["access_token"])
+        await reauth(db, "t1", TokenSet.from_token_response(fresh, now=now()))
+        return await real_refresh(failed=failed)
+
+    auth.refresh = refresh  # type: ignore[method-assign]
+    auth._refresh_holding_lease = someone_else_refreshed  # type: ignore[method-assign]
+    with structlog.testing.capture_logs() as logs:
+        async with httpx.AsyncClient(auth=auth, transport=httpx.MockTransport(api)) as client:
+            with pytest.raises(RetryableError, match="never to a token minted"):
+                await client.get("https://api.example/x")
+    assert (await connection_row(db, "t1")).status == "active"
+    verdicts = [e["verdict"] for e in logs if e["event"] == "oauth.unauthorized"]
+    assert verdicts == ["refresh", "refresh", "give_up"]
+    assert len(minted) == 2 and server.stats.token_requests == 0
 
 
 async def test_a_revoked_refresh_token_needs_reauth_with_the_reason_and_an_alert(
@@ -254,7 +302,8 @@ async def test_a_provider_outage_does_not_fail_requests_while_the_token_still_wo
     db: Database, server: OAuthTestServer
 ) -> None:
     """Refresh-ahead that fails (provider down) falls back to the not-yet-expired token."""
-    await add_connection(db, "t1", server.issue_tokens("alice", expires_in=30))  # in leeway
+    tokens = server.issue_tokens("alice", expires_in=60)
+    await add_connection(db, "t1", tokens, issued_ago=timedelta(seconds=50))  # in its margin
     cfg = OAuth2Config("http://127.0.0.1:9/token", server.client_id, server.client_secret)
     with structlog.testing.capture_logs() as logs:
         response = await call(OAuth2Auth(db, "t1", cfg), server.resource_url)
@@ -458,7 +507,7 @@ async def test_no_token_or_client_secret_in_logs_errors_or_output(
         with pytest.raises(NeedsReauth) as e1:
             await call(OAuth2Auth(db, "revoked", config(server)), server.resource_url)
         keep(e1.value)
-        # 401 straight after a refresh
+        # 401 on a token minted for the request
         await add_connection(db, "denied", server.issue_tokens("dave"))
         server.deny_user("dave")
         with pytest.raises(NeedsReauth) as e2:
