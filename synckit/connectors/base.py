@@ -45,6 +45,7 @@ from synckit.connectors.schedule import parse_schedule
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.classify import Classification, ClassifyRules, classify
 from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.waits import DEFAULT_MAX_WAIT
 
 if TYPE_CHECKING:
     from synckit.connectors.context import SyncContext
@@ -220,8 +221,12 @@ class Connector(typing.Generic[ConfigT]):
     ``record_concurrency``
         records of one page handled at once (default 8).
     ``max_inline_wait``
-        the longest a request waits inline for pacing; a longer wait ends the job with
+        the longest a request waits inline for pacing (and for a rate-limited answer's
+        wait, before it is sent again); a longer wait ends the job with
         :class:`~synckit.errors.RateLimited` so the worker defers it instead of sleeping.
+    ``max_wait``
+        the cap on every wait honoured for this connector, server-given or
+        handler-given (default 24 h): a longer one is clamped to it, never discarded.
     """
 
     name: ClassVar[str] = ""
@@ -236,6 +241,7 @@ class Connector(typing.Generic[ConfigT]):
     streams: ClassVar[Sequence[Stream]] = ()
     record_concurrency: ClassVar[int] = 8
     max_inline_wait: ClassVar[timedelta] = timedelta(seconds=30)
+    max_wait: ClassVar[timedelta] = DEFAULT_MAX_WAIT
 
     tenant: str
     config: ConfigT
@@ -413,6 +419,8 @@ def _check_declaration(cls: type[Connector[Any]], where: str) -> None:
         raise ConfigurationError(f"{where}: record_concurrency must be at least 1")
     if not isinstance(cls.max_inline_wait, timedelta) or cls.max_inline_wait < timedelta(0):
         raise ConfigurationError(f"{where}: max_inline_wait must be a non-negative timedelta")
+    if not isinstance(cls.max_wait, timedelta) or cls.max_wait <= timedelta(0):
+        raise ConfigurationError(f"{where}: max_wait must be a positive timedelta")
     if isinstance(cls.streams, str | Stream) or not isinstance(cls.streams, Sequence):
         raise ConfigurationError(f"{where}: streams must be a list of Stream")
     seen: set[str] = set()

@@ -9,8 +9,10 @@ that the waits grow. ``jitter=1.0`` is AWS-style full jitter, ``0.0`` none.
 A wait the server asked for always wins over the computed backoff, even when it is
 shorter: the server knows. It gets a safety buffer (default +20%), because clocks
 differ and servers round. Every delay is at least ``floor``, so a ``Retry-After: 0``
-cannot make a retry loop spin; so every delay lies in
-``[floor, max(cap, server_wait * (1 + buffer))]``.
+cannot make a retry loop spin, and at most ``max_wait`` (default
+:data:`~synckit.errors.waits.DEFAULT_MAX_WAIT`, 24 h), however long the wait asked for:
+every delay lies in ``[floor, min(max_wait, max(cap, server_wait * (1 + buffer)))]``, and
+a longer server wait never gives a shorter delay.
 
 Tests of code that retries should not sleep: use ``RetryPolicy.deterministic()`` for
 one policy, or :func:`set_testing` for the whole process (like ``stamina.set_testing``).
@@ -26,6 +28,7 @@ from datetime import timedelta
 
 from synckit.errors.classify import DEFAULT_MAX_ATTEMPTS, Classification, ErrorClass
 from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.waits import DEFAULT_MAX_WAIT
 
 __all__ = [
     "RetryDecision",
@@ -50,6 +53,8 @@ class RetryPolicy:
     worker. ``max_attempts`` applies to classifications that carry no limit of their own
     (:func:`~synckit.errors.classify.classify` always sets one). ``fixed_delay``, when
     set, replaces every computed and server-told delay (see :meth:`deterministic`).
+    ``max_wait`` bounds every delay, server-told, handler-given or computed (a
+    connector's ``max_wait``).
 
     Raises :class:`~synckit.errors.exceptions.ConfigurationError` when the values
     cannot work together (negative durations, ``floor > cap``, ``multiplier < 1``,
@@ -65,6 +70,7 @@ class RetryPolicy:
     max_server_wait: timedelta = timedelta(minutes=15)
     max_attempts: Mapping[ErrorClass, int] = field(default_factory=lambda: DEFAULT_MAX_ATTEMPTS)
     fixed_delay: timedelta | None = None
+    max_wait: timedelta = DEFAULT_MAX_WAIT
 
     def __post_init__(self) -> None:
         zero = timedelta(0)
@@ -75,6 +81,7 @@ class RetryPolicy:
                 (self.floor < zero, "floor must not be negative"),
                 (self.floor > self.cap, "floor must not exceed cap"),
                 (self.max_server_wait < zero, "max_server_wait must not be negative"),
+                (self.floor > self.max_wait, "floor must not exceed max_wait"),
                 (not (math.isfinite(self.multiplier) and self.multiplier >= 1), "multiplier < 1"),
                 (not 0.0 <= self.jitter <= 1.0, "jitter must be in [0, 1]"),
                 (
@@ -99,7 +106,13 @@ class RetryPolicy:
         does not slow the test down. Attempt limits still apply.
         """
         return cls(
-            base=delay, cap=delay, multiplier=1.0, jitter=0.0, floor=delay, fixed_delay=delay
+            base=delay,
+            cap=delay,
+            multiplier=1.0,
+            jitter=0.0,
+            floor=delay,
+            fixed_delay=delay,
+            max_wait=max(delay, DEFAULT_MAX_WAIT),
         )
 
 
@@ -157,29 +170,43 @@ def retry_delay(
     if limit is not None and attempt >= limit:
         return None
     server_told = classification.retry_after is not None
+    top = policy.max_wait
 
     if _testing_delay is not None:
-        return RetryDecision(_testing_delay, False, "testing mode: fixed delay", server_told)
+        delay = min(_testing_delay, top)
+        return RetryDecision(delay, False, "testing mode: fixed delay", server_told)
     if policy.fixed_delay is not None:
-        return RetryDecision(policy.fixed_delay, False, "deterministic policy", server_told)
+        delay = min(policy.fixed_delay, top)
+        return RetryDecision(delay, False, "deterministic policy", server_told)
 
     wait = classification.retry_after
     if wait is not None and wait >= timedelta(0):
-        try:
-            buffered = wait * (1.0 + policy.server_wait_buffer)
-        except OverflowError:
-            buffered = timedelta.max
-        delay = max(policy.floor, buffered)
+        delay = _buffered(wait, policy)
         defer = wait > policy.max_server_wait
         reason = f"server asked for {_show(wait)}, waiting {_show(delay)}"
+        if wait > top:
+            reason += f" (capped at max_wait {_show(top)})"
         if defer:
             reason += f" (over {_show(policy.max_server_wait)}: deferred)"
         return RetryDecision(delay, defer, reason, True)
 
-    delay = _backoff(policy, attempt, _uniform(rng))
+    delay = min(_backoff(policy, attempt, _uniform(rng)), top)
     return RetryDecision(
         delay, False, f"backoff after attempt {attempt}: {_show(delay)}", server_told=False
     )
+
+
+def _buffered(wait: timedelta, policy: RetryPolicy) -> timedelta:
+    """``max(floor, wait * (1 + buffer))`` within ``max_wait``, monotone, never overflowing."""
+    top = policy.max_wait
+    # Clamped first, so the product stays far below timedelta's range; the product is
+    # monotone in the wait, and so is each min/max applied after it.
+    base = min(wait, top)
+    try:
+        grown = base * (1.0 + policy.server_wait_buffer)
+    except OverflowError:  # a max_wait of millennia times a huge buffer
+        grown = top
+    return min(max(policy.floor, grown), top)
 
 
 def _uniform(rng: random.Random | Callable[[], float]) -> float:

@@ -22,16 +22,18 @@ input                                       class          attempts (first inclu
 timeouts, connect/read errors, other        transient      8
 httpx transport errors, builtin
 TimeoutError/ConnectionError, 408, 425,
-499, 502, 504, 520-524, 503 without a wait
-429; 503 with a server wait; 403 with       rate_limited   20
+499, 502, 504, 520-524, 503 without a wait,
+413 with a server wait
+429, 509; 503 with a server wait; 403 with  rate_limited   20
 rate-limit headers or a rate-limit body
 401                                         auth           2 (one retry after refresh)
 403, 407                                    authorization  1
 404, 410                                    not_found      1
 409, 412, 423                               conflict       3
 400, 422, any other 4xx, a 2xx that is not  validation     1
-JSON when JSON was expected, a body that
-does not parse (json.JSONDecodeError)
+JSON when JSON was expected (an empty
+202/204/205 is fine), a body that does
+not parse (json.JSONDecodeError)
 500, 501, 505-599 except the above,         server_error   3
 undecodable content-encoding
 1xx/3xx/unexpected 2xx, out-of-range        unknown        3
@@ -39,9 +41,19 @@ statuses, any other exception
 ==========================================  =============  =========================
 
 The "other 4xx" rows (405, 406, 411, 413-418, 421, 431, ...) are validation: the
-request as sent is wrong, so repeating it cannot help, and a reviewer should see it.
+request as sent is wrong, so repeating it cannot help, and a reviewer should see it. A
+413 that names a wait says the condition is temporary (RFC 9110 15.5.14): transient.
 Conflicts do not count toward the circuit breaker, like not_found, validation and
-authorization: they describe one record, not the health of the API.
+authorization: they describe one record, not the health of the API. Rate limits do not
+count either: the API is healthy and said when to come back. Nor does a 413 with a wait.
+
+The wait (``Classification.retry_after``) is the server's ``retry-after-ms`` /
+``x-ms-retry-after-ms`` / ``Retry-After`` when it sent one; only without one does an
+exhausted quota's reset (``X-RateLimit-Reset``, IETF ``RateLimit``) give the wait and
+``rate_limit_reset`` (the IETF RateLimit draft: Retry-After takes precedence).
+``wait_source`` names the header that gave the wait. Every wait, a handler's too, is
+clamped to :data:`~synckit.errors.headers.MAX_WAIT`; the runtime clamps again to the
+connector's ``max_wait``.
 
 Connectors override it in two ways. Declaratively, with a ``classify_rules =
 ClassifyRules(...)`` class attribute. Or by overriding the method: the runtime calls
@@ -70,7 +82,7 @@ from synckit.errors.exceptions import (
     RateLimited,
     RetryableError,
 )
-from synckit.errors.headers import parse_rate_limit, server_wait
+from synckit.errors.headers import MAX_WAIT, parse_rate_limit, server_wait_signal
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -117,10 +129,19 @@ DEFAULT_MAX_ATTEMPTS: Mapping[ErrorClass, int] = MappingProxyType(
 _SURFACED = frozenset(
     {ErrorClass.AUTH, ErrorClass.AUTHORIZATION, ErrorClass.VALIDATION, ErrorClass.UNKNOWN}
 )
-# Classes that say something about one record rather than about the API's health.
+# Classes that say nothing about the API's health: about one record, or the API's own
+# flow control (a rate limit is the API working as designed).
 _NOT_COUNTED = frozenset(
-    {ErrorClass.VALIDATION, ErrorClass.NOT_FOUND, ErrorClass.AUTHORIZATION, ErrorClass.CONFLICT}
+    {
+        ErrorClass.VALIDATION,
+        ErrorClass.NOT_FOUND,
+        ErrorClass.AUTHORIZATION,
+        ErrorClass.CONFLICT,
+        ErrorClass.RATE_LIMITED,
+    }
 )
+# Successes that carry no body by definition (Graph's sendMail answers 202 and nothing).
+_EMPTY_OK = frozenset({202, 204, 205})
 
 _DEFAULT_BY_STATUS: Mapping[int, ErrorClass] = MappingProxyType(
     {
@@ -148,6 +169,8 @@ _DEFAULT_BY_STATUS: Mapping[int, ErrorClass] = MappingProxyType(
         522: ErrorClass.TRANSIENT,
         523: ErrorClass.TRANSIENT,
         524: ErrorClass.TRANSIENT,
+        # Bandwidth Limit Exceeded (cPanel, Apache): a quota, not a fault.
+        509: ErrorClass.RATE_LIMITED,
     }
 )
 
@@ -163,10 +186,14 @@ class Classification:
     """The verdict on one failure; what the runtime acts on and stores.
 
     ``max_attempts`` counts attempts including the first; ``None`` lets the retry
-    policy's default for the class apply. ``retry_after`` is the wait the server asked
-    for (``Retry-After``, ``retry-after-ms``, or the time until an exhausted quota
-    resets). ``rate_limit_reset`` is set whenever the server said no request is left:
-    the instant the resource becomes available again.
+    policy's default for the class apply. ``retry_after`` is the wait asked for
+    (``Retry-After``, ``retry-after-ms``, a handler's ``retry_after``, or, without any
+    of those, the time until an exhausted quota resets), within ``[0, MAX_WAIT]``.
+    ``rate_limit_reset`` is the instant an exhausted quota resets, set only when no
+    explicit wait was given (an explicit wait wins, so taking the later of the two
+    never picks the reset). ``wait_source`` names what gave ``retry_after``
+    (``"Retry-After"``, ``"retry-after-ms"``, ``"x-ms-retry-after-ms"``,
+    ``"X-RateLimit-Reset"``, ``"RateLimit"``, ``"handler"``), None without a wait.
     """
 
     error_class: ErrorClass
@@ -177,6 +204,7 @@ class Classification:
     reason: str
     rate_limit_reset: datetime | None = None
     counts_for_breaker: bool = True
+    wait_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -250,10 +278,14 @@ def _make(
     retry_after: timedelta | None = None,
     rate_limit_reset: datetime | None = None,
     max_attempts: int | None = None,
+    wait_source: str | None = None,
+    counts_for_breaker: bool | None = None,
 ) -> Classification:
     if max_attempts is None:
         max_attempts = rules.max_attempts.get(error_class, DEFAULT_MAX_ATTEMPTS[error_class])
     max_attempts = max(1, max_attempts)
+    if retry_after is not None:
+        retry_after = min(max(retry_after, timedelta(0)), MAX_WAIT)
     return Classification(
         error_class=error_class,
         retryable=max_attempts > 1,
@@ -262,7 +294,10 @@ def _make(
         retry_after=retry_after,
         reason=_one_line(reason),
         rate_limit_reset=rate_limit_reset,
-        counts_for_breaker=error_class not in _NOT_COUNTED,
+        counts_for_breaker=(
+            error_class not in _NOT_COUNTED if counts_for_breaker is None else counts_for_breaker
+        ),
+        wait_source=wait_source if retry_after is not None else None,
     )
 
 
@@ -288,7 +323,8 @@ def _from_outcome(exc: HandlerOutcome, rules: ClassifyRules) -> Classification:
             wait = None
         rate_limited = isinstance(exc, RateLimited)
         error_class = ErrorClass.RATE_LIMITED if rate_limited else ErrorClass.TRANSIENT
-        return _make(error_class, reason, rules, retry_after=wait)
+        # A handler's wait is clamped like a server's (3,000,000 days becomes MAX_WAIT).
+        return _make(error_class, reason, rules, retry_after=wait, wait_source="handler")
     if isinstance(exc, NeedsReauth):
         # The handler already knows a refresh will not help: no retry at all.
         return _make(ErrorClass.AUTH, reason, rules, max_attempts=1)
@@ -323,15 +359,29 @@ def _from_response(
     """The verdict from the response, or None to let the exception decide."""
     status = response.status_code
     status_line = _status_line(response)
-    wait = server_wait(response.headers, now)
+    signal = server_wait_signal(response.headers, now)
+    wait, wait_source = signal if signal is not None else (None, None)
     quota = parse_rate_limit(response.headers, now)
-    reset = quota.reset_at if quota is not None and quota.exhausted else None
+    # An explicit wait wins over a quota's reset (IETF RateLimit draft): the reset is
+    # reported only when the server gave no wait of its own.
+    reset = quota.reset_at if quota is not None and quota.exhausted and wait is None else None
 
-    def make(error_class: ErrorClass, reason: str) -> Classification:
-        retry_after = wait
+    def make(
+        error_class: ErrorClass, reason: str, *, counts_for_breaker: bool | None = None
+    ) -> Classification:
+        retry_after, source = wait, wait_source
         if retry_after is None and reset is not None and error_class is ErrorClass.RATE_LIMITED:
             retry_after = max(reset - now, timedelta(0))
-        return _make(error_class, reason, rules, retry_after=retry_after, rate_limit_reset=reset)
+            source = "X-RateLimit-Reset" if quota and quota.source == "X-RateLimit" else "RateLimit"
+        return _make(
+            error_class,
+            reason,
+            rules,
+            retry_after=retry_after,
+            rate_limit_reset=reset,
+            wait_source=source,
+            counts_for_breaker=counts_for_breaker,
+        )
 
     for index, (predicate, error_class) in enumerate(rules.body_rules):
         if _matches(predicate, response):
@@ -340,11 +390,16 @@ def _from_response(
         return make(rules.by_status[status], f"{status_line} (connector status rule)")
 
     if 200 <= status < 300:
-        if expect_json and status != 204 and not _is_json(response):
+        if expect_json and not _is_empty_ok(response) and not _is_json(response):
             return make(ErrorClass.VALIDATION, f"{status_line}: body is not JSON")
         return None
     if status == 503 and wait is not None:
         return make(ErrorClass.RATE_LIMITED, f"{status_line} with a server-told wait")
+    if status == 413 and wait is not None:
+        # "Too large for now": retry after the wait; it says nothing about health.
+        return make(
+            ErrorClass.TRANSIENT, f"{status_line} with a server-told wait", counts_for_breaker=False
+        )
     if status == 403:
         exhausted = quota is not None and quota.exhausted
         signal = _rate_limit_signal(response, wait is not None, exhausted)
@@ -373,6 +428,13 @@ def _content(response: httpx.Response) -> bytes | None:
         return response.content
     except httpx.ResponseNotRead:
         return None
+
+
+def _is_empty_ok(response: httpx.Response) -> bool:
+    if response.status_code not in _EMPTY_OK:
+        return False
+    content = _content(response)
+    return content is not None and not content.strip()
 
 
 def _is_json(response: httpx.Response) -> bool:

@@ -2,9 +2,10 @@
 
 Every function here takes header values exactly as a server sent them and returns
 ``None`` for anything it cannot read with confidence: garbage, negative numbers,
-non-ASCII digits, dates that do not parse, and waits longer than :data:`MAX_WAIT`
-(ten years; a larger value is a bug on the server's side, not a wait to honour).
-They never raise on header content.
+non-ASCII digits and dates that do not parse. A readable wait or reset further away than
+:data:`MAX_WAIT` (ten years) is clamped to it, never discarded: a longer wait asked for
+never reads as a shorter one (or as none). The runtime clamps again to the connector's
+own cap (:mod:`synckit.errors.waits`). They never raise on header content.
 
 Header lookups are case-insensitive for both :class:`httpx.Headers` and plain
 mappings. When a header is repeated, the first occurrence is used.
@@ -16,7 +17,7 @@ import email.utils
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -29,18 +30,20 @@ __all__ = [
     "parse_retry_after",
     "parse_retry_after_ms",
     "server_wait",
+    "server_wait_signal",
 ]
 
 HeadersLike = httpx.Headers | Mapping[str, str]
 
-#: Waits and resets further away than this are treated as garbage.
+#: Waits and resets further away than this are clamped to it.
 MAX_WAIT = timedelta(days=3653)
 
 _MAX_WAIT_SECONDS = MAX_WAIT.total_seconds()
 
 # ASCII digits only: ``\d`` would accept other scripts' digits, which no server means.
-# The length caps keep int() away from huge strings; anything that long is garbage.
-_NUMBER = re.compile(r"\s*([0-9]{1,18})(?:\.([0-9]{1,18}))?\s*", re.ASCII)
+# Any number of digits is a number (a huge one is clamped, not ignored); float() reads
+# them without int()'s cost on long strings.
+_NUMBER = re.compile(r"\s*([0-9]+)(?:\.([0-9]+))?\s*", re.ASCII)
 _LEADING_INT = re.compile(r"\s*([0-9]{1,18})(?:\.[0-9]*)?(?![0-9])", re.ASCII)
 
 # X-RateLimit-Reset values below this are delta seconds (GitLab-style APIs and several
@@ -56,12 +59,15 @@ class RateLimitInfo:
     """A quota reported by the server.
 
     ``reset_at`` is when the quota refills (may be in the past: available now).
-    Any field may be ``None`` when the server did not say or said garbage.
+    Any field may be ``None`` when the server did not say or said garbage. ``source``
+    names the header family it came from (``"X-RateLimit"`` or ``"RateLimit"``); it is
+    left out of comparisons.
     """
 
     limit: int | None
     remaining: int | None
     reset_at: datetime | None
+    source: str = field(default="", compare=False)
 
     @property
     def exhausted(self) -> bool:
@@ -111,8 +117,11 @@ def _shift(moment: datetime, delta: timedelta) -> datetime | None:
 
 
 def _seconds(seconds: float) -> timedelta | None:
-    if not math.isfinite(seconds) or seconds < 0 or seconds > _MAX_WAIT_SECONDS:
+    """A non-negative wait clamped to MAX_WAIT (infinity included); None for NaN or < 0."""
+    if math.isnan(seconds) or seconds < 0:
         return None
+    if seconds >= _MAX_WAIT_SECONDS:
+        return MAX_WAIT
     return timedelta(seconds=seconds)
 
 
@@ -122,14 +131,15 @@ def parse_retry_after(value: str | None, now: datetime) -> timedelta | None:
     Accepts delta-seconds (fractional values are rounded up to the next whole second)
     and HTTP-dates in the IMF-fixdate, obsolete RFC 850 and asctime forms. ``0`` and
     dates in the past give ``timedelta(0)``; applying a minimum wait is the caller's
-    business (:func:`synckit.errors.backoff.retry_delay`).
+    business (:func:`synckit.errors.backoff.retry_delay`). A wait beyond
+    :data:`MAX_WAIT` gives :data:`MAX_WAIT`.
     """
     if value is None:
         return None
     match = _NUMBER.fullmatch(value)
     if match is not None:
         whole, fraction = match.groups()
-        seconds = int(whole) + (1 if fraction and fraction.strip("0") else 0)
+        seconds = float(whole) + (1 if fraction and fraction.strip("0") else 0)
         return _seconds(seconds)
     try:
         when = email.utils.parsedate_to_datetime(value.strip())
@@ -139,9 +149,7 @@ def parse_retry_after(value: str | None, now: datetime) -> timedelta | None:
         wait = _as_utc(when) - _as_utc(now)
     except OverflowError:
         return None
-    if wait > MAX_WAIT:
-        return None
-    return max(wait, timedelta(0))
+    return min(max(wait, timedelta(0)), MAX_WAIT)
 
 
 def parse_retry_after_ms(headers: HeadersLike) -> timedelta | None:
@@ -157,10 +165,20 @@ def parse_retry_after_ms(headers: HeadersLike) -> timedelta | None:
 
 def server_wait(headers: HeadersLike, now: datetime) -> timedelta | None:
     """The wait the server asked for: millisecond headers first, then ``Retry-After``."""
-    wait = parse_retry_after_ms(headers)
-    if wait is not None:
-        return wait
-    return parse_retry_after(_header(headers, "retry-after"), now)
+    signal = server_wait_signal(headers, now)
+    return None if signal is None else signal[0]
+
+
+def server_wait_signal(headers: HeadersLike, now: datetime) -> tuple[timedelta, str] | None:
+    """:func:`server_wait` and the header that gave it (``"retry-after-ms"``, ...)."""
+    for name in ("retry-after-ms", "x-ms-retry-after-ms"):
+        millis = _number(_header(headers, name))
+        if millis is not None:
+            wait = _seconds(millis / 1000)
+            if wait is not None:
+                return wait, name
+    wait = parse_retry_after(_header(headers, "retry-after"), now)
+    return None if wait is None else (wait, "Retry-After")
 
 
 def _reset_from_delta(value: float | None, now: datetime) -> datetime | None:
@@ -178,8 +196,10 @@ def _reset_from_x_header(value: float | None, now: datetime) -> datetime | None:
     epoch_seconds = value / 1000 if value >= _EPOCH_MILLIS_FROM else value
     now_utc = _as_utc(now)
     delta = epoch_seconds - now_utc.timestamp()
-    if not math.isfinite(delta) or abs(delta) > _MAX_WAIT_SECONDS:
+    if math.isnan(delta):
         return None
+    # A reset in the past means "available now"; one absurdly far ahead is clamped.
+    delta = min(max(delta, -_MAX_WAIT_SECONDS), _MAX_WAIT_SECONDS)
     return _shift(now_utc, timedelta(seconds=delta))
 
 
@@ -190,7 +210,7 @@ def _x_rate_limit(headers: HeadersLike, now: datetime) -> RateLimitInfo | None:
         remaining = _leading_int(_header(headers, prefix + "remaining"))
         reset = _reset_from_x_header(_number(_header(headers, prefix + "reset")), now)
         if limit is not None or remaining is not None or reset is not None:
-            return RateLimitInfo(limit, remaining, reset)
+            return RateLimitInfo(limit, remaining, reset, source="X-RateLimit")
     return None
 
 
@@ -245,6 +265,7 @@ def _ietf_rate_limit(headers: HeadersLike, now: datetime) -> RateLimitInfo | Non
             limit=_leading_int(merged.get("limit")),
             remaining=_leading_int(merged.get("remaining")),
             reset_at=_reset_from_delta(_number(merged.get("reset")), now),
+            source="RateLimit",
         )
         if info != RateLimitInfo(None, None, None):
             return info
@@ -254,7 +275,7 @@ def _ietf_rate_limit(headers: HeadersLike, now: datetime) -> RateLimitInfo | Non
     reset = _reset_from_delta(_number(_header(headers, "ratelimit-reset")), now)
     if limit is None and remaining is None and reset is None:
         return None
-    return RateLimitInfo(limit, remaining, reset)
+    return RateLimitInfo(limit, remaining, reset, source="RateLimit")
 
 
 def _structured_rate_limit(
@@ -283,6 +304,7 @@ def _structured_rate_limit(
         limit=limit,
         remaining=_leading_int(params.get("r")),
         reset_at=_reset_from_delta(_number(params.get("t")), now),
+        source="RateLimit",
     )
 
 

@@ -277,7 +277,9 @@ _DURATIONS = st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=30))
 @st.composite
 def policies(draw: st.DrawFn) -> RetryPolicy:
     floor, cap = sorted([draw(_DURATIONS), draw(_DURATIONS)])
+    max_wait = draw(st.timedeltas(min_value=floor, max_value=timedelta(days=3653)))
     return RetryPolicy(
+        max_wait=max_wait,
         base=draw(st.timedeltas(min_value=timedelta(0), max_value=timedelta.max)),
         cap=cap,
         floor=floor,
@@ -310,7 +312,8 @@ _ATTEMPTS = st.integers() | st.integers(min_value=1, max_value=60) | st.just(10*
 def test_every_delay_lies_between_floor_and_cap_or_buffered_server_wait(
     c: Classification, attempt: int, policy: RetryPolicy, draw: float
 ) -> None:
-    """For any input, retry_delay never raises and delays stay in [floor, max(cap, wait*buf)]."""
+    """For any input, retry_delay never raises and delays stay in
+    [floor, min(max_wait, max(cap, wait*buf))]."""
     decision = retry_delay(c, attempt, policy, rng=lambda: draw)
     if decision is None:
         return
@@ -320,7 +323,7 @@ def test_every_delay_lies_between_floor_and_cap_or_buffered_server_wait(
             upper = max(upper, c.retry_after * (1 + policy.server_wait_buffer))
         except OverflowError:
             upper = timedelta.max
-    assert policy.floor <= decision.delay <= upper
+    assert policy.floor <= decision.delay <= min(upper, policy.max_wait)
     assert decision.server_told is (c.retry_after is not None and c.retry_after >= timedelta(0))
     assert not decision.defer or decision.server_told
 
@@ -334,3 +337,36 @@ def test_backoff_grows_with_attempts_under_equal_jitter(attempt: int, draw: floa
     earlier = retry_delay(verdict(), attempt, policy, rng=lambda: 0.0)
     assert later is not None and earlier is not None
     assert later.delay >= earlier.delay / 2
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    policy=policies(),
+    a=st.timedeltas(min_value=timedelta(0)),
+    b=st.timedeltas(min_value=timedelta(0)),
+)
+def test_a_longer_server_wait_never_gives_a_shorter_delay(
+    policy: RetryPolicy, a: timedelta, b: timedelta
+) -> None:
+    """Monotone and bounded: any two server waits, up to timedelta.max, keep their order."""
+    low, high = sorted((a, b))
+    d_low = retry_delay(verdict(retry_after=low), 1, policy, rng=lambda: 0.5)
+    d_high = retry_delay(verdict(retry_after=high), 1, policy, rng=lambda: 0.5)
+    assert d_low is not None and d_high is not None
+    assert d_low.delay <= d_high.delay <= policy.max_wait
+
+
+def test_a_3_000_000_day_wait_is_capped_at_max_wait() -> None:
+    """The default cap is 24 h; a connector's max_wait sets its own."""
+    huge = verdict(retry_after=timedelta(days=3_000_000))
+    decision = retry_delay(huge, 1, RetryPolicy(), rng=lambda: 0.0)
+    assert decision is not None and decision.delay == timedelta(hours=24) and decision.defer
+    week = RetryPolicy(max_wait=timedelta(days=7))
+    decision = retry_delay(huge, 1, week, rng=lambda: 0.0)
+    assert decision is not None and decision.delay == timedelta(days=7)
+
+
+def test_floor_above_max_wait_is_refused() -> None:
+    """A policy whose floor exceeds its max_wait cannot hold both promises."""
+    with pytest.raises(ConfigurationError, match="max_wait"):
+        RetryPolicy(floor=timedelta(hours=2), cap=timedelta(hours=2), max_wait=timedelta(hours=1))

@@ -87,7 +87,7 @@ def test_default_status_table(status: int, error_class: ErrorClass, retryable: b
     ("error_class", "max_attempts", "surface", "counts"),
     [
         (ErrorClass.TRANSIENT, 8, False, True),
-        (ErrorClass.RATE_LIMITED, 20, False, True),
+        (ErrorClass.RATE_LIMITED, 20, False, False),
         (ErrorClass.AUTH, 2, True, True),
         (ErrorClass.AUTHORIZATION, 1, True, False),
         (ErrorClass.NOT_FOUND, 1, False, False),
@@ -262,11 +262,65 @@ def test_429_with_only_a_reset_waits_until_the_reset() -> None:
 
 
 def test_retry_after_wins_over_rate_limit_reset_for_the_wait() -> None:
-    """Retry-After is the wait; the reset instant is still reported."""
+    """Retry-After is the wait, and no reset is reported beside it, so a consumer taking
+    the later of the two cannot pick the reset (IETF RateLimit draft)."""
     headers = {"Retry-After": "5", "RateLimit": "limit=10, remaining=0, reset=60"}
     verdict = classify(response(429, headers), now=NOW)
     assert verdict.retry_after == timedelta(seconds=5)
-    assert verdict.rate_limit_reset == NOW + timedelta(seconds=60)
+    assert verdict.rate_limit_reset is None
+    assert verdict.wait_source == "Retry-After"
+
+
+def test_retry_after_10_beats_structured_ratelimit_t_100() -> None:
+    """Retry-After: 10 with RateLimit: r=0;t=100 waits 10 s."""
+    headers = {"Retry-After": "10", "RateLimit": '"default";r=0;t=100'}
+    verdict = classify(response(429, headers), now=NOW)
+    assert (verdict.retry_after, verdict.rate_limit_reset) == (timedelta(seconds=10), None)
+
+
+@pytest.mark.parametrize(
+    ("headers", "source"),
+    [
+        ({"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "30"}, "X-RateLimit-Reset"),
+        ({"RateLimit": '"default";r=0;t=30'}, "RateLimit"),
+        ({"retry-after-ms": "30000"}, "retry-after-ms"),
+    ],
+)
+def test_wait_source_names_the_header(headers: dict[str, str], source: str) -> None:
+    """wait_source says which signal gave the wait (shown as the resource's paced reason)."""
+    verdict = classify(response(429, headers), now=NOW)
+    assert verdict.retry_after == timedelta(seconds=30) and verdict.wait_source == source
+
+
+def test_rate_limits_do_not_count_for_the_breaker() -> None:
+    """Every rate-limited verdict (429, 403 quota, 503 with a wait, 509) spares the breaker."""
+    cases = [
+        response(429),
+        response(403, {"X-RateLimit-Remaining": "0"}),
+        response(503, {"Retry-After": "3"}),
+        response(509),
+    ]
+    for r in cases:
+        verdict = classify(r, now=NOW)
+        assert verdict.error_class is ErrorClass.RATE_LIMITED, r.status_code
+        assert verdict.counts_for_breaker is False
+
+
+def test_413_with_retry_after_is_retryable_with_the_wait() -> None:
+    """413 + Retry-After is temporary (RFC 9110): retried after the wait, breaker spared."""
+    verdict = classify(response(413, {"Retry-After": "30"}), now=NOW)
+    assert verdict.error_class is ErrorClass.TRANSIENT and verdict.retryable
+    assert verdict.retry_after == timedelta(seconds=30)
+    assert verdict.counts_for_breaker is False
+    assert classify(response(413), now=NOW).error_class is ErrorClass.VALIDATION
+
+
+def test_handler_wait_of_3_000_000_days_is_clamped() -> None:
+    """A handler's absurd retry_after is clamped to MAX_WAIT, still marked as the handler's."""
+    exc = RetryableError("later", retry_after=timedelta(days=3_000_000))
+    verdict = classify(exc=exc, now=NOW)
+    assert verdict.retry_after == synckit.errors.MAX_WAIT
+    assert verdict.wait_source == "handler"
 
 
 def test_rate_limit_reset_only_when_nothing_remains() -> None:
@@ -366,10 +420,17 @@ def test_2xx_valid_json_is_not_validation() -> None:
     assert verdict.error_class is not ErrorClass.VALIDATION
 
 
-def test_204_without_body_passes_the_json_check() -> None:
-    """204 No Content has no body to be JSON."""
-    verdict = classify(response(204), now=NOW, expect_json=True)
+@pytest.mark.parametrize("status", [202, 204, 205])
+def test_empty_202_204_205_pass_the_json_check(status: int) -> None:
+    """An empty 202/204/205 is a success under expect_json (Graph's sendMail: 202, no body)."""
+    verdict = classify(response(status), now=NOW, expect_json=True)
     assert verdict.error_class is not ErrorClass.VALIDATION
+
+
+def test_202_with_a_non_json_body_still_fails_the_json_check() -> None:
+    """Only an empty body is excused: a 202 carrying HTML is still not JSON."""
+    verdict = classify(response(202, content=b"<html>"), now=NOW, expect_json=True)
+    assert verdict.error_class is ErrorClass.VALIDATION
 
 
 def test_expect_json_parameter_overrides_rules() -> None:

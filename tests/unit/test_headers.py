@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from synckit.errors.headers import (
+    MAX_WAIT,
     RateLimitInfo,
     parse_rate_limit,
     parse_retry_after,
@@ -80,17 +81,45 @@ def test_retry_after_naive_now_is_treated_as_utc() -> None:
         "30s",
         "3 0",
         "\u0663",  # ARABIC-INDIC DIGIT THREE: int() would accept it, HTTP does not
-        "9" * 40,
-        "999999999999",  # ~31,700 years
         "Wed, 99 Foo 2024 12:00:00 GMT",
-        "Wed, 01 May 2044 12:00:00 GMT",  # twenty years ahead: absurd
         "NaN",
         "inf",
     ],
 )
-def test_retry_after_garbage_negative_or_absurd_is_none(value: str | None) -> None:
-    """Anything unreadable, negative or more than ten years away gives None."""
+def test_retry_after_garbage_or_negative_is_none(value: str | None) -> None:
+    """Anything unreadable or negative gives None."""
     assert parse_retry_after(value, NOW) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "315619201",  # just over ten years: used to read as no wait at all
+        "9" * 40,
+        "9" * 5000,  # longer than int() converts
+        "999999999999",  # ~31,700 years
+        "999999999999.5",
+        "Wed, 01 May 2044 12:00:00 GMT",  # twenty years ahead
+    ],
+)
+def test_retry_after_beyond_ten_years_is_clamped_not_discarded(value: str) -> None:
+    """An absurdly long wait is still a long wait: clamped to MAX_WAIT, never None."""
+    assert parse_retry_after(value, NOW) == MAX_WAIT
+
+
+def test_retry_after_just_under_the_clamp_is_kept() -> None:
+    """315532800 s (3652 days) is below MAX_WAIT and kept exactly (the runtime caps it)."""
+    assert parse_retry_after("315532800", NOW) == timedelta(seconds=315532800)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(min_value=0, max_value=10**30), st.integers(min_value=0, max_value=10**30))
+def test_retry_after_seconds_are_monotone(a: int, b: int) -> None:
+    """A longer Retry-After never parses to a shorter wait."""
+    low, high = sorted((a, b))
+    wait_low, wait_high = parse_retry_after(str(low), NOW), parse_retry_after(str(high), NOW)
+    assert wait_low is not None and wait_high is not None
+    assert wait_low <= wait_high <= MAX_WAIT
 
 
 @settings(max_examples=1000, deadline=None)
@@ -127,10 +156,15 @@ def test_garbage_retry_after_ms_falls_through_to_x_ms_header() -> None:
     assert parse_retry_after_ms(headers) == timedelta(milliseconds=900)
 
 
-@pytest.mark.parametrize("value", ["", "-1", "abc", "1e5", "9" * 30])
+@pytest.mark.parametrize("value", ["", "-1", "abc", "1e5"])
 def test_retry_after_ms_garbage_is_none(value: str) -> None:
-    """Unreadable or absurd millisecond values give None."""
+    """Unreadable millisecond values give None."""
     assert parse_retry_after_ms({"retry-after-ms": value}) is None
+
+
+def test_retry_after_ms_absurd_is_clamped() -> None:
+    """An absurd millisecond wait is clamped to MAX_WAIT, not ignored."""
+    assert parse_retry_after_ms({"retry-after-ms": "9" * 30}) == MAX_WAIT
 
 
 # --- server_wait ---------------------------------------------------------------------
@@ -262,10 +296,11 @@ def test_no_or_garbage_rate_limit_headers_give_none(headers: dict[str, str]) -> 
     assert parse_rate_limit(headers, NOW) is None
 
 
-def test_absurd_reset_is_dropped_but_remaining_kept() -> None:
-    """A reset thousands of years away is garbage; the other fields still count."""
+def test_absurd_reset_is_clamped_and_remaining_kept() -> None:
+    """A reset thousands of years away is clamped to MAX_WAIT; the other fields still count."""
     info = parse_rate_limit({"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "9" * 15}, NOW)
-    assert info == RateLimitInfo(None, 0, None)
+    assert info == RateLimitInfo(None, 0, NOW + MAX_WAIT)
+    assert info is not None and info.source == "X-RateLimit"
 
 
 _HEADER_NAMES = st.sampled_from(

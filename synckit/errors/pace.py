@@ -1,0 +1,227 @@
+"""Pacing decisions (pure): how long a rate limit paces a resource, and at what rate to send.
+
+Three decisions, each values in and a frozen value out; the runtime
+(:mod:`synckit.runtime.pacing`, :mod:`synckit.connectors.http`) stores and applies them:
+
+* :func:`pace_decision`: a rate-limited answer paces the resource until a moment. The
+  server's wait wins (``retry-after-ms``, ``Retry-After``, then an exhausted quota's
+  reset); a limit that names no wait paces for :func:`default_pace`, which starts at a
+  minute (GitHub documents at least a minute for its secondary limits) and doubles on
+  each repeat, up to a cap. Requests already in flight when the limit hit are one event:
+  their 429s neither grow the streak nor push the pace further than the event's own.
+* :func:`quota_rate`: the request rate that spreads a reported quota's remaining requests
+  (minus those already in flight) over the time until it resets.
+* :func:`reserve_slot`: one request's place on a resource's shared schedule (GCRA, the
+  "virtual scheduling" form of a token bucket): when it may go, and the schedule after it.
+
+Every wait is clamped to the policy's ``max_wait`` (:mod:`synckit.errors.waits`) and no
+arithmetic here can overflow.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from synckit.errors.classify import Classification, ErrorClass
+from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.waits import DEFAULT_MAX_WAIT, clamp_wait, moment_after, seconds_wait
+
+__all__ = [
+    "PaceDecision",
+    "PacePolicy",
+    "Slot",
+    "default_pace",
+    "pace_decision",
+    "quota_rate",
+    "reserve_slot",
+]
+
+_ZERO = timedelta(0)
+
+
+@dataclass(frozen=True)
+class PacePolicy:
+    """How a rate limit that names no wait paces its resource, and the cap on every pace.
+
+    The n-th such limit in a row paces for ``min(first * growth ** (n - 1), cap,
+    max_wait)``. A limit is "in a row" unless it comes ``forget_after`` or more after the
+    previous pace ended (so no write is needed on success to reset the streak).
+    """
+
+    first: timedelta = timedelta(seconds=60)
+    growth: float = 2.0
+    cap: timedelta = timedelta(minutes=15)
+    forget_after: timedelta = timedelta(minutes=15)
+    max_wait: timedelta = DEFAULT_MAX_WAIT
+
+    def __post_init__(self) -> None:
+        problems = [
+            message
+            for failed, message in (
+                (self.first < _ZERO, "first must not be negative"),
+                (self.cap < self.first, "cap must not be below first"),
+                (self.forget_after < _ZERO, "forget_after must not be negative"),
+                (self.max_wait < _ZERO, "max_wait must not be negative"),
+                (not (math.isfinite(self.growth) and self.growth >= 1), "growth must be >= 1"),
+            )
+            if failed
+        ]
+        if problems:
+            raise ConfigurationError(f"invalid PacePolicy: {'; '.join(problems)}")
+
+
+@dataclass(frozen=True)
+class PaceDecision:
+    """The resource is paced until ``until`` (never earlier than it already was).
+
+    ``new_event`` is False when the answer belongs to the event already recorded (the
+    request was in flight when it started, or was sent while the resource was paced):
+    then nothing is to be written. ``streak`` and ``event_started_at`` are the values to
+    store; ``reason`` names the signal that set the pace (``"Retry-After"``,
+    ``"X-RateLimit-Reset"``, ``"RateLimit"``, ``"default pace, 3rd in a row"``, ...).
+    """
+
+    until: datetime
+    streak: int
+    event_started_at: datetime
+    reason: str
+    new_event: bool
+
+
+def default_pace(streak: int, policy: PacePolicy) -> timedelta:
+    """The pace of the ``streak``-th rate limit in a row that named no wait (1-based)."""
+    top = min(policy.cap, policy.max_wait)
+    exponent = max(streak, 1) - 1
+    # log-space comparison: growth ** exponent may not be representable.
+    if policy.first <= _ZERO:
+        return _ZERO
+    limit = top / policy.first
+    if policy.growth > 1 and exponent * math.log(policy.growth) >= math.log(max(limit, 1.0)):
+        return top
+    return min(policy.first * (policy.growth**exponent), top)
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def pace_decision(
+    classification: Classification,
+    now: datetime,
+    *,
+    streak: int,
+    sent_at: datetime | None,
+    event_started_at: datetime | None,
+    event_until: datetime | None,
+    policy: PacePolicy,
+) -> PaceDecision | None:
+    """How a rate-limited answer paces its resource; None when it is no rate limit.
+
+    ``streak``, ``event_started_at`` and ``event_until`` are the resource's stored state
+    (``rate_limit_streak``, ``rate_limited_at``, ``next_available_at``); ``sent_at`` is
+    when the answered request left (None: unknown, taken as ``now``).
+
+    A request sent before the current event's pace ended (in flight when the limit hit,
+    or sent on a stale view while paced) belongs to that event: the decision keeps the
+    event's own ``until`` and streak. Otherwise this is a new event: the streak grows by
+    one, or restarts at 1 when the previous pace ended ``forget_after`` ago or more, and
+    the resource is paced by the server's wait, else by :func:`default_pace`.
+    """
+    if classification.error_class is not ErrorClass.RATE_LIMITED:
+        return None
+    now = _utc(now)
+    sent = _utc(sent_at) if sent_at is not None else now
+    started = _utc(event_started_at) if event_started_at is not None else None
+    until = _utc(event_until) if event_until is not None else None
+    if until is not None and (sent < until or (started is not None and sent < started)):
+        return PaceDecision(
+            until=until,
+            streak=max(streak, 1),
+            event_started_at=started or now,
+            reason="in flight when the limit hit: same event",
+            new_event=False,
+        )
+    fresh = until is None or streak <= 0 or now - until >= policy.forget_after
+    new_streak = 1 if fresh else streak + 1
+    wait = clamp_wait(classification.retry_after, policy.max_wait)
+    if wait is not None:
+        reason = classification.wait_source or "server wait"
+    else:
+        wait = default_pace(new_streak, policy)
+        reason = f"default pace, {_ordinal(new_streak)} in a row"
+    return PaceDecision(
+        until=moment_after(now, wait, policy.max_wait),
+        streak=new_streak,
+        event_started_at=now,
+        reason=reason,
+        new_event=True,
+    )
+
+
+def quota_rate(
+    remaining: int | None,
+    reset_at: datetime | None,
+    now: datetime,
+    *,
+    in_flight: int = 0,
+) -> float | None:
+    """Requests per second that spread a quota's remaining requests until its reset.
+
+    ``in_flight`` requests already sent are reserved out of ``remaining`` (they will
+    count against it). None when the quota is unknown or its reset has passed (a new
+    window, nothing known about it yet); 0.0 when nothing is left before the reset.
+    """
+    if remaining is None or reset_at is None:
+        return None
+    seconds = (_utc(reset_at) - _utc(now)).total_seconds()
+    if seconds <= 0:
+        return None
+    left = remaining - max(in_flight, 0)
+    if left <= 0:
+        return 0.0
+    return left / seconds
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A request may go ``wait`` seconds from now; ``tat`` is the schedule to store after it."""
+
+    wait: float
+    tat: datetime
+
+
+def reserve_slot(
+    tat: datetime | None,
+    now: datetime,
+    *,
+    rate: float,
+    burst: int = 1,
+    cap: timedelta = DEFAULT_MAX_WAIT,
+) -> Slot:
+    """Reserve one request on a schedule of ``rate`` requests per second, ``burst`` at once.
+
+    ``tat`` is the schedule's theoretical arrival time (None: a fresh schedule). The
+    request may go once ``tat - (burst - 1) / rate`` has passed; the schedule then moves
+    one interval on from ``max(tat, now)``. A ``tat`` ahead of ``now`` is honoured as it
+    is, so a host whose clock runs behind never gets an earlier slot. Intervals are
+    clamped to ``cap``; a non-positive or non-finite rate paces by the cap.
+    """
+    now = _utc(now)
+    interval = seconds_wait(1.0 / rate, cap) if rate > 0 else cap  # NaN fails rate > 0
+    extra = max(burst - 1, 0)
+    # Compared before multiplying: interval * burst may not fit a timedelta.
+    tolerance = cap if interval > _ZERO and extra >= cap / interval else interval * extra
+    start = now if tat is None or _utc(tat) < now else _utc(tat)
+    try:
+        allowed_at = start - tolerance
+    except OverflowError:  # a tat near datetime.min: nothing to wait for
+        allowed_at = now
+    wait = max((allowed_at - now).total_seconds(), 0.0)
+    return Slot(wait=wait, tat=moment_after(start, interval, cap))

@@ -1,0 +1,283 @@
+"""Pure pacing decisions: rate-limit events, the default pace, quota rates, shared slots."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from synckit.errors import ConfigurationError, RateLimited, RetryableError, classify
+from synckit.errors.pace import (
+    PacePolicy,
+    default_pace,
+    pace_decision,
+    quota_rate,
+    reserve_slot,
+)
+from synckit.errors.waits import DEFAULT_MAX_WAIT
+
+NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
+REQUEST = httpx.Request("GET", "https://api.example.com/items")
+POLICY = PacePolicy()
+
+
+def limited(headers: dict[str, str] | None = None, status: int = 429) -> object:
+    return classify(httpx.Response(status, headers=headers, request=REQUEST), now=NOW)
+
+
+def decide(c: object, now: datetime = NOW, **state: object) -> object:
+    args: dict[str, object] = {
+        "streak": 0,
+        "sent_at": now,
+        "event_started_at": None,
+        "event_until": None,
+        "policy": POLICY,
+    }
+    args.update(state)
+    return pace_decision(c, now, **args)  # type: ignore[arg-type]
+
+
+# --- events -----------------------------------------------------------------------------
+
+
+def test_a_burst_of_in_flight_429s_is_one_event() -> None:
+    """The first 429 starts an event; 429s of requests sent before it keep its pace and
+    streak (no growth, no push), even when they name a longer wait."""
+    first = decide(limited({"Retry-After": "1"}), sent_at=NOW - timedelta(seconds=0.2))
+    assert first.new_event and first.streak == 1
+    assert first.until == NOW + timedelta(seconds=1) and first.reason == "Retry-After"
+    later = NOW + timedelta(seconds=0.05)
+    for wait in ("1", "5", "30"):
+        again = decide(
+            limited({"Retry-After": wait}),
+            later,
+            streak=first.streak,
+            sent_at=NOW - timedelta(seconds=0.1),
+            event_started_at=first.event_started_at,
+            event_until=first.until,
+        )
+        assert not again.new_event
+        assert (again.until, again.streak) == (first.until, 1)
+
+
+def test_a_request_sent_after_the_pace_ended_is_a_new_event_and_grows_the_streak() -> None:
+    """The limit hitting again soon after the pace ended is a repeat."""
+    until = NOW - timedelta(seconds=2)
+    d = decide(
+        limited(), streak=1, sent_at=NOW, event_started_at=until - timedelta(minutes=1),
+        event_until=until,
+    )  # fmt: skip
+    assert d.new_event and d.streak == 2
+    assert d.until == NOW + timedelta(minutes=2) and d.reason == "default pace, 2nd in a row"
+
+
+def test_the_streak_restarts_when_the_previous_pace_ended_long_ago() -> None:
+    """No write on success: forget_after past the previous pace, a limit is a first again."""
+    until = NOW - POLICY.forget_after
+    d = decide(limited(), streak=5, event_started_at=until, event_until=until)
+    assert (d.streak, d.until) == (1, NOW + timedelta(minutes=1))
+    assert d.reason == "default pace, 1st in a row"
+
+
+def test_default_pace_starts_at_a_minute_doubles_and_caps_at_15_minutes() -> None:
+    """60 s, 120 s, 240 s, 480 s, then 900 s for ever (never above max_wait)."""
+    paces = [default_pace(n, POLICY).total_seconds() for n in range(1, 8)]
+    assert paces == [60, 120, 240, 480, 900, 900, 900]
+    assert default_pace(10**9, POLICY) == timedelta(minutes=15)
+    small = PacePolicy(max_wait=timedelta(seconds=90))
+    assert default_pace(3, small) == timedelta(seconds=90)
+
+
+def test_retry_after_10_beats_ratelimit_t_100() -> None:
+    """With Retry-After: 10 and RateLimit: r=0;t=100 the resource is paced 10 s."""
+    c = limited({"Retry-After": "10", "RateLimit": '"default";r=0;t=100'})
+    d = decide(c)
+    assert d.until == NOW + timedelta(seconds=10) and d.reason == "Retry-After"
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "40"}, "X-RateLimit-Reset"),
+        ({"RateLimit": '"default";r=0;t=40'}, "RateLimit"),
+        ({"retry-after-ms": "40000"}, "retry-after-ms"),
+    ],
+)
+def test_the_reason_names_the_signal(headers: dict[str, str], reason: str) -> None:
+    """paced_reason tells an operator which header set the pace."""
+    d = decide(limited(headers))
+    assert d.until == NOW + timedelta(seconds=40) and d.reason == reason
+
+
+def test_a_huge_wait_is_clamped_to_max_wait() -> None:
+    """One year of Retry-After paces the policy's max_wait (24 h by default)."""
+    d = decide(limited({"Retry-After": str(365 * 86400)}))
+    assert d.until == NOW + DEFAULT_MAX_WAIT
+
+
+def test_not_a_rate_limit_is_no_pace() -> None:
+    """A 500 is the breaker's business, not pacing's."""
+    assert decide(limited(status=500)) is None
+
+
+def test_bad_policy_is_refused() -> None:
+    """A policy that cannot work is a configuration error naming the problem."""
+    with pytest.raises(ConfigurationError, match="growth"):
+        PacePolicy(growth=0.5)
+
+
+# --- properties: every wait finite, capped, monotone -------------------------------------
+
+_HEADER_NAMES = st.sampled_from(
+    [
+        "retry-after",
+        "retry-after-ms",
+        "x-ms-retry-after-ms",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "ratelimit",
+        "ratelimit-policy",
+        "x-ratelimit-limit",
+    ]
+)
+_HEADER_VALUES = st.one_of(
+    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=30),
+    st.integers(min_value=0, max_value=10**25).map(str),
+    st.just("0"),
+)
+_POLICIES = st.builds(
+    PacePolicy,
+    first=st.timedeltas(min_value=timedelta(0), max_value=timedelta(minutes=5)),
+    growth=st.floats(min_value=1.0, max_value=1e6),
+    cap=st.just(timedelta(hours=1)),
+    max_wait=st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=3650)),
+)
+_STATES = st.fixed_dictionaries(
+    {
+        "streak": st.integers(min_value=-5, max_value=10**12),
+        "event_until": st.none() | st.datetimes(timezones=st.just(UTC)),
+        "event_started_at": st.none() | st.datetimes(timezones=st.just(UTC)),
+        "sent_at": st.none() | st.datetimes(timezones=st.just(UTC)),
+    }
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    headers=st.dictionaries(_HEADER_NAMES, _HEADER_VALUES, max_size=5),
+    status=st.sampled_from([429, 403, 503, 509]),
+    policy=_POLICIES,
+    state=_STATES,
+)
+def test_any_headers_give_a_pace_within_the_cap(
+    headers: dict[str, str], status: int, policy: PacePolicy, state: dict[str, object]
+) -> None:
+    """For any headers and stored state, a new pace ends within [now, now + max_wait]."""
+    c = classify(httpx.Response(status, headers=headers, request=REQUEST), now=NOW)
+    d = pace_decision(c, NOW, policy=policy, **state)  # type: ignore[arg-type]
+    if d is None:
+        return
+    if d.new_event:
+        assert NOW <= d.until <= NOW + policy.max_wait
+        assert d.streak >= 1
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    a=st.integers(min_value=0, max_value=10**30),
+    b=st.integers(min_value=0, max_value=10**30),
+    policy=_POLICIES,
+)
+def test_a_longer_retry_after_never_paces_shorter(a: int, b: int, policy: PacePolicy) -> None:
+    """Monotone: Retry-After a <= b gives pace(a) <= pace(b) <= max_wait."""
+    low, high = sorted((a, b))
+    paces = [
+        decide(limited({"Retry-After": str(v)}), policy=policy).until - NOW for v in (low, high)
+    ]
+    assert paces[0] <= paces[1] <= policy.max_wait
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    a=st.timedeltas(min_value=timedelta(0)),
+    b=st.timedeltas(min_value=timedelta(0)),
+    policy=_POLICIES,
+    kind=st.sampled_from([RateLimited, RetryableError]),
+)
+def test_handler_waits_are_capped_and_monotone(
+    a: timedelta, b: timedelta, policy: PacePolicy, kind: type[RetryableError]
+) -> None:
+    """Handler-given waits up to timedelta.max: finite, within the cap, order kept."""
+    low, high = sorted((a, b))
+    verdicts = [classify(exc=kind("x", retry_after=w), now=NOW) for w in (low, high)]
+    assert all(v.retry_after is not None for v in verdicts)
+    if kind is RateLimited:
+        paces = [decide(v, policy=policy).until - NOW for v in verdicts]
+        assert paces[0] <= paces[1] <= policy.max_wait
+
+
+# --- adaptive rate ---------------------------------------------------------------------------
+
+
+def test_quota_rate_spreads_what_is_left_over_the_time_to_reset() -> None:
+    """50 left, 10 s to reset, 5 in flight: 4.5 requests per second."""
+    reset = NOW + timedelta(seconds=10)
+    assert quota_rate(50, reset, NOW, in_flight=5) == pytest.approx(4.5)
+    assert quota_rate(3, reset, NOW, in_flight=3) == 0.0
+    assert quota_rate(None, reset, NOW) is None
+    assert quota_rate(5, NOW, NOW) is None  # the window reset: nothing known of the next
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    remaining=st.integers(min_value=0, max_value=10**9),
+    in_flight=st.integers(min_value=0, max_value=1000),
+    seconds=st.floats(min_value=0.001, max_value=10**7),
+)
+def test_quota_rate_never_plans_more_than_is_left(
+    remaining: int, in_flight: int, seconds: float
+) -> None:
+    """Sending at the rate until the reset spends at most remaining - in_flight."""
+    rate = quota_rate(remaining, NOW + timedelta(seconds=seconds), NOW, in_flight=in_flight)
+    assert rate is not None and rate >= 0
+    exact = (NOW + timedelta(seconds=seconds) - NOW).total_seconds()
+    assert rate * exact <= max(remaining - in_flight, 0) * (1 + 1e-9)
+
+
+# --- shared schedule ---------------------------------------------------------------------
+
+
+def test_slots_are_spaced_one_interval_apart_after_the_burst() -> None:
+    """rate 10/s, burst 2: two go at once, then one each 0.1 s."""
+    tat = None
+    waits = []
+    for _ in range(4):
+        slot = reserve_slot(tat, NOW, rate=10, burst=2)
+        waits.append(round(slot.wait, 6))
+        tat = slot.tat
+    assert waits == [0.0, 0.0, 0.1, 0.2]
+
+
+def test_a_schedule_ahead_of_a_slow_clock_is_honoured() -> None:
+    """A host whose clock runs behind never gets an earlier slot than the schedule."""
+    slot = reserve_slot(NOW + timedelta(seconds=5), NOW, rate=1)
+    assert slot.wait == 5.0 and slot.tat == NOW + timedelta(seconds=6)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    rate=st.floats(allow_nan=True, allow_infinity=True),
+    burst=st.integers(min_value=-3, max_value=10**18),
+    tat=st.none() | st.datetimes(timezones=st.just(UTC)),
+)
+def test_reserve_slot_never_raises_and_waits_within_the_cap(
+    rate: float, burst: int, tat: datetime | None
+) -> None:
+    """Any rate (NaN, 0, inf), burst and stored schedule: a wait in [0, horizon]."""
+    slot = reserve_slot(tat, NOW, rate=rate, burst=burst, cap=timedelta(hours=1))
+    assert slot.wait >= 0
+    if tat is None or tat <= NOW + timedelta(days=1):
+        assert slot.wait <= timedelta(days=1, hours=1).total_seconds()
