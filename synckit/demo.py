@@ -1,6 +1,6 @@
 """``synckit demo``: what synckit does, in half a minute, with nothing but Python.
 
-The demo runs the Graph mail example (``examples/graph_mail``) against a simulated
+The demo runs the Graph mail example (``synckit/examples/graph_mail``) against a simulated
 Microsoft Graph on loopback, with a real worker on a real SQLite database
 (``synckit-demo.db`` in the working directory, made fresh each run):
 
@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import re
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -60,7 +59,7 @@ from synckit.runtime.schema import (
 )
 
 if TYPE_CHECKING:
-    from examples.graph_mail.simulator import GraphSimulator
+    from synckit.examples.graph_mail.simulator import GraphSimulator
 
 __all__ = ["DB_FILE", "DemoResult", "demo_command", "run_demo"]
 
@@ -127,19 +126,9 @@ HEALTHY, THROTTLED, REVOKED = (p.tenant for p in PLANS)
 
 
 def _example() -> ModuleType:
-    """``examples.graph_mail``: installed with synckit in editable mode, else found next to
-    the ``synckit`` package in a source checkout."""
-    try:
-        import examples.graph_mail as example
-    except ImportError:
-        root = Path(__file__).resolve().parents[1]
-        if not (root / "examples" / "graph_mail").is_dir():
-            raise click.ClickException(
-                "the demo needs the Graph mail example (examples/graph_mail), which ships "
-                "with synckit's source: run it from a checkout (pip install -e .)"
-            ) from None
-        sys.path.insert(0, str(root))
-        import examples.graph_mail as example
+    """``synckit.examples.graph_mail``, which ships inside the package."""
+    import synckit.examples.graph_mail as example
+
     return example
 
 
@@ -332,7 +321,7 @@ async def run_demo(
 ) -> DemoResult:
     """Run the demo in ``workdir``; progress and tables go to ``out``."""
     example = _example()
-    from examples.graph_mail.simulator import GraphSimulator
+    from synckit.examples.graph_mail.simulator import GraphSimulator
 
     db_path = workdir / DB_FILE
     for suffix in ("", "-wal", "-shm"):
@@ -1004,9 +993,15 @@ def render_summary(summary: dict[str, Any], out: Console) -> None:
 
 @contextlib.contextmanager
 def _log_to(path: Path) -> Iterator[IO[str]]:
-    with path.open("w", encoding="utf-8") as stream:
-        configure_logging(json_lines=True, stream=stream)
-        yield stream
+    try:
+        with path.open("w", encoding="utf-8") as stream:
+            configure_logging(json_lines=True, stream=stream)
+            yield stream
+    finally:
+        # A run that failed before logging anything leaves no empty file behind.
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == 0:
+                path.unlink()
 
 
 @click.command("demo")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, func, select
 
-from examples.graph_mail import internet_message_id, mail_messages
+from synckit.examples.graph_mail import internet_message_id, mail_messages
 from synckit.runtime.audit import RETRIED_PREFIX
 from synckit.runtime.schema import (
     audit_buckets,

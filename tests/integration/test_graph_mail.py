@@ -13,7 +13,10 @@ import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import select
 
-from examples.graph_mail import (
+from synckit import App, get_tenant, update_tenant
+from synckit.dlq import DlqFilter, iter_rows
+from synckit.errors import NeedsReauth, PermanentError
+from synckit.examples.graph_mail import (
     SEND_KIND,
     GraphMail,
     GraphSimulator,
@@ -24,9 +27,6 @@ from examples.graph_mail import (
     mail_messages,
     make_app,
 )
-from synckit import App, get_tenant, update_tenant
-from synckit.dlq import DlqFilter, iter_rows
-from synckit.errors import NeedsReauth, PermanentError
 from synckit.runtime.db import Database
 from synckit.testing import PASS, Fault
 
@@ -272,7 +272,7 @@ async def test_enqueueing_the_same_send_twice_makes_one_job(app: App, synckit_db
 
 
 def test_the_app_is_importable_for_synckit_worker() -> None:
-    from examples.graph_mail.app import app
+    from synckit.examples.graph_mail.app import app
 
     assert SEND_KIND in app.registry.kinds and "synckit.poll" in app.registry.kinds
     assert app.connector("graph_mail") is GraphMail

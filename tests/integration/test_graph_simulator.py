@@ -14,8 +14,8 @@ import httpx
 import pytest
 from authlib.integrations.httpx_client import AsyncOAuth2Client, OAuthError
 
-from examples.graph_mail.simulator import REQUIRED_FIELDS, GraphSimulator
 from synckit.errors import ErrorClass, classify
+from synckit.examples.graph_mail.simulator import REQUIRED_FIELDS, GraphSimulator
 from synckit.testing import FakeClock
 
 GRAPH = "https://graph.microsoft.com"
@@ -379,7 +379,15 @@ async def test_authlib_s_oauth_client_refreshes_against_the_loopback_endpoint(
 
 def test_the_module_serves_on_loopback_and_prints_its_base_url() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.graph_mail.simulator", "--port", "0", "--messages", "3"],
+        [
+            sys.executable,
+            "-m",
+            "synckit.examples.graph_mail.simulator",
+            "--port",
+            "0",
+            "--messages",
+            "3",
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,

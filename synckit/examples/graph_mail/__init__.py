@@ -1,19 +1,19 @@
 """A Microsoft Graph mail example: a connector to copy (``connector``), its application
-(``app``: ``synckit worker --app examples.graph_mail.app:app``), and a simulated Graph
+(``app``: ``synckit worker --app synckit.examples.graph_mail.app:app``), and a simulated Graph
 service to run it against offline (``simulator``). ``synckit demo`` runs all three.
 
-The App object is not re-exported here, so that ``examples.graph_mail.app`` stays the
+The App object is not re-exported here, so that ``synckit.examples.graph_mail.app`` stays the
 module; ``make_app()`` builds one.
 """
 
-from examples.graph_mail.app import (
+from synckit.examples.graph_mail.app import (
     SEND_KIND,
     SendMailJob,
     connect_tenant,
     enqueue_send,
     make_app,
 )
-from examples.graph_mail.connector import (
+from synckit.examples.graph_mail.connector import (
     GRAPH_SCOPE,
     GraphMail,
     GraphMailConfig,
@@ -23,7 +23,7 @@ from examples.graph_mail.connector import (
     internet_message_id,
     mail_messages,
 )
-from examples.graph_mail.simulator import GraphSimulator
+from synckit.examples.graph_mail.simulator import GraphSimulator
 
 __all__ = [
     "GRAPH_SCOPE",

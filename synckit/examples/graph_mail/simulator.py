@@ -37,7 +37,7 @@ behaves like Graph where a mail connector feels it:
   (AADSTS50173).
 
 All randomness is seeded (``seed``; each mailbox draws from its own generator), so the
-same requests meet the same faults on every run. ``python -m examples.graph_mail.simulator
+same requests meet the same faults on every run. ``python -m synckit.examples.graph_mail.simulator
 --port 0`` serves one for manual use and prints its base URL.
 """
 
@@ -1016,7 +1016,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Serve a simulator until interrupted. The first line printed is the base URL; the
     second is JSON with the client credentials and each tenant's endpoints and tokens."""
     parser = argparse.ArgumentParser(
-        prog="python -m examples.graph_mail.simulator",
+        prog="python -m synckit.examples.graph_mail.simulator",
         description="A simulated Microsoft Graph mail service on loopback.",
     )
     parser.add_argument("--host", default="127.0.0.1")

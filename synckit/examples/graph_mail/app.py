@@ -1,6 +1,6 @@
 """The Graph mail application: the connector, and sending mail as a job.
 
-``synckit worker --app examples.graph_mail.app:app`` runs it. Besides the poll cycles the
+``synckit worker --app synckit.examples.graph_mail.app:app`` runs it. Besides the poll cycles the
 :class:`~synckit.App` schedules, it runs ``graph_mail.send`` jobs: :func:`enqueue_send`
 writes one to the database, so a send survives restarts and retries, and the intent in
 :meth:`GraphMail.send_mail` makes it happen once.
@@ -14,12 +14,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from examples.graph_mail.connector import GraphMail, GraphMailConfig, OutgoingMail
 from synckit import App, Tenant, get_tenant
 from synckit.connectors.oauth import reauth
 from synckit.connectors.secrets import TokenSet
 from synckit.connectors.tenants import TenantNotFound
 from synckit.errors import PermanentError
+from synckit.examples.graph_mail.connector import GraphMail, GraphMailConfig, OutgoingMail
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Discard, JobContext
 from synckit.runtime.jobs import Enqueued, enqueue

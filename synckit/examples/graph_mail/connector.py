@@ -19,7 +19,7 @@ Read it top to bottom; each part teaches one thing synckit expects of a connecto
 5. **Writing** (:meth:`GraphMail.send_mail`): ``sendMail`` answers ``202`` with no id and
    is not idempotent. The send runs as an *intent*: we stamp the message with our own
    ``internetMessageId``, and a retry whose earlier attempt lost its answer first looks
-   for that id in Sent Items. (:mod:`examples.graph_mail.app` runs sends as jobs.)
+   for that id in Sent Items. (:mod:`synckit.examples.graph_mail.app` runs sends as jobs.)
 
 Nothing here retries, sleeps, or checks a status code: ``ctx.http`` raises the exception
 that tells the runtime what to do (wait out a 429's ``Retry-After``, back off on a 503,
@@ -194,7 +194,7 @@ class GraphMail(Connector[GraphMailConfig]):
 
     def build_auth(self, ctx: SyncContext) -> httpx.Auth:
         # The tokens themselves are not in the config: they were stored for the tenant
-        # when its admin consented (see examples.graph_mail.app.connect_tenant).
+        # when its admin consented (see synckit.examples.graph_mail.app.connect_tenant).
         return OAuth2Auth(
             ctx.db,
             self.tenant,

@@ -1,1 +1,0 @@
-"""Example connectors built on synckit."""

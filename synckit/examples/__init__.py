@@ -1,0 +1,1 @@
+"""Examples shipped with synckit; ``synckit demo`` runs ``graph_mail``."""
