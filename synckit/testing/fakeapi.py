@@ -434,7 +434,9 @@ class FakeAPI:
     :class:`~synckit.testing.clock.FakeClock`). ``seed`` makes random faults and generated
     tokens reproducible. ``require_auth`` makes every route (unless registered with
     ``auth=False``) demand a bearer token issued by :meth:`issue_token`.
-    ``unauthorized_body`` replaces the JSON body of 401 answers.
+    ``unauthorized_body`` replaces the JSON body of 401 answers. ``latency`` (seconds) is
+    added before every answer on loopback, as a distant server's would be; requests are
+    decided when they arrive (a rate limiter sees arrival times), then answered after it.
     """
 
     def __init__(
@@ -444,8 +446,12 @@ class FakeAPI:
         seed: int | None = None,
         require_auth: bool = False,
         unauthorized_body: Any = None,
+        latency: float = 0.0,
     ) -> None:
+        if not (math.isfinite(latency) and latency >= 0):
+            raise ValueError(f"latency must be a finite number of seconds >= 0, not {latency!r}")
         self.clock: Callable[[], datetime] = clock or _utcnow
+        self.latency = latency
         self.require_auth = require_auth
         self.unauthorized_body = unauthorized_body
         #: Held while a request is dispatched; take it to change a handler's state from
@@ -960,8 +966,9 @@ class _LoopbackServer:
             else:
                 url = httpx.URL(f"http://{raw.headers.get('host') or self._hostport}{raw.target}")
             decision = self.api._answer(raw.method, url, raw.headers, raw.body)
-            if decision.delay > 0:
-                await asyncio.sleep(decision.delay)
+            delay = decision.delay + (self.api.latency if decision.reply is not None else 0.0)
+            if delay > 0:
+                await asyncio.sleep(delay)
             if decision.reply is None:
                 if decision.drop in ("reset", "connect_error"):
                     _abort_with_reset(writer)
