@@ -32,7 +32,7 @@ import inspect
 import math
 import re
 import typing
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast, final
@@ -182,9 +182,14 @@ class _Bearer(httpx.Auth):
         yield request
 
 
-#: ``auth``: an :class:`httpx.Auth` shared by every tenant, or a callable that builds one
-#: from the connector instance (its tenant and config).
-AuthFactory = Callable[["Connector[Any]"], httpx.Auth]
+class AuthFactory(typing.Protocol):
+    """``auth``: a callable that builds the :class:`httpx.Auth` of a connector instance.
+
+    A Protocol rather than a ``Callable`` alias: mypy takes a ``Callable`` class
+    attribute for a method and refuses ``auth = BearerToken("api_token")`` in a subclass.
+    """
+
+    def __call__(self, connector: Connector[Any], /) -> httpx.Auth: ...
 
 # Methods whose behaviour the runtime relies on; a subclass that redefines one is refused.
 _FINAL = ("__init__", "validate_config", "declared_streams", "stream", "polls")
