@@ -41,7 +41,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.schema import CreateTable
 
-from synckit import Connector, Page, RateLimit, Stream, SyncContext
+from synckit import Connector, NextUrlPaginator, Page, RateLimit, Stream, SyncContext
 from synckit.connectors.intents import IntentResult, RemoteRecord
 from synckit.connectors.oauth import OAuth2Auth, OAuth2Config
 from synckit.errors import ErrorClass, PermanentError
@@ -189,6 +189,8 @@ class GraphMail(Connector[GraphMailConfig]):
     # Graph allows 4 concurrent requests per mailbox, and about 10,000 per 10 minutes.
     max_in_flight = 4
     rate_limit = RateLimit(per_second=15, burst=30)
+    # Delta pages: messages at "value", the next page's URL at "@odata.nextLink".
+    paginator = NextUrlPaginator(records="value", next="@odata.nextLink")
 
     # --- 2. auth ------------------------------------------------------------------------
 
@@ -223,9 +225,20 @@ class GraphMail(Connector[GraphMailConfig]):
         started_over = link is None
         if link is None:
             link, full_since = self._full_sync()
+        prefer = {"Prefer": f"odata.maxpagesize={self.config.page_size}"}
         while True:
             try:
-                body = await self._page(ctx, link)
+                # Links are absolute and carry their own tokens: the paginator calls them
+                # as given, and refuses a page without a "value" list.
+                async for page in self.paginator.fetch(ctx.http, link, headers=prefer):
+                    if page.next is not None:
+                        checkpoint = {"nextLink": page.next, "fullSyncSince": full_since}
+                    elif delta_link := page.body.get("@odata.deltaLink"):
+                        checkpoint = {"deltaLink": delta_link}
+                    else:
+                        raise PermanentError("last delta page without an @odata.deltaLink")
+                    yield Page(page.records, checkpoint=checkpoint)
+                break
             except PermanentError as exc:
                 # Graph answers 410 Gone (SyncStateNotFound) when a delta or skip token
                 # has expired; synckit classifies 410 as not_found. The only way on is a
@@ -235,37 +248,14 @@ class GraphMail(Connector[GraphMailConfig]):
                 ctx.log.warning("graph.delta_expired", error=str(exc)[:200])
                 link, full_since = self._full_sync()
                 started_over = True
-                continue
-            records = body.get("value")
-            if not isinstance(records, list):
-                raise PermanentError("delta page without a 'value' list")
-            if next_link := body.get("@odata.nextLink"):
-                yield Page(records, checkpoint={"nextLink": next_link, "fullSyncSince": full_since})
-                link = next_link
-                continue
-            delta_link = body.get("@odata.deltaLink")
-            if not delta_link:
-                raise PermanentError("delta page with neither @odata.nextLink nor @odata.deltaLink")
-            yield Page(records, checkpoint={"deltaLink": delta_link})
-            # We are resumed here once that last page is committed.
-            if full_since is not None:
-                await self._forget_unseen(ctx, datetime.fromisoformat(full_since))
-            return
+        # We are resumed here once the last page is committed.
+        if full_since is not None:
+            await self._forget_unseen(ctx, datetime.fromisoformat(full_since))
 
     def _full_sync(self) -> tuple[str, str]:
         """The first link of a full sync, and when it started (for the final sweep)."""
         url = f"{self.config.graph_url}/me/mailFolders/{self.config.folder}/messages/delta"
         return url, datetime.now(UTC).isoformat()
-
-    async def _page(self, ctx: SyncContext, link: str) -> dict[str, Any]:
-        # Links are absolute and carry their own tokens: call them as given.
-        response = await ctx.http.get(
-            link, headers={"Prefer": f"odata.maxpagesize={self.config.page_size}"}
-        )
-        body = response.json()
-        if not isinstance(body, dict):
-            raise PermanentError("delta page is not a JSON object")
-        return body
 
     async def _forget_unseen(self, ctx: SyncContext, since: datetime) -> None:
         # A full sync lists what exists; it does not report what was deleted while the
