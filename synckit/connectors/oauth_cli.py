@@ -1,7 +1,14 @@
-"""``synckit tenants reauth``: store a tenant's new tokens and resume its jobs.
+"""``synckit tenants connect|reauth``: give a tenant its tokens and resume its jobs.
 
-The ``tenants`` group owns the command line of tenants; it attaches this command with
-``tenants.add_command(reauth_command)``. Tokens are read from the options, from
+The ``tenants`` group owns the command line of tenants; it attaches these commands.
+
+``connect`` runs the authorization-code flow with PKCE: it listens on a loopback port,
+prints the provider's consent URL, and completes the flow when the browser comes back
+(:mod:`synckit.connectors.authorize`); the connector's ``OAuth2Config`` comes from the
+auth it builds for the tenant.
+
+``reauth`` stores tokens obtained elsewhere. A refresh token alone is enough (the first
+request refreshes). Tokens are read from the options, from
 ``$SYNCKIT_REAUTH_ACCESS_TOKEN`` / ``$SYNCKIT_REAUTH_REFRESH_TOKEN`` (which keep them out
 of shell history and process listings), or from a hidden prompt; they are never echoed.
 """
@@ -13,9 +20,12 @@ from typing import TYPE_CHECKING
 
 import click
 
+from synckit.cli_options import database_option
+
 if TYPE_CHECKING:
-    from synckit.connectors.oauth import ReauthResult
-from synckit.runtime.db import ENV_URL, Database
+    from synckit.app import App
+    from synckit.connectors.oauth import OAuth2Config, ReauthResult
+from synckit.runtime.db import Database
 
 
 @click.command("reauth")
@@ -23,15 +33,14 @@ from synckit.runtime.db import ENV_URL, Database
 @click.option(
     "--access-token",
     envvar="SYNCKIT_REAUTH_ACCESS_TOKEN",
-    prompt="Access token",
-    hide_input=True,
-    help="The new access token (or $SYNCKIT_REAUTH_ACCESS_TOKEN; prompted if absent).",
+    default=None,
+    help="The new access token (or $SYNCKIT_REAUTH_ACCESS_TOKEN).",
 )
 @click.option(
     "--refresh-token",
     envvar="SYNCKIT_REAUTH_REFRESH_TOKEN",
     default=None,
-    help="The new refresh token (or $SYNCKIT_REAUTH_REFRESH_TOKEN).",
+    help="The new refresh token (or $SYNCKIT_REAUTH_REFRESH_TOKEN); enough on its own.",
 )
 @click.option(
     "--expires-in",
@@ -40,16 +49,10 @@ from synckit.runtime.db import ENV_URL, Database
     help="Seconds until the access token expires (unknown if omitted: a 401 will tell).",
 )
 @click.option("--scope", default=None, help="The scope the tokens were granted.")
-@click.option(
-    "--database-url",
-    "database_url",
-    envvar=ENV_URL,
-    default=None,
-    help=f"Database URL (default: ${ENV_URL}, else sqlite:///synckit.db).",
-)
+@database_option
 def reauth_command(
     tenant: str,
-    access_token: str,
+    access_token: str | None,
     refresh_token: str | None,
     expires_in: int | None,
     scope: str | None,
@@ -57,34 +60,132 @@ def reauth_command(
 ) -> None:
     """Store TENANT's newly authorised tokens and make its connection active again.
 
-    Jobs the tenant's connection held back while it needed re-authorisation are claimed
-    again at once.
+    Give a refresh token, an access token, or both; with neither, both are prompted for
+    (hidden; leave one empty). Jobs the connection held back while it needed
+    re-authorisation are claimed again at once.
     """
     # synckit.cli imports the command groups that attach this command: import it late.
     from synckit.cli import CliError, run
 
-    if not access_token.strip():
-        raise CliError("--access-token must not be empty")
+    if access_token is None and refresh_token is None:
+        refresh_token = click.prompt(
+            "Refresh token (empty if none)", default="", hide_input=True, show_default=False
+        )
+        if not (refresh_token or "").strip():
+            access_token = click.prompt("Access token", default="", hide_input=True)
+    access = (access_token or "").strip() or None
+    refresh = (refresh_token or "").strip() or None
+    if access is None and refresh is None:
+        raise CliError("give --refresh-token or --access-token (neither may be empty)")
     # Imported here: authlib is heavy, and every `synckit` command loads this module.
     from synckit.connectors.oauth import reauth
     from synckit.connectors.secrets import TokenSet, utcnow
 
     now = utcnow()
     token_set = TokenSet(
-        access_token=access_token.strip(),
-        refresh_token=(refresh_token or "").strip() or None,
-        expires_at=now + timedelta(seconds=expires_in) if expires_in is not None else None,
+        access_token=access,
+        refresh_token=refresh,
+        expires_at=now + timedelta(seconds=expires_in)
+        if expires_in is not None and access
+        else None,
         scope=scope,
+        issued_at=now if access else None,
     )
 
     async def go(db: Database) -> ReauthResult:
         return await reauth(db, tenant, token_set, now=now)
 
     result = run(go, database_url)
+    first = "" if access else " (the first request refreshes the access token)"
     click.echo(
         f"tenant {result.tenant!r} ({result.connector}) re-authorised: connection active "
+        f"(was {result.previous_status}); jobs of {result.resource_key!r} resume{first}"
+    )
+
+
+async def oauth_config_for(app: App, db: Database, tenant: str) -> OAuth2Config:
+    """The ``OAuth2Config`` of ``tenant``'s connector, as its auth builds it."""
+    from synckit.connectors.oauth import OAuth2Auth
+    from synckit.errors.exceptions import ConfigurationError
+
+    async with app.context(db, tenant) as ctx:
+        auth = ctx.http.auth
+    if not isinstance(auth, OAuth2Auth):
+        raise ConfigurationError(
+            f"tenant {tenant!r}: its connector does not authenticate with OAuth2Auth; "
+            "change static credentials with `synckit tenants set-config`"
+        )
+    return auth.config
+
+
+@click.command("connect")
+@click.argument("tenant")
+@click.option("--app", "app_spec", envvar="SYNCKIT_APP", default=None, help="module:attribute.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Loopback address.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=0, help="Listener port (default: free)."
+)
+@click.option("--path", "callback_path", default="/callback", show_default=True)
+@click.option("--scope", default=None, help="Scope to ask for (default: the connector's).")
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=1),
+    default=300,
+    show_default=True,
+    help="Seconds to wait for the browser to come back.",
+)
+@database_option
+def connect_command(
+    tenant: str,
+    app_spec: str | None,
+    host: str,
+    port: int,
+    callback_path: str,
+    scope: str | None,
+    wait: float,
+    database_url: str | None,
+) -> None:
+    """Authorise TENANT in a browser (authorization code + PKCE) and resume it.
+
+    Prints the provider's consent URL and listens on a loopback port for the redirect;
+    the tokens are stored sealed and the tenant's connection becomes active.
+    """
+    from synckit.cli import CliError, run
+    from synckit.connectors.authorize import (
+        begin_authorization,
+        complete_authorization,
+        receive_callback,
+    )
+    from synckit.connectors.tenants_cli import load_app
+
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise CliError(f"--host {host!r}: the callback listener must be a loopback address")
+    app = load_app(app_spec)
+
+    async def go(db: Database) -> ReauthResult:
+        config = await oauth_config_for(app, db, tenant)
+
+        async def ready(bound: int) -> None:
+            shown = f"[{host}]" if ":" in host else host
+            redirect = f"http://{shown}:{bound}{callback_path}"
+            url = await begin_authorization(db, tenant, config, redirect_uri=redirect, scope=scope)
+            click.echo(f"Open this URL to authorise tenant {tenant!r}:", err=True)
+            click.echo(url)
+            click.echo(f"Waiting for the redirect to {redirect} ...", err=True)
+
+        async def handle(callback_url: str) -> ReauthResult:
+            return await complete_authorization(db, tenant, config, callback_url)
+
+        try:
+            return await receive_callback(host, port, callback_path, handle, wait=wait, ready=ready)
+        except TimeoutError:
+            raise CliError(f"no authorisation came back within {wait:g}s") from None
+
+    result = run(go, database_url)
+    click.echo(
+        f"tenant {result.tenant!r} ({result.connector}) connected: connection active "
         f"(was {result.previous_status}); jobs of {result.resource_key!r} resume"
     )
 
 
-__all__ = ["reauth_command"]
+__all__ = ["connect_command", "oauth_config_for", "reauth_command"]

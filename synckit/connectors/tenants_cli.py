@@ -12,8 +12,6 @@ options come from :mod:`synckit.cli_options`.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 from datetime import datetime
 from pathlib import Path
@@ -45,24 +43,9 @@ app_option = click.option(
 
 def load_app(spec: str | None) -> App:
     """Import ``module:attribute`` and return the :class:`App` it names."""
-    from synckit.app import App
-    from synckit.cli import CliError
+    from synckit.cli_options import load_app as load
 
-    if not spec:
-        raise CliError("--app is required: module:attribute of your synckit App")
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise CliError(f"--app {spec!r}: expected module:attribute, e.g. myproject.sync:app")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CliError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    app = getattr(module, attr, None)
-    if inspect.isfunction(app):  # a factory: ``def make_app() -> App``
-        app = app()
-    if not isinstance(app, App):
-        raise CliError(f"--app {spec!r}: {attr!r} is not a synckit App")
-    return app
+    return load(spec)
 
 
 def _parse_config(config: str | None, config_file: str | None, sets: tuple[str, ...]) -> Any:
@@ -275,7 +258,8 @@ def tenants_remove(tenant: str, yes: bool, database_url: str | None) -> None:
     click.echo(f"tenant {t.tenant} removed")
 
 
-# `synckit tenants reauth TENANT`: store new tokens for a connection that needs re-auth.
-from synckit.connectors.oauth_cli import reauth_command  # noqa: E402
+# `synckit tenants reauth|connect TENANT`: new tokens for a connection, which resumes it.
+from synckit.connectors.oauth_cli import connect_command, reauth_command  # noqa: E402
 
 tenants.add_command(reauth_command)
+tenants.add_command(connect_command)

@@ -20,6 +20,18 @@ sixteen workers caused exactly one token request. It has no test-framework depen
         tokens = server.issue_tokens("alice")     # as if alice had just authorised
         ...  # point the connector at server.token_url and server.resource_url
 
+The connect flow is served too: ``GET /authorize`` is the consent page of an
+authorization-code grant with PKCE (``S256``, required of public clients). Consent is
+scripted: the server approves as :attr:`OAuthTestServer.consenting_user` (or refuses,
+``access_denied``, when it is ``None``) and redirects to the client's redirect URI; loopback
+redirect URIs (``http://127.0.0.1:<any port>/...``) are accepted as RFC 8252 asks. A code
+is single-use: a replayed code gets ``invalid_grant``. Public clients (``add_client(...,
+auth_methods=["none"])``) authenticate with their ``client_id`` alone.
+
+For runs under pressure it can throttle: :meth:`OAuthTestServer.throttle_resource` makes
+every n-th ``GET /me`` a 429 with ``Retry-After``, :meth:`OAuthTestServer.throttle_tokens`
+the next token requests. Lifetimes (``expires_in``) may be fractional seconds.
+
 ``python -m synckit.testing.oauth_server`` runs one in the foreground for a demo.
 """
 
@@ -37,18 +49,28 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 from wsgiref.headers import Headers
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from authlib.oauth2.rfc6749 import AuthorizationServer, ClientMixin, OAuth2Request, TokenMixin
+from authlib.oauth2.rfc6749 import (
+    AuthorizationCodeMixin,
+    AuthorizationServer,
+    ClientMixin,
+    OAuth2Error,
+    OAuth2Request,
+    TokenMixin,
+)
 from authlib.oauth2.rfc6749 import grants as rfc6749_grants
 from authlib.oauth2.rfc6749.requests import BasicOAuth2Payload
 from authlib.oauth2.rfc6750 import BearerTokenGenerator
+from authlib.oauth2.rfc7636 import CodeChallenge
 
 WSGIEnviron = dict[str, Any]
 StartResponse = Callable[..., Any]
 _AUTH_METHODS = ("client_secret_basic", "client_secret_post")
+_ALL_AUTH_METHODS = [*_AUTH_METHODS, "none"]
+_LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 
 @dataclass
@@ -62,6 +84,14 @@ class ServerStats:
     token_errors: collections.Counter[str] = field(default_factory=collections.Counter)
     resource_requests: int = 0
     resource_unauthorized: int = 0
+    #: 429s served by the resource (``throttle_resource``) and the token endpoint.
+    resource_throttled: int = 0
+    token_throttled: int = 0
+    #: Refresh tokens presented again after they had been rotated away (reuse).
+    refresh_reuses: int = 0
+    #: Consents given at ``/authorize`` and codes exchanged at the token endpoint.
+    codes_issued: int = 0
+    codes_exchanged: int = 0
 
     @property
     def invalid_grants(self) -> int:
@@ -75,12 +105,13 @@ class _Client(ClientMixin):  # type: ignore[misc]  # authlib ships no type infor
     auth_methods: frozenset[str]
     grant_types: frozenset[str]
     scope: str
+    redirect_uris: tuple[str, ...] = ()
 
     def get_client_id(self) -> str:
         return self.client_id
 
     def get_default_redirect_uri(self) -> str | None:
-        return None
+        return self.redirect_uris[0] if self.redirect_uris else None
 
     def get_allowed_scope(self, scope: str | None) -> str:
         if not scope:
@@ -89,16 +120,22 @@ class _Client(ClientMixin):  # type: ignore[misc]  # authlib ships no type infor
         return " ".join(s for s in scope.split() if s in allowed)
 
     def check_redirect_uri(self, redirect_uri: str) -> bool:
-        return False
+        if redirect_uri in self.redirect_uris:
+            return True
+        # RFC 8252 7.3: a native app's loopback redirect may use any port.
+        parts = urlsplit(redirect_uri)
+        return parts.scheme == "http" and parts.hostname in _LOOPBACK and not parts.fragment
 
     def check_client_secret(self, client_secret: str) -> bool:
-        return secrets.compare_digest(self.client_secret, client_secret)
+        return bool(self.client_secret) and secrets.compare_digest(
+            self.client_secret, client_secret
+        )
 
     def check_endpoint_auth_method(self, method: str, endpoint: str) -> bool:
         return method in self.auth_methods
 
     def check_response_type(self, response_type: str) -> bool:
-        return False
+        return response_type == "code" and "authorization_code" in self.grant_types
 
     def check_grant_type(self, grant_type: str) -> bool:
         return grant_type in self.grant_types
@@ -112,7 +149,7 @@ class _Token(TokenMixin):  # type: ignore[misc]
     user: str
     scope: str
     issued_at: float
-    expires_in: int
+    expires_in: float
     family: str
     access_revoked: bool = False
     refresh_revoked: bool = False
@@ -126,7 +163,7 @@ class _Token(TokenMixin):  # type: ignore[misc]
     def get_scope(self) -> str:
         return self.scope
 
-    def get_expires_in(self) -> int:
+    def get_expires_in(self) -> float:
         return self.expires_in
 
     def is_expired(self) -> bool:
@@ -140,6 +177,26 @@ class _Token(TokenMixin):  # type: ignore[misc]
 
     def get_client(self) -> str:
         return self.client_id
+
+
+@dataclass
+class _AuthCode(AuthorizationCodeMixin):  # type: ignore[misc]
+    code: str
+    client_id: str
+    redirect_uri: str
+    scope: str
+    user: str
+    code_challenge: str | None
+    code_challenge_method: str | None
+
+    def __repr__(self) -> str:
+        return f"_AuthCode(user={self.user!r}, client_id={self.client_id!r})"
+
+    def get_redirect_uri(self) -> str:
+        return self.redirect_uri
+
+    def get_scope(self) -> str:
+        return self.scope
 
 
 class _WSGIRequest(OAuth2Request):  # type: ignore[misc]
@@ -161,9 +218,10 @@ class _WSGIRequest(OAuth2Request):  # type: ignore[misc]
 
 
 class _RefreshTokenGrant(rfc6749_grants.RefreshTokenGrant):  # type: ignore[misc]
-    TOKEN_ENDPOINT_AUTH_METHODS = list(_AUTH_METHODS)
     INCLUDE_NEW_REFRESH_TOKEN = True  # rotation
     provider: OAuthTestServer  # set on the subclass made per server
+
+    TOKEN_ENDPOINT_AUTH_METHODS = _ALL_AUTH_METHODS
 
     def authenticate_refresh_token(self, refresh_token: str) -> _Token | None:
         return self.provider._refresh_token_in_use(refresh_token)
@@ -177,6 +235,37 @@ class _RefreshTokenGrant(rfc6749_grants.RefreshTokenGrant):  # type: ignore[misc
 
 class _ClientCredentialsGrant(rfc6749_grants.ClientCredentialsGrant):  # type: ignore[misc]
     TOKEN_ENDPOINT_AUTH_METHODS = list(_AUTH_METHODS)
+
+
+class _AuthorizationCodeGrant(rfc6749_grants.AuthorizationCodeGrant):  # type: ignore[misc]
+    TOKEN_ENDPOINT_AUTH_METHODS = _ALL_AUTH_METHODS
+    provider: OAuthTestServer  # set on the subclass made per server
+
+    def save_authorization_code(self, code: str, request: _WSGIRequest) -> None:
+        data = request.payload.data
+        with self.provider._lock:
+            self.provider._codes[code] = _AuthCode(
+                code=code,
+                client_id=request.client.client_id,
+                redirect_uri=request.payload.redirect_uri or "",
+                scope=request.scope or "",
+                user=request.user,
+                code_challenge=data.get("code_challenge"),
+                code_challenge_method=data.get("code_challenge_method"),
+            )
+            self.provider.stats.codes_issued += 1
+
+    def query_authorization_code(self, code: str, client: _Client) -> _AuthCode | None:
+        found = self.provider._codes.get(code)
+        return found if found is not None and found.client_id == client.client_id else None
+
+    def delete_authorization_code(self, authorization_code: _AuthCode) -> None:
+        # Single use: the code is gone once exchanged, so a replay is invalid_grant.
+        self.provider._codes.pop(authorization_code.code, None)
+        self.provider.stats.codes_exchanged += 1
+
+    def authenticate_user(self, authorization_code: _AuthCode) -> str:
+        return authorization_code.user
 
 
 class _AuthorizationServer(AuthorizationServer):  # type: ignore[misc]
@@ -227,7 +316,7 @@ class OAuthTestServer:
     def __init__(
         self,
         *,
-        expires_in: int = 3600,
+        expires_in: float = 3600,
         revoke_family_on_reuse: bool = False,
         token_latency: float = 0.0,
         host: str = "127.0.0.1",
@@ -245,6 +334,11 @@ class OAuthTestServer:
         self._by_access: dict[str, _Token] = {}
         self._by_refresh: dict[str, _Token] = {}
         self._denied_users: set[str] = set()
+        self._codes: dict[str, _AuthCode] = {}
+        self._resource_throttle: tuple[int, float] | None = None
+        self._token_throttle: tuple[int, float] = (0, 0.0)
+        #: Who consents at ``/authorize`` (``None``: the user refuses, access_denied).
+        self.consenting_user: str | None = "user"
         self._httpd: _ThreadingWSGIServer | None = None
         self._thread: threading.Thread | None = None
         self.client_id = "synckit-test-client"
@@ -262,6 +356,8 @@ class OAuthTestServer:
         refresh_grant = type("RefreshTokenGrant", (_RefreshTokenGrant,), {"provider": self})
         self._authz.register_grant(refresh_grant)
         self._authz.register_grant(_ClientCredentialsGrant)
+        code_grant = type("AuthorizationCodeGrant", (_AuthorizationCodeGrant,), {"provider": self})
+        self._authz.register_grant(code_grant, [CodeChallenge(required=True)])
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -317,6 +413,11 @@ class OAuthTestServer:
         return f"{self.url}/token"
 
     @property
+    def authorize_url(self) -> str:
+        """The consent page of the authorization-code grant (scripted consent)."""
+        return f"{self.url}/authorize"
+
+    @property
     def resource_url(self) -> str:
         """The protected resource: ``GET`` answers who the token belongs to, or 401."""
         return f"{self.url}/me"
@@ -329,21 +430,40 @@ class OAuthTestServer:
         client_secret: str,
         *,
         auth_methods: Iterable[str] = _AUTH_METHODS,
-        grant_types: Iterable[str] = ("refresh_token", "client_credentials"),
+        grant_types: Iterable[str] = ("refresh_token", "client_credentials", "authorization_code"),
         scope: str = "read write",
+        redirect_uris: Iterable[str] = (),
     ) -> None:
-        """Register a client, allowed only the given client authentication methods."""
+        """Register a client, allowed only the given client authentication methods.
+
+        A public client has ``auth_methods=["none"]`` and an empty ``client_secret``.
+        """
         with self._lock:
             self._clients[client_id] = _Client(
-                client_id, client_secret, frozenset(auth_methods), frozenset(grant_types), scope
+                client_id,
+                client_secret,
+                frozenset(auth_methods),
+                frozenset(grant_types),
+                scope,
+                tuple(redirect_uris),
             )
+
+    def throttle_resource(self, every: int, retry_after: float) -> None:
+        """Answer every ``every``-th ``GET /me`` with 429 and ``Retry-After`` (0: stop)."""
+        with self._lock:
+            self._resource_throttle = (every, retry_after) if every > 0 else None
+
+    def throttle_tokens(self, times: int, retry_after: float) -> None:
+        """Answer the next ``times`` token requests with 429 and ``Retry-After``."""
+        with self._lock:
+            self._token_throttle = (times, retry_after)
 
     def issue_tokens(
         self,
         user: str,
         *,
         client_id: str | None = None,
-        expires_in: int | None = None,
+        expires_in: float | None = None,
         scope: str = "read write",
     ) -> dict[str, Any]:
         """Issue tokens to ``user`` as an authorization-code exchange would; the response."""
@@ -403,7 +523,7 @@ class OAuthTestServer:
             user=user,
             scope=str(token.get("scope") or ""),
             issued_at=time.time(),
-            expires_in=int(token.get("expires_in") or self.expires_in),
+            expires_in=float(token.get("expires_in") or self.expires_in),
             family=family,
         )
         self._by_access[t.access_token] = t
@@ -426,6 +546,7 @@ class OAuthTestServer:
         if t is None:
             return None
         if t.refresh_revoked:
+            self.stats.refresh_reuses += 1
             if self.revoke_family_on_reuse:
                 for other in self._by_access.values():
                     if other.family == t.family:
@@ -449,11 +570,13 @@ class OAuthTestServer:
             headers["Content-Type"] = environ["CONTENT_TYPE"]
         if path == "/token" and method == "POST":
             status, body, extra = self._token_endpoint(environ, headers)
+        elif path == "/authorize" and method == "GET":
+            status, body, extra = self._authorize(environ, headers)
         elif path == "/me" and method == "GET":
             status, body, extra = self._resource(headers)
         else:
             status, body, extra = 404, {"error": "not_found"}, []
-        payload = json.dumps(body).encode()
+        payload = json.dumps(body).encode() if body != "" else b""
         out = [(k, v) for k, v in extra if k.lower() not in ("content-type", "content-length")]
         out += [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
         start_response(f"{status} {HTTPStatus(status).phrase}", out)
@@ -474,9 +597,31 @@ class OAuthTestServer:
         with self._lock:
             self.stats.token_requests += 1
             self.stats.token_requests_by_grant[form.get("grant_type", "")] += 1
+            times, wait = self._token_throttle
+            if times > 0:
+                self._token_throttle = (times - 1, wait)
+                self.stats.token_throttled += 1
+                return 429, {"error": "slow_down"}, [("Retry-After", f"{wait:g}")]
             status, body, extra = self._authz.create_token_response(request)
             if status >= 400 and isinstance(body, dict):
                 self.stats.token_errors[str(body.get("error"))] += 1
+        return status, body, list(extra)
+
+    def _authorize(
+        self, environ: WSGIEnviron, headers: Headers
+    ) -> tuple[int, Any, list[tuple[str, str]]]:
+        query = environ.get("QUERY_STRING", "")
+        args = dict(parse_qsl(query))
+        request = _WSGIRequest("GET", f"{self.url}/authorize?{query}", headers, {}, args)
+        with self._lock:
+            try:
+                grant = self._authz.get_consent_grant(request)
+            except OAuth2Error as error:
+                # An invalid client or redirect URI is shown to the user, never redirected.
+                return error.status_code, dict(error.get_body()), []
+            status, body, extra = self._authz.create_authorization_response(
+                request, grant_user=self.consenting_user, grant=grant
+            )
         return status, body, list(extra)
 
     def _resource(self, headers: Headers) -> tuple[int, Any, list[tuple[str, str]]]:
@@ -484,6 +629,10 @@ class OAuthTestServer:
         kind, _, value = auth.partition(" ")
         with self._lock:
             self.stats.resource_requests += 1
+            throttle = self._resource_throttle
+            if throttle is not None and self.stats.resource_requests % throttle[0] == 0:
+                self.stats.resource_throttled += 1
+                return 429, {"error": "rate_limited"}, [("Retry-After", f"{throttle[1]:g}")]
             t = self._by_access.get(value.strip()) if kind.lower() == "bearer" else None
             if t is None or t.is_expired() or t.is_revoked() or t.user in self._denied_users:
                 self.stats.resource_unauthorized += 1
