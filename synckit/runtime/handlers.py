@@ -57,6 +57,14 @@ class JobContext:
     log: Any
     followups: list[JobSpec] = field(default_factory=list)
     messages: list[NewMessage] = field(default_factory=list)
+    #: Set by :meth:`progressed`: this attempt committed work of its own.
+    made_progress: bool = False
+
+    def progressed(self) -> None:
+        """Say that this attempt committed work (a poll cycle's page, say): should it fail
+        afterwards, the failure does not spend an attempt, so a job is given up only
+        after attempts that committed nothing."""
+        self.made_progress = True
 
     def publish(
         self, topic: str, payload: Any, *, key: str | None = None, message_id: str | None = None

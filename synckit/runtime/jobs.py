@@ -14,6 +14,11 @@ on each other and never claim one job twice; on SQLite the claim runs in one
 
 Every claim stamps its rows with a fresh ``claim_token``; completing checks it, so a
 handler that outlived its lease cannot overwrite what happened after the rescue (fencing).
+
+An attempt is charged when a job *starts* (:func:`start_many_sync`, or at claim for the
+jobs the worker starts at once), not when it is claimed ahead: a claimed job that has not
+started has ``started_at`` NULL and a short lease, and a rescue gives it back to others
+with its attempts unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import math
 import secrets
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -50,6 +55,12 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from synckit.errors.breaker import (
+    BreakerPolicy,
+    BreakerSnapshot,
+    BreakerState,
+    breaker_claim_probe,
+)
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
 from synckit.runtime.db import Database, _Busy
 from synckit.runtime.schema import connections, jobs, resources
@@ -147,6 +158,8 @@ class ClaimedJob:
     run_at: datetime
     claim_token: int
     probe: bool = False
+    #: Its start is recorded (attempt charged); False for a job claimed ahead.
+    started: bool = False
 
 
 Executor = Database | AsyncConnection | AsyncSession
@@ -461,13 +474,26 @@ def _wake_after_commit(conn: AsyncConnection) -> None:
 # --- claiming -----------------------------------------------------------------------
 
 
+def _breaker_denies(r: Any, now: Any) -> Any:
+    """SQL: :func:`~synckit.errors.breaker_allows` says ``"deny"`` for the row ``r`` (a
+    property test holds the two together on both engines)."""
+    return or_(
+        and_(r.c.state == "open", r.c.cooldown_until.is_not(None), r.c.cooldown_until > now),
+        and_(
+            r.c.state == "half_open",
+            r.c.probe_job_id.is_not(None),
+            r.c.probe_expires_at.is_not(None),
+            r.c.probe_expires_at > now,
+        ),
+    )
+
+
 def _resource_blocked(r: Any, now: Any) -> Any:
     """SQL: the resource row ``r`` does not allow a call now (pacing or an open breaker)."""
     # Every term is NULL-safe, so that NOT (...) means "available" and never "unknown".
     return or_(
         and_(r.c.next_available_at.is_not(None), r.c.next_available_at > now),
-        and_(r.c.state == "open", r.c.cooldown_until.is_not(None), r.c.cooldown_until > now),
-        and_(r.c.state == "half_open", r.c.probe_job_id.is_not(None)),
+        _breaker_denies(r, now),
     )
 
 
@@ -487,7 +513,8 @@ _CLAIMED_COLUMNS = (
 
 def _claim_statement(keyed: bool) -> Any:
     """The claim of one lane, built once: parameters ``now``, ``lim``, ``lane``, ``worker``,
-    ``token`` and ``until`` (the lease's end). Prebuilt so that a claim costs no SQL
+    ``token``, ``until`` (the lease's end), ``charge`` (1 when the claimed jobs start now,
+    else 0) and ``started`` (``now`` or NULL). Prebuilt so that a claim costs no SQL
     construction or cache-key computation, only execution."""
     lane_cond = jobs.c.resource_key == bindparam("lane") if keyed else jobs.c.resource_key.is_(None)
     picked = (
@@ -502,12 +529,12 @@ def _claim_statement(keyed: bool) -> Any:
         .where(jobs.c.id.in_(picked.scalar_subquery()))
         .values(
             status="running",
-            attempts=jobs.c.attempts + 1,
+            attempts=jobs.c.attempts + bindparam("charge", type_=Integer),
             locked_by=bindparam("worker"),
             claim_token=bindparam("token"),
             heartbeat_at=bindparam("now"),
             lease_expires_at=bindparam("until"),
-            started_at=bindparam("now"),
+            started_at=bindparam("started", type_=jobs.c.started_at.type),
             updated_at=bindparam("now"),
         )
         .returning(*_CLAIMED_COLUMNS)
@@ -526,9 +553,9 @@ def _claim_lane_rows(
     now: datetime,
     worker_id: str,
     token: int,
-    lease: timedelta,
+    terms: dict[str, Any],
 ) -> list[Row[Any]]:
-    params = {"now": now, "lim": limit, "worker": worker_id, "token": token, "until": now + lease}
+    params = {"now": now, "lim": limit, "worker": worker_id, "token": token, **terms}
     if lane is None:
         return list(conn.execute(_CLAIM_UNKEYED, params))
     return list(conn.execute(_CLAIM_KEYED, {**params, "lane": lane}))
@@ -587,9 +614,9 @@ _LANES = _lanes_statement()
 # round trip per lane.
 _CLAIM_LANES_PG: Any = (
     text(
-        "UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1,"
+        "UPDATE jobs SET status = 'running', attempts = jobs.attempts + :charge,"
         " locked_by = :worker, claim_token = :token, heartbeat_at = :now,"
-        " lease_expires_at = :until, started_at = :now, updated_at = :now"
+        " lease_expires_at = :until, started_at = :started, updated_at = :now"
         " WHERE jobs.id IN (SELECT picked.id FROM unnest(CAST(:lanes AS varchar[]),"
         " CAST(:wants AS int[])) AS l(key, want) CROSS JOIN LATERAL (SELECT j.id FROM jobs j"
         " WHERE j.status = 'pending' AND j.resource_key = l.key AND j.run_at <= :now"
@@ -599,6 +626,8 @@ _CLAIM_LANES_PG: Any = (
     .bindparams(
         bindparam("now", type_=jobs.c.run_at.type),
         bindparam("until", type_=jobs.c.run_at.type),
+        bindparam("started", type_=jobs.c.started_at.type),
+        bindparam("charge", type_=Integer),
     )
     .columns(*_CLAIMED_COLUMNS)
 )
@@ -611,7 +640,7 @@ def _claim_lanes(
     now: datetime,
     worker_id: str,
     token: int,
-    lease: timedelta,
+    terms: dict[str, Any],
 ) -> dict[str | None, list[Row[Any]]]:
     """Claim up to ``want`` due jobs of each lane; the rows claimed, per lane."""
     got: dict[str | None, list[Row[Any]]] = {key: [] for key, _ in wants}
@@ -620,7 +649,7 @@ def _claim_lanes(
     if batched:
         params = {
             "now": now,
-            "until": now + lease,
+            **terms,
             "worker": worker_id,
             "token": token,
             "lanes": [k for k, _ in keyed],
@@ -634,7 +663,7 @@ def _claim_lanes(
     for key, want in wants:
         if key is None or not batched:  # SQLite: in-process statements, one per lane
             got[key] = _claim_lane_rows(
-                conn, lane=key, limit=want, now=now, worker_id=worker_id, token=token, lease=lease
+                conn, lane=key, limit=want, now=now, worker_id=worker_id, token=token, terms=terms
             )
     return got
 
@@ -650,29 +679,63 @@ async def claim(
     *,
     now: datetime | None = None,
     lease: timedelta = timedelta(seconds=60),
+    start: int | None = None,
+    start_lease: timedelta = timedelta(seconds=10),
+    breaker_policy: BreakerPolicy | None = None,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` due jobs for ``worker_id``, fairly across lanes.
 
-    Each claimed job is ``running`` with its attempt counted, a lease until
-    ``now + lease`` and a fresh claim token. A resource whose breaker waits for a probe
-    gives exactly one job, marked ``probe``.
+    Each claimed job is ``running`` with a fresh claim token. The first ``start`` of them
+    (all when None) start now: their attempt is charged and their lease runs until
+    ``now + lease``. The others are claimed ahead: attempt not charged, lease until
+    ``now + start_lease``, until :func:`start_many` starts them. A resource whose breaker
+    waits for a probe gives exactly one job, marked ``probe``, and the probe is presumed
+    lost after ``breaker_policy.probe_timeout``.
     """
     if limit <= 0:
         return []
     now = now or utcnow()
     token = secrets.randbits(62)
-    return await db.write(_claim_sync, worker_id, limit, now, lease, token)
+    return await db.write(
+        _claim_sync,
+        worker_id,
+        limit,
+        now,
+        lease,
+        token,
+        limit if start is None else max(0, start),
+        start_lease,
+        breaker_policy or BreakerPolicy(),
+    )
 
 
 def _claim_sync(
-    conn: Connection, worker_id: str, limit: int, now: datetime, lease: timedelta, token: int
+    conn: Connection,
+    worker_id: str,
+    limit: int,
+    now: datetime,
+    lease: timedelta,
+    token: int,
+    start: int,
+    start_lease: timedelta,
+    policy: BreakerPolicy,
 ) -> list[ClaimedJob]:
+    # Every job the claim may return starts now: charged in the claim statement itself.
+    # Otherwise all are claimed ahead, and the first ``start`` are started below.
+    all_start = start >= limit
+    terms: dict[str, Any] = {
+        "until": now + (lease if all_start else start_lease),
+        "charge": 1 if all_start else 0,
+        "started": now if all_start else None,
+    }
     claimed: list[ClaimedJob] = []
     lanes_rows = _available_lanes(conn, now, max_lanes=limit)
     # Room per lane: 1 for a breaker probe, else what max_in_flight leaves (None: no cap).
     room_of: dict[str | None, int | None] = {}
     probes: set[str] = set()
+    room_state: dict[str, str] = {}
     for r in lanes_rows:
+        room_state[r.resource_key] = r.state
         if r.state in ("open", "half_open"):
             room_of[r.resource_key] = 1
             probes.add(r.resource_key)
@@ -696,7 +759,7 @@ def _claim_sync(
             want = min(share, budget, cap if cap is not None else budget)
             wants.append((key, want))
             budget -= want
-        got = _claim_lanes(conn, wants, now=now, worker_id=worker_id, token=token, lease=lease)
+        got = _claim_lanes(conn, wants, now=now, worker_id=worker_id, token=token, terms=terms)
         still_open: list[str | None] = []
         for key, want in wants:
             rows = got[key]
@@ -707,12 +770,20 @@ def _claim_sync(
             if key is not None:
                 served.add(key)
                 if probe:
+                    claimed_probe = breaker_claim_probe(
+                        BreakerSnapshot(state=BreakerState(room_state[key])), now, policy
+                    )
                     conn.execute(
                         update(resources)
                         .where(resources.c.resource_key == key)
-                        .values(state="half_open", probe_job_id=rows[0].id, updated_at=now)
+                        .values(
+                            state=claimed_probe.state.value,
+                            probe_job_id=rows[0].id,
+                            probe_expires_at=claimed_probe.probe_expires_at,
+                            updated_at=now,
+                        )
                     )
-            claimed.extend(_claimed(r, token, probe) for r in rows)
+            claimed.extend(_claimed(r, token, probe, all_start) for r in rows)
             if cap is not None:
                 room_of[key] = cap - len(rows)
             if len(rows) == want and not probe and (cap is None or cap > len(rows)):
@@ -724,10 +795,18 @@ def _claim_sync(
             .where(resources.c.resource_key.in_(sorted(served)))
             .values(last_claimed_at=now)
         )
+    if not all_start and start and claimed:
+        # The jobs the worker starts at once are charged in this same transaction.
+        first = claimed[:start]
+        marked = start_many_sync(conn, [(j.id, token) for j in first], now=now, lease=lease)
+        claimed[: len(first)] = [
+            replace(j, attempts=j.attempts + 1, started=True) if j.id in marked else j
+            for j in first
+        ]
     return claimed
 
 
-def _claimed(r: Row[Any], token: int, probe: bool) -> ClaimedJob:
+def _claimed(r: Row[Any], token: int, probe: bool, started: bool) -> ClaimedJob:
     return ClaimedJob(
         id=r.id,
         kind=r.kind,
@@ -740,6 +819,7 @@ def _claimed(r: Row[Any], token: int, probe: bool) -> ClaimedJob:
         run_at=r.run_at,
         claim_token=token,
         probe=probe,
+        started=started,
     )
 
 
@@ -795,6 +875,60 @@ _COMPLETE_PG: Any = _complete_statement(
 )
 
 
+def _start_statement(ids_match: Any) -> Any:
+    # Same shape as the completes: one statement per claim token, ids as one parameter.
+    return (
+        update(jobs)
+        .where(
+            ids_match,
+            jobs.c.claim_token == bindparam("token"),
+            jobs.c.status == _RUNNING,
+            jobs.c.started_at.is_(None),
+        )
+        .values(
+            attempts=jobs.c.attempts + 1,
+            started_at=bindparam("now"),
+            heartbeat_at=bindparam("now"),
+            lease_expires_at=bindparam("until"),
+            updated_at=bindparam("now"),
+        )
+        .returning(jobs.c.id)
+    )
+
+
+_START_SQLITE: Any = _start_statement(
+    jobs.c.id.in_(select(literal_column("value")).select_from(func.json_each(bindparam("ids"))))
+)
+_START_PG: Any = _start_statement(
+    jobs.c.id == func.any(bindparam("ids", type_=postgresql.ARRAY(BigInteger)))
+)
+
+
+def start_many_sync(
+    conn: Connection, held: Sequence[tuple[int, int]], *, now: datetime, lease: timedelta
+) -> set[int]:
+    """Record that the claimed-ahead ``(job id, claim token)`` jobs start now: each
+    attempt is charged and the lease runs until ``now + lease``. Returns the ids whose
+    claim still held; a job missing from it must not run."""
+    if not held:
+        return set()
+    by_token: dict[int, list[int]] = {}
+    for job_id, token in held:
+        by_token.setdefault(token, []).append(job_id)
+    sqlite_ = conn.dialect.name == "sqlite"
+    stmt = _START_SQLITE if sqlite_ else _START_PG
+    started: set[int] = set()
+    for token, ids in by_token.items():
+        param = json.dumps(ids) if sqlite_ else ids
+        res = conn.execute(stmt, {"ids": param, "token": token, "now": now, "until": now + lease})
+        started.update(r[0] for r in res)
+    return started
+
+
+# Gives back the attempt a started job was charged; a job claimed ahead was charged none.
+_UNCHARGED: Any = jobs.c.attempts - case((jobs.c.started_at.is_(None), 0), else_=1)
+
+
 def _append_error(conn: Connection, job_id: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
     current = (conn.execute(select(jobs.c.errors).where(jobs.c.id == job_id))).scalar()
     history = list(current or [])
@@ -841,7 +975,7 @@ def fail_sync(
     else:
         values["finished_at"] = now
     if not count_attempt:
-        values["attempts"] = jobs.c.attempts - 1
+        values["attempts"] = _UNCHARGED
     res = conn.execute(
         update(jobs)
         .where(
@@ -923,7 +1057,7 @@ def snooze_sync(conn: Connection, job: ClaimedJob, *, now: datetime, until: date
         .values(
             status="pending",
             run_at=until,
-            attempts=jobs.c.attempts - 1,
+            attempts=_UNCHARGED,
             locked_by=None,
             claim_token=None,
             lease_expires_at=None,
@@ -1012,7 +1146,7 @@ async def release(
             .where(tuple_(jobs.c.id, jobs.c.claim_token).in_(list(held)), jobs.c.status == _RUNNING)
             .values(
                 status="pending",
-                attempts=jobs.c.attempts - 1,
+                attempts=_UNCHARGED,
                 locked_by=None,
                 claim_token=None,
                 lease_expires_at=None,
@@ -1041,9 +1175,12 @@ async def heartbeat(
     *,
     lease: timedelta,
     now: datetime | None = None,
+    start_lease: timedelta | None = None,
 ) -> set[int]:
     """Extend the leases of the jobs this worker still holds; return the ids it still holds.
 
+    Started jobs get ``lease``; jobs claimed ahead and not started get ``start_lease``
+    (default: ``lease``), so that a crash gives them to other workers soon.
     A job missing from the result was rescued or cancelled: its handler should stop.
     """
     if not held:
@@ -1057,7 +1194,12 @@ async def heartbeat(
                 jobs.c.status == _RUNNING,
                 jobs.c.locked_by == worker_id,
             )
-            .values(heartbeat_at=now, lease_expires_at=now + lease)
+            .values(
+                heartbeat_at=now,
+                lease_expires_at=case(
+                    (jobs.c.started_at.is_(None), now + (start_lease or lease)), else_=now + lease
+                ),
+            )
             .returning(jobs.c.id)
         )
         return {r[0] for r in res}
@@ -1073,9 +1215,10 @@ async def rescue_expired(
     """Return jobs whose lease expired to pending (their attempt stays counted).
 
     A job that has used all its attempts ends dead instead (it keeps killing workers) and
-    is dead-lettered in the same transaction. ``max_attempts_by_kind`` overrides the
-    row's limit for those kinds, as a handler registered with ``max_attempts`` does for
-    ordinary failures.
+    is dead-lettered in the same transaction. A job claimed ahead that never started was
+    charged nothing: it goes back to pending as it was, never dead. ``max_attempts_by_kind``
+    overrides the row's limit for those kinds, as a handler registered with
+    ``max_attempts`` does for ordinary failures.
     """
     now = now or utcnow()
     limit_of: Any = jobs.c.max_attempts
@@ -1093,18 +1236,20 @@ async def rescue_expired(
             .with_for_update(skip_locked=True)
         )
         message = "lease expired: the worker stopped heart-beating (crashed or hung)"
+        unstarted = jobs.c.started_at.is_(None)
+        dies = and_(~unstarted, jobs.c.attempts >= limit_of)
         res = await conn.execute(
             update(jobs)
             .where(jobs.c.id.in_(expired.scalar_subquery()))
             .values(
-                status=case((jobs.c.attempts >= limit_of, "dead"), else_="pending"),
-                finished_at=case((jobs.c.attempts >= limit_of, now), else_=None),
-                run_at=now,
+                status=case((dies, "dead"), else_="pending"),
+                finished_at=case((dies, now), else_=None),
+                run_at=case((unstarted, jobs.c.run_at), else_=now),
                 locked_by=None,
                 claim_token=None,
                 lease_expires_at=None,
-                last_error=message,
-                error_class="transient",
+                last_error=case((unstarted, jobs.c.last_error), else_=message),
+                error_class=case((unstarted, jobs.c.error_class), else_="transient"),
                 updated_at=now,
             )
             .returning(
@@ -1343,4 +1488,5 @@ __all__ = [
     "rescue_expired",
     "retry_job",
     "set_priority",
+    "start_many_sync",
 ]

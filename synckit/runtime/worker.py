@@ -5,10 +5,14 @@ Tasks inside one worker:
 * the claimer takes batches of due jobs while it has free slots, and otherwise sleeps
   until woken (LISTEN/NOTIFY on PostgreSQL, in-process events on SQLite) or until the
   poll interval passes;
-* one task per job runs its handler under the kind's timeout;
-* the recorder writes outcomes in batches: successes of many jobs commit in one
-  transaction together with their follow-up jobs; failures are classified and retried
-  by the errors rules, or dead-lettered;
+* one task per job runs its handler under the kind's timeout, once its start (the attempt
+  charged) is durable: marked in the claim for the jobs that start at once, else in the
+  recorder's next transaction;
+* the recorder writes outcomes and start marks in batches: successes of many jobs commit
+  in one transaction together with their follow-up jobs; failures are classified and
+  retried by the errors rules, or dead-lettered; each other outcome is written in a
+  savepoint, so one that cannot be written is recorded as a failure and never holds up
+  the rest;
 * the heartbeat extends the leases of held jobs and notices jobs cancelled meanwhile;
 * maintenance rescues expired leases, fires recurring ticks and prunes old jobs.
 
@@ -28,15 +32,16 @@ import socket
 import time
 import traceback
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from synckit.errors import (
     BreakerOutcome,
@@ -54,7 +59,9 @@ from synckit.errors import (
     retry_delay,
 )
 from synckit.errors.exceptions import DatabaseError, NeedsReauth, PermanentError, SynckitError
-from synckit.runtime import cron, outbox
+from synckit.errors.pace import PacePolicy
+from synckit.errors.waits import DEFAULT_MAX_WAIT, moment_after
+from synckit.runtime import cron, outbox, pacing
 from synckit.runtime import jobs as store
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
@@ -77,14 +84,21 @@ class _Outcome:
     snooze_until: datetime | None = None
     reason: str = ""
     error_class: str | None = None
+    #: The attempt committed work of its own (JobContext.progressed): a failure is free.
+    progress: bool = False
+    #: When the handler started: requests it sent went out after this (pacing's
+    #: "in flight when the limit hit" is judged against it).
+    started_at: datetime | None = None
 
 
 @dataclass(frozen=True)
 class RecordedOutcome:
     """What happened to one job, as recorded: handed to outcome observers.
 
-    ``status`` is ``succeeded``, ``pending`` (a retry is scheduled), ``dead``,
-    ``snoozed``, ``cancelled`` or ``discarded``; ``error_class`` is set for failures.
+    ``status`` is ``succeeded``, ``pending`` (a retry is scheduled), ``paced`` (rate
+    limited: rescheduled for when its resource is available, attempt not spent and not a
+    failure), ``dead``, ``snoozed``, ``cancelled`` or ``discarded``; ``error_class`` is
+    set for failures.
     """
 
     job: ClaimedJob
@@ -105,14 +119,62 @@ class WorkerStats:
     retried: int = 0
     dead: int = 0
     snoozed: int = 0
+    paced: int = 0
     cancelled: int = 0
     discarded: int = 0
     fenced: int = 0
     rescued: int = 0
 
 
+class _Slots:
+    """Handler slots, handed out first come, first served; a slot can also be taken
+    synchronously, so that jobs charged as started in the claim run at once."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def startable(self) -> int:
+        """How many jobs could take a slot right now without waiting."""
+        return max(0, self.free - sum(1 for w in self._waiters if not w.done()))
+
+    def try_take(self) -> bool:
+        if self.startable > 0:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.try_take():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give()  # handed a slot in the same moment it was cancelled
+            raise
+
+    def give(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.free += 1
+
+
 class Worker:
-    """Runs jobs from one database with the handlers of one registry."""
+    """Runs jobs from one database with the handlers of one registry.
+
+    ``lease`` is how long a started job is held without a heartbeat; ``start_lease``
+    (default ``min(lease, 10 s)``) how long a job claimed ahead but not started is, so
+    that a crash gives those back to other workers within seconds, attempts unspent.
+    ``max_wait`` caps every wait a handler asks for (retry-after, snooze);
+    ``pace_policy`` says how rate limits pace their resource (``runtime/pacing.py``).
+    """
 
     def __init__(
         self,
@@ -133,9 +195,15 @@ class Worker:
         clock: Callable[[], datetime] = utcnow,
         observers: Sequence[OutcomeObserver] = (),
         outbox_publisher: Publisher | None = None,
+        start_lease: timedelta | None = None,
+        max_wait: timedelta = DEFAULT_MAX_WAIT,
+        pace_policy: PacePolicy | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        self.start_lease = min(lease, start_lease or timedelta(seconds=10))
+        self.max_wait = max_wait
+        self.pace_policy = pace_policy or PacePolicy(max_wait=max_wait)
         self.db = db
         self.registry = registry
         self.concurrency = concurrency
@@ -143,7 +211,7 @@ class Worker:
         self.lease = lease
         self.poll_interval = poll_interval
         self.claim_batch = claim_batch
-        self._run_slots = asyncio.Semaphore(concurrency)
+        self._slots = _Slots(concurrency)
         # Average handler run time (EWMA), which decides whether to claim ahead.
         self._avg_run: float | None = None
         # Resources this worker's own outcomes just paced or opened: jobs of theirs that
@@ -155,7 +223,7 @@ class Worker:
         self.breaker_policy = breaker_policy or registry.breaker_policy or BreakerPolicy()
         self.grace_period = grace_period
         self.prune_after = prune_after
-        self.rescue_interval = rescue_interval or max(1.0, lease.total_seconds() / 4)
+        self.rescue_interval = rescue_interval or max(1.0, self.start_lease.total_seconds() / 4)
         self.rng = rng or random.Random()
         self.clock = clock
         self.stats = WorkerStats()
@@ -165,6 +233,9 @@ class Worker:
         self._held: dict[int, ClaimedJob] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._outcomes: asyncio.Queue[_Outcome] = asyncio.Queue()
+        # Jobs that have their handler slot and wait for their start to be recorded.
+        self._start_marks: list[tuple[ClaimedJob, asyncio.Future[ClaimedJob | None]]] = []
+        self._record_wake = asyncio.Event()
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -210,16 +281,22 @@ class Worker:
                 background.append(
                     asyncio.create_task(relay.run(self._stopping), name="synckit-outbox")
                 )
+        cancelled = False
         try:
             if idle_exit:
                 await self._maintenance_once(rescue=True)
             await self._claim_loop(idle_exit=idle_exit)
             await self._drain()
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         finally:
             for t in background:
                 t.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            await self._outcomes.join()
+            if not cancelled:
+                # Cancelled: return now; what is unrecorded is redone after the leases.
+                await self._outcomes.join()
             recorder.cancel()
             await asyncio.gather(recorder, return_exceptions=True)
             store.unregister_waker(self.db, self._wake)
@@ -259,6 +336,11 @@ class Worker:
                     min(free, batch_size),
                     now=self.clock(),
                     lease=self.lease,
+                    # Jobs that will have a handler slot at once are started (charged) by
+                    # the claim itself; the rest are claimed ahead, uncharged.
+                    start=self._slots.startable,
+                    start_lease=self.start_lease,
+                    breaker_policy=self.breaker_policy,
                 )
             except Exception as exc:  # the worker must outlive any one failure
                 await self._db_trouble("claim", exc, backoff)
@@ -309,22 +391,43 @@ class Worker:
     def _start(self, job: ClaimedJob) -> None:
         self.stats.claimed += 1
         self._held[job.id] = job
-        task = asyncio.create_task(self._execute(job), name=f"synckit-job-{job.id}")
+        # A job the claim started takes its slot now, before any job claimed earlier
+        # that still waits for one: it was charged on the promise of running at once.
+        slotted = job.started and job.resource_key not in self._unrecorded_failures
+        slotted = slotted and self._slots.try_take()
+        task = asyncio.create_task(self._execute(job, slotted), name=f"synckit-job-{job.id}")
         self._tasks[job.id] = task
 
-    async def _execute(self, job: ClaimedJob) -> None:
-        await self._acquire_run_slot(job)
+    def _put_outcome(self, outcome: _Outcome) -> None:
+        self._outcomes.put_nowait(outcome)
+        self._record_wake.set()
+
+    async def _execute(self, job: ClaimedJob, slotted: bool) -> None:
+        if not slotted:
+            await self._acquire_run_slot(job)
         try:
             if self._stopping.is_set():
-                # Claimed ahead but not started: shutdown releases it (attempt not spent).
+                # Not started: shutdown releases it (a charged attempt is given back).
                 self._tasks.pop(job.id, None)
                 return
             until = self._blocked_until.get(job.resource_key or "")
             if until is not None and until > self.clock() and not job.probe:
                 # Claimed ahead before this worker learnt its resource must wait.
                 self._tasks.pop(job.id, None)
-                self._outcomes.put_nowait(_Outcome(job, "snooze", snooze_until=until))
+                self._put_outcome(_Outcome(job, "snooze", snooze_until=until))
                 return
+            if not job.started:
+                started_job = await self._mark_started(job)
+                if started_job is None:
+                    # Rescued or cancelled while it waited: another worker may run it.
+                    self._log.warning("job.lost_claim", job_id=job.id)
+                    self._tasks.pop(job.id, None)
+                    self._held.pop(job.id, None)
+                    self._slot_free.set()
+                    return
+                job = started_job
+                if job.id in self._held:
+                    self._held[job.id] = job
             started = time.monotonic()
             # Every event logged while the handler runs carries the job's context (this
             # task runs this one job, so the binding ends with it).
@@ -333,7 +436,16 @@ class Worker:
             took = time.monotonic() - started
             self._avg_run = took if self._avg_run is None else 0.8 * self._avg_run + 0.2 * took
         finally:
-            self._run_slots.release()
+            self._slots.give()
+
+    async def _mark_started(self, job: ClaimedJob) -> ClaimedJob | None:
+        """Charge the job's attempt durably before its handler runs (a job that kills its
+        worker must run out of attempts), in the recorder's next transaction rather
+        than one of its own: the job as started, or None if its claim was lost."""
+        fut: asyncio.Future[ClaimedJob | None] = asyncio.get_running_loop().create_future()
+        self._start_marks.append((job, fut))
+        self._record_wake.set()
+        return await fut
 
     async def _acquire_run_slot(self, job: ClaimedJob) -> None:
         """Wait for a handler slot, and for any failure of the job's resource that is not
@@ -344,17 +456,20 @@ class Worker:
             while key in self._unrecorded_failures and not self._stopping.is_set():
                 self._recorded.clear()
                 await self._wait_any(self._recorded, 0.05)
-            await self._run_slots.acquire()
+            await self._slots.take()
             if key not in self._unrecorded_failures or self._stopping.is_set():
                 return
-            self._run_slots.release()
+            self._slots.give()
 
     async def _execute_bound(self, job: ClaimedJob) -> None:
         outcome: _Outcome
         spec = self.registry.get(job.kind)
+        ctx: JobContext | None = None
+        handler_started: datetime | None = None
         try:
             if spec is None:
                 raise PermanentError(f"no handler registered for job kind {job.kind!r}")
+            handler_started = self.clock()
             ctx = JobContext(
                 job=job,
                 worker_id=self.worker_id,
@@ -374,7 +489,8 @@ class Worker:
                 ) from exc
             outcome = _Outcome(job, "success", followups=ctx.followups, messages=ctx.messages)
         except Snooze as s:
-            outcome = _Outcome(job, "snooze", snooze_until=self.clock() + s.delay)
+            until = moment_after(self.clock(), s.delay, self.max_wait)
+            outcome = _Outcome(job, "snooze", snooze_until=until)
         except Cancel as c:
             outcome = _Outcome(job, "cancel", reason=c.reason)
         except Discard as d:
@@ -386,7 +502,14 @@ class Worker:
             self._slot_free.set()
             raise
         except Exception as exc:
-            outcome = _Outcome(job, "failure", exc=exc, tb=traceback.format_exc(limit=30))
+            outcome = _Outcome(
+                job,
+                "failure",
+                exc=exc,
+                tb=traceback.format_exc(limit=30),
+                progress=ctx is not None and ctx.made_progress,
+                started_at=handler_started,
+            )
         self._tasks.pop(job.id, None)
         self._slot_free.set()
         if outcome.kind == "failure" and job.resource_key:
@@ -394,27 +517,37 @@ class Worker:
             # the resource that this worker claimed ahead may start.
             key = job.resource_key
             self._unrecorded_failures[key] = self._unrecorded_failures.get(key, 0) + 1
-        self._outcomes.put_nowait(outcome)
+        self._put_outcome(outcome)
 
     # --- recording outcomes -------------------------------------------------------------
 
     async def _recorder(self) -> None:
         backoff = _Backoff()
         while True:
-            first = await self._outcomes.get()
-            batch = [first]
+            while self._outcomes.empty() and not self._start_marks:
+                self._record_wake.clear()
+                await self._record_wake.wait()
+            batch: list[_Outcome] = []
             while len(batch) < 1000:
                 try:
                     batch.append(self._outcomes.get_nowait())
                 except asyncio.QueueEmpty:
                     break
+            marks, self._start_marks = self._start_marks, []
             while True:
                 try:
-                    await self._record(batch)
+                    started = await self._record(batch, [job for job, _ in marks])
                     backoff.reset()
                     break
                 except Exception as exc:  # the worker must outlive any one failure
                     await self._db_trouble("record", exc, backoff)
+            for job, fut in marks:
+                if not fut.done():
+                    fut.set_result(
+                        replace(job, attempts=job.attempts + 1, started=True)
+                        if job.id in started
+                        else None
+                    )
             for o in batch:
                 self._held.pop(o.job.id, None)
                 self._outcomes.task_done()
@@ -423,14 +556,18 @@ class Worker:
                     self._unrecorded_failures[key] -= 1
                     if self._unrecorded_failures[key] <= 0:
                         del self._unrecorded_failures[key]
-            self._record_seq += 1
-            self._recorded.set()
-            self._slot_free.set()
+            if batch:
+                self._record_seq += 1
+                self._recorded.set()
+                self._slot_free.set()
 
-    async def _record(self, batch: list[_Outcome]) -> None:
+    async def _record(self, batch: list[_Outcome], marks: list[ClaimedJob]) -> set[int]:
+        """Write ``batch`` and the start ``marks`` in one transaction; the ids started."""
         now = self.clock()
         successes = [o for o in batch if o.kind == "success"]
-        held, results, woke_jobs, woke_outbox = await self.db.write(self._record_sync, batch, now)
+        held, results, woke_jobs, woke_outbox, started = await self.db.write(
+            self._record_sync, batch, marks, now
+        )
         self.stats.succeeded += len(held)
         self.stats.fenced += len(successes) - len(held)
         if woke_jobs:
@@ -439,11 +576,16 @@ class Worker:
             outbox.wake_local_relays(self.db)
         for o, status in results:
             self._after(o, status)
+        return started
 
     def _record_sync(
-        self, conn: Connection, batch: list[_Outcome], now: datetime
-    ) -> tuple[set[int], list[tuple[_Outcome, str | None]], bool, bool]:
-        """Record a batch of outcomes in one transaction (run whole by Database.write)."""
+        self, conn: Connection, batch: list[_Outcome], marks: list[ClaimedJob], now: datetime
+    ) -> tuple[set[int], list[tuple[_Outcome, str | None]], bool, bool, set[int]]:
+        """Record a batch of outcomes and start marks in one transaction (run whole by
+        Database.write)."""
+        started = store.start_many_sync(
+            conn, [(j.id, j.claim_token) for j in marks], now=now, lease=self.lease
+        )
         successes = [o for o in batch if o.kind == "success"]
         others = [o for o in batch if o.kind != "success"]
         held = store.complete_many_sync(
@@ -462,7 +604,7 @@ class Worker:
             self._breaker_success(conn, keyed, now)
         results: list[tuple[_Outcome, str | None]] = []
         for o in others:
-            results.append((o, self._record_other(conn, o, now)))
+            results.append((o, self._record_guarded(conn, o, now)))
         if self.observers:
             recorded = [
                 RecordedOutcome(o.job, "succeeded", None, None)
@@ -475,7 +617,59 @@ class Worker:
             ]
             for observe in self.observers:
                 observe(conn, recorded, now)
-        return held, results, bool(followups), bool(messages)
+        return held, results, bool(followups), bool(messages), started
+
+    def _record_guarded(self, conn: Connection, o: _Outcome, now: datetime) -> str | None:
+        """Record one outcome in a savepoint; one that cannot be recorded (a bug, a value
+        the database refuses) is recorded as a failure with its reason instead, so the
+        batch's other outcomes commit. A lost connection fails the whole batch, which the
+        recorder retries."""
+        try:
+            with conn.begin_nested():
+                return self._record_other(conn, o, now)
+        except Exception as exc:  # any failure of this one outcome, bug or refusal
+            if _connection_lost(conn, exc):
+                raise
+            problem = exc
+        reason = redact_text(
+            f"the {o.kind} outcome could not be recorded: {type(problem).__name__}: {problem}"
+        ).replace("\x00", "")[:1000]
+        self._log.error(
+            "job.outcome_unrecordable", job_id=o.job.id, kind=o.job.kind, error=reason[:300]
+        )
+        try:
+            with conn.begin_nested():
+                return self._record_unrecordable(conn, o, now, reason)
+        except Exception as exc:  # even the plain failure would not go in
+            if _connection_lost(conn, exc):
+                raise
+            # Left running: its lease expires and the rescue retries it.
+            self._log.error("job.outcome_dropped", job_id=o.job.id, error=repr(exc)[:300])
+            return None
+
+    def _record_unrecordable(
+        self, conn: Connection, o: _Outcome, now: datetime, reason: str
+    ) -> str | None:
+        job = o.job
+        o.error_class = ErrorClass.TRANSIENT.value
+        o.exc = RuntimeError(reason)
+        o.tb = None
+        retry_at = None
+        if job.attempts < self._limit_of(job):
+            retry_at = moment_after(now, self._retry_policy_of(job).base, self.max_wait)
+        return store.fail_sync(
+            conn,
+            job,
+            now=now,
+            error_class=o.error_class,
+            message=reason,
+            retry_at=retry_at,
+        )
+
+    def _limit_of(self, job: ClaimedJob) -> int:
+        # A handler registered with max_attempts sets the limit for its kind.
+        spec = self.registry.get(job.kind)
+        return spec.max_attempts if spec and spec.max_attempts is not None else job.max_attempts
 
     def _retry_policy_of(self, job: ClaimedJob) -> RetryPolicy:
         """The registry's policy for this job (a connector's, say), else the worker's."""
@@ -517,13 +711,33 @@ class Worker:
                 traceback=o.tb,
                 count_attempt=False,
             )
-        decision = None
-        # A handler registered with max_attempts sets the limit for its kind.
-        spec = self.registry.get(job.kind)
-        limit = spec.max_attempts if spec and spec.max_attempts is not None else job.max_attempts
-        if job.attempts < limit:
-            decision = retry_delay(c, job.attempts, self._retry_policy_of(job), rng=self.rng)
-        retry_at = now + decision.delay if decision is not None else None
+        if c.error_class is ErrorClass.RATE_LIMITED:
+            # A rate limit paces; it never fails: no attempt, no breaker, no budget.
+            policy = self._retry_policy_of(job)
+            decision = retry_delay(c, job.attempts, policy, rng=self.rng)
+            wait = decision.delay if decision is not None else (c.retry_after or policy.base)
+            retry_at: datetime | None = moment_after(now, wait, self.max_wait)
+            if job.resource_key:
+                paced = self._resource_failure(conn, job, c, now, retry_at, sent_at=o.started_at)
+                retry_at = paced or retry_at
+            recorded = store.fail_sync(
+                conn,
+                job,
+                now=now,
+                error_class=c.error_class.value,
+                message=message,
+                retry_at=retry_at,
+                traceback=o.tb,
+                count_attempt=False,
+            )
+            return "paced" if recorded == "pending" else recorded
+        retry_at = None
+        if job.attempts < self._limit_of(job) or o.progress:
+            # After progress, the backoff starts over: attempts that did nothing count.
+            attempt = 1 if o.progress else job.attempts
+            decision = retry_delay(c, attempt, self._retry_policy_of(job), rng=self.rng)
+            if decision is not None:
+                retry_at = moment_after(now, decision.delay, self.max_wait)
         if job.resource_key:
             self._resource_failure(conn, job, c, now, retry_at)
         return store.fail_sync(
@@ -534,6 +748,9 @@ class Worker:
             message=message,
             retry_at=retry_at,
             traceback=o.tb,
+            # Work committed in this attempt is progress: only attempts that committed
+            # nothing count toward giving up.
+            count_attempt=not o.progress,
         )
 
     def _after(self, o: _Outcome, status: str | None) -> None:
@@ -561,6 +778,9 @@ class Worker:
             self._log.warning("job.dead", error=str(o.exc)[:300], **fields)
         elif status == "snoozed":
             self.stats.snoozed += 1
+        elif status == "paced":
+            self.stats.paced += 1
+            self._log.info("job.paced", error=str(o.exc)[:300], **fields)
         elif status == "cancelled":
             self.stats.cancelled += 1
         elif status == "discarded":
@@ -577,6 +797,7 @@ class Worker:
             reopen_count=r.reopen_count,
             cooldown_until=r.cooldown_until,
             probe_in_flight=r.probe_job_id is not None,
+            probe_expires_at=r.probe_expires_at,
             window_start=r.window_start,
             window_calls=r.window_calls,
             window_failures=r.window_failures,
@@ -605,6 +826,7 @@ class Worker:
         }
         if not after.probe_in_flight:
             values["probe_job_id"] = None
+            values["probe_expires_at"] = None
         conn.execute(update(resources).where(resources.c.resource_key == key).values(**values))
         if after.state != before.state:
             event = {
@@ -655,30 +877,52 @@ class Worker:
         c: Classification,
         now: datetime,
         retry_at: datetime | None,
-    ) -> None:
-        r = (
-            conn.execute(select(resources).where(resources.c.resource_key == job.resource_key))
-        ).first()
+        *,
+        sent_at: datetime | None = None,
+    ) -> datetime | None:
+        """Fold a failure into the resource's breaker and, for a rate limit, its pace;
+        returns when the resource is next available (None: not paced)."""
+        key = job.resource_key
+        r = (conn.execute(select(resources).where(resources.c.resource_key == key))).first()
         if r is None:
-            return
+            return None
         extra: dict[str, Any] = {
             "last_error_class": c.error_class.value,
             "last_error": c.reason[:500],
         }
-        if c.error_class is ErrorClass.RATE_LIMITED:
-            # Pace the whole resource: no worker calls it before the server's time is up.
-            until = c.rate_limit_reset or retry_at
-            if until is not None and (r.next_available_at is None or until > r.next_available_at):
-                extra["next_available_at"] = until
-                self._block(r.resource_key, until)
-                self._log.info("resource.throttled", resource_key=job.resource_key, until=until)
+        paced: datetime | None = None
+        if c.error_class is ErrorClass.RATE_LIMITED and key:
+            paced = self._pace(conn, key, c, now, sent_at, r.next_available_at)
+            if paced is not None:
+                self._block(key, paced)
+                self._log.info("resource.throttled", resource_key=key, until=paced)
         before = self._snapshot(r)
-        after = breaker_transition(before, breaker_outcome(c), now, self.breaker_policy)
+        after = breaker_transition(
+            before, breaker_outcome(c), now, self.breaker_policy, server_wait=c.retry_after
+        )
         if after.state is BreakerState.OPEN and after.cooldown_until is not None:
             self._block(r.resource_key, after.cooldown_until)
         self._store_snapshot(conn, r.resource_key, before, after, now, **extra)
         if r.parent_key and after.state is BreakerState.OPEN and before.state is not after.state:
             self._maybe_open_parent(conn, r.parent_key, now)
+        return paced
+
+    def _pace(
+        self,
+        conn: Connection,
+        key: str,
+        c: Classification,
+        now: datetime,
+        sent_at: datetime | None,
+        current: datetime | None,
+    ) -> datetime | None:
+        """Pace the resource: no worker calls it before the server's time is up."""
+        # Requests sent before the current event's pace ended are that event (a burst
+        # of in-flight 429s is one); the handler's start bounds when its requests went.
+        until = pacing.record_rate_limit_sync(
+            conn, key, c, sent_at=sent_at, now=now, policy=self.pace_policy
+        )
+        return until if until is not None else current
 
     def _maybe_open_parent(self, conn: Connection, parent_key: str, now: datetime) -> None:
         """Open the API-wide breaker when many of its tenants' breakers are open together."""
@@ -712,7 +956,8 @@ class Worker:
     # --- background duties --------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
-        interval = max(0.05, self.lease.total_seconds() / 3)
+        # Often enough for the shorter lease, that of jobs claimed ahead.
+        interval = max(0.05, self.start_lease.total_seconds() / 3)
         while True:
             await asyncio.sleep(interval)
             held = [(j.id, j.claim_token) for j in list(self._held.values())]
@@ -720,7 +965,12 @@ class Worker:
                 continue
             try:
                 alive = await store.heartbeat(
-                    self.db, self.worker_id, held, lease=self.lease, now=self.clock()
+                    self.db,
+                    self.worker_id,
+                    held,
+                    lease=self.lease,
+                    now=self.clock(),
+                    start_lease=self.start_lease,
                 )
             except Exception as exc:  # the worker must outlive any one failure
                 self._log.warning("worker.heartbeat_failed", error=str(exc))
@@ -813,6 +1063,15 @@ class Worker:
                 exc_info=exc,
             )
         await asyncio.sleep(delay)
+
+
+def _connection_lost(conn: Connection, exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection (not this one statement) failed."""
+    if conn.invalidated or conn.closed:
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, OperationalError | InterfaceError)
 
 
 def claim_plan(

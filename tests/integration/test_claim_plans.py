@@ -24,6 +24,8 @@ PARAMS: dict[str, Any] = {
     "worker": "w",
     "token": 1,
     "until": NOW + timedelta(minutes=1),
+    "charge": 0,
+    "started": None,
     "lane": "tenant-1",
 }
 
