@@ -98,18 +98,20 @@ async def test_a_burst_of_in_flight_rate_limits_is_one_pacing_event(
     limit_status: int,
     retry_after: RetryAfterStyle,
 ) -> None:
-    """The server allows 10 requests a second per tenant; records are posted 8 at a time,
-    so several requests are in flight when the limit hits. Their refusals together are one
-    pacing event: no breaker, no attempt spent, no pause longer than the server asked
-    (under a second), and the run converges near the limit's pace."""
+    """The server allows 10 requests a second per tenant and says so only when it refuses;
+    records are posted 8 at a time, so several requests are in flight when the limit hits.
+    Their refusals together are one pacing event: no breaker, no attempt spent, no pause
+    longer than the server asked (under a second), and the run converges near the
+    limit's pace."""
     api = HostileAPI()
-    tenants, pages, records = 2, 3, 10
+    tenants, pages, records = 2, 2, 20
     behaviour = Behaviour(
         pages=pages,
         records=records,
-        latency=0.02,
+        latency=0.05,
         limit=10,
         limit_status=limit_status,
+        limit_headers=False,
         retry_after=retry_after,
     )
     with api.serve_in_thread():
@@ -165,19 +167,19 @@ async def test_a_three_second_outage_resumes_within_two_seconds_of_its_end(
 async def test_the_token_endpoint_is_not_hammered_during_its_outage(
     migrated_url: str, tmp_path: Path, tenants: int
 ) -> None:
-    """Tokens are due for refresh a second after they are issued (61 s tokens, 60 s
-    leeway) and the token endpoint answers 503 + Retry-After for 3 s from then: its first
-    503 paces the tenant's refreshes, so it is called at most twice per tenant during the
-    outage; and the run completes after it."""
+    """Access tokens live 4 s, so they are refreshed (and then expire) while the token
+    endpoint answers 503 + Retry-After = the seconds left, from 2.5 s to 5.5 s into the
+    run. Its first 503 paces the tenant's refreshes: it is called at most twice per tenant
+    during the outage, and the run completes after it."""
     api = HostileAPI()
     behaviour = Behaviour(
-        pages=20,
+        pages=10,
         records=10,
         latency=0.02,
         oauth=True,
         outage_api=False,
         outage_token=True,
-        token_expires_in=61.0,
+        token_expires_in=4.0,
     )
     env = {"SYNCKIT_SECRET_KEY": Fernet.generate_key().decode()}
     with api.serve_in_thread() as url:
@@ -188,14 +190,17 @@ async def test_the_token_endpoint_is_not_hammered_during_its_outage(
             tenants=tenants,
             workers=WORKERS,
             sink=True,
+            rate_limit=20,
             token_url=f"{url}/oauth/token",
             within=40,
             logs_dir=tmp_path,
             extra_env=env,
-            on_started=lambda: api.start_outage(3.0, after=1.0),
+            on_started=lambda: api.start_outage(3.0, after=2.5),
         )
     st = run.stats
     assert st.outage is not None and st.token_requests > 0
+    last = max(at for t in st.tenants.values() for at, _, _ in t.events)
+    assert last > st.outage[1], "the run must outlast the outage to test anything"
     assert st.token_requests_in_outage <= 2 * tenants, (
         f"{st.token_requests_in_outage} token requests during the 3 s outage; {summary(run)}"
     )
