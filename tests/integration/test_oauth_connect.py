@@ -190,8 +190,16 @@ def test_tenants_connect_cli_over_a_loopback_listener(
     env = oauth_app_env(server)
     cli = [sys.executable, "-m", "synckit.cli", "tenants"]
     add = subprocess.run(
-        [*cli, "add", "acme", "me", "--app", "oauth_worker_app:app"]
-        + ["--database-url", migrated_url],
+        [
+            *cli,
+            "add",
+            "acme",
+            "me",
+            "--app",
+            "oauth_worker_app:app",
+            "--database-url",
+            migrated_url,
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -201,8 +209,17 @@ def test_tenants_connect_cli_over_a_loopback_listener(
     out, err = tmp_path / "out", tmp_path / "err"
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen(
-            [*cli, "connect", "acme", "--app", "oauth_worker_app:app", "--wait", "60"]
-            + ["--database-url", migrated_url],
+            [
+                *cli,
+                "connect",
+                "acme",
+                "--app",
+                "oauth_worker_app:app",
+                "--wait",
+                "60",
+                "--database-url",
+                migrated_url,
+            ],
             env=env,
             stdout=o,
             stderr=e,
