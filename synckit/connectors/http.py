@@ -3,27 +3,39 @@
 Two layers, because they see different things:
 
 * :class:`PacedTransport` wraps the real transport and sees every request on the wire
-  (auth retries included). Before each one it waits for the resource: while the
-  tenant's (or its API's) ``next_available_at`` is in the future, then for a token of
-  the connector's :class:`~synckit.connectors.base.RateLimit`. A wait longer than the
-  connector's ``max_inline_wait`` raises :class:`~synckit.errors.RateLimited` instead of
-  sleeping, so the worker defers the job. After each response, a quota reported as
-  exhausted (``X-RateLimit-Remaining: 0``, ``RateLimit: ...;r=0``) on *any* response
-  defers the resource until the reported reset.
+  (auth retries included). Before each one the :class:`Pacer` waits for the resource:
+  while the tenant's (or its API's) ``next_available_at`` is in the future, and for the
+  request's slot on the tenant's shared schedule when a rate applies: the connector's
+  declared :class:`~synckit.connectors.base.RateLimit`, the rate that spreads the quota
+  the API reported (``X-RateLimit-*``, IETF ``RateLimit``) over the time to its reset, or
+  the lower of the two. A wait longer than the connector's ``max_inline_wait`` raises
+  :class:`~synckit.errors.RateLimited` (with ``paced_until``) instead of sleeping, so the
+  worker puts the job back. After each response it notes the reported quota (stored with
+  the next slot, not by a write of its own), and a success reporting an exhausted quota
+  defers the resource until the reset.
 * :class:`SyncClient` overrides ``send``, so it sees the final response after
   authentication (an OAuth auth flow may answer a 401 itself by refreshing). A failed
   response is classified by ``connector.classify`` and raised as the synckit exception
-  that tells the runtime what to do (:func:`synckit.errors.raising.exception_for`):
-  :class:`~synckit.errors.RateLimited` (and the resource is deferred by the wait),
-  :class:`~synckit.errors.NeedsReauth`, a permanent error for validation, authorization
-  and not-found, a retryable one for the rest. Transport errors (timeouts, resets) are
-  translated the same way, ``from`` the httpx error. Hooks never check status codes.
+  that tells the runtime what to do (:func:`synckit.errors.raising.exception_for`). A
+  rate-limited one is first recorded as a rate-limit event of the resource
+  (:func:`synckit.runtime.pacing.record_rate_limit`: in-flight answers of one burst are
+  one event); when the pace it leads to fits in ``max_inline_wait`` the request is sent
+  again after it (at most :data:`MAX_INLINE_RETRIES` times; a non-idempotent method only
+  after a 429, which says the server refused it), else :class:`~synckit.errors.RateLimited`
+  carries the clamped wait. Transport errors (timeouts, resets) are translated the same
+  way, ``from`` the httpx error. Hooks never check status codes.
+
+The Pacer touches the database only when it must: one short transaction per request
+while a rate applies (reserving the slot is what keeps every process of the tenant at
+the rate), otherwise a read of the resource's pacing at most every
+:data:`REFRESH_SECONDS` per process and resource.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -35,32 +47,57 @@ import structlog
 from synckit.connectors.base import Connector, RateLimit
 from synckit.errors.classify import Classification, ClassifyRules, ErrorClass
 from synckit.errors.exceptions import HandlerOutcome, RateLimited
-from synckit.errors.headers import parse_rate_limit
+from synckit.errors.headers import parse_rate_limit, server_wait
+from synckit.errors.pace import PacePolicy
 from synckit.errors.raising import exception_for
+from synckit.errors.waits import clamp_wait
 from synckit.runtime import pacing
 from synckit.runtime.db import Database
 
-__all__ = ["PacedTransport", "Pacer", "SyncClient", "api_error"]
+__all__ = [
+    "MAX_INLINE_RETRIES",
+    "REFRESH_SECONDS",
+    "SENT_AT",
+    "PacedTransport",
+    "Pacer",
+    "SyncClient",
+    "api_error",
+]
 
 log = structlog.get_logger("synckit.http")
 
-#: A 429 that names no wait still defers the resource this long.
-DEFAULT_RATE_LIMIT_WAIT = timedelta(seconds=30)
+#: A rate-limited request is sent again inline at most this many times.
+MAX_INLINE_RETRIES = 3
+#: How stale a process's view of a resource's pacing may get when no rate applies.
+REFRESH_SECONDS = 0.5
+#: ``request.extensions`` key holding when the request left (after its pacing wait).
+SENT_AT = "synckit.sent_at"
 
-# One lock per (event loop, database, resource) serialises this process's takers of one
-# bucket, so they queue in order instead of all polling the row at once.
-_bucket_locks: weakref.WeakValueDictionary[tuple[int, str, str], asyncio.Lock] = (
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+
+
+@dataclasses.dataclass(eq=False)
+class _Shared:
+    """One process's view of one resource, shared by every client of it in the process."""
+
+    view: pacing.PaceView | None = None
+    read_at: float = -1e18  # time.monotonic() of the last read
+    observed: pacing.Quota | None = None  # the freshest quota this process saw
+    in_flight: int = 0
+
+
+_shared_views: weakref.WeakValueDictionary[tuple[int, str, str], _Shared] = (
     weakref.WeakValueDictionary()
 )
 
 
-def _bucket_lock(db: Database, key: str) -> asyncio.Lock:
+def _shared(db: Database, key: str) -> _Shared:
     ident = (id(asyncio.get_running_loop()), str(db.url), key)
-    lock = _bucket_locks.get(ident)
-    if lock is None:
-        lock = asyncio.Lock()
-        _bucket_locks[ident] = lock
-    return lock
+    found = _shared_views.get(ident)
+    if found is None:
+        found = _Shared()
+        _shared_views[ident] = found
+    return found
 
 
 class Pacer:
@@ -78,80 +115,144 @@ class Pacer:
         self.db = db
         self.resource_key = resource_key
         self.rate_limit = rate_limit
+        #: The longest one request waits inline (the connector's max_inline_wait).
         self.max_wait = max_wait.total_seconds()
         self.clock = clock
-        self._lock: asyncio.Lock | None = None
+        self._state: _Shared | None = None
+
+    @property
+    def state(self) -> _Shared:
+        if self._state is None:
+            self._state = _shared(self.db, self.resource_key)
+        return self._state
 
     def _too_long(self, wait: float, why: str) -> RateLimited:
         return RateLimited(
             f"resource {self.resource_key} {why} for {wait:.1f}s "
             f"(more than the {self.max_wait:g}s a request may wait inline)",
             retry_after=timedelta(seconds=wait),
+            paced_until=self.clock() + timedelta(seconds=wait),
         )
+
+    def _wants_slot(self, now: datetime) -> bool:
+        if self.rate_limit is not None:
+            return True
+        st = self.state
+        quotas = [q for q in (st.observed, st.view.quota if st.view else None) if q is not None]
+        return any(q.reset_at is not None and q.reset_at > now for q in quotas)
 
     async def before_request(self) -> None:
         """Return when a request may go; raise RateLimited if that is too far off."""
-        if self.rate_limit is None:
-            await self._wait_until_available()
-            return
-        if self._lock is None:
-            self._lock = _bucket_lock(self.db, self.resource_key)
-        started = asyncio.get_running_loop().time()
-        if self._lock.locked():
-            if self.max_wait <= 0:
-                raise self._too_long(0.0, "has a queue of requests")
-            try:
-                await asyncio.wait_for(self._lock.acquire(), timeout=self.max_wait)
-            except TimeoutError:
-                raise self._too_long(self.max_wait, "has a queue of requests") from None
-        else:
-            await self._lock.acquire()
-        try:
-            await self._take(started)
-        finally:
-            self._lock.release()
-
-    async def _wait_until_available(self) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        st = self.state
         while True:
-            wait = await pacing.resource_wait(self.db, self.resource_key, self.clock())
+            now = self.clock()
+            budget = self.max_wait - (loop.time() - started)
+            if self._wants_slot(now):
+                result = await self.db.write(
+                    _take_slot,
+                    self.resource_key,
+                    self.rate_limit.per_second if self.rate_limit else None,
+                    self.rate_limit.burst if self.rate_limit else 1,
+                    st.in_flight,
+                    st.observed,
+                    now,
+                    max(budget, 0.0),
+                )
+                st.view, st.read_at = result.view, time.monotonic()
+                if result.wait <= 0:
+                    return
+                if result.wait > budget:
+                    why = {"paced": "is paced", "quota": "has spent its quota"}
+                    raise self._too_long(result.wait, why.get(result.why, "is rate limited"))
+                await asyncio.sleep(result.wait)
+                if result.reserved:
+                    return
+                continue
+            if time.monotonic() - st.read_at > REFRESH_SECONDS:
+                st.view = await pacing.read_pace(self.db, self.resource_key)
+                st.read_at = time.monotonic()
+                if self._wants_slot(now):
+                    continue
+            available = st.view.available_at if st.view else None
+            wait = (available - now).total_seconds() if available is not None else 0.0
             if wait <= 0:
                 return
-            if wait > self.max_wait:
+            if wait > budget:
                 raise self._too_long(wait, "is paced")
             await asyncio.sleep(wait)
 
-    async def _take(self, started: float) -> None:
-        assert self.rate_limit is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            wait, why = await pacing.acquire(
-                self.db,
-                self.resource_key,
-                rate=self.rate_limit.per_second,
-                burst=self.rate_limit.burst,
-                now=self.clock(),
-            )
-            if wait <= 0:
-                return
-            if loop.time() - started + wait > self.max_wait:
-                raise self._too_long(wait, "is paced" if why == "paced" else "is rate limited")
-            await asyncio.sleep(wait)
+    def paced_until(self, until: datetime) -> None:
+        """This process learnt the resource is paced until ``until`` (no read needed)."""
+        st = self.state
+        current = st.view.available_at if st.view else None
+        if current is None or until > current:
+            st.view = pacing.PaceView(until, st.view.quota if st.view else None)
 
     async def defer(self, until: datetime, reason: str) -> None:
         """No request to the resource before ``until``, by any worker."""
+        self.paced_until(until)
         if await pacing.defer_resource(self.db, self.resource_key, until, reason, now=self.clock()):
             log.info(
                 "resource.deferred", resource_key=self.resource_key, until=until, reason=reason
             )
 
+    async def record_rate_limit(
+        self, c: Classification, sent_at: datetime | None, policy: PacePolicy
+    ) -> datetime | None:
+        """Record a rate-limited answer (one event per burst); when the resource is paced
+        until, for every worker."""
+        until = await pacing.record_rate_limit(
+            self.db, self.resource_key, c, sent_at=sent_at, now=self.clock(), policy=policy
+        )
+        if until is not None:
+            self.paced_until(until)
+        return until
+
     async def after_response(self, response: httpx.Response) -> None:
-        """Defer the resource when the response says its quota is exhausted."""
+        """Note the quota the response reports; a success that spent it defers the
+        resource until the reset (Retry-After, when given, is the client's business)."""
         now = self.clock()
         quota = parse_rate_limit(response.headers, now)
-        if quota is None or not quota.exhausted or quota.reset_at is None:
+        if quota is None:
             return
-        if quota.reset_at > now:
-            await self.defer(quota.reset_at, f"HTTP {response.status_code}: quota exhausted")
+        st = self.state
+        if st.observed is None or st.observed.at <= now:
+            st.observed = pacing.Quota.of(quota, now)
+        if (
+            response.status_code < 400
+            and quota.exhausted
+            and quota.reset_at is not None
+            and quota.reset_at > now
+            and server_wait(response.headers, now) is None
+        ):
+            current = st.view.available_at if st.view else None
+            if current is None or current < quota.reset_at:
+                source = "X-RateLimit-Reset" if quota.source == "X-RateLimit" else "RateLimit"
+                await self.defer(quota.reset_at, f"HTTP {response.status_code}: {source}")
+
+
+def _take_slot(
+    conn: Any,
+    key: str,
+    declared_rate: float | None,
+    burst: int,
+    in_flight: int,
+    observed: pacing.Quota | None,
+    now: datetime,
+    max_wait: float,
+) -> pacing.SlotResult:
+    return pacing.take_slot_sync(
+        conn,
+        key,
+        declared_rate=declared_rate,
+        burst=burst,
+        in_flight=in_flight,
+        observed=observed,
+        now=now,
+        max_wait=max_wait,
+    )
 
 
 class PacedTransport(httpx.AsyncBaseTransport):
@@ -174,7 +275,13 @@ class PacedTransport(httpx.AsyncBaseTransport):
         await self.pacer.before_request()
         if self.before_send is not None:
             await self.before_send(request)
-        response = await self.inner.handle_async_request(request)
+        state = self.pacer.state
+        request.extensions[SENT_AT] = self.pacer.clock()
+        state.in_flight += 1
+        try:
+            response = await self.inner.handle_async_request(request)
+        finally:
+            state.in_flight -= 1
         try:
             await self.pacer.after_response(response)
         except BaseException:
@@ -226,15 +333,58 @@ class SyncClient(httpx.AsyncClient):
         self.pacer = pacer
         self.clock = clock
         self._check_successes = _classifies_successes(connector)
+        self._pace_policy = PacePolicy(max_wait=connector.max_wait)
 
     async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        retries = 0
+        while True:
+            response, c = await self._send_once(request, **kwargs)
+            if c is None:
+                return response
+            if c.error_class is not ErrorClass.RATE_LIMITED:
+                raise api_error(c, request)
+            sent_at = response.request.extensions.get(SENT_AT)
+            until = await self.pacer.record_rate_limit(
+                c, sent_at if isinstance(sent_at, datetime) else None, self._pace_policy
+            )
+            now = self.clock()
+            wait = max((until - now).total_seconds(), 0.0) if until is not None else 0.0
+            inline_left = self.pacer.max_wait - (loop.time() - started)
+            if (
+                retries < MAX_INLINE_RETRIES
+                and wait <= inline_left
+                and _may_resend(request, response.status_code)
+            ):
+                retries += 1
+                log.info(
+                    "http.rate_limited_inline",
+                    resource_key=self.pacer.resource_key,
+                    wait=wait,
+                    retry=retries,
+                )
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                continue
+            error = api_error(c, request)
+            if isinstance(error, RateLimited):
+                error.paced_until = until
+                if until is not None:
+                    error.retry_after = clamp_wait(until - now, self.connector.max_wait)
+            raise error
+
+    async def _send_once(
+        self, request: httpx.Request, **kwargs: Any
+    ) -> tuple[httpx.Response, Classification | None]:
+        """One send; the response and, when it is a failure, its classification."""
         try:
             response = await super().send(request, **kwargs)
         except httpx.HTTPError as exc:
             c = self.connector.classify(None, exc, self.clock())
             raise api_error(c, request) from exc
         if response.status_code < 400 and not self._check_successes:
-            return response
+            return response, None
         try:
             if response.status_code >= 400:
                 # Error bodies are small and the classifier may read them (rate-limit
@@ -245,14 +395,17 @@ class SyncClient(httpx.AsyncClient):
             await response.aclose()
             raise
         if response.status_code < 400 and c.error_class is ErrorClass.UNKNOWN:
-            return response  # no rule said this success is a failure
+            return response, None  # no rule said this success is a failure
         await response.aclose()
-        if c.error_class is ErrorClass.RATE_LIMITED:
-            now = self.clock()
-            candidates = [m for m in (c.rate_limit_reset,) if m is not None]
-            if c.retry_after is not None:
-                candidates.append(now + c.retry_after)
-            until = max(candidates) if candidates else now + DEFAULT_RATE_LIMIT_WAIT
-            if until > now:
-                await self.pacer.defer(until, f"HTTP {response.status_code}: {c.reason}")
-        raise api_error(c, request)
+        return response, c
+
+
+def _may_resend(request: httpx.Request, status: int) -> bool:
+    """Whether a rate-limited request may be sent again inline.
+
+    A non-idempotent request only after a 429 (the server refused it unprocessed), and
+    only a request whose body is in memory (a streamed one cannot be replayed).
+    """
+    if request.method.upper() not in _IDEMPOTENT and status != 429:
+        return False
+    return isinstance(request.stream, httpx.ByteStream)

@@ -359,8 +359,8 @@ def _from_response(
     """The verdict from the response, or None to let the exception decide."""
     status = response.status_code
     status_line = _status_line(response)
-    signal = server_wait_signal(response.headers, now)
-    wait, wait_source = signal if signal is not None else (None, None)
+    told = server_wait_signal(response.headers, now)
+    wait, wait_source = told if told is not None else (None, None)
     quota = parse_rate_limit(response.headers, now)
     # An explicit wait wins over a quota's reset (IETF RateLimit draft): the reset is
     # reported only when the server gave no wait of its own.

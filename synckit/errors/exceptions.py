@@ -22,7 +22,7 @@ httpx and SQLAlchemy errors are translated into these at one seam each
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 
 class SynckitError(Exception):
@@ -70,7 +70,24 @@ class RetryableError(HandlerOutcome):
 
 
 class RateLimited(RetryableError):
-    """The resource is throttled; no job of the resource should call it before the wait ends."""
+    """The resource is throttled; no job of the resource should call it before the wait ends.
+
+    ``paced_until`` is set when the runtime has already paced the resource until that
+    moment (``ctx.http`` records the rate-limit event before raising, or found the
+    resource paced or its schedule full): the worker then only puts the job back until
+    then, without recording another event. A handler raising its own ``RateLimited``
+    leaves it None, and the worker records the event.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: timedelta | None = None,
+        paced_until: datetime | None = None,
+    ) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.paced_until = paced_until
 
 
 class NeedsReauth(HandlerOutcome):

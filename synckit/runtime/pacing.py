@@ -1,19 +1,25 @@
-"""Request pacing shared by every worker: a resource's ``next_available_at`` and token bucket.
+"""Request pacing shared by every worker: every SQL statement on a resource's pacing columns.
 
-Every SQL statement that paces calls to a resource lives here, named:
+The columns (``resources``): ``next_available_at`` (no request before it),
+``rate_limit_streak`` / ``rate_limited_at`` / ``paced_reason`` (the current rate-limit
+event), ``quota_limit`` / ``quota_remaining`` / ``quota_reset_at`` / ``quota_at`` (the
+quota the API last reported) and ``tokens_at`` (the shared request schedule). The
+decisions are the pure functions of :mod:`synckit.errors.pace`; this module reads the
+row, calls them and writes what they decided. Named operations:
 
-* :func:`resource_wait`: how long until the resource (and its parent, the per-API
-  resource) may be called again;
-* :func:`defer_resource`: push ``next_available_at`` out (never pulls it in), e.g. when a
-  response says the quota is exhausted until its reset;
-* :func:`take_token`: take one token from the resource's bucket in ``resources.tokens`` /
-  ``tokens_at``, or say how long until one is there.
+* :func:`record_rate_limit_sync` / :func:`record_rate_limit`: a rate-limited answer
+  paces the resource (one event for a burst of in-flight answers);
+* :func:`take_slot_sync`: before a request, in one short transaction: is the resource
+  paced, and if a rate applies (declared, or spread from the reported quota), reserve the
+  request's place on the shared schedule; it also stores the quota this process saw;
+* :func:`defer_resource` / :func:`defer_resource_sync`: push ``next_available_at`` out
+  (e.g. a success reporting an exhausted quota);
+* :func:`read_pace`: what a process caches between transactions;
+* :func:`configure_pacing`, :func:`resource_wait`.
 
-The bucket is exact across processes: the row is locked (``FOR UPDATE`` on PostgreSQL,
-SQLite's write lock otherwise) while a taker refills it by the elapsed time, takes a token
-and writes it back. Clocks of different hosts are never trusted to go backwards: the
-refill uses ``max(tokens_at, now)``, so a host whose clock runs behind cannot mint tokens.
-The arithmetic is the pure :func:`bucket_level`.
+Deferring never pulls ``next_available_at`` in. The schedule is exact across processes:
+the row is locked (``FOR UPDATE`` on PostgreSQL, SQLite's write lock otherwise) while a
+request's slot is reserved, and a schedule ahead of a host's clock is honoured as it is.
 """
 
 from __future__ import annotations
@@ -23,75 +29,290 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import or_, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from synckit.errors.classify import Classification
+from synckit.errors.headers import RateLimitInfo
+from synckit.errors.pace import PacePolicy, pace_decision, quota_rate, reserve_slot
 from synckit.runtime.db import Database
-from synckit.runtime.jobs import _ensure_resources, utcnow
+from synckit.runtime.jobs import _ensure_resources, _ensure_resources_sync, utcnow
 from synckit.runtime.schema import resources
 
 __all__ = [
-    "BucketState",
-    "acquire",
-    "bucket_level",
+    "PaceView",
+    "Quota",
+    "SlotResult",
     "configure_pacing",
     "defer_resource",
+    "defer_resource_sync",
+    "read_pace",
+    "record_rate_limit",
+    "record_rate_limit_sync",
     "resource_wait",
-    "take_token",
+    "take_slot_sync",
 ]
+
+_REASON_LIMIT = 300
 
 
 @dataclass(frozen=True)
-class BucketState:
-    """The bucket after a refill: ``level`` tokens now, ``wait`` seconds until one is whole."""
+class Quota:
+    """A quota an API reported (``limit``/``remaining``/``reset_at``), seen at ``at``."""
 
-    level: float
+    limit: int | None
+    remaining: int | None
+    reset_at: datetime | None
+    at: datetime
+
+    @classmethod
+    def of(cls, info: RateLimitInfo, at: datetime) -> Quota:
+        return cls(info.limit, info.remaining, info.reset_at, at)
+
+
+@dataclass(frozen=True)
+class PaceView:
+    """A resource's pacing as read: no request before ``available_at`` (its own or its
+    parent's ``next_available_at``); ``quota`` as last stored by any worker."""
+
+    available_at: datetime | None
+    quota: Quota | None
+
+
+@dataclass(frozen=True)
+class SlotResult:
+    """What :func:`take_slot_sync` found: wait ``wait`` seconds before sending.
+
+    ``why`` is ``""`` (go now), ``"paced"`` (``next_available_at``), ``"quota"`` (the
+    reported quota is spent until its reset) or ``"rate"`` (the schedule). ``reserved``
+    says the wait is this request's reserved slot (sleep it, then send without asking
+    again); otherwise ask again after waiting.
+    """
+
     wait: float
+    why: str
+    reserved: bool
+    view: PaceView
 
 
-def bucket_level(
-    tokens: float | None,
-    tokens_at: datetime | None,
-    *,
-    rate: float,
-    burst: int,
-    now: datetime,
-) -> BucketState:
-    """Refill a token bucket (pure). An unknown bucket starts full."""
-    if tokens is None or tokens_at is None:
-        level = float(burst)
-    else:
-        elapsed = max(0.0, (now - tokens_at).total_seconds())
-        level = min(float(burst), max(0.0, tokens) + elapsed * rate)
-    wait = 0.0 if level >= 1.0 else (1.0 - level) / rate
-    return BucketState(level=level, wait=wait)
+def _quota_of(row: Any) -> Quota | None:
+    if row.quota_at is None:
+        return None
+    return Quota(row.quota_limit, row.quota_remaining, row.quota_reset_at, row.quota_at)
 
 
-async def _wait_on(conn: AsyncConnection, key: str, now: datetime) -> float:
-    parent = resources.alias("parent")
-    row = (
-        await conn.execute(
-            select(
-                resources.c.next_available_at,
-                parent.c.next_available_at.label("parent_available_at"),
-            )
-            .select_from(
-                resources.outerjoin(parent, parent.c.resource_key == resources.c.parent_key)
-            )
-            .where(resources.c.resource_key == key)
-        )
-    ).first()
+def _parent_available_sync(conn: Connection, parent_key: str | None) -> datetime | None:
+    if not parent_key:
+        return None
+    return conn.execute(
+        select(resources.c.next_available_at).where(resources.c.resource_key == parent_key)
+    ).scalar()
+
+
+def _later(*moments: datetime | None) -> datetime | None:
+    known = [m for m in moments if m is not None]
+    return max(known) if known else None
+
+
+def _locked_row(conn: Connection, key: str, now: datetime) -> Any:
+    stmt = select(resources).where(resources.c.resource_key == key).with_for_update()
+    row = conn.execute(stmt).first()
     if row is None:
-        return 0.0
-    moments = [m for m in (row.next_available_at, row.parent_available_at) if m is not None]
-    if not moments:
-        return 0.0
-    return max(0.0, float((max(moments) - now).total_seconds()))
+        _ensure_resources_sync(conn, [key], now)
+        row = conn.execute(stmt).first()
+    assert row is not None
+    return row
+
+
+def record_rate_limit_sync(
+    conn: Connection,
+    key: str,
+    classification: Classification,
+    *,
+    sent_at: datetime | None,
+    now: datetime,
+    policy: PacePolicy,
+) -> datetime | None:
+    """Record a rate-limited answer for resource ``key``; return when it is paced until.
+
+    Runs in the caller's transaction on a synchronous connection (``Database.write``).
+    ``sent_at`` is when the answered request was sent (None: unknown, taken as ``now``;
+    a worker recording a handler's own ``RateLimited`` passes the moment the handler
+    started). The decision is :func:`synckit.errors.pace.pace_decision`: a request sent
+    before the current event's pace ended belongs to that event and writes nothing;
+    otherwise ``next_available_at`` moves to the pace's end (never earlier than it was),
+    and the streak, ``rate_limited_at`` and ``paced_reason`` are stored. Returns the
+    resource's ``next_available_at`` afterwards (possibly in the past), or None when the
+    classification is no rate limit.
+    """
+    row = _locked_row(conn, key, now)
+    decision = pace_decision(
+        classification,
+        now,
+        streak=row.rate_limit_streak,
+        sent_at=sent_at,
+        event_started_at=row.rate_limited_at,
+        event_until=row.next_available_at,
+        policy=policy,
+    )
+    if decision is None:
+        return None
+    until = _later(row.next_available_at, decision.until)
+    if decision.new_event:
+        conn.execute(
+            update(resources)
+            .where(resources.c.resource_key == key)
+            .values(
+                next_available_at=until,
+                rate_limit_streak=decision.streak,
+                rate_limited_at=decision.event_started_at,
+                paced_reason=decision.reason[:_REASON_LIMIT],
+                last_error_class="rate_limited",
+                last_error=classification.reason[:500],
+                updated_at=now,
+            )
+        )
+    return until
+
+
+async def record_rate_limit(
+    target: Database | AsyncConnection,
+    key: str,
+    classification: Classification,
+    *,
+    sent_at: datetime | None,
+    now: datetime,
+    policy: PacePolicy,
+) -> datetime | None:
+    """:func:`record_rate_limit_sync` in its own transaction (a Database) or the caller's."""
+    if isinstance(target, Database):
+        return await target.write(
+            _record_kw,
+            key,
+            classification,
+            sent_at,
+            now,
+            policy,  # positional for write()
+        )
+    return await target.run_sync(_record_kw, key, classification, sent_at, now, policy)
+
+
+def _record_kw(
+    conn: Connection,
+    key: str,
+    classification: Classification,
+    sent_at: datetime | None,
+    now: datetime,
+    policy: PacePolicy,
+) -> datetime | None:
+    return record_rate_limit_sync(
+        conn, key, classification, sent_at=sent_at, now=now, policy=policy
+    )
+
+
+def take_slot_sync(
+    conn: Connection,
+    key: str,
+    *,
+    declared_rate: float | None,
+    burst: int,
+    in_flight: int,
+    observed: Quota | None,
+    now: datetime,
+    max_wait: float,
+) -> SlotResult:
+    """Before one request to ``key``: whether it may go, in one transaction.
+
+    Stores ``observed`` (the quota this process saw last) when it is newer than the
+    stored one. Then, unless the resource is paced, the request rate is the lower of
+    ``declared_rate`` and the stored-or-observed quota spread over the time to its reset
+    (:func:`~synckit.errors.pace.quota_rate`, ``in_flight`` requests reserved out of it);
+    with a rate, the request's slot on the shared schedule is reserved when its wait is at
+    most ``max_wait`` seconds (a longer one reserves nothing: the caller defers).
+    """
+    row = _locked_row(conn, key, now)
+    quota = _quota_of(row)
+    values: dict[str, Any] = {}
+    if observed is not None and (quota is None or observed.at > quota.at):
+        quota = observed
+        values.update(
+            quota_limit=observed.limit,
+            quota_remaining=observed.remaining,
+            quota_reset_at=observed.reset_at,
+            quota_at=observed.at,
+        )
+    available = _later(row.next_available_at, _parent_available_sync(conn, row.parent_key))
+    view = PaceView(available, quota)
+    result: SlotResult
+    if available is not None and available > now:
+        result = SlotResult((available - now).total_seconds(), "paced", False, view)
+    else:
+        adaptive = None
+        if quota is not None:
+            adaptive = quota_rate(quota.remaining, quota.reset_at, now, in_flight=in_flight)
+        rates = [r for r in (declared_rate, adaptive) if r is not None]
+        rate = min(rates) if rates else None
+        if rate is None:
+            result = SlotResult(0.0, "", False, view)
+        elif rate <= 0:
+            assert quota is not None and quota.reset_at is not None
+            result = SlotResult((quota.reset_at - now).total_seconds(), "quota", False, view)
+        else:
+            # A declared burst is the connector's; an adaptive rate sends one at a time.
+            slot = reserve_slot(row.tokens_at, now, rate=rate, burst=burst if declared_rate else 1)
+            if slot.wait <= max_wait:
+                values["tokens_at"] = slot.tat
+                result = SlotResult(slot.wait, "rate" if slot.wait > 0 else "", True, view)
+            else:
+                result = SlotResult(slot.wait, "rate", False, view)
+    if values:
+        conn.execute(update(resources).where(resources.c.resource_key == key).values(**values))
+    return result
+
+
+def _read_pace_sync(conn: Connection, key: str) -> PaceView:
+    row = conn.execute(select(resources).where(resources.c.resource_key == key)).first()
+    if row is None:
+        return PaceView(None, None)
+    available = _later(row.next_available_at, _parent_available_sync(conn, row.parent_key))
+    return PaceView(available, _quota_of(row))
+
+
+async def read_pace(db: Database, key: str) -> PaceView:
+    """The resource's pacing as stored (a process caches it briefly between requests)."""
+    async with db.begin() as conn:
+        return await conn.run_sync(_read_pace_sync, key)
 
 
 async def resource_wait(db: Database, key: str, now: datetime) -> float:
     """Seconds until ``key`` may be called: its own and its parent's ``next_available_at``."""
-    async with db.begin() as conn:
-        return await _wait_on(conn, key, now)
+    view = await read_pace(db, key)
+    if view.available_at is None:
+        return 0.0
+    return max(0.0, (view.available_at - now).total_seconds())
+
+
+def defer_resource_sync(
+    conn: Connection, key: str, until: datetime, reason: str, *, now: datetime
+) -> bool:
+    """No call to ``key`` before ``until`` (by any worker); True if that moved the limit."""
+    _ensure_resources_sync(conn, [key], now)
+    res = conn.execute(
+        update(resources)
+        .where(
+            resources.c.resource_key == key,
+            or_(resources.c.next_available_at.is_(None), resources.c.next_available_at < until),
+        )
+        .values(
+            next_available_at=until,
+            paced_reason=reason[:_REASON_LIMIT],
+            last_error_class="rate_limited",
+            last_error=reason[:500],
+            updated_at=now,
+        )
+        .returning(resources.c.resource_key)
+    )
+    return res.first() is not None
 
 
 async def defer_resource(
@@ -102,88 +323,15 @@ async def defer_resource(
     *,
     now: datetime | None = None,
 ) -> bool:
-    """No call to ``key`` before ``until`` (by any worker); True if that moved the limit.
-
-    Runs in its own transaction given a Database, else in the caller's.
-    """
+    """:func:`defer_resource_sync` in its own transaction (a Database) or the caller's."""
     now = now or utcnow()
     if isinstance(target, Database):
-        async with target.begin() as conn:
-            return await _defer_on(conn, key, until, reason, now)
-    return await _defer_on(target, key, until, reason, now)
+        return await target.write(_defer_kw, key, until, reason, now)
+    return await target.run_sync(_defer_kw, key, until, reason, now)
 
 
-async def _defer_on(
-    conn: AsyncConnection, key: str, until: datetime, reason: str, now: datetime
-) -> bool:
-    await _ensure_resources(conn, [key], now)
-    res = await conn.execute(
-        update(resources)
-        .where(
-            resources.c.resource_key == key,
-            or_(resources.c.next_available_at.is_(None), resources.c.next_available_at < until),
-        )
-        .values(
-            next_available_at=until,
-            last_error_class="rate_limited",
-            last_error=reason[:500],
-            updated_at=now,
-        )
-        .returning(resources.c.resource_key)
-    )
-    return res.first() is not None
-
-
-async def _take_on(
-    conn: AsyncConnection, key: str, rate: float, burst: int, now: datetime
-) -> float:
-    stmt = (
-        select(resources.c.tokens, resources.c.tokens_at)
-        .where(resources.c.resource_key == key)
-        .with_for_update()
-    )
-    row = (await conn.execute(stmt)).first()
-    if row is None:
-        await _ensure_resources(conn, [key], now)
-        row = (await conn.execute(stmt)).first()
-    assert row is not None
-    at = now if row.tokens_at is None else max(row.tokens_at, now)
-    state = bucket_level(row.tokens, row.tokens_at, rate=rate, burst=burst, now=at)
-    if state.wait > 0:
-        return state.wait
-    await conn.execute(
-        update(resources)
-        .where(resources.c.resource_key == key)
-        .values(tokens=state.level - 1.0, tokens_at=at)
-    )
-    return 0.0
-
-
-async def take_token(db: Database, key: str, rate: float, burst: int, now: datetime) -> float:
-    """Take one token from ``key``'s bucket: 0.0 when taken, else the seconds to wait.
-
-    Nothing is taken when the answer is a wait; the caller sleeps and asks again.
-    """
-    async with db.begin() as conn:
-        return await _take_on(conn, key, rate, burst, now)
-
-
-async def acquire(
-    db: Database, key: str, *, rate: float | None, burst: int, now: datetime
-) -> tuple[float, str]:
-    """One transaction of :func:`resource_wait` then, if free, :func:`take_token`.
-
-    Returns ``(seconds to wait, why)``: ``why`` is ``"paced"`` for ``next_available_at``,
-    ``"rate_limit"`` for the bucket, ``""`` when the call may go now (token taken).
-    """
-    async with db.begin() as conn:
-        wait = await _wait_on(conn, key, now)
-        if wait > 0:
-            return wait, "paced"
-        if rate is None:
-            return 0.0, ""
-        wait = await _take_on(conn, key, rate, burst, now)
-        return (wait, "rate_limit") if wait > 0 else (0.0, "")
+def _defer_kw(conn: Connection, key: str, until: datetime, reason: str, now: datetime) -> bool:
+    return defer_resource_sync(conn, key, until, reason, now=now)
 
 
 async def configure_pacing(

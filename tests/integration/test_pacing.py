@@ -1,48 +1,224 @@
-"""Pacing shared through the database: next_available_at and the token bucket, both engines."""
+"""Pacing at the API edge against loopback servers, on SQLite and PostgreSQL: rate-limit
+events, inline waits, the shared schedule and adaptive pacing across OS processes."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
+import pytest
+from loopback import LoopbackServer, Request
+from sqlalchemy import select
+
+from synckit import Connector
+from synckit.connectors.context import open_context
+from synckit.errors import RateLimited, classify
+from synckit.errors.pace import PacePolicy
 from synckit.runtime import pacing
 from synckit.runtime.db import Database, open_database
+from synckit.runtime.jobs import utcnow
 from synckit.runtime.resources import configure_resource, get_resource
+from synckit.runtime.schema import resources
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+APPS = Path(__file__).parents[1] / "apps"
 
 
-async def test_bucket_gives_burst_then_paces_at_the_rate(db: Database) -> None:
-    """A full bucket gives `burst` tokens at once, then one per 1/rate seconds."""
-    waits = [await pacing.take_token(db, "api:t1", 10, 2, NOW) for _ in range(3)]
-    assert waits[:2] == [0.0, 0.0]
-    assert waits[2] > 0 and abs(waits[2] - 0.1) < 1e-6
-    assert await pacing.take_token(db, "api:t1", 10, 2, NOW + timedelta(seconds=0.05)) > 0
-    assert await pacing.take_token(db, "api:t1", 10, 2, NOW + timedelta(seconds=0.1)) == 0.0
+class Api(Connector):
+    name = "api"
 
 
-async def test_bucket_is_exact_across_engines_and_concurrent_takers(migrated_url: str) -> None:
-    """Two processes' engines taking at once from one bucket never get more than it holds."""
-    a, b = open_database(migrated_url), open_database(migrated_url)
-    try:
-        results = await asyncio.gather(
-            *(pacing.take_token(d, "shared", 1, 5, NOW) for d in [a, b] * 10)
+def connector(url: str, **attrs: Any) -> Connector:
+    return type("ApiHere", (Api,), {"base_url": url, **attrs})("acme", {})
+
+
+@pytest.fixture
+def server() -> Iterator[LoopbackServer]:
+    srv = LoopbackServer(lambda r: (200, {}, b"{}"))
+    yield srv
+    srv.close()
+
+
+async def row(db: Database, key: str = "api:acme") -> Any:
+    async with db.begin() as conn:
+        return (await conn.execute(select(resources).where(resources.c.resource_key == key))).one()
+
+
+# --- rate-limit events ---------------------------------------------------------------------
+
+
+async def test_a_burst_of_in_flight_429s_is_one_pacing_event(
+    db: Database, server: LoopbackServer
+) -> None:
+    """Six requests in flight all answered 429 + Retry-After: 1: one event (streak 1, one
+    pace, not pushed by the later answers); each request waits it out inline and succeeds."""
+    gate = threading.Barrier(6, timeout=5)
+    refused: list[float] = []
+
+    def respond(r: Request) -> tuple[int, dict[str, str], bytes]:
+        if len(refused) < 6:
+            gate.wait()  # all six are in flight before any is answered
+            refused.append(time.time())
+            return 429, {"Retry-After": "1"}, b""
+        return 200, {}, b"{}"
+
+    server.responder = respond
+    async with open_context(db, connector(server.url), resource_key="api:acme") as ctx:
+        answers = await asyncio.gather(*(ctx.http.get(f"/i/{n}") for n in range(6)))
+    assert [a.status_code for a in answers] == [200] * 6
+    r = await row(db)
+    assert r.rate_limit_streak == 1 and r.paced_reason == "Retry-After"
+    assert r.rate_limited_at is not None and r.next_available_at is not None
+    assert r.next_available_at - r.rate_limited_at == timedelta(seconds=1)
+    resent = [q.at for q in server.requests[6:]]
+    assert len(resent) == 6 and min(resent) - min(refused) >= 0.9
+
+
+async def test_retry_after_wins_over_the_ratelimit_reset(
+    db: Database, server: LoopbackServer
+) -> None:
+    """Retry-After: 10 with RateLimit: r=0;t=100 paces the tenant ~10 s, not 100 s; past
+    max_inline_wait it raises RateLimited carrying that wait and the pace's end."""
+    server.responder = lambda r: (429, {"Retry-After": "10", "RateLimit": '"d";r=0;t=100'}, b"")
+    before = utcnow()
+    api = connector(server.url, max_inline_wait=timedelta(seconds=2))
+    async with open_context(db, api, resource_key="api:acme") as ctx:
+        with pytest.raises(RateLimited) as raised:
+            await ctx.http.get("/items")
+    info = await get_resource(db, "api:acme")
+    assert info.next_available_at is not None
+    assert timedelta(seconds=9) < info.next_available_at - before < timedelta(seconds=12)
+    assert raised.value.paced_until == info.next_available_at
+    assert raised.value.retry_after is not None
+    assert raised.value.retry_after <= timedelta(seconds=10)
+    assert (await row(db)).paced_reason == "Retry-After"
+    assert len(server.requests) == 1
+
+
+async def test_a_short_429_is_waited_inline_and_the_call_succeeds(
+    db: Database, server: LoopbackServer
+) -> None:
+    """A 429 with Retry-After: 1 (within max_inline_wait): the same request is sent again a
+    second later and its answer is the call's; the cycle would go on."""
+    server.responder = lambda r: (
+        (429, {"Retry-After": "1"}, b"") if len(server.requests) == 1 else (200, {}, b'{"ok":1}')
+    )
+    async with open_context(db, connector(server.url), resource_key="api:acme") as ctx:
+        answer = await ctx.http.get("/items")
+    assert answer.json() == {"ok": 1}
+    first, second = server.times()
+    assert second - first >= 0.95
+
+
+async def test_a_long_wait_raises_rate_limited_with_the_clamped_wait(
+    db: Database, server: LoopbackServer
+) -> None:
+    """Retry-After of ten years on a connector with max_wait 1 h: paced 1 h, RateLimited
+    carries 1 h; nothing is sent again."""
+    server.responder = lambda r: (429, {"Retry-After": "315532800"}, b"")
+    before = utcnow()
+    api = connector(server.url, max_wait=timedelta(hours=1))
+    async with open_context(db, api, resource_key="api:acme") as ctx:
+        with pytest.raises(RateLimited) as raised:
+            await ctx.http.get("/items")
+    assert raised.value.retry_after is not None
+    assert timedelta(minutes=59) < raised.value.retry_after <= timedelta(hours=1)
+    info = await get_resource(db, "api:acme")
+    assert info.next_available_at is not None
+    assert info.next_available_at - before <= timedelta(hours=1, seconds=1)
+    assert len(server.requests) == 1
+
+
+async def test_a_post_is_resent_after_a_429_but_not_after_a_503(
+    db: Database, server: LoopbackServer
+) -> None:
+    """A 429 says the server refused the POST; a 503 may have processed it: not re-sent.
+    (Bodiless: the loopback server does not read request bodies.)"""
+    answers = iter([(429, {"Retry-After": "0"}), (201, {}), (503, {"Retry-After": "0"})])
+    server.responder = lambda r: (*next(answers), b"{}")
+    async with open_context(db, connector(server.url), resource_key="api:acme") as ctx:
+        assert (await ctx.http.post("/items")).status_code == 201
+        with pytest.raises(RateLimited):
+            await ctx.http.post("/items")
+    assert len(server.requests) == 3
+
+
+async def test_inline_retries_are_bounded(db: Database, server: LoopbackServer) -> None:
+    """A server that always answers 429 with Retry-After: 0 gets the request 1 + 3 times."""
+    server.responder = lambda r: (429, {"Retry-After": "0"}, b"")
+    async with open_context(db, connector(server.url), resource_key="api:acme") as ctx:
+        with pytest.raises(RateLimited):
+            await ctx.http.get("/items")
+    assert len(server.requests) == 4
+
+
+async def test_a_success_with_an_exhausted_quota_defers_until_the_reset(
+    db: Database, server: LoopbackServer
+) -> None:
+    """Remaining 0 on a 200 paces the resource until the reset, named in paced_reason."""
+    server.responder = lambda r: (
+        200,
+        {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "60", "X-RateLimit-Limit": "5"},
+        b"{}",
+    )
+    async with open_context(db, connector(server.url), resource_key="api:acme") as ctx:
+        await ctx.http.get("/items")
+    r = await row(db)
+    assert r.paced_reason == "HTTP 200: X-RateLimit-Reset"
+    assert r.next_available_at is not None
+    assert r.next_available_at > utcnow() + timedelta(seconds=50)
+
+
+# --- the named operations ------------------------------------------------------------------
+
+
+async def test_record_rate_limit_is_one_event_per_burst_and_only_pushes_out(
+    db: Database,
+) -> None:
+    """record_rate_limit: the first answer paces; answers of requests sent before it keep
+    the pace; a later event grows the streak; a pace never pulls next_available_at in."""
+    c = classify(exc=RateLimited("x", retry_after=timedelta(seconds=30)), now=NOW)
+    policy = PacePolicy()
+    first = await pacing.record_rate_limit(
+        db, "api:t", c, sent_at=NOW - timedelta(seconds=1), now=NOW, policy=policy
+    )
+    assert first == NOW + timedelta(seconds=30)
+    same = await pacing.record_rate_limit(
+        db, "api:t", c, sent_at=NOW - timedelta(seconds=2), now=NOW + timedelta(seconds=1),
+        policy=policy,
+    )  # fmt: skip
+    assert same == first and (await row(db, "api:t")).rate_limit_streak == 1
+    no_wait = classify(exc=RateLimited("x"), now=NOW)
+    later = NOW + timedelta(seconds=40)
+    again = await pacing.record_rate_limit(
+        db, "api:t", no_wait, sent_at=later, now=later, policy=policy
+    )
+    assert again == later + timedelta(minutes=2)  # default pace, 2nd in a row
+    r = await row(db, "api:t")
+    assert (r.rate_limit_streak, r.paced_reason) == (2, "default pace, 2nd in a row")
+    assert not await pacing.defer_resource(db, "api:t", later, "sooner", now=later)
+
+
+async def test_record_rate_limit_runs_in_a_synchronous_write_transaction(db: Database) -> None:
+    """The worker's path: record_rate_limit_sync inside Database.write."""
+    c = classify(exc=RateLimited("x", retry_after=timedelta(seconds=5)), now=NOW)
+
+    def record(conn: Any) -> datetime | None:
+        return pacing.record_rate_limit_sync(
+            conn, "api:w", c, sent_at=None, now=NOW, policy=PacePolicy()
         )
-    finally:
-        await a.dispose()
-        await b.dispose()
-    assert sum(1 for w in results if w == 0.0) == 5
 
-
-async def test_defer_only_pushes_next_available_at_out(db: Database) -> None:
-    """A deferral later than the current one moves it; an earlier one changes nothing."""
-    later, sooner = NOW + timedelta(seconds=60), NOW + timedelta(seconds=10)
-    assert await pacing.defer_resource(db, "api:t2", later, "quota", now=NOW)
-    assert not await pacing.defer_resource(db, "api:t2", sooner, "quota", now=NOW)
-    info = await get_resource(db, "api:t2")
-    assert info.next_available_at == later
-    assert info.last_error_class == "rate_limited"
-    assert await pacing.resource_wait(db, "api:t2", NOW) == 60.0
+    assert await db.write(record) == NOW + timedelta(seconds=5)
+    assert (await row(db, "api:w")).paced_reason == "handler"
 
 
 async def test_wait_includes_the_parent_resource(db: Database) -> None:
@@ -54,11 +230,99 @@ async def test_wait_includes_the_parent_resource(db: Database) -> None:
     assert await pacing.resource_wait(db, "unknown", NOW) == 0.0
 
 
-async def test_acquire_checks_pacing_before_taking_a_token(db: Database) -> None:
-    """A paced resource answers with its wait and keeps its tokens."""
-    await pacing.defer_resource(db, "demo:t4", NOW + timedelta(seconds=5), "x", now=NOW)
-    assert await pacing.acquire(db, "demo:t4", rate=1, burst=1, now=NOW) == (5.0, "paced")
-    later = NOW + timedelta(seconds=5)
-    assert await pacing.acquire(db, "demo:t4", rate=1, burst=1, now=later) == (0.0, "")
-    wait, why = await pacing.acquire(db, "demo:t4", rate=1, burst=1, now=later)
-    assert why == "rate_limit" and wait == 1.0
+def _slot(conn: Any, key: str, rate: float | None, now: datetime, observed: Any = None) -> Any:
+    return pacing.take_slot_sync(
+        conn, key, declared_rate=rate, burst=1, in_flight=0, observed=observed, now=now,
+        max_wait=30.0,
+    )  # fmt: skip
+
+
+async def test_the_shared_schedule_is_exact_across_engines_and_concurrent_takers(
+    migrated_url: str,
+) -> None:
+    """Two engines (as two processes would) reserving at once at 10/s: 20 distinct slots
+    0.1 s apart."""
+    a, b = open_database(migrated_url), open_database(migrated_url)
+    try:
+        results = await asyncio.gather(*(d.write(_slot, "shared", 10.0, NOW) for d in [a, b] * 10))
+    finally:
+        await a.dispose()
+        await b.dispose()
+    waits = sorted(round(r.wait, 6) for r in results)
+    assert waits == [round(n * 0.1, 6) for n in range(20)]
+    assert all(r.reserved for r in results)
+
+
+async def test_an_observed_quota_is_stored_and_spread_until_its_reset(db: Database) -> None:
+    """The quota one process saw is stored with its slot, and sets the rate for everyone:
+    11 left over 10 s (one in flight reserved... here none) is ~1.1/s."""
+    quota = pacing.Quota(limit=100, remaining=11, reset_at=NOW + timedelta(seconds=10), at=NOW)
+    first = await db.write(_slot, "q", None, NOW, quota)
+    second = await db.write(_slot, "q", None, NOW)  # another process: no observation of its own
+    assert first.wait == 0.0 and first.reserved
+    assert second.wait == pytest.approx(10 / 11)
+    assert second.view.quota == quota
+    spent = pacing.Quota(100, 0, NOW + timedelta(seconds=10), NOW + timedelta(seconds=1))
+    third = await db.write(_slot, "q", None, NOW + timedelta(seconds=1), spent)
+    assert (third.why, third.reserved) == ("quota", False) and third.wait == pytest.approx(9)
+
+
+# --- adaptive pacing across OS processes -----------------------------------------------------
+
+
+class QuotaServer:
+    """Enforces ``limit`` requests per whole second (fixed windows on the epoch): answers
+    with X-RateLimit-* on every response, 429 + Retry-After past the limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.lock = threading.Lock()
+        self.window = 0
+        self.count = 0
+        self.statuses: list[int] = []
+        self.server = LoopbackServer(self.respond)
+
+    def respond(self, r: Request) -> tuple[int, dict[str, str], bytes]:
+        with self.lock:
+            now = time.time()
+            window = math.floor(now)
+            if window != self.window:
+                self.window, self.count = window, 0
+            self.count += 1
+            left = self.limit - self.count
+            headers = {
+                "X-RateLimit-Limit": str(self.limit),
+                "X-RateLimit-Remaining": str(max(left, 0)),
+                "X-RateLimit-Reset": str(window + 1),
+            }
+            status = 200 if left >= 0 else 429
+            if status == 429:
+                headers["Retry-After"] = "1"
+            self.statuses.append(status)
+        return status, headers, b"{}"
+
+
+def test_adaptive_pacing_across_two_processes_keeps_429s_near_zero(migrated_url: str) -> None:
+    """Nothing declared; a server allowing 20 req/s; two OS processes, four concurrent
+    requests each, 60 requests in all: the reported quota paces both processes together,
+    so at most a handful of 429s (unpaced, they would be most requests) and the run takes
+    about requests / limit."""
+    quota = QuotaServer(limit=20)
+    try:
+        client = [sys.executable, str(APPS / "pacing_client.py"), migrated_url]
+        procs = [
+            subprocess.Popen([*client, quota.server.url, "30", "4"], stdout=subprocess.PIPE)
+            for _ in range(2)
+        ]
+        outputs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        quota.server.close()
+    assert all(p.returncode == 0 for p in procs)
+    seen = [s for out in outputs for s in json.loads(out.splitlines()[-1])]
+    assert len(seen) == 60 and seen.count(200) == 60
+    refused = quota.statuses.count(429)
+    # Timed at the server: starting two interpreters is no part of it.
+    span = quota.server.times()[-1] - quota.server.times()[0]
+    print(f"429s: {refused} of {len(quota.statuses)}; {span:.2f}s for 60 at 20/s")
+    assert refused <= 3, quota.statuses
+    assert span < 60 / 20 + 2
