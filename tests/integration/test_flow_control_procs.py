@@ -66,7 +66,7 @@ async def test_five_percent_429s_pace_without_breaker_or_attempt(
             tenants=tenants,
             workers=WORKERS,
             rate_limit=20,
-            within=40,
+            within=25,
             logs_dir=tmp_path,
         )
     assert run.stats.random_429 >= 3, "the seed must give the run some 429s"
@@ -122,7 +122,7 @@ async def test_a_burst_of_in_flight_rate_limits_is_one_pacing_event(
             tenants=tenants,
             workers=WORKERS,
             sink=True,
-            within=40,
+            within=25,
             logs_dir=tmp_path,
         )
     assert run.stats.rate_limited > 0, f"{style}: the limit must be hit to test anything"
@@ -152,7 +152,7 @@ async def test_a_three_second_outage_resumes_within_two_seconds_of_its_end(
             tenants=tenants,
             workers=WORKERS,
             rate_limit=10,
-            within=40,
+            within=25,
             logs_dir=tmp_path,
         )
     assert run.stats.outage_503 > 0, "the outage must meet requests"
@@ -192,7 +192,7 @@ async def test_the_token_endpoint_is_not_hammered_during_its_outage(
             sink=True,
             rate_limit=20,
             token_url=f"{url}/oauth/token",
-            within=40,
+            within=25,
             logs_dir=tmp_path,
             extra_env=env,
             on_started=lambda: api.start_outage(3.0, after=2.5),
