@@ -321,7 +321,7 @@ class App:
             log=jctx.log,
             transport=self.transport,
         ) as ctx:
-            await run_cycle(db, instance, ctx, job=jctx.job)
+            await run_cycle(db, instance, ctx, job=jctx.job, progressed=jctx.progressed)
 
 
 _review_tasks: set[asyncio.Task[Any]] = set()

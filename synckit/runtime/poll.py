@@ -21,7 +21,10 @@ API abort the cycle without committing the page: anything ``poll()`` raises, and
 :class:`~synckit.errors.RateLimited` / :class:`~synckit.errors.NeedsReauth` (or a
 database outage) raised by ``handle()``; the job then fails and is retried by the
 worker's rules, which pace the resource. Any other exception of ``handle()`` fails that
-record only.
+record only. A rate limit spends no attempt (the cycle is rescheduled for when the
+resource is available and resumes from its last committed page), and neither does a
+failure after a committed page: a cycle is given up only after ``POLL_MAX_ATTEMPTS``
+attempts that committed nothing.
 
 The *scheduler* (a recurring job, kind ``synckit.schedule``) keeps one tick per tenant and
 stream in ``cron_ticks`` (named ``poll:<tenant>:<stream>``, beside the recurring jobs'
@@ -477,11 +480,15 @@ async def run_cycle(
     *,
     job: ClaimedJob | None = None,
     clock: Callable[[], datetime] = utcnow,
+    progressed: Callable[[], None] | None = None,
 ) -> CycleResult:
     """Run one poll cycle of ``ctx.stream`` for ``connector``'s tenant (see the module doc).
 
     ``job`` is the poll job running it, whose claim is checked at every page commit
     (:class:`~synckit.runtime.handlers.Cancel` if it was lost); None outside the queue.
+    ``progressed`` is called after each committed page (the job's
+    :meth:`~synckit.runtime.handlers.JobContext.progressed`: committed pages are progress,
+    so a cycle failing after them does not spend an attempt).
     """
     cls = type(connector)
     stream = cls.stream(ctx.stream)
@@ -557,6 +564,8 @@ async def run_cycle(
                     Counter(f.error_class for f in outcome.failures),
                 )
             pages += 1
+            if progressed is not None:
+                progressed()
             ok += len(outcome.ok_ids)
             failed += len(outcome.failures)
             if cursor is not _KEEP:

@@ -315,6 +315,13 @@ class Worker:
                 if capacity - len(self._held) <= 0:
                     await self._slot_free.wait()
                 continue
+            if capacity > self.concurrency and len(self._held) > 2 * self.concurrency:
+                # Claimed well ahead: claim again once half a batch has room, not for
+                # every few outcomes (each claim is a transaction; so is each start mark).
+                if free < batch_size // 2:
+                    self._slot_free.clear()
+                    await self._slot_free.wait()
+                    continue
             # With work in flight, gather a few free slots (briefly) before claiming: one
             # claim of eight costs about what a claim of one does.
             min_batch = max(1, min(batch_size, self.concurrency) // 4)
@@ -527,6 +534,9 @@ class Worker:
             while self._outcomes.empty() and not self._start_marks:
                 self._record_wake.clear()
                 await self._record_wake.wait()
+            # One turn of the loop: the handler slot an outcome just freed goes to the
+            # next job, whose start mark then shares this transaction.
+            await asyncio.sleep(0)
             batch: list[_Outcome] = []
             while len(batch) < 1000:
                 try:

@@ -29,7 +29,7 @@ from synckit.errors import NeedsReauth, RateLimited, RetryPolicy
 from synckit.runtime import jobs as store
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel
-from synckit.runtime.jobs import ClaimedJob, utcnow
+from synckit.runtime.jobs import ClaimedJob, reschedule_job, utcnow
 from synckit.runtime.poll import load_checkpoint, run_cycle
 from synckit.runtime.resources import get_resource
 from synckit.runtime.schema import audit_buckets, connections, dead_letters, jobs
@@ -354,6 +354,7 @@ async def test_429_aborts_the_cycle_and_defers_the_tenant(db: Database, api: Fak
     await run_worker(app, db)
     [job] = await job_rows(db)
     assert job.status == "pending" and job.error_class == "rate_limited"
+    assert job.attempts == 0  # snoozed for the pace, the attempt not spent
     info = await get_resource(db, "items:acme")
     assert info.next_available_at is not None
     assert timedelta(seconds=115) < info.next_available_at - before < timedelta(seconds=150)
@@ -376,6 +377,27 @@ async def test_a_failed_cycle_is_retried_by_its_connectors_retry_policy(
     assert job.status == "pending" and job.attempts == 1
     assert job.error_class == "transient"
     assert timedelta(minutes=7) <= job.run_at - before < timedelta(minutes=8)
+
+
+async def test_committed_pages_are_progress_a_later_failure_spends_no_attempt(
+    db: Database, api: FakeApi
+) -> None:
+    """A 503 after page 1 committed spends no attempt; a 503 before any page does."""
+    api.override = lambda r: (503, {}, {}) if r.page == 2 else None
+    cls = make(api, retry_policy=RetryPolicy(fixed_delay=timedelta(minutes=7)))
+    app = await setup(db, cls)
+    assert await app.schedule(db) == ["poll:acme:default"]
+    await run_worker(app, db)
+    [job] = await job_rows(db)
+    assert job.status == "pending" and job.error_class == "transient"
+    assert job.attempts == 0
+    assert await load_checkpoint(db, "acme", "items", "default") == {"page": 1}
+    # Now nothing commits: page 2 fails at once, and that attempt counts.
+    await reschedule_job(db, job.id, utcnow())
+    await run_worker(app, db)
+    [job] = await job_rows(db)
+    assert job.status == "pending" and job.attempts == 1
+    assert await load_checkpoint(db, "acme", "items", "default") == {"page": 1}
 
 
 async def test_rate_limit_in_handle_aborts_without_dead_lettering(
