@@ -22,11 +22,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from synckit.cli_options import CliError as CliError
 from synckit.cli_options import database_option
+from synckit.cli_options import load_registry as load_registry
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime import jobs as store
 from synckit.runtime.db import Database, database_url_from_env, mask_url, open_database
-from synckit.runtime.handlers import Registry
 from synckit.runtime.jobs import JobInfo, utcnow
 from synckit.runtime.logging import configure_logging
 
@@ -41,15 +42,6 @@ T = TypeVar("T")
 
 console = Console()
 err_console = Console(stderr=True)
-
-
-class CliError(click.ClickException):
-    """A one-line error, printed as ``error: ...`` with exit code 2."""
-
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
 
 
 def run(make: Callable[[Database], Awaitable[T]], url: str | None, *, check: bool = True) -> T:
@@ -98,6 +90,7 @@ class LazyGroup(click.Group):
         "dlq": "synckit.dlq.cli:dlq",
         "tenants": "synckit.connectors.tenants_cli:tenants",
         "demo": "synckit.demo:demo_command",
+        "sync": "synckit.sync_cli:sync_command",
     },
 )
 @click.version_option(package_name="synckit")
@@ -175,37 +168,14 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=float(m.group(1)) * unit)
 
 
-def load_registry(spec: str) -> Registry:
-    """Import ``module:attribute`` and return the :class:`Registry` it names."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise CliError(f"--app {spec!r}: expected module:attribute, e.g. myapp.jobs:registry")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CliError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    registry = getattr(module, attr, None)
-    from synckit.app import App
-
-    if isinstance(registry, App):
-        # The App's handlers must use the database this worker claims from.
-        ctx = click.get_current_context(silent=True)
-        registry.use_database_url(ctx.params.get("database_url") if ctx else None)
-        return registry.registry
-    if callable(registry) and not isinstance(registry, Registry):
-        registry = registry()
-    if not isinstance(registry, Registry):
-        raise CliError(f"--app {spec!r}: {attr!r} is not a synckit Registry")
-    return registry
-
-
 @cli.command("worker")
 @click.option(
     "--app",
     "app",
     envvar="SYNCKIT_APP",
     required=True,
-    help="module:attribute of the handler Registry (or $SYNCKIT_APP).",
+    help="module:attribute of your synckit App (or a job Registry), importable from the "
+    "working directory (or $SYNCKIT_APP).",
 )
 @click.option("--concurrency", default=10, show_default=True, help="Jobs in flight at once.")
 @click.option("--lease", default="60s", show_default=True, help="Lease of a claimed job.")

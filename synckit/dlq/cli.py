@@ -11,8 +11,6 @@ options come from :mod:`synckit.cli_options`.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import sys
 from collections import Counter
@@ -270,21 +268,9 @@ def show(row_id: int, as_json: bool, database_url: str | None) -> None:
 
 def load_app(spec: str) -> object:
     """Import ``module:attribute``; call it when it is a factory rather than an app."""
-    from synckit.cli import CliError
+    from synckit.cli_options import import_app_attribute
 
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise CliError(f"--app {spec!r}: expected module:attribute, e.g. myapp:app")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CliError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    if not hasattr(module, attr):
-        raise CliError(f"--app {spec!r}: {module_name!r} has no attribute {attr!r}")
-    app: object = getattr(module, attr)
-    if inspect.isclass(app) or inspect.isfunction(app):
-        app = app()  # an application class or factory
-    return app
+    return import_app_attribute(spec)
 
 
 def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:

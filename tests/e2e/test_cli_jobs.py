@@ -83,8 +83,8 @@ def test_job_cli_errors_are_one_line(migrated_url: str) -> None:
         (("jobs", "show", "99"), "no job with id 99"),
         (("jobs", "set-payload", "99", "{not json"), "payload is not JSON"),
         (("jobs", "reschedule", "1", "--at", "2030-01-01"), "needs a time zone"),
-        (("worker", "--app", "nowhere:registry", "--burst"), "cannot import 'nowhere'"),
-        (("worker", "--app", "queue_app:nothing", "--burst"), "is not a synckit Registry"),
+        (("worker", "--app", "nowhere:registry", "--burst"), "no module named 'nowhere'"),
+        (("worker", "--app", "queue_app:nothing", "--burst"), "has no attribute 'nothing'"),
         (("breakers", "reset", "nope"), "no resource 'nope'"),
     ]:
         result = synckit(migrated_url, *args)
