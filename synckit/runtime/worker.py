@@ -315,13 +315,13 @@ class Worker:
                 if capacity - len(self._held) <= 0:
                     await self._slot_free.wait()
                 continue
-            if capacity > self.concurrency and len(self._held) > 2 * self.concurrency:
-                # Claimed well ahead: claim again once half a batch has room, not for
-                # every few outcomes (each claim is a transaction; so is each start mark).
-                if free < batch_size // 2:
-                    self._slot_free.clear()
-                    await self._slot_free.wait()
-                    continue
+            # Claimed well ahead: claim again once half a batch has room, not for every
+            # few outcomes (each claim is a transaction; so is each start mark).
+            ahead = capacity > self.concurrency and len(self._held) > 2 * self.concurrency
+            if ahead and free < batch_size // 2:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
             # With work in flight, gather a few free slots (briefly) before claiming: one
             # claim of eight costs about what a claim of one does.
             min_batch = max(1, min(batch_size, self.concurrency) // 4)

@@ -42,3 +42,11 @@ async def tick(ctx: JobContext) -> None:
 
 if os.environ.get("QUEUE_APP_CRON") == "1":
     registry.recurring("every-second", "tick", every=timedelta(seconds=1))
+
+
+@registry.handler("crash")
+async def crash(ctx: JobContext) -> None:
+    """Kills its own worker, as a job that segfaults an extension would."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
