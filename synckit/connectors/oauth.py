@@ -100,6 +100,11 @@ MAX_401_RETRIES = 2
 #: How often a coroutine waiting for another process's refresh looks at the row.
 _LEASE_POLL = 0.03
 
+#: The lease's owner while the token endpoint's requested wait runs: nobody calls it, and
+#: nobody waits inline for it longer than _SHORT_WAIT (the job is retried after it).
+_ENDPOINT_WAIT = "token-endpoint-wait"
+_SHORT_WAIT = timedelta(seconds=1)
+
 #: The longest part of the cause kept in a stored reason (the hint follows it).
 _CAUSE_CHARS = 300
 
@@ -489,7 +494,8 @@ class OAuth2Auth(httpx.Auth):
             # Another process refreshes (or the endpoint asked for a wait): wait for it,
             # inline only while that is short.
             until = row.refresh_until or now
-            if until > deadline:
+            endpoint_wait = row.refresh_owner == _ENDPOINT_WAIT and until - now > _SHORT_WAIT
+            if until > deadline or endpoint_wait:
                 raise TokenEndpointUnavailable(
                     f"the token endpoint of tenant {self.tenant!r} is not to be called before "
                     f"{until.isoformat(timespec='seconds')}",
@@ -590,7 +596,7 @@ class OAuth2Auth(httpx.Auth):
                 conn,
                 self.tenant,
                 owner=self._owner,
-                hold_as="token-endpoint-wait" if until else None,
+                hold_as=_ENDPOINT_WAIT if until else None,
                 until=until,
             )
         if until is not None and not still_valid(self._token or stored, now):

@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from synckit.connectors.base import Connector
 from synckit.connectors.schedule import DEFAULT_SCHEDULE, parse_schedule
 from synckit.errors.exceptions import ConfigurationError, SynckitError
+from synckit.runtime import jobs as job_store
 from synckit.runtime import pacing
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import utcnow
@@ -42,6 +43,8 @@ __all__ = [
     "pause_tenant",
     "remove_tenant",
     "resume_tenant",
+    "set_config",
+    "unknown_fields",
     "update_tenant",
 ]
 
@@ -108,12 +111,37 @@ def _check_schedule(schedule: str) -> str:
     return parse_schedule(schedule).text
 
 
+def unknown_fields(model: type[BaseModel], config: Mapping[str, Any]) -> list[str]:
+    """The keys of ``config`` that ``model`` does not declare (by name or alias), unless
+    the model takes extra fields (``extra="allow"``)."""
+    if model.model_config.get("extra") == "allow":
+        return []
+    known: set[str] = set()
+    for name, f in model.model_fields.items():
+        known.add(name)
+        for alias in (f.alias, f.validation_alias):
+            if isinstance(alias, str):
+                known.add(alias)
+    return sorted(str(k) for k in config if k not in known)
+
+
 def _plain_config(cls: type[Connector[Any]], tenant: str, config: Any) -> dict[str, Any]:
     """Validate ``config`` and return it as stored: the given keys, JSON-serialisable.
 
     What the user gave is stored rather than the model's dump, so that secrets typed as
-    ``SecretStr`` survive, and defaults that change in a later release apply.
+    ``SecretStr`` survive, and defaults that change in a later release apply. A key the
+    model does not know (a misspelt field) is refused by name, unless the model allows
+    extra fields: pydantic's default would drop it silently.
     """
+    if isinstance(config, Mapping):
+        unknown = unknown_fields(cls.config_model, config)
+        if unknown:
+            known = ", ".join(sorted(cls.config_model.model_fields)) or "none"
+            raise ConfigurationError(
+                f"config of tenant {tenant!r}: unknown field{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(repr(u) for u in unknown)} for connector {cls.name!r} "
+                f"(its fields: {known})"
+            )
     cls.validate_config(config, tenant=tenant)
     try:
         if isinstance(config, BaseModel):
@@ -268,19 +296,52 @@ async def update_tenant(
     app: ConnectorSource | None = None,
     connector: type[Connector[Any]] | None = None,
 ) -> Tenant:
-    """Replace the tenant's config (validated as in :func:`add_tenant`) and/or schedule."""
+    """Replace the tenant's config (validated as in :func:`add_tenant`) and/or schedule.
+
+    A new config is new credentials for a connector whose credentials live in its
+    config (a static API key): a tenant in ``needs_reauth`` becomes active again, and
+    its waiting jobs are claimed at once.
+    """
     current = await get_tenant(db, tenant)
     values: dict[str, Any] = {"updated_at": utcnow()}
+    resumes = False
     if config is not None:
         cls = connector or _resolve(current.connector, app)
         values["config"] = _plain_config(cls, tenant, config)
+        resumes = current.status == "needs_reauth"
+        if resumes:
+            values.update(status="active", status_reason=None)
     if schedule is not None:
         values["schedule"] = _check_schedule(schedule)
     async with db.begin() as conn:
         await conn.execute(
             update(connections).where(connections.c.tenant == tenant).values(**values)
         )
+        if resumes and db.is_postgres:
+            await conn.exec_driver_sql(f"NOTIFY {job_store.NOTIFY_CHANNEL}")
+    if resumes:
+        job_store.target_wake(db)
     return await get_tenant(db, tenant)
+
+
+async def set_config(
+    db: Database,
+    tenant: str,
+    changes: Mapping[str, Any],
+    *,
+    app: ConnectorSource | None = None,
+    connector: type[Connector[Any]] | None = None,
+) -> Tenant:
+    """Change some fields of the tenant's config (the others kept), validated as a whole.
+
+    Resumes a tenant in ``needs_reauth`` (see :func:`update_tenant`).
+    """
+    if not changes:
+        raise ConfigurationError("no config field to set")
+    current = await get_tenant(db, tenant)
+    return await update_tenant(
+        db, tenant, config={**current.config, **changes}, app=app, connector=connector
+    )
 
 
 async def pause_tenant(db: Database, tenant: str, reason: str = "paused by operator") -> Tenant:
@@ -301,13 +362,16 @@ async def pause_tenant(db: Database, tenant: str, reason: str = "paused by opera
 async def resume_tenant(db: Database, tenant: str) -> Tenant:
     """Make a paused tenant active again; its overdue cycles are scheduled at once.
 
-    A tenant that needs re-authorisation is refused: new credentials resume it.
+    A tenant that needs re-authorisation is refused: new credentials resume it
+    (``tenants connect``/``reauth`` for OAuth, ``tenants set-config`` for a key in its
+    config).
     """
     current = await get_tenant(db, tenant)
     if current.status == "needs_reauth":
         raise TenantError(
             f"tenant {tenant!r} needs re-authorisation ({current.status_reason or 'no reason'}); "
-            "store new credentials to resume it"
+            "store new credentials to resume it: `synckit tenants connect|reauth` (OAuth) "
+            "or `synckit tenants set-config` (credentials in its config)"
         )
     async with db.begin() as conn:
         await conn.execute(

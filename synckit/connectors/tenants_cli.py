@@ -1,4 +1,4 @@
-"""``synckit tenants add|ls|show|pause|resume|remove``: manage tenants from the shell.
+"""``synckit tenants add|ls|show|set-config|pause|resume|remove``: manage tenants.
 
 Commands that need the connector classes (``add`` validates the config with the
 connector's model) take ``--app module:attribute`` naming a :class:`synckit.App`
@@ -219,6 +219,37 @@ def tenants_show(tenant: str, app_spec: str | None, database_url: str | None) ->
     from synckit.cli import run
 
     click.echo(json.dumps(run(go, database_url), indent=2, sort_keys=True, default=str))
+
+
+@tenants.command("set-config")
+@click.argument("tenant")
+@click.option(
+    "--set", "sets", multiple=True, required=True, help="FIELD=VALUE to change (repeatable)."
+)
+@app_option
+@database_option
+def tenants_set_config(
+    tenant: str, sets: tuple[str, ...], app_spec: str | None, database_url: str | None
+) -> None:
+    """Change fields of TENANT's config, validated by its connector's model.
+
+    Other fields are kept; an unknown field is refused by name. A tenant that needed
+    re-authorisation because its credentials (an API key in its config) were refused
+    is resumed. The config is printed with secrets masked.
+    """
+    app = load_app(app_spec)
+    changes = _parse_config(None, None, sets)
+
+    async def go(d: Database) -> tuple[store.Tenant, str]:
+        before = await store.get_tenant(d, tenant)
+        return await store.set_config(d, tenant, changes, app=app), before.status
+
+    from synckit.cli import run
+
+    t, was = run(go, database_url)
+    resumed = " (resumed: it needed re-authorisation)" if was == "needs_reauth" else ""
+    click.echo(f"tenant {t.tenant}: config updated, {t.status}{resumed}")
+    click.echo(json.dumps(_shown_config(t, app), indent=2, sort_keys=True, default=str))
 
 
 @tenants.command("pause")

@@ -444,7 +444,7 @@ def test_reauth_cli_stores_the_tokens_and_never_prints_them(
     result = runner.invoke(
         reauth_command,
         ["t1", "--refresh-token", refresh, "--expires-in", "3600", "--database-url", migrated_url],
-        input=access + "\n",  # the access token from the hidden prompt
+        env={"SYNCKIT_REAUTH_ACCESS_TOKEN": access},  # kept out of the command line
     )
     assert result.exit_code == 0, result.output
     assert "re-authorised" in result.output and "was needs_reauth" in result.output
@@ -461,6 +461,17 @@ def test_reauth_cli_stores_the_tokens_and_never_prints_them(
     assert row.status == "active"
     assert (tokens.access_token, tokens.refresh_token) == (access, refresh)
     assert tokens.expires_at is not None
+
+    # A refresh token alone, from the hidden prompt: stored; the first request refreshes.
+    alone = runner.invoke(
+        reauth_command, ["t1", "--database-url", migrated_url], input="rt-only-secret\n"
+    )
+    assert alone.exit_code == 0, alone.output
+    assert "the first request refreshes" in alone.output and "rt-only-secret" not in alone.output
+    _, only = asyncio.run(check())
+    assert (only.access_token, only.refresh_token) == (None, "rt-only-secret")
+    empty = runner.invoke(reauth_command, ["t1", "--database-url", migrated_url], input="\n\n")
+    assert empty.exit_code == 2 and "give --refresh-token or --access-token" in empty.output
 
     missing = runner.invoke(
         reauth_command, ["ghost", "--access-token", access, "--database-url", migrated_url]
@@ -550,3 +561,138 @@ async def test_no_token_or_client_secret_in_logs_errors_or_output(
     assert len(secrets) > 10
     leaked = sorted(s for s in secrets if s in blob)
     assert leaked == []
+
+
+# --- the refresh lease, client authentication, reasons ----------------------------------
+
+
+async def set_lease(db: Database, tenant: str, owner: str, until: datetime) -> None:
+    async with db.begin() as conn:
+        await conn.execute(
+            connections.update()
+            .where(connections.c.tenant == tenant)
+            .values(refresh_owner=owner, refresh_until=until)
+        )
+
+
+async def test_a_crashed_refreshers_lease_expires_and_the_next_one_refreshes(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """A lease left by a dead process is waited out (until its expiry), then taken."""
+    await add_connection(db, "t1", server.issue_tokens("alice", expires_in=0))
+    await set_lease(db, "t1", "crashed-worker", now() + timedelta(seconds=0.6))
+    started = asyncio.get_running_loop().time()
+    response = await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+    assert response.status_code == 200
+    assert asyncio.get_running_loop().time() - started >= 0.5
+    assert server.stats.token_requests == 1
+    row = await connection_row(db, "t1")
+    assert row.refresh_owner is None and row.refresh_until is None  # given back
+
+
+async def test_while_another_worker_refreshes_a_still_valid_token_is_used_without_waiting(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """Refresh-ahead finds the lease taken: the token in hand still works, so it is sent."""
+    tokens = server.issue_tokens("alice", expires_in=60)
+    await add_connection(db, "t1", tokens, issued_ago=timedelta(seconds=50))
+    await set_lease(db, "t1", "busy-worker", now() + timedelta(seconds=30))
+    started = asyncio.get_running_loop().time()
+    response = await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+    assert response.status_code == 200 and server.stats.token_requests == 0
+    assert asyncio.get_running_loop().time() - started < 1
+
+
+async def test_a_throttled_token_endpoint_paces_the_tenant_and_is_not_called_again_at_once(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """429 + Retry-After from the token endpoint: the tenant deferred, one token request."""
+    from synckit.runtime.schema import resources
+
+    await add_connection(db, "t1", server.issue_tokens("alice", expires_in=0))
+    server.throttle_tokens(1, 30)
+    for _ in range(3):
+        with pytest.raises(TokenEndpointUnavailable) as info:
+            await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+        assert info.value.retry_after is not None
+        assert info.value.retry_after > timedelta(seconds=25)
+    assert server.stats.token_requests == 1 and server.stats.resource_requests == 0
+    async with db.begin() as conn:
+        paced = (
+            await conn.execute(
+                select(resources.c.next_available_at).where(resources.c.resource_key == "demo:t1")
+            )
+        ).scalar_one()
+    assert paced > now() + timedelta(seconds=25)
+    row = await connection_row(db, "t1")
+    assert row.status == "active" and row.refresh_owner == "token-endpoint-wait"
+
+
+async def test_a_public_client_authenticates_with_none_and_sends_no_secret(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """auth_method none: the refresh works for a public client; no Basic header at all."""
+    server.add_client("public", "", auth_methods=["none"])
+    tokens = server.issue_tokens("alice", client_id="public", expires_in=0)
+    await add_connection(db, "t1", tokens)
+    seen: list[httpx.Request] = []
+
+    class Spy(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            seen.append(request)
+            async with httpx.AsyncClient() as real:
+                return await real.send(request)
+
+    cfg = OAuth2Config(server.token_url, "public", auth_method="none")
+    auth = OAuth2Auth(db, "t1", cfg, transport=Spy())
+    assert (await call(auth, server.resource_url)).status_code == 200
+    assert len(seen) == 1 and "authorization" not in seen[0].headers
+    assert b"client_secret" not in seen[0].content and b"client_id=public" in seen[0].content
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"auth_method": "client_secret_basic"}, "needs a client_secret"),
+        ({"auth_method": "client_secret_post"}, "needs a client_secret"),
+        ({"auth_method": "none", "client_secret": "s"}, "give no client_secret"),
+        ({"auth_method": "none", "grant": "client_credentials"}, "needs client authentication"),
+        ({"auth_method": "private_key_jwt", "client_secret": "s"}, "unsupported client auth"),
+    ],
+)
+def test_client_authentication_is_explicit_never_inferred(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    """A config whose method and secret disagree is a clear ConfigurationError."""
+    with pytest.raises(ConfigurationError, match=message):
+        OAuth2Config("https://idp/token", "cid", **kwargs)
+
+
+async def test_a_refresh_token_alone_is_enough(db: Database, server: OAuthTestServer) -> None:
+    """reauth with only a refresh token: the first request refreshes, then succeeds."""
+    tokens = server.issue_tokens("alice")
+    await add_connection(db, "t1")
+    await reauth(db, "t1", TokenSet(access_token=None, refresh_token=tokens["refresh_token"]))
+    assert (await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)).is_success
+    assert server.stats.token_requests == 1 and server.stats.resource_unauthorized == 0
+
+
+async def test_the_stored_reason_is_the_cause_once_however_often_it_is_raised_and_stored(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """Raised again from storage, and stored again by the worker: never nested."""
+    tokens = server.issue_tokens("alice", expires_in=0)
+    await add_connection(db, "t1", tokens)
+    server.revoke_refresh_token(tokens["refresh_token"])
+    with pytest.raises(NeedsReauth) as first:
+        await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+    for _ in range(5):
+        with pytest.raises(NeedsReauth) as again:
+            await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
+        # What the worker does with a NeedsReauth: store str(exc) as the reason.
+        async with db.begin() as conn:
+            await conn.execute(connections.update().values(status_reason=str(again.value)))
+    reason = (await connection_row(db, "t1")).status_reason
+    assert reason == str(first.value)
+    assert reason.startswith("the token endpoint refused the refresh_token grant: invalid_grant")
+    assert reason.count("needs re-authorisation") == 1 and len(reason) <= 500
