@@ -128,6 +128,8 @@ def test_adding_a_tenant_twice_is_refused(migrated_url: str) -> None:
 class _Api(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     posted: list[str] = []
+    #: When set, requests without ``Authorization: Bearer <it>`` are answered 401.
+    required_token: str | None = None
 
     def _reply(self, status: int, body: Any) -> None:
         data = json.dumps(body).encode()
@@ -137,12 +139,23 @@ class _Api(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _refused(self) -> bool:
+        required = type(self).required_token
+        if required is not None and self.headers.get("Authorization") != f"Bearer {required}":
+            self._reply(401, {"error": "invalid api key"})
+            return True
+        return False
+
     def do_GET(self) -> None:
+        if self._refused():
+            return
         page = int(self.path.rpartition("page=")[2] or 0)
         items = [{"id": f"r{page}-{i}"} for i in range(2)] if page <= 2 else []
         self._reply(200, {"items": items, "next": page + 1 if page < 2 else None})
 
     def do_POST(self) -> None:
+        if self._refused():
+            return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).posted.append(body["id"])
         self._reply(201, {})
@@ -154,6 +167,7 @@ class _Api(BaseHTTPRequestHandler):
 @pytest.fixture
 def api_url() -> Iterator[str]:
     _Api.posted = []
+    _Api.required_token = None
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -198,3 +212,81 @@ def test_worker_runs_an_apps_poll_cycles(migrated_url: str, api_url: str, tmp_pa
     assert _checkpoint(migrated_url) == {"page": 2}, log.read_text()[-3000:]
     assert sorted(_Api.posted) == ["r1-0", "r1-1", "r2-0", "r2-1"]
     assert worker.returncode == 0, log.read_text()[-3000:]
+
+
+def test_an_unknown_config_field_is_refused_by_name(migrated_url: str) -> None:
+    """A misspelt field is not stored silently: add and set-config refuse it by name."""
+    typo = tenants(
+        migrated_url,
+        "add",
+        "acme",
+        "demo",
+        "--set",
+        "api_token=x",
+        "--set",
+        "pgae_size=5",
+        "--app",
+        APP,
+    )
+    assert typo.returncode == 2 and "unknown field 'pgae_size'" in typo.stderr
+    assert ls(migrated_url) == []
+    assert tenants(migrated_url, "add", "acme", "demo", "--set", "api_token=x", "--app", APP)
+    bad = tenants(migrated_url, "set-config", "acme", "--set", "pgae_size=5", "--app", APP)
+    assert bad.returncode == 2 and "unknown field 'pgae_size'" in bad.stderr
+
+
+@pytest.mark.slow
+def test_a_static_key_tenant_refused_with_401_is_fixed_by_set_config_and_syncs(
+    migrated_url: str, api_url: str, tmp_path: Path
+) -> None:
+    """401 -> needs_reauth (reason once) -> set-config (masked) -> resumed -> synced."""
+    _Api.required_token = "good-key-0123456789"
+    add = tenants(migrated_url, "add", "acme", "demo", "--set", "api_token=bad-key", "--app", APP)
+    assert add.returncode == 0, add.stderr
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as stderr:
+        worker = subprocess.Popen(
+            [
+                *SYNCKIT,
+                "worker",
+                "--app",
+                APP,
+                "--database-url",
+                migrated_url,
+                "--poll-interval",
+                "0.2",
+            ],
+            env=env(CONNECTOR_APP_URL=api_url),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while (t := ls(migrated_url)[0])["status"] != "needs_reauth":
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.3)
+        reason = t["status_reason"]
+        assert "401" in reason and reason.count("needs re-authorisation") <= 1
+        refused = tenants(migrated_url, "resume", "acme")
+        assert refused.returncode == 2 and "set-config" in refused.stderr
+
+        fixed = tenants(
+            migrated_url,
+            "set-config",
+            "acme",
+            "--set",
+            f"api_token={_Api.required_token}",
+            "--app",
+            APP,
+        )
+        assert fixed.returncode == 0, fixed.stderr
+        assert "resumed" in fixed.stdout and "active" in fixed.stdout
+        assert _Api.required_token not in fixed.stdout + fixed.stderr  # the secret is masked
+        assert ls(migrated_url)[0]["status"] == "active"
+        while _checkpoint(migrated_url) != {"page": 2}:
+            assert time.monotonic() < deadline + 30, log.read_text()[-3000:]
+            time.sleep(0.3)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    assert sorted(_Api.posted) == ["r1-0", "r1-1", "r2-0", "r2-1"]
