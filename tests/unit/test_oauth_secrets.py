@@ -157,3 +157,15 @@ def test_corrupt_stored_bytes_are_a_configuration_error() -> None:
     for garbage in (b"", b"xyz", PLAINTEXT_MARKER + b"{not json", PLAINTEXT_MARKER + b"{}"):
         with pytest.raises(ConfigurationError):
             cipher.open(garbage)
+
+
+def test_issue_time_and_a_refresh_token_alone_survive_sealing() -> None:
+    """issued_at (the lifetime) is kept; a set with only a refresh token is valid."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    cipher = TokenCipher([Fernet.generate_key().decode()])
+    issued = TokenSet.from_token_response({"access_token": "a", "expires_in": 2}, now=now)
+    assert issued.issued_at == now and cipher.open(cipher.seal(issued)) == issued
+    alone = TokenSet(access_token=None, refresh_token="r")
+    assert not alone.usable and cipher.open(cipher.seal(alone)) == alone
+    with pytest.raises(ValueError, match="access token or a refresh token"):
+        TokenSet(access_token=None)
