@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from synckit.connectors.schedule import parse_schedule
 from synckit.errors import ConfigurationError
-from synckit.runtime.pacing import bucket_level
 
 NOW = datetime(2024, 5, 1, 12, 0, 7, tzinfo=UTC)
 
@@ -55,20 +54,3 @@ def test_next_tick_is_after_and_within_one_interval(step: int, offset: int, key:
     moment = NOW + timedelta(seconds=offset)
     nxt = s.next_after(moment, key)
     assert moment < nxt <= moment + timedelta(seconds=step) + timedelta(microseconds=1)
-
-
-def test_bucket_starts_full_and_refills_at_the_rate() -> None:
-    full = bucket_level(None, None, rate=5, burst=3, now=NOW)
-    assert full.level == 3 and full.wait == 0
-    empty = bucket_level(0.0, NOW, rate=5, burst=3, now=NOW)
-    assert empty.level == 0 and empty.wait == pytest.approx(0.2)
-    later = bucket_level(0.0, NOW, rate=5, burst=3, now=NOW + timedelta(seconds=0.1))
-    assert later.level == pytest.approx(0.5) and later.wait == pytest.approx(0.1)
-    capped = bucket_level(0.0, NOW, rate=5, burst=3, now=NOW + timedelta(hours=1))
-    assert capped.level == 3
-
-
-def test_bucket_ignores_a_clock_that_went_backwards() -> None:
-    """A taker whose clock is behind the stored time gets no tokens from the skew."""
-    state = bucket_level(0.5, NOW, rate=5, burst=1, now=NOW - timedelta(seconds=10))
-    assert state.level == 0.5 and state.wait == pytest.approx(0.1)
