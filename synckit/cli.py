@@ -44,12 +44,24 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def run(make: Callable[[Database], Awaitable[T]], url: str | None, *, check: bool = True) -> T:
-    """Open the database, run ``make(db)`` in the async core, and dispose of the engine."""
+def run(
+    make: Callable[[Database], Awaitable[T]],
+    url: str | None,
+    *,
+    check: bool = True,
+    schema: bool = True,
+) -> T:
+    """Open the database, run ``make(db)`` in the async core, and dispose of the engine.
+
+    ``schema``: first require the schema at this synckit's revision (every command but
+    ``db ...``), so a fresh database says to run ``synckit db upgrade`` and is not created.
+    """
 
     async def main() -> T:
         db = open_database(url)
         try:
+            if schema:
+                await db.check_schema()
             if check:
                 await db.check()
             return await make(db)
@@ -114,7 +126,7 @@ def db_upgrade(revision: str, database_url: str | None) -> None:
         await migrate.upgrade(d, revision)
         return await migrate.current(d)
 
-    rev = run(go, database_url)
+    rev = run(go, database_url, schema=False)
     click.echo(f"{mask_url(database_url_from_env(database_url))} at revision {rev}")
 
 
@@ -129,7 +141,7 @@ def db_downgrade(revision: str, database_url: str | None) -> None:
         await migrate.downgrade(d, revision)
         return await migrate.current(d)
 
-    rev = run(go, database_url)
+    rev = run(go, database_url, schema=False)
     click.echo(f"{mask_url(database_url_from_env(database_url))} at revision {rev or 'base'}")
 
 
@@ -139,7 +151,7 @@ def db_current(database_url: str | None) -> None:
     """Print the schema revision the database is at."""
     from synckit.runtime import migrate
 
-    rev = run(migrate.current, database_url)
+    rev = run(migrate.current, database_url, schema=False)
     head = migrate.head_revision()
     state = "up to date" if rev == head else f"head is {head}"
     click.echo(f"{rev or 'base'} ({state})")

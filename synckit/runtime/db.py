@@ -27,9 +27,10 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -295,6 +296,43 @@ class Database:
                     )
                 await conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS _synckit_probe(x)")
 
+    async def check_schema(self) -> None:
+        """Raise a one-line :class:`DatabaseError` saying to run ``synckit db upgrade`` when
+        the schema is missing or older than this synckit's; create nothing on the way.
+
+        A SQLite file that does not exist is reported as such before any connection
+        (connecting would create it, empty).
+        """
+        if self.dialect == "sqlite":
+            path = self.url.database
+            local = bool(path) and path != ":memory:" and not str(path).startswith("file:")
+            # One stat of a local file, before any connection: no thread hop is worth it.
+            if local and not os.path.exists(str(path)):  # noqa: ASYNC240
+                raise DatabaseError(
+                    f"database {self.display_url} does not exist: "
+                    "run `synckit db upgrade` to create it"
+                )
+        async with self.engine.connect() as conn:
+            present = await conn.run_sync(lambda c: inspect(c).has_table("alembic_version"))
+            rev = None
+            if present:
+                rev = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+        if rev is None:
+            raise DatabaseError(
+                f"database {self.display_url} has no synckit schema: run `synckit db upgrade`"
+            )
+        known = schema_revisions()
+        if rev != known[-1]:
+            if rev in known:
+                raise DatabaseError(
+                    f"database {self.display_url} is at schema revision {rev}, this synckit "
+                    f"needs {known[-1]}: run `synckit db upgrade`"
+                )
+            raise DatabaseError(
+                f"database {self.display_url} is at schema revision {rev}, which this synckit "
+                f"does not know (its newest is {known[-1]}): upgrade synckit"
+            )
+
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(connection, *args)`` in one write transaction and return its result.
 
@@ -440,6 +478,17 @@ def translate_db_error(exc: BaseException, url: URL | str) -> DatabaseError:
     ):
         return DatabaseUnavailable(f"cannot reach database {shown}: {message}")
     return DatabaseError(f"database {shown}: {message}")
+
+
+def schema_revisions() -> list[str]:
+    """The schema revisions this synckit ships, oldest first.
+
+    Read from the migration files' names (each starts with its revision id), so that
+    checking a database's revision does not import Alembic; a test holds the last one
+    to Alembic's head.
+    """
+    versions = Path(__file__).parent / "migrations" / "versions"
+    return sorted(p.name.split("_", 1)[0] for p in versions.glob("[0-9]*_*.py"))
 
 
 def open_database(
