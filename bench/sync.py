@@ -25,6 +25,20 @@ Scenarios (``--scenarios``):
 baseline's figures (``baseline_wall_s``, ``baseline_http_429``) are engine-free. A run
 that does not finish by ``--timeout`` reports the timeout as its wall time and the
 tenants left in ``details``.
+
+Latency per scenario (``SCENARIO_LATENCY``; ``--latency-ms`` overrides it for every
+scenario but ``zero_latency``): a tenant's pages are read one after another (the next
+page's URL is in the previous answer), so one tenant alone makes at most
+``1 / latency`` requests a second. At 100 ms that is the 10 req/s limit itself: the
+limit never binds, synckit and the baseline alike meet no 429 and the rate scenarios
+measure nothing about pacing. ``declared``, ``undeclared`` and ``random_429`` therefore
+answer in 20 ms (unthrottled, a tenant would make ~50 req/s, five times its limit), so
+the wall time is the pacing's and ``ideal`` stays ``requests / (tenants x limit)``.
+``outage`` keeps 100 ms (its figure is recovery after a 3 s outage, which needs no
+pressure on the limit, and a slower API keeps tenants unfinished when it ends);
+``zero_latency`` has none (it measures synckit's CPU per record). Each scenario's
+latency is in the table and in its JSON object (``latency_ms``) and in
+``settings.latency_ms``.
 """
 
 from __future__ import annotations
@@ -66,6 +80,14 @@ from procs import spawn_worker, stop_all  # noqa: E402
 
 PG_URL = os.environ.get("SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 SCENARIOS = ("declared", "undeclared", "random_429", "outage", "zero_latency")
+#: The API's latency (seconds) per scenario; the module docstring says why.
+SCENARIO_LATENCY = {
+    "declared": 0.02,
+    "undeclared": 0.02,
+    "random_429": 0.02,
+    "outage": 0.1,
+    "zero_latency": 0.0,
+}
 ENGINES = ("sqlite", "postgresql")
 
 
@@ -362,7 +384,8 @@ class Settings:
     tenants: int = 100
     pages: int = 100
     records: int = 100
-    latency: float = 0.1
+    #: Overrides SCENARIO_LATENCY for every scenario but zero_latency (None: the defaults).
+    latency: float | None = None
     limit: int = 10
     workers: int = 2
     timeout: float = 300.0
@@ -375,10 +398,18 @@ class Settings:
     def ideal_s(self) -> float:
         return self.requests / (self.tenants * self.limit)
 
+    def latency_of(self, scenario: str) -> float:
+        """The API's latency in ``scenario``, in seconds."""
+        if scenario not in SCENARIO_LATENCY:
+            raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+        if scenario == "zero_latency" or self.latency is None:
+            return SCENARIO_LATENCY[scenario]
+        return self.latency
+
 
 def scenario_setup(name: str, s: Settings) -> tuple[Behaviour, float | None]:
     """The server's behaviour and the declared limit of a scenario."""
-    base = Behaviour(pages=s.pages, records=s.records, latency=s.latency, limit=s.limit)
+    base = Behaviour(pages=s.pages, records=s.records, latency=s.latency_of(name), limit=s.limit)
     if name == "declared":
         return base, s.limit
     if name == "undeclared":
@@ -432,15 +463,22 @@ def details(s: Settings, run: FlowRun) -> dict[str, Any]:
 async def bench(
     s: Settings, scenarios: Sequence[str], engines: Sequence[str], keep_logs: Path | None
 ) -> dict[str, Any]:
+    settings = dataclasses.asdict(s)
+    del settings["latency"]
     result: dict[str, Any] = {
-        "settings": dataclasses.asdict(s) | {"requests": s.requests, "ideal_s": s.ideal_s}
+        "settings": settings
+        | {
+            "requests": s.requests,
+            "ideal_s": s.ideal_s,
+            "latency_ms": {name: _ms(s.latency_of(name)) for name in scenarios},
+        }
     }
     with tempfile.TemporaryDirectory(prefix="synckit-bench-sync-") as tmp_name:
         tmp = keep_logs or Path(tmp_name)
         with HostileProcess() as server:
             for name in scenarios:
                 behaviour, declared = scenario_setup(name, s)
-                out: dict[str, Any] = {"details": {}}
+                out: dict[str, Any] = {"latency_ms": _ms(behaviour.latency), "details": {}}
                 for engine in engines:
                     async with fresh_database(engine, Path(tmp_name)) as url:
                         run = await run_workers(
@@ -467,6 +505,10 @@ async def bench(
     return result
 
 
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
 def _round(value: Any) -> Any:
     return round(value, 3) if isinstance(value, float) else value
 
@@ -479,10 +521,9 @@ def render(result: dict[str, Any]) -> str:
     s = result["settings"]
     lines = [
         f"bench.sync: {s['tenants']} tenants x {s['pages']} pages x {s['records']} records, "
-        f"latency {s['latency'] * 1000:g} ms, limit {s['limit']}/s per tenant, "
-        f"{s['workers']} workers; ideal {s['ideal_s']:.2f} s",
+        f"limit {s['limit']}/s per tenant, {s['workers']} workers; ideal {s['ideal_s']:.2f} s",
         "",
-        f"{'scenario':<13} {'figure':<24} {'sqlite':>10} {'postgresql':>11} "
+        f"{'scenario':<13} {'latency':>8} {'figure':<24} {'sqlite':>10} {'postgresql':>11} "
         f"{'baseline wall':>14} {'baseline 429':>13}",
     ]
     for name in SCENARIOS:
@@ -491,19 +532,18 @@ def render(result: dict[str, Any]) -> str:
         out = result[name]
         first = True
         for key, per_engine in out.items():
-            if key in ("details", "baseline_wall_s", "baseline_http_429"):
+            if key in ("details", "latency_ms", "baseline_wall_s", "baseline_http_429"):
                 continue
             cells = [_cell(per_engine.get(e)) for e in ENGINES]
+            head = f"{name:<13} {out['latency_ms']:>5g} ms" if first else f"{'':<22}"
             tail = (
                 f"{out['baseline_wall_s']:>13.2f}s {out['baseline_http_429']:>13}" if first else ""
             )
-            lines.append(
-                f"{name if first else '':<13} {key:<24} {cells[0]:>10} {cells[1]:>11} {tail}"
-            )
+            lines.append(f"{head} {key:<24} {cells[0]:>10} {cells[1]:>11} {tail}")
             first = False
         for engine, d in out["details"].items():
             lines.append(
-                f"{'':<13}   {engine}: wall {d['wall_s']:.2f}s, {d['finished_tenants']}/"
+                f"{'':<22}   {engine}: wall {d['wall_s']:.2f}s, {d['finished_tenants']}/"
                 f"{s['tenants']} tenants done, {d['requests']} requests, {d['http_429']} x 429, "
                 f"{d['breaker_opens']} breaker opens, {d['failed_attempts']} attempts spent, "
                 f"worker CPU {d['worker_cpu_s']}s"
@@ -523,7 +563,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--tenants", type=int, default=100)
     p.add_argument("--pages", type=int, default=100, help="Pages (requests) per tenant.")
     p.add_argument("--records", type=int, default=100, help="Records per page.")
-    p.add_argument("--latency-ms", type=float, default=100.0)
+    p.add_argument(
+        "--latency-ms",
+        type=float,
+        help="The API's latency in every scenario but zero_latency (default: per scenario, "
+        + ", ".join(f"{k} {v * 1000:g}" for k, v in SCENARIO_LATENCY.items())
+        + ").",
+    )
     p.add_argument("--limit", type=int, default=10, help="Requests per second per tenant.")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--timeout", type=float, default=300.0, help="Seconds allowed per run.")
@@ -543,7 +589,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         tenants=a.tenants,
         pages=a.pages,
         records=a.records,
-        latency=a.latency_ms / 1000,
+        latency=None if a.latency_ms is None else a.latency_ms / 1000,
         limit=a.limit,
         workers=a.workers,
         timeout=a.timeout,
