@@ -11,7 +11,9 @@ import asyncio
 import dataclasses
 import importlib
 import json
+import logging
 import re
+import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -32,7 +34,7 @@ from synckit.runtime.jobs import JobInfo, utcnow
 from synckit.runtime.logging import configure_logging
 
 if TYPE_CHECKING:
-    from synckit.runtime.worker import OutcomeObserver, WorkerStats
+    from synckit.runtime.worker import OutcomeObserver, Worker, WorkerStats
 
 # Modules that only some commands need are imported by those commands: every
 # invocation pays for what it imports, and `synckit jobs ls` needs neither Alembic nor
@@ -106,8 +108,34 @@ class LazyGroup(click.Group):
     },
 )
 @click.version_option(package_name="synckit")
-def cli() -> None:
-    """synckit: third-party API sync that survives crashes and hostile APIs."""
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+    envvar="SYNCKIT_LOG_LEVEL",
+    help="Least severe log events shown (or $SYNCKIT_LOG_LEVEL).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "json", "console"], case_sensitive=False),
+    default="auto",
+    show_default=True,
+    envvar="SYNCKIT_LOG_FORMAT",
+    help="Log lines as JSON or for people; auto: console on a terminal, JSON otherwise "
+    "(or $SYNCKIT_LOG_FORMAT).",
+)
+def cli(log_level: str, log_format: str) -> None:
+    """synckit: third-party API sync that survives crashes and hostile APIs.
+
+    Every command logs the same way: structured events on stderr, secrets redacted,
+    so that stdout carries only the command's output (--json stays valid JSON).
+    """
+    configure_logging(
+        json_lines={"auto": None, "json": True, "console": False}[log_format.lower()],
+        level=logging.getLevelName(log_level.upper()),
+        stream=sys.stderr,
+    )
 
 
 @cli.group()
@@ -217,7 +245,6 @@ def worker_cmd(
     from synckit.runtime.audit import audit_observer
     from synckit.runtime.worker import Worker
 
-    configure_logging()
     registry = load_registry(app)
 
     async def go(d: Database) -> WorkerStats:
@@ -238,8 +265,13 @@ def worker_cmd(
             grace_period=grace,
             observers=observers,
         )
+        received: list[signal.Signals] = []
+        if not burst:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, _acknowledge, w, sig, grace, received)
         try:
-            return await (w.run_until_idle() if burst else w.run(install_signals=True))
+            return await (w.run_until_idle() if burst else w.run())
         finally:
             if server is not None:
                 await server.close()
@@ -247,6 +279,25 @@ def worker_cmd(
     stats = run(go, database_url)
     if burst:
         click.echo(json.dumps(vars(stats), sort_keys=True))
+
+
+def _acknowledge(
+    worker: Worker, sig: signal.Signals, grace: float, received: list[signal.Signals]
+) -> None:
+    """Say in the log that a signal arrived and what the worker does about it."""
+    import structlog
+
+    again = bool(received)
+    received.append(sig)
+    structlog.get_logger("synckit.worker").warning(
+        "worker.signal_received",
+        signal=sig.name,
+        action="already stopping"
+        if again
+        else "stop claiming; in-flight jobs get the grace period, then go back to pending",
+        grace_seconds=grace,
+    )
+    worker.stop()
 
 
 @cli.group()
