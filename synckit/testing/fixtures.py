@@ -1,7 +1,9 @@
 """pytest fixtures for testing connectors built on synckit.
 
-Enable them in a test suite (they are not registered as an entry point, so nothing
-loads them unasked)::
+With ``pip install 'synckit[testing]'`` they are there with no configuration: the
+pytest plugin :mod:`synckit.testing.plugin` (entry point ``pytest11``) loads them and
+sets pytest-asyncio to ``auto`` unless the project chose a mode. Without the plugin
+(``-p no:synckit``), enable them in a test suite::
 
     # conftest.py
     pytest_plugins = ["synckit.testing.fixtures"]

@@ -119,15 +119,13 @@ def test_a_connector_author_s_suite_uses_the_plugin_in_strict_asyncio_mode(
     assert "7 passed" in result.stdout
 
 
-def test_installing_synckit_does_not_auto_load_the_plugin() -> None:
-    """The fixtures plugin is opt-in (pytest_plugins), never a pytest11 entry point.
-
-    (Within synckit's own suite a test module may opt in, which registers it for the
-    session, so the check is on how synckit is installed, not on this session.)
-    """
+def test_the_only_entry_point_is_the_small_plugin() -> None:
+    """Installing synckit registers one pytest11 plugin, synckit.testing.plugin (asyncio
+    mode and these fixtures; ``-p no:synckit`` turns it off), nothing else."""
     from importlib.metadata import entry_points
 
-    assert not [ep for ep in entry_points(group="pytest11") if ep.value.startswith("synckit")]
+    ours = [ep.value for ep in entry_points(group="pytest11") if ep.value.startswith("synckit")]
+    assert ours == ["synckit.testing.plugin"]
 
 
 async def test_the_helpers_behind_the_fixtures_work_without_pytest(tmp_path: Path) -> None:

@@ -1,0 +1,40 @@
+"""The pytest plugin synckit registers (entry point ``pytest11``: ``synckit``).
+
+Installed with ``pip install 'synckit[testing]'``, it makes a connector author's test suite
+work with no configuration:
+
+* ``async def`` tests and fixtures run: pytest-asyncio's mode is set to ``auto`` unless
+  the project chose a mode itself (``asyncio_mode`` in its ini file or on the command
+  line), in which case its choice stands;
+* the fixtures of :mod:`synckit.testing.fixtures` (``synckit_db``, ``synckit_clock``,
+  ``instant_retries``, ``run_until_idle``, ``fake_api``) are available without
+  ``pytest_plugins``.
+
+``-p no:synckit`` turns it off.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+FIXTURES = "synckit.testing.fixtures"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("asyncio") and not _mode_chosen(config):
+        config.option.asyncio_mode = "auto"
+    # Idempotent: a conftest that lists the module in pytest_plugins registered it already.
+    config.pluginmanager.import_plugin(FIXTURES)
+
+
+def _mode_chosen(config: pytest.Config) -> bool:
+    if config.getoption("asyncio_mode", default=None):
+        return True
+    # getini() answers the default for an unset option: only the raw ini says whether
+    # the project chose. (pytest deprecates inicfg in favour of getini, which cannot.)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return "asyncio_mode" in config.inicfg

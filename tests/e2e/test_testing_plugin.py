@@ -1,0 +1,51 @@
+"""The pytest plugin (entry point pytest11) runs a connector author's async tests and gives
+them synckit's fixtures with no configuration; a project's own asyncio_mode stands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+AUTHOR_TEST = '''
+from synckit.runtime.db import Database
+from synckit.testing import FakeClock
+
+
+async def test_an_async_test_gets_a_migrated_database(synckit_db: Database) -> None:
+    async with synckit_db.begin() as conn:
+        assert (await conn.exec_driver_sql("SELECT count(*) FROM jobs")).scalar() == 0
+
+
+def test_the_fake_clock_fixture(synckit_clock: FakeClock) -> None:
+    assert synckit_clock() is not None
+'''
+
+
+def pytest_in(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "SYNCKIT_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=project, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_async_tests_and_fixtures_work_with_no_configuration(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # the author's: nothing about asyncio
+    (tmp_path / "test_connector.py").write_text(AUTHOR_TEST)
+    result = pytest_in(tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "2 passed" in result.stdout
+
+    without = pytest_in(tmp_path, "-p", "no:synckit")
+    assert without.returncode != 0
+    assert "fixture 'synckit_db' not found" in without.stdout
+
+
+def test_a_project_that_chose_strict_mode_keeps_it(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\nasyncio_mode = strict\n")
+    (tmp_path / "test_connector.py").write_text(AUTHOR_TEST)
+    result = pytest_in(tmp_path)
+    # Strict mode: an unmarked async test is not run by pytest-asyncio.
+    assert "1 passed" in result.stdout, result.stdout[-3000:]
