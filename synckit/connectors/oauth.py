@@ -27,7 +27,7 @@ tenant's resource is deferred (:func:`synckit.runtime.pacing.defer_resource`).
 A connection is marked ``needs_reauth`` only when the provider refuses the grant
 (``invalid_grant``, ``invalid_client``, a revoked grant) for the refresh token that is
 still stored, or when the API answers 401 to an access token minted for this very
-request and sent inside its lifetime (:func:`unauthorized_verdict`). A 401 on a token
+request, within its lifetime (:func:`unauthorized_verdict`). A 401 on a token
 that was re-read (another worker's, or cached) refreshes and retries, at most
 ``MAX_401_RETRIES`` times, each logged; past that the request fails as retryable. The
 stored reason is the cause first, once (:func:`reauth_reason`).
@@ -254,7 +254,7 @@ UnauthorizedVerdict = Literal["refuse", "refresh", "give_up"]
 def unauthorized_verdict(
     *,
     minted: bool,
-    sent_at: datetime,
+    answered_at: datetime,
     expires_at: datetime | None,
     retries: int,
     max_retries: int = MAX_401_RETRIES,
@@ -262,10 +262,12 @@ def unauthorized_verdict(
     """What a 401 means for the request that got it.
 
     ``refuse`` (needs re-authorisation) only on evidence: the token was minted by the
-    provider for this very request and sent inside its lifetime. Otherwise refresh and
+    provider for this very request and it was inside its lifetime for the whole round
+    trip (the 401 came back before ``expires_at``, which is counted from before the token
+    request, so the API checked a token that was certainly alive). Otherwise refresh and
     send again, at most ``max_retries`` times, then ``give_up`` (a retryable failure).
     """
-    if minted and (expires_at is None or sent_at < expires_at):
+    if minted and (expires_at is None or answered_at < expires_at):
         return "refuse"
     if retries >= max_retries:
         return "give_up"
@@ -379,12 +381,13 @@ class OAuth2Auth(httpx.Auth):
             response = yield request
             if response.status_code != 401:
                 return
+            answered_at = self.clock()
             sent = self._sent.pop(request, None)
             if sent is None:  # the transport never attached a token (not ours to judge)
                 return
             verdict = unauthorized_verdict(
                 minted=sent.minted,
-                sent_at=sent.sent_at,
+                answered_at=answered_at,
                 expires_at=sent.token.expires_at,
                 retries=retries,
             )
@@ -393,14 +396,15 @@ class OAuth2Auth(httpx.Auth):
                 tenant=self.tenant,
                 minted_for_request=sent.minted,
                 sent_at=sent.sent_at,
+                answered_at=answered_at,
                 expires_at=sent.token.expires_at,
                 retries=retries,
                 verdict=verdict,
             )
             if verdict == "refuse":
                 await self._refused(
-                    "the API answered 401 to an access token minted for this request "
-                    "and sent inside its lifetime"
+                    "the API answered 401 to an access token minted for this request, "
+                    "inside its lifetime"
                 )
             if verdict == "give_up":
                 raise UnprovenUnauthorized(

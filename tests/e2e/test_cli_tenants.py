@@ -235,6 +235,22 @@ def test_an_unknown_config_field_is_refused_by_name(migrated_url: str) -> None:
     assert bad.returncode == 2 and "unknown field 'pgae_size'" in bad.stderr
 
 
+def _connection(url: str) -> Any:
+    from sqlalchemy import select
+
+    from synckit.runtime.schema import connections
+
+    async def go() -> Any:
+        db = open_database(url)
+        try:
+            async with db.begin() as conn:
+                return (await conn.execute(select(connections))).one()
+        finally:
+            await db.dispose()
+
+    return asyncio.run(go())
+
+
 @pytest.mark.slow
 def test_a_static_key_tenant_refused_with_401_is_fixed_by_set_config_and_syncs(
     migrated_url: str, api_url: str, tmp_path: Path
@@ -262,10 +278,10 @@ def test_a_static_key_tenant_refused_with_401_is_fixed_by_set_config_and_syncs(
         )
     try:
         deadline = time.monotonic() + 30
-        while (t := ls(migrated_url)[0])["status"] != "needs_reauth":
+        while (t := _connection(migrated_url)).status != "needs_reauth":
             assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.3)
-        reason = t["status_reason"]
+            time.sleep(0.2)
+        reason = t.status_reason
         assert "401" in reason and reason.count("needs re-authorisation") <= 1
         refused = tenants(migrated_url, "resume", "acme")
         assert refused.returncode == 2 and "set-config" in refused.stderr
@@ -282,7 +298,7 @@ def test_a_static_key_tenant_refused_with_401_is_fixed_by_set_config_and_syncs(
         assert fixed.returncode == 0, fixed.stderr
         assert "resumed" in fixed.stdout and "active" in fixed.stdout
         assert _Api.required_token not in fixed.stdout + fixed.stderr  # the secret is masked
-        assert ls(migrated_url)[0]["status"] == "active"
+        assert _connection(migrated_url).status == "active"
         while _checkpoint(migrated_url) != {"page": 2}:
             assert time.monotonic() < deadline + 30, log.read_text()[-3000:]
             time.sleep(0.3)

@@ -159,7 +159,7 @@ async def test_a_401_on_a_token_minted_for_the_request_needs_reauth(
     server.deny_user("alice")
     with structlog.testing.capture_logs() as logs, pytest.raises(NeedsReauth) as info:
         await call(OAuth2Auth(db, "t1", config(server)), server.resource_url)
-    cause = "the API answered 401 to an access token minted for this request"
+    cause = "the API answered 401 to an access token minted for this request, inside its"
     assert str(info.value).startswith(cause)
     assert server.stats.token_requests == 1 and server.stats.resource_requests == 2
     row = await connection_row(db, "t1")

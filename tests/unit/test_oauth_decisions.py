@@ -100,13 +100,13 @@ def test_refresh_step_for_every_combination() -> None:
 def test_a_401_refuses_only_on_a_token_minted_for_the_request_inside_its_life(
     minted: bool, sent_offset: float, known_expiry: bool, retries: int
 ) -> None:
-    """Evidence or a bounded retry: never needs_reauth for a re-read or late-sent token."""
+    """Evidence or a bounded retry: never needs_reauth for a re-read or expired token."""
     expires_at = T0 if known_expiry else None
-    sent_at = T0 + timedelta(seconds=sent_offset)
+    answered_at = T0 + timedelta(seconds=sent_offset)
     verdict = unauthorized_verdict(
-        minted=minted, sent_at=sent_at, expires_at=expires_at, retries=retries
+        minted=minted, answered_at=answered_at, expires_at=expires_at, retries=retries
     )
-    inside = expires_at is None or sent_at < expires_at
+    inside = expires_at is None or answered_at < expires_at
     if minted and inside:
         assert verdict == "refuse"
     elif retries >= MAX_401_RETRIES:
