@@ -1,0 +1,195 @@
+"""The one redaction step: every secret shape the hostile audit found, generated."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, SecretStr
+
+from synckit.runtime.logging import (
+    bind_known_secrets,
+    is_secret_key,
+    redact,
+    redact_text,
+    scrub_values,
+    secret_values,
+)
+
+# Token-like secrets: what API keys, OAuth tokens and webhook paths are made of.
+SECRET = st.text(
+    alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", min_size=12
+).map(lambda s: "Zq" + s)  # never all digits, never a word
+# Secrets with punctuation, for the shapes that are quoted or delimited.
+WIDE_SECRET = st.text(
+    alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/!$%()*",
+    min_size=12,
+).map(lambda s: "Zq" + s)
+
+
+def _pem(s: str) -> str:
+    return f"-----BEGIN RSA PRIVATE KEY-----\nMIIE{s}\n{s}==\n-----END RSA PRIVATE KEY-----"
+
+
+#: Every shape of the issue 16 audit, and a few more: (name, text holding the secret).
+SHAPES: dict[str, Callable[[str], str]] = {
+    "bearer header": lambda s: f"401: Authorization: Bearer {s}",
+    "query access_token": lambda s: f"GET https://api.example/me?access_token={s}&page=2",
+    "camelCase accessToken json": lambda s: json.dumps({"accessToken": s, "n": 1}),
+    "camelCase refreshToken kv": lambda s: f"refresh failed refreshToken={s} retry",
+    "camelCase clientSecret json": lambda s: f'body {{"clientSecret": "{s}"}}',
+    "X-Token-Value header": lambda s: f"headers: X-Token-Value: {s}\nAccept: */*",
+    "X-Api-Key header": lambda s: f"X-Api-Key: {s}",
+    "Cookie header": lambda s: f"Cookie: theme=dark; session={s}; lang=en",
+    "Set-Cookie header": lambda s: f"Set-Cookie: sid={s}; Path=/; HttpOnly",
+    "json inside json": lambda s: json.dumps({"error": json.dumps({"password": s})}),
+    "json in json in json": lambda s: json.dumps(
+        {"e": json.dumps({"d": json.dumps({"api_key": s})})}
+    ),
+    "?key=": lambda s: f"https://maps.example/geo?key={s}",
+    "sig=": lambda s: f"https://blob.example/c/f?sv=2020&sig={s}&se=2030",
+    "code=": lambda s: f"GET /oauth/callback?code={s}&state=xyz",
+    "aws_secret_access_key=": lambda s: f"aws_secret_access_key={s}",
+    "pwd=": lambda s: f"Server=db;Uid=app;pwd={s};",
+    "PEM block": _pem,
+    "bare ghp_": lambda s: f"rejected ghp_{s} for repo",
+    "bare sk_live_": lambda s: f"stripe said no to sk_live_{s}.",
+    "telegram /bot path": lambda s: f"POST https://api.telegram.org/bot123456:{s}/sendMessage",
+    "slack webhook path": lambda s: f"https://hooks.slack.com/services/T0001/B0002/{s}",
+    "discord webhook path": lambda s: f"https://discord.com/api/webhooks/12345/{s}",
+    "url password": lambda s: f"postgresql://app:{s}@db.internal/main",
+    "yaml api_key": lambda s: f"config:\n  api_key: {s}\n  region: eu",
+    "python repr": lambda s: repr({"client_secret": s, "n": 1}),
+    "password with spaces json": lambda s: json.dumps({"password": f"correct horse {s} staple"}),
+    "password with spaces header": lambda s: f"Password: correct horse {s} staple",
+    "password with spaces kv": lambda s: f"password=correct horse {s} staple",
+    "jwt": lambda s: f"token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOi{s}.{s}",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@settings(max_examples=40, deadline=None)
+@given(secret=SECRET)
+def test_no_generated_secret_survives_any_shape(shape: str, secret: str) -> None:
+    """Each audited shape, with any token-like secret, is masked (and stays masked)."""
+    out = redact_text(SHAPES[shape](secret))
+    assert secret not in out, out
+    assert redact_text(out) == out  # redacting twice changes nothing
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "camelCase clientSecret json",
+        "json inside json",
+        "password with spaces json",
+        "python repr",
+        "X-Token-Value header",
+        "pwd=",
+    ],
+)
+@settings(max_examples=40, deadline=None)
+@given(secret=WIDE_SECRET)
+def test_secrets_with_punctuation_are_masked_whole(shape: str, secret: str) -> None:
+    """Quoted and delimited values are masked to their end, whatever their characters."""
+    if shape == "pwd=":
+        secret = secret.replace(";", "")
+    out = redact_text(SHAPES[shape](secret))
+    assert secret not in out, out
+
+
+@settings(max_examples=60, deadline=None)
+@given(secret=WIDE_SECRET, prose=st.sampled_from(["the key {} was refused", "{}", "x{}y"]))
+def test_known_values_are_scrubbed_in_any_form(secret: str, prose: str) -> None:
+    """A tenant's own secret is scrubbed by value: plain, URL-encoded, JSON-escaped."""
+    from urllib.parse import quote
+
+    text = " | ".join([prose.format(secret), quote(secret, safe=""), json.dumps({"note": secret})])
+    out = redact_text(text, known=[secret])
+    assert secret not in out and quote(secret, safe="") not in out
+    with bind_known_secrets([secret]):
+        assert secret not in redact_text(text)
+    assert secret not in json.dumps(redact({"a": [text]}, known=[secret]))
+
+
+def test_known_values_are_bound_per_context_only() -> None:
+    """Bound secrets apply inside the block and not after it; short values are ignored."""
+    with bind_known_secrets(["Opaque-Value-123"]):
+        assert redact_text("got Opaque-Value-123") == "got ***"
+    assert redact_text("got Opaque-Value-123") == "got Opaque-Value-123"
+    assert scrub_values("a cat", ["cat"]) == "a cat"
+
+
+def test_secret_values_reads_nested_secret_fields() -> None:
+    """secret_values finds SecretStr fields at any depth of a config model."""
+
+    class Inner(BaseModel):
+        pat: SecretStr
+        label: str = "x"
+
+    class Config(BaseModel):
+        webhook_url: SecretStr
+        inner: Inner
+        extra: list[Inner]
+
+    cfg = Config(
+        webhook_url=SecretStr("https://hooks/x/y"),
+        inner=Inner(pat=SecretStr("pat-1")),
+        extra=[Inner(pat=SecretStr("pat-2"))],
+    )
+    assert set(secret_values(cfg)) == {"https://hooks/x/y", "pat-1", "pat-2"}
+
+
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [
+        ("accessToken", True),
+        ("refreshToken", True),
+        ("clientSecret", True),
+        ("X-Token-Value", True),
+        ("aws_secret_access_key", True),
+        ("pwd", True),
+        ("Set-Cookie", True),
+        ("apiKey", True),
+        ("privateKey", True),
+        ("key", True),
+        ("resource_key", False),
+        ("unique_key", False),
+        ("claim_token", False),
+        ("token_expires_at", False),
+        ("expires_in", False),
+        ("token_type", False),
+        ("tokens_issued_count", False),
+        ("status_code", False),
+        ("message", False),
+    ],
+)
+def test_secret_key_names(key: str, secret: bool) -> None:
+    """Key names: camelCase and header spellings count; names about a secret do not."""
+    assert is_secret_key(key) is secret
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Invalid path [/v1/users]",
+        "HTTP 500: upstream timed out after 30s",
+        '{"code": 400, "message": "bad field: name"}',
+        "the token expired",
+        "job 17: resource_key=acme:graph status=dead",
+    ],
+)
+def test_ordinary_error_text_is_left_alone(text: str) -> None:
+    """Operators still read their errors: prose, codes and resource keys are not masked."""
+    assert redact_text(text) == text
+
+
+def test_deep_values_do_not_overflow() -> None:
+    """A hostile, very deep structure is redacted without recursion errors."""
+    deep: object = "Bearer abcdefgh"
+    for _ in range(5000):
+        deep = [deep]
+    assert "abcdefgh" not in repr(redact(deep))
