@@ -105,6 +105,7 @@ class LazyGroup(click.Group):
         "tenants": "synckit.connectors.tenants_cli:tenants",
         "demo": "synckit.demo:demo_command",
         "sync": "synckit.sync_cli:sync_command",
+        "web": "synckit.web.cli:web_command",
     },
 )
 @click.version_option(package_name="synckit")
