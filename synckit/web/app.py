@@ -1,0 +1,888 @@
+"""The console's Starlette application: pages, live fragments and actions.
+
+Server-rendered (Jinja2, autoescaped: stored text is data, never markup); live parts
+are htmx fragments polled every couple of seconds; every change is a POST carrying the
+CSRF token and goes through the same storage operation the CLI uses, then redirects
+back (303) so a reload never repeats it. Secrets never reach a page: tenant configs are
+masked by the connector's ``SecretStr`` fields and by key names, payloads and error
+texts pass through the log redactor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets as pysecrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+import structlog
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from synckit.connectors import tenants as tenant_store
+from synckit.dlq import store as dlq_store
+from synckit.dlq.store import DlqFilter
+from synckit.errors.exceptions import JobNotFound, SynckitError
+from synckit.runtime import jobs as job_store
+from synckit.runtime import outbox as outbox_store
+from synckit.runtime.db import Database, open_database
+from synckit.runtime.jobs import utcnow
+from synckit.runtime.logging import REDACTED, redact, redact_text
+from synckit.runtime.poll import list_checkpoints
+from synckit.runtime.resources import get_resource, reset_resource
+from synckit.runtime.status import read_status
+from synckit.web import queries
+from synckit.web.explain import duration_text, tenant_why
+from synckit.web.security import csrf_valid, origin_allowed, safe_next, token_valid
+
+if TYPE_CHECKING:
+    from synckit.app import App
+
+__all__ = ["CSRF_COOKIE", "TOKEN_COOKIE", "WebConfig", "create_app"]
+
+HERE = Path(__file__).parent
+CSRF_COOKIE = "synckit_csrf"
+TOKEN_COOKIE = "synckit_token"
+FLASH_COOKIE = "synckit_flash"
+JOB_STATUSES = ("pending", "running", "succeeded", "dead", "cancelled", "discarded")
+OUTBOX_STATUSES = ("pending", "failed", "published")
+log = structlog.get_logger("synckit.web")
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """How the console runs: its database, the App (for sync now, record replays and the
+    connectors' secret fields), the access token, read-only mode, live refresh period."""
+
+    database_url: str | None
+    app: App | None = None
+    token: str | None = None
+    read_only: bool = False
+    refresh_seconds: float = 2.0
+
+
+# --- presentation helpers ---------------------------------------------------------------
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
+
+
+def _relative(moment: datetime | None, now: datetime | None = None) -> str:
+    if moment is None:
+        return "-"
+    delta = (moment - (now or utcnow())).total_seconds()
+    return f"in {duration_text(delta)}" if delta >= 0 else f"{duration_text(-delta)} ago"
+
+
+def _shown_json(value: Any) -> str:
+    """Stored JSON for a page: secrets redacted by key and inside strings."""
+    return json.dumps(redact(value), indent=2, sort_keys=True, default=str)
+
+
+def _red(text: Any) -> str:
+    return redact_text(str(text)) if text is not None else ""
+
+
+def _secret_fields(app: App | None, connector: str) -> set[str]:
+    """The config fields the connector's model types as secrets."""
+    from pydantic import SecretBytes, SecretStr
+
+    if app is None:
+        return set()
+    try:
+        model = app.connector(connector).config_model
+    except SynckitError:
+        return set()
+    out = set()
+    for name, f in model.model_fields.items():
+        text = repr(f.annotation)
+        if f.annotation in (SecretStr, SecretBytes) or "Secret" in text:
+            out.add(name)
+            if f.alias:
+                out.add(f.alias)
+    return out
+
+
+def shown_config(config: dict[str, Any], app: App | None, connector: str) -> dict[str, Any]:
+    """A tenant's config as a page may show it."""
+    hidden = _secret_fields(app, connector)
+    masked: dict[str, Any] = redact(
+        {k: (REDACTED if k in hidden else v) for k, v in config.items()}
+    )
+    return masked
+
+
+def _env() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = _when
+    env.filters["relative"] = _relative
+    env.filters["shown_json"] = _shown_json
+    env.filters["red"] = _red
+    env.filters["duration"] = duration_text
+    return env
+
+
+# --- the application --------------------------------------------------------------------
+
+
+class _State:
+    def __init__(self, config: WebConfig) -> None:
+        self.config = config
+        self.db: Database | None = None
+        self.env = _env()
+
+    @property
+    def database(self) -> Database:
+        assert self.db is not None, "the console's lifespan has not started"
+        return self.db
+
+
+def _state(request: Request) -> _State:
+    st: _State = request.app.state.console
+    return st
+
+
+def _who(request: Request) -> str:
+    st = _state(request)
+    client = request.client.host if request.client else "?"
+    return f"{'token' if st.config.token else 'local'}@{client}"
+
+
+class _Guard(BaseHTTPMiddleware):
+    """Access token, read-only mode, CSRF and Origin checks, and the CSRF cookie."""
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        st = _state(request)
+        path = request.url.path
+        public = path.startswith("/static/") or path == "/login"
+        if not public and st.config.token:
+            given = request.cookies.get(TOKEN_COOKIE)
+            auth = request.headers.get("authorization", "")
+            if auth.lower().startswith("bearer "):
+                given = auth[7:].strip()
+            if not token_valid(st.config.token, given):
+                if request.method == "GET" and "hx-request" not in request.headers:
+                    return RedirectResponse(
+                        "/login?" + urlencode({"next": str(request.url.path)}), status_code=303
+                    )
+                return PlainTextResponse("access token required", status_code=401)
+        if request.method not in ("GET", "HEAD"):
+            refusal = await self._refusal(request, st)
+            if refusal is not None:
+                log.warning("web.action_refused", path=path, reason=refusal, who=_who(request))
+                return PlainTextResponse(f"refused: {refusal}", status_code=403)
+        response = await call_next(request)
+        if not request.cookies.get(CSRF_COOKIE):
+            response.set_cookie(CSRF_COOKIE, request.state.csrf, httponly=True, samesite="strict")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            # Inline style attributes draw the throughput bars; scripts stay same-origin.
+            "default-src 'self'; img-src 'self' data:; "
+            "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+        )
+        return response
+
+    async def _refusal(self, request: Request, st: _State) -> str | None:
+        if not origin_allowed(request.headers.get("origin"), request.headers.get("host")):
+            return "the request came from another site"
+        submitted = request.headers.get("x-csrf-token")
+        if submitted is None:
+            # Read the body first: BaseHTTPMiddleware replays a read body to the endpoint,
+            # a parsed form it does not.
+            await request.body()
+            form = await request.form()
+            value = form.get("csrf")
+            submitted = value if isinstance(value, str) else None
+        if not csrf_valid(request.cookies.get(CSRF_COOKIE), submitted):
+            return "missing or wrong CSRF token (reload the page and try again)"
+        if st.config.read_only and request.url.path != "/login":
+            return "the console runs read-only (--read-only)"
+        return None
+
+
+class _CsrfSeed:
+    """Pure ASGI: give each request the CSRF value its page embeds (the cookie's, or a
+    new one the guard sets on the response)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            from starlette.requests import HTTPConnection
+
+            conn = HTTPConnection(scope)
+            scope.setdefault("state", {})
+            scope["state"]["csrf"] = conn.cookies.get(CSRF_COOKIE) or pysecrets.token_urlsafe(32)
+        await self.app(scope, receive, send)
+
+
+def render(request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+    st = _state(request)
+    flash = request.cookies.get(FLASH_COOKIE)
+    html = st.env.get_template(template).render(
+        request=request,
+        csrf=request.state.csrf,
+        read_only=st.config.read_only,
+        has_app=st.config.app is not None,
+        refresh=st.config.refresh_seconds,
+        flash=flash,
+        now=utcnow(),
+        **values,
+    )
+    response = HTMLResponse(html, status_code=status_code)
+    if flash and "hx-request" not in request.headers:
+        response.delete_cookie(FLASH_COOKIE)
+    return response
+
+
+def _back(request: Request, form: Any, message: str, default: str) -> Response:
+    target = safe_next(form.get("next") if form is not None else None, default)
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(FLASH_COOKIE, message[:500], max_age=30, httponly=True, samesite="strict")
+    return response
+
+
+async def _act(
+    request: Request,
+    action: str,
+    target: str,
+    work: Callable[[], Awaitable[str]],
+    *,
+    default: str,
+) -> Response:
+    """Run one action, log who/what/when and its outcome, and go back with a message."""
+    form = await request.form()
+    who = _who(request)
+    try:
+        message = await work()
+    except (SynckitError, LookupError, ValueError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        log.warning("web.action_failed", action=action, target=target, who=who, error=text)
+        return _back(request, form, f"{action} {target}: {text}", default)
+    except Exception as exc:
+        import click
+
+        if not isinstance(exc, click.ClickException):
+            raise
+        log.warning("web.action_failed", action=action, target=target, who=who, error=exc.message)
+        return _back(request, form, f"{action} {target}: {exc.message}", default)
+    log.info("web.action", action=action, target=target, who=who, outcome=message)
+    return _back(request, form, message, default)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _ids(form: Any) -> list[int]:
+    out = []
+    for raw in form.getlist("ids"):
+        n = _int(raw)
+        if n is not None:
+            out.append(n)
+    return sorted(set(out))
+
+
+def _since(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    from synckit.cli import parse_duration
+
+    try:
+        return utcnow() - parse_duration(text)
+    except Exception:
+        return None
+
+
+# --- overview ---------------------------------------------------------------------------
+
+
+async def overview(request: Request) -> Response:
+    return render(request, "overview.html", **await _overview_values(request))
+
+
+async def overview_live(request: Request) -> Response:
+    return render(request, "_overview_live.html", **await _overview_values(request))
+
+
+async def _overview_values(request: Request) -> dict[str, Any]:
+    db = _state(request).database
+    now = utcnow()
+    status = await read_status(db, now=now)
+    per_minute = await queries.throughput(db, now=now)
+    growth = await queries.dlq_growth(db, now=now)
+    tenant_states = await queries.tenant_counts(db)
+    jobs_by_state: dict[str, int] = {}
+    depth = 0
+    for counts in status.queue.values():
+        for s, n in counts.items():
+            jobs_by_state[s] = jobs_by_state.get(s, 0) + n
+            if s in ("pending", "running"):
+                depth += n
+    peak = max([ok + failed for _m, ok, failed in per_minute] + [1])
+    burning = sorted(
+        (t for t in status.tenants if t.budget_burn > 0), key=lambda t: -t.budget_burn
+    )[:10]
+    open_breakers = [t for t in status.tenants if t.breaker != "closed"]
+    return {
+        "status": status,
+        "per_minute": per_minute,
+        "peak": peak,
+        "last_hour": sum(ok + failed for _m, ok, failed in per_minute),
+        "growth": growth,
+        "tenant_states": tenant_states,
+        "jobs_by_state": jobs_by_state,
+        "depth": depth,
+        "burning": burning,
+        "open_breakers": open_breakers,
+        "statuses": JOB_STATUSES,
+    }
+
+
+# --- tenants ----------------------------------------------------------------------------
+
+
+async def tenants_page(request: Request) -> Response:
+    db = _state(request).database
+    q = request.query_params
+    page = await queries.tenant_page(
+        db,
+        status=q.get("status") or None,
+        connector=q.get("connector") or None,
+        after=q.get("after") or None,
+    )
+    running = await queries.running_counts(db, [t.resource_key for t in page.rows])
+    now = utcnow()
+    rows = [
+        (
+            t,
+            tenant_why(
+                status=t.status,
+                status_reason=_red(t.status_reason) or None,
+                breaker=t.breaker,
+                cooldown_until=t.cooldown_until,
+                next_available_at=t.next_available_at,
+                paced_reason=t.paced_reason,
+                max_in_flight=t.max_in_flight,
+                running=running.get(t.resource_key, 0),
+                now=now,
+            ),
+        )
+        for t in page.rows
+    ]
+    return render(
+        request,
+        "tenants.html",
+        rows=rows,
+        page=page,
+        filters={"status": q.get("status", ""), "connector": q.get("connector", "")},
+        next_query=_next_query(request, "after", page.next_cursor),
+    )
+
+
+def _next_query(request: Request, name: str, cursor: str | None) -> str | None:
+    if cursor is None:
+        return None
+    params = {k: v for k, v in request.query_params.items() if k != name and v}
+    params[name] = cursor
+    return urlencode(params)
+
+
+async def _tenant_values(request: Request) -> dict[str, Any]:
+    st = _state(request)
+    db = st.database
+    name = request.path_params["tenant"]
+    t = await tenant_store.get_tenant(db, name)
+    now = utcnow()
+    try:
+        resource = await get_resource(db, t.resource_key)
+    except LookupError:
+        resource = None
+    row = await queries.tenant_row(db, t.tenant)
+    running = (await queries.running_counts(db, [t.resource_key])).get(t.resource_key, 0)
+    why = tenant_why(
+        status=t.status,
+        status_reason=_red(t.status_reason) or None,
+        breaker=row.breaker if row else "closed",
+        cooldown_until=row.cooldown_until if row else None,
+        next_available_at=row.next_available_at if row else None,
+        paced_reason=row.paced_reason if row else None,
+        max_in_flight=row.max_in_flight if row else None,
+        running=running,
+        now=now,
+    )
+    checkpoints = await list_checkpoints(db, t.tenant)
+    cycles = await queries.poll_jobs(db, t.resource_key, t.tenant)
+    dlq = await tenant_store.dead_letter_counts(db, t.tenant)
+    async with db.begin() as conn:
+        from synckit.runtime.audit import totals_by_tenant, window_start
+        from synckit.runtime.budget import BudgetPolicy
+
+        policy = BudgetPolicy()
+        totals = (await totals_by_tenant(conn, since=window_start(now, policy.window))).get(
+            t.tenant
+        )
+    budget = policy.status(totals) if totals is not None else None
+    return {
+        "t": t,
+        "config": shown_config(t.config, st.config.app, t.connector),
+        "resource": resource,
+        "running": running,
+        "why": why,
+        "checkpoints": [
+            (stream, cursor, at, (now - at).total_seconds())
+            for _c, stream, cursor, at in checkpoints
+        ],
+        "cycles": cycles,
+        "dlq": dlq,
+        "budget": budget,
+    }
+
+
+async def tenant_page(request: Request) -> Response:
+    try:
+        values = await _tenant_values(request)
+    except tenant_store.TenantNotFound as exc:
+        return render(request, "error.html", status_code=404, message=str(exc))
+    return render(request, "tenant.html", **values)
+
+
+async def tenant_live(request: Request) -> Response:
+    try:
+        values = await _tenant_values(request)
+    except tenant_store.TenantNotFound as exc:
+        return PlainTextResponse(str(exc), status_code=404)
+    return render(request, "_tenant_live.html", **values)
+
+
+async def tenant_action(request: Request) -> Response:
+    st = _state(request)
+    db = st.database
+    name = request.path_params["tenant"]
+    action = request.path_params["action"]
+    home = f"/tenants/{name}"
+
+    async def pause() -> str:
+        t = await tenant_store.pause_tenant(db, name, f"paused in the console by {_who(request)}")
+        return f"{t.tenant} paused"
+
+    async def resume() -> str:
+        t = await tenant_store.resume_tenant(db, name)
+        return f"{t.tenant} resumed"
+
+    async def sync() -> str:
+        if st.config.app is None:
+            raise ValueError("sync now needs the App: start the console with --app")
+        from synckit.sync_cli import enqueue_cycles
+
+        _connector, cycles = await enqueue_cycles(db, st.config.app, name)
+        return "; ".join(
+            f"{c.stream}: cycle {'enqueued' if c.created else 'already queued'} (job {c.job_id})"
+            for c in cycles
+        )
+
+    async def reset() -> str:
+        t = await tenant_store.get_tenant(db, name)
+        await reset_resource(db, t.resource_key)
+        return f"{t.tenant}: breaker closed and pacing cleared ({t.resource_key})"
+
+    actions = {"pause": pause, "resume": resume, "sync": sync, "reset": reset}
+    work = actions.get(action)
+    if work is None:
+        return PlainTextResponse(f"unknown tenant action {action!r}", status_code=404)
+    return await _act(request, f"tenant.{action}", name, work, default=home)
+
+
+# --- jobs -------------------------------------------------------------------------------
+
+
+def _job_filter(request: Request) -> queries.JobFilter:
+    q = request.query_params
+    resource_key = q.get("resource") or None
+    return queries.JobFilter(
+        kind=q.get("kind") or None,
+        status=q.get("status") or None,
+        resource_key=resource_key,
+        created_since=_since(q.get("since")),
+    )
+
+
+async def jobs_page(request: Request) -> Response:
+    db = _state(request).database
+    q = request.query_params
+    flt = _job_filter(request)
+    if q.get("tenant") and not flt.resource_key:
+        try:
+            t = await tenant_store.get_tenant(db, q["tenant"])
+            flt = queries.JobFilter(
+                kind=flt.kind,
+                status=flt.status,
+                resource_key=t.resource_key,
+                created_since=flt.created_since,
+            )
+        except tenant_store.TenantNotFound:
+            flt = queries.JobFilter(resource_key="\x00no such tenant")
+    page = await queries.job_page(db, flt, before_id=_int(q.get("before")))
+    return render(
+        request,
+        "jobs.html",
+        page=page,
+        statuses=JOB_STATUSES,
+        filters={k: q.get(k, "") for k in ("kind", "status", "tenant", "resource", "since")},
+        next_query=_next_query(request, "before", page.next_cursor),
+        here=str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
+    )
+
+
+async def job_page(request: Request) -> Response:
+    db = _state(request).database
+    job_id = int(request.path_params["job_id"])
+    try:
+        info = await job_store.get_job(db, job_id)
+    except JobNotFound as exc:
+        return render(request, "error.html", status_code=404, message=str(exc))
+    timeline: list[tuple[str, datetime | None, str]] = [("created", info.created_at, "")]
+    for e in info.errors:
+        timeline.append(
+            (
+                f"attempt {e.get('attempt', '?')} failed",
+                _parse_at(e.get("at")),
+                f"{e.get('error_class', '')}: {e.get('message', e.get('error', ''))}",
+            )
+        )
+    if info.finished_at:
+        timeline.append((info.status, info.finished_at, ""))
+    return render(request, "job.html", job=info, timeline=timeline)
+
+
+def _parse_at(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return datetime.fromisoformat(value)
+    return None
+
+
+async def jobs_action(request: Request) -> Response:
+    db = _state(request).database
+    form = await request.form()
+    action = str(form.get("action") or "")
+    ids = _ids(form)
+    default = "/jobs"
+
+    async def work() -> str:
+        if not ids:
+            raise ValueError("no job selected")
+        change: Callable[[int], Awaitable[Any]]
+        if action == "retry":
+            change = lambda i: job_store.retry_job(db, i)  # noqa: E731
+        elif action == "cancel":
+            change = lambda i: job_store.cancel_job(  # noqa: E731
+                db, i, f"cancelled in the console by {_who(request)}"
+            )
+        elif action == "reschedule":
+            from synckit.cli import parse_duration
+
+            delay = parse_duration(str(form.get("delay") or "0"))
+            when = utcnow() + delay
+            change = lambda i: job_store.reschedule_job(db, i, when)  # noqa: E731
+        elif action == "priority":
+            priority = _int(form.get("priority"))
+            if priority is None:
+                raise ValueError("priority must be a whole number")
+            change = lambda i: job_store.set_priority(db, i, priority)  # noqa: E731
+        else:
+            raise ValueError(f"unknown job action {action!r}")
+        done, refused = [], []
+        for i in ids:
+            try:
+                await change(i)
+                done.append(i)
+            except SynckitError as exc:
+                refused.append(f"{i}: {exc}")
+        text = f"{action}: {len(done)} job(s) done"
+        if refused:
+            text += f"; {len(refused)} refused ({'; '.join(refused[:5])})"
+        return text
+
+    return await _act(
+        request, f"jobs.{action}", ",".join(map(str, ids[:20])), work, default=default
+    )
+
+
+# --- dead letters -----------------------------------------------------------------------
+
+
+def _dlq_filter(params: Any) -> DlqFilter:
+    def many(name: str) -> tuple[str, ...]:
+        values = params.getlist(name) if hasattr(params, "getlist") else [params.get(name)]
+        return tuple(v for v in values if v)
+
+    return DlqFilter(
+        tenants=many("tenant"),
+        error_classes=many("class"),
+        kinds=many("kind"),
+        statuses=tuple(s for s in many("status") if s in dlq_store.STATUSES),
+        since=_since(params.get("since")),
+    )
+
+
+async def dlq_page(request: Request) -> Response:
+    db = _state(request).database
+    q = request.query_params
+    flt = _dlq_filter(q)
+    open_flt = flt if flt.statuses else flt.narrowed(("pending", "review"))
+    groups = await dlq_store.group_counts(db, ["tenant", "class"], open_flt)
+    day = DlqFilter(
+        tenants=open_flt.tenants,
+        error_classes=open_flt.error_classes,
+        kinds=open_flt.kinds,
+        statuses=open_flt.statuses,
+        since=utcnow() - timedelta(hours=24),
+    )
+    recent = {g.key: g.count for g in await dlq_store.group_counts(db, ["tenant", "class"], day)}
+    page = await queries.dlq_page(db, flt, before_id=_int(q.get("before")))
+    return render(
+        request,
+        "dlq.html",
+        groups=[(g, recent.get(g.key, 0)) for g in groups[:100]],
+        more_groups=max(0, len(groups) - 100),
+        page=page,
+        statuses=dlq_store.STATUSES,
+        filters={k: q.get(k, "") for k in ("tenant", "class", "kind", "status", "since")},
+        next_query=_next_query(request, "before", page.next_cursor),
+        export_query=urlencode({k: v for k, v in q.items() if k != "before" and v}),
+        here=str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
+    )
+
+
+async def dlq_row_page(request: Request) -> Response:
+    db = _state(request).database
+    try:
+        row = await dlq_store.get(db, int(request.path_params["row_id"]))
+    except dlq_store.DeadLetterNotFound as exc:
+        return render(request, "error.html", status_code=404, message=str(exc))
+    return render(request, "dlq_row.html", row=row)
+
+
+async def dlq_action(request: Request) -> Response:
+    st = _state(request)
+    db = st.database
+    form = await request.form()
+    action = str(form.get("action") or "")
+    ids = _ids(form)
+    group_tenant = form.get("group_tenant")
+    group_class = form.get("group_class")
+    if ids:
+        flt = DlqFilter(ids=tuple(ids))
+        target = "ids " + ",".join(map(str, ids[:20]))
+    elif isinstance(group_tenant, str) and isinstance(group_class, str):
+        flt = DlqFilter(tenants=(group_tenant,), error_classes=(group_class,))
+        target = f"group {group_tenant or '(none)'}/{group_class}"
+    else:
+        flt = DlqFilter()
+        target = "nothing"
+
+    async def work() -> str:
+        if flt.is_empty:
+            raise ValueError("no dead letter selected")
+        reason = f"{action} in the console by {_who(request)}"
+        if action == "resolve":
+            n = await dlq_store.resolve_matching(db, flt, reason=reason, now=utcnow())
+            return f"{n} dead letter(s) resolved"
+        if action == "ignore":
+            n = await dlq_store.ignore_matching(db, flt, reason=reason, now=utcnow())
+            return f"{n} dead letter(s) ignored"
+        if action == "replay":
+            summary = await _replay(st, db, flt)
+            counts = ", ".join(f"{k} {v}" for k, v in summary.counts().items() if v)
+            return f"replay: {counts or 'nothing to replay'}"
+        raise ValueError(f"unknown dead-letter action {action!r}")
+
+    return await _act(request, f"dlq.{action}", target, work, default="/dlq")
+
+
+async def _replay(st: _State, db: Database, flt: DlqFilter) -> Any:
+    """What ``synckit dlq replay`` does: with the App, its replayers; without, dead jobs
+    are re-run and record rows are skipped as needing the App."""
+    from synckit.dlq.cli import NO_APP_REASON
+    from synckit.dlq.replay import ReplayProcessor, replayers_from_app
+
+    if st.config.app is None:
+        processor = ReplayProcessor(
+            db, missing_replayer="skip", skip_reason=NO_APP_REASON, timeout=60.0
+        )
+    else:
+        replayers, registry = replayers_from_app(st.config.app, db)
+        processor = ReplayProcessor(db, replayers, registry=registry, timeout=60.0)
+    return await processor.replay_matching(flt)
+
+
+async def dlq_export(request: Request) -> Response:
+    """Matching rows as JSON lines, streamed page by page, secrets redacted."""
+    db = _state(request).database
+    flt = _dlq_filter(request.query_params)
+    log.info("web.export", what="dlq", who=_who(request))
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for row in dlq_store.iter_rows(db, flt, full=True):
+            yield (json.dumps(redact(row.to_json()), sort_keys=True, default=str) + "\n").encode()
+
+    return StreamingResponse(
+        lines(),
+        media_type="application/x-ndjson",
+        headers={"Content-Disposition": 'attachment; filename="dead-letters.jsonl"'},
+    )
+
+
+# --- outbox -----------------------------------------------------------------------------
+
+
+async def outbox_page(request: Request) -> Response:
+    db = _state(request).database
+    q = request.query_params
+    page = await queries.outbox_page(
+        db,
+        status=q.get("status") or None,
+        topic=q.get("topic") or None,
+        key=q.get("key") or None,
+        before_id=_int(q.get("before")),
+    )
+    return render(
+        request,
+        "outbox.html",
+        page=page,
+        topics=await queries.outbox_topics(db),
+        counts=await outbox_store.count_by_status(db),
+        statuses=OUTBOX_STATUSES,
+        filters={k: q.get(k, "") for k in ("status", "topic", "key")},
+        next_query=_next_query(request, "before", page.next_cursor),
+        here=str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
+    )
+
+
+async def outbox_action(request: Request) -> Response:
+    db = _state(request).database
+    form = await request.form()
+    ids = _ids(form)
+    topic = form.get("topic")
+
+    async def work() -> str:
+        if ids:
+            n = await outbox_store.retry_messages(db, ids)
+        elif isinstance(topic, str) and topic:
+            n = await outbox_store.retry_failed(db, topic=topic)
+        else:
+            raise ValueError("no message selected")
+        return f"{n} outbox message(s) back to pending"
+
+    target = ",".join(map(str, ids[:20])) if ids else f"topic {topic}"
+    return await _act(request, "outbox.retry", target, work, default="/outbox")
+
+
+# --- login ------------------------------------------------------------------------------
+
+
+async def login(request: Request) -> Response:
+    st = _state(request)
+    nxt = safe_next(request.query_params.get("next"))
+    if request.method == "GET":
+        return render(request, "login.html", next=nxt, failed=False)
+    form = await request.form()
+    given = form.get("token")
+    nxt = safe_next(str(form.get("next") or "/"))
+    if not st.config.token or not token_valid(
+        st.config.token, given if isinstance(given, str) else None
+    ):
+        log.warning("web.login_failed", who=_who(request))
+        return render(request, "login.html", status_code=401, next=nxt, failed=True)
+    response = RedirectResponse(nxt, status_code=303)
+    response.set_cookie(
+        TOKEN_COOKIE, str(given), httponly=True, samesite="strict", max_age=12 * 3600
+    )
+    log.info("web.login", who=_who(request))
+    return response
+
+
+# --- assembly ---------------------------------------------------------------------------
+
+
+def create_app(config: WebConfig, *, database: Database | None = None) -> Starlette:
+    """The console as an ASGI application.
+
+    The database is opened when the app starts (in the server's event loop) and
+    disposed of when it stops; ``database`` gives one the caller owns instead.
+    """
+    state = _State(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        if database is not None:
+            state.db = database
+            yield
+            return
+        db = open_database(config.database_url)
+        try:
+            await db.check_schema()
+            state.db = db
+            yield
+        finally:
+            state.db = None
+            await db.dispose()
+
+    routes = [
+        Route("/", overview),
+        Route("/live/overview", overview_live),
+        Route("/tenants", tenants_page),
+        Route("/tenants/{tenant}", tenant_page),
+        Route("/live/tenants/{tenant}", tenant_live),
+        Route("/tenants/{tenant}/{action}", tenant_action, methods=["POST"]),
+        Route("/jobs", jobs_page),
+        Route("/jobs/action", jobs_action, methods=["POST"]),
+        Route("/jobs/{job_id:int}", job_page),
+        Route("/dlq", dlq_page),
+        Route("/dlq/action", dlq_action, methods=["POST"]),
+        Route("/dlq/export", dlq_export),
+        Route("/dlq/{row_id:int}", dlq_row_page),
+        Route("/outbox", outbox_page),
+        Route("/outbox/retry", outbox_action, methods=["POST"]),
+        Route("/login", login, methods=["GET", "POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    starlette = Starlette(
+        routes=routes,
+        middleware=[Middleware(_CsrfSeed), Middleware(_Guard)],
+        lifespan=lifespan,
+    )
+    starlette.state.console = state
+    return starlette
