@@ -15,7 +15,7 @@ on each other and never claim one job twice; on SQLite the claim runs in one
 Every claim stamps its rows with a fresh ``claim_token``; completing checks it, so a
 handler that outlived its lease cannot overwrite what happened after the rescue (fencing).
 
-An attempt is charged when a job *starts* (:func:`start_many_sync`, or at claim for the
+An attempt is charged when a job *starts* (:func:`start_many`, or at claim for the
 jobs the worker starts at once), not when it is claimed ahead: a claimed job that has not
 started has ``started_at`` NULL and a short lease, and a rescue gives it back to others
 with its attempts unchanged.
@@ -433,6 +433,109 @@ async def enqueue(
         trace_id=trace_id,
     )
     return (await enqueue_many(target, [spec], now=now))[0]
+
+
+# Keyed jobs in one statement whatever their number (the scheduler's cycles): the rows
+# travel as one array per column (PostgreSQL) or one JSON array (SQLite), so the text and
+# the parameter count are the same for every batch, and a key naming an unfinished job
+# is skipped by the partial unique index. The lanes' resources rows come with them.
+_SQLITE_DIALECT = sqlite.dialect()
+# The text SQLite stores for a timestamp (json_each hands values over as they are).
+_SQLITE_TS_TEXT: Any = jobs.c.run_at.type.dialect_impl(_SQLITE_DIALECT).bind_processor(
+    _SQLITE_DIALECT
+)
+_NEW_COLUMNS = (
+    "kind, payload, resource_key, status, priority, attempts, max_attempts, run_at,"
+    " unique_key, trace_id, created_at, updated_at"
+)
+_PG_ENQUEUE_NEW: Any = text(
+    "WITH v AS (SELECT * FROM unnest(CAST(:kind AS text[]), CAST(:payload AS text[]),"
+    " CAST(:resource_key AS text[]), CAST(:priority AS int[]), CAST(:max_attempts AS int[]),"
+    " CAST(:run_at AS timestamptz[]), CAST(:unique_key AS text[]), CAST(:trace_id AS text[]))"
+    " WITH ORDINALITY AS u(k, p, r, pr, m, ra, uk, t, ord)),"
+    " lane AS (INSERT INTO resources (resource_key, state, updated_at)"
+    " SELECT DISTINCT r, 'closed', :now FROM v WHERE r IS NOT NULL"
+    " ON CONFLICT (resource_key) DO NOTHING)"
+    f" INSERT INTO jobs ({_NEW_COLUMNS})"
+    " SELECT k, p::jsonb, r, 'pending', pr, 0, m, ra, uk, t, :now, :now FROM v ORDER BY ord"
+    " ON CONFLICT (unique_key) WHERE status IN ('pending', 'running') DO NOTHING"
+    " RETURNING unique_key"
+).bindparams(bindparam("now", type_=jobs.c.created_at.type))
+_SQLITE_LANES_NEW: Any = text(
+    "INSERT INTO resources (resource_key, state, updated_at)"
+    " SELECT DISTINCT json_extract(value, '$[2]'), 'closed', :now FROM json_each(:rows)"
+    " WHERE json_extract(value, '$[2]') IS NOT NULL ON CONFLICT (resource_key) DO NOTHING"
+)
+_SQLITE_ENQUEUE_NEW: Any = text(
+    f"INSERT INTO jobs ({_NEW_COLUMNS})"
+    " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
+    " json_extract(value, '$[2]'), 'pending', json_extract(value, '$[3]'), 0,"
+    " json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]'),"
+    " json_extract(value, '$[7]'), :now, :now FROM json_each(:rows) WHERE true"
+    " ON CONFLICT (unique_key) WHERE status IN ('pending', 'running') DO NOTHING"
+    " RETURNING unique_key"
+)
+
+
+def enqueue_new_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) -> list[str]:
+    """Insert the jobs whose ``unique_key`` names no unfinished job; their keys.
+
+    Every spec needs a unique key. One statement for any number of jobs (the caller
+    bounds the batch), in the caller's transaction; workers are notified on PostgreSQL.
+    """
+    rows = [s.row_and_json(now) for s in specs]
+    if not rows:
+        return []
+    if any(r["unique_key"] is None for r, _ in rows):
+        raise JobError("enqueue_new needs a unique_key on every job")
+    if conn.dialect.name == "postgresql":
+        params: dict[str, Any] = {
+            name: [r[name] for r, _ in rows]
+            for name in (
+                "kind",
+                "resource_key",
+                "priority",
+                "max_attempts",
+                "run_at",
+                "unique_key",
+                "trace_id",
+            )
+        }
+        params["payload"] = [p for _, p in rows]
+        params["now"] = now
+        created = [r[0] for r in conn.execute(_PG_ENQUEUE_NEW, params)]
+        if created:
+            conn.exec_driver_sql(f"NOTIFY {NOTIFY_CHANNEL}")
+        return created
+    packed = json.dumps(
+        [
+            [
+                r["kind"],
+                p,
+                r["resource_key"],
+                r["priority"],
+                r["max_attempts"],
+                _SQLITE_TS_TEXT(r["run_at"]),
+                r["unique_key"],
+                r["trace_id"],
+            ]
+            for r, p in rows
+        ]
+    )
+    stamp = _SQLITE_TS_TEXT(now)
+    conn.execute(_SQLITE_LANES_NEW, {"rows": packed, "now": stamp})
+    return [r[0] for r in conn.execute(_SQLITE_ENQUEUE_NEW, {"rows": packed, "now": stamp})]
+
+
+async def enqueue_new(
+    conn: AsyncConnection, specs: Sequence[JobSpec], *, now: datetime
+) -> list[str]:
+    """:func:`enqueue_new_sync` in the caller's transaction; wakes this process's workers
+    once it commits."""
+    created = await conn.run_sync(enqueue_new_sync, specs, now)
+    if created:
+        _wake_after_commit(conn)
+    return created
 
 
 # In-process wake-ups (SQLite has no LISTEN/NOTIFY): workers of this process register an
@@ -923,6 +1026,75 @@ def start_many_sync(
         res = conn.execute(stmt, {"ids": param, "token": token, "now": now, "until": now + lease})
         started.update(r[0] for r in res)
     return started
+
+
+# PostgreSQL: the start marks of a batch of claimed-ahead jobs in one autocommitted
+# statement (one round trip, any number of claim tokens), committed asynchronously: the
+# set_config in FROM makes this one transaction's commit return without waiting for the
+# WAL flush (it is evaluated for the rows it updates; being local, it ends with the
+# transaction and never leaks into the pooled connection). A killed worker loses nothing
+# by it, since the server has the commit; only a crash of the database server itself
+# can lose the last moments' marks, and a lost mark only leaves that one attempt
+# uncharged (the job's outcome or its lease rescue still follows).
+_PG_START_MANY = (
+    "UPDATE jobs SET attempts = jobs.attempts + 1, started_at = $1, heartbeat_at = $1,"
+    " lease_expires_at = $2, updated_at = $1"
+    " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
+    # Each id with its own claim token (ids are unique in a batch). No status term: a
+    # claim token is cleared whenever a job stops running, and only a started job can
+    # succeed, so token and NULL started_at already mean "held, running, not started";
+    # and with `status = 'running'` the planner took the partial index of running jobs
+    # and filtered every one of them instead of using the primary key.
+    " WHERE jobs.id = ANY($3::bigint[])"
+    " AND jobs.claim_token = ($4::bigint[])[array_position($3::bigint[], jobs.id)]"
+    " AND jobs.started_at IS NULL RETURNING jobs.id"
+)
+
+# SQLite: the same on a raw sqlite3 connection (see Database.try_inline), one statement
+# per claim token, the ids as one JSON parameter.
+_SQLITE_START_MANY = (
+    "UPDATE jobs SET attempts = attempts + 1, started_at = ?, heartbeat_at = ?,"
+    " lease_expires_at = ?, updated_at = ? WHERE id IN (SELECT value FROM json_each(?))"
+    " AND claim_token = ? AND status = 'running' AND started_at IS NULL RETURNING id"
+)
+
+
+def _start_many_sqlite(
+    conn: Any, held: Sequence[tuple[int, int]], now: datetime, lease: timedelta
+) -> set[int]:
+    at, until = _SQLITE_TIMESTAMP(now), _SQLITE_TIMESTAMP(now + lease)
+    by_token: dict[int, list[int]] = {}
+    for job_id, token in held:
+        by_token.setdefault(token, []).append(job_id)
+    started: set[int] = set()
+    for token, ids in by_token.items():
+        cur = conn.execute(_SQLITE_START_MANY, (at, at, until, at, json.dumps(ids), token))
+        started.update(r[0] for r in cur.fetchall())
+    return started
+
+
+async def start_many(
+    db: Database, held: Sequence[tuple[int, int]], *, now: datetime, lease: timedelta
+) -> set[int]:
+    """:func:`start_many_sync` in a transaction of its own, as cheap as the engine allows.
+
+    PostgreSQL: one autocommitted statement whose commit does not wait for the WAL flush
+    (durable against the worker's death, not the server's: see ``_PG_START_MANY``).
+    SQLite: inline on the caller's thread when the write lock is free this instant, else
+    the writer thread. Returns the ids whose claim still held.
+    """
+    if not held:
+        return set()
+    if db.is_postgres:
+        async with db.raw_pg() as conn:
+            rows = await conn.fetch(
+                _PG_START_MANY, now, now + lease, [i for i, _ in held], [t for _, t in held]
+            )
+        return {int(r[0]) for r in rows}
+    got = db.try_inline(_start_many_sqlite, held, now, lease)
+    if isinstance(got, _Busy):
+        return await db.write(lambda c: start_many_sync(c, held, now=now, lease=lease))
+    return got
 
 
 # Gives back the attempt a started job was charged; a job claimed ahead was charged none.
@@ -1480,6 +1652,8 @@ __all__ = [
     "claim",
     "enqueue",
     "enqueue_many",
+    "enqueue_new",
+    "enqueue_new_sync",
     "get_job",
     "list_jobs",
     "prune",
@@ -1488,5 +1662,6 @@ __all__ = [
     "rescue_expired",
     "retry_job",
     "set_priority",
+    "start_many",
     "start_many_sync",
 ]

@@ -37,9 +37,11 @@ resource key (breakers, pacing and ``max_in_flight`` apply to it).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import traceback as tb
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +49,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, text, update
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.connectors.base import Connector, Page
@@ -62,22 +65,27 @@ from synckit.errors.exceptions import (
 from synckit.runtime.audit import record_audit
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel
-from synckit.runtime.jobs import ClaimedJob, JobSpec, _insert, enqueue_many, utcnow
-from synckit.runtime.schema import checkpoints, connections, cron_ticks, dead_letters, jobs
+from synckit.runtime.jobs import ClaimedJob, JobSpec, _insert, enqueue_new, utcnow
+from synckit.runtime.schema import UNSCHEDULED, checkpoints, dead_letters, jobs, poll_ticks
 
 if TYPE_CHECKING:
     from synckit.connectors.context import SyncContext
 
 __all__ = [
     "POLL_KIND",
+    "SCHEDULE_BATCH",
     "SCHEDULE_KIND",
     "CycleResult",
     "RecordFailure",
+    "ScheduleRun",
+    "TickPlan",
     "dead_letter_records",
     "delete_checkpoints",
     "delete_poll_ticks",
     "list_checkpoints",
     "load_checkpoint",
+    "marker_of",
+    "plan_ticks",
     "poll_key",
     "record_id_of",
     "record_kind",
@@ -85,6 +93,7 @@ __all__ = [
     "run_cycle",
     "save_checkpoint",
     "schedule_polls",
+    "schedule_run",
     "stream_of_kind",
 ]
 
@@ -95,7 +104,6 @@ POLL_MAX_ATTEMPTS = 10
 DLQ_RETRY_DELAY = timedelta(minutes=1)
 HISTORY_LIMIT = 20
 _REVIEW = frozenset({"validation", "authorization"})
-_TICK_PREFIX = "poll:"
 # Errors of handle() that say the API (or synckit's database) cannot be used right now,
 # not that this record is bad: they end the cycle, and the page is read again later.
 _CYCLE_ERRORS = (RateLimited, NeedsReauth, DatabaseError)
@@ -119,7 +127,7 @@ def stream_of_kind(kind: str) -> str:
 
 def poll_key(tenant: str, stream: str) -> str:
     """The unique key of a tenant's cycle of ``stream`` (and the name of its tick)."""
-    return f"{_TICK_PREFIX}{tenant}:{stream}"
+    return f"poll:{tenant}:{stream}"
 
 
 # --- checkpoints ------------------------------------------------------------------------
@@ -600,149 +608,333 @@ def _short(value: Any) -> str:
 
 # --- the scheduler ----------------------------------------------------------------------
 
+#: Due ticks (and changed tenants) one scheduler transaction takes; the rest wait for the
+#: next run. Bounds the run's memory, its lock time and its statement sizes.
+SCHEDULE_BATCH = 5000
+#: How long :func:`schedule_polls` keeps starting bounded runs while they come back full
+#: (the scheduler job's timeout is 120 s).
+SCHEDULE_BUDGET = timedelta(seconds=60)
+_INACTIVE = "-"
+
 
 @dataclass(frozen=True)
-class _Wanted:
-    tenant: str
-    connector: str
-    stream: str
-    resource_key: str
-    active: bool
-    spec: str
-    schedule: PollSchedule
+class TickPlan:
+    """What the scheduler does for a tenant it has not seen as it is now.
+
+    ``marker`` is what to store in ``connections.poll_spec``; ``ticks`` are the
+    ``(stream, next_tick_at)`` to write (created or replaced), none to keep the ticks.
+    """
+
+    marker: str
+    ticks: tuple[tuple[str, datetime], ...] = ()
 
 
-def _split_tick(name: str) -> tuple[str, str] | None:
-    rest = name[len(_TICK_PREFIX) :]
-    tenant, sep, stream = rest.rpartition(":")
-    return (tenant, stream) if sep and tenant else None
+def marker_of(status: str, schedule: str | None) -> str:
+    """``connections.poll_spec`` once the scheduler has seen the tenant (as in SQL's
+    :data:`~synckit.runtime.schema.UNSCHEDULED`)."""
+    return (schedule or "") if status == "active" else _INACTIVE
+
+
+def plan_ticks(
+    *,
+    tenant: str,
+    status: str,
+    schedule: str | None,
+    seen: str | None,
+    streams: Sequence[tuple[str, PollSchedule]],
+    now: datetime,
+) -> TickPlan:
+    """The ticks of a tenant added, paused, resumed or rescheduled since the last run.
+
+    A new tenant is due at once (paused or not: its ticks exist, and advance unpolled
+    while it is paused); so is a resumed one. A changed schedule starts from its next
+    tick. Pausing leaves the ticks as they are.
+    """
+    marker = marker_of(status, schedule)
+    if seen is None or (status == "active" and seen == _INACTIVE):
+        return TickPlan(marker, tuple((name, now) for name, _ in streams))
+    if status != "active":
+        return TickPlan(marker)
+    return TickPlan(
+        marker,
+        tuple((name, sched.next_after(now, poll_key(tenant, name))) for name, sched in streams),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str) -> PollSchedule:
+    # A few distinct schedules across 100,000 tenants: parse each once per process.
+    return parse_schedule(text)
+
+
+def _stream_schedules(
+    cls: type[Connector[Any]], tenant: str, schedule: str | None
+) -> dict[str, PollSchedule]:
+    out: dict[str, PollSchedule] = {}
+    for s in cls.declared_streams():
+        try:
+            out[s.name] = _parsed(s.schedule or schedule or DEFAULT_SCHEDULE)
+        except ConfigurationError as exc:
+            log.warning("poll.bad_schedule", tenant=tenant, stream=s.name, error=str(exc))
+    return out
+
+
+_SQLITE = sqlite.dialect()
+# The text SQLite stores for a timestamp (json_each hands values over as they are).
+_SQLITE_TS: Any = poll_ticks.c.next_tick_at.type.dialect_impl(_SQLITE).bind_processor(_SQLITE)
+
+
+class _Sql:
+    """The scheduler's statements for one engine. Lists travel as arrays (PostgreSQL)
+    or one JSON array (SQLite): the text and the parameter count never depend on how
+    many rows a run handles, so each statement is prepared once."""
+
+    def __init__(self, postgres: bool) -> None:
+        self.postgres = postgres
+        lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
+        lock_t = " FOR UPDATE OF t SKIP LOCKED" if postgres else ""
+        ours = (
+            "= ANY(CAST(:connectors AS text[]))"
+            if postgres
+            else "IN (SELECT value FROM json_each(:connectors))"
+        )
+        self.changed = text(
+            "SELECT tenant, connector, schedule, status, poll_spec FROM connections"
+            f" WHERE connector {ours} AND ({UNSCHEDULED}) LIMIT :limit{lock}"
+        )
+        self.due = text(
+            "SELECT t.tenant, t.stream, t.connector, t.next_tick_at, c.status, c.schedule,"
+            " c.resource_key FROM poll_ticks t JOIN connections c ON c.tenant = t.tenant"
+            f" WHERE t.next_tick_at <= :now AND t.connector {ours}"
+            f" ORDER BY t.next_tick_at LIMIT :limit{lock_t}"
+        ).bindparams(bindparam("now", type_=poll_ticks.c.next_tick_at.type))
+        ticks = self._rows(
+            ("tenant", "text"), ("stream", "text"), ("connector", "text"), ("at", "timestamptz")
+        )
+        self.upsert = text(
+            "INSERT INTO poll_ticks (tenant, stream, connector, next_tick_at)"
+            f" SELECT tenant, stream, connector, at FROM {ticks} WHERE true"
+            " ON CONFLICT (tenant, stream) DO UPDATE SET next_tick_at = excluded.next_tick_at,"
+            " connector = excluded.connector"
+        )
+        marks = self._rows(("tenant", "text"), ("marker", "text"))
+        self.mark = text(
+            f"UPDATE connections SET poll_spec = v.marker FROM {marks}"
+            " WHERE connections.tenant = v.tenant"
+        )
+        moves = self._rows(
+            ("tenant", "text"), ("stream", "text"), ("old", "timestamptz"), ("nxt", "timestamptz")
+        )
+        # The compare-and-set on the old tick keeps a tick fired once even if two
+        # schedulers read it (SKIP LOCKED already keeps them apart on PostgreSQL).
+        self.advance = text(
+            "UPDATE poll_ticks SET last_tick_at = poll_ticks.next_tick_at, next_tick_at = v.nxt"
+            f" FROM {moves} WHERE poll_ticks.tenant = v.tenant AND poll_ticks.stream = v.stream"
+            " AND poll_ticks.next_tick_at = v.old RETURNING poll_ticks.tenant, poll_ticks.stream"
+        )
+        gone = self._rows(("tenant", "text"), ("stream", "text"))
+        self.drop = text(
+            f"DELETE FROM poll_ticks WHERE (tenant, stream) IN (SELECT tenant, stream FROM {gone})"
+        )
+        # Tenants without a tick for a stream (a stream added to a connector since they
+        # were scheduled): one set-based statement per stream, once per process.
+        self.missing = text(
+            "INSERT INTO poll_ticks (tenant, stream, connector, next_tick_at)"
+            " SELECT c.tenant, CAST(:stream AS varchar), c.connector, :now FROM connections c"
+            " WHERE c.connector = :connector AND c.poll_spec IS NOT NULL AND NOT EXISTS"
+            " (SELECT 1 FROM poll_ticks t WHERE t.tenant = c.tenant"
+            " AND t.stream = CAST(:stream AS varchar))"
+            " ON CONFLICT (tenant, stream) DO NOTHING"
+        ).bindparams(bindparam("now", type_=poll_ticks.c.next_tick_at.type))
+
+    def _rows(self, *cols: tuple[str, str]) -> str:
+        names = ", ".join(n for n, _ in cols)
+        if self.postgres:
+            arrays = ", ".join(f"CAST(:{n} AS {t}[])" for n, t in cols)
+            return f"unnest({arrays}) AS v({names})"
+        picks = ", ".join(f"json_extract(value, '$[{i}]') AS {n}" for i, (n, _) in enumerate(cols))
+        return f"(SELECT {picks} FROM json_each(:rows)) AS v"
+
+    def rows(self, names: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
+        if self.postgres:
+            return {n: [r[i] for r in rows] for i, n in enumerate(names)}
+        return {
+            "rows": json.dumps(
+                [[_SQLITE_TS(v) if isinstance(v, datetime) else v for v in r] for r in rows]
+            )
+        }
+
+    def names(self, connectors: Sequence[str]) -> Any:
+        return list(connectors) if self.postgres else json.dumps(list(connectors))
+
+
+_SQL = {True: _Sql(True), False: _Sql(False)}
+# (connector, stream) pairs whose missing ticks this process has created, per database.
+_reconciled: weakref.WeakKeyDictionary[Database, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
 
 
 async def schedule_polls(
-    db: Database, connectors: Mapping[str, type[Connector[Any]]], *, now: datetime | None = None
+    db: Database,
+    connectors: Mapping[str, type[Connector[Any]]],
+    *,
+    now: datetime | None = None,
+    batch: int = SCHEDULE_BATCH,
+    budget: timedelta = SCHEDULE_BUDGET,
+    clock: Callable[[], datetime] = utcnow,
 ) -> list[str]:
     """Enqueue a cycle for every due (tenant, stream) of ``connectors``; return their keys.
 
-    A tenant added since the last run is due at once. A changed schedule starts from its
-    next tick. Paused tenants (and those needing re-authorisation) keep their ticks but
-    are not enqueued; ticks of removed tenants are deleted. Keys whose cycle was still
-    queued or running are not in the result (their tick is consumed all the same).
+    Runs bounded transactions (:func:`schedule_run`, at most ``batch`` due ticks each)
+    while they come back full, for at most ``budget``; what is left is due at the next
+    call. Keys whose cycle was still queued or running are not in the result (their tick
+    is consumed all the same).
     """
-    now = now or utcnow()
-    if not connectors:
+    polling = {n: c for n, c in connectors.items() if c.declared_streams()}
+    if not polling:
         return []
-    async with db.begin() as conn:
-        conn_rows = list(
-            await conn.execute(
-                select(
-                    connections.c.tenant,
-                    connections.c.connector,
-                    connections.c.resource_key,
-                    connections.c.schedule,
-                    connections.c.status,
-                )
-            )
-        )
-        present = {r.tenant: r.connector for r in conn_rows}
-        wanted: dict[str, _Wanted] = {}
-        for r in conn_rows:
-            cls = connectors.get(r.connector)
-            if cls is None:
-                continue  # another application's connector
-            for s in cls.declared_streams():
-                text = s.schedule or r.schedule or DEFAULT_SCHEDULE
-                try:
-                    sched = parse_schedule(text)
-                except ConfigurationError as exc:
-                    log.warning("poll.bad_schedule", tenant=r.tenant, stream=s.name, error=str(exc))
-                    continue
-                key = poll_key(r.tenant, s.name)
-                wanted[key] = _Wanted(
-                    r.tenant,
-                    r.connector,
-                    s.name,
-                    r.resource_key,
-                    r.status == "active",
-                    f"{r.connector}|{sched.text}"[:200],
-                    sched,
-                )
-        ticks = {
-            t.name: t
-            for t in await conn.execute(
-                select(cron_ticks.c.name, cron_ticks.c.spec, cron_ticks.c.next_tick_at).where(
-                    cron_ticks.c.name.startswith(_TICK_PREFIX, autoescape=True)
-                )
-            )
-        }
-        orphans = []
-        for tick_name in ticks:
-            if tick_name in wanted:
-                continue
-            parts = _split_tick(tick_name)
-            owner = present.get(parts[0]) if parts else None
-            if owner is None or owner in connectors:
-                orphans.append(tick_name)
-        if orphans:
-            await conn.execute(delete(cron_ticks).where(cron_ticks.c.name.in_(orphans)))
-        new = [k for k in wanted if k not in ticks]
-        if new:
-            ins = _insert(conn)(cron_ticks).values(
-                [
-                    {"name": k, "spec": wanted[k].spec, "next_tick_at": now, "enabled": True}
-                    for k in new
-                ]
-            )
-            await conn.execute(ins.on_conflict_do_nothing(index_elements=["name"]))
-        current: dict[str, datetime] = {k: now for k in new}
-        for key, w in wanted.items():
-            t = ticks.get(key)
-            if t is None:
-                continue
-            if t.spec != w.spec:
-                nxt = w.schedule.next_after(now, key)
-                await conn.execute(
-                    update(cron_ticks)
-                    .where(cron_ticks.c.name == key)
-                    .values(spec=w.spec, next_tick_at=nxt)
-                )
-                current[key] = nxt
-            else:
-                current[key] = t.next_tick_at
-        specs: list[JobSpec] = []
-        keys: list[str] = []
-        for key, w in sorted(wanted.items()):
-            due_at = current[key]
-            if not w.active or due_at > now:
-                continue
-            won = await conn.execute(
-                update(cron_ticks)
-                .where(cron_ticks.c.name == key, cron_ticks.c.next_tick_at == due_at)
-                .values(last_tick_at=due_at, next_tick_at=w.schedule.next_after(now, key))
-                .returning(cron_ticks.c.name)
-            )
-            if won.first() is None:
-                continue  # another scheduler fired this tick
-            keys.append(key)
-            specs.append(
-                JobSpec(
-                    kind=POLL_KIND,
-                    payload={"tenant": w.tenant, "connector": w.connector, "stream": w.stream},
-                    resource_key=w.resource_key,
-                    unique_key=key,
-                    max_attempts=POLL_MAX_ATTEMPTS,
-                )
-            )
-        enqueued = await enqueue_many(conn, specs, now=now) if specs else []
-    fired = [k for k, e in zip(keys, enqueued, strict=True) if e.created]
+    now = now or clock()
+    await _create_missing_ticks(db, polling, now)
+    fired: list[str] = []
+    started = clock()
+    while True:
+        run = await schedule_run(db, polling, now=now, batch=batch)
+        fired.extend(run.fired)
+        if not run.full or clock() - started >= budget:
+            break
     if fired:
         log.info("poll.scheduled", cycles=len(fired))
     return fired
 
 
-async def delete_poll_ticks(conn: AsyncConnection, tenant: str) -> None:
-    """Forget the schedule ticks of ``tenant`` (when it is removed)."""
-    await conn.execute(
-        delete(cron_ticks).where(
-            cron_ticks.c.name.startswith(poll_key(tenant, ""), autoescape=True)
+@dataclass(frozen=True)
+class ScheduleRun:
+    """One bounded scheduler transaction: the keys it enqueued, how many due ticks and
+    changed tenants it read, and whether it stopped at its bound (more may be waiting)."""
+
+    fired: list[str]
+    due: int
+    changed: int
+    full: bool
+
+
+async def schedule_run(
+    db: Database,
+    connectors: Mapping[str, type[Connector[Any]]],
+    *,
+    now: datetime,
+    batch: int = SCHEDULE_BATCH,
+) -> ScheduleRun:
+    """One bounded run in one transaction: bring up to ``batch`` added, paused, resumed
+    or rescheduled tenants' ticks up to date, then fire up to ``batch`` due ticks (the
+    earliest first): advance them and enqueue the cycles of active tenants."""
+    sql = _SQL[db.is_postgres]
+    names = sql.names(sorted(connectors))
+    async with db.begin() as conn:
+        changed = list(await conn.execute(sql.changed, {"connectors": names, "limit": batch}))
+        if changed:
+            await _apply_changes(conn, sql, connectors, changed, now)
+        due = list(await conn.execute(sql.due, {"connectors": names, "now": now, "limit": batch}))
+        fired = await _fire(conn, sql, connectors, due, now) if due else []
+    return ScheduleRun(fired, len(due), len(changed), len(due) >= batch or len(changed) >= batch)
+
+
+async def _apply_changes(
+    conn: AsyncConnection,
+    sql: _Sql,
+    connectors: Mapping[str, type[Connector[Any]]],
+    changed: Sequence[Any],
+    now: datetime,
+) -> None:
+    ticks: list[tuple[str, str, str, datetime]] = []
+    marks: list[tuple[str, str]] = []
+    for r in changed:
+        streams = _stream_schedules(connectors[r.connector], r.tenant, r.schedule)
+        plan = plan_ticks(
+            tenant=r.tenant,
+            status=r.status,
+            schedule=r.schedule,
+            seen=r.poll_spec,
+            streams=list(streams.items()),
+            now=now,
         )
-    )
+        marks.append((r.tenant, plan.marker))
+        ticks.extend((r.tenant, stream, r.connector, at) for stream, at in plan.ticks)
+    if ticks:
+        await conn.execute(sql.upsert, sql.rows(("tenant", "stream", "connector", "at"), ticks))
+    await conn.execute(sql.mark, sql.rows(("tenant", "marker"), marks))
+
+
+async def _fire(
+    conn: AsyncConnection,
+    sql: _Sql,
+    connectors: Mapping[str, type[Connector[Any]]],
+    due: Sequence[Any],
+    now: datetime,
+) -> list[str]:
+    moves: list[tuple[str, str, datetime, datetime]] = []
+    gone: list[tuple[str, str]] = []
+    wanted: dict[tuple[str, str], Any] = {}
+    schedules: dict[tuple[str, str | None], dict[str, PollSchedule]] = {}
+    for r in due:
+        key = (r.connector, r.schedule)
+        per = schedules.get(key)
+        if per is None:
+            per = schedules[key] = _stream_schedules(connectors[r.connector], r.tenant, r.schedule)
+        sched = per.get(r.stream)
+        if sched is None:  # a stream the connector no longer declares (or cannot parse)
+            gone.append((r.tenant, r.stream))
+            continue
+        moves.append(
+            (
+                r.tenant,
+                r.stream,
+                r.next_tick_at,
+                sched.next_after(now, poll_key(r.tenant, r.stream)),
+            )
+        )
+        if r.status == "active":
+            wanted[(r.tenant, r.stream)] = r
+    if gone:
+        await conn.execute(sql.drop, sql.rows(("tenant", "stream"), gone))
+    if not moves:
+        return []
+    won = await conn.execute(sql.advance, sql.rows(("tenant", "stream", "old", "nxt"), moves))
+    specs: list[JobSpec] = []
+    for tenant, stream in won:
+        r = wanted.get((tenant, stream))
+        if r is None:
+            continue  # paused or needing re-authorisation: the tick passes unpolled
+        specs.append(
+            JobSpec(
+                kind=POLL_KIND,
+                payload={"tenant": tenant, "connector": r.connector, "stream": stream},
+                resource_key=r.resource_key,
+                unique_key=poll_key(tenant, stream),
+                max_attempts=POLL_MAX_ATTEMPTS,
+            )
+        )
+    return sorted(await enqueue_new(conn, specs, now=now)) if specs else []
+
+
+async def _create_missing_ticks(
+    db: Database, connectors: Mapping[str, type[Connector[Any]]], now: datetime
+) -> None:
+    done = _reconciled.setdefault(db, set())
+    todo = [
+        (name, s.name)
+        for name, cls in sorted(connectors.items())
+        for s in cls.declared_streams()
+        if (name, s.name) not in done
+    ]
+    if not todo:
+        return
+    sql = _SQL[db.is_postgres]
+    async with db.begin() as conn:
+        for name, stream in todo:
+            await conn.execute(sql.missing, {"connector": name, "stream": stream, "now": now})
+    done.update(todo)
+
+
+async def delete_poll_ticks(conn: AsyncConnection, tenant: str) -> None:
+    """Forget the schedule ticks of ``tenant`` (its row's removal also deletes them)."""
+    await conn.execute(delete(poll_ticks).where(poll_ticks.c.tenant == tenant))

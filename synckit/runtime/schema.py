@@ -19,6 +19,7 @@ from sqlalchemy import (
     DateTime,
     Dialect,
     Float,
+    ForeignKey,
     Index,
     Integer,
     LargeBinary,
@@ -283,6 +284,13 @@ intents = Table(
     UniqueConstraint("tenant", "connector", "intent_key", name="uq_intents_key"),
 )
 
+#: The predicate of ``ix_connections_unscheduled``, spelt the same in the scheduler's
+#: query (a planner uses a partial index only when the query visibly implies it).
+UNSCHEDULED = (
+    "poll_spec IS NULL OR poll_spec <> "
+    "CASE WHEN status = 'active' THEN COALESCE(schedule, '') ELSE '-' END"
+)
+
 connections = Table(
     "connections",
     metadata,
@@ -301,7 +309,36 @@ connections = Table(
     _ts("refresh_until"),
     _ts("created_at", nullable=False),
     _ts("updated_at", nullable=False),
+    # What the scheduler last saw of the tenant (migration 0007): its schedule while
+    # active, '-' while not, NULL before its ticks exist. A row whose marker differs from
+    # what it would be now (added, paused, resumed, schedule changed) is in
+    # ix_connections_unscheduled, so each scheduler run finds them without a scan.
+    Column("poll_spec", String(200)),
     Index("ix_connections_resource_key", "resource_key"),
+    Index(
+        "ix_connections_unscheduled",
+        "connector",
+        postgresql_where=text(UNSCHEDULED),
+        sqlite_where=text(UNSCHEDULED),
+    ),
+)
+
+# One tick per (tenant, stream) of a polling connector (migration 0007): the scheduler
+# reads only the due ones, in next_tick_at order, and a tenant's ticks go with it.
+poll_ticks = Table(
+    "poll_ticks",
+    metadata,
+    Column(
+        "tenant",
+        String(200),
+        ForeignKey("connections.tenant", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("stream", String(200), primary_key=True),
+    Column("connector", String(200), nullable=False),
+    _ts("next_tick_at", nullable=False),
+    _ts("last_tick_at"),
+    Index("ix_poll_ticks_next_tick_at", "next_tick_at"),
 )
 
 # The connect flow's consent URLs not yet completed (migration 0006): ``state`` is the

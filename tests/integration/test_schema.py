@@ -24,6 +24,7 @@ TABLES = {
     "audit_buckets",
     "cron_ticks",
     "pending_authorizations",
+    "poll_ticks",
 }
 
 
