@@ -87,9 +87,7 @@ async def test_a_tenant_page_says_why_it_waits(db: Database, migrated_url: str) 
         assert "nothing holds this tenant back" in text_of(client.get("/tenants/acme").text)
 
 
-async def test_an_action_without_the_csrf_token_is_refused(
-    db: Database, migrated_url: str
-) -> None:
+async def test_an_action_without_the_csrf_token_is_refused(db: Database, migrated_url: str) -> None:
     await seed(db)
     with console(migrated_url) as client:
         csrf(client)
@@ -169,8 +167,12 @@ async def test_a_dead_letter_group_is_replayed_resolved_or_ignored_at_once(
     with console(migrated_url) as client:
         groups = client.get("/dlq").text
         assert "server_error" in groups and "validation" in groups
-        post(client, "/dlq/action", action="replay", group_tenant="acme", group_class="server_error")
-        post(client, "/dlq/action", action="ignore", group_tenant="globex", group_class="validation")
+        post(
+            client, "/dlq/action", action="replay", group_tenant="acme", group_class="server_error"
+        )
+        post(
+            client, "/dlq/action", action="ignore", group_tenant="globex", group_class="validation"
+        )
     rows = [r async for r in dlq_store.iter_rows(db)]
     assert {(r.tenant, r.status) for r in rows} == {("acme", "resolved"), ("globex", "ignored")}
     assert len(rows) == 5
