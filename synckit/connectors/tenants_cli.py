@@ -294,3 +294,4 @@ from synckit.connectors.oauth_cli import connect_command, reauth_command  # noqa
 
 tenants.add_command(reauth_command)
 tenants.add_command(connect_command)
+from synckit.connectors import bulk_cli  # noqa: E402, F401  (registers `tenants import`)

@@ -1,0 +1,358 @@
+"""Bulk tenant operations: many tenants added in a few set-based statements.
+
+:func:`add_tenants` validates every row as :func:`~synckit.connectors.tenants.add_tenant`
+does (name, connector, config against the connector's model, schedule, keys), names
+each bad row by its line, and writes valid rows in batches: one statement for their
+resources (limits as the connector declares them), one for their parents and one for
+the connections, whatever the batch size (rows travel as arrays on PostgreSQL, as one
+JSON array on SQLite). New tenants get their poll ticks from the scheduler's next run.
+
+:func:`read_rows` reads a file of JSON lines or CSV (``tenant,connector,schedule,
+resource_key,parent_key,config`` with ``config`` a JSON object, or ``config.<field>``
+columns).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import bindparam, text
+
+from synckit.connectors.base import Connector
+from synckit.connectors.schedule import DEFAULT_SCHEDULE
+from synckit.connectors.tenants import (
+    ConnectorSource,
+    _check_schedule,
+    _plain_config,
+    check_tenant_name,
+)
+from synckit.errors.exceptions import ConfigurationError, SynckitError
+from synckit.runtime.db import Database
+from synckit.runtime.jobs import utcnow
+from synckit.runtime.schema import connections
+
+__all__ = ["BulkResult", "NewTenant", "RowError", "add_tenants", "read_rows"]
+
+#: Rows written per transaction.
+BULK_BATCH = 5000
+_FIELDS = frozenset({"tenant", "connector", "config", "schedule", "resource_key", "parent_key"})
+
+
+@dataclass(frozen=True)
+class RowError:
+    """A row that was not added, and why (``line`` is 1-based in the input)."""
+
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+@dataclass(frozen=True)
+class NewTenant:
+    """A validated row, as it is written."""
+
+    line: int
+    tenant: str
+    connector: str
+    config_json: str
+    schedule: str
+    resource_key: str
+    parent_key: str
+    max_in_flight: int | None
+    rate: float | None
+    burst: int | None
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    """``added`` tenants were written; ``errors`` name the rows that were not."""
+
+    added: int
+    errors: list[RowError] = field(default_factory=list)
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+def read_rows(path: str | Path) -> Iterator[tuple[int, Mapping[str, Any]] | RowError]:
+    """The rows of a JSON-lines or CSV file with their line numbers, or an error per
+    unreadable line. The format is CSV when the file ends in ``.csv``, else JSON lines."""
+    p = Path(path)
+    with p.open(encoding="utf-8", newline="") as f:
+        if p.suffix.lower() == ".csv":
+            yield from _csv_rows(f)
+        else:
+            yield from _json_rows(f)
+
+
+def _json_rows(f: Iterable[str]) -> Iterator[tuple[int, Mapping[str, Any]] | RowError]:
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            yield RowError(n, f"not JSON: {exc}")
+            continue
+        if not isinstance(row, dict):
+            yield RowError(n, f"expected a JSON object, got {type(row).__name__}")
+            continue
+        yield n, row
+
+
+def _csv_rows(
+    f: Iterable[str],
+) -> Iterator[tuple[int, Mapping[str, Any]] | RowError]:
+    reader = csv.DictReader(f)
+    for raw in reader:
+        n = reader.line_num
+        if None in raw:
+            yield RowError(n, "more fields than the header names")
+            continue
+        row: dict[str, Any] = {}
+        config: dict[str, Any] = {}
+        bad = None
+        for key, value in raw.items():
+            if value is None or value == "":
+                continue
+            if key == "config":
+                try:
+                    config.update(json.loads(value))
+                except (ValueError, TypeError) as exc:
+                    bad = f"config is not a JSON object: {exc}"
+            elif key.startswith("config."):
+                config[key[len("config.") :]] = value
+            else:
+                row[key] = value
+        if bad is not None:
+            yield RowError(n, bad)
+            continue
+        if config:
+            row["config"] = config
+        yield n, row
+
+
+# --- validating ---------------------------------------------------------------------------
+
+
+def _validate(
+    line: int,
+    row: Mapping[str, Any],
+    *,
+    app: ConnectorSource,
+    connector: str | None,
+    schedule: str,
+    classes: dict[str, type[Connector[Any]]],
+) -> NewTenant:
+    unknown = sorted(str(k) for k in row if k not in _FIELDS)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"(fields: {', '.join(sorted(_FIELDS))})"
+        )
+    tenant = row.get("tenant")
+    if not isinstance(tenant, str):
+        raise ConfigurationError("no tenant name")
+    check_tenant_name(tenant)
+    name = row.get("connector") or connector
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError("no connector (give one per row or a default)")
+    cls = classes.get(name)
+    if cls is None:
+        cls = classes[name] = app.connector(name)
+    plain = _plain_config(cls, tenant, row.get("config"))
+    sched = _check_schedule(str(row.get("schedule") or schedule))
+    resource_key = str(row.get("resource_key") or f"{cls.name}:{tenant}")
+    parent_key = str(row.get("parent_key") or f"api:{cls.name}")
+    if resource_key == parent_key:
+        raise ConfigurationError("a tenant's resource key cannot be its own parent key")
+    for what, key in (("resource key", resource_key), ("parent key", parent_key)):
+        if len(key) > 200:
+            raise ConfigurationError(f"{what} is longer than 200 characters")
+    rate = cls.rate_limit
+    return NewTenant(
+        line=line,
+        tenant=tenant,
+        connector=cls.name,
+        config_json=json.dumps(plain),
+        schedule=sched,
+        resource_key=resource_key,
+        parent_key=parent_key,
+        max_in_flight=cls.max_in_flight,
+        rate=rate.per_second if rate else None,
+        burst=rate.burst if rate else None,
+    )
+
+
+# --- writing ------------------------------------------------------------------------------
+
+_COLS = (
+    "tenant",
+    "connector",
+    "config",
+    "schedule",
+    "resource_key",
+    "parent_key",
+    "max_in_flight",
+    "rate",
+    "burst",
+)
+_TYPES = ("text", "text", "text", "text", "text", "text", "int", "float8", "int")
+
+
+def _source(postgres: bool) -> str:
+    if postgres:
+        arrays = ", ".join(f"CAST(:{c} AS {t}[])" for c, t in zip(_COLS, _TYPES, strict=True))
+        return f"unnest({arrays}) AS v({', '.join(_COLS)})"
+    picks = ", ".join(f"json_extract(value, '$[{i}]') AS {c}" for i, c in enumerate(_COLS))
+    return f"(SELECT {picks} FROM json_each(:rows)) AS v"
+
+
+def _statements(postgres: bool) -> tuple[Any, Any, Any, Any]:
+    src = _source(postgres)
+    config = "CAST(v.config AS jsonb)" if postgres else "v.config"
+    names = (
+        "unnest(CAST(:names AS text[])) AS n(name)"
+        if postgres
+        else "(SELECT value AS name FROM json_each(:names)) AS n"
+    )
+    stamp = bindparam("now", type_=connections.c.created_at.type)
+    existing = text(f"SELECT tenant FROM connections WHERE tenant IN (SELECT name FROM {names})")
+    # As pacing.configure_pacing: the resource exists, with the connector's limits.
+    lanes = text(
+        "INSERT INTO resources (resource_key, parent_key, state, max_in_flight, rate_per_s,"
+        f" burst, updated_at) SELECT resource_key, parent_key, 'closed', max_in_flight, rate,"
+        f" burst, :now FROM {src} WHERE true ON CONFLICT (resource_key) DO UPDATE SET"
+        " parent_key = excluded.parent_key, max_in_flight = excluded.max_in_flight,"
+        " rate_per_s = excluded.rate_per_s, burst = excluded.burst,"
+        " updated_at = excluded.updated_at"
+    ).bindparams(stamp)
+    parents = text(
+        "INSERT INTO resources (resource_key, state, updated_at)"
+        f" SELECT DISTINCT parent_key, 'closed', :now FROM {src} WHERE true"
+        " ON CONFLICT (resource_key) DO NOTHING"
+    ).bindparams(stamp)
+    insert = text(
+        "INSERT INTO connections (tenant, connector, resource_key, config, schedule, status,"
+        f" created_at, updated_at) SELECT tenant, connector, resource_key, {config}, schedule,"
+        f" 'active', :now, :now FROM {src} WHERE true ON CONFLICT (tenant) DO NOTHING"
+        " RETURNING tenant"
+    ).bindparams(stamp)
+    return existing, lanes, parents, insert
+
+
+_SQL = {True: _statements(True), False: _statements(False)}
+
+
+def _params(postgres: bool, batch: Sequence[NewTenant], now: datetime) -> dict[str, Any]:
+    values = [
+        (
+            t.tenant,
+            t.connector,
+            t.config_json,
+            t.schedule,
+            t.resource_key,
+            t.parent_key,
+            t.max_in_flight,
+            t.rate,
+            t.burst,
+        )
+        for t in batch
+    ]
+    if postgres:
+        out: dict[str, Any] = {c: [v[i] for v in values] for i, c in enumerate(_COLS)}
+        out["now"] = now
+        return out
+    return {"rows": json.dumps(values), "now": now}
+
+
+async def add_tenants(
+    db: Database,
+    rows: Iterable[tuple[int, Mapping[str, Any]] | RowError | Mapping[str, Any]],
+    *,
+    app: ConnectorSource,
+    connector: str | None = None,
+    schedule: str = DEFAULT_SCHEDULE,
+    skip_invalid: bool = False,
+    batch: int = BULK_BATCH,
+    progress: Callable[[int, int], None] | None = None,
+) -> BulkResult:
+    """Add many tenants of ``app``'s connectors.
+
+    ``rows`` are mappings with the fields of :func:`~synckit.connectors.tenants.add_tenant`
+    (``tenant``, ``connector`` (default ``connector``), ``config``, ``schedule`` (default
+    ``schedule``), ``resource_key``, ``parent_key``), or ``(line, mapping)`` pairs and
+    :class:`RowError` as :func:`read_rows` yields them. Every row is validated first;
+    a row that is invalid, names a tenant twice or a tenant that exists is an error
+    naming its line. With any error nothing is written unless ``skip_invalid``, which
+    adds the valid rows. ``progress(done, total)`` is called after each batch written.
+    A tenant added concurrently by someone else between the check and the write is
+    reported as existing, the rest of its batch written.
+    """
+    errors: list[RowError] = []
+    valid: list[NewTenant] = []
+    seen: dict[str, int] = {}
+    classes: dict[str, type[Connector[Any]]] = {}
+    for n, item in enumerate(rows, 1):
+        if isinstance(item, RowError):
+            errors.append(item)
+            continue
+        line, row = item if isinstance(item, tuple) else (n, item)
+        try:
+            t = _validate(
+                line, row, app=app, connector=connector, schedule=schedule, classes=classes
+            )
+        except SynckitError as exc:
+            errors.append(RowError(line, str(exc)))
+            continue
+        first = seen.setdefault(t.tenant, line)
+        if first != line:
+            errors.append(RowError(line, f"tenant {t.tenant!r} is also on line {first}"))
+            continue
+        valid.append(t)
+    postgres = db.is_postgres
+    existing_sql, lanes, parents, insert = _SQL[postgres]
+    for start in range(0, len(valid), batch):
+        batch_names = [t.tenant for t in valid[start : start + batch]]
+        names: Any = batch_names if postgres else json.dumps(batch_names)
+        async with db.begin() as conn:
+            present = {r[0] for r in await conn.execute(existing_sql, {"names": names})}
+        errors.extend(
+            RowError(t.line, f"tenant {t.tenant!r} exists already")
+            for t in valid[start : start + batch]
+            if t.tenant in present
+        )
+    errors.sort(key=lambda e: e.line)
+    if errors and not skip_invalid:
+        return BulkResult(0, errors)
+    failed = {e.line for e in errors}
+    todo = [t for t in valid if t.line not in failed]
+    added = 0
+    for start in range(0, len(todo), batch):
+        chunk = todo[start : start + batch]
+        now = utcnow()
+        params = _params(postgres, chunk, now)
+        # One row per resource key: an upsert may not touch a row twice in one statement.
+        per_lane = _params(postgres, list({t.resource_key: t for t in chunk}.values()), now)
+        async with db.begin() as conn:
+            await conn.execute(lanes, per_lane)
+            await conn.execute(parents, per_lane)
+            created = {r[0] for r in await conn.execute(insert, params)}
+        added += len(created)
+        errors.extend(
+            RowError(t.line, f"tenant {t.tenant!r} exists already")
+            for t in chunk
+            if t.tenant not in created
+        )
+        if progress is not None:
+            progress(start + len(chunk), len(todo))
+    errors.sort(key=lambda e: e.line)
+    return BulkResult(added, errors)
