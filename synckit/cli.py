@@ -24,14 +24,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from synckit.cli_options import JOB_ID, PRIORITY, cell, database_option
 from synckit.cli_options import CliError as CliError
-from synckit.cli_options import database_option
 from synckit.cli_options import load_registry as load_registry
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime import jobs as store
 from synckit.runtime.db import Database, database_url_from_env, mask_url, open_database
 from synckit.runtime.jobs import JobInfo, utcnow
-from synckit.runtime.logging import configure_logging
+from synckit.runtime.logging import configure_logging, redact
 
 if TYPE_CHECKING:
     from synckit.runtime.worker import OutcomeObserver, Worker, WorkerStats
@@ -200,13 +200,40 @@ def status_cmd(as_json: bool, database_url: str | None) -> None:
     render_status(snapshot, console)
 
 
+#: The longest duration a command takes: past it, a date computed from now leaves the
+#: calendar (or the database's range), so it is a typo, not an intent.
+MAX_DURATION = timedelta(days=100 * 366)
+
+
 def parse_duration(text: str) -> timedelta:
-    """``90s``, ``10m``, ``2h``, ``7d`` or a plain number of seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    """``90s``, ``10m``, ``2h``, ``7d`` or a plain number of seconds, up to 100 years."""
+    m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([smhd]?)\s*", text)
     if not m:
         raise CliError(f"cannot read duration {text!r}: use forms like 90s, 10m, 2h, 7d")
     unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    return timedelta(seconds=float(m.group(1)) * unit)
+    seconds = float(m.group(1)) * unit
+    if seconds > MAX_DURATION.total_seconds():
+        raise CliError(f"duration {text.strip()!r} is longer than 100 years")
+    return timedelta(seconds=seconds)
+
+
+def parse_moment(text: str, option: str = "--at") -> datetime:
+    """An ISO 8601 time with a zone, as UTC, within years 1..9998 (both engines hold it)."""
+    from datetime import UTC
+
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"{option} {text!r} is not an ISO 8601 time") from None
+    if when.tzinfo is None:
+        raise CliError(f"{option} {text!r} needs a time zone, e.g. {text}+00:00")
+    try:
+        when = when.astimezone(UTC)
+    except OverflowError:
+        raise CliError(f"{option} {text!r} is outside the calendar once in UTC") from None
+    if not 1 < when.year < 9999:
+        raise CliError(f"{option} {text!r} is out of range (years 2..9998)")
+    return when
 
 
 @cli.command("worker")
@@ -218,17 +245,43 @@ def parse_duration(text: str) -> timedelta:
     help="module:attribute of your synckit App (or a job Registry), importable from the "
     "working directory (or $SYNCKIT_APP).",
 )
-@click.option("--concurrency", default=10, show_default=True, help="Jobs in flight at once.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 10_000),
+    default=10,
+    show_default=True,
+    help="Jobs in flight at once.",
+)
 @click.option("--lease", default="60s", show_default=True, help="Lease of a claimed job.")
-@click.option("--poll-interval", default=1.0, show_default=True, help="Fallback polling (s).")
-@click.option("--grace", default=30.0, show_default=True, help="Shutdown grace period (s).")
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(0.01, 3600),
+    default=1.0,
+    show_default=True,
+    help="Fallback polling (s).",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 86400),
+    default=30.0,
+    show_default=True,
+    help="Shutdown grace period (s).",
+)
 @click.option("--burst", is_flag=True, help="Run the due jobs, then exit.")
 @click.option(
     "--metrics-port",
-    type=int,
+    type=click.IntRange(0, 65535),
     default=None,
     envvar="SYNCKIT_METRICS_PORT",
     help="Serve Prometheus metrics on this port at /metrics (or $SYNCKIT_METRICS_PORT).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="SYNCKIT_METRICS_HOST",
+    help="Address /metrics listens on; 0.0.0.0 exposes it to the network "
+    "(or $SYNCKIT_METRICS_HOST).",
 )
 @database_option
 def worker_cmd(
@@ -239,6 +292,7 @@ def worker_cmd(
     grace: float,
     burst: bool,
     metrics_port: int | None,
+    metrics_host: str,
     database_url: str | None,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (or, with --burst, until the queue is idle)."""
@@ -247,6 +301,9 @@ def worker_cmd(
     from synckit.runtime.worker import Worker
 
     registry = load_registry(app)
+    lease_time = parse_duration(lease)
+    if lease_time < timedelta(seconds=1):
+        raise CliError(f"--lease {lease!r} is shorter than 1s")
 
     async def go(d: Database) -> WorkerStats:
         observers: list[OutcomeObserver] = [audit_observer()]
@@ -255,13 +312,13 @@ def worker_cmd(
             from synckit.runtime.metrics import metrics_observer, start_metrics_server
 
             observers.append(metrics_observer())
-            server = await start_metrics_server(metrics_port, d)
+            server = await start_metrics_server(metrics_port, d, host=metrics_host)
         bind_alerts_database(registry, d)
         w = Worker(
             d,
             registry,
             concurrency=concurrency,
-            lease=parse_duration(lease),
+            lease=lease_time,
             poll_interval=poll_interval,
             grace_period=grace,
             observers=observers,
@@ -311,7 +368,9 @@ def _job_json(info: JobInfo) -> dict[str, Any]:
     for k, v in data.items():
         if isinstance(v, datetime):
             data[k] = v.isoformat()
-    return data
+    # Payloads and error texts may quote what an API echoed back: printed redacted.
+    out: dict[str, Any] = redact(data)
+    return out
 
 
 @jobs.command("ls")
@@ -323,7 +382,7 @@ def _job_json(info: JobInfo) -> dict[str, Any]:
 @click.option("--resource-key")
 @click.option("--since", help="Updated within this long (e.g. 1h, 2d).")
 @click.option("--created-since", help="Created within this long (e.g. 1h, 2d).")
-@click.option("--limit", default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @database_option
 def jobs_ls(
@@ -361,19 +420,23 @@ def jobs_ls(
     for j in found:
         table.add_row(
             str(j.id),
-            j.kind,
-            j.status,
-            j.resource_key or "-",
+            cell(j.kind),
+            cell(j.status),
+            cell(j.resource_key or "-"),
             str(j.priority),
             f"{j.attempts}/{j.max_attempts}",
-            j.run_at.isoformat(timespec="seconds"),
-            (j.last_error or "")[:60],
+            cell(_iso(j.run_at)),
+            cell(j.last_error, 60),
         )
     console.print(table)
 
 
+def _iso(value: object) -> str:
+    return value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value)
+
+
 @jobs.command("show")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @database_option
 def jobs_show(job_id: int, database_url: str | None) -> None:
     """Show one job with its payload and error history (JSON)."""
@@ -384,13 +447,12 @@ def jobs_show(job_id: int, database_url: str | None) -> None:
 def _job_action(make: Callable[[Database], Awaitable[JobInfo]], url: str | None) -> None:
     info = run(make, url)
     click.echo(
-        f"job {info.id}: {info.status}, run at {info.run_at.isoformat(timespec='seconds')}"
-        f", priority {info.priority}"
+        f"job {info.id}: {info.status}, run at {_iso(info.run_at)}, priority {info.priority}"
     )
 
 
 @jobs.command("cancel")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--reason", default="cancelled by operator")
 @database_option
 def jobs_cancel(job_id: int, reason: str, database_url: str | None) -> None:
@@ -399,7 +461,7 @@ def jobs_cancel(job_id: int, reason: str, database_url: str | None) -> None:
 
 
 @jobs.command("retry")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @database_option
 def jobs_retry(job_id: int, database_url: str | None) -> None:
     """Run a job again now (an ended job starts over with fresh attempts)."""
@@ -407,7 +469,7 @@ def jobs_retry(job_id: int, database_url: str | None) -> None:
 
 
 @jobs.command("reschedule")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--at", "at", help="ISO 8601 time (with zone).")
 @click.option("--in", "after", help="A delay from now, e.g. 10m.")
 @database_option
@@ -417,21 +479,13 @@ def jobs_reschedule(
     """Move a job's next run."""
     if (at is None) == (after is None):
         raise CliError("give exactly one of --at or --in")
-    if at is not None:
-        try:
-            when = datetime.fromisoformat(at)
-        except ValueError as exc:
-            raise CliError(f"--at {at!r} is not an ISO 8601 time") from exc
-        if when.tzinfo is None:
-            raise CliError(f"--at {at!r} needs a time zone, e.g. {at}+00:00")
-    else:
-        when = utcnow() + parse_duration(after or "0")
+    when = parse_moment(at) if at is not None else utcnow() + parse_duration(after or "0")
     _job_action(lambda d: store.reschedule_job(d, job_id, when), database_url)
 
 
 @jobs.command("priority")
-@click.argument("job_id", type=int)
-@click.argument("priority", type=int)
+@click.argument("job_id", type=JOB_ID)
+@click.argument("priority", type=PRIORITY)
 @database_option
 def jobs_priority(job_id: int, priority: int, database_url: str | None) -> None:
     """Change a job's priority (higher runs first)."""
@@ -439,7 +493,7 @@ def jobs_priority(job_id: int, priority: int, database_url: str | None) -> None:
 
 
 @jobs.command("set-payload")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.argument("payload")
 @database_option
 def jobs_set_payload(job_id: int, payload: str, database_url: str | None) -> None:
@@ -455,7 +509,7 @@ def jobs_set_payload(job_id: int, payload: str, database_url: str | None) -> Non
 @click.argument("kind")
 @click.option("--payload", default="{}", help="JSON payload.")
 @click.option("--resource-key")
-@click.option("--priority", default=0)
+@click.option("--priority", type=PRIORITY, default=0)
 @click.option("--in", "after", help="Delay, e.g. 10m.")
 @click.option("--unique-key")
 @database_option

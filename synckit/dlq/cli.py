@@ -19,13 +19,15 @@ from datetime import datetime
 from typing import IO, Any
 
 import click
+from rich.text import Text
 
-from synckit.cli_options import database_option
+from synckit.cli_options import ROW_ID, cell, database_option
 from synckit.dlq import store
 from synckit.dlq.replay import ReplayProcessor, ReplayResult, ReplaySummary, replayers_from_app
 from synckit.dlq.store import STATUSES, DeadLetter, DlqFilter
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import utcnow
+from synckit.runtime.logging import redact
 
 GROUPS = ("tenant", "connector", "kind", "class", "status")
 NO_APP_REASON = "needs --app (no replayer for this kind without the application)"
@@ -91,15 +93,14 @@ def _ts(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value is not None else "-"
 
 
-def _short(text: str | None, width: int = 50) -> str:
-    if not text:
-        return "-"
-    one_line = " ".join(text.split())
-    return one_line if len(one_line) <= width else one_line[: width - 1] + "…"
+def _short(text: str | None, width: int = 50) -> Any:
+    return cell(text, width)
 
 
 def _dumps(data: Any) -> str:
-    return json.dumps(data, sort_keys=True, default=str)
+    # Everything printed passes the redaction step: payloads and error texts may quote
+    # what an API echoed back, stored before redaction covered its shape.
+    return json.dumps(redact(data), sort_keys=True, default=str)
 
 
 @click.group()
@@ -145,7 +146,7 @@ def ls(
             table.add_column(c)
         table.add_column("count", justify="right")
         for g in groups:
-            table.add_row(*g.key, str(g.count))
+            table.add_row(*(cell(k) for k in g.key), str(g.count))
         table.caption = f"{sum(g.count for g in groups)} rows in {len(groups)} groups"
         console.print(table)
         return
@@ -184,15 +185,15 @@ def ls(
     for r in rows:
         table.add_row(
             str(r.id),
-            r.status,
-            r.tenant,
-            r.connector or "-",
-            r.kind,
+            cell(r.status),
+            cell(r.tenant),
+            cell(r.connector),
+            cell(r.kind),
             _short(r.record_id, 24),
-            r.error_class,
+            cell(r.error_class),
             f"{r.attempt_count}/{r.replay_attempts}",
-            _ts(r.last_attempt_at),
-            _ts(r.next_retry_at) if r.status == "pending" else "-",
+            cell(_ts(r.last_attempt_at)),
+            cell(_ts(r.next_retry_at)) if r.status == "pending" else "-",
             _short(
                 r.status_reason if r.status != "pending" and r.status_reason else r.error_message
             ),
@@ -206,7 +207,7 @@ def ls(
 
 
 @dlq.command("show")
-@click.argument("row_id", type=int)
+@click.argument("row_id", type=ROW_ID)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @database_option
 def show(row_id: int, as_json: bool, database_url: str | None) -> None:
@@ -218,19 +219,22 @@ def show(row_id: int, as_json: bool, database_url: str | None) -> None:
 
     row = run(lambda d: store.get(d, row_id), database_url)
     if as_json:
-        click.echo(json.dumps(row.to_json(), indent=2, sort_keys=True, default=str))
+        click.echo(json.dumps(redact(row.to_json()), indent=2, sort_keys=True, default=str))
         return
-    console.print(
-        f"[bold]dead letter {row.id}[/bold]  {row.status}"
-        + (f" — {row.status_reason}" if row.status_reason else "")
+    title = Text.assemble(
+        (f"dead letter {row.id}", "bold"),
+        "  ",
+        cell(row.status),
+        *((" — ", cell(row.status_reason)) if row.status_reason else ()),
     )
+    console.print(title)
     facts = Table.grid(padding=(0, 2))
     for name, value in (
         ("tenant", row.tenant),
-        ("connector", row.connector or "-"),
+        ("connector", row.connector),
         ("kind", row.kind),
         ("record", row.record_id),
-        ("resource", row.resource_key or "-"),
+        ("resource", row.resource_key),
         ("error", f"{row.error_class}: {row.error_message}"),
         ("failures", str(row.attempt_count)),
         ("replays", str(row.replay_attempts)),
@@ -240,37 +244,54 @@ def show(row_id: int, as_json: bool, database_url: str | None) -> None:
         ("resolved", _ts(row.resolved_at)),
         ("trace id", row.trace_id or "-"),
     ):
-        facts.add_row(f"[dim]{name}[/dim]", value)
+        facts.add_row(Text(name, "dim"), cell(value))
     console.print(facts)
     console.print("[bold]payload[/bold]")
     if row.payload_error is not None:
-        console.print(f"[red]does not parse: {row.payload_error}[/red]")
-        console.print(row.payload_raw or "", markup=False)
+        console.print(Text(f"does not parse: {row.payload_error}", "red"))
+        console.print(cell(row.payload_raw))
     else:
-        console.print(Syntax(json.dumps(row.payload, indent=2, default=str), "json"))
+        console.print(Syntax(json.dumps(redact(row.payload), indent=2, default=str), "json"))
     history = Table(title="history (oldest first)")
     for col in ("at", "source", "class", "message"):
         history.add_column(col)
     for h in row.history:
         history.add_row(
-            str(h.get("at", "-")),
-            str(h.get("source", "-")),
-            str(h.get("error_class", "-")),
+            cell(h.get("at")),
+            cell(h.get("source")),
+            cell(h.get("error_class")),
             _short(str(h.get("message", "")), 80),
         )
     console.print(history)
     console.print("[bold]traceback[/bold]")
-    console.print(row.traceback or "-", markup=False, highlight=False)
+    console.print(cell(row.traceback), highlight=False)
 
 
 # --- replay ---------------------------------------------------------------------------------
 
 
 def load_app(spec: str) -> object:
-    """Import ``module:attribute``; call it when it is a factory rather than an app."""
-    from synckit.cli_options import import_app_attribute
+    """The object ``module:attribute`` names: an App, a job Registry, Replayers, or an
+    object offering ``replay_record``/``replayers``/``registry``; never called."""
+    import inspect
 
-    return import_app_attribute(spec)
+    from synckit.cli_options import CliError, import_app_attribute
+    from synckit.dlq.replay import Replayers
+    from synckit.runtime.handlers import Registry
+
+    value = import_app_attribute(spec)
+    offers = any(hasattr(value, a) for a in ("replay_record", "replayers", "registry"))
+    if (
+        inspect.isroutine(value)
+        or inspect.isclass(value)
+        or inspect.ismodule(value)
+        or not (isinstance(value, Replayers | Registry) or offers)
+    ):
+        raise CliError(
+            f"--app {spec!r}: a {type(value).__name__} is not a synckit App, Registry or "
+            "Replayers (it is loaded, never called)"
+        )
+    return value
 
 
 def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:
@@ -302,7 +323,7 @@ def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:
 
 
 @dlq.command("replay")
-@click.argument("ids", nargs=-1, type=int)
+@click.argument("ids", nargs=-1, type=ROW_ID)
 @filter_options
 @click.option("--all", "all_rows", is_flag=True, help="Every pending and review row.")
 @click.option("--dry-run", is_flag=True, help="Say what would be done; change nothing.")
@@ -429,7 +450,7 @@ def replay(
 
 
 @dlq.command("resolve")
-@click.argument("ids", nargs=-1, type=int)
+@click.argument("ids", nargs=-1, type=ROW_ID)
 @filter_options
 @click.option("--all", "all_rows", is_flag=True, help="Every row not resolved yet.")
 @click.option("--reason", default="resolved by operator", show_default=True)
@@ -446,7 +467,7 @@ def resolve(
 
 
 @dlq.command("ignore")
-@click.argument("ids", nargs=-1, type=int)
+@click.argument("ids", nargs=-1, type=ROW_ID)
 @filter_options
 @click.option("--all", "all_rows", is_flag=True, help="Every pending and review row.")
 @click.option("--reason", default="ignored by operator", show_default=True)

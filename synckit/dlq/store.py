@@ -57,6 +57,7 @@ from synckit.dlq.policy import BASE_DELAY, REVIEW_CLASSES, blocked_until
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import _insert
+from synckit.runtime.logging import redact_text
 from synckit.runtime.schema import connections, dead_letters, resources
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "claim_due",
     "claim_ids",
     "count",
+    "dead_job_record_id",
     "defer",
     "due_rows",
     "get",
@@ -377,6 +379,31 @@ def _storable(payload: Any) -> Any:
         return {"_unserialisable": text[:10_000], "_error": str(exc)[:200]}
 
 
+def _clean(text: str | None, limit: int, *, tail: bool = False) -> str | None:
+    """Stored text: redacted first (a secret cut in half would escape the patterns), NULs
+    dropped (PostgreSQL refuses them), then cut to ``limit``."""
+    if text is None:
+        return None
+    text = redact_text(text).replace("\x00", "")
+    return text[-limit:] if tail else text[:limit]
+
+
+#: The kind of a poll cycle job (``synckit.runtime.poll.POLL_KIND``; not imported: the
+#: DLQ sits below the scheduler).
+_POLL_KIND = "synckit.poll"
+
+
+def dead_job_record_id(kind: str, payload: Any, job_id: int) -> str:
+    """The record id a dead job is captured under: ``job:<id>``, except a poll cycle,
+    keyed by its stream (``job:poll:<stream>``) so a tenant failing every tick has one
+    dead letter per stream, counting its cycles, not one per tick."""
+    if kind == _POLL_KIND and isinstance(payload, dict):
+        stream = payload.get("stream")
+        if isinstance(stream, str) and stream:
+            return f"job:poll:{stream[:200]}"
+    return f"job:{job_id}"
+
+
 def _history_entry(
     now: datetime, source: str, error_class: str, message: str, attempt: int
 ) -> dict[str, Any]:
@@ -427,8 +454,10 @@ def capture_sync(
     ``keep_replay_count`` keeps the replays already spent (a dead job that died again
     after being re-run by a replay: its budget must run out, not start over).
     """
-    message = (message or "")[:_MESSAGE_LIMIT]
-    traceback = traceback[-_TRACEBACK_LIMIT:] if traceback else traceback
+    message = _clean(message or "", _MESSAGE_LIMIT) or ""
+    traceback = _clean(traceback, _TRACEBACK_LIMIT, tail=True) if traceback else traceback
+    if job_id is not None and record_id == f"job:{job_id}":
+        record_id = dead_job_record_id(kind, payload, job_id)
     stored = _storable(payload)
     review = error_class in REVIEW_CLASSES
     status: Status = "review" if review else "pending"
@@ -694,7 +723,7 @@ async def defer(
     if marker is None:
         cond.append(dead_letters.c.status == "pending")
     return await _update_returning_ids(
-        conn, cond, {"next_retry_at": until, "status_reason": reason[:_REASON_LIMIT]}
+        conn, cond, {"next_retry_at": until, "status_reason": _clean(reason, _REASON_LIMIT)}
     )
 
 
@@ -719,7 +748,7 @@ async def mark_resolved(
         return []
     values: dict[str, Any] = {
         "status": "resolved",
-        "status_reason": reason[:_REASON_LIMIT] if reason else None,
+        "status_reason": _clean(reason, _REASON_LIMIT) if reason else None,
         "resolved_at": now,
         "next_retry_at": next_retry_at,
     }
@@ -750,7 +779,7 @@ async def mark_ignored(
     return await _update_returning_ids(
         conn,
         cond,
-        {"status": "ignored", "status_reason": reason[:_REASON_LIMIT], "resolved_at": now},
+        {"status": "ignored", "status_reason": _clean(reason, _REASON_LIMIT), "resolved_at": now},
     )
 
 
@@ -769,7 +798,7 @@ def _failure_values(
     if error is None:
         return {}
     attempt = row.replay_attempts + (1 if replayed else 0)
-    message = error.message[:_MESSAGE_LIMIT]
+    message = _clean(error.message, _MESSAGE_LIMIT) or ""
     values: dict[str, Any] = {
         "error_class": error.error_class,
         "error_message": message,
@@ -779,7 +808,7 @@ def _failure_values(
         "last_attempt_at": now,
     }
     if error.traceback is not None:
-        values["traceback"] = error.traceback[-_TRACEBACK_LIMIT:]
+        values["traceback"] = _clean(error.traceback, _TRACEBACK_LIMIT, tail=True)
     if replayed:
         values["replay_attempts"] = attempt
     return values
@@ -820,7 +849,7 @@ async def mark_review(
     replay as :func:`schedule_retry` does. False if fenced."""
     values = {
         "status": "review",
-        "status_reason": reason[:_REASON_LIMIT],
+        "status_reason": _clean(reason, _REASON_LIMIT),
         "next_retry_at": None,
         **_failure_values(row, error, now, replayed),
     }

@@ -8,11 +8,16 @@ from datetime import datetime
 import click
 from rich.table import Table
 
+from synckit.cli_options import cell, database_option
+from synckit.runtime.logging import redact
 from synckit.runtime.resources import ResourceInfo, list_resources, reset_resource
 
 
-def _when(value: datetime | None) -> str:
-    return value.isoformat(timespec="seconds") if value else "-"
+def _when(value: object) -> str:
+    # A garbage stored timestamp reaches here as whatever the driver made of it.
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    return str(value) if value else "-"
 
 
 @click.group("breakers")
@@ -23,7 +28,7 @@ def breakers() -> None:
 @breakers.command("ls")
 @click.option("--open", "only_open", is_flag=True, help="Only breakers that are not closed.")
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--database-url", envvar="SYNCKIT_DATABASE_URL", default=None)
+@database_option
 def breakers_ls(only_open: bool, as_json: bool, database_url: str | None) -> None:
     """List resources with their breaker state, failures and next available time."""
     from synckit.cli import console, run
@@ -49,21 +54,21 @@ def breakers_ls(only_open: bool, as_json: bool, database_url: str | None) -> Non
         table.add_column(col)
     for r in found:
         table.add_row(
-            r.resource_key,
-            r.parent_key or "-",
-            r.state,
-            str(r.consecutive_failures),
-            _when(r.cooldown_until),
-            _when(r.next_available_at),
-            str(r.max_in_flight or "-"),
-            (r.last_error or "")[:50],
+            cell(r.resource_key),
+            cell(r.parent_key),
+            cell(r.state),
+            cell(r.consecutive_failures),
+            cell(_when(r.cooldown_until)),
+            cell(_when(r.next_available_at)),
+            cell(r.max_in_flight),
+            cell(r.last_error, 50),
         )
     console.print(table)
 
 
 @breakers.command("reset")
 @click.argument("resource_key")
-@click.option("--database-url", envvar="SYNCKIT_DATABASE_URL", default=None)
+@database_option
 def breakers_reset(resource_key: str, database_url: str | None) -> None:
     """Close RESOURCE_KEY's breaker and clear its pacing, so its jobs run again."""
     from synckit.cli import CliError, run
@@ -79,4 +84,6 @@ def _json(r: ResourceInfo) -> dict[str, object]:
     data: dict[str, object] = {}
     for k, v in vars(r).items():
         data[k] = v.isoformat() if isinstance(v, datetime) else v
-    return data
+    # last_error quotes what an API answered: printed through the redaction step.
+    out: dict[str, object] = redact(data)
+    return out

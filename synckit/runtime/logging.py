@@ -48,7 +48,6 @@ SECRET_KEYS = frozenset(
         "api_key",
         "apikey",
         "x_api_key",
-        "key",
         "token",
         "token_set",
         "cookie",

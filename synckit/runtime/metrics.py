@@ -309,10 +309,12 @@ async def start_metrics_server(
     port: int,
     db: Database,
     *,
-    host: str = "0.0.0.0",
+    host: str = "127.0.0.1",
     budget: BudgetPolicy | None = None,
 ) -> MetricsServer:
     """Serve ``/metrics`` on ``host:port`` (``port=0`` picks a free port; see ``.port``).
+
+    Loopback unless told: the metrics name every tenant, which is not for the network.
 
     Call from the running event loop; ``await server.close()`` to stop. Raises
     :class:`ConfigurationError` without the ``synckit[metrics]`` extra.

@@ -13,22 +13,16 @@ from datetime import datetime
 
 import click
 
-from synckit.cli_options import database_option
+from synckit.cli_options import ROW_ID, cell, database_option
 from synckit.runtime import outbox as store
 from synckit.runtime.db import Database
+from synckit.runtime.logging import redact
 
 STATUSES = ("pending", "published", "failed")
 
 
 def _ts(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value is not None else "-"
-
-
-def _short(text: str | None, width: int = 60) -> str:
-    if not text:
-        return "-"
-    one_line = " ".join(text.split())
-    return one_line if len(one_line) <= width else one_line[: width - 1] + "…"
 
 
 @click.group()
@@ -62,7 +56,7 @@ def ls(
 
     rows, counts = run(go, database_url)
     if as_json:
-        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
+        click.echo(json.dumps(redact([r.to_json() for r in rows]), indent=2))
         return
     table = Table(title="Outbox")
     for col in ("id", "status", "topic", "key", "message id", "tries", "when", "last error"):
@@ -72,13 +66,13 @@ def ls(
         when = {"pending": r.next_attempt_at, "published": r.published_at}.get(r.status)
         table.add_row(
             str(r.id),
-            r.status,
-            r.topic,
-            r.key or "-",
-            r.message_id,
+            cell(r.status),
+            cell(r.topic),
+            cell(r.key),
+            cell(r.message_id),
             str(r.attempts),
-            _ts(when or r.created_at),
-            _short(r.last_error),
+            cell(_ts(when or r.created_at)),
+            cell(r.last_error, 50),
         )
     table.caption = ", ".join(f"{s} {counts.get(s, 0)}" for s in STATUSES)
     if not rows:
@@ -87,7 +81,7 @@ def ls(
 
 
 @outbox.command("retry")
-@click.argument("ids", nargs=-1, type=int)
+@click.argument("ids", nargs=-1, type=ROW_ID)
 @click.option("--failed", "all_failed", is_flag=True, help="Retry every failed message.")
 @click.option("--topic", help="With --failed: only failed messages of this topic.")
 @database_option
