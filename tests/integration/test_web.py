@@ -240,3 +240,19 @@ async def test_an_action_never_redirects_off_site(
     with console(migrated_url) as client:
         r = post(client, "/tenants/acme/pause", next=target)
         assert r.status_code == 303 and r.headers["location"] == "/tenants/acme"
+
+
+async def test_every_form_carries_the_csrf_token(db: Database, migrated_url: str) -> None:
+    """The hidden field a page renders is the value its POST is checked against."""
+    seeded = await seed(db)
+    with console(migrated_url) as client:
+        for path in ("/tenants/acme", "/jobs", f"/jobs/{seeded['jobs'][0]}", "/dlq", "/outbox"):
+            html = client.get(path).text
+            values = set(re.findall(r'name="csrf" value="([^"]*)"', html))
+            assert values == {client.cookies.get(CSRF_COOKIE)}, path
+        html = client.get("/tenants/acme").text
+        token = re.search(r'name="csrf" value="([^"]+)"', html)
+        assert token is not None
+        r = client.post("/tenants/acme/pause", data={"csrf": token.group(1)})
+        assert r.status_code == 303
+    assert (await get_tenant(db, "acme")).status == "paused"

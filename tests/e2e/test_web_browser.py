@@ -1,0 +1,243 @@
+"""`synckit web` driven in a real Chromium (Debian's, by its path; nothing downloaded).
+
+One console process and one browser for the module, on a seeded SQLite database (the
+storage paths run on both engines in tests/integration/test_web.py). Screenshots of each
+page are taken on every run; with SYNCKIT_UPDATE_SCREENSHOTS=1 they replace docs/img/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from synckit.dlq import store as dlq_store
+from synckit.runtime import migrate
+from synckit.runtime.db import open_database
+
+os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+playwright_api = pytest.importorskip("playwright.sync_api")
+expect = playwright_api.expect
+
+ROOT = Path(__file__).resolve().parents[2]
+APPS = ROOT / "tests" / "apps"
+CHROMIUM = os.environ.get("SYNCKIT_CHROMIUM", "/usr/bin/chromium")
+SYNCKIT = [sys.executable, "-m", "synckit.cli"]
+sys.path.insert(0, str(APPS))
+from web_app import SECRET, seed  # noqa: E402
+
+
+def _env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+        "WEB_APP_PAGE_PAUSE": "0.7",
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"synckit web exited: {log.read_text()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"synckit web did not listen: {log.read_text()[-2000:]}")
+
+
+def _run(coro: Any) -> Any:
+    # Playwright's sync API runs an event loop in this thread: use another one.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+async def _with_db(url: str, fn: Any) -> Any:
+    db = open_database(url)
+    try:
+        return await fn(db)
+    finally:
+        await db.dispose()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("web")
+    url = f"sqlite:///{tmp / 'synckit.db'}"
+
+    async def prepare(db: Any) -> Any:
+        await migrate.upgrade(db)
+        return await seed(db)
+
+    seeded = _run(_with_db(url, prepare))
+    port = _free_port()
+    log = tmp / "web.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                *SYNCKIT,
+                "web",
+                "--app",
+                "web_app:app",
+                "--database-url",
+                url,
+                "--port",
+                str(port),
+                "--refresh",
+                "0.5",
+            ],
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_for_port(port, proc, log)
+        yield {"url": url, "base": f"http://127.0.0.1:{port}", "seeded": seeded, "tmp": tmp}
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any, site: dict[str, Any]) -> Iterator[Any]:
+    context = browser.new_context(base_url=site["base"], viewport={"width": 1280, "height": 860})
+    pg = context.new_page()
+    try:
+        yield pg
+    finally:
+        context.close()
+
+
+def shot(page: Any, site: dict[str, Any], name: str) -> None:
+    path = site["tmp"] / f"web-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    if os.environ.get("SYNCKIT_UPDATE_SCREENSHOTS") == "1":
+        shutil.copy(path, ROOT / "docs" / "img" / path.name)
+
+
+def test_every_page_renders_without_a_secret_and_is_photographed(
+    page: Any, site: dict[str, Any]
+) -> None:
+    """Overview, tenants (a throttled one says paced until ... (Retry-After)), a tenant,
+    jobs, a job, dead letters, a dead letter, the outbox: none holds the seeded secret."""
+    job_id = site["seeded"]["jobs"][0]
+    letter = site["seeded"]["dead_letters"][0]
+    pages = [
+        ("overview", "/"),
+        ("tenants", "/tenants"),
+        ("tenant", "/tenants/globex"),
+        ("jobs", "/jobs"),
+        ("job", f"/jobs/{job_id}"),
+        ("dead-letters", "/dlq"),
+        ("dead-letter", f"/dlq/{letter}"),
+        ("outbox", "/outbox"),
+    ]
+    for name, path in pages:
+        response = page.goto(path)
+        assert response is not None and response.status == 200, path
+        assert SECRET not in page.content(), path
+        if name == "tenants":
+            text = page.inner_text("#tenants")
+            assert re.search(r"paced until .+ UTC \(in \d+m \d\ds\) \(Retry-After\)", text)
+            assert "needs re-authorisation: invalid_grant" in text
+        shot(page, site, name)
+
+
+def test_an_action_without_the_csrf_token_is_refused(page: Any, site: dict[str, Any]) -> None:
+    page.goto("/tenants/acme")
+    # The browser holds the console's cookies; the form's hidden token is left out.
+    refused = page.request.post("/tenants/acme/pause", form={"next": "/"})
+    assert refused.status == 403 and "CSRF" in refused.text()
+    page.reload()
+    assert "nothing holds this tenant back" in page.inner_text("#why")
+
+
+def test_sync_now_shows_the_cycle_progress_without_a_reload(
+    page: Any, site: dict[str, Any]
+) -> None:
+    page.goto("/tenants/acme")
+    page.click("button[value=sync]")
+    page.wait_for_selector("text=cycle enqueued")
+    assert page.inner_text("#cycles .cycle-state") == "pending"
+    # Set in the page: a reload would drop it.
+    page.evaluate("window.__sameDocument = true")
+    log = site["tmp"] / "worker.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            [*SYNCKIT, "worker", "--app", "web_app:app", "--database-url", site["url"], "--burst"],
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
+    try:
+        # Three pages, 0.7 s each: the live panel shows the cycle running, then done.
+        state = page.locator("#cycles .cycle-state").first
+        expect(state).to_have_text("running", timeout=15_000)
+        shot(page, site, "sync-now")
+        expect(state).to_have_text("succeeded", timeout=20_000)
+    finally:
+        worker.wait(30)
+    assert worker.returncode == 0, log.read_text()[-2000:]
+    assert page.evaluate("window.__sameDocument") is True
+    assert '"page": 3' in page.inner_text("#checkpoints")
+
+
+def test_replaying_a_dead_letter_group_resolves_its_rows(page: Any, site: dict[str, Any]) -> None:
+    page.goto("/dlq")
+    page.click("button[data-group='acme/server_error']")
+    page.wait_for_selector("text=replay: claimed 3")
+
+    async def statuses(db: Any) -> dict[str, str]:
+        return {
+            r.record_id: r.status
+            async for r in dlq_store.iter_rows(db, dlq_store.DlqFilter(tenants=("acme",)))
+            if r.kind == "record:default"
+        }
+
+    assert _run(_with_db(site["url"], statuses)) == {f"order-{i}": "resolved" for i in range(3)}
+
+
+def test_binding_beyond_loopback_without_a_token_refuses_to_start(
+    site: dict[str, Any],
+) -> None:
+    out = subprocess.run(
+        [*SYNCKIT, "web", "--host", "0.0.0.0", "--database-url", site["url"]],
+        env={k: v for k, v in _env().items() if k != "SYNCKIT_WEB_TOKEN"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 2
+    assert "--host 0.0.0.0 is reachable from other machines: give an access token" in out.stderr
