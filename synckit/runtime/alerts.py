@@ -32,10 +32,15 @@ De-duplication
     deliver the same alert. A router without a database de-duplicates in memory.
 
 Delivery
-    Sinks receive alerts after the record commits: the log (event ``alert.fired``,
-    always), a webhook (:class:`WebhookSink`, JSON POST retried with backoff) and Python
-    callbacks (:class:`CallbackSink`). A failing sink is logged and does not stop the
-    others.
+    At least once, per sink. The record is written first as *undelivered*
+    (``finished_at`` NULL, a short delivery lease in ``lease_expires_at``), the sinks
+    are called outside any transaction, and then the record notes each sink that took
+    the alert (``payload._delivered``); it is finished once every sink has it. An
+    evaluation first retries the records some sink has not taken (the webhook was down,
+    the worker died mid-delivery) to those sinks only, for up to :data:`GIVE_UP_AFTER`.
+    Sinks: the log (event ``alert.fired``), a webhook (:class:`WebhookSink`, JSON POST
+    retried with backoff) and Python callbacks (:class:`CallbackSink`). A failing sink
+    is logged and does not stop the others.
 """
 
 from __future__ import annotations
@@ -58,10 +63,10 @@ from typing import Any, Protocol
 import httpx
 import structlog
 from croniter import croniter
-from sqlalchemy import case, func, insert, literal_column, select, text
+from sqlalchemy import case, func, insert, literal_column, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.errors.exceptions import SynckitError
+from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.runtime.audit import (
     AuditRow,
     Totals,
@@ -75,6 +80,7 @@ from synckit.runtime.budget import BudgetLevel, BudgetPolicy, pause_tenants
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.jobs import utcnow
+from synckit.runtime.logging import redact, redact_text
 from synckit.runtime.schema import checkpoints, connections, dead_letters, jobs
 
 ALERTS_KIND = "synckit.alerts"
@@ -112,16 +118,18 @@ class Alert:
         return f"{self.rule}|{self.subject}|{self.window}"
 
     def to_json(self) -> dict[str, Any]:
+        """JSON-ready, with the message and details through the redaction step: a
+        reason can quote an API's answer, and this is what webhooks and logs receive."""
         return {
             "rule": self.rule,
             "subject": self.subject,
-            "message": self.message,
+            "message": redact_text(self.message),
             "fired_at": self.fired_at.isoformat(),
             "window": self.window,
             "severity": self.severity.value,
             "tenant": self.tenant,
             "connector": self.connector,
-            "details": dict(self.details),
+            "details": redact(dict(self.details)),
         }
 
     @classmethod
@@ -822,53 +830,154 @@ def _record_key(alert: Alert) -> str:
     return f"alert:{alert.rule[:200]}|#{digest}"
 
 
-async def record_alerts(
-    conn: AsyncConnection, alerts: Sequence[Alert], *, now: datetime
-) -> list[Alert]:
-    """Record the alerts not recorded yet (by rule, subject and window); return those."""
+#: How long an undelivered alert keeps being retried before it is given up (logged).
+GIVE_UP_AFTER = timedelta(days=2)
+#: How long one evaluator holds an alert it is delivering; past it, another retries.
+DELIVERY_LEASE = timedelta(minutes=5)
+_DELIVERED = "_delivered"
+
+
+@dataclass
+class Delivery:
+    """An alert to hand to ``sinks`` (the names of the sinks that do not have it yet)."""
+
+    record_id: int | None
+    alert: Alert
+    sinks: list[str]
+    new: bool
+    delivered: dict[str, str] = field(default_factory=dict)
+
+
+def _delivered_of(payload: Any) -> dict[str, str]:
+    got = payload.get(_DELIVERED) if isinstance(payload, Mapping) else None
+    return {str(k): str(v) for k, v in got.items()} if isinstance(got, Mapping) else {}
+
+
+async def claim_deliveries(
+    conn: AsyncConnection,
+    alerts: Sequence[Alert],
+    *,
+    now: datetime,
+    sinks: Sequence[str],
+    lease: timedelta = DELIVERY_LEASE,
+    give_up_after: timedelta = GIVE_UP_AFTER,
+) -> list[Delivery]:
+    """Record the alerts not recorded yet (by rule, subject and window) as undelivered,
+    and take a delivery lease on them and on every earlier record some sink has not
+    taken; return what each needs. Nothing is marked delivered here."""
     unique: dict[str, Alert] = {}
     for a in alerts:
         unique.setdefault(_record_key(a), a)
-    if not unique:
-        return []
     if conn.dialect.name == "postgresql":
-        # Serialise evaluators so that check-then-insert cannot deliver an alert twice;
+        # Serialise evaluators so that check-then-insert cannot record an alert twice;
         # SQLite's BEGIN IMMEDIATE already holds the write lock.
         await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ALERTS_LOCK})
-    existing = {
-        k
-        for (k,) in await conn.execute(
-            select(jobs.c.unique_key).where(
-                jobs.c.status == "succeeded",
-                jobs.c.kind == ALERT_RECORD_KIND,
-                jobs.c.unique_key.in_(list(unique)),
+    c = jobs.c
+    record = (c.kind == ALERT_RECORD_KIND) & (c.status == "succeeded")
+    existing = set()
+    if unique:
+        existing = {
+            k
+            for (k,) in await conn.execute(
+                select(c.unique_key).where(record, c.unique_key.in_(list(unique)))
+            )
+        }
+    stale = await conn.execute(
+        update(jobs)
+        .where(record, c.finished_at.is_(None), c.created_at < now - give_up_after)
+        .values(finished_at=now, lease_expires_at=None)
+        .returning(c.unique_key, c.last_error)
+    )
+    for key, error in stale:
+        log.error("alert.delivery_given_up", record=key, error=error)
+    out: list[Delivery] = []
+    undelivered = await conn.execute(
+        select(c.id, c.payload)
+        .where(
+            record,
+            c.finished_at.is_(None),
+            or_(c.lease_expires_at.is_(None), c.lease_expires_at <= now),
+        )
+        .order_by(c.id)
+        .limit(500)
+    )
+    for rid, payload in undelivered.all():
+        try:
+            alert = Alert.from_json(payload)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            await conn.execute(update(jobs).where(c.id == rid).values(finished_at=now))
+            continue  # a hand-edited record: nothing to deliver
+        done = _delivered_of(payload)
+        out.append(Delivery(rid, alert, [n for n in sinks if n not in done], False, done))
+    if out:
+        await conn.execute(
+            update(jobs)
+            .where(c.id.in_([d.record_id for d in out]))
+            .values(lease_expires_at=now + lease)
+        )
+    for k, a in unique.items():
+        if k in existing:
+            continue
+        rid = (
+            await conn.execute(
+                insert(jobs)
+                .values(
+                    kind=ALERT_RECORD_KIND,
+                    payload={**a.to_json(), _DELIVERED: {}},
+                    resource_key=None,
+                    status="succeeded",
+                    priority=0,
+                    attempts=0,
+                    max_attempts=1,
+                    run_at=a.fired_at,
+                    unique_key=k,
+                    trace_id=uuid.uuid4().hex,
+                    created_at=now,
+                    updated_at=now,
+                    finished_at=None,
+                    lease_expires_at=now + lease,
+                )
+                .returning(c.id)
+            )
+        ).scalar_one()
+        out.append(Delivery(int(rid), a, list(sinks), True))
+    return out
+
+
+async def finish_deliveries(
+    conn: AsyncConnection,
+    done: Sequence[tuple[Delivery, list[str], str | None]],
+    *,
+    now: datetime,
+    sinks: Sequence[str],
+) -> None:
+    """Note which sinks took each alert; finish the records every sink now has."""
+    c = jobs.c
+    for d, took, error in done:
+        if d.record_id is None:
+            continue
+        delivered = {**d.delivered, **{n: now.isoformat() for n in took}}
+        complete = all(n in delivered for n in sinks)
+        await conn.execute(
+            update(jobs)
+            .where(c.id == d.record_id)
+            .values(
+                payload={**d.alert.to_json(), _DELIVERED: delivered},
+                finished_at=now if complete else None,
+                lease_expires_at=None,
+                attempts=c.attempts + 1,
+                last_error=None if complete else (error or "")[:1000],
+                updated_at=now,
             )
         )
-    }
-    new = {k: a for k, a in unique.items() if k not in existing}
-    if new:
-        await conn.execute(
-            insert(jobs),
-            [
-                {
-                    "kind": ALERT_RECORD_KIND,
-                    "payload": a.to_json(),
-                    "resource_key": None,
-                    "status": "succeeded",
-                    "priority": 0,
-                    "attempts": 0,
-                    "max_attempts": 1,
-                    "run_at": a.fired_at,
-                    "unique_key": k,
-                    "trace_id": uuid.uuid4().hex,
-                    "created_at": now,
-                    "updated_at": now,
-                    "finished_at": now,
-                }
-                for k, a in new.items()
-            ],
-        )
-    return list(new.values())
+
+
+async def record_alerts(
+    conn: AsyncConnection, alerts: Sequence[Alert], *, now: datetime
+) -> list[Alert]:
+    """Record the alerts not recorded yet, as delivered to no sink; return those."""
+    claimed = await claim_deliveries(conn, alerts, now=now, sinks=())
+    return [d.alert for d in claimed if d.new]
 
 
 async def recent_alerts(conn: AsyncConnection, *, since: datetime, limit: int = 100) -> list[Alert]:
@@ -938,9 +1047,19 @@ class WebhookSink:
         timeout: float = 10.0,
         headers: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        allow_private: bool = True,
     ) -> None:
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
+        parsed = httpx.URL(url)
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ConfigurationError(
+                f"webhook URL must be http(s)://host/...; got scheme {parsed.scheme!r}"
+            )
+        #: What logs and errors may show: the path of a webhook URL is often its secret.
+        self.where = f"{parsed.scheme}://{parsed.host}" + (f":{parsed.port}" if parsed.port else "")
+        self.name = f"webhook {self.where}"
+        self.allow_private = allow_private
         self.url = url
         self.attempts = attempts
         self.backoff = backoff
@@ -952,12 +1071,17 @@ class WebhookSink:
     async def __call__(self, alert: Alert) -> None:
         body = alert.to_json()
         problem = ""
-        async with httpx.AsyncClient(timeout=self.timeout, transport=self.transport) as client:
+        if not self.allow_private:
+            await _refuse_private(httpx.URL(self.url).host, self.where)
+        async with httpx.AsyncClient(
+            timeout=self.timeout, transport=self.transport, follow_redirects=False
+        ) as client:
             for attempt in range(1, self.attempts + 1):
                 try:
                     response = await client.post(self.url, json=body, headers=self.headers)
                 except httpx.TransportError as exc:
-                    problem = f"{type(exc).__name__}: {exc}"
+                    # httpx puts the URL in some messages: name the type only.
+                    problem = type(exc).__name__
                 else:
                     if response.is_success:
                         return
@@ -968,7 +1092,28 @@ class WebhookSink:
                     delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
                     log.info("alert.webhook_retry", rule=alert.rule, attempt=attempt, error=problem)
                     await asyncio.sleep(delay * random.uniform(0.8, 1.0))
-        raise AlertDeliveryError(f"webhook {self.url} refused alert {alert.key}: {problem}")
+        raise AlertDeliveryError(f"webhook {self.where} refused alert {alert.key}: {problem}")
+
+
+async def _refuse_private(host: str, where: str) -> None:
+    """Refuse a host that is, or resolves to, a private, loopback, link-local (cloud
+    metadata: 169.254.169.254) or otherwise non-global address."""
+    import ipaddress
+    import socket
+
+    try:
+        addresses = [ipaddress.ip_address(host)]
+    except ValueError:
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None)
+        except socket.gaierror as exc:
+            raise AlertDeliveryError(f"webhook {where}: cannot resolve host ({exc})") from None
+        addresses = [ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos]
+    for address in addresses:
+        if not address.is_global:
+            raise AlertDeliveryError(
+                f"webhook {where}: {address} is not a public address (allow_private=False)"
+            )
 
 
 class AlertRouter:
@@ -990,6 +1135,8 @@ class AlertRouter:
         self.db = db
         self.memory = memory
         self._seen: dict[str, datetime] = {}
+        self._alerts: dict[str, Alert] = {}
+        self._delivered: defaultdict[str, set[str]] = defaultdict(set)
 
     def add_sink(self, sink: AlertSink) -> None:
         self.sinks.append(sink)
@@ -998,22 +1145,41 @@ class AlertRouter:
         """Deliver ``alert`` unless its rule, subject and window were delivered; say which."""
         return bool(await self.emit_many([alert], db=db))
 
+    def sink_names(self) -> list[str]:
+        """A stable name per sink (``webhook https://host``), what delivery is noted by."""
+        names: list[str] = []
+        for sink in self.sinks:
+            base = str(getattr(sink, "name", None) or type(sink).__name__)
+            name, n = base, 1
+            while name in names:
+                n += 1
+                name = f"{base}#{n}"
+            names.append(name)
+        return names
+
     async def emit_many(
         self, alerts: Sequence[Alert], *, db: Database | None = None, now: datetime | None = None
     ) -> list[Alert]:
-        """Deliver the alerts not delivered yet; return those delivered."""
-        if not alerts:
-            return []
+        """Deliver the alerts not delivered yet, and retry earlier ones some sink did not
+        take; return the alerts recorded for the first time by this call."""
         now = now or utcnow()
         target = db or self.db
+        names = self.sink_names()
         if target is not None:
             async with target.begin() as conn:
-                new = await record_alerts(conn, alerts, now=now)
+                todo = await claim_deliveries(conn, alerts, now=now, sinks=names)
         else:
-            new = self._remember(alerts, now)
-        for alert in new:
-            await self._deliver(alert)
-        return new
+            todo = self._remember(alerts, now, names)
+        if not todo:
+            return []
+        results = [await self._deliver(d, names) for d in todo]
+        if target is not None:
+            async with target.begin() as conn:
+                await finish_deliveries(conn, results, now=now, sinks=names)
+        else:
+            for d, took, _error in results:
+                self._delivered[d.alert.key].update(took)
+        return [d.alert for d in todo if d.new]
 
     async def dlq_review(
         self,
@@ -1031,34 +1197,54 @@ class AlertRouter:
         )
         return await self.emit(alert, db=db)
 
-    def _remember(self, alerts: Sequence[Alert], now: datetime) -> list[Alert]:
+    def _remember(self, alerts: Sequence[Alert], now: datetime, names: list[str]) -> list[Delivery]:
         for key, at in list(self._seen.items()):
             if now - at > self.memory:
-                del self._seen[key]
-        new: list[Alert] = []
+                del self._seen[key], self._delivered[key], self._alerts[key]
+        todo: list[Delivery] = []
         for a in alerts:
             if a.key not in self._seen:
                 self._seen[a.key] = now
-                new.append(a)
-        return new
+                self._alerts[a.key] = a
+                todo.append(Delivery(None, a, list(names), True))
+        fresh = {d.alert.key for d in todo}
+        for key, a in self._alerts.items():
+            missing = [n for n in names if n not in self._delivered[key]]
+            if key not in fresh and missing:
+                todo.append(Delivery(None, a, missing, False))
+        return todo
 
-    async def _deliver(self, alert: Alert) -> None:
+    async def _deliver(
+        self, d: Delivery, names: list[str]
+    ) -> tuple[Delivery, list[str], str | None]:
+        """Hand ``d.alert`` to the sinks named in ``d.sinks``; say which took it."""
         from synckit.runtime.metrics import record_alert  # metrics imports this module
 
-        record_alert(alert.rule)
-        results = await asyncio.gather(*(s(alert) for s in self.sinks), return_exceptions=True)
-        for sink, result in zip(self.sinks, results, strict=True):
+        if d.new:
+            record_alert(d.alert.rule)
+        chosen = [(n, s) for n, s in zip(names, self.sinks, strict=True) if n in d.sinks]
+        results = await asyncio.gather(*(s(d.alert) for _, s in chosen), return_exceptions=True)
+        took: list[str] = []
+        errors: list[str] = []
+        for (name, _sink), result in zip(chosen, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result
-                # One broken sink (a webhook down) must not silence the others.
+                # One broken sink (a webhook down) must not silence the others; it is
+                # tried again at the next evaluation.
+                error = redact_text(str(result))[:300]
+                errors.append(f"{name}: {error}")
                 log.error(
                     "alert.sink_failed",
-                    rule=alert.rule,
-                    subject=alert.subject,
-                    sink=type(sink).__name__,
-                    error=str(result),
+                    rule=d.alert.rule,
+                    subject=d.alert.subject,
+                    sink=name,
+                    error=error,
+                    retry="at the next evaluation",
                 )
+            else:
+                took.append(name)
+        return d, took, "; ".join(errors) or None
 
 
 _router = AlertRouter()
@@ -1170,6 +1356,8 @@ def bind_database(registry: Registry, db: Database) -> None:
 __all__ = [
     "ALERTS_KIND",
     "ALERT_RECORD_KIND",
+    "DELIVERY_LEASE",
+    "GIVE_UP_AFTER",
     "POLL_KIND",
     "Alert",
     "AlertData",
@@ -1181,6 +1369,7 @@ __all__ = [
     "BudgetRule",
     "CallbackSink",
     "ConnectionState",
+    "Delivery",
     "DeployRegression",
     "DlqAcceleration",
     "DlqGrowth",
@@ -1195,10 +1384,12 @@ __all__ = [
     "TenantOutlier",
     "WebhookSink",
     "bind_database",
+    "claim_deliveries",
     "dlq_growth",
     "dlq_in_review",
     "dlq_review_alert",
     "emit_alert",
+    "finish_deliveries",
     "get_alert_router",
     "load_alert_data",
     "load_connections",

@@ -21,6 +21,7 @@ from synckit.runtime.alerts import (
     ALERT_RECORD_KIND,
     ALERTS_KIND,
     Alert,
+    AlertDeliveryError,
     AlertEvaluator,
     AlertRouter,
     BudgetRule,
@@ -403,7 +404,7 @@ async def test_webhook_that_keeps_failing_is_logged_not_raised(
     db: Database, hook_server: Hook
 ) -> None:
     """After its attempts, a failing webhook is logged as alert.sink_failed; the
-    evaluation itself succeeds and the alert stays recorded (no re-delivery storm)."""
+    evaluation itself succeeds and the alert stays recorded, undelivered to that sink."""
     await add_connection(db, "epsilon", "hubspot", status="needs_reauth")
     hook_server.statuses = [500, 502, 503]
     router = AlertRouter([WebhookSink(hook_server.url, attempts=3, backoff=0.01)], db=db)
@@ -412,3 +413,100 @@ async def test_webhook_that_keeps_failing_is_logged_not_raised(
     assert len(fired) == 1 and len(hook_server.bodies) == 3
     failed = [e for e in logs if e["event"] == "alert.sink_failed"]
     assert failed and "HTTP 503" in failed[0]["error"]
+    async with db.begin() as conn:
+        row = (await conn.execute(select(jobs).where(jobs.c.kind == "synckit.alert_record"))).one()
+    assert row.finished_at is None and "HTTP 503" in row.last_error
+    assert list(row.payload["_delivered"]) == ["LogSink"]
+
+
+async def test_an_alert_the_webhook_missed_is_delivered_at_the_next_evaluation(
+    db: Database, hook_server: Hook
+) -> None:
+    """At least once: with the webhook down, the alert is retried at the next evaluation
+    to the webhook only (the log is not repeated), then never again."""
+    await add_connection(db, "epsilon", "hubspot", status="needs_reauth")
+    hook_server.statuses = [503]
+    router = AlertRouter([WebhookSink(hook_server.url, attempts=1)], db=db)
+    evaluator = AlertEvaluator(db, router=router)
+    with capture_logs() as logs:
+        assert len(await evaluator.evaluate(NOW)) == 1
+        assert await evaluator.evaluate(NOW + timedelta(minutes=1)) == []
+        assert await evaluator.evaluate(NOW + timedelta(minutes=2)) == []
+    assert len(hook_server.bodies) == 2  # the refused POST, then the retry that took it
+    assert hook_server.bodies[1]["subject"] == "epsilon"
+    assert [e["event"] for e in logs].count("alert.fired") == 1
+    async with db.begin() as conn:
+        row = (await conn.execute(select(jobs).where(jobs.c.kind == "synckit.alert_record"))).one()
+    assert row.finished_at is not None and row.last_error is None
+    assert sorted(row.payload["_delivered"]) == ["LogSink", f"webhook {hook_server.url[:-7]}"]
+
+
+async def test_an_alert_whose_condition_cleared_is_still_delivered(
+    db: Database, hook_server: Hook
+) -> None:
+    """The retry does not depend on the rule still firing: the record itself is retried."""
+    await add_connection(db, "epsilon", "hubspot", status="needs_reauth")
+    hook_server.statuses = [503]
+    router = AlertRouter([WebhookSink(hook_server.url, attempts=1)], db=db)
+    await AlertEvaluator(db, router=router).evaluate(NOW)
+    async with db.begin() as conn:
+        await conn.execute(connections.update().values(status="active"))
+    await AlertEvaluator(db, router=router).evaluate(NOW + timedelta(minutes=1))
+    assert [b["rule"] for b in hook_server.bodies].count("needs_reauth") == 2
+
+
+async def test_router_without_database_retries_in_memory() -> None:
+    """Without a database, a sink that failed gets the alert at the next emit."""
+    calls: list[str] = []
+
+    def flaky(alert: Alert) -> None:
+        calls.append(alert.subject)
+        if len(calls) == 1:
+            raise RuntimeError("down")
+
+    router = AlertRouter([CallbackSink(flaky)], log_sink=False)
+    alert = Alert("r", "s", "m", NOW, "w")
+    assert await router.emit_many([alert], now=NOW) == [alert]
+    assert await router.emit_many([], now=NOW) == []
+    assert await router.emit_many([alert], now=NOW) == []
+    assert calls == ["s", "s"]
+
+
+def test_webhook_sink_accepts_http_and_https_only() -> None:
+    """file:, gopher: or a URL without a host is refused when the sink is made."""
+    from synckit.errors.exceptions import ConfigurationError
+
+    for url in ("file:///etc/passwd", "gopher://x/", "ftp://h/x", "http:///nohost"):
+        with pytest.raises(ConfigurationError):
+            WebhookSink(url)
+    assert WebhookSink("https://hooks.example/T/B/secretpath").where == "https://hooks.example"
+
+
+async def test_webhook_sink_can_refuse_private_addresses(hook_server: Hook) -> None:
+    """allow_private=False refuses loopback, link-local (cloud metadata) and private
+    hosts before sending anything; errors and logs name scheme and host, never the path."""
+    for url in (
+        hook_server.url + "/T000/B000/SeCrEtPaTh",
+        "http://169.254.169.254/latest/meta-data/SeCrEtPaTh",
+        "http://10.1.2.3/SeCrEtPaTh",
+        "http://localhost:9/SeCrEtPaTh",
+    ):
+        sink = WebhookSink(url, allow_private=False, attempts=1)
+        with pytest.raises(AlertDeliveryError, match="not a public address") as info:
+            await sink(Alert("r", "s", "m", NOW, "w"))
+        assert "SeCrEtPaTh" not in str(info.value)
+    assert hook_server.bodies == []
+
+
+async def test_webhook_failure_logs_never_show_the_url_path(db: Database) -> None:
+    """A Slack-style secret path stays out of the sink_failed log and the stored error."""
+    await add_connection(db, "epsilon", "hubspot", status="needs_reauth")
+    router = AlertRouter(
+        [WebhookSink("http://127.0.0.1:9/services/T0/B0/SeCrEt", attempts=1)], db=db
+    )
+    with capture_logs() as logs:
+        await AlertEvaluator(db, router=router).evaluate(NOW)
+    assert "SeCrEt" not in repr(logs)
+    async with db.begin() as conn:
+        stored = (await conn.execute(select(jobs.c.last_error, jobs.c.payload))).all()
+    assert stored and "SeCrEt" not in repr(stored)
