@@ -844,6 +844,9 @@ def create_app(config: WebConfig, *, database: Database | None = None) -> Starle
     disposed of when it stops; ``database`` gives one the caller owns instead.
     """
     state = _State(config)
+    # A database the caller owns serves at once (also without a lifespan, as under
+    # httpx's ASGITransport).
+    state.db = database
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
