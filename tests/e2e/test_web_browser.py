@@ -121,7 +121,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+        why = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+        if os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1":
+            pytest.fail(why + " (SYNCKIT_REQUIRE_SERVICES=1; .ci/run installs it)")
+        pytest.skip(why)
     with playwright_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:

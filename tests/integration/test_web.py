@@ -256,3 +256,23 @@ async def test_every_form_carries_the_csrf_token(db: Database, migrated_url: str
         r = client.post("/tenants/acme/pause", data={"csrf": token.group(1)})
         assert r.status_code == 303
     assert (await get_tenant(db, "acme")).status == "paused"
+
+
+async def test_every_action_is_logged_with_who_what_and_outcome(
+    db: Database, migrated_url: str
+) -> None:
+    from structlog.testing import capture_logs
+
+    await seed(db)
+    with console(migrated_url) as client, capture_logs() as logs:
+        post(client, "/tenants/acme/pause")
+        post(client, "/tenants/umbrella/resume")
+        client.post("/tenants/acme/resume", data={})
+    events = [(e["event"], e.get("action"), e.get("target")) for e in logs]
+    assert events == [
+        ("web.action", "tenant.pause", "acme"),
+        ("web.action_failed", "tenant.resume", "umbrella"),
+        ("web.action_refused", None, None),
+    ]
+    assert logs[0]["who"] == "local@testclient" and logs[0]["outcome"] == "acme paused"
+    assert logs[2]["path"] == "/tenants/acme/resume"
