@@ -21,7 +21,7 @@ Two layers, because they see different things:
   (:func:`synckit.runtime.pacing.record_rate_limit`: in-flight answers of one burst are
   one event); when the pace it leads to fits in ``max_inline_wait`` the request is sent
   again after it (at most :data:`MAX_INLINE_RETRIES` times; a non-idempotent method only
-  after a 429, which says the server refused it), else :class:`~synckit.errors.RateLimited`
+  after a refusal, a 429 or a rate-limited 403/509), else :class:`~synckit.errors.RateLimited`
   carries the clamped wait. Transport errors (timeouts, resets) are translated the same
   way, ``from`` the httpx error. Hooks never check status codes.
 
@@ -55,6 +55,7 @@ from synckit.runtime import pacing
 from synckit.runtime.db import Database
 
 __all__ = [
+    "ERROR_BODY_LIMIT",
     "MAX_INLINE_RETRIES",
     "REFRESH_SECONDS",
     "SENT_AT",
@@ -62,6 +63,7 @@ __all__ = [
     "Pacer",
     "SyncClient",
     "api_error",
+    "read_capped",
 ]
 
 log = structlog.get_logger("synckit.http")
@@ -378,8 +380,16 @@ class SyncClient(httpx.AsyncClient):
         self, request: httpx.Request, **kwargs: Any
     ) -> tuple[httpx.Response, Classification | None]:
         """One send; the response and, when it is a failure, its classification."""
+        stream = bool(kwargs.pop("stream", False))
         try:
-            response = await super().send(request, **kwargs)
+            # Streamed, so that an error body is read only up to ERROR_BODY_LIMIT.
+            response = await super().send(request, stream=True, **kwargs)
+            if response.status_code < 400 and not stream:
+                try:
+                    await response.aread()
+                except BaseException:
+                    await response.aclose()
+                    raise
         except httpx.HTTPError as exc:
             c = self.connector.classify(None, exc, self.clock())
             raise api_error(c, request) from exc
@@ -387,9 +397,9 @@ class SyncClient(httpx.AsyncClient):
             return response, None
         try:
             if response.status_code >= 400:
-                # Error bodies are small and the classifier may read them (rate-limit
-                # messages in a 403, a connector's body rules).
-                await response.aread()
+                # The classifier may read an error body (rate-limit messages in a 403, a
+                # connector's body rules); a hostile one (32 MiB) costs 64 KiB, no more.
+                await read_capped(response)
             c = self.connector.classify(response, None, self.clock())
         except BaseException:
             await response.aclose()
@@ -400,12 +410,39 @@ class SyncClient(httpx.AsyncClient):
         return response, c
 
 
+#: How much of an error body is read: enough for any API's error message.
+ERROR_BODY_LIMIT = 64 * 1024
+
+
+async def read_capped(response: httpx.Response, limit: int = ERROR_BODY_LIMIT) -> bytes:
+    """Read at most ``limit`` bytes of ``response``'s (decoded) body, close it, and leave
+    them as ``response.content``; a transport error mid-body keeps what arrived."""
+    buf = bytearray()
+    try:
+        async for chunk in response.aiter_bytes():
+            buf += chunk
+            if len(buf) >= limit:
+                break
+    except httpx.HTTPError:
+        pass  # the status already says it failed; the body was only a detail
+    finally:
+        await response.aclose()
+    response._content = bytes(buf[:limit])  # what .content, .text and .json() read
+    return response._content
+
+
+# Rate-limited statuses that say the server refused the request without acting on it.
+_REFUSALS = frozenset({403, 429, 509})
+
+
 def _may_resend(request: httpx.Request, status: int) -> bool:
     """Whether a rate-limited request may be sent again inline.
 
-    A non-idempotent request only after a 429 (the server refused it unprocessed), and
-    only a request whose body is in memory (a streamed one cannot be replayed).
+    A non-idempotent request only after a refusal (a 429, or a 403/509 classified as a
+    rate limit: GitHub answers its exhausted quota with 403 + ``X-RateLimit-Remaining:
+    0``), never after a 503, which a proxy may send after the origin acted; and only a
+    request whose body is in memory (a streamed one cannot be replayed).
     """
-    if request.method.upper() not in _IDEMPOTENT and status != 429:
+    if request.method.upper() not in _IDEMPOTENT and status not in _REFUSALS:
         return False
     return isinstance(request.stream, httpx.ByteStream)
