@@ -289,7 +289,7 @@ def load_app(spec: str) -> object:
     ):
         raise CliError(
             f"--app {spec!r}: a {type(value).__name__} is not a synckit App, Registry or "
-            "Replayers (it is loaded, never called)"
+            "Replayers (loaded, not called)"
         )
     return value
 

@@ -30,12 +30,12 @@ rate-limit headers or a rate-limit body
 403, 407                                    authorization  1
 404, 410                                    not_found      1
 409, 412, 423                               conflict       3
-400, 422, any other 4xx, a 2xx that is not  validation     1
-JSON when JSON was expected (an empty
-202/204/205 is fine), a body that does
-not parse (json.JSONDecodeError)
+400, 422, any other 4xx                     validation     1
 500, 501, 505-599 except the above,         server_error   3
-undecodable content-encoding
+undecodable content-encoding, a 2xx that
+is not JSON when JSON was expected (an
+empty 202/204/205 is fine), a body that
+does not parse (json.JSONDecodeError)
 1xx/3xx/unexpected 2xx, out-of-range        unknown        3
 statuses, any other exception
 ==========================================  =============  =========================
@@ -214,7 +214,7 @@ class ClassifyRules:
     ``body_rules`` are tried in order on every response; a predicate that raises counts
     as not matching. ``by_status`` replaces the default class of a status outright (a
     403 mapped to authorization stays authorization even with rate-limit headers).
-    ``expect_json`` makes a 2xx whose body is not JSON a validation error.
+    ``expect_json`` makes a 2xx whose body is not JSON a server error (breaker counted).
     ``max_attempts`` changes the attempt limit of a class; a limit above 1 makes the
     class retryable.
     """
@@ -341,7 +341,9 @@ def _from_exception(exc: BaseException, rules: ClassifyRules) -> Classification:
     if isinstance(exc, httpx.TransportError | TimeoutError | ConnectionError | DatabaseUnavailable):
         return _make(ErrorClass.TRANSIENT, reason, rules)
     if isinstance(exc, json.JSONDecodeError):
-        return _make(ErrorClass.VALIDATION, reason, rules)
+        # The server answered something that is not the JSON it serves (a maintenance
+        # page, a proxy's error): server-side, counted by the breaker, retried.
+        return _make(ErrorClass.SERVER_ERROR, reason, rules)
     return _make(ErrorClass.UNKNOWN, reason, rules)
 
 
@@ -391,7 +393,9 @@ def _from_response(
 
     if 200 <= status < 300:
         if expect_json and not _is_empty_ok(response) and not _is_json(response):
-            return make(ErrorClass.VALIDATION, f"{status_line}: body is not JSON")
+            # An HTML maintenance page behind a 200: the server is unwell, not the
+            # record; the breaker must count it.
+            return make(ErrorClass.SERVER_ERROR, f"{status_line}: body is not JSON")
         return None
     if status == 503 and wait is not None:
         return make(ErrorClass.RATE_LIMITED, f"{status_line} with a server-told wait")

@@ -140,7 +140,7 @@ def test_reason_is_the_status_line() -> None:
         (ConnectionResetError(), ErrorClass.TRANSIENT),
         (synckit.errors.DatabaseUnavailable("down"), ErrorClass.TRANSIENT),
         (httpx.DecodingError("bad gzip"), ErrorClass.SERVER_ERROR),
-        (json.JSONDecodeError("Expecting value", "<html>", 0), ErrorClass.VALIDATION),
+        (json.JSONDecodeError("Expecting value", "<html>", 0), ErrorClass.SERVER_ERROR),
         (ValueError("bug"), ErrorClass.UNKNOWN),
         (KeyError("x"), ErrorClass.UNKNOWN),
         (httpx.TooManyRedirects("loop"), ErrorClass.UNKNOWN),
@@ -394,24 +394,29 @@ def test_403_without_rate_limit_signal_is_authorization(
 # --- expected JSON -------------------------------------------------------------------
 
 
-def test_2xx_html_when_json_expected_is_validation() -> None:
-    """A 200 with an HTML body when JSON was expected is validation."""
+def test_2xx_html_when_json_expected_is_a_server_error() -> None:
+    """A 200 maintenance page when JSON was expected is the server's failure: retried and
+    counted by the breaker, not a per-record validation error."""
     resp = response(200, content=b"<html>maintenance</html>")
     verdict = classify(resp, now=NOW, expect_json=True)
-    assert (verdict.error_class, verdict.retryable) == (ErrorClass.VALIDATION, False)
+    assert (verdict.error_class, verdict.retryable, verdict.counts_for_breaker) == (
+        ErrorClass.SERVER_ERROR,
+        True,
+        True,
+    )
 
 
-def test_2xx_truncated_json_via_rules_is_validation() -> None:
+def test_2xx_truncated_json_via_rules_is_a_server_error() -> None:
     """expect_json in the connector's rules has the same effect as the parameter."""
     rules = ClassifyRules(expect_json=True)
     verdict = classify(response(200, content=b'{"items": ['), now=NOW, rules=rules)
-    assert verdict.error_class is ErrorClass.VALIDATION
+    assert verdict.error_class is ErrorClass.SERVER_ERROR
 
 
-def test_2xx_non_utf8_body_when_json_expected_is_validation() -> None:
+def test_2xx_non_utf8_body_when_json_expected_is_a_server_error() -> None:
     """Undecodable bytes are 'not JSON', never an exception."""
     verdict = classify(response(200, content=b"\xff\xfe\xfa"), now=NOW, expect_json=True)
-    assert verdict.error_class is ErrorClass.VALIDATION
+    assert verdict.error_class is ErrorClass.SERVER_ERROR
 
 
 def test_2xx_valid_json_is_not_validation() -> None:
@@ -424,13 +429,13 @@ def test_2xx_valid_json_is_not_validation() -> None:
 def test_empty_202_204_205_pass_the_json_check(status: int) -> None:
     """An empty 202/204/205 is a success under expect_json (Graph's sendMail: 202, no body)."""
     verdict = classify(response(status), now=NOW, expect_json=True)
-    assert verdict.error_class is not ErrorClass.VALIDATION
+    assert verdict.error_class is ErrorClass.UNKNOWN
 
 
 def test_202_with_a_non_json_body_still_fails_the_json_check() -> None:
     """Only an empty body is excused: a 202 carrying HTML is still not JSON."""
     verdict = classify(response(202, content=b"<html>"), now=NOW, expect_json=True)
-    assert verdict.error_class is ErrorClass.VALIDATION
+    assert verdict.error_class is ErrorClass.SERVER_ERROR
 
 
 def test_expect_json_parameter_overrides_rules() -> None:

@@ -1,0 +1,132 @@
+"""Hostile bodies at the API edge and dead poll cycles in the DLQ, on both engines."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from synckit import Connector
+from synckit.connectors.context import open_context
+from synckit.connectors.http import ERROR_BODY_LIMIT
+from synckit.dlq import store
+from synckit.errors import ClassifyRules, ErrorClass, classify
+from synckit.runtime.db import Database
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+KEY = "SeCrEtKeY0123456789"
+
+
+class Api(Connector):
+    name = "api"
+    base_url = "http://api.test"
+
+
+class JsonApi(Api):
+    classify_rules = ClassifyRules(expect_json=True)
+
+
+def streamed(status: int, total: int, pulled: list[int], **headers: str) -> httpx.MockTransport:
+    """An API answering ``total`` bytes, counting how many the client pulled."""
+
+    async def body() -> AsyncIterator[bytes]:
+        chunk = b"<html>" + b"x" * (16 * 1024 - 6)
+        sent = 0
+        while sent < total:
+            pulled.append(len(chunk))
+            sent += len(chunk)
+            yield chunk
+
+    return httpx.MockTransport(lambda r: httpx.Response(status, headers=headers, content=body()))
+
+
+async def test_a_32_mib_error_body_is_read_up_to_64_kib(db: Database) -> None:
+    """A 500 with a 32 MiB body fails as a server error having pulled about 64 KiB."""
+    pulled: list[int] = []
+    api = Api("acme", {})
+    transport = streamed(500, 32 * 1024 * 1024, pulled)
+    async with open_context(db, api, resource_key="api:acme", transport=transport) as ctx:
+        with pytest.raises(Exception) as raised:
+            await ctx.http.get("/items")
+    assert classify(exc=raised.value, now=NOW).error_class is ErrorClass.SERVER_ERROR
+    assert sum(pulled) <= ERROR_BODY_LIMIT + 16 * 1024
+
+
+async def test_a_2xx_maintenance_page_is_a_server_error_counted_by_the_breaker(
+    db: Database,
+) -> None:
+    """A 200 HTML page where JSON is expected is the server's failure (retried, breaker
+    counted), not a per-record validation error; a JSON 200 still passes."""
+    html = httpx.MockTransport(
+        lambda r: httpx.Response(200, content=b"<html>Down for maintenance</html>")
+    )
+    async with open_context(
+        db, JsonApi("acme", {}), resource_key="api:acme", transport=html
+    ) as ctx:
+        with pytest.raises(Exception) as raised:
+            await ctx.http.get("/items")
+    verdict = classify(exc=raised.value, now=NOW)
+    assert verdict.error_class is ErrorClass.SERVER_ERROR
+    assert verdict.counts_for_breaker and verdict.retryable
+    good = httpx.MockTransport(lambda r: httpx.Response(200, json={"items": []}))
+    async with open_context(
+        db, JsonApi("acme", {}), resource_key="api:acme", transport=good
+    ) as ctx:
+        assert (await ctx.http.get("/items")).json() == {"items": []}
+
+
+async def test_a_json_decode_error_in_a_handler_is_a_server_error() -> None:
+    """response.json() on a maintenance page raises JSONDecodeError: server-side."""
+    with pytest.raises(ValueError) as raised:
+        httpx.Response(200, content=b"<html>").json()
+    assert classify(exc=raised.value, now=NOW).error_class is ErrorClass.SERVER_ERROR
+
+
+async def capture_dead_cycle(db: Database, job_id: int, stream: str, at: datetime) -> Any:
+    async with db.begin() as conn:
+        return await store.capture(
+            conn,
+            tenant="acme",
+            connector="graph",
+            kind="synckit.poll",
+            record_id=f"job:{job_id}",
+            payload={"tenant": "acme", "connector": "graph", "stream": stream},
+            error_class="server_error",
+            message=f"GET https://api.test/items?api_key={KEY}: HTTP 200: body is not JSON",
+            traceback=f"Traceback\nValueError: X-Api-Key: {KEY}",
+            job_id=job_id,
+            now=at,
+        )
+
+
+async def test_dead_poll_cycles_of_a_stream_are_one_dead_letter(db: Database) -> None:
+    """Every tick of a failing tenant/stream dies into the same row (counted), another
+    stream has its own, and an ordinary dead job keeps its job:<id> key."""
+    got = [
+        await capture_dead_cycle(db, 100 + n, "users", NOW + timedelta(minutes=n)) for n in range(5)
+    ]
+    other = await capture_dead_cycle(db, 200, "groups", NOW)
+    assert len({g.id for g in got}) == 1 and got[0].created and not got[-1].created
+    assert other.id != got[0].id
+    row = await store.get(db, got[0].id)
+    assert row.record_id == "job:poll:users" and row.is_job and row.job_id == 104
+    assert row.attempt_count == 5 and len(row.history) == 5
+    assert KEY not in repr((row.error_message, row.history, row.traceback))
+    async with db.begin() as conn:
+        plain = await store.capture(
+            conn,
+            tenant="acme",
+            connector="graph",
+            kind="sync.things",
+            record_id="job:7",
+            payload={"stream": "users"},
+            error_class="unknown",
+            message="boom",
+            job_id=7,
+            now=NOW,
+        )
+    assert (await store.get(db, plain.id)).record_id == "job:7"
+    assert store.dead_job_record_id("synckit.poll", {"stream": ""}, 9) == "job:9"
