@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import importlib
 import json
 import logging
@@ -188,12 +189,29 @@ def db_current(database_url: str | None) -> None:
 
 @cli.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 10_000),
+    default=50,
+    show_default=True,
+    help="Tenants per page.",
+)
+@click.option("--after", help="Start the page after this tenant (the previous page's last).")
+@click.option("--all", "every", is_flag=True, help="Every tenant at once (slow with many).")
 @database_option
-def status_cmd(as_json: bool, database_url: str | None) -> None:
-    """Show tenants (breaker, lag, error budget, DLQ), queue depth and alerts at a glance."""
+def status_cmd(
+    as_json: bool, limit: int, after: str | None, every: bool, database_url: str | None
+) -> None:
+    """Show tenants (breaker, lag, error budget, DLQ), queue depth and alerts at a glance.
+
+    Tenants are summed by status and shown a page at a time, by name.
+    """
     from synckit.runtime.status import read_status, render_status
 
-    snapshot = run(read_status, database_url)
+    snapshot = run(
+        functools.partial(read_status, limit=None if every else limit, after=after),
+        database_url,
+    )
     if as_json:
         click.echo(json.dumps(snapshot.to_json(), indent=2, sort_keys=True))
         return

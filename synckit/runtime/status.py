@@ -1,5 +1,10 @@
 """What ``synckit status`` reports: a read-only snapshot of the runtime's tables.
 
+At scale it pages: counts of tenants by status and of breakers by state are summed in
+SQL, and only one page of tenants (by name, after a keyset cursor) is read in full. The
+alert rules are evaluated on the spot up to ``ALERTS_ON_THE_SPOT`` tenants (they read
+every tenant); beyond, the alerts the worker delivered are shown.
+
 Per tenant: connection status, breaker state, next available time, last successful
 poll and lag, error budget over the budget window, dead letters. Then queue depth by
 kind and status, and alerts: those the rules call for right now (evaluated on the spot,
@@ -12,14 +17,17 @@ The small named reads (:func:`queue_depth`, :func:`dead_letter_counts`,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select
+from sqlalchemy import any_, bindparam, func, literal_column, select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.types import Text
 
 from synckit.runtime.alerts import (
     ALERT_RECORD_KIND,
@@ -27,13 +35,23 @@ from synckit.runtime.alerts import (
     ConnectionState,
     RuleSet,
     load_alert_data,
+    load_connections,
     recent_alerts,
 )
 from synckit.runtime.audit import Totals, totals_by_tenant, window_start
 from synckit.runtime.budget import BudgetPolicy
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import utcnow
-from synckit.runtime.schema import dead_letters, jobs, outbox, resources
+from synckit.runtime.poll import POLL_KIND
+from synckit.runtime.schema import (
+    audit_buckets,
+    checkpoints,
+    connections,
+    dead_letters,
+    jobs,
+    outbox,
+    resources,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -78,6 +96,13 @@ class Status:
     alerts_firing: list[Alert] = field(default_factory=list)
     #: Alerts delivered in the last day, newest first.
     alerts_recent: list[Alert] = field(default_factory=list)
+    #: Every tenant (connections row) by status, and resources by breaker state.
+    tenants_by_status: dict[str, int] = field(default_factory=dict)
+    breakers_by_state: dict[str, int] = field(default_factory=dict)
+    #: The cursor of the next page of tenants (None: this was the last).
+    next_after: str | None = None
+    #: False when there were too many tenants to evaluate the alert rules on the spot.
+    alerts_evaluated: bool = True
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -97,6 +122,9 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
+
+
+_TEXT_ARRAY = ARRAY(Text())
 
 
 # --- named reads ------------------------------------------------------------------------
@@ -119,14 +147,36 @@ async def queue_depth(
     return out
 
 
-async def dead_letter_counts(conn: AsyncConnection) -> dict[tuple[str, str, str], int]:
-    """Dead letters by ``(tenant, connector, status)``."""
-    rows = await conn.execute(
-        select(
-            dead_letters.c.tenant, dead_letters.c.connector, dead_letters.c.status, func.count()
-        ).group_by(dead_letters.c.tenant, dead_letters.c.connector, dead_letters.c.status)
+def _among(conn: AsyncConnection, column: Any, values: Sequence[str]) -> Any:
+    """``column`` is one of ``values``, as one array parameter whatever their number."""
+    if conn.dialect.name == "postgresql":
+        return column == any_(bindparam("among", list(values), type_=_TEXT_ARRAY, unique=True))
+    return column.in_(
+        select(literal_column("value")).select_from(
+            func.json_each(bindparam("among", json.dumps(list(values)), unique=True))
+        )
     )
+
+
+async def dead_letter_counts(
+    conn: AsyncConnection, *, tenants: Sequence[str] | None = None
+) -> dict[tuple[str, str, str], int]:
+    """Dead letters by ``(tenant, connector, status)`` (of ``tenants`` only, if given)."""
+    stmt = select(
+        dead_letters.c.tenant, dead_letters.c.connector, dead_letters.c.status, func.count()
+    ).group_by(dead_letters.c.tenant, dead_letters.c.connector, dead_letters.c.status)
+    if tenants is not None:
+        stmt = stmt.where(_among(conn, dead_letters.c.tenant, tenants))
+    rows = await conn.execute(stmt)
     return {(t, c, s): int(n) for t, c, s, n in rows}
+
+
+async def dead_letter_totals(conn: AsyncConnection) -> dict[str, int]:
+    """Dead letters by status."""
+    rows = await conn.execute(
+        select(dead_letters.c.status, func.count()).group_by(dead_letters.c.status)
+    )
+    return {s: int(n) for s, n in rows}
 
 
 @dataclass(frozen=True)
@@ -138,17 +188,20 @@ class BreakerInfo:
     last_error_class: str | None
 
 
-async def breaker_states(conn: AsyncConnection) -> dict[str, BreakerInfo]:
-    """Every resource's breaker, by resource key."""
-    rows = await conn.execute(
-        select(
-            resources.c.resource_key,
-            resources.c.state,
-            resources.c.next_available_at,
-            resources.c.consecutive_failures,
-            resources.c.last_error_class,
-        )
+async def breaker_states(
+    conn: AsyncConnection, *, keys: Sequence[str] | None = None
+) -> dict[str, BreakerInfo]:
+    """Every resource's breaker (of ``keys`` only, if given), by resource key."""
+    stmt = select(
+        resources.c.resource_key,
+        resources.c.state,
+        resources.c.next_available_at,
+        resources.c.consecutive_failures,
+        resources.c.last_error_class,
     )
+    if keys is not None:
+        stmt = stmt.where(_among(conn, resources.c.resource_key, keys))
+    rows = await conn.execute(stmt)
     return {
         r.resource_key: BreakerInfo(
             r.resource_key,
@@ -164,6 +217,10 @@ async def breaker_states(conn: AsyncConnection) -> dict[str, BreakerInfo]:
 # --- the snapshot -----------------------------------------------------------------------
 
 
+#: Up to this many tenants, ``read_status`` evaluates the alert rules on the spot.
+ALERTS_ON_THE_SPOT = 10_000
+
+
 async def read_status(
     db: Database,
     *,
@@ -171,27 +228,63 @@ async def read_status(
     budget: BudgetPolicy | None = None,
     rules: RuleSet | None = None,
     alerts_since: timedelta = timedelta(hours=24),
+    limit: int | None = None,
+    after: str | None = None,
 ) -> Status:
-    """Tenants' health, queue depth by kind and status, dead letters, the outbox, alerts."""
+    """Tenants' health, queue depth by kind and status, dead letters, the outbox, alerts.
+
+    ``limit`` reads one page of tenants (by name, after the tenant ``after``) and
+    ``next_after`` names the next; without it every tenant is read, with the tenants
+    that have outcomes or dead letters but no connection.
+    """
     now = now or utcnow()
     budget = budget or BudgetPolicy()
     rules = rules or RuleSet()
     async with db.begin() as conn:
         queue = await queue_depth(conn)
-        by_dlq = await dead_letter_counts(conn)
-        dlq: dict[str, int] = {}
-        for (_t, _c, s), n in by_dlq.items():
-            dlq[s] = dlq.get(s, 0) + n
+        dlq = await dead_letter_totals(conn)
         outbox_pending = (
             await conn.execute(
                 select(func.count()).select_from(outbox).where(outbox.c.status == "pending")
             )
         ).scalar_one()
-        breakers = await breaker_states(conn)
-        totals = await totals_by_tenant(conn, since=window_start(now, budget.window))
-        data = await load_alert_data(conn, now=now, rules=rules)
+        by_status = {
+            st: int(n)
+            for st, n in await conn.execute(
+                select(connections.c.status, func.count()).group_by(connections.c.status)
+            )
+        }
+        by_state = {
+            st: int(n)
+            for st, n in await conn.execute(
+                select(resources.c.state, func.count()).group_by(resources.c.state)
+            )
+        }
+        evaluate = sum(by_status.values()) <= ALERTS_ON_THE_SPOT
+        data = await load_alert_data(conn, now=now, rules=rules) if evaluate else None
+        since = window_start(now, budget.window)
+        next_after: str | None = None
+        if limit is None:
+            by_dlq = await dead_letter_counts(conn)
+            breakers = await breaker_states(conn)
+            totals = await totals_by_tenant(conn, since=since)
+            states = (
+                data.connections
+                if data is not None and data.connections
+                else await load_connections(conn)
+            )
+        else:
+            states = await _page(conn, limit=limit, after=after)
+            names = [st.tenant for st in states]
+            if len(states) == limit:
+                next_after = names[-1]
+            by_dlq = await dead_letter_counts(conn, tenants=names)
+            breakers = await breaker_states(
+                conn, keys=[st.resource_key or st.tenant for st in states]
+            )
+            totals = await _totals(conn, names, since)
         recent = await recent_alerts(conn, since=now - alerts_since)
-    tenants = _tenants(data.connections, breakers, totals, by_dlq, budget, now)
+    tenants = _tenants(states, breakers, totals, by_dlq, budget, now, only_known=limit is not None)
     return Status(
         database=db.display_url,
         queue=queue,
@@ -201,9 +294,96 @@ async def read_status(
         generated_at=now,
         budget=budget.budget,
         budget_window_seconds=budget.window.total_seconds(),
-        alerts_firing=rules.evaluate(data),
+        alerts_firing=rules.evaluate(data) if data is not None else [],
         alerts_recent=recent,
+        tenants_by_status=by_status,
+        breakers_by_state=by_state,
+        next_after=next_after,
+        alerts_evaluated=data is not None,
     )
+
+
+async def _page(conn: AsyncConnection, *, limit: int, after: str | None) -> list[ConnectionState]:
+    """One page of tenants by name with their last successful poll (a checkpoint write
+    or a poll job's success, as the alert rules see it)."""
+    stmt = (
+        select(
+            connections.c.tenant,
+            connections.c.connector,
+            connections.c.resource_key,
+            connections.c.status,
+            connections.c.status_reason,
+            connections.c.schedule,
+            connections.c.created_at,
+        )
+        .order_by(connections.c.tenant)
+        .limit(limit)
+    )
+    if after is not None:
+        stmt = stmt.where(connections.c.tenant > after)
+    rows = list(await conn.execute(stmt))
+    if not rows:
+        return []
+    names = [r.tenant for r in rows]
+    last_checkpoint = {
+        (t, c): at
+        for t, c, at in await conn.execute(
+            select(
+                checkpoints.c.tenant, checkpoints.c.connector, func.max(checkpoints.c.updated_at)
+            )
+            .where(_among(conn, checkpoints.c.tenant, names))
+            .group_by(checkpoints.c.tenant, checkpoints.c.connector)
+        )
+    }
+    last_poll = {
+        key: at
+        for key, at in await conn.execute(
+            select(jobs.c.resource_key, func.max(jobs.c.finished_at))
+            .where(
+                jobs.c.kind == POLL_KIND,
+                jobs.c.status == "succeeded",
+                _among(conn, jobs.c.resource_key, [r.resource_key for r in rows]),
+            )
+            .group_by(jobs.c.resource_key)
+        )
+    }
+    out = []
+    for r in rows:
+        seen = [
+            x
+            for x in (last_checkpoint.get((r.tenant, r.connector)), last_poll.get(r.resource_key))
+            if x is not None
+        ]
+        out.append(
+            ConnectionState(
+                tenant=r.tenant,
+                connector=r.connector,
+                status=r.status,
+                schedule=r.schedule,
+                created_at=r.created_at,
+                last_success_at=max(seen) if seen else None,
+                status_reason=r.status_reason,
+                resource_key=r.resource_key,
+            )
+        )
+    return out
+
+
+async def _totals(
+    conn: AsyncConnection, tenants: Sequence[str], since: datetime
+) -> dict[str, Totals]:
+    if not tenants:
+        return {}
+    rows = await conn.execute(
+        select(
+            audit_buckets.c.tenant,
+            func.coalesce(func.sum(audit_buckets.c.ok), 0),
+            func.coalesce(func.sum(audit_buckets.c.failed), 0),
+        )
+        .where(audit_buckets.c.minute >= since, _among(conn, audit_buckets.c.tenant, tenants))
+        .group_by(audit_buckets.c.tenant)
+    )
+    return {t: Totals(int(ok), int(failed)) for t, ok, failed in rows}
 
 
 def _tenants(
@@ -213,6 +393,8 @@ def _tenants(
     by_dlq: dict[tuple[str, str, str], int],
     budget: BudgetPolicy,
     now: datetime,
+    *,
+    only_known: bool = False,
 ) -> list[TenantStatus]:
     dlq_of: dict[str, dict[str, int]] = {}
     connector_of: dict[str, str] = {}
@@ -223,7 +405,7 @@ def _tenants(
     known = {s.tenant: s for s in states}
     # Tenants with outcomes or dead letters but no connection row (plain queue users
     # whose jobs name only a resource key) are shown too.
-    names = sorted(set(known) | set(totals) | set(dlq_of))
+    names = sorted(set(known) if only_known else set(known) | set(totals) | set(dlq_of))
     out: list[TenantStatus] = []
     for tenant in names:
         s = known.get(tenant)
@@ -280,10 +462,23 @@ def _when(moment: datetime | None) -> str:
 
 
 def render_status(status: Status, console: Console) -> None:
-    """Print ``status`` as rich tables: tenants, queue, alerts, dead letters and outbox."""
+    """Print ``status`` as rich tables: tenants, queue, alerts, dead letters and outbox.
+
+    Every stored text (tenant names, reasons, alert messages) is escaped: it is data,
+    never rich markup.
+    """
+    from rich.markup import escape
     from rich.table import Table
 
-    console.print(f"[bold]synckit[/bold] {status.database}  at {_when(status.generated_at)}")
+    console.print(
+        f"[bold]synckit[/bold] {escape(status.database)}  at {_when(status.generated_at)}"
+    )
+    total = sum(status.tenants_by_status.values())
+    if total:
+        parts = ", ".join(f"{n} {escape(k)}" for k, n in sorted(status.tenants_by_status.items()))
+        open_ = {k: n for k, n in status.breakers_by_state.items() if k != "closed"}
+        breakers = ", ".join(f"{n} {escape(k)}" for k, n in sorted(open_.items())) or "all closed"
+        console.print(f"Tenants: {total} ({parts})    Breakers: {breakers}")
     hours = status.budget_window_seconds / 3600
     tenants = Table(title="Tenants")
     for col in (
@@ -303,12 +498,15 @@ def render_status(status: Status, console: Console) -> None:
     colour = {"healthy": "green", "watch": "yellow", "alert": "bold red"}
     for t in status.tenants:
         state = t.status if not t.status_reason else f"{t.status}: {t.status_reason[:40]}"
-        breaker = t.breaker if t.breaker == "closed" else f"[bold red]{t.breaker}[/bold red]"
-        burn = f"[{colour.get(t.budget_level, 'white')}]{t.budget_burn:.0%} {t.budget_level}[/]"
+        breaker = escape(t.breaker)
+        if t.breaker != "closed":
+            breaker = f"[bold red]{breaker}[/bold red]"
+        level = t.budget_level
+        burn = f"[{colour.get(level, 'white')}]{t.budget_burn:.0%} {escape(level)}[/]"
         tenants.add_row(
-            t.tenant,
-            t.connector or "-",
-            state,
+            escape(t.tenant),
+            escape(t.connector or "-"),
+            escape(state),
             breaker,
             _when(t.next_available_at),
             _when(t.last_success_at),
@@ -319,14 +517,18 @@ def render_status(status: Status, console: Console) -> None:
             str(t.dlq_review),
         )
     if not status.tenants:
-        tenants.caption = "no tenants yet"
+        tenants.caption = "no tenants yet" if not total else "no tenants on this page"
+    elif status.next_after is not None:
+        tenants.caption = escape(
+            f"{len(status.tenants)} of {total}; next page: --after {status.next_after}"
+        )
     console.print(tenants)
     queue = Table(title="Queue")
     queue.add_column("kind")
     for s in _QUEUE_STATUSES:
         queue.add_column(s, justify="right")
     for kind, counts in sorted(status.queue.items()):
-        queue.add_row(kind, *(str(counts.get(s, 0)) for s in _QUEUE_STATUSES))
+        queue.add_row(escape(kind), *(str(counts.get(s, 0)) for s in _QUEUE_STATUSES))
     if not status.queue:
         queue.caption = "no jobs yet"
     console.print(queue)
@@ -334,22 +536,38 @@ def render_status(status: Status, console: Console) -> None:
     for col in ("", "severity", "rule", "subject", "since", "message"):
         alerts.add_column(col)
     for a in status.alerts_firing:
-        alerts.add_row("firing", a.severity.value, a.rule, a.subject, "now", a.message)
+        alerts.add_row(
+            "firing", a.severity.value, escape(a.rule), escape(a.subject), "now", escape(a.message)
+        )
     for a in status.alerts_recent:
-        alerts.add_row("sent", a.severity.value, a.rule, a.subject, _when(a.fired_at), a.message)
-    if not status.alerts_firing and not status.alerts_recent:
+        alerts.add_row(
+            "sent",
+            a.severity.value,
+            escape(a.rule),
+            escape(a.subject),
+            _when(a.fired_at),
+            escape(a.message),
+        )
+    if not status.alerts_evaluated:
+        alerts.caption = (
+            f"more than {ALERTS_ON_THE_SPOT} tenants: the rules were not evaluated here; "
+            "alerts the worker sent are shown"
+        )
+    elif not status.alerts_firing and not status.alerts_recent:
         alerts.caption = "no alerts"
     console.print(alerts)
-    dlq = ", ".join(f"{k} {v}" for k, v in sorted(status.dead_letters.items())) or "empty"
+    dlq = ", ".join(f"{escape(k)} {v}" for k, v in sorted(status.dead_letters.items())) or "empty"
     console.print(f"Dead letters: {dlq}    Outbox pending: {status.outbox_pending}")
 
 
 __all__ = [
+    "ALERTS_ON_THE_SPOT",
     "BreakerInfo",
     "Status",
     "TenantStatus",
     "breaker_states",
     "dead_letter_counts",
+    "dead_letter_totals",
     "queue_depth",
     "read_status",
     "render_status",

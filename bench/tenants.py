@@ -1,0 +1,210 @@
+"""Many tenants on one database: ``python -m bench.tenants [--sizes 1000,10000] [--json]``.
+
+Per size and engine (PostgreSQL; SQLite up to 10,000), with a trivial connector (one GET
+answered at once with one empty page, ``flow_app`` on ``synckit.testing.hostile``):
+
+* ``add_s``: adding every tenant with :func:`synckit.connectors.bulk.add_tenants`;
+* ``scheduler_all_due_s`` / ``scheduler_all_due_ok``: the first scheduler call after
+  that (every tenant due), in bounded runs, and whether it enqueued them all;
+* ``scheduler_none_due_ms``: a scheduler call with nothing due (median of 5);
+* ``claim_ms``: one claim of 32 jobs with every tenant's cycle pending (median of 10);
+* ``cycle_all_s_1w`` / ``cycle_all_s_2w``: one cycle of every tenant (at most
+  ``--cycle-limit`` of them; then the time is scaled up from the measured rate) with 1
+  and 2 ``synckit worker`` processes; ``polls_per_s_per_worker`` from the 1-worker run;
+* ``status_s``: ``read_status`` and its rendering (what ``synckit status`` does);
+* ``peak_rss_mb``: the largest worker RSS seen during the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import flow_app
+import psutil
+from procs import spawn_worker, stop_all
+from sqlalchemy import delete, func, select
+
+from bench.sync import ROOT, fresh_database  # also makes tests/apps importable
+from synckit.connectors.bulk import add_tenants
+from synckit.runtime import jobs as store
+from synckit.runtime.db import Database, open_database
+from synckit.runtime.jobs import JobSpec, enqueue_new, utcnow
+from synckit.runtime.logging import configure_logging
+from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
+from synckit.runtime.schema import jobs
+from synckit.runtime.status import read_status, render_status
+from synckit.testing.hostile import Behaviour, HostileProcess
+
+SQLITE_MAX = 10_000
+
+
+async def _timed(coro: Any) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = await coro
+    return time.perf_counter() - t0, out
+
+
+async def _poll_counts(db: Database) -> tuple[int, Any]:
+    async with db.begin() as conn:
+        row = (
+            await conn.execute(
+                select(func.count(), func.max(jobs.c.finished_at)).where(
+                    jobs.c.kind == POLL_KIND, jobs.c.status == "succeeded"
+                )
+            )
+        ).one()
+    return int(row[0]), row[1]
+
+
+async def _enqueue_cycles(db: Database, names: list[str]) -> None:
+    async with db.begin() as conn:
+        await conn.execute(delete(jobs).where(jobs.c.kind == POLL_KIND))
+    for i in range(0, len(names), 5000):
+        specs = [
+            JobSpec(
+                kind=POLL_KIND,
+                payload={"tenant": t, "connector": flow_app.CONNECTOR, "stream": "default"},
+                resource_key=f"{flow_app.CONNECTOR}:{t}",
+                unique_key=poll_key(t, "default"),
+                max_attempts=POLL_MAX_ATTEMPTS,
+            )
+            for t in names[i : i + 5000]
+        ]
+        async with db.begin() as conn:
+            await enqueue_new(conn, specs, now=utcnow())
+
+
+async def _cycle(
+    url: str, db: Database, api: HostileProcess, names: list[str], workers: int, logs: Path
+) -> tuple[float, int, float]:
+    """Seconds for one cycle of ``names`` with ``workers`` processes, how many finished,
+    and the largest worker RSS (MB)."""
+    env = flow_app.env_for(api.url)
+    procs = [
+        spawn_worker(
+            url, logs / f"w{workers}.log", "--concurrency", "64", env=env, app="flow_app:app"
+        )
+        for _ in range(workers)
+    ]
+    peak = 0.0
+    try:
+        await asyncio.sleep(1.5)  # imports and first connections, off the clock
+        await _enqueue_cycles(db, names)
+        t0 = time.time()
+        deadline = time.monotonic() + 600
+        done, last = 0, None
+        while time.monotonic() < deadline:
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    peak = max(peak, psutil.Process(p.pid).memory_info().rss / 2**20)
+            done, last = await _poll_counts(db)
+            if done >= len(names) or any(p.poll() is not None for p in procs):
+                break
+            await asyncio.sleep(0.2)
+        wall = (last.timestamp() - t0) if last is not None else 600.0
+    finally:
+        stop_all(procs, timeout=15)
+    return wall, done, peak
+
+
+async def measure(engine: str, size: int, cycle_limit: int, tmp: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with HostileProcess(Behaviour(pages=1, records=0, latency=0.0)) as api:
+        async with fresh_database(engine, tmp) as url:
+            db = open_database(url)
+            app = flow_app.make_app(api.url)
+            try:
+                names = [f"t{i:07d}" for i in range(size)]
+                rows = [
+                    {"tenant": t, "connector": flow_app.CONNECTOR, "schedule": "every 1d"}
+                    for t in names
+                ]
+                out["add_s"], added = await _timed(add_tenants(db, rows, app=app))
+                assert added.added == size, added.errors[:3]
+                out["scheduler_all_due_s"], fired = await _timed(app.schedule(db))
+                out["scheduler_all_due_ok"] = len(fired) == size
+                none = [(await _timed(app.schedule(db)))[0] for _ in range(5)]
+                out["scheduler_none_due_ms"] = statistics.median(none) * 1000
+                claims = []
+                for _ in range(10):
+                    dt, _claimed = await _timed(store.claim(db, "bench", 32))
+                    claims.append(dt)
+                out["claim_ms"] = statistics.median(claims) * 1000
+                sample = names[: min(size, cycle_limit)]
+                peak = 0.0
+                for w in (1, 2):
+                    wall, done, rss = await _cycle(url, db, api, sample, w, tmp)
+                    peak = max(peak, rss)
+                    rate = done / wall if wall > 0 else 0.0
+                    out[f"cycle_all_s_{w}w"] = size / rate if rate else None
+                    out[f"polls_per_s_{w}w"] = rate
+                out["polls_per_s_per_worker"] = out["polls_per_s_1w"]
+                out["cycle_sample"] = len(sample)
+                out["peak_rss_mb"] = peak
+                t0 = time.perf_counter()
+                snapshot = await read_status(db)
+                from rich.console import Console
+
+                render_status(snapshot, Console(file=io.StringIO(), width=200))
+                out["status_s"] = time.perf_counter() - t0
+            finally:
+                await db.dispose()
+                await app.aclose()
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
+
+
+async def bench(sizes: list[int], engines: list[str], cycle_limit: int) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine in engines:
+            for size in sizes:
+                if engine == "sqlite" and size > SQLITE_MAX:
+                    continue
+                print(f"{engine} {size} ...", file=sys.stderr, flush=True)
+                figures = await measure(engine, size, cycle_limit, Path(tmp))
+                result.setdefault(engine, {})[str(size)] = figures
+                print(f"  {json.dumps(figures)}", file=sys.stderr, flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.tenants", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="1000,10000,100000")
+    p.add_argument("--engines", default="postgresql,sqlite")
+    p.add_argument(
+        "--cycle-limit",
+        type=int,
+        default=20_000,
+        help="Tenants polled in the end-to-end runs (the rest scaled from the rate).",
+    )
+    p.add_argument("--json", action="store_true", help="Print one JSON object.")
+    args = p.parse_args(argv)
+    configure_logging(level=logging.WARNING)
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    engines = [e for e in args.engines.split(",") if e]
+    result = asyncio.run(bench(sizes, engines, args.cycle_limit))
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return
+    keys = sorted({k for per in result.values() for f in per.values() for k in f})
+    for engine, per in result.items():
+        print(f"{engine}:")
+        print("  " + "".join(f"{k:>26}" for k in ["size", *keys]))
+        for size, f in per.items():
+            print("  " + "".join(f"{v!s:>26}" for v in [size, *(f.get(k) for k in keys)]))
+
+
+if __name__ == "__main__":
+    _ = ROOT
+    main()

@@ -1,0 +1,64 @@
+"""`synckit status` at scale: counts in SQL, tenants by keyset pages, stored text escaped."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+
+from synckit import App, Connector, Page, SyncContext
+from synckit.connectors.bulk import add_tenants
+from synckit.connectors.tenants import pause_tenant
+from synckit.runtime.db import Database
+from synckit.runtime.status import read_status, render_status
+
+
+class Cfg(BaseModel):
+    token: str = "x"
+
+
+class Quiet(Connector[Cfg]):
+    name = "quiet"
+    base_url = "http://127.0.0.1:9"
+    config_model = Cfg
+
+    async def poll(self, ctx: SyncContext, checkpoint: Any) -> AsyncIterator[Page]:
+        yield Page([], checkpoint)
+
+    async def handle(self, ctx: SyncContext, record: Any) -> None:
+        return None
+
+
+async def test_status_pages_tenants_and_sums_them_in_sql(db: Database) -> None:
+    """Pages of `limit` tenants by name follow `next_after` to the end; the totals count
+    every tenant whatever the page."""
+    await add_tenants(
+        db, [{"tenant": f"t{i:02d}", "connector": "quiet"} for i in range(7)], app=App([Quiet])
+    )
+    await pause_tenant(db, "t03")
+    seen: list[str] = []
+    after = None
+    while True:
+        page = await read_status(db, limit=3, after=after)
+        assert page.tenants_by_status == {"active": 6, "paused": 1}
+        assert len(page.tenants) <= 3
+        seen += [t.tenant for t in page.tenants]
+        if page.next_after is None:
+            break
+        after = page.next_after
+    assert seen == [f"t{i:02d}" for i in range(7)]
+    assert (await read_status(db, limit=3)).tenants[0].connector == "quiet"
+
+
+async def test_stored_text_is_never_rich_markup(db: Database) -> None:
+    """A pause reason full of rich markup is printed as it was written."""
+    await add_tenants(db, [{"tenant": "acme", "connector": "quiet"}], app=App([Quiet]))
+    await pause_tenant(db, "acme", reason="[red]boom[/red] [link=http://x]y[/link]")
+    out = io.StringIO()
+    render_status(await read_status(db, limit=10), Console(file=out, width=300, color_system=None))
+    text = out.getvalue()
+    assert "[red]boom[/red]" in text
+    assert "Tenants: 1 (1 paused)" in text
