@@ -11,7 +11,8 @@ answered at once with one empty page, ``flow_app`` on ``synckit.testing.hostile`
 * ``cycle_all_s_1w`` / ``cycle_all_s_2w``: one cycle of every tenant (at most
   ``--cycle-limit`` of them; then the time is scaled up from the measured rate) with 1
   and 2 ``synckit worker`` processes; ``polls_per_s_per_worker`` from the 1-worker run;
-* ``status_s``: ``read_status`` and its rendering (what ``synckit status`` does);
+* ``status_s``: ``read_status`` of one page and its rendering (what ``synckit status``
+  does);
 * ``peak_rss_mb``: the largest worker RSS seen during the runs.
 """
 
@@ -153,7 +154,7 @@ async def measure(engine: str, size: int, cycle_limit: int, tmp: Path) -> dict[s
                 out["cycle_sample"] = len(sample)
                 out["peak_rss_mb"] = peak
                 t0 = time.perf_counter()
-                snapshot = await read_status(db)
+                snapshot = await read_status(db, limit=50)  # `synckit status`
                 from rich.console import Console
 
                 render_status(snapshot, Console(file=io.StringIO(), width=200))
