@@ -31,12 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import flow_app
 import psutil
-from procs import spawn_worker, stop_all
 from sqlalchemy import delete, func, select
 
-from bench.sync import ROOT, fresh_database  # also makes tests/apps importable
+from bench.sync import ROOT, fresh_database
 from synckit.connectors.bulk import add_tenants
 from synckit.runtime import jobs as store
 from synckit.runtime.db import Database, open_database
@@ -46,6 +44,11 @@ from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
 from synckit.runtime.schema import jobs
 from synckit.runtime.status import read_status, render_status
 from synckit.testing.hostile import Behaviour, HostileProcess
+
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "apps")]
+
+import flow_app  # noqa: E402  (tests/apps, made importable above)
+from procs import spawn_worker, stop_all  # noqa: E402
 
 SQLITE_MAX = 10_000
 
@@ -207,5 +210,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    _ = ROOT
     main()
