@@ -11,12 +11,15 @@ from typing import Protocol
 
 __all__ = [
     "BASE_DELAY",
+    "DEAD_CYCLES_REASON",
+    "DEAD_CYCLES_TO_PAUSE",
     "JITTER",
     "MAX_DELAY",
     "PROBE_WAIT",
     "REVIEW_CLASSES",
     "UniformSource",
     "blocked_until",
+    "dead_cycle_streak",
     "next_retry_delay",
 ]
 
@@ -30,6 +33,23 @@ JITTER = 0.25
 PROBE_WAIT = timedelta(seconds=30)
 #: Error classes that no replay can fix: they go to manual review at once.
 REVIEW_CLASSES = frozenset({"validation", "authorization"})
+
+#: Dead poll cycles of one tenant/stream in a row that pause the tenant (with an alert):
+#: past this, more cycles only add load on an API that keeps failing them.
+DEAD_CYCLES_TO_PAUSE = 5
+#: How the pause reason starts (the ``dead_cycles`` alert rule looks for it).
+DEAD_CYCLES_REASON = "dead poll cycles:"
+
+
+def dead_cycle_streak(previous_status: str | None, previous_streak: object) -> int:
+    """Dead cycles in a row, this one included: a new row, or one resolved since (a cycle
+    went through), starts over at 1; otherwise the row's streak grows by one."""
+    if previous_status is None or previous_status == "resolved":
+        return 1
+    if isinstance(previous_streak, bool) or not isinstance(previous_streak, int):
+        return 1  # a row from before streaks were kept, or hand-edited
+    return max(previous_streak, 0) + 1
+
 
 # 2 ** 11 minutes already exceeds the cap; clamping keeps huge attempt numbers free.
 _MAX_EXPONENT = 11

@@ -53,7 +53,14 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.dlq.policy import BASE_DELAY, REVIEW_CLASSES, blocked_until
+from synckit.dlq.policy import (
+    BASE_DELAY,
+    DEAD_CYCLES_REASON,
+    DEAD_CYCLES_TO_PAUSE,
+    REVIEW_CLASSES,
+    blocked_until,
+    dead_cycle_streak,
+)
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import _insert
@@ -404,6 +411,33 @@ def dead_job_record_id(kind: str, payload: Any, job_id: int) -> str:
     return f"job:{job_id}"
 
 
+_CYCLE_PREFIX = "job:poll:"
+
+
+def _pause_after_dead_cycles(
+    conn: Connection,
+    streak: int,
+    resource_key: str | None,
+    record_id: str,
+    message: str,
+    now: datetime,
+) -> None:
+    """Pause the tenant's connection once its stream has died DEAD_CYCLES_TO_PAUSE
+    cycles in a row; the ``dead_cycles`` alert rule announces it. In the capture's
+    transaction, so the pause and the dead letter commit together."""
+    if streak < DEAD_CYCLES_TO_PAUSE or not resource_key:
+        return
+    stream = record_id[len(_CYCLE_PREFIX) :]
+    reason = (
+        f"{DEAD_CYCLES_REASON} stream {stream} died {streak} cycles in a row; last: {message}"
+    )[:500]
+    conn.execute(
+        update(connections)
+        .where(connections.c.resource_key == resource_key, connections.c.status == "active")
+        .values(status="paused", status_reason=reason, updated_at=now)
+    )
+
+
 def _history_entry(
     now: datetime, source: str, error_class: str, message: str, attempt: int
 ) -> dict[str, Any]:
@@ -485,9 +519,14 @@ def capture_sync(
         "next_retry_at": next_retry_at,
         "resolved_at": None,
     }
+    cycle = record_id.startswith(_CYCLE_PREFIX)
+    if cycle:
+        entry["streak"] = 1
     ins = _insert(conn)(dead_letters).values(**row).on_conflict_do_nothing(index_elements=_KEY)
     new_id = conn.execute(ins.returning(dead_letters.c.id)).scalar()
     if new_id is not None:
+        if cycle:
+            _pause_after_dead_cycles(conn, 1, resource_key, record_id, message, now)
         return Captured(int(new_id), True, status)
     # The row exists: lock it (PostgreSQL; SQLite's writer lock already covers it), then
     # merge. ON CONFLICT DO NOTHING waited for any concurrent insert of the key to commit.
@@ -509,6 +548,10 @@ def capture_sync(
         history = []
     attempt_count = int(old.attempt_count) + attempts
     entry["attempt"] = attempt_count
+    if cycle:
+        last = history[-1] if history and isinstance(history[-1], dict) else {}
+        entry["streak"] = dead_cycle_streak(old.status, last.get("streak"))
+        _pause_after_dead_cycles(conn, entry["streak"], resource_key, record_id, message, now)
     values: dict[str, Any] = {
         "payload": stored,
         "error_class": error_class,

@@ -16,6 +16,7 @@ snapshot; :func:`load_alert_data` is the only part that reads the database. The 
 ``poll_lag``           a tenant whose last successful poll is older than twice its
                        schedule
 ``needs_reauth``       a connection waiting for re-authorisation
+``dead_cycles``        a tenant paused after its poll cycles kept dying
 ``error_budget``       a tenant whose error budget is in alert (optionally paused)
 =====================  ===========================================================
 
@@ -574,6 +575,36 @@ class NeedsReauthRule:
 
 
 @dataclass(frozen=True)
+class DeadCyclesRule:
+    """A tenant paused because a stream's poll cycles kept dying (see
+    :data:`synckit.dlq.policy.DEAD_CYCLES_TO_PAUSE`); resume with ``synckit tenants
+    resume`` once the API is fixed."""
+
+    repeat_every: timedelta = timedelta(hours=6)
+    severity: Severity = Severity.CRITICAL
+    name: str = "dead_cycles"
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        from synckit.dlq.policy import DEAD_CYCLES_REASON
+
+        return [
+            Alert(
+                rule=self.name,
+                subject=c.tenant,
+                message=f"tenant {c.tenant} ({c.connector}) paused: {c.status_reason}",
+                fired_at=data.now,
+                window=window_key(data.now, self.repeat_every),
+                severity=self.severity,
+                tenant=c.tenant,
+                connector=c.connector,
+                details={"reason": c.status_reason},
+            )
+            for c in data.connections
+            if c.status == "paused" and (c.status_reason or "").startswith(DEAD_CYCLES_REASON)
+        ]
+
+
+@dataclass(frozen=True)
 class BudgetRule:
     """A tenant whose error budget is in alert (more than 200% burnt) with enough volume
     (``policy.min_operations``) for the rate to mean something."""
@@ -623,6 +654,7 @@ class RuleSet:
     dlq_growth: DlqAcceleration | None = field(default_factory=DlqAcceleration)
     poll_lag: PollLag | None = field(default_factory=PollLag)
     needs_reauth: NeedsReauthRule | None = field(default_factory=NeedsReauthRule)
+    dead_cycles: DeadCyclesRule | None = field(default_factory=DeadCyclesRule)
     error_budget: BudgetRule | None = field(default_factory=BudgetRule)
     dlq_review: DlqReview | None = field(default_factory=DlqReview)
     #: The job kind whose success counts as a successful poll.
@@ -637,6 +669,7 @@ class RuleSet:
             self.dlq_growth,
             self.poll_lag,
             self.needs_reauth,
+            self.dead_cycles,
             self.error_budget,
             self.dlq_review,
         ]
@@ -805,7 +838,7 @@ async def load_alert_data(conn: AsyncConnection, *, now: datetime, rules: RuleSe
     if rules.dlq_growth is not None:
         dlq = await dlq_growth(conn, now=now, window=rules.dlq_growth.window)
     states: list[ConnectionState] = []
-    if rules.poll_lag is not None or rules.needs_reauth is not None:
+    if rules.poll_lag is not None or rules.needs_reauth is not None or rules.dead_cycles:
         states = await load_connections(conn, poll_kind=rules.poll_kind)
     review = await dlq_in_review(conn) if rules.dlq_review is not None else []
     return AlertData(
@@ -1369,6 +1402,7 @@ __all__ = [
     "BudgetRule",
     "CallbackSink",
     "ConnectionState",
+    "DeadCyclesRule",
     "Delivery",
     "DeployRegression",
     "DlqAcceleration",

@@ -130,3 +130,75 @@ async def test_dead_poll_cycles_of_a_stream_are_one_dead_letter(db: Database) ->
         )
     assert (await store.get(db, plain.id)).record_id == "job:7"
     assert store.dead_job_record_id("synckit.poll", {"stream": ""}, 9) == "job:9"
+
+
+async def test_dead_cycles_in_a_row_pause_the_tenant_with_an_alert(db: Database) -> None:
+    """DEAD_CYCLES_TO_PAUSE dead cycles in a row pause the tenant's connection (not
+    before), and the dead_cycles rule alerts about it; a resolved row starts over."""
+    from sqlalchemy import insert, select
+
+    from synckit.dlq.policy import DEAD_CYCLES_TO_PAUSE
+    from synckit.runtime.alerts import AlertEvaluator, AlertRouter, RuleSet
+    from synckit.runtime.schema import connections
+
+    async with db.begin() as conn:
+        await conn.execute(
+            insert(connections).values(
+                tenant="acme",
+                connector="graph",
+                resource_key="graph:acme",
+                status="active",
+                created_at=NOW,
+                updated_at=NOW,
+            )
+        )
+
+    async def status() -> tuple[str, str | None]:
+        async with db.begin() as conn:
+            r = (
+                await conn.execute(select(connections.c.status, connections.c.status_reason))
+            ).one()
+        return r.status, r.status_reason
+
+    async def die(n: int) -> Any:
+        async with db.begin() as conn:
+            return await store.capture(
+                conn,
+                tenant="acme",
+                connector="graph",
+                kind="synckit.poll",
+                record_id=f"job:{n}",
+                payload={"tenant": "acme", "connector": "graph", "stream": "users"},
+                error_class="server_error",
+                message=f"HTTP 200: body is not JSON api_key={KEY}",
+                job_id=n,
+                resource_key="graph:acme",
+                now=NOW + timedelta(minutes=n),
+            )
+
+    for n in range(DEAD_CYCLES_TO_PAUSE - 1):
+        got = await die(n)
+    assert (await status())[0] == "active"
+    async with db.begin() as conn:
+        await store.mark_resolved(conn, [got.id], now=NOW)  # a cycle went through
+    for n in range(10, 10 + DEAD_CYCLES_TO_PAUSE - 1):
+        await die(n)
+    assert (await status())[0] == "active"
+    await die(99)
+    state, reason = await status()
+    assert state == "paused" and reason is not None and "users" in reason
+    assert KEY not in reason
+    rules = RuleSet(
+        server_errors=None,
+        tenant_outlier=None,
+        deploy_regression=None,
+        dlq_growth=None,
+        poll_lag=None,
+        needs_reauth=None,
+        error_budget=None,
+        dlq_review=None,
+    )
+    fired = await AlertEvaluator(db, rules=rules, router=AlertRouter(db=db)).evaluate(
+        NOW + timedelta(hours=2)
+    )
+    assert [(a.rule, a.subject) for a in fired] == [("dead_cycles", "acme")]

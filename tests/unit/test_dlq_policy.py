@@ -167,3 +167,19 @@ def test_a_half_open_breaker_with_its_probe_out_waits_briefly() -> None:
         )
         is None
     )
+
+
+@given(
+    status=st.sampled_from([None, "pending", "review", "ignored", "resolved"]),
+    streak=st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.text(max_size=3)),
+)
+def test_dead_cycle_streak(status: str | None, streak: object) -> None:
+    """A new or resolved row starts at 1; an open row with a streak grows by one; a
+    missing or hand-edited streak counts as none."""
+    from synckit.dlq.policy import dead_cycle_streak
+
+    got = dead_cycle_streak(status, streak)
+    if status in (None, "resolved") or isinstance(streak, bool) or not isinstance(streak, int):
+        assert got == 1
+    else:
+        assert got == max(streak, 0) + 1
