@@ -107,6 +107,7 @@ class LazyGroup(click.Group):
         "demo": "synckit.demo:demo_command",
         "sync": "synckit.sync_cli:sync_command",
         "web": "synckit.web.cli:web_command",
+        "secrets": "synckit.connectors.secrets_cli:secrets_group",
     },
 )
 @click.version_option(package_name="synckit")
@@ -324,6 +325,9 @@ def worker_cmd(
         raise CliError(f"--lease {lease!r} is shorter than 1s")
 
     async def go(d: Database) -> WorkerStats:
+        from synckit.connectors.keys import require_openable_secrets
+
+        await require_openable_secrets(d)  # refuse to start rather than fail every cycle
         observers: list[OutcomeObserver] = [audit_observer()]
         server = None
         if metrics_port is not None:

@@ -26,6 +26,10 @@ from synckit.runtime.db import Database, open_database
 # Test apps (handler registries, connectors) are importable in-process too.
 sys.path.insert(0, str(Path(__file__).parent / "apps"))
 
+# Tenant configs' secrets and tokens are sealed with this key (commands run as
+# subprocesses inherit it); tests of the keyless refusal remove it.
+os.environ.setdefault("SYNCKIT_SECRET_KEY", "c3luY2tpdC10ZXN0cy1vbmx5LWtleS0zMi1ieXRlcyE=")
+
 PG_URL = os.environ.get("SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REQUIRE_SERVICES = os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1"
 ENGINES = ["sqlite", "postgresql"]

@@ -60,6 +60,7 @@ __all__ = [
     "begin_authorization",
     "complete_authorization",
     "receive_callback",
+    "reseal_verifiers",
 ]
 
 
@@ -151,6 +152,32 @@ async def begin_authorization(
         )
     log.info("connection.authorization_started", tenant=tenant, expires_at=now + ttl)
     return str(url)
+
+
+async def reseal_verifiers(db: Database, cipher: TokenCipher) -> int:
+    """Seal every stored PKCE verifier under ``cipher``'s sealing key (key rotation);
+    how many were re-sealed. Expired consents are deleted instead: they can never
+    complete. A verifier that cannot be opened is left as it is (its consent fails at
+    the callback, and expires within minutes)."""
+    p = pending_authorizations.c
+    resealed = 0
+    now = utcnow()
+    async with db.begin() as conn:
+        await conn.execute(delete(pending_authorizations).where(p.expires_at < now))
+        rows = (
+            await conn.execute(select(p.state, p.verifier).order_by(p.state).with_for_update())
+        ).all()
+        for r in rows:
+            try:
+                new = cipher.reseal(r.verifier)
+            except ConfigurationError:
+                continue
+            if new is not None:
+                await conn.execute(
+                    update(pending_authorizations).where(p.state == r.state).values(verifier=new)
+                )
+                resealed += 1
+    return resealed
 
 
 def _callback_params(callback_url: str) -> dict[str, str]:

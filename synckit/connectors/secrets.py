@@ -1,21 +1,29 @@
-"""OAuth token sets, and how they are kept at rest: encrypted with Fernet.
+"""Secrets at rest: OAuth token sets, PKCE verifiers and secret config fields, sealed
+with Fernet.
 
 A :class:`TokenSet` is what a tenant's connection holds (access token, refresh token,
 expiry). It never shows its secrets: its ``repr`` masks them, and it is not a ``dict``,
 so it cannot be splatted into a log event by accident.
 
-:class:`TokenCipher` turns a token set into the bytes stored in ``connections.token_set``
-and back. The key comes from ``$SYNCKIT_SECRET_KEY``: a Fernet key, or several separated
-by commas to rotate keys (the first encrypts; every one of them decrypts). Without a key,
-storing tokens is refused with a :class:`ConfigurationError`, unless
-``SYNCKIT_INSECURE_DEV_TOKENS=1`` is set for local development: the tokens are then stored
-in plaintext behind a recognisable marker, and a warning says so each time.
+:class:`TokenCipher` is the one cipher for everything synckit keeps secret at rest. It
+turns a token set into the bytes stored in ``connections.token_set`` and back, and one
+secret config value into the JSON object stored in its place
+(``{"$sealed": "<fernet token>", "$key": "<key id>"}``, see
+:mod:`synckit.connectors.tenants`). The key comes from ``$SYNCKIT_SECRET_KEY``: a Fernet
+key, or several separated by commas to rotate keys (the first encrypts; every one of
+them decrypts; ``synckit secrets rotate`` re-seals old rows under the first). Every
+sealed value names its key by a short id (a hash of the key, never the key), so an
+error can say which key is missing. Without a key, storing secrets is refused with a
+:class:`ConfigurationError`, unless ``SYNCKIT_INSECURE_DEV_TOKENS=1`` is set for local
+development: they are then stored in plaintext behind a recognisable marker, and a
+warning says so each time.
 
 The named operations at the bottom are the only SQL that touches ``token_set``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import warnings
@@ -30,14 +38,24 @@ from sqlalchemy import Row, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.errors.exceptions import ConfigurationError
+from synckit.runtime.db import Database
 from synckit.runtime.schema import connections
 
 ENV_KEY = "SYNCKIT_SECRET_KEY"
 ENV_INSECURE_DEV = "SYNCKIT_INSECURE_DEV_TOKENS"
 
-#: Stored bytes start with one of these, so a reader knows what it holds.
-FERNET_MARKER = b"synckit:fernet:v1:"
+#: Stored bytes start with one of these, so a reader knows what it holds. Version 2 is
+#: followed by the key id and a colon, then the Fernet token; version 1 (no key id) is
+#: still read, and re-sealed as version 2 by ``synckit secrets rotate``.
+FERNET_MARKER = b"synckit:fernet:v2:"
+FERNET_V1_MARKER = b"synckit:fernet:v1:"
 PLAINTEXT_MARKER = b"synckit:INSECURE-PLAINTEXT:v1:"
+
+#: The keys of the JSON object that stands for one sealed config value.
+SEALED = "$sealed"
+SEALED_KEY = "$key"
+#: A secret config value kept in plaintext under ``SYNCKIT_INSECURE_DEV_TOKENS=1``.
+INSECURE = "$insecure"
 
 _MASK = "***"
 
@@ -179,34 +197,73 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+_GENERATE = (
+    "generate one with: synckit secrets keygen (or python -c 'from cryptography.fernet "
+    "import Fernet; print(Fernet.generate_key().decode())')"
+)
 _NO_KEY = (
     f"refusing to store OAuth tokens unencrypted: set {ENV_KEY} to a Fernet key "
-    "(generate one with: python -c 'from cryptography.fernet import Fernet; "
-    "print(Fernet.generate_key().decode())'), "
-    f"or set {ENV_INSECURE_DEV}=1 for local development only"
+    f"({_GENERATE}), or set {ENV_INSECURE_DEV}=1 for local development only"
+)
+_NO_KEY_CONFIG = (
+    f"refusing to store secret config fields unencrypted: set {ENV_KEY} to a Fernet key "
+    f"({_GENERATE}), or set {ENV_INSECURE_DEV}=1 for local development only"
 )
 
 
+def key_id(key: str) -> str:
+    """A short public name for a Fernet key: 8 hex digits of a hash of it.
+
+    Stored beside what the key sealed, so a missing key can be named in an error without
+    revealing anything about it."""
+    return hashlib.sha256(b"synckit-key-id:" + key.strip().encode()).hexdigest()[:8]
+
+
+class SecretUnavailable(ConfigurationError):
+    """A stored secret cannot be opened with the configured keys.
+
+    ``key_id`` names the key it was sealed with when that is known (the key the
+    environment lacks), else ``None``."""
+
+    def __init__(self, message: str, *, key_id: str | None = None) -> None:
+        super().__init__(message)
+        self.key_id = key_id
+
+
+def is_sealed_value(value: object) -> bool:
+    """Whether ``value`` is the stored form of one secret config value."""
+    return isinstance(value, Mapping) and (
+        (SEALED in value and set(value) <= {SEALED, SEALED_KEY})
+        or (INSECURE in value and set(value) == {INSECURE})
+    )
+
+
 class TokenCipher:
-    """Seals token sets into the bytes stored at rest, and opens them again.
+    """Seals secrets into what is stored at rest, and opens them again.
 
     ``keys`` are Fernet keys (urlsafe base64 of 32 bytes); the first encrypts, all
-    decrypt. With no key, :meth:`seal` raises :class:`ConfigurationError` unless
-    ``insecure_dev`` is set. Error messages never include a key or a token.
+    decrypt. With no key, sealing raises :class:`ConfigurationError` unless
+    ``insecure_dev`` is set. Error messages never include a key or a secret.
     """
 
     def __init__(self, keys: list[str] | None = None, *, insecure_dev: bool = False) -> None:
         self.insecure_dev = insecure_dev
         self._fernet: MultiFernet | None = None
+        self._by_id: dict[str, Fernet] = {}
+        self._primary = ""
         usable = [k.strip() for k in keys or [] if k.strip()]
         if usable:
             try:
-                self._fernet = MultiFernet([Fernet(k.encode()) for k in usable])
+                fernets = [Fernet(k.encode()) for k in usable]
             except (ValueError, TypeError) as exc:
                 raise ConfigurationError(
                     f"{ENV_KEY} is not a valid Fernet key (32 url-safe base64-encoded bytes); "
-                    "generate one with Fernet.generate_key()"
+                    f"{_GENERATE}"
                 ) from exc
+            self._fernet = MultiFernet(fernets)
+            for k, f in zip(usable, fernets, strict=True):
+                self._by_id.setdefault(key_id(k), f)
+            self._primary = key_id(usable[0])
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TokenCipher:
@@ -219,38 +276,68 @@ class TokenCipher:
     def encrypts(self) -> bool:
         return self._fernet is not None
 
+    @property
+    def key_ids(self) -> list[str]:
+        """The ids of the configured keys, the sealing one first."""
+        return list(self._by_id)
+
+    @property
+    def primary_key_id(self) -> str | None:
+        """The id of the key new seals use (``None`` without a key)."""
+        return self._primary if self._fernet is not None else None
+
+    def _warn_insecure(self, what: str) -> None:
+        message = (
+            f"storing {what} UNENCRYPTED because {ENV_INSECURE_DEV}=1; "
+            f"never do this outside local development (set {ENV_KEY})"
+        )
+        warnings.warn(message, InsecureTokenStorageWarning, stacklevel=3)
+        log.warning("secrets.insecure_dev_tokens", message=message)
+
+    def _decrypt(self, token: bytes, kid: str | None, what: str) -> bytes:
+        if self._fernet is None:
+            raise SecretUnavailable(
+                f"the stored {what} are encrypted but {ENV_KEY} is not set"
+                + (f" (they were sealed with key {kid})" if kid else ""),
+                key_id=kid,
+            )
+        try:
+            if kid is not None and kid in self._by_id:
+                return self._by_id[kid].decrypt(token)
+            return self._fernet.decrypt(token)
+        except InvalidToken:
+            held = ", ".join(self._by_id)
+            sealed_with = f"key {kid}" if kid else "a key"
+            raise SecretUnavailable(
+                f"cannot decrypt the stored {what}: {ENV_KEY} does not hold the key they were "
+                f"sealed with ({sealed_with}; it holds {held}); keep old keys after the new "
+                "one, comma-separated, while rotating",
+                key_id=kid,
+            ) from None
+
     def seal(self, token_set: TokenSet) -> bytes:
         """The bytes to store for ``token_set``."""
         plain = json.dumps(token_set.to_json(), sort_keys=True).encode()
         if self._fernet is not None:
-            return FERNET_MARKER + self._fernet.encrypt(plain)
+            return FERNET_MARKER + self._primary.encode() + b":" + self._fernet.encrypt(plain)
         if not self.insecure_dev:
             raise ConfigurationError(_NO_KEY)
-        message = (
-            f"storing OAuth tokens UNENCRYPTED because {ENV_INSECURE_DEV}=1; "
-            f"never do this outside local development (set {ENV_KEY})"
-        )
-        warnings.warn(message, InsecureTokenStorageWarning, stacklevel=2)
-        log.warning("secrets.insecure_dev_tokens", message=message)
+        self._warn_insecure("OAuth tokens")
         return PLAINTEXT_MARKER + plain
 
     def open(self, data: bytes) -> TokenSet:
-        """The token set stored as ``data``; :class:`ConfigurationError` if it cannot be read."""
+        """The token set stored as ``data``; :class:`ConfigurationError` if it cannot be read
+        (:class:`SecretUnavailable` when the key is the problem)."""
         data = bytes(data)
         try:
             if data.startswith(FERNET_MARKER):
-                if self._fernet is None:
-                    raise ConfigurationError(
-                        f"the stored tokens are encrypted but {ENV_KEY} is not set"
-                    )
-                try:
-                    plain = self._fernet.decrypt(data[len(FERNET_MARKER) :])
-                except InvalidToken:
-                    raise ConfigurationError(
-                        f"cannot decrypt the stored tokens: {ENV_KEY} does not hold the key "
-                        "they were encrypted with (keep old keys after the new one, "
-                        "comma-separated, while rotating)"
-                    ) from None
+                kid, sep, token = data[len(FERNET_MARKER) :].partition(b":")
+                if not sep:
+                    raise ValueError("no key id")
+                plain = self._decrypt(token, kid.decode("ascii"), "tokens")
+                return TokenSet.from_json(json.loads(plain))
+            if data.startswith(FERNET_V1_MARKER):
+                plain = self._decrypt(data[len(FERNET_V1_MARKER) :], None, "tokens")
                 return TokenSet.from_json(json.loads(plain))
             if data.startswith(PLAINTEXT_MARKER):
                 if not self.insecure_dev:
@@ -266,6 +353,58 @@ class TokenCipher:
                 f"the stored tokens are corrupt ({type(exc).__name__})"
             ) from None
         raise ConfigurationError("the stored tokens are in an unknown format")
+
+    def is_current(self, data: bytes) -> bool:
+        """Whether ``data`` (a stored token set) is sealed under the sealing key already."""
+        return self._fernet is not None and bytes(data).startswith(
+            FERNET_MARKER + self._primary.encode() + b":"
+        )
+
+    def reseal(self, data: bytes) -> bytes | None:
+        """``data`` (a stored token set) sealed under the sealing key, or ``None`` when it
+        is so already; :class:`ConfigurationError` if it cannot be opened."""
+        if not self.encrypts:
+            raise ConfigurationError(f"re-sealing needs a key: set {ENV_KEY}")
+        if self.is_current(data):
+            return None
+        return self.seal(self.open(data))
+
+    def seal_value(self, value: Any) -> dict[str, Any]:
+        """The JSON object stored in place of one secret config value (any JSON value)."""
+        plain = json.dumps(value).encode()
+        if self._fernet is not None:
+            return {SEALED: self._fernet.encrypt(plain).decode("ascii"), SEALED_KEY: self._primary}
+        if not self.insecure_dev:
+            raise ConfigurationError(_NO_KEY_CONFIG)
+        self._warn_insecure("secret config fields")
+        return {INSECURE: value}
+
+    def open_value(self, stored: Mapping[str, Any]) -> Any:
+        """The value a :meth:`seal_value` object stands for."""
+        if INSECURE in stored:
+            if not self.insecure_dev:
+                raise ConfigurationError(
+                    "a secret config field is stored unencrypted (development); set "
+                    f"{ENV_INSECURE_DEV}=1 to use it, or set {ENV_KEY} and run "
+                    "`synckit secrets rotate`"
+                )
+            return stored[INSECURE]
+        token, kid = stored.get(SEALED), stored.get(SEALED_KEY)
+        if not isinstance(token, str) or not (kid is None or isinstance(kid, str)):
+            raise ConfigurationError("a sealed config field is corrupt")
+        plain = self._decrypt(token.encode("ascii", "replace"), kid, "config secrets")
+        try:
+            return json.loads(plain)
+        except ValueError:
+            raise ConfigurationError("a sealed config field is corrupt") from None
+
+    def is_current_value(self, stored: Mapping[str, Any]) -> bool:
+        """Whether a sealed config value is sealed under the sealing key already."""
+        return (
+            self._fernet is not None
+            and SEALED in stored
+            and stored.get(SEALED_KEY) == self._primary
+        )
 
 
 # --- the named operations on connections.token_set --------------------------------------
@@ -419,6 +558,47 @@ async def hand_back_refresh_lease(
     return res.first() is not None
 
 
+async def reseal_token_sets(
+    db: Database, cipher: TokenCipher, *, page: int = 500
+) -> tuple[int, tuple[tuple[str, str], ...]]:
+    """Seal every stored token set under ``cipher``'s sealing key (key rotation).
+
+    Returns how many were re-sealed, and the tenants whose tokens could not be opened
+    (named, with the reason; left as they are). A page of rows at a time, in one short
+    transaction holding their locks: a refresh that stores new tokens meanwhile waits
+    for it, and is not overwritten. Idempotent.
+    """
+    resealed, failed = 0, []
+    after = ""
+    while True:
+        async with db.begin() as conn:
+            rows = (
+                await conn.execute(
+                    select(connections.c.tenant, connections.c.token_set)
+                    .where(connections.c.tenant > after, connections.c.token_set.is_not(None))
+                    .order_by(connections.c.tenant)
+                    .limit(page)
+                    .with_for_update()
+                )
+            ).all()
+            for r in rows:
+                try:
+                    new = cipher.reseal(r.token_set)
+                except ConfigurationError as exc:
+                    failed.append((r.tenant, str(exc)))
+                    continue
+                if new is not None:
+                    await conn.execute(
+                        update(connections)
+                        .where(connections.c.tenant == r.tenant)
+                        .values(token_set=new)
+                    )
+                    resealed += 1
+        if len(rows) < page:
+            return resealed, tuple(failed)
+        after = rows[-1].tenant
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -427,15 +607,23 @@ __all__ = [
     "ENV_INSECURE_DEV",
     "ENV_KEY",
     "FERNET_MARKER",
+    "FERNET_V1_MARKER",
+    "INSECURE",
     "PLAINTEXT_MARKER",
     "REASON_CHARS",
+    "SEALED",
+    "SEALED_KEY",
     "ConnectionNotFound",
     "InsecureTokenStorageWarning",
+    "SecretUnavailable",
     "TokenCipher",
     "TokenSet",
     "hand_back_refresh_lease",
+    "is_sealed_value",
+    "key_id",
     "mark_needs_reauth",
     "read_connection",
+    "reseal_token_sets",
     "save_refreshed_token_set",
     "take_refresh_lease",
     "write_token_set",

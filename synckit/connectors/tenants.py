@@ -7,6 +7,13 @@ a poll schedule, a resource key (its breaker, pacing and in-flight limit; defaul
 cycles not scheduled) or ``needs_reauth`` (set by the runtime when credentials are
 refused).
 
+A config's secrets (the values its model types as ``SecretStr`` and the like, at any
+depth) are sealed at rest with the cipher of token sets (``$SYNCKIT_SECRET_KEY``, see
+:mod:`synckit.connectors.config_secrets`): the stored JSON holds
+``{"$sealed": ..., "$key": ...}`` in their place, and reading opens them. Rows written
+before that still read, their secrets in plaintext until the next write or ``synckit
+secrets rotate``.
+
 Every SQL statement on ``connections`` that is not about tokens lives here, named.
 """
 
@@ -19,12 +26,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from pydantic import BaseModel, SecretBytes, SecretStr
-from sqlalchemy import delete, func, select, update
+from pydantic import BaseModel, Secret, SecretBytes, SecretStr
+from sqlalchemy import Text, cast, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from synckit.connectors.base import Connector
+from synckit.connectors.config_secrets import (
+    ConfigPath,
+    mask_config,
+    open_config,
+    reseal_config,
+    seal_config,
+    secret_paths,
+)
 from synckit.connectors.schedule import DEFAULT_SCHEDULE, parse_schedule
+from synckit.connectors.secrets import TokenCipher
 from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.runtime import jobs as job_store
 from synckit.runtime import pacing
@@ -34,6 +50,7 @@ from synckit.runtime.poll import delete_checkpoints, delete_poll_ticks
 from synckit.runtime.schema import connections, dead_letters
 
 __all__ = [
+    "ResealResult",
     "Tenant",
     "TenantError",
     "TenantNotFound",
@@ -42,8 +59,10 @@ __all__ = [
     "list_tenants",
     "pause_tenant",
     "remove_tenant",
+    "reseal_configs",
     "resume_tenant",
     "set_config",
+    "shown_config",
     "unknown_fields",
     "update_tenant",
 ]
@@ -68,7 +87,13 @@ class ConnectorSource(Protocol):
 
 @dataclass(frozen=True)
 class Tenant:
-    """One row of ``connections``, without its tokens. ``config`` is as stored (unmasked)."""
+    """One row of ``connections``, without its tokens.
+
+    ``config`` has its secrets opened (the values the connector gets), or ``***`` in their
+    place when read with ``reveal=False``; ``secret_paths`` says where they are (the
+    values stored sealed). ``config_error`` says why a config could not be read (only
+    with ``reveal=False``: otherwise that raises).
+    """
 
     tenant: str
     connector: str
@@ -80,6 +105,8 @@ class Tenant:
     created_at: datetime
     updated_at: datetime
     has_tokens: bool = False
+    secret_paths: tuple[ConfigPath, ...] = ()
+    config_error: str | None = None
 
 
 def check_tenant_name(tenant: str) -> str:
@@ -125,13 +152,17 @@ def unknown_fields(model: type[BaseModel], config: Mapping[str, Any]) -> list[st
     return sorted(str(k) for k in config if k not in known)
 
 
-def _plain_config(cls: type[Connector[Any]], tenant: str, config: Any) -> dict[str, Any]:
-    """Validate ``config`` and return it as stored: the given keys, JSON-serialisable.
+def _plain_config(
+    cls: type[Connector[Any]], tenant: str, config: Any, cipher: TokenCipher | None = None
+) -> dict[str, Any]:
+    """Validate ``config`` and return it as stored: the given keys, JSON-serialisable,
+    its secrets sealed (``cipher``, default ``$SYNCKIT_SECRET_KEY``).
 
     What the user gave is stored rather than the model's dump, so that secrets typed as
     ``SecretStr`` survive, and defaults that change in a later release apply. A key the
     model does not know (a misspelt field) is refused by name, unless the model allows
-    extra fields: pydantic's default would drop it silently.
+    extra fields: pydantic's default would drop it silently. A config with secrets and
+    no key to seal them is refused (:class:`ConfigurationError`), as token sets are.
     """
     if isinstance(config, Mapping):
         unknown = unknown_fields(cls.config_model, config)
@@ -152,15 +183,20 @@ def _plain_config(cls: type[Connector[Any]], tenant: str, config: Any) -> dict[s
         else:
             plain = dict(config or {})
         json.dumps(plain, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigurationError(
             f"config of tenant {tenant!r} cannot be stored as JSON: {exc}"
         ) from None
-    return plain
+    if not secret_paths(cls.config_model, plain):
+        return plain
+    try:
+        return seal_config(cls.config_model, plain, cipher or TokenCipher.from_env())
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"config of tenant {tenant!r}: {exc}") from None
 
 
 def _reveal(value: Any) -> Any:
-    if isinstance(value, SecretStr | SecretBytes):
+    if isinstance(value, SecretStr | SecretBytes | Secret):
         secret = value.get_secret_value()
         return secret.decode() if isinstance(secret, bytes) else secret
     if isinstance(value, dict):
@@ -170,26 +206,62 @@ def _reveal(value: Any) -> Any:
     return value
 
 
-def _tenant(r: Any) -> Tenant:
+def _stored_config(text: str | None) -> object:
+    # Read as text and parsed here: a row whose config is not JSON must be named, not
+    # fail the whole query in the driver's result processing.
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise ConfigurationError("the stored config is not JSON") from None
+
+
+def _tenant(r: Any, *, reveal: bool, cipher: TokenCipher | None) -> Tenant:
+    error: str | None = None
+    try:
+        config, paths = open_config(_stored_config(r.config_text), cipher, reveal=reveal)
+    except ConfigurationError as exc:
+        if reveal:
+            raise ConfigurationError(f"tenant {r.tenant!r}: {exc}") from None
+        config, paths, error = {}, [], str(exc)
     return Tenant(
         tenant=r.tenant,
         connector=r.connector,
         resource_key=r.resource_key,
-        config=dict(r.config or {}),
+        config=config,
         schedule=r.schedule or DEFAULT_SCHEDULE,
         status=r.status,
         status_reason=r.status_reason,
         created_at=r.created_at,
         updated_at=r.updated_at,
         has_tokens=bool(r.has_tokens),
+        secret_paths=tuple(paths),
+        config_error=error,
     )
+
+
+def shown_config(t: Tenant, model: type[BaseModel] | None = None) -> dict[str, Any]:
+    """The tenant's config as it may be shown: every secret ``***``.
+
+    Secrets are found by type: the values stored sealed, and, with the connector's
+    ``model``, every value it types as a secret (rows written before configs were sealed);
+    what is left passes the redaction step (secret-looking names and texts).
+    """
+    from synckit.runtime.logging import redact
+
+    paths = list(t.secret_paths)
+    if model is not None:
+        paths += secret_paths(model, t.config)
+    shown: dict[str, Any] = redact(mask_config(t.config, paths))
+    return shown
 
 
 _COLUMNS = (
     connections.c.tenant,
     connections.c.connector,
     connections.c.resource_key,
-    connections.c.config,
+    cast(connections.c.config, Text).label("config_text"),
     connections.c.schedule,
     connections.c.status,
     connections.c.status_reason,
@@ -220,8 +292,8 @@ async def add_tenant(
     """
     check_tenant_name(tenant)
     cls = _resolve(connector, app)
-    plain = _plain_config(cls, tenant, config)
     schedule = _check_schedule(schedule)
+    plain = _plain_config(cls, tenant, config)
     resource_key = resource_key or f"{cls.name}:{tenant}"
     parent_key = parent_key or f"api:{cls.name}"
     if resource_key == parent_key:
@@ -265,26 +337,41 @@ async def add_tenant(
     return await get_tenant(db, tenant)
 
 
-async def get_tenant(db: Database, tenant: str) -> Tenant:
-    """The tenant, or :class:`TenantNotFound`."""
+async def get_tenant(
+    db: Database, tenant: str, *, reveal: bool = True, cipher: TokenCipher | None = None
+) -> Tenant:
+    """The tenant, or :class:`TenantNotFound`.
+
+    Its config's secrets are opened with ``cipher`` (default ``$SYNCKIT_SECRET_KEY``): a
+    config that cannot be opened or read raises :class:`ConfigurationError` naming the
+    tenant and the field. With ``reveal=False`` they are ``***`` and no key is needed.
+    """
     async with db.begin() as conn:
         row = (await conn.execute(select(*_COLUMNS).where(connections.c.tenant == tenant))).first()
     if row is None:
         raise TenantNotFound(f"no tenant {tenant!r}")
-    return _tenant(row)
+    return _tenant(row, reveal=reveal, cipher=cipher)
 
 
 async def list_tenants(
-    db: Database, *, connector: str | None = None, status: str | None = None
+    db: Database,
+    *,
+    connector: str | None = None,
+    status: str | None = None,
+    reveal: bool = True,
+    cipher: TokenCipher | None = None,
 ) -> list[Tenant]:
-    """Tenants by name, optionally of one connector and/or in one status."""
+    """Tenants by name, optionally of one connector and/or in one status (``reveal``
+    and ``cipher`` as for :func:`get_tenant`)."""
     stmt = select(*_COLUMNS).order_by(connections.c.tenant)
     if connector:
         stmt = stmt.where(connections.c.connector == connector)
     if status:
         stmt = stmt.where(connections.c.status == status)
+    if reveal and cipher is None:
+        cipher = TokenCipher.from_env()
     async with db.begin() as conn:
-        return [_tenant(r) for r in await conn.execute(stmt)]
+        return [_tenant(r, reveal=reveal, cipher=cipher) for r in await conn.execute(stmt)]
 
 
 async def update_tenant(
@@ -405,3 +492,75 @@ async def dead_letter_counts(db: Database, tenant: str) -> dict[str, int]:
             .group_by(dead_letters.c.status)
         )
         return {status: count for status, count in rows}
+
+
+@dataclass(frozen=True)
+class ResealResult:
+    """What :func:`reseal_configs` did: configs re-sealed, and the tenants whose config
+    could not be read (named, with the reason) and were left as they are."""
+
+    resealed: int
+    unreadable: tuple[tuple[str, str], ...] = ()
+    #: Tenants of connectors without a model given: sealed values were re-sealed, but
+    #: plaintext secrets (rows older than sealing) could not be found.
+    unchecked: int = 0
+
+
+async def reseal_configs(
+    db: Database,
+    cipher: TokenCipher,
+    *,
+    models: Mapping[str, type[BaseModel]] | None = None,
+    page: int = 500,
+) -> ResealResult:
+    """Seal every tenant's config secrets under ``cipher``'s sealing key (key rotation).
+
+    ``models`` maps connector names to config models: their tenants' plaintext secrets
+    are sealed as well. Rows are read and written a page at a time, each page in one
+    short transaction holding its rows' locks, so a concurrent config change is neither
+    lost nor overwritten; ``updated_at`` is left alone (nothing the operator set
+    changed). Idempotent: a second run re-seals nothing.
+    """
+    if not cipher.encrypts:
+        raise ConfigurationError("rotating secrets needs a key: set SYNCKIT_SECRET_KEY")
+    models = models or {}
+    resealed, unchecked, unreadable = 0, 0, []
+    after = ""
+    while True:
+        async with db.begin() as conn:
+            rows = (
+                await conn.execute(
+                    select(
+                        connections.c.tenant,
+                        connections.c.connector,
+                        cast(connections.c.config, Text).label("config_text"),
+                    )
+                    .where(connections.c.tenant > after)
+                    .order_by(connections.c.tenant)
+                    .limit(page)
+                    .with_for_update()
+                )
+            ).all()
+            for r in rows:
+                model = models.get(r.connector)
+                unchecked += model is None
+                try:
+                    stored = _stored_config(r.config_text)
+                    if stored is None:
+                        continue
+                    if not isinstance(stored, Mapping):
+                        raise ConfigurationError("the stored config is not a JSON object")
+                    new = reseal_config(stored, cipher, model)
+                except ConfigurationError as exc:
+                    unreadable.append((r.tenant, str(exc)))
+                    continue
+                if new is not None:
+                    await conn.execute(
+                        update(connections)
+                        .where(connections.c.tenant == r.tenant)
+                        .values(config=new)
+                    )
+                    resealed += 1
+        if len(rows) < page:
+            return ResealResult(resealed, tuple(unreadable), unchecked)
+        after = rows[-1].tenant

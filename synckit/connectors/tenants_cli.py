@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from pydantic import SecretBytes, SecretStr
+from pydantic import BaseModel
 from rich.table import Table
 
-from synckit.cli_options import database_option
+from synckit.cli_options import cell, database_option
 from synckit.connectors import tenants as store
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
+from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.db import Database
-from synckit.runtime.logging import REDACTED, redact
+from synckit.runtime.logging import redact
 from synckit.runtime.poll import list_checkpoints
 
 if TYPE_CHECKING:
@@ -76,26 +77,21 @@ def _parse_config(config: str | None, config_file: str | None, sets: tuple[str, 
     return data
 
 
-def _secret_fields(app: App | None, connector: str) -> set[str]:
+def _model(app: App | None, connector: str) -> type[BaseModel] | None:
     if app is None:
-        return set()
+        return None
     try:
-        model = app.connector(connector).config_model
-    except Exception:  # an unknown connector: mask by key names only
-        return set()
-    return {
-        name
-        for name, f in model.model_fields.items()
-        if f.annotation in (SecretStr, SecretBytes, SecretStr | None, SecretBytes | None)
-    }
+        return app.connector(connector).config_model
+    except ConfigurationError:  # a connector this App does not know: by what is sealed
+        return None
 
 
-def _shown_config(t: store.Tenant, app: App | None) -> dict[str, Any]:
-    config = {
-        k: (REDACTED if k in _secret_fields(app, t.connector) else v) for k, v in t.config.items()
-    }
-    masked: dict[str, Any] = redact(config)
-    return masked
+def _shown_config(t: store.Tenant, app: App | None) -> Any:
+    """The config with every secret masked: those stored sealed, and (with ``--app``)
+    every value the connector's model types as a secret, at any depth."""
+    if t.config_error is not None:
+        return f"<unreadable: {t.config_error}>"
+    return store.shown_config(t, _model(app, t.connector))
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -107,7 +103,7 @@ def _tenant_json(t: store.Tenant, app: App | None) -> dict[str, Any]:
         "tenant": t.tenant,
         "connector": t.connector,
         "status": t.status,
-        "status_reason": t.status_reason,
+        "status_reason": redact(t.status_reason),
         "schedule": t.schedule,
         "resource_key": t.resource_key,
         "config": _shown_config(t, app),
@@ -174,24 +170,45 @@ def tenants_add(
 @click.option("--connector", help="Only tenants of this connector.")
 @click.option("--status", type=click.Choice(["active", "paused", "needs_reauth"]))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--app",
+    "app_spec",
+    default=None,
+    help="module:attribute of the App: also masks secrets of configs stored before "
+    "synckit sealed them, by their model's types.",
+)
 @database_option
 def tenants_ls(
-    connector: str | None, status: str | None, as_json: bool, database_url: str | None
+    connector: str | None,
+    status: str | None,
+    as_json: bool,
+    app_spec: str | None,
+    database_url: str | None,
 ) -> None:
-    """List tenants by name."""
+    """List tenants by name (configs with --json, every secret masked)."""
     from synckit.cli import console, run
 
-    found = run(lambda d: store.list_tenants(d, connector=connector, status=status), database_url)
+    app = load_app(app_spec) if app_spec else None
+    found = run(
+        lambda d: store.list_tenants(d, connector=connector, status=status, reveal=False),
+        database_url,
+    )
     if as_json:
         for t in found:
-            click.echo(json.dumps(_tenant_json(t, None), sort_keys=True))
+            click.echo(json.dumps(_tenant_json(t, app), sort_keys=True, default=str))
         return
     table = Table(title=f"Tenants ({len(found)})")
     for col in ("tenant", "connector", "status", "schedule", "resource", "reason"):
         table.add_column(col)
     for t in found:
+        # Every cell is stored text: never read as markup (an API's "[/v1/users]").
         table.add_row(
-            t.tenant, t.connector, t.status, t.schedule, t.resource_key, t.status_reason or ""
+            cell(t.tenant),
+            cell(t.connector),
+            cell(t.status),
+            cell(t.schedule),
+            cell(t.resource_key),
+            cell(t.status_reason, 120),
         )
     if not found:
         table.caption = "no tenants yet: synckit tenants add TENANT CONNECTOR --app ..."
@@ -207,7 +224,7 @@ def tenants_show(tenant: str, app_spec: str | None, database_url: str | None) ->
     app = load_app(app_spec) if app_spec else None
 
     async def go(d: Database) -> dict[str, Any]:
-        t = await store.get_tenant(d, tenant)
+        t = await store.get_tenant(d, tenant, reveal=False)
         data = _tenant_json(t, app)
         data["checkpoints"] = {
             stream: {"cursor": cursor, "updated_at": _iso(at)}
@@ -218,7 +235,8 @@ def tenants_show(tenant: str, app_spec: str | None, database_url: str | None) ->
 
     from synckit.cli import run
 
-    click.echo(json.dumps(run(go, database_url), indent=2, sort_keys=True, default=str))
+    shown = redact(run(go, database_url))
+    click.echo(json.dumps(shown, indent=2, sort_keys=True, default=str))
 
 
 @tenants.command("set-config")

@@ -1,0 +1,217 @@
+"""What the configured keys can open: the worker's start check, and key rotation.
+
+:func:`require_openable_secrets` runs before a worker claims anything: every active
+tenant's token set and config must open with ``$SYNCKIT_SECRET_KEY``, or the worker
+refuses to start with one line naming the missing key (by id) and the tenants, rather
+than failing each of their cycles later. :func:`rotate_secrets` re-seals everything
+sealed (token sets, config secrets, pending PKCE verifiers) under the first key, so the
+old keys can then be dropped from the list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+from sqlalchemy import Text, cast, select
+
+from synckit.connectors.config_secrets import open_config
+from synckit.connectors.secrets import (
+    ENV_KEY,
+    SecretUnavailable,
+    TokenCipher,
+    reseal_token_sets,
+)
+from synckit.errors.exceptions import ConfigurationError
+from synckit.runtime.db import Database
+from synckit.runtime.schema import connections
+
+if TYPE_CHECKING:
+    from synckit.app import App
+
+__all__ = [
+    "RotateResult",
+    "Unopenable",
+    "describe_unopenable",
+    "find_unopenable",
+    "models_of",
+    "require_openable_secrets",
+    "rotate_secrets",
+]
+
+_NAMES_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Unopenable:
+    """One tenant's secret that the keys cannot open: ``what`` is ``tokens`` or
+    ``config``; ``key_id`` the key it was sealed with when that is the problem."""
+
+    tenant: str
+    what: str
+    reason: str
+    key_id: str | None = None
+
+
+async def find_unopenable(
+    db: Database, cipher: TokenCipher, *, page: int = 1000
+) -> list[Unopenable]:
+    """Every active tenant's token set and config that ``cipher`` cannot open."""
+    found: list[Unopenable] = []
+    after = ""
+    while True:
+        async with db.begin() as conn:
+            rows = (
+                await conn.execute(
+                    select(
+                        connections.c.tenant,
+                        connections.c.token_set,
+                        cast(connections.c.config, Text).label("config_text"),
+                    )
+                    .where(connections.c.tenant > after, connections.c.status == "active")
+                    .order_by(connections.c.tenant)
+                    .limit(page)
+                )
+            ).all()
+        for r in rows:
+            found.extend(_check_row(r.tenant, r.token_set, r.config_text, cipher))
+        if len(rows) < page:
+            return found
+        after = rows[-1].tenant
+
+
+def _check_row(
+    tenant: str, token_set: bytes | None, config_text: str | None, cipher: TokenCipher
+) -> list[Unopenable]:
+    import json
+
+    out: list[Unopenable] = []
+    if token_set is not None:
+        try:
+            cipher.open(token_set)
+        except SecretUnavailable as exc:
+            out.append(Unopenable(tenant, "tokens", str(exc), exc.key_id))
+        except ConfigurationError as exc:
+            out.append(Unopenable(tenant, "tokens", str(exc)))
+    if config_text is not None:
+        try:
+            open_config(json.loads(config_text), cipher)
+        except SecretUnavailable as exc:
+            out.append(Unopenable(tenant, "config", str(exc), exc.key_id))
+        except ConfigurationError as exc:
+            out.append(Unopenable(tenant, "config", str(exc)))
+        except (ValueError, RecursionError):
+            out.append(Unopenable(tenant, "config", "the stored config is not JSON"))
+    return out
+
+
+def _names(tenants: Sequence[str]) -> str:
+    unique = sorted(set(tenants))
+    shown = ", ".join(unique[:_NAMES_SHOWN])
+    more = len(unique) - _NAMES_SHOWN
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def describe_unopenable(problems: Sequence[Unopenable], cipher: TokenCipher) -> str | None:
+    """One line saying which keys are missing and which tenants cannot be opened, or
+    ``None`` when nothing is wrong."""
+    if not problems:
+        return None
+    tenants = {p.tenant for p in problems}
+    held = (
+        f"{ENV_KEY} holds {', '.join(cipher.key_ids)}"
+        if cipher.encrypts
+        else f"{ENV_KEY} is not set"
+    )
+    by_key: dict[str, list[str]] = {}
+    other: list[Unopenable] = []
+    for p in problems:
+        if p.key_id is not None:
+            by_key.setdefault(p.key_id, []).append(p.tenant)
+        else:
+            other.append(p)
+    parts: list[str] = []
+    for kid, names in sorted(by_key.items()):
+        parts.append(f"key {kid} is missing ({held}): tenants {_names(names)}")
+    if other and not cipher.encrypts and all("not set" in p.reason for p in other):
+        parts.append(f"{held}: tenants {_names([p.tenant for p in other])}")
+    else:
+        for p in sorted(other, key=lambda p: p.tenant)[:_NAMES_SHOWN]:
+            parts.append(f"tenant {p.tenant} ({p.what}): {p.reason}")
+        if len(other) > _NAMES_SHOWN:
+            parts.append(f"and {len(other) - _NAMES_SHOWN} more")
+    n = len(tenants)
+    return (
+        f"cannot open the secrets of {n} active tenant{'s' if n != 1 else ''}: "
+        + "; ".join(parts)
+        + f" (put the missing key in {ENV_KEY}, after the new one while rotating)"
+    )
+
+
+async def require_openable_secrets(db: Database, cipher: TokenCipher | None = None) -> None:
+    """Raise :class:`~synckit.errors.ConfigurationError` (one line, see
+    :func:`describe_unopenable`) unless every active tenant's secrets open."""
+    cipher = cipher or TokenCipher.from_env()
+    message = describe_unopenable(await find_unopenable(db, cipher), cipher)
+    if message is not None:
+        raise ConfigurationError(" ".join(message.split()))
+
+
+@dataclass(frozen=True)
+class RotateResult:
+    """What :func:`rotate_secrets` re-sealed, and what it could not open (left as it was)."""
+
+    key_id: str
+    token_sets: int
+    configs: int
+    verifiers: int
+    unreadable: tuple[tuple[str, str], ...] = ()
+    #: Tenants whose connector's model was not given: their plaintext config secrets
+    #: (rows from before sealing) could not be found.
+    unchecked: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.token_sets + self.configs + self.verifiers
+
+
+async def rotate_secrets(
+    db: Database,
+    cipher: TokenCipher,
+    *,
+    models: Mapping[str, type[BaseModel]] | None = None,
+) -> RotateResult:
+    """Re-seal every token set, config secret and pending PKCE verifier under
+    ``cipher``'s sealing key (its first); idempotent.
+
+    ``cipher`` must hold the old keys too; with ``insecure_dev`` it also seals what was
+    stored in plaintext for development. ``models`` (connector name to config model)
+    lets it seal plaintext config secrets of rows written before configs were sealed.
+    """
+    from synckit.connectors.authorize import reseal_verifiers
+    from synckit.connectors.tenants import reseal_configs
+
+    if not cipher.encrypts or cipher.primary_key_id is None:
+        raise ConfigurationError(f"rotating secrets needs a key: set {ENV_KEY}")
+    tokens, token_failures = await reseal_token_sets(db, cipher)
+    configs = await reseal_configs(db, cipher, models=models)
+    verifiers = await reseal_verifiers(db, cipher)
+    failures: list[tuple[str, str]] = [
+        *((t, f"tokens: {r}") for t, r in token_failures),
+        *((t, f"config: {r}") for t, r in configs.unreadable),
+    ]
+    return RotateResult(
+        key_id=cipher.primary_key_id,
+        token_sets=tokens,
+        configs=configs.resealed,
+        verifiers=verifiers,
+        unreadable=tuple(sorted(failures)),
+        unchecked=configs.unchecked,
+    )
+
+
+def models_of(app: App) -> dict[str, type[BaseModel]]:
+    """Connector name to config model, for the connectors an App knows."""
+    return {name: cls.config_model for name, cls in app.connectors.items()}
