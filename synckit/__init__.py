@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from synckit.app import App
+    from synckit.connectors.authorize import begin_authorization, complete_authorization
     from synckit.connectors.base import BearerToken, Connector, Page, RateLimit, Stream
     from synckit.connectors.context import SyncContext
     from synckit.connectors.incremental import Incremental, Watermark
@@ -108,6 +109,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "TokenSet": ("synckit.connectors.secrets", "TokenSet"),
     "Worker": ("synckit.runtime.worker", "Worker"),
     "add_tenant": ("synckit.connectors.tenants", "add_tenant"),
+    "begin_authorization": ("synckit.connectors.authorize", "begin_authorization"),
+    "complete_authorization": ("synckit.connectors.authorize", "complete_authorization"),
     "classify": ("synckit.errors", "classify"),
     "enqueue": ("synckit.runtime.jobs", "enqueue"),
     "enqueue_many": ("synckit.runtime.jobs", "enqueue_many"),
@@ -171,7 +174,9 @@ __all__ = [
     "Watermark",
     "Worker",
     "add_tenant",
+    "begin_authorization",
     "classify",
+    "complete_authorization",
     "enqueue",
     "enqueue_many",
     "get_tenant",

@@ -35,3 +35,13 @@ def test_all_is_complete() -> None:
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
     assert bound <= set(synckit.__all__) | {"annotations", "importlib", "TYPE_CHECKING", "Any"}
+
+
+def test_the_connect_flow_is_exported() -> None:
+    """A web app connects a tenant with `from synckit import begin_authorization, ...`."""
+    from synckit.connectors import authorize
+
+    assert synckit.begin_authorization is authorize.begin_authorization
+    assert synckit.complete_authorization is authorize.complete_authorization
+    for name in ("begin_authorization", "complete_authorization", "reauth", "TokenSet"):
+        assert name in synckit.__all__
