@@ -49,6 +49,7 @@ import asyncio
 import contextlib
 import email.utils
 import http
+import inspect
 import json
 import math
 import random
@@ -410,6 +411,59 @@ class _Decision:
     delay: float = 0.0
 
 
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Z-]+")  # RFC 9110's token, upper-cased
+
+
+def _json_reply(data: Any, where: str) -> Reply:
+    try:
+        return Reply.json(data)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"{where}: answers JSON, and {type(data).__name__} is not JSON-serialisable ({exc})"
+        ) from None
+
+
+def _checked_target(target: Any, where: str) -> Any:
+    """``target`` as a route stores it (static JSON encoded once); raises naming ``where``."""
+    if isinstance(target, Reply):
+        _check_reply(target, where)
+        return target
+    if isinstance(target, Fault):
+        return target
+    if isinstance(target, type) or getattr(target, "__self__", None) in (Reply, Fault):
+        # Reply.json, Fault.gone...: a factory passed without calling it.
+        name = getattr(target, "__qualname__", repr(target))
+        raise TypeError(f"{where}: {name} is a factory; pass what it returns, e.g. {name}(...)")
+    if callable(target):
+        if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+            getattr(target, "__call__", None)  # noqa: B004 - an instance with async __call__
+        ):
+            raise TypeError(
+                f"{where}: handlers are plain functions (they run under the fake's lock); "
+                f"{getattr(target, '__qualname__', target)!r} is async"
+            )
+        return target
+    return _json_reply(target, where)
+
+
+def _check_reply(reply: Reply, where: str) -> None:
+    if not (isinstance(reply.status, int) and 100 <= reply.status <= 599):
+        raise ValueError(f"{where}: Reply status must be an int in 100-599, not {reply.status!r}")
+    if not isinstance(reply.body, bytes):
+        raise TypeError(
+            f"{where}: Reply body must be bytes, not {type(reply.body).__name__} "
+            "(use Reply.json(data) or Reply.text(text))"
+        )
+    if not (
+        isinstance(reply.headers, tuple)
+        and all(
+            isinstance(h, tuple) and len(h) == 2 and all(isinstance(x, str) for x in h)
+            for h in reply.headers
+        )
+    ):
+        raise TypeError(f"{where}: Reply headers must be (name, value) pairs of str")
+
+
 def _unauthorized_parts(description: str, body: Any) -> tuple[bytes, tuple[tuple[str, str], ...]]:
     payload = {"error": "invalid_token", "error_description": description} if body is None else body
     challenge = f'Bearer error="invalid_token", error_description="{description}"'
@@ -473,13 +527,25 @@ class FakeAPI:
     # --- configuration ---------------------------------------------------------------------
 
     def route(self, method: str, path: str, target: Any, *, auth: bool | None = None) -> None:
-        """Answer ``method path`` with ``target``: a :data:`Handler` or static JSON.
+        """Answer ``method path`` with ``target``: a :data:`Handler`, a :class:`Reply` or a
+        :class:`Fault` (every request gets it), or static JSON.
 
         ``path`` may hold ``{name}`` (one segment) and ``{name:path}`` (the rest) parameters;
         ``method`` may be ``"*"``. Registering the same method and path again replaces it.
         ``auth`` overrides the fake's ``require_auth`` for this route.
+
+        ``target`` is checked here, not when a request arrives (static JSON is encoded once,
+        here): a value JSON cannot encode, a malformed :class:`Reply`, an ``async def``
+        handler or an uncalled factory such as ``Reply.json`` raise ``TypeError`` or
+        ``ValueError`` naming the route.
         """
         m = method.upper()
+        where = f"route {m} {path}"
+        if m != "*" and not _TOKEN.fullmatch(m):
+            raise ValueError(f"{where}: {method!r} is not an HTTP method (or '*')")
+        if not path.startswith("/"):
+            raise ValueError(f"{where}: the path must start with '/'")
+        target = _checked_target(target, where)
         with self.lock:
             self._routes = [r for r in self._routes if (r.method, r.template) != (m, path)]
             self._routes.append(_Route(m, path, _compile(path), target, auth))
@@ -689,20 +755,24 @@ class FakeAPI:
                     {"error": "method_not_allowed"}, 405, {"Allow": ", ".join(sorted(allowed))}
                 )
             return Reply.json({"error": "not_found", "path": request.path}, 404)
-        if not callable(route.target):
-            return Reply.json(route.target)
+        if isinstance(route.target, Reply | Fault):
+            return route.target
         try:
             result = route.target(request)
+            if isinstance(result, Reply):
+                _check_reply(result, f"route {route.method} {route.template}'s handler")
+                return result
+            if isinstance(result, Fault):
+                return result
+            if result is None:
+                return Reply.empty(204)
+            return _json_reply(result, f"route {route.method} {route.template}'s handler")
         except Exception as exc:
-            # A bug in a test's handler: answer as a real server would (500) and keep the
-            # exception for the test to see, rather than crash the transport or server.
+            # A bug in a test's handler (or an answer it cannot give): answer as a real server
+            # would (500) and keep the exception for the test to see, rather than crash the
+            # transport or the server.
             self.handler_errors.append(exc)
             return Reply.json({"error": "fake_handler_failed", "detail": repr(exc)}, 500)
-        if isinstance(result, Reply | Fault):
-            return result
-        if result is None:
-            return Reply.empty(204)
-        return Reply.json(result)
 
     def _apply(
         self, fault: Fault, request: RecordedRequest, now: datetime, produce: Callable[[], Reply]

@@ -377,3 +377,74 @@ def test_fault_rates_adding_up_to_more_than_one_are_refused(api: FakeAPI) -> Non
 def test_a_script_step_of_the_wrong_type_is_refused(api: FakeAPI) -> None:
     with pytest.raises(TypeError, match="script step"):
         api.script("GET", "/items", [{"items": []}])  # type: ignore[list-item]
+
+
+# --- route() checks what it is given when it is given -----------------------------------------
+
+
+async def test_a_reply_or_a_fault_is_a_route_answer(api: FakeAPI) -> None:
+    api.route("GET", "/created", Reply.json({"id": 9}, 201, {"Location": "/items/9"}))
+    api.route("GET", "/down", Fault.unavailable(retry_after=4))
+    async with client(api) as c:
+        created = await c.get("/created")
+        down = await c.get("/down")
+    assert (created.status_code, created.json(), created.headers["location"]) == (
+        201,
+        {"id": 9},
+        "/items/9",
+    )
+    assert (down.status_code, down.headers["retry-after"]) == (503, "4")
+
+
+class _NotJSON:
+    pass
+
+
+async def _async_handler(_: object) -> dict[str, int]:
+    return {}
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (Reply.json, "route GET /items: Reply.json is a factory; pass what it returns"),
+        (Fault.gone, "route GET /items: Fault.gone is a factory"),
+        (Reply, "route GET /items: Reply is a factory"),
+        ({"when": datetime(2024, 1, 1)}, "route GET /items: answers JSON, and dict is not JSON"),
+        ({1, 2}, "route GET /items: answers JSON, and set is not JSON-serialisable"),
+        (_NotJSON(), "route GET /items: answers JSON, and _NotJSON is not JSON-serialisable"),
+        (Reply(200, {"a": 1}), "route GET /items: Reply body must be bytes, not dict"),  # type: ignore[arg-type]
+        (Reply(1000), "route GET /items: Reply status must be an int in 100-599, not 1000"),
+        (Reply(200, b"", (("X", 1),)), "route GET /items: Reply headers must be"),  # type: ignore[arg-type]
+        (_async_handler, "route GET /items: handlers are plain functions"),
+    ],
+)
+def test_route_refuses_what_it_cannot_answer_with_at_once_naming_the_route(
+    target: object, message: str
+) -> None:
+    api = FakeAPI()
+    with pytest.raises((TypeError, ValueError)) as caught:
+        api.route("get", "/items", target)
+    text = str(caught.value)
+    assert text.startswith(message), text
+    assert "\n" not in text
+    assert api.calls() == [] and api._routes == []
+
+
+def test_route_refuses_a_bad_method_or_path() -> None:
+    api = FakeAPI()
+    with pytest.raises(ValueError, match=r"route GET\?X /items: 'GET\?X' is not an HTTP method"):
+        api.route("GET?X", "/items", {})
+    with pytest.raises(ValueError, match="route GET items: the path must start with '/'"):
+        api.route("GET", "items", {})
+
+
+async def test_a_handler_answer_that_cannot_be_sent_is_a_500_naming_the_route(api: FakeAPI) -> None:
+    api.route("GET", "/odd", lambda r: {"at": datetime(2024, 1, 1)})
+    async with client(api) as c:
+        answer = await c.get("/odd")
+    assert answer.status_code == 500
+    assert [str(e) for e in api.handler_errors] == [
+        "route GET /odd's handler: answers JSON, and dict is not JSON-serialisable "
+        "(Object of type datetime is not JSON serializable)"
+    ]
