@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,7 +41,7 @@ from synckit.errors.exceptions import ConfigurationError, PermanentError
 from synckit.runtime.alerts import bind_database, get_alert_router, register_alerts
 from synckit.runtime.db import ENV_URL, Database, open_database
 from synckit.runtime.handlers import Discard, JobContext, Registry
-from synckit.runtime.jobs import ClaimedJob
+from synckit.runtime.jobs import ClaimedJob, utcnow
 from synckit.runtime.poll import (
     POLL_KIND,
     SCHEDULE_KIND,
@@ -64,7 +64,10 @@ class App:
     ``scheduler_every`` is how often due cycles are looked for; ``poll_timeout`` bounds
     one cycle (a cycle cut short keeps the checkpoints of the pages it committed).
     ``transport`` replaces the network of every connector (for tests). ``registry`` lets
-    the App's handlers join an existing registry.
+    the App's handlers join an existing registry. ``clock`` (for tests) is the time its
+    cycles, HTTP pacing and workers read; a clock that can sleep
+    (:class:`~synckit.testing.FakeClock`) also takes their waits, so a ``Retry-After: 30``
+    costs a test no wall time.
     """
 
     def __init__(
@@ -78,12 +81,14 @@ class App:
         transport: httpx.AsyncBaseTransport | None = None,
         dlq_replay_every: timedelta | None = timedelta(minutes=1),
         alerts_every: timedelta | None = timedelta(minutes=1),
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._connectors: dict[str, type[Connector[Any]]] = {}
         for cls in connectors:
             self.add_connector(cls)
         self.database_url = database_url
         self.transport = transport
+        self.clock: Callable[[], datetime] = clock or utcnow
         self.registry = registry if registry is not None else Registry()
         self.registry.add(POLL_KIND, self._poll_job, timeout=poll_timeout)
         # A poll cycle that fails is retried with its connector's retry_policy, if any.
@@ -177,6 +182,8 @@ class App:
         """A :class:`Worker` running this App's jobs on ``db`` (options as for Worker)."""
         self.bind(db)
         bind_database(self.registry, db)
+        if self.clock is not utcnow:
+            options.setdefault("clock", self.clock)
         return Worker(db, self.registry, **options)
 
     # --- tenants and cycles ---------------------------------------------------------------
@@ -214,12 +221,15 @@ class App:
             trace_id=trace_id,
             log=log,
             transport=self.transport,
+            clock=self.clock,
         ) as ctx:
             yield ctx
 
     async def schedule(self, db: Database, *, now: datetime | None = None) -> list[str]:
         """Enqueue the due cycles now; what the recurring scheduler job does."""
-        return await schedule_polls(db, self._connectors, now=now)
+        return await schedule_polls(
+            db, self._connectors, now=now if now is not None else self.clock()
+        )
 
     async def poll(
         self,
@@ -241,7 +251,7 @@ class App:
             stream = streams[0].name
         cls.stream(stream)
         async with self.context(db, t, stream=stream, trace_id=trace_id, log=log) as ctx:
-            return await run_cycle(db, ctx.connector, ctx, job=job)
+            return await run_cycle(db, ctx.connector, ctx, job=job, clock=self.clock)
 
     async def replay_record(
         self, db: Database, tenant: str, connector: str, kind: str, payload: Any
@@ -274,7 +284,12 @@ class App:
         if t.status == "paused":
             raise TenantError(f"tenant {tenant!r} is paused")
         async with open_context(
-            db, instance, resource_key=t.resource_key, stream=stream, transport=self.transport
+            db,
+            instance,
+            resource_key=t.resource_key,
+            stream=stream,
+            transport=self.transport,
+            clock=self.clock,
         ) as ctx:
             await instance.handle(ctx.for_record(record_id_of(instance, payload)), payload)
 
@@ -320,8 +335,11 @@ class App:
             trace_id=jctx.job.trace_id,
             log=jctx.log,
             transport=self.transport,
+            clock=self.clock,
         ) as ctx:
-            await run_cycle(db, instance, ctx, job=jctx.job, progressed=jctx.progressed)
+            await run_cycle(
+                db, instance, ctx, job=jctx.job, clock=self.clock, progressed=jctx.progressed
+            )
 
 
 _review_tasks: set[asyncio.Task[Any]] = set()

@@ -52,6 +52,7 @@ from synckit.errors.pace import PacePolicy
 from synckit.errors.raising import exception_for
 from synckit.errors.waits import clamp_wait
 from synckit.runtime import pacing
+from synckit.runtime.clock import Waiter
 from synckit.runtime.db import Database
 
 __all__ = [
@@ -120,6 +121,9 @@ class Pacer:
         #: The longest one request waits inline (the connector's max_inline_wait).
         self.max_wait = max_wait.total_seconds()
         self.clock = clock
+        #: Pacing waits and inline retries sleep through it: on the clock when the clock
+        #: can sleep (a test's FakeClock), else on the event loop.
+        self.waiter = Waiter(clock)
         self._state: _Shared | None = None
 
     @property
@@ -145,12 +149,11 @@ class Pacer:
 
     async def before_request(self) -> None:
         """Return when a request may go; raise RateLimited if that is too far off."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = self.waiter.mark()
         st = self.state
         while True:
             now = self.clock()
-            budget = self.max_wait - (loop.time() - started)
+            budget = self.max_wait - self.waiter.elapsed(started)
             if self._wants_slot(now):
                 result = await self.db.write(
                     _take_slot,
@@ -168,7 +171,7 @@ class Pacer:
                 if result.wait > budget:
                     why = {"paced": "is paced", "quota": "has spent its quota"}
                     raise self._too_long(result.wait, why.get(result.why, "is rate limited"))
-                await asyncio.sleep(result.wait)
+                await self.waiter.sleep(result.wait)
                 if result.reserved:
                     return
                 continue
@@ -183,7 +186,7 @@ class Pacer:
                 return
             if wait > budget:
                 raise self._too_long(wait, "is paced")
-            await asyncio.sleep(wait)
+            await self.waiter.sleep(wait)
 
     def paced_until(self, until: datetime) -> None:
         """This process learnt the resource is paced until ``until`` (no read needed)."""
@@ -338,8 +341,8 @@ class SyncClient(httpx.AsyncClient):
         self._pace_policy = PacePolicy(max_wait=connector.max_wait)
 
     async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        waiter = self.pacer.waiter
+        started = waiter.mark()
         retries = 0
         while True:
             response, c = await self._send_once(request, **kwargs)
@@ -353,7 +356,7 @@ class SyncClient(httpx.AsyncClient):
             )
             now = self.clock()
             wait = max((until - now).total_seconds(), 0.0) if until is not None else 0.0
-            inline_left = self.pacer.max_wait - (loop.time() - started)
+            inline_left = self.pacer.max_wait - waiter.elapsed(started)
             if (
                 retries < MAX_INLINE_RETRIES
                 and wait <= inline_left
@@ -367,7 +370,7 @@ class SyncClient(httpx.AsyncClient):
                     retry=retries,
                 )
                 if wait > 0:
-                    await asyncio.sleep(wait)
+                    await waiter.sleep(wait)
                 continue
             error = api_error(c, request)
             if isinstance(error, RateLimited):

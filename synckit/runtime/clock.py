@@ -1,0 +1,65 @@
+"""How the runtime waits, so that a test's clock can stand in for the wall clock.
+
+synckit takes a clock as a ``Callable[[], datetime]`` wherever it reads the time. A clock
+that also offers ``async sleep(seconds)`` (:class:`SleepingClock`, e.g.
+:class:`~synckit.testing.clock.FakeClock`, which advances itself instead of sleeping)
+takes over the waits as well: pacing waits and inline retries after a rate limit go
+through :class:`Waiter`, which sleeps and measures elapsed time on such a clock, and
+otherwise uses ``asyncio.sleep`` and the event loop's monotonic time. A connector test
+whose API answers ``429`` with ``Retry-After: 30`` therefore runs in milliseconds, with
+the clock 30 s further on afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+__all__ = ["SleepingClock", "Waiter"]
+
+
+@runtime_checkable
+class SleepingClock(Protocol):
+    """A clock whose waits the runtime hands to it (instead of ``asyncio.sleep``)."""
+
+    def __call__(self) -> datetime: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class Waiter:
+    """Sleeps and stopwatch for waits tied to ``clock``.
+
+    With a :class:`SleepingClock`, :meth:`sleep` is the clock's and elapsed time is read
+    from the clock, so waited time counts against a budget (``max_inline_wait``) just as
+    real waits do. Otherwise, ``asyncio.sleep`` and the loop's monotonic time: the wall
+    clock may jump, a budget must not.
+    """
+
+    def __init__(self, clock: Callable[[], datetime]) -> None:
+        self.clock = clock
+        self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        self._clock_sleeps = False
+        if isinstance(clock, SleepingClock) and inspect.iscoroutinefunction(clock.sleep):
+            self._sleep, self._clock_sleeps = clock.sleep, True
+
+    @property
+    def clock_sleeps(self) -> bool:
+        """Whether waits go through the clock (a test's) rather than the event loop."""
+        return self._clock_sleeps
+
+    def mark(self) -> float:
+        """A point to measure :meth:`elapsed` from."""
+        if self._clock_sleeps:
+            return self.clock().timestamp()
+        return asyncio.get_running_loop().time()
+
+    def elapsed(self, since: float) -> float:
+        """Seconds since ``since`` (a :meth:`mark`), never negative."""
+        return max(self.mark() - since, 0.0)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._sleep(seconds)
