@@ -35,11 +35,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, null, select, update
+from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.runtime.jobs import _insert
 from synckit.runtime.schema import audit_buckets
 from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
 
@@ -113,6 +112,35 @@ class AuditRow:
         return self.failed + sum(self.classes.retried.values())
 
 
+# Built once: SQLAlchemy does not cache a dialect's insert().on_conflict_do_update() (it
+# was compiled at every poll page and recording batch). The same text runs on SQLite and
+# PostgreSQL; failed_by_class starts as SQL NULL, not JSON null, so "rows with failures"
+# is a plain IS NOT NULL.
+_UPSERT = (
+    text(
+        "INSERT INTO audit_buckets"
+        " (tenant, connector, minute, app_version, ok, failed, failed_by_class)"
+        " VALUES (:tenant, :connector, :minute, :app_version, :ok, :failed, NULL)"
+        " ON CONFLICT (tenant, connector, minute, app_version) DO UPDATE SET"
+        " ok = audit_buckets.ok + excluded.ok, failed = audit_buckets.failed + excluded.failed"
+        " RETURNING failed_by_class"
+    )
+    .bindparams(bindparam("minute", type_=audit_buckets.c.minute.type))
+    .columns(audit_buckets.c.failed_by_class)
+)
+_SET_CLASSES = (
+    update(audit_buckets)
+    .where(
+        # Not the columns' own names: an UPDATE reserves those for its SET clause.
+        audit_buckets.c.tenant == bindparam("k_tenant"),
+        audit_buckets.c.connector == bindparam("k_connector"),
+        audit_buckets.c.minute == bindparam("k_minute"),
+        audit_buckets.c.app_version == bindparam("k_app_version"),
+    )
+    .values(failed_by_class=bindparam("merged"))
+)
+
+
 async def record_audit(
     conn: AsyncConnection,
     tenant: str,
@@ -169,29 +197,16 @@ def record_audit_sync(
         "minute": minute_of(now),
         "app_version": version,
     }
-    # SQL NULL, not JSON null: "rows with failures" is then a plain IS NOT NULL.
-    ins = _insert(conn)(audit_buckets).values(
-        **key, ok=ok, failed=sum(failed_by_class.values()), failed_by_class=null()
-    )
-    upsert = ins.on_conflict_do_update(
-        index_elements=["tenant", "connector", "minute", "app_version"],
-        set_={
-            "ok": audit_buckets.c.ok + ins.excluded.ok,
-            "failed": audit_buckets.c.failed + ins.excluded.failed,
-        },
-    ).returning(audit_buckets.c.failed_by_class)
-    current = conn.execute(upsert).scalar()
+    current = conn.execute(
+        _UPSERT, {**key, "ok": ok, "failed": sum(failed_by_class.values())}
+    ).scalar()
     delta = merge_counts(failed_by_class, {RETRIED_PREFIX + k: v for k, v in retried.items()})
     if not delta:
         return
     # The upsert above holds the row lock until commit, so this read-modify-write cannot
     # lose a concurrent writer's counts.
     merged = merge_counts(current if isinstance(current, Mapping) else None, delta)
-    conn.execute(
-        update(audit_buckets)
-        .where(*(audit_buckets.c[k] == v for k, v in key.items()))
-        .values(failed_by_class=merged)
-    )
+    conn.execute(_SET_CLASSES, {**{f"k_{k}": v for k, v in key.items()}, "merged": merged})
 
 
 @dataclass

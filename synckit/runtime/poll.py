@@ -3,7 +3,8 @@
 A *poll cycle* is a job (kind ``synckit.poll``) for one tenant and stream. It reads the
 stored checkpoint, iterates the connector's ``poll()`` pages and runs ``handle()`` on
 every record of a page, a few at once, each isolated from the others. After each page,
-one transaction commits:
+one synchronous transaction commits (:meth:`~synckit.runtime.db.Database.write`: one hop
+to SQLite's writer thread, ``run_sync`` on PostgreSQL, statements built once):
 
 * the page's checkpoint (unless the stream's ``hold`` policy stops before a failure),
 * a ``dead_letters`` row per failed record, one row per (tenant, connector,
@@ -11,8 +12,9 @@ one transaction commits:
   count, last error, history) instead of adding one; validation and authorization
   failures wait for ``review``, the rest are ``pending`` for replay a minute later,
 * ``resolved`` on the dead letters of records that succeeded this time (so a replay
-  never overwrites newer data with an old payload),
-* the audit counts of the page (:func:`synckit.runtime.audit.record_audit`),
+  never overwrites newer data with an old payload); skipped while the stream has no open
+  dead letter (looked up once, when the cycle reads its checkpoint),
+* the audit counts of the page (:func:`synckit.runtime.audit.record_audit_sync`),
 * and, for a cycle run as a job, a check that the job still holds its claim (a cycle
   whose lease was rescued must not move a checkpoint another cycle now owns).
 
@@ -51,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.connectors.base import Connector, Page
@@ -62,7 +65,7 @@ from synckit.errors.exceptions import (
     NeedsReauth,
     RateLimited,
 )
-from synckit.runtime.audit import record_audit
+from synckit.runtime.audit import record_audit_sync
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel
 from synckit.runtime.jobs import ClaimedJob, JobSpec, _insert, enqueue_new, utcnow
@@ -76,6 +79,7 @@ __all__ = [
     "SCHEDULE_BATCH",
     "SCHEDULE_KIND",
     "CycleResult",
+    "CycleStart",
     "RecordFailure",
     "ScheduleRun",
     "TickPlan",
@@ -87,6 +91,7 @@ __all__ = [
     "marker_of",
     "plan_ticks",
     "poll_key",
+    "read_cycle_start",
     "record_id_of",
     "record_kind",
     "resolve_records",
@@ -132,34 +137,91 @@ def poll_key(tenant: str, stream: str) -> str:
 
 # --- checkpoints ------------------------------------------------------------------------
 
+# The hot statements of a cycle, built once. SQLAlchemy never caches a dialect's
+# ``insert().on_conflict_do_update()`` (its cache key is None: it was compiled at every
+# page), so the upserts are text with typed parameters; ``INSERT ... ON CONFLICT (...) DO
+# UPDATE`` is spelt the same on SQLite (>= 3.24) and PostgreSQL.
+_CHECKPOINT_OF = select(checkpoints.c.cursor).where(
+    checkpoints.c.tenant == bindparam("tenant"),
+    checkpoints.c.connector == bindparam("connector"),
+    checkpoints.c.stream == bindparam("stream"),
+)
+_OPEN = ("pending", "review")
+_HAS_OPEN = (
+    select(dead_letters.c.id)
+    .where(
+        dead_letters.c.tenant == bindparam("tenant"),
+        dead_letters.c.connector == bindparam("connector"),
+        dead_letters.c.kind == bindparam("kind"),
+        dead_letters.c.status.in_(_OPEN),
+    )
+    .limit(1)
+)
+# One round trip for what a cycle reads before its first page.
+_CYCLE_START = select(_CHECKPOINT_OF.scalar_subquery(), _HAS_OPEN.exists())
+_SAVE_CHECKPOINT = text(
+    "INSERT INTO checkpoints (tenant, connector, stream, cursor, updated_at)"
+    " VALUES (:tenant, :connector, :stream, :cursor, :updated_at)"
+    " ON CONFLICT (tenant, connector, stream)"
+    " DO UPDATE SET cursor = excluded.cursor, updated_at = excluded.updated_at"
+).bindparams(
+    bindparam("cursor", type_=checkpoints.c.cursor.type),
+    bindparam("updated_at", type_=checkpoints.c.updated_at.type),
+)
+# Locks the job row until the page commits, so a rescue cannot slip in between.
+_HOLDS = (
+    select(jobs.c.id)
+    .where(
+        jobs.c.id == bindparam("id"),
+        jobs.c.claim_token == bindparam("token"),
+        jobs.c.status == "running",
+    )
+    .with_for_update()
+)
+
+
+@dataclass(frozen=True)
+class CycleStart:
+    """What a cycle reads before its first page: the stream's stored checkpoint (None
+    before its first page) and whether the stream has open (pending or review) dead
+    letters of records, which succeeding records then resolve."""
+
+    checkpoint: Any
+    open_dead_letters: bool
+
+
+def read_cycle_start(conn: Connection, tenant: str, connector: str, stream: str) -> CycleStart:
+    """:class:`CycleStart` of the stream, in the caller's transaction (one statement)."""
+    params = {"tenant": tenant, "connector": connector, "stream": stream}
+    row = conn.execute(_CYCLE_START, {**params, "kind": record_kind(stream)}).one()
+    return CycleStart(row[0], bool(row[1]))
+
 
 async def load_checkpoint(
     target: Database | AsyncConnection, tenant: str, connector: str, stream: str
 ) -> Any:
     """The stored checkpoint of the stream, or None before its first page."""
-    stmt = select(checkpoints.c.cursor).where(
-        checkpoints.c.tenant == tenant,
-        checkpoints.c.connector == connector,
-        checkpoints.c.stream == stream,
-    )
+    params = {"tenant": tenant, "connector": connector, "stream": stream}
     if isinstance(target, Database):
         async with target.begin() as conn:
-            return (await conn.execute(stmt)).scalar()
-    return (await target.execute(stmt)).scalar()
+            return (await conn.execute(_CHECKPOINT_OF, params)).scalar()
+    return (await target.execute(_CHECKPOINT_OF, params)).scalar()
 
 
-async def save_checkpoint(
-    conn: AsyncConnection, tenant: str, connector: str, stream: str, cursor: Any, now: datetime
+def save_checkpoint(
+    conn: Connection, tenant: str, connector: str, stream: str, cursor: Any, now: datetime
 ) -> None:
-    """Store the stream's checkpoint, in the caller's transaction."""
-    ins = _insert(conn)(checkpoints).values(
-        tenant=tenant, connector=connector, stream=stream, cursor=cursor, updated_at=now
-    )
-    await conn.execute(
-        ins.on_conflict_do_update(
-            index_elements=["tenant", "connector", "stream"],
-            set_={"cursor": ins.excluded.cursor, "updated_at": ins.excluded.updated_at},
-        )
+    """Store the stream's checkpoint, in the caller's transaction (a synchronous
+    connection: :meth:`Database.write`)."""
+    conn.execute(
+        _SAVE_CHECKPOINT,
+        {
+            "tenant": tenant,
+            "connector": connector,
+            "stream": stream,
+            "cursor": cursor,
+            "updated_at": now,
+        },
     )
 
 
@@ -201,8 +263,8 @@ def _chunks(items: Sequence[str], size: int = 500) -> list[Sequence[str]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-async def dead_letter_records(
-    conn: AsyncConnection,
+def dead_letter_records(
+    conn: Connection,
     *,
     tenant: str,
     connector: str,
@@ -225,7 +287,7 @@ async def dead_letter_records(
     ids = sorted(by_id)
     existing: dict[str, Any] = {}
     for chunk in _chunks(ids):
-        rows = await conn.execute(
+        rows = conn.execute(
             select(dead_letters.c.record_id, dead_letters.c.history)
             .where(
                 dead_letters.c.tenant == tenant,
@@ -263,7 +325,7 @@ async def dead_letter_records(
         if rid in existing:
             old = existing[rid].history
             history = [*(old if isinstance(old, list) else []), entry][-HISTORY_LIMIT:]
-            await conn.execute(
+            conn.execute(
                 update(dead_letters)
                 .where(
                     dead_letters.c.tenant == tenant,
@@ -291,7 +353,7 @@ async def dead_letter_records(
         ins = _insert(conn)(dead_letters).values(new_rows)
         # Only a concurrent writer of the same record can conflict here (the row was not
         # there when read); count the failure on its row rather than fail the page.
-        await conn.execute(
+        conn.execute(
             ins.on_conflict_do_update(
                 index_elements=["tenant", "connector", "kind", "record_id"],
                 set_={
@@ -309,8 +371,27 @@ async def dead_letter_records(
         )
 
 
-async def resolve_records(
-    conn: AsyncConnection,
+def _resolve_statement(postgres: bool) -> Any:
+    # The ids travel as one parameter (an array, or a JSON array on SQLite): the text is
+    # the same for every page, so it is prepared once, whatever the page size.
+    ids = (
+        "record_id = ANY(CAST(:ids AS text[]))"
+        if postgres
+        else "record_id IN (SELECT value FROM json_each(:ids))"
+    )
+    return text(
+        "UPDATE dead_letters SET status = 'resolved', status_reason = :reason,"
+        " resolved_at = :now, next_retry_at = NULL"
+        " WHERE tenant = :tenant AND connector = :connector AND kind = :kind"
+        f" AND status IN ('pending', 'review') AND {ids}"
+    ).bindparams(bindparam("now", type_=dead_letters.c.resolved_at.type))
+
+
+_RESOLVE = {True: _resolve_statement(True), False: _resolve_statement(False)}
+
+
+def resolve_records(
+    conn: Connection,
     *,
     tenant: str,
     connector: str,
@@ -318,41 +399,86 @@ async def resolve_records(
     record_ids: Sequence[str],
     now: datetime,
 ) -> int:
-    """Mark the open dead letters of records that just succeeded ``resolved``."""
-    resolved = 0
-    for chunk in _chunks(sorted(set(record_ids))):
-        res = await conn.execute(
-            update(dead_letters)
-            .where(
-                dead_letters.c.tenant == tenant,
-                dead_letters.c.connector == connector,
-                dead_letters.c.kind == kind,
-                dead_letters.c.record_id.in_(list(chunk)),
-                dead_letters.c.status.in_(["pending", "review"]),
-            )
-            .values(
-                status="resolved",
-                status_reason="succeeded in a later poll cycle",
-                resolved_at=now,
-                next_retry_at=None,
-            )
-        )
-        resolved += res.rowcount or 0
-    return resolved
-
-
-async def _still_holds(conn: AsyncConnection, job: ClaimedJob) -> bool:
-    # Locks the job row until the page commits, so a rescue cannot slip in between.
-    row = await conn.execute(
-        select(jobs.c.id)
-        .where(
-            jobs.c.id == job.id,
-            jobs.c.claim_token == job.claim_token,
-            jobs.c.status == "running",
-        )
-        .with_for_update()
+    """Mark the open dead letters of records that just succeeded ``resolved``, in the
+    caller's transaction; return how many."""
+    ids = sorted(set(record_ids))
+    if not ids:
+        return 0
+    postgres = conn.dialect.name == "postgresql"
+    res = conn.execute(
+        _RESOLVE[postgres],
+        {
+            "tenant": tenant,
+            "connector": connector,
+            "kind": kind,
+            "ids": ids if postgres else json.dumps(ids),
+            "reason": "succeeded in a later poll cycle",
+            "now": now,
+        },
     )
-    return row.first() is not None
+    return res.rowcount or 0
+
+
+def _still_holds(conn: Connection, job: ClaimedJob) -> bool:
+    return conn.execute(_HOLDS, {"id": job.id, "token": job.claim_token}).first() is not None
+
+
+@dataclass(frozen=True)
+class _PageCommit:
+    """Everything one page commits (:func:`_commit_page`)."""
+
+    tenant: str
+    connector: str
+    stream: str
+    kind: str
+    job: ClaimedJob | None
+    cursor: Any  # _KEEP: leave the checkpoint as it is
+    failures: Sequence[RecordFailure]
+    succeeded: Sequence[str]
+    resolve: bool
+    ok: int
+    trace_id: str | None
+    resource_key: str | None
+    now: datetime
+
+
+def _commit_page(conn: Connection, p: _PageCommit) -> bool:
+    """The page's one transaction (:meth:`Database.write`); False, with nothing written,
+    when the job no longer holds its claim."""
+    if p.job is not None and not _still_holds(conn, p.job):
+        return False
+    if p.cursor is not _KEEP:
+        save_checkpoint(conn, p.tenant, p.connector, p.stream, p.cursor, p.now)
+    if p.failures:
+        dead_letter_records(
+            conn,
+            tenant=p.tenant,
+            connector=p.connector,
+            kind=p.kind,
+            failures=p.failures,
+            trace_id=p.trace_id,
+            job_id=p.job.id if p.job is not None else None,
+            resource_key=p.resource_key,
+            now=p.now,
+        )
+    if p.resolve and p.succeeded:
+        resolve_records(
+            conn,
+            tenant=p.tenant,
+            connector=p.connector,
+            kind=p.kind,
+            record_ids=p.succeeded,
+            now=p.now,
+        )
+    record_audit_sync(
+        conn,
+        p.tenant,
+        p.connector,
+        p.now,
+        p.ok,
+        Counter(f.error_class for f in p.failures),
+    )
+    return True
 
 
 # --- one cycle --------------------------------------------------------------------------
@@ -489,6 +615,7 @@ async def run_cycle(
     job: ClaimedJob | None = None,
     clock: Callable[[], datetime] = utcnow,
     progressed: Callable[[], None] | None = None,
+    start: CycleStart | None = None,
 ) -> CycleResult:
     """Run one poll cycle of ``ctx.stream`` for ``connector``'s tenant (see the module doc).
 
@@ -496,14 +623,22 @@ async def run_cycle(
     (:class:`~synckit.runtime.handlers.Cancel` if it was lost); None outside the queue.
     ``progressed`` is called after each committed page (the job's
     :meth:`~synckit.runtime.handlers.JobContext.progressed`: committed pages are progress,
-    so a cycle failing after them does not spend an attempt).
+    so a cycle failing after them does not spend an attempt). ``start`` is the stream's
+    :func:`read_cycle_start`, when the caller read it with the tenant; read here if None.
     """
     cls = type(connector)
     stream = cls.stream(ctx.stream)
     concurrency = stream.concurrency or cls.record_concurrency
     kind = record_kind(stream.name)
     tenant, name = connector.tenant, connector.name
-    checkpoint = await load_checkpoint(db, tenant, name, stream.name)
+    if start is None:
+        start = await db.write(read_cycle_start, tenant, name, stream.name)
+    checkpoint = start.checkpoint
+    # Open dead letters of this stream appear only through its own cycles (one at a time,
+    # by its unique key; a cycle that lost its claim commits nothing), so one look at the
+    # start, kept true once a page dead-letters a record, tells whether a page has any to
+    # resolve: most pages of most streams then skip that statement.
+    open_dead_letters = start.open_dead_letters
     pages = ok = failed = 0
     held = False
     source = connector.poll(ctx, checkpoint)
@@ -534,43 +669,34 @@ async def run_cycle(
             cursor = page.checkpoint if advance and page.checkpoint is not None else _KEEP
             if cursor is not _KEEP:
                 _check_checkpoint(connector, stream.name, cursor)
-            now = clock()
-            async with db.begin() as conn:
-                if job is not None and not await _still_holds(conn, job):
-                    raise Cancel(f"poll job {job.id} lost its claim; the page is not committed")
-                if cursor is not _KEEP:
-                    await save_checkpoint(conn, tenant, name, stream.name, cursor, now)
-                if outcome.failures:
-                    await dead_letter_records(
-                        conn,
-                        tenant=tenant,
-                        connector=name,
-                        kind=kind,
-                        failures=outcome.failures,
-                        trace_id=ctx.trace_id,
-                        job_id=job.id if job is not None else None,
-                        resource_key=ctx.resource_key,
-                        now=now,
-                    )
-                # A record twice in one page that failed once stays failed.
-                succeeded = sorted(set(outcome.ok_ids) - {f.record_id for f in outcome.failures})
-                if succeeded:
-                    await resolve_records(
-                        conn,
-                        tenant=tenant,
-                        connector=name,
-                        kind=kind,
-                        record_ids=succeeded,
-                        now=now,
-                    )
-                await record_audit(
-                    conn,
-                    tenant,
-                    name,
-                    now,
-                    len(outcome.ok_ids),
-                    Counter(f.error_class for f in outcome.failures),
-                )
+            failed_ids = {f.record_id for f in outcome.failures}
+            # A record twice in one page that failed once stays failed.
+            succeeded = [rid for rid in outcome.ok_ids if rid not in failed_ids]
+            # One synchronous transaction, one hop to the database (SQLite's writer
+            # thread, run_sync on PostgreSQL): the write lock is held for the statements
+            # only, not for a thread round trip per statement.
+            committed = await db.write(
+                _commit_page,
+                _PageCommit(
+                    tenant=tenant,
+                    connector=name,
+                    stream=stream.name,
+                    kind=kind,
+                    job=job,
+                    cursor=cursor,
+                    failures=outcome.failures,
+                    succeeded=succeeded,
+                    resolve=open_dead_letters,
+                    ok=len(outcome.ok_ids),
+                    trace_id=ctx.trace_id,
+                    resource_key=ctx.resource_key,
+                    now=clock(),
+                ),
+            )
+            if not committed:
+                assert job is not None
+                raise Cancel(f"poll job {job.id} lost its claim; the page is not committed")
+            open_dead_letters = open_dead_letters or bool(outcome.failures)
             pages += 1
             if progressed is not None:
                 progressed()
@@ -578,7 +704,7 @@ async def run_cycle(
             failed += len(outcome.failures)
             if cursor is not _KEEP:
                 checkpoint = cursor
-            ctx.log.info(
+            ctx.log.debug(
                 "poll.page_committed",
                 page=pages,
                 ok=len(outcome.ok_ids),

@@ -581,8 +581,8 @@ async def test_ctx_intent_creates_once_across_cycles(db: Database, api: FakeApi)
         await conn.execute(dead_letters.delete())
     from synckit.runtime.poll import save_checkpoint
 
-    async with db.begin() as conn:  # read everything again from the start
-        await save_checkpoint(conn, "acme", "items", "items", None, utcnow())
+    # Read everything again from the start.
+    await db.write(save_checkpoint, "acme", "items", "items", None, utcnow())
     await app.poll(db, "acme")
     posted = Counter(r.json()["id"] for r in api.requests if r.path == "/sink")
     assert len(posted) == 9 and set(posted.values()) == {1}
