@@ -173,9 +173,10 @@ def tenants_add(
 @click.option(
     "--app",
     "app_spec",
+    envvar="SYNCKIT_APP",
     default=None,
-    help="module:attribute of the App: also masks secrets of configs stored before "
-    "synckit sealed them, by their model's types.",
+    help="module:attribute of the App (or $SYNCKIT_APP): also masks secrets of configs "
+    "stored before synckit sealed them, by their model's types.",
 )
 @database_option
 def tenants_ls(
