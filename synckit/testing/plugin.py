@@ -8,7 +8,9 @@ work with no configuration:
   line), in which case its choice stands;
 * the fixtures of :mod:`synckit.testing.fixtures` (``synckit_db``, ``synckit_clock``,
   ``instant_retries``, ``run_until_idle``, ``fake_api``) are available without
-  ``pytest_plugins``.
+  ``pytest_plugins``;
+* cassettes of ``@pytest.mark.vcr`` tests (pytest-recording) are scrubbed of secrets by
+  default (:mod:`synckit.testing.cassettes`).
 
 ``-p no:synckit`` turns it off.
 """
@@ -16,6 +18,7 @@ work with no configuration:
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 
@@ -38,3 +41,11 @@ def _mode_chosen(config: pytest.Config) -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return "asyncio_mode" in config.inicfg
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_recording_configure(config: pytest.Config, vcr: Any) -> None:
+    """pytest-recording's hook: every cassette it opens scrubs secrets before writing."""
+    from synckit.testing.cassettes import install_scrubbing
+
+    install_scrubbing(vcr)

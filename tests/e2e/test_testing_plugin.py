@@ -49,3 +49,33 @@ def test_a_project_that_chose_strict_mode_keeps_it(tmp_path: Path) -> None:
     result = pytest_in(tmp_path)
     # Strict mode: an unmarked async test is not run by pytest-asyncio.
     assert "1 passed" in result.stdout, result.stdout[-3000:]
+
+
+VCR_TEST = '''
+import httpx
+import pytest
+
+from synckit.testing import FakeAPI
+
+
+@pytest.mark.vcr
+async def test_a_recorded_call() -> None:
+    api = FakeAPI()
+    api.route("GET", "/me", {"name": "acme", "access_token": "srv-issued-9z8y7x"})
+    with api.serve_in_thread() as url:
+        async with httpx.AsyncClient() as c:
+            me = await c.get(url + "/me", params={"api_key": "k-5551234"},
+                             headers={"Authorization": "Bearer author-secret-42"})
+    assert me.json()["name"] == "acme"
+'''
+
+
+def test_pytest_recording_cassettes_are_scrubbed_by_default(tmp_path: Path) -> None:
+    (tmp_path / "test_vcr.py").write_text(VCR_TEST)
+    result = pytest_in(tmp_path, "--record-mode=once")
+    assert result.returncode == 0, result.stdout[-3000:]
+    (cassette,) = (tmp_path / "cassettes" / "test_vcr").glob("*.yaml")
+    stored = cassette.read_text()
+    assert "name" in stored and "acme" in stored
+    for secret in ("srv-issued-9z8y7x", "k-5551234", "author-secret-42"):
+        assert secret not in stored
