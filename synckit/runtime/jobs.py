@@ -1008,13 +1008,30 @@ _START_PG: Any = _start_statement(
 
 
 def start_many_sync(
-    conn: Connection, held: Sequence[tuple[int, int]], *, now: datetime, lease: timedelta
+    conn: Connection,
+    held: Sequence[tuple[int, int]],
+    *,
+    now: datetime,
+    lease: timedelta,
+    async_commit: bool = False,
 ) -> set[int]:
     """Record that the claimed-ahead ``(job id, claim token)`` jobs start now: each
     attempt is charged and the lease runs until ``now + lease``. Returns the ids whose
-    claim still held; a job missing from it must not run."""
+    claim still held; a job missing from it must not run.
+
+    ``async_commit``: on PostgreSQL the caller's whole transaction then commits without
+    waiting for the WAL flush (see ``_PG_START_MANY``).
+    """
     if not held:
         return set()
+    if async_commit and conn.dialect.name == "postgresql":
+        params = {
+            "now": now,
+            "until": now + lease,
+            "ids": [i for i, _ in held],
+            "tokens": [t for _, t in held],
+        }
+        return {int(r[0]) for r in conn.execute(_PG_START_MANY_SA, params)}
     by_token: dict[int, list[int]] = {}
     for job_id, token in held:
         by_token.setdefault(token, []).append(job_id)
@@ -1036,18 +1053,29 @@ def start_many_sync(
 # by it, since the server has the commit; only a crash of the database server itself
 # can lose the last moments' marks, and a lost mark only leaves that one attempt
 # uncharged (the job's outcome or its lease rescue still follows).
-_PG_START_MANY = (
-    "UPDATE jobs SET attempts = jobs.attempts + 1, started_at = $1, heartbeat_at = $1,"
-    " lease_expires_at = $2, updated_at = $1"
+_PG_START_SQL = (
+    "UPDATE jobs SET attempts = jobs.attempts + 1, started_at = {now}, heartbeat_at = {now},"
+    " lease_expires_at = {until}, updated_at = {now}"
     " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit"
     # Each id with its own claim token (ids are unique in a batch). No status term: a
     # claim token is cleared whenever a job stops running, and only a started job can
     # succeed, so token and NULL started_at already mean "held, running, not started";
     # and with `status = 'running'` the planner took the partial index of running jobs
     # and filtered every one of them instead of using the primary key.
-    " WHERE jobs.id = ANY($3::bigint[])"
-    " AND jobs.claim_token = ($4::bigint[])[array_position($3::bigint[], jobs.id)]"
+    " WHERE jobs.id = ANY({ids})"
+    " AND jobs.claim_token = ({tokens})[array_position({ids}, jobs.id)]"
     " AND jobs.started_at IS NULL RETURNING jobs.id"
+)
+_PG_START_MANY = _PG_START_SQL.format(
+    now="$1", until="$2", ids="$3::bigint[]", tokens="$4::bigint[]"
+)
+# The same in a transaction of the recorder's (SQLAlchemy), which it makes asynchronous.
+_PG_START_MANY_SA: Any = text(
+    _PG_START_SQL.format(
+        now=":now", until=":until", ids="CAST(:ids AS bigint[])", tokens="CAST(:tokens AS bigint[])"
+    )
+).bindparams(
+    bindparam("now", type_=jobs.c.started_at.type), bindparam("until", type_=jobs.c.started_at.type)
 )
 
 # SQLite: the same on a raw sqlite3 connection (see Database.try_inline), one statement
@@ -1071,6 +1099,15 @@ def _start_many_sqlite(
         cur = conn.execute(_SQLITE_START_MANY, (at, at, until, at, json.dumps(ids), token))
         started.update(r[0] for r in cur.fetchall())
     return started
+
+
+def try_start_inline(
+    db: Database, held: Sequence[tuple[int, int]], *, now: datetime, lease: timedelta
+) -> set[int] | None:
+    """SQLite: :func:`start_many` right now on the caller's thread if the write lock is
+    free this instant; None when it is not (or on PostgreSQL): use :func:`start_many`."""
+    got = db.try_inline(_start_many_sqlite, held, now, lease)
+    return None if isinstance(got, _Busy) else got
 
 
 async def start_many(

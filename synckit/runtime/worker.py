@@ -6,8 +6,9 @@ Tasks inside one worker:
   until woken (LISTEN/NOTIFY on PostgreSQL, in-process events on SQLite) or until the
   poll interval passes;
 * one task per job runs its handler under the kind's timeout, once its start (the attempt
-  charged) is durable: marked in the claim for the jobs that start at once, else in the
-  recorder's next transaction;
+  charged) is committed: in the claim for the jobs that start at once, else in a small
+  transaction of its own when nothing finished here is unrecorded, else with the
+  recorder's next batch;
 * the recorder writes outcomes and start marks in batches: successes of many jobs commit
   in one transaction together with their follow-up jobs; failures are classified and
   retried by the errors rules, or dead-lettered; each other outcome is written in a
@@ -235,6 +236,8 @@ class Worker:
         self._outcomes: asyncio.Queue[_Outcome] = asyncio.Queue()
         # Jobs that have their handler slot and wait for their start to be recorded.
         self._start_marks: list[tuple[ClaimedJob, asyncio.Future[ClaimedJob | None]]] = []
+        # Outcomes handed to the recorder and not yet committed.
+        self._unrecorded = 0
         self._record_wake = asyncio.Event()
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
@@ -344,8 +347,9 @@ class Worker:
                     now=self.clock(),
                     lease=self.lease,
                     # Jobs that will have a handler slot at once are started (charged) by
-                    # the claim itself; the rest are claimed ahead, uncharged.
-                    start=self._slots.startable,
+                    # the claim itself, unless outcomes here are unrecorded (a start must
+                    # not commit before them: see _recorder); the rest are claimed ahead.
+                    start=0 if self._unrecorded else self._slots.startable,
                     start_lease=self.start_lease,
                     breaker_policy=self.breaker_policy,
                 )
@@ -406,6 +410,7 @@ class Worker:
         self._tasks[job.id] = task
 
     def _put_outcome(self, outcome: _Outcome) -> None:
+        self._unrecorded += 1
         self._outcomes.put_nowait(outcome)
         self._record_wake.set()
 
@@ -446,9 +451,22 @@ class Worker:
             self._slots.give()
 
     async def _mark_started(self, job: ClaimedJob) -> ClaimedJob | None:
-        """Charge the job's attempt durably before its handler runs (a job that kills its
-        worker must run out of attempts), in the recorder's next transaction rather
-        than one of its own: the job as started, or None if its claim was lost."""
+        """Charge the job's attempt, committed before its handler runs (a job that kills
+        its worker must run out of attempts): the job as started, or None if its claim
+        was lost."""
+        if not self._start_marks and not self._unrecorded:
+            # Nothing finished here is unrecorded, so the mark needs no outcome's company
+            # (see _recorder): commit it at once, in the cheapest transaction there is.
+            held = [(job.id, job.claim_token)]
+            now = self.clock()
+            got = store.try_start_inline(self.db, held, now=now, lease=self.lease)
+            if got is None and self.db.is_postgres:
+                try:
+                    got = await store.start_many(self.db, held, now=now, lease=self.lease)
+                except Exception as exc:  # the recorder retries it with backoff
+                    self._log.warning("job.start_mark_failed", job_id=job.id, error=str(exc))
+            if got is not None:
+                return replace(job, attempts=job.attempts + 1, started=True) if got else None
         fut: asyncio.Future[ClaimedJob | None] = asyncio.get_running_loop().create_future()
         self._start_marks.append((job, fut))
         self._record_wake.set()
@@ -543,10 +561,18 @@ class Worker:
                     batch.append(self._outcomes.get_nowait())
                 except asyncio.QueueEmpty:
                     break
+            # A start mark commits with (or after) the outcomes of every job that finished
+            # here before it: were the new job to kill the worker, those finished jobs
+            # must not run again, charged a second attempt.
             marks, self._start_marks = self._start_marks, []
+            held = [(j.id, j.claim_token) for j, _ in marks]
             while True:
                 try:
-                    started = await self._record(batch, [job for job, _ in marks])
+                    if batch:
+                        started = await self._record(batch, held)
+                    else:
+                        now = self.clock()
+                        started = await store.start_many(self.db, held, now=now, lease=self.lease)
                     backoff.reset()
                     break
                 except Exception as exc:  # the worker must outlive any one failure
@@ -558,6 +584,7 @@ class Worker:
                         if job.id in started
                         else None
                     )
+            self._unrecorded -= len(batch)
             for o in batch:
                 self._held.pop(o.job.id, None)
                 self._outcomes.task_done()
@@ -571,7 +598,7 @@ class Worker:
                 self._recorded.set()
                 self._slot_free.set()
 
-    async def _record(self, batch: list[_Outcome], marks: list[ClaimedJob]) -> set[int]:
+    async def _record(self, batch: list[_Outcome], marks: list[tuple[int, int]]) -> set[int]:
         """Write ``batch`` and the start ``marks`` in one transaction; the ids started."""
         now = self.clock()
         successes = [o for o in batch if o.kind == "success"]
@@ -589,13 +616,12 @@ class Worker:
         return started
 
     def _record_sync(
-        self, conn: Connection, batch: list[_Outcome], marks: list[ClaimedJob], now: datetime
+        self, conn: Connection, batch: list[_Outcome], marks: list[tuple[int, int]], now: datetime
     ) -> tuple[set[int], list[tuple[_Outcome, str | None]], bool, bool, set[int]]:
         """Record a batch of outcomes and start marks in one transaction (run whole by
-        Database.write)."""
-        started = store.start_many_sync(
-            conn, [(j.id, j.claim_token) for j in marks], now=now, lease=self.lease
-        )
+        Database.write). With marks, PostgreSQL commits it without waiting for the WAL
+        flush: jobs wait for this commit before they run."""
+        started = store.start_many_sync(conn, marks, now=now, lease=self.lease, async_commit=True)
         successes = [o for o in batch if o.kind == "success"]
         others = [o for o in batch if o.kind != "success"]
         held = store.complete_many_sync(

@@ -1,12 +1,16 @@
-"""Attempts are charged when a job starts, with real worker processes killed by kill -9."""
+"""Attempts are charged when a job starts: real worker processes killed by kill -9, and
+the start marks themselves (their own small transactions) on both engines."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 import time
+from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from procs import read_log, spawn_worker, stop_all  # type: ignore[import-not-found]
 from sqlalchemy import select
 
@@ -111,4 +115,109 @@ async def test_a_job_that_kills_its_worker_runs_out_of_attempts(
         stop_all([finisher])
     others = [i for i in await store.list_jobs(db, kind="record")]
     assert len(others) == 20
-    assert all(i.status == "succeeded" and i.attempts == 1 for i in others)
+    assert all(i.status == "succeeded" and i.attempts == 1 for i in others), [
+        (i.id, i.status, i.attempts, i.last_error)
+        for i in others
+        if i.status != "succeeded" or i.attempts != 1
+    ]
+
+
+NOW = store.utcnow()
+LEASE = timedelta(seconds=60)
+
+
+async def claimed_ahead(db: Database, n: int) -> list[store.ClaimedJob]:
+    """``n`` jobs claimed ahead by one claim: running, not started, nothing charged."""
+    await store.enqueue_many(db, [JobSpec("record") for _ in range(n)], now=NOW)
+    got = await store.claim(db, "w", n, now=NOW, start=0)
+    assert len(got) == n and not any(j.started for j in got)
+    return got
+
+
+async def test_a_start_mark_charges_held_unstarted_jobs_once(db: Database) -> None:
+    """Only jobs still held under their claim token start; a second mark charges nothing."""
+    first = await claimed_ahead(db, 2)
+    second = await claimed_ahead(db, 2)
+    held = [
+        (first[0].id, first[0].claim_token),
+        (first[1].id, first[1].claim_token + 1),  # a claim lost to a rescue
+        (second[0].id, second[0].claim_token),  # another claim's token, same mark
+    ]
+    assert await store.start_many(db, held, now=NOW, lease=LEASE) == {first[0].id, second[0].id}
+    assert await store.start_many(db, held[:1], now=NOW, lease=LEASE) == set()
+    attempts = {j.id: (await store.get_job(db, j.id)).attempts for j in first + second}
+    assert attempts == {first[0].id: 1, first[1].id: 0, second[0].id: 1, second[1].id: 0}
+    async with db.begin() as conn:
+        row = (
+            await conn.execute(
+                select(jobs.c.started_at, jobs.c.lease_expires_at).where(jobs.c.id == first[0].id)
+            )
+        ).one()
+    assert row.started_at == NOW and row.lease_expires_at == NOW + LEASE
+
+
+async def test_start_marks_find_their_jobs_by_primary_key(db: Database) -> None:
+    """With thousands of running jobs and no statistics, a mark is a primary-key lookup,
+    not a walk of every running job."""
+    ahead = await claimed_ahead(db, 3000)
+    async with db.begin() as conn:
+        if db.is_postgres:
+            raw = await conn.get_raw_connection()
+            rows = await raw.driver_connection.fetch(  # type: ignore[union-attr]
+                "EXPLAIN " + store._PG_START_MANY, NOW, NOW + LEASE, [ahead[5].id], [1]
+            )
+            plan = "\n".join(r[0] for r in rows)
+            assert "pk_jobs" in plan and "ix_jobs_running" not in plan, plan
+        else:
+            rows = (
+                await conn.exec_driver_sql(
+                    "EXPLAIN QUERY PLAN " + store._SQLITE_START_MANY,
+                    ("a", "a", "a", "a", "[1]", 1),
+                )
+            ).all()
+            plan = "\n".join(str(r) for r in rows)
+            assert "PRIMARY KEY" in plan and "ix_jobs_running" not in plan, plan
+
+
+async def test_a_postgres_start_mark_commits_asynchronously_in_its_own_transaction(
+    db: Database,
+) -> None:
+    """synchronous_commit is off for the mark's own transaction only, never for the
+    pooled connection it leaves behind."""
+    if not db.is_postgres:
+        pytest.skip("PostgreSQL's commit mode")
+    [job] = await claimed_ahead(db, 1)
+    async with db.raw_pg() as conn:
+        async with conn.transaction():
+            got = await conn.fetch(
+                store._PG_START_MANY, NOW, NOW + LEASE, [job.id], [job.claim_token]
+            )
+            assert [r[0] for r in got] == [job.id]
+            assert await conn.fetchval("SHOW synchronous_commit") == "off"
+        assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        # Autocommitted, as the worker sends it: the connection is left as it was.
+        await conn.fetch(store._PG_START_MANY, NOW, NOW + LEASE, [job.id], [job.claim_token])
+        assert await conn.fetchval("SHOW synchronous_commit") == "on"
+    assert (await store.get_job(db, job.id)).attempts == 1
+
+
+async def test_a_start_mark_waits_for_another_sqlite_writer(db: Database) -> None:
+    """Inline only when the write lock is free this instant; otherwise the writer thread
+    waits for the lock, and the mark commits once it is released."""
+    if db.is_postgres:
+        pytest.skip("SQLite's inline path")
+    [job] = await claimed_ahead(db, 1)
+    held = [(job.id, job.claim_token)]
+    other = sqlite3.connect(str(db.url.database), isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        assert store.try_start_inline(db, held, now=NOW, lease=LEASE) is None
+        marking = asyncio.create_task(store.start_many(db, held, now=NOW, lease=LEASE))
+        await asyncio.sleep(0.2)
+        assert not marking.done()
+        other.execute("COMMIT")
+        assert await asyncio.wait_for(marking, 10) == {job.id}
+    finally:
+        other.close()
+    assert (await store.get_job(db, job.id)).attempts == 1
+    assert store.try_start_inline(db, held, now=NOW, lease=LEASE) == set()
