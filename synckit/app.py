@@ -26,12 +26,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
+from sqlalchemy import bindparam, select
+from sqlalchemy.engine import Connection
 
 from synckit.connectors.base import Connector
 from synckit.connectors.context import SyncContext, open_context
 from synckit.connectors.tenants import (
+    _COLUMNS,
     Tenant,
     TenantNotFound,
+    _tenant,
     add_tenant,
     get_tenant,
 )
@@ -46,11 +50,14 @@ from synckit.runtime.poll import (
     POLL_KIND,
     SCHEDULE_KIND,
     CycleResult,
+    CycleStart,
+    read_cycle_start,
     record_id_of,
     run_cycle,
     schedule_polls,
     stream_of_kind,
 )
+from synckit.runtime.schema import connections
 from synckit.runtime.worker import Worker
 
 __all__ = ["App"]
@@ -308,10 +315,11 @@ class App:
         ):
             raise Discard(f"malformed poll payload: {str(p)[:200]}")
         db = await self.database()
-        try:
-            t = await get_tenant(db, p["tenant"])
-        except TenantNotFound:
-            raise Discard(f"tenant {p['tenant']!r} was removed") from None
+        # The tenant and where its stream stands, in one transaction (one hop).
+        row, start = await db.write(_poll_start, p["tenant"], p["connector"], p["stream"])
+        if row is None:
+            raise Discard(f"tenant {p['tenant']!r} was removed")
+        t = _tenant(row, reveal=True, cipher=None)  # as get_tenant reads it
         if t.connector != p["connector"]:
             raise Discard(f"tenant {t.tenant!r} now uses connector {t.connector!r}")
         if t.status != "active":
@@ -338,8 +346,28 @@ class App:
             clock=self.clock,
         ) as ctx:
             await run_cycle(
-                db, instance, ctx, job=jctx.job, clock=self.clock, progressed=jctx.progressed
+                db,
+                instance,
+                ctx,
+                job=jctx.job,
+                clock=self.clock,
+                progressed=jctx.progressed,
+                start=start,
             )
+
+
+# get_tenant's columns, read by the poll job in the transaction that reads its checkpoint.
+_TENANT_ROW = select(*_COLUMNS).where(connections.c.tenant == bindparam("tenant"))
+
+
+def _poll_start(
+    conn: Connection, tenant: str, connector: str, stream: str
+) -> tuple[Any, CycleStart | None]:
+    """The tenant's row (None when it is gone) and its stream's :class:`CycleStart`."""
+    row = conn.execute(_TENANT_ROW, {"tenant": tenant}).first()
+    if row is None:
+        return None, None
+    return row, read_cycle_start(conn, tenant, connector, stream)
 
 
 _review_tasks: set[asyncio.Task[Any]] = set()
