@@ -8,7 +8,6 @@ error classification applied to every request: see :mod:`synckit.connectors.http
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import ssl
 import uuid
@@ -67,9 +66,13 @@ class SyncContext:
 
     def for_record(self, record_id: str) -> SyncContext:
         """This context for the handling of one record: ``record_id`` set and logged."""
-        return dataclasses.replace(
-            self, record_id=record_id, log=self.log.bind(record_id=record_id)
-        )
+        # A shallow copy of the fields: dataclasses.replace re-runs __init__, which was
+        # half of the framework's cost per record (2.8 us of ~6) in poll cycles.
+        ctx = object.__new__(type(self))
+        ctx.__dict__.update(self.__dict__)
+        ctx.record_id = record_id
+        ctx.log = self.log.bind(record_id=record_id)
+        return ctx
 
     async def intent(
         self,
@@ -111,14 +114,19 @@ async def _idempotency_hook(request: httpx.Request) -> None:
     await idempotency_request_hook(request)
 
 
-def _user_agent(connector: Connector[Any]) -> str:
+@functools.cache
+def _version() -> str:
+    # Once per process: reading the distribution's metadata cost ~0.35 ms per poll cycle.
     try:
         from importlib.metadata import version
 
-        v = version("synckit")
+        return version("synckit")
     except Exception:  # not installed as a distribution (a source checkout)
-        v = "dev"
-    return f"synckit/{v} ({connector.name})"
+        return "dev"
+
+
+def _user_agent(connector: Connector[Any]) -> str:
+    return f"synckit/{_version()} ({connector.name})"
 
 
 @functools.cache
