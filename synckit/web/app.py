@@ -44,7 +44,7 @@ from synckit.runtime import jobs as job_store
 from synckit.runtime import outbox as outbox_store
 from synckit.runtime.db import Database, open_database
 from synckit.runtime.jobs import utcnow
-from synckit.runtime.logging import REDACTED, redact, redact_text
+from synckit.runtime.logging import redact, redact_text
 from synckit.runtime.poll import list_checkpoints
 from synckit.runtime.resources import get_resource, reset_resource
 from synckit.runtime.status import read_status
@@ -101,33 +101,16 @@ def _red(text: Any) -> str:
     return redact_text(str(text)) if text is not None else ""
 
 
-def _secret_fields(app: App | None, connector: str) -> set[str]:
-    """The config fields the connector's model types as secrets."""
-    from pydantic import SecretBytes, SecretStr
-
-    if app is None:
-        return set()
-    try:
-        model = app.connector(connector).config_model
-    except SynckitError:
-        return set()
-    out = set()
-    for name, f in model.model_fields.items():
-        text = repr(f.annotation)
-        if f.annotation in (SecretStr, SecretBytes) or "Secret" in text:
-            out.add(name)
-            if f.alias:
-                out.add(f.alias)
-    return out
-
-
-def shown_config(config: dict[str, Any], app: App | None, connector: str) -> dict[str, Any]:
-    """A tenant's config as a page may show it."""
-    hidden = _secret_fields(app, connector)
-    masked: dict[str, Any] = redact(
-        {k: (REDACTED if k in hidden else v) for k, v in config.items()}
-    )
-    return masked
+def shown_config(t: tenant_store.Tenant, app: App | None) -> dict[str, Any]:
+    """A tenant's config as a page may show it: secrets masked by type (the values
+    stored sealed, and what the connector's model types as secret), then redacted."""
+    model = None
+    if app is not None:
+        try:
+            model = app.connector(t.connector).config_model
+        except SynckitError:
+            model = None
+    return tenant_store.shown_config(t, model)
 
 
 def _env() -> Environment:
@@ -421,7 +404,7 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
     st = _state(request)
     db = st.database
     name = request.path_params["tenant"]
-    t = await tenant_store.get_tenant(db, name)
+    t = await tenant_store.get_tenant(db, name, reveal=False)
     now = utcnow()
     try:
         resource = await get_resource(db, t.resource_key)
@@ -454,7 +437,7 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
     budget = policy.status(totals) if totals is not None else None
     return {
         "t": t,
-        "config": shown_config(t.config, st.config.app, t.connector),
+        "config": shown_config(t, st.config.app),
         "resource": resource,
         "running": running,
         "why": why,
@@ -511,7 +494,7 @@ async def tenant_action(request: Request) -> Response:
         )
 
     async def reset() -> str:
-        t = await tenant_store.get_tenant(db, name)
+        t = await tenant_store.get_tenant(db, name, reveal=False)
         await reset_resource(db, t.resource_key)
         return f"{t.tenant}: breaker closed and pacing cleared ({t.resource_key})"
 
@@ -542,7 +525,7 @@ async def jobs_page(request: Request) -> Response:
     flt = _job_filter(request)
     if q.get("tenant") and not flt.resource_key:
         try:
-            t = await tenant_store.get_tenant(db, q["tenant"])
+            t = await tenant_store.get_tenant(db, q["tenant"], reveal=False)
             flt = queries.JobFilter(
                 kind=flt.kind,
                 status=flt.status,
