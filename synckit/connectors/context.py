@@ -8,10 +8,11 @@ error classification applied to every request: see :mod:`synckit.connectors.http
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +25,7 @@ from synckit.connectors.base import DEFAULT_STREAM, Connector
 from synckit.connectors.http import PacedTransport, Pacer, SyncClient
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import utcnow
+from synckit.runtime.logging import bind_known_secrets, scrub_values, secret_values
 
 if TYPE_CHECKING:
     from synckit.connectors.intents import Create, Find, IntentResult
@@ -152,7 +154,53 @@ async def open_context(
 
     ``transport`` replaces the network (``httpx.MockTransport`` in tests); pacing and
     classification still apply on top of it.
+
+    The secret values of the tenant's config are scrubbed, by value, from every text
+    redacted while the context is open (log lines, stored error texts), and from the
+    texts of an exception leaving it: an API that echoes a credential back in a shape no
+    pattern knows (a custom header's value in a sentence) leaks it nowhere.
     """
+    known = secret_values(connector.config)
+    with bind_known_secrets(known):
+        try:
+            ctx, client, paced = _build(
+                db, connector, resource_key, stream, trace_id, log, transport, clock
+            )
+            try:
+                # Auth is built last: an OAuth flow needs the context (database, tenant).
+                auth = connector.build_auth(ctx)
+                if auth is not None:
+                    client.auth = auth
+                if isinstance(auth, SendTimeAuth):
+                    # The bearer token goes on after the pacing wait, just before the
+                    # request leaves: a wait longer than the token's remaining life must
+                    # not send it expired (and a 401 on it is no evidence of a refused
+                    # grant).
+                    paced.before_send = auth.before_send
+                    auth.attached_by_transport = True
+            except BaseException:
+                await client.aclose()
+                raise
+            async with client:
+                yield ctx
+        except BaseException as exc:
+            # The worker records a failed job after this context has closed, in its
+            # recorder task, where the binding above does not reach: the texts it
+            # stores (message, traceback, status reason) are read from the exception.
+            _scrub_exception(exc, known)
+            raise
+
+
+def _build(
+    db: Database,
+    connector: Connector[Any],
+    resource_key: str,
+    stream: str,
+    trace_id: str | None,
+    log: Any,
+    transport: httpx.AsyncBaseTransport | None,
+    clock: Callable[[], datetime],
+) -> tuple[SyncContext, SyncClient, PacedTransport]:
     trace_id = trace_id or uuid.uuid4().hex
     bound = (log if log is not None else structlog.get_logger("synckit.connector")).bind(
         tenant=connector.tenant, connector=connector.name, stream=stream, trace_id=trace_id
@@ -188,19 +236,49 @@ async def open_context(
         log=bound,
         http=client,
     )
-    try:
-        # Auth is built last: an OAuth flow needs the context (database, tenant).
-        auth = connector.build_auth(ctx)
-        if auth is not None:
-            client.auth = auth
-        if isinstance(auth, SendTimeAuth):
-            # The bearer token goes on after the pacing wait, just before the request
-            # leaves: a wait longer than the token's remaining life must not send it
-            # expired (and a 401 on it is no evidence of a refused grant).
-            paced.before_send = auth.before_send
-            auth.attached_by_transport = True
-    except BaseException:
-        await client.aclose()
-        raise
-    async with client:
-        yield ctx
+    return ctx, client, paced
+
+
+def _scrub_exception(exc: BaseException, values: Sequence[str]) -> None:
+    """Scrub ``values`` from the texts ``exc`` carries, in place: its arguments, string
+    attributes, a carried classification's reason and notes, along its cause and
+    context chain and inside exception groups. A traceback formatted later, the
+    worker's classification and ``str(exc)`` then show ``***`` where a value was."""
+    if not any(len(v) >= 6 for v in values):
+        return  # scrub_values ignores shorter ones: nothing could change
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo and len(seen) < 100:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        try:
+            e.args = tuple(_scrubbed(a, values) for a in e.args)
+            for name, value in list(vars(e).items()):
+                clean = _scrubbed(value, values)
+                if clean is not value:
+                    setattr(e, name, clean)
+        except Exception:  # an exception type that refuses new attributes keeps them
+            pass
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+
+
+def _scrubbed(value: Any, values: Sequence[str]) -> Any:
+    if isinstance(value, str):
+        clean = scrub_values(value, values)
+        return value if clean == value else clean
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):  # __notes__
+        cleaned = [scrub_values(v, values) for v in value]
+        return value if cleaned == value else cleaned
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # A carried Classification: the worker stores its reason, not str(exc).
+        changes = {
+            f.name: scrub_values(v, values)
+            for f in dataclasses.fields(value)
+            if isinstance(v := getattr(value, f.name, None), str) and scrub_values(v, values) != v
+        }
+        return dataclasses.replace(value, **changes) if changes else value
+    return value

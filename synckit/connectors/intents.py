@@ -76,6 +76,7 @@ from synckit.errors.exceptions import (
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Handler, JobContext
 from synckit.runtime.jobs import JobSpec
+from synckit.runtime.logging import redact_text
 from synckit.runtime.schema import intents
 
 log = structlog.get_logger("synckit.intents")
@@ -223,7 +224,13 @@ def _lease_of(result: Any) -> _Lease | None:
 
 
 def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
+    """The failure kept in ``result._last_error``: redacted before it is cut (a secret cut
+    in half would escape the patterns), NULs dropped (PostgreSQL refuses them in JSON)."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # a broken __str__ must not replace the create's own failure
+        text = f"{type(exc).__name__}: <unprintable>"
+    text = redact_text(text).replace("\x00", "")
     return text if len(text) <= 300 else text[:297] + "..."
 
 

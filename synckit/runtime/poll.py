@@ -69,6 +69,7 @@ from synckit.runtime.audit import record_audit_sync
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel
 from synckit.runtime.jobs import ClaimedJob, JobSpec, _insert, enqueue_new, utcnow
+from synckit.runtime.logging import redact_text
 from synckit.runtime.schema import UNSCHEDULED, checkpoints, dead_letters, jobs, poll_ticks
 
 if TYPE_CHECKING:
@@ -537,8 +538,10 @@ def _failure(
 ) -> RecordFailure:
     c = _classification(connector, exc, now)
     text = str(exc)
-    message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    trace = "".join(tb.format_exception(exc, limit=30))
+    # Stored in dead_letters and logged: through the redaction step, here in the cycle's
+    # task, where the tenant's own secret values are bound (open_context).
+    message = redact_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+    trace = redact_text("".join(tb.format_exception(exc, limit=30)))
     return RecordFailure(
         record_id=rid,
         payload=_jsonable(record),
