@@ -41,7 +41,7 @@ from synckit.runtime.db import Database, open_database
 from synckit.runtime.jobs import JobSpec, enqueue_new, utcnow
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
-from synckit.runtime.schema import jobs
+from synckit.runtime.schema import checkpoints, jobs
 from synckit.runtime.status import read_status, render_status
 from synckit.testing.hostile import Behaviour, HostileProcess
 
@@ -71,9 +71,16 @@ async def _poll_counts(db: Database) -> tuple[int, Any]:
     return int(row[0]), row[1]
 
 
-async def _enqueue_cycles(db: Database, names: list[str]) -> None:
+async def _clear_cycles(db: Database) -> None:
+    """No poll job queued (the workers start idle, so none is running at the start of
+    the clock) and no checkpoint: a checkpoint left by the previous run says the stream
+    is read to its end, and its cycles would send no request at all."""
     async with db.begin() as conn:
         await conn.execute(delete(jobs).where(jobs.c.kind == POLL_KIND))
+        await conn.execute(delete(checkpoints).where(checkpoints.c.connector == flow_app.CONNECTOR))
+
+
+async def _enqueue_cycles(db: Database, names: list[str]) -> None:
     for i in range(0, len(names), 5000):
         specs = [
             JobSpec(
@@ -95,6 +102,7 @@ async def _cycle(
     """Seconds for one cycle of ``names`` with ``workers`` processes, how many finished,
     and the largest worker RSS (MB)."""
     env = flow_app.env_for(api.url)
+    await _clear_cycles(db)
     procs = [
         spawn_worker(
             url, logs / f"w{workers}.log", "--concurrency", "64", env=env, app="flow_app:app"
