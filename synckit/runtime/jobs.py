@@ -1134,6 +1134,90 @@ async def start_many(
     return got
 
 
+# The worker's commonest transaction: plain successes (no follow-ups, messages or
+# breaker to update) and the start marks that wait on them, in one raw transaction. It
+# writes what complete_many_sync and start_many_sync write, minus SQLAlchemy's work per
+# execution and, on SQLite, the hop to the writer thread (these cost more than the
+# statements when jobs are short).
+_SQLITE_COMPLETE_MANY = (
+    "UPDATE jobs SET status = 'succeeded', finished_at = ?, updated_at = ?, locked_by = NULL,"
+    " lease_expires_at = NULL WHERE id IN (SELECT value FROM json_each(?))"
+    " AND claim_token = ? AND status = 'running' RETURNING id"
+)
+
+
+def _complete_and_start_sqlite(
+    conn: Any,
+    done: Sequence[tuple[int, int]],
+    held: Sequence[tuple[int, int]],
+    now: datetime,
+    lease: timedelta,
+) -> tuple[set[int], set[int]]:
+    at = _SQLITE_TIMESTAMP(now)
+    by_token: dict[int, list[int]] = {}
+    for job_id, token in done:
+        by_token.setdefault(token, []).append(job_id)
+    completed: set[int] = set()
+    for token, ids in by_token.items():
+        cur = conn.execute(_SQLITE_COMPLETE_MANY, (at, at, json.dumps(ids), token))
+        completed.update(r[0] for r in cur.fetchall())
+    return completed, _start_many_sqlite(conn, held, now, lease) if held else set()
+
+
+# PostgreSQL: the same as one autocommitted statement (one round trip). Sibling CTEs
+# update disjoint rows (a job waiting for its start mark has no outcome yet). With start
+# marks, the start CTE's set_config makes the commit asynchronous, as _PG_START_MANY does.
+_PG_COMPLETE_AND_START = (
+    "WITH done AS (UPDATE jobs SET status = 'succeeded', finished_at = $1, updated_at = $1,"
+    " locked_by = NULL, lease_expires_at = NULL"
+    " WHERE jobs.id = ANY($3::bigint[])"
+    " AND jobs.claim_token = ($4::bigint[])[array_position($3::bigint[], jobs.id)]"
+    " AND jobs.status = 'running' RETURNING jobs.id), started AS ("
+    + _PG_START_SQL.format(now="$1", until="$2", ids="$5::bigint[]", tokens="$6::bigint[]")
+    + ") SELECT true AS done, id FROM done UNION ALL SELECT false, id FROM started"
+)
+
+
+def try_complete_and_start_inline(
+    db: Database,
+    done: Sequence[tuple[int, int]],
+    held: Sequence[tuple[int, int]],
+    *,
+    now: datetime,
+    lease: timedelta,
+) -> tuple[set[int], set[int]] | None:
+    """SQLite: complete the succeeded ``done`` jobs and start the ``held`` ones in one
+    transaction, right now on the caller's thread if the write lock is free this instant;
+    None when it is not (or on PostgreSQL). Returns the ids completed and started (those
+    whose claim still held)."""
+    got = db.try_inline(_complete_and_start_sqlite, done, held, now, lease)
+    return None if isinstance(got, _Busy) else got
+
+
+async def complete_and_start_pg(
+    db: Database,
+    done: Sequence[tuple[int, int]],
+    held: Sequence[tuple[int, int]],
+    *,
+    now: datetime,
+    lease: timedelta,
+) -> tuple[set[int], set[int]]:
+    """PostgreSQL: :func:`try_complete_and_start_inline` as one autocommitted statement,
+    committed asynchronously when it starts jobs (see ``_PG_START_MANY``)."""
+    async with db.raw_pg() as conn:
+        rows = await conn.fetch(
+            _PG_COMPLETE_AND_START,
+            now,
+            now + lease,
+            [i for i, _ in done],
+            [t for _, t in done],
+            [i for i, _ in held],
+            [t for _, t in held],
+        )
+    completed = {int(r[1]) for r in rows if r[0]}
+    return completed, {int(r[1]) for r in rows if not r[0]}
+
+
 # Gives back the attempt a started job was charged; a job claimed ahead was charged none.
 _UNCHARGED: Any = jobs.c.attempts - case((jobs.c.started_at.is_(None), 0), else_=1)
 

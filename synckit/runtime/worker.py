@@ -236,6 +236,8 @@ class Worker:
         self._outcomes: asyncio.Queue[_Outcome] = asyncio.Queue()
         # Jobs that have their handler slot and wait for their start to be recorded.
         self._start_marks: list[tuple[ClaimedJob, asyncio.Future[ClaimedJob | None]]] = []
+        # A start mark of its own is being committed (PostgreSQL).
+        self._marking = False
         # Outcomes handed to the recorder and not yet committed.
         self._unrecorded = 0
         self._record_wake = asyncio.Event()
@@ -454,17 +456,23 @@ class Worker:
         """Charge the job's attempt, committed before its handler runs (a job that kills
         its worker must run out of attempts): the job as started, or None if its claim
         was lost."""
-        if not self._start_marks and not self._unrecorded:
+        if not self._start_marks and not self._unrecorded and not self._marking:
             # Nothing finished here is unrecorded, so the mark needs no outcome's company
             # (see _recorder): commit it at once, in the cheapest transaction there is.
+            # One such mark at a time: the jobs that get slots meanwhile (many, at high
+            # concurrency) share the recorder's next statement rather than a connection
+            # and a commit each.
             held = [(job.id, job.claim_token)]
             now = self.clock()
             got = store.try_start_inline(self.db, held, now=now, lease=self.lease)
             if got is None and self.db.is_postgres:
+                self._marking = True
                 try:
                     got = await store.start_many(self.db, held, now=now, lease=self.lease)
                 except Exception as exc:  # the recorder retries it with backoff
                     self._log.warning("job.start_mark_failed", job_id=job.id, error=str(exc))
+                finally:
+                    self._marking = False
             if got is not None:
                 return replace(job, attempts=job.attempts + 1, started=True) if got else None
         fut: asyncio.Future[ClaimedJob | None] = asyncio.get_running_loop().create_future()
@@ -569,7 +577,9 @@ class Worker:
             while True:
                 try:
                     if batch:
-                        started = await self._record(batch, held)
+                        started = await self._record_plain(batch, held)
+                        if started is None:
+                            started = await self._record(batch, held)
                     else:
                         now = self.clock()
                         started = await store.start_many(self.db, held, now=now, lease=self.lease)
@@ -597,6 +607,35 @@ class Worker:
                 self._record_seq += 1
                 self._recorded.set()
                 self._slot_free.set()
+
+    async def _record_plain(
+        self, batch: list[_Outcome], marks: list[tuple[int, int]]
+    ) -> set[int] | None:
+        """The common batch, plain successes and start marks, in one raw transaction
+        (jobs.try_complete_and_start_inline, jobs.complete_and_start_pg): the ids
+        started, or None when the batch needs the general path (:meth:`_record`), or
+        SQLite's write lock is taken this instant."""
+        if self.observers or not all(
+            o.kind == "success" and not o.followups and not o.messages and not o.job.resource_key
+            for o in batch
+        ):
+            return None  # breakers, follow-ups, messages or observers to write
+        now = self.clock()
+        done = [(o.job.id, o.job.claim_token) for o in batch]
+        if self.db.is_postgres:
+            held, started = await store.complete_and_start_pg(
+                self.db, done, marks, now=now, lease=self.lease
+            )
+        else:
+            got = store.try_complete_and_start_inline(
+                self.db, done, marks, now=now, lease=self.lease
+            )
+            if got is None:
+                return None
+            held, started = got
+        self.stats.succeeded += len(held)
+        self.stats.fenced += len(done) - len(held)
+        return started
 
     async def _record(self, batch: list[_Outcome], marks: list[tuple[int, int]]) -> set[int]:
         """Write ``batch`` and the start ``marks`` in one transaction; the ids started."""

@@ -221,3 +221,55 @@ async def test_a_start_mark_waits_for_another_sqlite_writer(db: Database) -> Non
         other.close()
     assert (await store.get_job(db, job.id)).attempts == 1
     assert store.try_start_inline(db, held, now=NOW, lease=LEASE) == set()
+
+
+async def complete_and_start(
+    db: Database, done: list[tuple[int, int]], held: list[tuple[int, int]]
+) -> tuple[set[int], set[int]] | None:
+    """The worker's one-transaction path for plain successes and start marks."""
+    if db.is_postgres:
+        return await store.complete_and_start_pg(db, done, held, now=NOW, lease=LEASE)
+    return store.try_complete_and_start_inline(db, done, held, now=NOW, lease=LEASE)
+
+
+async def test_plain_successes_and_start_marks_commit_in_one_transaction(db: Database) -> None:
+    """Successes complete and marks charge only under their claim token, together; a
+    success whose claim was lost, or a job started twice, changes nothing."""
+    a, b, c, d = await claimed_ahead(db, 4)
+    assert await store.start_many(db, [(a.id, a.claim_token)], now=NOW, lease=LEASE) == {a.id}
+    done = [(a.id, a.claim_token), (c.id, c.claim_token + 1)]  # c: a claim lost
+    got = await complete_and_start(db, done, [(b.id, b.claim_token), (a.id, a.claim_token)])
+    assert got == ({a.id}, {b.id})
+    assert (await complete_and_start(db, done, [(b.id, b.claim_token)])) == (set(), set())
+    info = {j: await store.get_job(db, j) for j in (a.id, b.id, c.id, d.id)}
+    assert (info[a.id].status, info[a.id].attempts) == ("succeeded", 1)
+    assert (info[b.id].status, info[b.id].attempts) == ("running", 1)
+    assert (info[c.id].status, info[c.id].attempts) == ("running", 0)
+    assert (info[d.id].status, info[d.id].attempts) == ("running", 0)
+    async with db.begin() as conn:
+        started = await conn.execute(select(jobs.c.id, jobs.c.started_at, jobs.c.finished_at))
+        rows = {r.id: r for r in started}
+    assert rows[b.id].started_at is not None and rows[b.id].finished_at is None
+    assert rows[c.id].started_at is None and rows[a.id].finished_at is not None
+    # Marks alone, and successes alone, each work too.
+    assert (await complete_and_start(db, [], [(d.id, d.claim_token)])) == (set(), {d.id})
+    assert (await complete_and_start(db, [(b.id, b.claim_token)], [])) == ({b.id}, set())
+
+
+async def test_plain_successes_wait_for_another_sqlite_writer(db: Database) -> None:
+    """Inline only when SQLite's write lock is free this instant: otherwise nothing is
+    written and the worker takes its general path."""
+    if db.is_postgres:
+        pytest.skip("SQLite's inline path")
+    a, b = await claimed_ahead(db, 2)
+    assert await store.start_many(db, [(a.id, a.claim_token)], now=NOW, lease=LEASE) == {a.id}
+    other = sqlite3.connect(str(db.url.database), isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        got = await complete_and_start(db, [(a.id, a.claim_token)], [(b.id, b.claim_token)])
+        assert got is None
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    assert (await store.get_job(db, a.id)).status == "running"
+    assert (await store.get_job(db, b.id)).attempts == 0
