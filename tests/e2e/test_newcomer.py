@@ -138,3 +138,63 @@ def test_every_app_error_is_the_same_one_line(tmp_path: Path, command: tuple[str
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2, (spec, result.stderr)
         assert len(lines) == 1 and expected in lines[0], (spec, result.stderr)
+
+
+README = ROOT / "README.md"
+
+
+class Tickets(BaseHTTPRequestHandler):
+    """``GET /tickets[?cursor=N]``: three tickets a page, ``next_cursor`` until the last."""
+
+    seen: list[int] = []
+
+    def do_GET(self) -> None:
+        url = urlparse(self.path)
+        start = int(parse_qs(url.query).get("cursor", ["0"])[0])
+        ids = list(range(start + 1, min(start + 3, TICKETS) + 1))
+        Tickets.seen += ids
+        more = start + 3 < TICKETS
+        data = json.dumps(
+            {"tickets": [{"id": i} for i in ids], "next_cursor": str(start + 3) if more else None}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_the_readme_runs_as_written_next_to_myapp_py(tmp_path: Path) -> None:
+    """README's connector saved as myapp.py and its "Running it" block, word for word (only
+    base_url points at a loopback fake), in an empty folder with no PYTHONPATH."""
+    Tickets.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Tickets)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        readme = README.read_text()
+        code = next(b for b in blocks(readme, "python") if b.startswith("# myapp.py"))
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert 'base_url = "https://api.example.com"' in code
+        (tmp_path / "myapp.py").write_text(code.replace("https://api.example.com", url))
+        section = readme[readme.index("## Running it") :]
+        shell = blocks(section, "sh")[0]
+        assert "synckit sync acme --app myapp:app --wait" in shell
+        script = "set -e\n" + shell + "kill %1\nwait %1 || true\n"
+        result = subprocess.run(
+            ["bash", "-c", script],
+            cwd=tmp_path,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "acme/default: succeeded" in result.stderr, result.stderr[-3000:]
+    assert sorted(set(Tickets.seen)) == list(range(1, TICKETS + 1))
+    assert "acme" in result.stdout  # synckit status lists the tenant
