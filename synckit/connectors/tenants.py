@@ -47,9 +47,11 @@ from synckit.runtime import pacing
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import utcnow
 from synckit.runtime.poll import delete_checkpoints, delete_poll_ticks
+from synckit.runtime.resources import read_moments, readable
 from synckit.runtime.schema import connections, dead_letters
 
 __all__ = [
+    "CONNECTION_STATUSES",
     "ResealResult",
     "Tenant",
     "TenantError",
@@ -66,6 +68,10 @@ __all__ = [
     "unknown_fields",
     "update_tenant",
 ]
+
+#: The statuses the runtime writes in ``connections.status``; a row holding anything else
+#: is shown with its value marked unknown.
+CONNECTION_STATUSES = frozenset({"active", "paused", "needs_reauth"})
 
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+\-]{0,99}", re.ASCII)
 _MAX_SCHEDULE = 100
@@ -92,7 +98,9 @@ class Tenant:
     ``config`` has its secrets opened (the values the connector gets), or ``***`` in their
     place when read with ``reveal=False``; ``secret_paths`` says where they are (the
     values stored sealed). ``config_error`` says why a config could not be read (only
-    with ``reveal=False``: otherwise that raises).
+    with ``reveal=False``: otherwise that raises). ``unreadable`` names what else a
+    corrupt row holds, as ``(column, reason)``: a ``status`` the runtime does not write
+    (kept as stored), a timestamp that is not one (None).
     """
 
     tenant: str
@@ -102,11 +110,12 @@ class Tenant:
     schedule: str
     status: str
     status_reason: str | None
-    created_at: datetime
-    updated_at: datetime
+    created_at: datetime | None
+    updated_at: datetime | None
     has_tokens: bool = False
     secret_paths: tuple[ConfigPath, ...] = ()
     config_error: str | None = None
+    unreadable: tuple[tuple[str, str], ...] = ()
 
 
 def check_tenant_name(tenant: str) -> str:
@@ -225,6 +234,9 @@ def _tenant(r: Any, *, reveal: bool, cipher: TokenCipher | None) -> Tenant:
         if reveal:
             raise ConfigurationError(f"tenant {r.tenant!r}: {exc}") from None
         config, paths, error = {}, [], str(exc)
+    moments, bad = read_moments(r._mapping, ("created_at", "updated_at"))
+    if r.status not in CONNECTION_STATUSES:
+        bad = (("status", f"unknown status {str(r.status)[:60]!r}"), *bad)
     return Tenant(
         tenant=r.tenant,
         connector=r.connector,
@@ -233,11 +245,12 @@ def _tenant(r: Any, *, reveal: bool, cipher: TokenCipher | None) -> Tenant:
         schedule=r.schedule or DEFAULT_SCHEDULE,
         status=r.status,
         status_reason=r.status_reason,
-        created_at=r.created_at,
-        updated_at=r.updated_at,
+        created_at=moments["created_at"],
+        updated_at=moments["updated_at"],
         has_tokens=bool(r.has_tokens),
         secret_paths=tuple(paths),
         config_error=error,
+        unreadable=bad,
     )
 
 
@@ -265,8 +278,8 @@ _COLUMNS = (
     connections.c.schedule,
     connections.c.status,
     connections.c.status_reason,
-    connections.c.created_at,
-    connections.c.updated_at,
+    # As the driver has them, parsed by _tenant: a corrupt one is named, not fatal.
+    *readable((connections.c.created_at, connections.c.updated_at)),
     connections.c.token_set.is_not(None).label("has_tokens"),
 )
 

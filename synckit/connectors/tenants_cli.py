@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -50,20 +49,16 @@ def load_app(spec: str | None) -> App:
 
 
 def _parse_config(config: str | None, config_file: str | None, sets: tuple[str, ...]) -> Any:
-    from synckit.cli import CliError
+    from synckit.cli_options import CliError, read_json_file
 
     data: Any = {}
     if config is not None and config_file is not None:
         raise CliError("give --config or --config-file, not both")
-    try:
-        if config is not None:
-            data = json.loads(config)
-        elif config_file is not None:
-            data = json.loads(Path(config_file).read_text())
-    except OSError as exc:
-        raise CliError(f"cannot read --config-file: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise CliError(f"config is not JSON: {exc}") from exc
+    if config is not None:
+        data = _json_text(config, "--config")
+    elif config_file is not None:
+        # One reader for config files: size cap, UTF-8, nesting, each a one-line error.
+        data = read_json_file(config_file, "--config-file")
     if not isinstance(data, dict):
         raise CliError(f"config must be a JSON object, not {type(data).__name__}")
     for item in sets:
@@ -72,9 +67,23 @@ def _parse_config(config: str | None, config_file: str | None, sets: tuple[str, 
             raise CliError(f"--set {item!r}: expected KEY=VALUE")
         try:
             data[key] = json.loads(raw)
-        except json.JSONDecodeError:
+        except RecursionError:
+            raise CliError(f"--set {key} is nested too deeply") from None
+        except ValueError:
             data[key] = raw  # a bare string
     return data
+
+
+def _json_text(text: str, what: str) -> Any:
+    """``text`` as JSON, or a one-line error naming ``what`` (as read_json_file words it)."""
+    from synckit.cli_options import CliError
+
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise CliError(f"{what} is nested too deeply") from None
+    except ValueError as exc:
+        raise CliError(f"{what} is not JSON: {exc}") from None
 
 
 def _model(app: App | None, connector: str) -> type[BaseModel] | None:
@@ -99,7 +108,7 @@ def _iso(moment: datetime | None) -> str | None:
 
 
 def _tenant_json(t: store.Tenant, app: App | None) -> dict[str, Any]:
-    return {
+    data = {
         "tenant": t.tenant,
         "connector": t.connector,
         "status": t.status,
@@ -111,6 +120,14 @@ def _tenant_json(t: store.Tenant, app: App | None) -> dict[str, Any]:
         "created_at": _iso(t.created_at),
         "updated_at": _iso(t.updated_at),
     }
+    if t.unreadable:
+        # What a corrupt row holds instead of a value, by column.
+        data["unreadable"] = redact(dict(t.unreadable))
+    return data
+
+
+def _status(t: store.Tenant) -> str:
+    return f"{t.status} (unknown)" if "status" in dict(t.unreadable) else t.status
 
 
 @click.group()
@@ -206,7 +223,7 @@ def tenants_ls(
         table.add_row(
             cell(t.tenant),
             cell(t.connector),
-            cell(t.status),
+            cell(_status(t)),
             cell(t.schedule),
             cell(t.resource_key),
             cell(t.status_reason, 120),

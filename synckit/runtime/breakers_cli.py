@@ -13,11 +13,15 @@ from synckit.runtime.logging import redact
 from synckit.runtime.resources import ResourceInfo, list_resources, reset_resource
 
 
-def _when(value: object) -> str:
-    # A garbage stored timestamp reaches here as whatever the driver made of it.
-    if isinstance(value, datetime):
-        return value.isoformat(timespec="seconds")
-    return str(value) if value else "-"
+def _when(r: ResourceInfo, name: str) -> str:
+    if name in dict(r.unreadable):
+        return "<unreadable>"
+    value = getattr(r, name)
+    return value.isoformat(timespec="seconds") if isinstance(value, datetime) else "-"
+
+
+def _state(r: ResourceInfo) -> str:
+    return f"{r.state} (unknown)" if "state" in dict(r.unreadable) else r.state
 
 
 @click.group("breakers")
@@ -56,10 +60,10 @@ def breakers_ls(only_open: bool, as_json: bool, database_url: str | None) -> Non
         table.add_row(
             cell(r.resource_key),
             cell(r.parent_key),
-            cell(r.state),
+            cell(_state(r)),
             cell(r.consecutive_failures),
-            cell(_when(r.cooldown_until)),
-            cell(_when(r.next_available_at)),
+            cell(_when(r, "cooldown_until")),
+            cell(_when(r, "next_available_at")),
             cell(r.max_in_flight),
             cell(r.last_error, 50),
         )
@@ -84,6 +88,10 @@ def _json(r: ResourceInfo) -> dict[str, object]:
     data: dict[str, object] = {}
     for k, v in vars(r).items():
         data[k] = v.isoformat() if isinstance(v, datetime) else v
+    # What a corrupt row holds instead of a value, by column (absent when all read).
+    data["unreadable"] = dict(r.unreadable)
+    if not r.unreadable:
+        del data["unreadable"]
     # last_error quotes what an API answered: printed through the redaction step.
     out: dict[str, object] = redact(data)
     return out

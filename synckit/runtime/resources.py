@@ -2,21 +2,81 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Column, Text, select, type_coerce, update
 
+from synckit.errors.breaker import BreakerState
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import _ensure_resources, utcnow
-from synckit.runtime.schema import resources
+from synckit.runtime.schema import UTCDateTime, resources
 
 _UNSET: Any = object()
 
 
+#: The breaker states the runtime writes; anything else in ``resources.state`` is read
+#: as it is and marked unknown.
+BREAKER_STATES = frozenset(s.value for s in BreakerState)
+
+
+def stored_moment(value: object) -> datetime | None:
+    """A timestamp as the database gave it, read as text (see :func:`readable`): UTC
+    aware, or ``ValueError`` naming what is stored instead. SQLite stores naive UTC text,
+    whatever was written there by hand (``'garbage'``, a number) comes back as is."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"not a timestamp: {value[:60]!r}") from None
+    else:
+        raise ValueError(f"not a timestamp: {str(value)[:60]!r}")
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:  # '0001-01-01T00:00+14:00' has no UTC moment
+        raise ValueError(f"not a timestamp: {str(value)[:60]!r}") from None
+
+
+def readable(columns: Iterable[Column[Any]]) -> list[Any]:
+    """``columns`` for a read that must survive a corrupt row: timestamps come back as the
+    driver has them (text on SQLite), for :func:`stored_moment`, instead of failing the
+    whole query in the result processing."""
+    return [
+        type_coerce(c, Text).label(c.name) if isinstance(c.type, UTCDateTime) else c
+        for c in columns
+    ]
+
+
+def read_moments(
+    row: Mapping[Any, Any], names: Iterable[str]
+) -> tuple[dict[str, datetime | None], tuple[tuple[str, str], ...]]:
+    """The timestamps ``names`` of a row read through :func:`readable`, and the
+    ``(column, reason)`` of those that could not be read (given as None)."""
+    out: dict[str, datetime | None] = {}
+    bad: list[tuple[str, str]] = []
+    for name in names:
+        try:
+            out[name] = stored_moment(row[name])
+        except ValueError as exc:
+            out[name] = None
+            bad.append((name, str(exc)))
+    return out, tuple(bad)
+
+
 @dataclass(frozen=True)
 class ResourceInfo:
+    """One ``resources`` row. ``unreadable`` names the values a corrupt row holds
+    (``(column, reason)``): such a timestamp reads as None, an unknown ``state`` as it
+    is stored."""
+
     resource_key: str
     parent_key: str | None
     state: str
@@ -31,6 +91,7 @@ class ResourceInfo:
     max_in_flight: int | None
     rate_per_s: float | None
     burst: int | None
+    unreadable: tuple[tuple[str, str], ...] = ()
 
 
 async def configure_resource(
@@ -68,23 +129,33 @@ async def configure_resource(
     return await get_resource(db, resource_key)
 
 
+_FIELDS = [f for f in ResourceInfo.__dataclass_fields__ if f != "unreadable"]
+_MOMENTS = [f for f in _FIELDS if isinstance(resources.c[f].type, UTCDateTime)]
+_READ = select(*readable(resources.c[f] for f in _FIELDS))
+
+
+def _info(row: Any) -> ResourceInfo:
+    m = row._mapping
+    moments, bad = read_moments(m, _MOMENTS)
+    if m["state"] not in BREAKER_STATES:
+        bad += (("state", f"unknown state {str(m['state'])[:60]!r}"),)
+    values: dict[str, Any] = {f: moments[f] if f in moments else m[f] for f in _FIELDS}
+    return ResourceInfo(**values, unreadable=bad)
+
+
 async def get_resource(db: Database, resource_key: str) -> ResourceInfo:
     async with db.begin() as conn:
-        row = (
-            await conn.execute(select(resources).where(resources.c.resource_key == resource_key))
-        ).first()
+        row = (await conn.execute(_READ.where(resources.c.resource_key == resource_key))).first()
     if row is None:
         raise LookupError(f"no resource {resource_key!r}")
-    return ResourceInfo(**{f: getattr(row, f) for f in ResourceInfo.__dataclass_fields__})
+    return _info(row)
 
 
 async def list_resources(db: Database) -> list[ResourceInfo]:
+    """Every resource by key; a corrupt row is listed with what is unreadable in it."""
     async with db.begin() as conn:
-        rows = await conn.execute(select(resources).order_by(resources.c.resource_key))
-        return [
-            ResourceInfo(**{f: getattr(r, f) for f in ResourceInfo.__dataclass_fields__})
-            for r in rows
-        ]
+        rows = await conn.execute(_READ.order_by(resources.c.resource_key))
+        return [_info(r) for r in rows]
 
 
 async def reset_resource(db: Database, resource_key: str) -> ResourceInfo:

@@ -29,6 +29,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
+from synckit.connectors.tenants import CONNECTION_STATUSES
 from synckit.runtime.alerts import (
     ALERT_RECORD_KIND,
     Alert,
@@ -43,6 +44,7 @@ from synckit.runtime.budget import BudgetPolicy
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import utcnow
 from synckit.runtime.poll import POLL_KIND
+from synckit.runtime.resources import BREAKER_STATES, read_moments, readable
 from synckit.runtime.schema import (
     audit_buckets,
     checkpoints,
@@ -80,6 +82,9 @@ class TenantStatus:
     budget_level: str = "healthy"
     consecutive_failures: int = 0
     last_error_class: str | None = None
+    #: ``(field, reason)`` of what the tenant's rows hold that could not be read: an
+    #: unknown status or breaker state (shown as stored, marked), a corrupt timestamp.
+    unreadable: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,11 @@ class Status:
         data = asdict(self)
         data["alerts_firing"] = [a.to_json() for a in self.alerts_firing]
         data["alerts_recent"] = [a.to_json() for a in self.alerts_recent]
+        for t in data["tenants"]:
+            if t["unreadable"]:
+                t["unreadable"] = dict(t["unreadable"])
+            else:
+                del t["unreadable"]
         jsonable: dict[str, Any] = _jsonable(data)
         return jsonable
 
@@ -186,6 +196,8 @@ class BreakerInfo:
     next_available_at: datetime | None
     consecutive_failures: int
     last_error_class: str | None
+    #: ``(column, reason)`` of what a corrupt row holds (see ResourceInfo.unreadable).
+    unreadable: tuple[tuple[str, str], ...] = ()
 
 
 async def breaker_states(
@@ -193,25 +205,33 @@ async def breaker_states(
 ) -> dict[str, BreakerInfo]:
     """Every resource's breaker (of ``keys`` only, if given), by resource key."""
     stmt = select(
-        resources.c.resource_key,
-        resources.c.state,
-        resources.c.next_available_at,
-        resources.c.consecutive_failures,
-        resources.c.last_error_class,
+        *readable(
+            (
+                resources.c.resource_key,
+                resources.c.state,
+                resources.c.next_available_at,
+                resources.c.consecutive_failures,
+                resources.c.last_error_class,
+            )
+        )
     )
     if keys is not None:
         stmt = stmt.where(_among(conn, resources.c.resource_key, keys))
-    rows = await conn.execute(stmt)
-    return {
-        r.resource_key: BreakerInfo(
+    out: dict[str, BreakerInfo] = {}
+    for r in await conn.execute(stmt):
+        # Read as text and parsed here: one corrupt row must not fail the whole report.
+        moments, bad = read_moments(r._mapping, ("next_available_at",))
+        if r.state not in BREAKER_STATES:
+            bad += (("state", f"unknown state {str(r.state)[:60]!r}"),)
+        out[r.resource_key] = BreakerInfo(
             r.resource_key,
             r.state,
-            r.next_available_at,
+            moments["next_available_at"],
             r.consecutive_failures,
             r.last_error_class,
+            bad,
         )
-        for r in rows
-    }
+    return out
 
 
 # --- the snapshot -----------------------------------------------------------------------
@@ -414,6 +434,7 @@ def _tenants(
         bs = budget.status(t)
         dl = dlq_of.get(tenant, {})
         last = s.last_success_at if s else None
+        bad = _unreadable(s, b)
         out.append(
             TenantStatus(
                 tenant=tenant,
@@ -434,9 +455,19 @@ def _tenants(
                 budget_level=bs.level.value,
                 consecutive_failures=b.consecutive_failures if b else 0,
                 last_error_class=b.last_error_class if b else None,
+                unreadable=bad,
             )
         )
     return out
+
+
+def _unreadable(s: ConnectionState | None, b: BreakerInfo | None) -> tuple[tuple[str, str], ...]:
+    bad: list[tuple[str, str]] = []
+    if s is not None and s.status not in CONNECTION_STATUSES:
+        bad.append(("status", f"unknown status {str(s.status)[:60]!r}"))
+    for name, reason in b.unreadable if b else ():
+        bad.append(("breaker" if name == "state" else name, reason))
+    return tuple(bad)
 
 
 # --- rendering (``synckit status``) ------------------------------------------------------
@@ -461,6 +492,14 @@ def _when(moment: datetime | None) -> str:
     return moment.isoformat(timespec="seconds") if moment else "-"
 
 
+def _marked(value: str, known: frozenset[str]) -> str:
+    """A stored status for a rich line: escaped, and marked when the runtime never
+    writes it (a corrupt row)."""
+    from rich.markup import escape
+
+    return escape(value) if value in known else escape(f"{value} (unknown)")
+
+
 def render_status(status: Status, console: Console) -> None:
     """Print ``status`` as rich tables: tenants, queue, alerts, dead letters and outbox.
 
@@ -475,9 +514,15 @@ def render_status(status: Status, console: Console) -> None:
     )
     total = sum(status.tenants_by_status.values())
     if total:
-        parts = ", ".join(f"{n} {escape(k)}" for k, n in sorted(status.tenants_by_status.items()))
+        parts = ", ".join(
+            f"{n} {_marked(k, CONNECTION_STATUSES)}"
+            for k, n in sorted(status.tenants_by_status.items())
+        )
         open_ = {k: n for k, n in status.breakers_by_state.items() if k != "closed"}
-        breakers = ", ".join(f"{n} {escape(k)}" for k, n in sorted(open_.items())) or "all closed"
+        breakers = (
+            ", ".join(f"{n} {_marked(k, BREAKER_STATES)}" for k, n in sorted(open_.items()))
+            or "all closed"
+        )
         console.print(f"Tenants: {total} ({parts})    Breakers: {breakers}")
     hours = status.budget_window_seconds / 3600
     tenants = Table(title="Tenants")
@@ -497,10 +542,13 @@ def render_status(status: Status, console: Console) -> None:
         tenants.add_column(col)
     colour = {"healthy": "green", "watch": "yellow", "alert": "bold red"}
     for t in status.tenants:
-        state = t.status if not t.status_reason else f"{t.status}: {t.status_reason[:40]}"
-        breaker = escape(t.breaker)
+        bad = dict(t.unreadable)
+        shown = f"{t.status} (unknown)" if "status" in bad else t.status
+        state = shown if not t.status_reason else f"{shown}: {t.status_reason[:40]}"
+        breaker = escape(f"{t.breaker} (unknown)" if "breaker" in bad else t.breaker)
         if t.breaker != "closed":
             breaker = f"[bold red]{breaker}[/bold red]"
+        available = "<unreadable>" if "next_available_at" in bad else _when(t.next_available_at)
         level = t.budget_level
         burn = f"[{colour.get(level, 'white')}]{t.budget_burn:.0%} {escape(level)}[/]"
         tenants.add_row(
@@ -508,7 +556,7 @@ def render_status(status: Status, console: Console) -> None:
             escape(t.connector or "-"),
             escape(state),
             breaker,
-            _when(t.next_available_at),
+            available,
             _when(t.last_success_at),
             _ago(t.lag_seconds),
             f"{t.failed}/{t.ok + t.failed}",

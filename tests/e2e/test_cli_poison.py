@@ -1,0 +1,240 @@
+"""Corrupt rows and hostile config files against the CLI, as subprocesses, on both
+engines: read commands show what they cannot read as such and exit 0; a config file
+that cannot be read is one line, exit 2, nothing added."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from click.testing import CliRunner
+from sqlalchemy import func, select, update
+
+from synckit.cli import cli
+from synckit.runtime.db import Database, open_database
+from synckit.runtime.schema import connections, resources
+
+T = TypeVar("T")
+APPS = Path(__file__).parent.parent / "apps"
+APP = "connector_app:app"
+SOON = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
+
+
+def with_db(url: str, make: Callable[[Database], Awaitable[T]]) -> T:
+    async def go() -> T:
+        db = open_database(url)
+        try:
+            return await make(db)
+        finally:
+            await db.dispose()
+
+    return asyncio.run(go())
+
+
+def run_all(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
+    """Each ``synckit`` command as its own process, all started at once."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+        "COLUMNS": "250",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "synckit.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for args in commands
+    ]
+    out = []
+    for args, p in zip(commands, procs, strict=True):
+        stdout, stderr = p.communicate(timeout=60)
+        out.append(subprocess.CompletedProcess(args, p.returncode, stdout, stderr))
+    return out
+
+
+async def seed_tenants(db: Database) -> None:
+    from connector_app import app
+
+    for name in ("acme", "globex", "initech", "umbrella"):
+        await app.add_tenant(db, name, "demo", {"api_token": f"tok-{name}-123456"})
+
+
+def poison(url: str, engine_name: str) -> None:
+    """globex's breaker in a state nobody writes, initech's connection in a status
+    nobody writes, umbrella paced until SOON (a good row), and on SQLite, where a
+    timestamp column takes any text, acme's next_available_at is 'garbage'."""
+
+    async def go(db: Database) -> None:
+        await seed_tenants(db)
+        async with db.begin() as conn:
+            r, c = resources.c, connections.c
+            await conn.execute(
+                update(resources).where(r.resource_key == "demo:globex").values(state="weird")
+            )
+            await conn.execute(
+                update(connections).where(c.tenant == "initech").values(status="zombie")
+            )
+            await conn.execute(
+                update(resources)
+                .where(r.resource_key == "demo:umbrella")
+                .values(next_available_at=SOON)
+            )
+            if engine_name == "sqlite":
+                await conn.exec_driver_sql(
+                    "UPDATE resources SET next_available_at = 'garbage'"
+                    " WHERE resource_key = 'demo:acme'"
+                )
+
+    with_db(url, go)
+
+
+def test_read_commands_show_corrupt_rows_marked_and_exit_0(
+    migrated_url: str, engine_name: str
+) -> None:
+    """breakers ls, status and tenants ls (table and --json) on a garbage timestamp, an
+    unknown breaker state and an unknown connection status: exit 0, no traceback, the
+    bad values marked (unknown / <unreadable>), good rows as before."""
+    poison(migrated_url, engine_name)
+    db = ["--database-url", migrated_url]
+    commands = [
+        ["breakers", "ls", *db],
+        ["breakers", "ls", "--json", *db],
+        ["status", *db],
+        ["status", "--json", *db],
+        ["tenants", "ls", *db],
+        ["tenants", "ls", "--json", *db],
+    ]
+    results = run_all(commands)
+    for r in results:
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (r.args, r.stderr)
+    b_table, b_json, s_table, s_json, t_table, t_json = (r.stdout for r in results)
+    garbage = engine_name == "sqlite"
+
+    breakers = {d["resource_key"]: d for d in map(json.loads, b_json.splitlines())}
+    assert breakers["demo:globex"]["state"] == "weird"
+    assert breakers["demo:globex"]["unreadable"] == {"state": "unknown state 'weird'"}
+    assert breakers["demo:umbrella"]["next_available_at"] == SOON.isoformat()
+    assert "unreadable" not in breakers["demo:umbrella"]
+    assert "weird (unknown)" in b_table and "2031-05-06T07:08:09" in b_table
+    if garbage:
+        assert breakers["demo:acme"]["next_available_at"] is None
+        assert breakers["demo:acme"]["unreadable"] == {
+            "next_available_at": "not a timestamp: 'garbage'"
+        }
+        assert "<unreadable>" in b_table
+
+    status = {t["tenant"]: t for t in json.loads(s_json)["tenants"]}
+    assert status["initech"]["unreadable"] == {"status": "unknown status 'zombie'"}
+    assert status["globex"]["unreadable"] == {"breaker": "unknown state 'weird'"}
+    assert status["umbrella"]["next_available_at"] == SOON.isoformat()
+    assert "unreadable" not in status["umbrella"]
+    assert "zombie (unknown)" in s_table and "weird (unknown)" in s_table
+    if garbage:
+        assert status["acme"]["unreadable"] == {"next_available_at": "not a timestamp: 'garbage'"}
+        assert "<unreadable>" in s_table
+
+    tenants = {t["tenant"]: t for t in map(json.loads, t_json.splitlines())}
+    assert tenants["initech"]["status"] == "zombie"
+    assert tenants["initech"]["unreadable"] == {"status": "unknown status 'zombie'"}
+    assert "unreadable" not in tenants["acme"] and tenants["acme"]["created_at"]
+    assert "zombie (unknown)" in t_table and "active (unknown)" not in t_table
+
+
+def test_tenants_ls_and_show_survive_a_garbage_created_at(migrated_url: str) -> None:
+    """SQLite keeps any text in a timestamp column: tenants ls/show list that tenant with
+    created_at unreadable (null, named) and the others as they are; exit 0."""
+    if not migrated_url.startswith("sqlite"):
+        # timestamptz refuses such a value; the column cannot hold one.
+        return
+
+    async def go(db: Database) -> None:
+        await seed_tenants(db)
+        async with db.begin() as conn:
+            await conn.exec_driver_sql(
+                "UPDATE connections SET created_at = 'yesterday-ish' WHERE tenant = 'globex'"
+            )
+
+    with_db(migrated_url, go)
+    runner = CliRunner()
+    ls = runner.invoke(cli, ["tenants", "ls", "--json", "--database-url", migrated_url])
+    show = runner.invoke(cli, ["tenants", "show", "globex", "--database-url", migrated_url])
+    table = runner.invoke(cli, ["tenants", "ls", "--database-url", migrated_url])
+    assert (ls.exit_code, show.exit_code, table.exit_code) == (0, 0, 0), ls.output + show.output
+    rows = {t["tenant"]: t for t in map(json.loads, ls.output.splitlines())}
+    assert len(rows) == 4 and rows["acme"]["created_at"] is not None
+    assert rows["globex"]["created_at"] is None
+    assert rows["globex"]["unreadable"] == {"created_at": "not a timestamp: 'yesterday-ish'"}
+    assert json.loads(show.output)["unreadable"] == rows["globex"]["unreadable"]
+    assert "globex" in table.output
+
+
+def test_config_files_that_cannot_be_read_are_one_line_errors(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    """tenants add --config-file: not UTF-8, nested 100,000 deep, larger than 10 MiB, a
+    JSON array, missing; and --config/--set nested too deeply: each one line on stderr
+    naming the problem, exit 2, no traceback, no tenant added."""
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes(b'{"api_token": "caf\xe9"}')
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:
+        f.truncate(11 * 1024 * 1024)
+    array = tmp_path / "array.json"
+    array.write_text('[{"api_token": "x"}]')
+    cases = [
+        (["--config-file", str(latin)], "is not UTF-8 (byte 18)"),
+        (["--config-file", str(deep)], "is nested too deeply"),
+        (["--config-file", str(big)], "is larger than 10 MiB"),
+        (["--config-file", str(array)], "config must be a JSON object, not list"),
+        (["--config-file", str(tmp_path / "nope.json")], "cannot read --config-file"),
+        (["--config", "[" * 50_000], "--config is nested too deeply"),
+        (["--set", "page_size=" + "[" * 30_000 + "]" * 30_000], "--set page_size is nested"),
+    ]
+    db = ["--database-url", migrated_url, "--app", APP]
+    results = run_all([["tenants", "add", "t1", "demo", *args, *db] for args, _ in cases])
+    for (args, says), r in zip(cases, results, strict=True):
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2, (args[0], r.stderr[-500:])
+        assert len(lines) == 1 and lines[0].startswith("error: "), (args[0], r.stderr[-500:])
+        assert says in lines[0], (says, lines[0])
+
+    async def count(db: Database) -> int:
+        async with db.begin() as conn:
+            return int(
+                (await conn.execute(select(func.count()).select_from(connections))).scalar_one()
+            )
+
+    assert with_db(migrated_url, count) == 0
+
+
+def test_good_timestamps_read_the_same_through_the_text_path(migrated_url: str) -> None:
+    """The corrupt-row-proof read gives back what was written on either engine (the
+    driver's datetime on PostgreSQL, ISO text on SQLite): umbrella paced until SOON."""
+    from synckit.runtime.resources import get_resource
+
+    async def go(db: Database) -> Any:
+        await seed_tenants(db)
+        async with db.begin() as conn:
+            await conn.execute(
+                update(resources)
+                .where(resources.c.resource_key == "demo:umbrella")
+                .values(next_available_at=SOON, cooldown_until=SOON + timedelta(seconds=1))
+            )
+        return await get_resource(db, "demo:umbrella")
+
+    info = with_db(migrated_url, go)
+    assert info.next_available_at == SOON and info.next_available_at.tzinfo is not None
+    assert info.cooldown_until == SOON + timedelta(seconds=1)
+    assert info.unreadable == ()
