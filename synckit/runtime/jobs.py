@@ -32,13 +32,17 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+import structlog
 from sqlalchemy import (
     BigInteger,
     Integer,
     Row,
+    Text,
     and_,
     bindparam,
     case,
+    cast,
+    column,
     delete,
     exists,
     func,
@@ -48,6 +52,7 @@ from sqlalchemy import (
     select,
     text,
     tuple_,
+    type_coerce,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -68,6 +73,7 @@ from synckit.runtime.schema import connections, jobs, resources
 JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
 FINISHED: tuple[JobStatus, ...] = ("succeeded", "dead", "cancelled", "discarded")
 NOTIFY_CHANNEL = "synckit_jobs"
+_log = structlog.get_logger("synckit.jobs")
 DEFAULT_MAX_ATTEMPTS = 5
 
 # Literals, not bound parameters: the planners of both engines can only use a partial
@@ -577,16 +583,33 @@ def _wake_after_commit(conn: AsyncConnection) -> None:
 # --- claiming -----------------------------------------------------------------------
 
 
+# Timestamps a Python datetime can hold, in any offset: PostgreSQL stores years up to
+# 294276 and BC ones, which the driver cannot give back (it raises while fetching, so one
+# such row would fail the whole statement). Literal text compares as time on PostgreSQL
+# and as text on SQLite, where synckit stores fixed-width ISO text.
+_MOMENT_LO = "'0001-01-02 00:00:00+00:00'"
+_MOMENT_HI = "'9999-12-30 00:00:00+00:00'"
+#: What :func:`guarded_moment` gives for a stored value out of that range.
+OUT_OF_RANGE = datetime(2, 2, 2, 2, 2, 2, 20202, tzinfo=UTC)
+_OUT_OF_RANGE_SQL = "'0002-02-02 02:02:02.020202+00:00'"
+
+
+def _later(col: Any, now: Any) -> Any:
+    """SQL: the timestamp ``col`` is set, readable and after ``now``. A value no datetime
+    can hold ('garbage' on SQLite, year 20000 on PostgreSQL) reads as None everywhere
+    (:func:`read_moment`), so here too it holds nothing back."""
+    return and_(col.is_not(None), col > now, col <= literal_column(_MOMENT_HI))
+
+
 def _breaker_denies(r: Any, now: Any) -> Any:
     """SQL: :func:`~synckit.errors.breaker_allows` says ``"deny"`` for the row ``r`` (a
     property test holds the two together on both engines)."""
     return or_(
-        and_(r.c.state == "open", r.c.cooldown_until.is_not(None), r.c.cooldown_until > now),
+        and_(r.c.state == "open", _later(r.c.cooldown_until, now)),
         and_(
             r.c.state == "half_open",
             r.c.probe_job_id.is_not(None),
-            r.c.probe_expires_at.is_not(None),
-            r.c.probe_expires_at > now,
+            _later(r.c.probe_expires_at, now),
         ),
     )
 
@@ -594,23 +617,88 @@ def _breaker_denies(r: Any, now: Any) -> Any:
 def _resource_blocked(r: Any, now: Any) -> Any:
     """SQL: the resource row ``r`` does not allow a call now (pacing or an open breaker)."""
     # Every term is NULL-safe, so that NOT (...) means "available" and never "unknown".
-    return or_(
-        and_(r.c.next_available_at.is_not(None), r.c.next_available_at > now),
-        _breaker_denies(r, now),
-    )
+    return or_(_later(r.c.next_available_at, now), _breaker_denies(r, now))
 
 
-# What a claim returns of each job: the fields of a ClaimedJob.
+# --- rows that cannot be read ------------------------------------------------------------
+
+
+def guarded_moment(col: Any) -> Any:
+    """``col`` for a read that must survive a corrupt row: the stored value as the driver
+    has it (text on SQLite, a datetime on PostgreSQL), :data:`OUT_OF_RANGE` when no
+    datetime can hold it; parse it with :func:`read_moment`."""
+    in_range = and_(col >= literal_column(_MOMENT_LO), col <= literal_column(_MOMENT_HI))
+    return type_coerce(
+        case((col.is_(None), None), (in_range, col), else_=literal_column(_OUT_OF_RANGE_SQL)),
+        Text,
+    ).label(col.name)
+
+
+def read_moment(value: object) -> datetime | None:
+    """A timestamp read through :func:`guarded_moment`: UTC aware, or ``ValueError``
+    naming what is stored instead."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"not a timestamp: {value[:60]!r}") from None
+    else:
+        raise ValueError(f"not a timestamp: {str(value)[:60]!r}")
+    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+    if moment == OUT_OF_RANGE:
+        raise ValueError("a timestamp out of range")
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:  # '0001-01-01T00:00+14:00' has no UTC moment
+        raise ValueError(f"not a timestamp: {str(value)[:60]!r}") from None
+
+
+def read_payload(value: object) -> Any:
+    """A JSON column read as text (``cast(col, Text)``): the value, or
+    ``ValueError`` naming why not. JSONB holds only valid JSON, yet a number of 5,000
+    digits in it is past what Python's ``json`` reads."""
+    if not isinstance(value, str):
+        return value  # a driver that decoded it already
+    try:
+        return json.loads(value)
+    except RecursionError:
+        raise ValueError("payload nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"payload is not JSON: {str(exc)[:120]}") from None
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A claimed job whose row cannot be read: it is quarantined, not handed out."""
+
+    id: int
+    reason: str
+
+
+# What a claim returns of each job: the fields of a ClaimedJob. The payload comes back as
+# text and the run time guarded, both parsed per row (:func:`_claimed`), so one row that
+# cannot be read is quarantined instead of failing every claim.
 _CLAIMED_COLUMNS = (
     jobs.c.id,
     jobs.c.kind,
-    jobs.c.payload,
+    # As text: the PostgreSQL driver decodes JSONB itself, where one bad row would fail all.
+    cast(jobs.c.payload, Text).label("payload"),
     jobs.c.resource_key,
     jobs.c.attempts,
     jobs.c.max_attempts,
     jobs.c.priority,
     jobs.c.trace_id,
-    jobs.c.run_at,
+    guarded_moment(jobs.c.run_at),
+)
+_PG_CLAIMED_SQL = (
+    "jobs.id, jobs.kind, CAST(jobs.payload AS text) AS payload, jobs.resource_key,"
+    " jobs.attempts, jobs.max_attempts,"
+    f" jobs.priority, jobs.trace_id, CASE WHEN jobs.run_at >= {_MOMENT_LO} AND jobs.run_at"
+    f" <= {_MOMENT_HI} THEN jobs.run_at ELSE {_OUT_OF_RANGE_SQL} END AS run_at"
 )
 
 
@@ -724,7 +812,7 @@ _CLAIM_LANES_PG: Any = (
         " CAST(:wants AS int[])) AS l(key, want) CROSS JOIN LATERAL (SELECT j.id FROM jobs j"
         " WHERE j.status = 'pending' AND j.resource_key = l.key AND j.run_at <= :now"
         " ORDER BY j.priority DESC, j.run_at, j.id LIMIT l.want FOR UPDATE SKIP LOCKED)"
-        " AS picked) RETURNING " + ", ".join(f"jobs.{c.name}" for c in _CLAIMED_COLUMNS)
+        " AS picked) RETURNING " + _PG_CLAIMED_SQL
     )
     .bindparams(
         bindparam("now", type_=jobs.c.run_at.type),
@@ -732,7 +820,12 @@ _CLAIM_LANES_PG: Any = (
         bindparam("started", type_=jobs.c.started_at.type),
         bindparam("charge", type_=Integer),
     )
-    .columns(*_CLAIMED_COLUMNS)
+    .columns(
+        *_CLAIMED_COLUMNS[:2],
+        column("payload", Text),
+        *_CLAIMED_COLUMNS[3:-1],
+        column("run_at", Text),
+    )
 )
 
 
@@ -799,7 +892,7 @@ async def claim(
         return []
     now = now or utcnow()
     token = secrets.randbits(62)
-    return await db.write(
+    claimed, unreadable = await db.write(
         _claim_sync,
         worker_id,
         limit,
@@ -810,6 +903,9 @@ async def claim(
         start_lease,
         breaker_policy or BreakerPolicy(),
     )
+    for u in unreadable:
+        _log.warning("job.unreadable", job_id=u.id, reason=u.reason, status="dead")
+    return claimed
 
 
 def _claim_sync(
@@ -822,7 +918,7 @@ def _claim_sync(
     start: int,
     start_lease: timedelta,
     policy: BreakerPolicy,
-) -> list[ClaimedJob]:
+) -> tuple[list[ClaimedJob], list[Unreadable]]:
     # Every job the claim may return starts now: charged in the claim statement itself.
     # Otherwise all are claimed ahead, and the first ``start`` are started below.
     all_start = start >= limit
@@ -832,6 +928,7 @@ def _claim_sync(
         "started": now if all_start else None,
     }
     claimed: list[ClaimedJob] = []
+    unreadable: list[Unreadable] = []
     lanes_rows = _available_lanes(conn, now, max_lanes=limit)
     # Room per lane: 1 for a breaker probe, else what max_in_flight leaves (None: no cap).
     room_of: dict[str | None, int | None] = {}
@@ -850,11 +947,12 @@ def _claim_sync(
     served: set[str] = set()
     # Even shares first; lanes that filled their share split what is left, and so on.
     open_lanes = [k for k, room in room_of.items() if room is None or room > 0]
-    while open_lanes and len(claimed) < limit:
-        share = max(1, math.ceil((limit - len(claimed)) / len(open_lanes)))
+    while open_lanes and len(claimed) + len(unreadable) < limit:
+        taken = len(claimed) + len(unreadable)
+        share = max(1, math.ceil((limit - taken) / len(open_lanes)))
         # This round's wants: an even share each, within the batch and each lane's cap.
         wants: list[tuple[str | None, int]] = []
-        budget = limit - len(claimed)
+        budget = limit - taken
         for key in open_lanes:
             if budget <= 0:
                 break
@@ -886,7 +984,12 @@ def _claim_sync(
                             updated_at=now,
                         )
                     )
-            claimed.extend(_claimed(r, token, probe, all_start) for r in rows)
+            for r in rows:
+                job = _claimed(r, token, probe, all_start)
+                if isinstance(job, Unreadable):
+                    unreadable.append(job)
+                else:
+                    claimed.append(job)
             if cap is not None:
                 room_of[key] = cap - len(rows)
             if len(rows) == want and not probe and (cap is None or cap > len(rows)):
@@ -898,6 +1001,8 @@ def _claim_sync(
             .where(resources.c.resource_key.in_(sorted(served)))
             .values(last_claimed_at=now)
         )
+    if unreadable:
+        _quarantine(conn, unreadable, token, now)
     if not all_start and start and claimed:
         # The jobs the worker starts at once are charged in this same transaction.
         first = claimed[:start]
@@ -906,23 +1011,60 @@ def _claim_sync(
             replace(j, attempts=j.attempts + 1, started=True) if j.id in marked else j
             for j in first
         ]
-    return claimed
+    return claimed, unreadable
 
 
-def _claimed(r: Row[Any], token: int, probe: bool, started: bool) -> ClaimedJob:
+def _claimed(r: Row[Any], token: int, probe: bool, started: bool) -> ClaimedJob | Unreadable:
+    try:
+        payload = read_payload(r.payload)
+    except ValueError as exc:
+        return Unreadable(r.id, str(exc))
+    try:
+        run_at = read_moment(r.run_at)
+    except ValueError as exc:
+        return Unreadable(r.id, f"run_at: {exc}")
+    assert run_at is not None  # NOT NULL
     return ClaimedJob(
         id=r.id,
         kind=r.kind,
-        payload=r.payload,
+        payload=payload,
         resource_key=r.resource_key,
         attempts=r.attempts,
         max_attempts=r.max_attempts,
         priority=r.priority,
         trace_id=r.trace_id,
-        run_at=r.run_at,
+        run_at=run_at,
         claim_token=token,
         probe=probe,
         started=started,
+    )
+
+
+_QUARANTINE: Any = (
+    update(jobs)
+    .where(jobs.c.id == bindparam("job_id"), jobs.c.claim_token == bindparam("token"))
+    .values(
+        status="dead",
+        last_error=bindparam("reason"),
+        error_class="validation",
+        locked_by=None,
+        claim_token=None,
+        lease_expires_at=None,
+        finished_at=bindparam("now"),
+        updated_at=bindparam("now"),
+    )
+)
+
+
+def _quarantine(conn: Connection, bad: Sequence[Unreadable], token: int, now: datetime) -> None:
+    """Jobs whose row cannot be read end dead, in the claim's transaction, naming why
+    (no dead letter: what it would hold is what cannot be read)."""
+    conn.execute(
+        _QUARANTINE,
+        [
+            {"job_id": u.id, "token": token, "reason": f"unreadable row: {u.reason}", "now": now}
+            for u in bad
+        ],
     )
 
 

@@ -69,7 +69,7 @@ from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snoo
 from synckit.runtime.jobs import ClaimedJob, JobSpec, utcnow
 from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
 from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
-from synckit.runtime.schema import connections, resources
+from synckit.runtime.schema import UTCDateTime, connections, resources
 
 log = structlog.get_logger("synckit.worker")
 
@@ -111,6 +111,27 @@ class RecordedOutcome:
 #: Called inside the transaction that records a batch of outcomes, so what an observer
 #: writes (audit counts, say) commits atomically with the outcomes themselves.
 OutcomeObserver = Callable[[Connection, list[RecordedOutcome], datetime], None]
+
+
+# ``resources`` rows as the recorder reads them: timestamps guarded and parsed per row
+# (Worker._snapshot), so that a corrupt row reads as closed instead of failing the batch.
+_RESOURCES: Any = select(
+    *(store.guarded_moment(c) if isinstance(c.type, UTCDateTime) else c for c in resources.c)
+)
+_RESOURCE_MOMENTS = (
+    "opened_at",
+    "cooldown_until",
+    "probe_expires_at",
+    "window_start",
+    "next_available_at",
+)
+
+
+def _moment_or_none(value: object) -> datetime | None:
+    try:
+        return store.read_moment(value)
+    except ValueError:
+        return None  # unreadable: no pace to keep (the claim reads it so too)
 
 
 @dataclass
@@ -863,17 +884,36 @@ class Worker:
 
     # --- per-resource state -------------------------------------------------------------
 
-    @staticmethod
-    def _snapshot(r: Any) -> BreakerSnapshot:
+    def _snapshot(self, r: Any) -> BreakerSnapshot:
+        """The breaker of a row read through ``_RESOURCES``. What cannot be read (an unknown
+        state, a timestamp no datetime holds) reads as closed or unset, with a warning:
+        one corrupt row must not fail the batch, and writing the snapshot back repairs it."""
+        moments: dict[str, datetime | None] = {}
+        bad: list[str] = []
+        for name in _RESOURCE_MOMENTS:
+            try:
+                moments[name] = store.read_moment(r._mapping[name])
+            except ValueError as exc:
+                moments[name] = None
+                bad.append(f"{name}: {exc}")
+        try:
+            state = BreakerState(r.state)
+        except ValueError:
+            state = BreakerState.CLOSED
+            bad.append(f"unknown state {str(r.state)[:60]!r}")
+        if bad:
+            self._log.warning(
+                "resource.unreadable", resource_key=r.resource_key, reasons=bad, read_as="closed"
+            )
         return BreakerSnapshot(
-            state=BreakerState(r.state),
+            state=state,
             consecutive_failures=r.consecutive_failures,
-            opened_at=r.opened_at,
+            opened_at=moments["opened_at"],
             reopen_count=r.reopen_count,
-            cooldown_until=r.cooldown_until,
+            cooldown_until=moments["cooldown_until"],
             probe_in_flight=r.probe_job_id is not None,
-            probe_expires_at=r.probe_expires_at,
-            window_start=r.window_start,
+            probe_expires_at=moments["probe_expires_at"],
+            window_start=moments["window_start"],
             window_calls=r.window_calls,
             window_failures=r.window_failures,
         )
@@ -918,7 +958,7 @@ class Worker:
 
     def _breaker_success(self, conn: Connection, keys: Counter[str], now: datetime) -> None:
         rows = conn.execute(
-            select(resources).where(
+            _RESOURCES.where(
                 resources.c.resource_key.in_(sorted(keys)),
                 (resources.c.state != "closed")
                 | (resources.c.consecutive_failures > 0)
@@ -937,7 +977,7 @@ class Worker:
         if parents:
             # A tenant call that succeeds once the API-wide cool-down is over is its probe.
             for p in conn.execute(
-                select(resources).where(
+                _RESOURCES.where(
                     resources.c.resource_key.in_(sorted(parents)), resources.c.state != "closed"
                 )
             ):
@@ -958,7 +998,7 @@ class Worker:
         """Fold a failure into the resource's breaker and, for a rate limit, its pace;
         returns when the resource is next available (None: not paced)."""
         key = job.resource_key
-        r = (conn.execute(select(resources).where(resources.c.resource_key == key))).first()
+        r = (conn.execute(_RESOURCES.where(resources.c.resource_key == key))).first()
         if r is None:
             return None
         extra: dict[str, Any] = {
@@ -967,7 +1007,7 @@ class Worker:
         }
         paced: datetime | None = None
         if c.error_class is ErrorClass.RATE_LIMITED and key:
-            paced = self._pace(conn, key, c, now, sent_at, r.next_available_at)
+            paced = self._pace(conn, key, c, now, sent_at, _moment_or_none(r.next_available_at))
             if paced is not None:
                 self._block(key, paced)
                 self._log.info("resource.throttled", resource_key=key, until=paced)
@@ -1007,7 +1047,7 @@ class Worker:
         open_children = sum(1 for c in children if c.state != "closed")
         if not global_breaker_trips(open_children, len(children), self.breaker_policy):
             return
-        p = (conn.execute(select(resources).where(resources.c.resource_key == parent_key))).first()
+        p = (conn.execute(_RESOURCES.where(resources.c.resource_key == parent_key))).first()
         if p is None or p.state == "open":
             return
         before = self._snapshot(p)
