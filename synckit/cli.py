@@ -447,7 +447,7 @@ def jobs_ls(
             cell(j.resource_key or "-"),
             str(j.priority),
             f"{j.attempts}/{j.max_attempts}",
-            cell(_iso(j.run_at)),
+            cell(_iso(j.run_at) if "run_at" not in j.unreadable else "<unreadable>"),
             cell(j.last_error, 60),
         )
     console.print(table)

@@ -68,7 +68,7 @@ from synckit.errors.breaker import (
 )
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
 from synckit.runtime.db import Database, _Busy
-from synckit.runtime.schema import connections, jobs, resources
+from synckit.runtime.schema import UTCDateTime, connections, jobs, resources
 
 JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
 FINISHED: tuple[JobStatus, ...] = ("succeeded", "dead", "cancelled", "discarded")
@@ -1747,6 +1747,11 @@ async def prune(
 
 @dataclass(frozen=True)
 class JobInfo:
+    """One job as the operator sees it. A value a corrupt row holds (a payload or error
+    history that is not JSON, a timestamp no datetime holds) reads as None (``[]`` for
+    ``errors``) and ``unreadable`` names it with the reason, so one row never fails a
+    listing."""
+
     id: int
     kind: str
     status: str
@@ -1754,9 +1759,9 @@ class JobInfo:
     priority: int
     attempts: int
     max_attempts: int
-    run_at: datetime
-    created_at: datetime
-    updated_at: datetime
+    run_at: datetime | None
+    created_at: datetime | None
+    updated_at: datetime | None
     finished_at: datetime | None
     unique_key: str | None
     locked_by: str | None
@@ -1765,9 +1770,30 @@ class JobInfo:
     trace_id: str | None
     payload: Any = None
     errors: list[dict[str, Any]] = field(default_factory=list)
+    unreadable: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_row(cls, r: Row[Any], *, full: bool) -> JobInfo:
+        m = r._mapping
+        bad: dict[str, str] = {}
+        moments: dict[str, datetime | None] = {}
+        for name in ("run_at", "created_at", "updated_at", "finished_at"):
+            try:
+                moments[name] = read_moment(m[name])
+            except ValueError as exc:
+                moments[name], bad[name] = None, str(exc)
+        payload: Any = None
+        errors: list[dict[str, Any]] = []
+        if full:
+            try:
+                payload = read_payload(m["payload"])
+            except ValueError as exc:
+                bad["payload"] = str(exc)
+            try:
+                history = read_payload(m["errors"])
+                errors = list(history) if isinstance(history, list) else []
+            except ValueError as exc:
+                bad["errors"] = str(exc)
         return cls(
             id=r.id,
             kind=r.kind,
@@ -1776,18 +1802,30 @@ class JobInfo:
             priority=r.priority,
             attempts=r.attempts,
             max_attempts=r.max_attempts,
-            run_at=r.run_at,
-            created_at=r.created_at,
-            updated_at=r.updated_at,
-            finished_at=r.finished_at,
             unique_key=r.unique_key,
             locked_by=r.locked_by,
             last_error=r.last_error,
             error_class=r.error_class,
             trace_id=r.trace_id,
-            payload=r.payload if full else None,
-            errors=list(r.errors or []) if full else [],
+            payload=payload,
+            errors=errors,
+            unreadable=bad,
+            **moments,
         )
+
+
+# ``jobs`` as the operator's views read it: JSON as text and timestamps guarded, parsed
+# per row (:meth:`JobInfo.from_row`), so that one corrupt row cannot fail the listing.
+_INFO: Any = select(
+    *(
+        cast(c, Text).label(c.name)
+        if c.name in ("payload", "errors")
+        else guarded_moment(c)
+        if isinstance(c.type, UTCDateTime)
+        else c
+        for c in jobs.c
+    )
+)
 
 
 async def list_jobs(
@@ -1801,7 +1839,7 @@ async def list_jobs(
     limit: int = 100,
 ) -> list[JobInfo]:
     """Jobs matching every filter given, newest first."""
-    stmt = select(jobs).order_by(jobs.c.id.desc()).limit(limit)
+    stmt = _INFO.order_by(jobs.c.id.desc()).limit(limit)
     if status:
         stmt = stmt.where(jobs.c.status == status)
     if kind:
@@ -1819,7 +1857,7 @@ async def list_jobs(
 async def get_job(db: Database, job_id: int) -> JobInfo:
     """One job with its payload and error history; :class:`JobNotFound` if absent."""
     async with db.begin() as conn:
-        row = (await conn.execute(select(jobs).where(jobs.c.id == job_id))).first()
+        row = (await conn.execute(_INFO.where(jobs.c.id == job_id))).first()
     if row is None:
         raise JobNotFound(f"no job with id {job_id}")
     return JobInfo.from_row(row, full=True)

@@ -1,0 +1,69 @@
+"""`jobs ls` and `jobs show` on a corrupt row, as subprocesses on both engines: the cell
+shows as unreadable and the command exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+from sqlalchemy import text
+
+from synckit.runtime import jobs as store
+from synckit.runtime.db import open_database
+from synckit.runtime.jobs import JobSpec
+
+BAD_PAYLOAD = {"sqlite": "'{not json'", "postgresql": "('1' || repeat('0', 5000))::jsonb"}
+BAD_TIME = {"sqlite": "'garbage'", "postgresql": "'20000-01-01'::timestamptz"}
+
+
+def synckit(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250"}
+    return subprocess.run(
+        [sys.executable, "-m", "synckit.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_jobs_ls_and_show_read_a_corrupt_job_as_unreadable(
+    migrated_url: str, engine_name: str
+) -> None:
+    """A job with a payload and run_at no reader can read, beside a sound one: `jobs ls`
+    (table and --json) and `jobs show` exit 0 and mark those cells unreadable."""
+
+    async def seed() -> tuple[int, int]:
+        db = open_database(migrated_url)
+        try:
+            bad, good = await store.enqueue_many(db, [JobSpec("x"), JobSpec("y", {"a": 1})])
+            async with db.begin() as conn:
+                await conn.execute(
+                    text(
+                        f"UPDATE jobs SET payload = {BAD_PAYLOAD[engine_name]},"
+                        f" run_at = {BAD_TIME[engine_name]} WHERE id = {bad.id}"
+                    )
+                )
+            return bad.id, good.id
+        finally:
+            await db.dispose()
+
+    bad, good = asyncio.run(seed())
+    url = ["--database-url", migrated_url]
+    table = synckit("jobs", "ls", *url)
+    assert table.returncode == 0, table.stderr
+    assert "<unreadable>" in table.stdout
+    listed = synckit("jobs", "ls", "--json", *url)
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["id"]: r for r in map(json.loads, listed.stdout.splitlines())}
+    assert rows[bad]["run_at"] is None and "run_at" in rows[bad]["unreadable"]
+    assert rows[good]["unreadable"] == {}
+    shown = synckit("jobs", "show", str(bad), *url)
+    assert shown.returncode == 0, shown.stderr
+    info = json.loads(shown.stdout)
+    assert info["payload"] is None and set(info["unreadable"]) == {"payload", "run_at"}
+    sound = json.loads(synckit("jobs", "show", str(good), *url).stdout)
+    assert sound["payload"] == {"a": 1} and sound["unreadable"] == {}
