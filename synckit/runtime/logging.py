@@ -394,8 +394,10 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
-    # One line per HTTP request at INFO is noise next to synckit's own events.
-    logging.getLogger("httpx").setLevel(max(level, logging.WARNING))
+    # One line per HTTP request at INFO is noise next to synckit's own events, and so
+    # are Alembic's plugin and migration-context lines (`synckit db` says what it did).
+    for noisy in ("httpx", "httpcore", "alembic"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
 def job_context_fields(
