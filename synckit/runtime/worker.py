@@ -794,7 +794,11 @@ class Worker:
             conn.execute(
                 update(connections)
                 .where(connections.c.resource_key == job.resource_key)
-                .values(status="needs_reauth", status_reason=str(o.exc)[:500], updated_at=now)
+                .values(
+                    status="needs_reauth",
+                    status_reason=redact_text(str(o.exc))[:500],
+                    updated_at=now,
+                )
             )
             # The job waits for re-authorisation without spending an attempt.
             return store.fail_sync(

@@ -106,3 +106,34 @@ async def test_the_claims_breaker_sql_is_breaker_allows(
             await conn.execute(select(store._breaker_denies(resources, now)))
         ).scalar()
     assert bool(denied) == (breaker_allows(snapshot, now) == "deny")
+
+
+async def test_a_needs_reauth_reason_is_stored_redacted(db: Database) -> None:
+    """The reason a connection needs re-authorisation passes the redaction step."""
+    from synckit.errors.exceptions import NeedsReauth
+    from synckit.runtime.schema import connections
+
+    reg = Registry()
+
+    @reg.handler("call")
+    async def call(ctx: JobContext) -> None:
+        raise NeedsReauth("refused https://api.example.com/me?access_token=tok_SEEKRIT_4242")
+
+    now = datetime.now(UTC)
+    async with db.begin() as conn:
+        await conn.execute(
+            insert(connections).values(
+                tenant="acme",
+                connector="c",
+                resource_key="c:acme",
+                status="active",
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    await store.enqueue(db, "call", {}, resource_key="c:acme")
+    await Worker(db, reg, concurrency=1).run_until_idle()
+    async with db.begin() as conn:
+        row = (await conn.execute(select(connections.c.status, connections.c.status_reason))).one()
+    assert row.status == "needs_reauth"
+    assert "tok_SEEKRIT_4242" not in row.status_reason and "access_token" in row.status_reason
