@@ -59,8 +59,9 @@ def rss_mb() -> float:
 
 
 class Bench:
-    def __init__(self, engine: str) -> None:
+    def __init__(self, engine: str, charge_at: str = "start") -> None:
         self.engine = engine
+        self.charge_at = charge_at
         self.tmp = tempfile.TemporaryDirectory(prefix="synckit-bench-")
         self.schema = f"bench_{uuid.uuid4().hex[:10]}"
         self.started: dict[int, float] = {}
@@ -114,6 +115,7 @@ class Bench:
             concurrency=concurrency,
             retry_policy=RetryPolicy.deterministic(),
             poll_interval=1.0,
+            charge_at="claim" if self.charge_at == "claim" else "start",
         )
 
     async def enqueue_single(self, n: int) -> float:
@@ -271,8 +273,8 @@ class Bench:
         return costs[0], costs[1], costs[1] / costs[0]
 
 
-async def run_engine(engine: str, n: int) -> dict[str, Any]:
-    b = Bench(engine)
+async def run_engine(engine: str, n: int, charge_at: str = "start") -> dict[str, Any]:
+    b = Bench(engine, charge_at)
     try:
         out: dict[str, Any] = {}
         out["enqueue_per_s"] = round(await b.enqueue_single(min(n, 5000)))
@@ -302,13 +304,19 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20_000, help="jobs per measurement")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--engines", default="sqlite,postgresql")
+    parser.add_argument(
+        "--charge-at",
+        choices=["start", "claim"],
+        default="start",
+        help="when workers charge a job's attempt (Worker(charge_at=...))",
+    )
     args = parser.parse_args()
     configure_logging(json_lines=True, level=logging.WARNING)
     results: dict[str, dict[str, Any]] = {}
     for engine in args.engines.split(","):
         if not args.json:
             print(f"running {engine} (n={args.n}) ...", file=sys.stderr)
-        results[engine] = asyncio.run(run_engine(engine, args.n))
+        results[engine] = asyncio.run(run_engine(engine, args.n, args.charge_at))
     if args.json:
         print(json.dumps(results, sort_keys=True))
         return

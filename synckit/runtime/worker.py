@@ -37,7 +37,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from sqlalchemy import select, update
@@ -196,6 +196,11 @@ class Worker:
     that a crash gives those back to other workers within seconds, attempts unspent.
     ``max_wait`` caps every wait a handler asks for (retry-after, snooze);
     ``pace_policy`` says how rate limits pace their resource (``runtime/pacing.py``).
+
+    ``charge_at="claim"`` charges every claimed job's attempt in the claim itself, as
+    synckit did before charging at start: no start marks, so short jobs run at the
+    queue's full speed, but a crash charges the jobs claimed ahead that never ran. The
+    default, ``"start"``, charges a job only when it starts.
     """
 
     def __init__(
@@ -220,9 +225,13 @@ class Worker:
         start_lease: timedelta | None = None,
         max_wait: timedelta = DEFAULT_MAX_WAIT,
         pace_policy: PacePolicy | None = None,
+        charge_at: Literal["start", "claim"] = "start",
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if charge_at not in ("start", "claim"):
+            raise ValueError(f"charge_at must be 'start' or 'claim', not {charge_at!r}")
+        self.charge_at = charge_at
         self.start_lease = min(lease, start_lease or timedelta(seconds=10))
         self.max_wait = max_wait
         self.pace_policy = pace_policy or PacePolicy(max_wait=max_wait)
@@ -372,7 +381,13 @@ class Worker:
                     # Jobs that will have a handler slot at once are started (charged) by
                     # the claim itself, unless outcomes here are unrecorded (a start must
                     # not commit before them: see _recorder); the rest are claimed ahead.
-                    start=0 if self._unrecorded else self._slots.startable,
+                    start=(
+                        None
+                        if self.charge_at == "claim"
+                        else 0
+                        if self._unrecorded
+                        else self._slots.startable
+                    ),
                     start_lease=self.start_lease,
                     breaker_policy=self.breaker_policy,
                 )

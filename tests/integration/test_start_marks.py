@@ -273,3 +273,24 @@ async def test_plain_successes_wait_for_another_sqlite_writer(db: Database) -> N
         other.close()
     assert (await store.get_job(db, a.id)).status == "running"
     assert (await store.get_job(db, b.id)).attempts == 0
+
+
+async def test_charge_at_claim_charges_every_claimed_job_in_the_claim(db: Database) -> None:
+    """The opt-in old mode: attempts charged by the claim, no start marks, jobs all run."""
+    from synckit.runtime.handlers import JobContext, Registry
+    from synckit.runtime.worker import Worker
+
+    reg = Registry()
+
+    @reg.handler("noop")
+    async def noop(ctx: JobContext) -> None:
+        return None
+
+    await store.enqueue_many(db, [JobSpec("noop") for _ in range(40)])
+    worker = Worker(db, reg, concurrency=2, charge_at="claim")
+    stats = await worker.run_until_idle()
+    assert stats.succeeded == 40
+    infos = await store.list_jobs(db, kind="noop", limit=100)
+    assert [i.attempts for i in infos] == [1] * 40
+    with pytest.raises(ValueError, match="charge_at"):
+        Worker(db, reg, charge_at="never")  # type: ignore[arg-type]
