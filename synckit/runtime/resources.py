@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Column, Text, select, type_coerce, update
 
 from synckit.errors.breaker import BreakerState
 from synckit.runtime.db import Database
-from synckit.runtime.jobs import _ensure_resources, utcnow
+from synckit.runtime.jobs import _ensure_resources, read_moment, utcnow
 from synckit.runtime.schema import UTCDateTime, resources
 
 _UNSET: Any = object()
@@ -22,27 +22,9 @@ _UNSET: Any = object()
 BREAKER_STATES = frozenset(s.value for s in BreakerState)
 
 
-def stored_moment(value: object) -> datetime | None:
-    """A timestamp as the database gave it, read as text (see :func:`readable`): UTC
-    aware, or ``ValueError`` naming what is stored instead. SQLite stores naive UTC text,
-    whatever was written there by hand (``'garbage'``, a number) comes back as is."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        moment = value
-    elif isinstance(value, str):
-        try:
-            moment = datetime.fromisoformat(value)
-        except ValueError:
-            raise ValueError(f"not a timestamp: {value[:60]!r}") from None
-    else:
-        raise ValueError(f"not a timestamp: {str(value)[:60]!r}")
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    try:
-        return moment.astimezone(UTC)
-    except OverflowError:  # '0001-01-01T00:00+14:00' has no UTC moment
-        raise ValueError(f"not a timestamp: {str(value)[:60]!r}") from None
+#: A timestamp read through :func:`readable`: UTC aware, or ``ValueError`` naming what is
+#: stored instead. One reader for every table (``jobs.read_moment``).
+stored_moment = read_moment
 
 
 def readable(columns: Iterable[Column[Any]]) -> list[Any]:
