@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import json
 import math
 import random
 import re
@@ -64,8 +65,21 @@ from typing import Any, Protocol
 import httpx
 import structlog
 from croniter import croniter
-from sqlalchemy import case, func, insert, literal_column, or_, select, text, update
+from sqlalchemy import (
+    any_,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.types import Text
 
 from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.runtime.audit import (
@@ -722,45 +736,68 @@ def _human(delta: timedelta) -> str:
 # --- loading (the only part that reads the database) ------------------------------------
 
 
-async def load_connections(
-    conn: AsyncConnection, *, poll_kind: str = POLL_KIND
-) -> list[ConnectionState]:
-    """Every connection with its last successful poll (checkpoint write or poll job)."""
-    rows = list(
-        await conn.execute(
-            select(
-                connections.c.tenant,
-                connections.c.connector,
-                connections.c.resource_key,
-                connections.c.status,
-                connections.c.status_reason,
-                connections.c.schedule,
-                connections.c.created_at,
-            ).order_by(connections.c.tenant)
+def among(conn: AsyncConnection, column: Any, values: Sequence[str]) -> Any:
+    """``column`` is one of ``values``, as one array parameter whatever their number."""
+    if conn.dialect.name == "postgresql":
+        return column == any_(bindparam("among", list(values), type_=_TEXT_ARRAY, unique=True))
+    return column.in_(
+        select(literal_column("value")).select_from(
+            func.json_each(bindparam("among", json.dumps(list(values)), unique=True))
         )
     )
+
+
+_TEXT_ARRAY = ARRAY(Text())
+
+
+async def load_connections(
+    conn: AsyncConnection,
+    *,
+    poll_kind: str = POLL_KIND,
+    limit: int | None = None,
+    after: str | None = None,
+) -> list[ConnectionState]:
+    """Connections by tenant name with their last successful poll (a checkpoint write or
+    a poll job's success): every one, or one keyset page (``limit`` after ``after``),
+    whose checkpoints and poll jobs alone are then read."""
+    stmt = select(
+        connections.c.tenant,
+        connections.c.connector,
+        connections.c.resource_key,
+        connections.c.status,
+        connections.c.status_reason,
+        connections.c.schedule,
+        connections.c.created_at,
+    ).order_by(connections.c.tenant)
+    if after is not None:
+        stmt = stmt.where(connections.c.tenant > after)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    rows = list(await conn.execute(stmt))
     if not rows:
         return []
-    last_checkpoint = {
-        (t, c): at
-        for t, c, at in await conn.execute(
-            select(
-                checkpoints.c.tenant, checkpoints.c.connector, func.max(checkpoints.c.updated_at)
-            ).group_by(checkpoints.c.tenant, checkpoints.c.connector)
+    paged = limit is not None or after is not None
+    checkpoint_stmt = select(
+        checkpoints.c.tenant, checkpoints.c.connector, func.max(checkpoints.c.updated_at)
+    ).group_by(checkpoints.c.tenant, checkpoints.c.connector)
+    poll_stmt = (
+        select(jobs.c.resource_key, func.max(jobs.c.finished_at))
+        .where(
+            jobs.c.status == "succeeded",
+            jobs.c.kind == poll_kind,
+            jobs.c.resource_key.is_not(None),
         )
-    }
-    last_poll = {
-        key: at
-        for key, at in await conn.execute(
-            select(jobs.c.resource_key, func.max(jobs.c.finished_at))
-            .where(
-                jobs.c.status == "succeeded",
-                jobs.c.kind == poll_kind,
-                jobs.c.resource_key.is_not(None),
-            )
-            .group_by(jobs.c.resource_key)
+        .group_by(jobs.c.resource_key)
+    )
+    if paged:
+        checkpoint_stmt = checkpoint_stmt.where(
+            among(conn, checkpoints.c.tenant, [r.tenant for r in rows])
         )
-    }
+        poll_stmt = poll_stmt.where(
+            among(conn, jobs.c.resource_key, [r.resource_key for r in rows])
+        )
+    last_checkpoint = {(t, c): at for t, c, at in await conn.execute(checkpoint_stmt)}
+    last_poll = {key: at for key, at in await conn.execute(poll_stmt)}
     out: list[ConnectionState] = []
     for r in rows:
         seen = [

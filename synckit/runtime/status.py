@@ -17,17 +17,14 @@ The small named reads (:func:`queue_depth`, :func:`dead_letter_counts`,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import any_, bindparam, func, literal_column, select
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.types import Text
 
 from synckit.connectors.tenants import CONNECTION_STATUSES
 from synckit.runtime.alerts import (
@@ -35,6 +32,7 @@ from synckit.runtime.alerts import (
     Alert,
     ConnectionState,
     RuleSet,
+    among,
     load_alert_data,
     load_connections,
     recent_alerts,
@@ -43,11 +41,9 @@ from synckit.runtime.audit import Totals, totals_by_tenant, window_start
 from synckit.runtime.budget import BudgetPolicy
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import utcnow
-from synckit.runtime.poll import POLL_KIND
 from synckit.runtime.resources import BREAKER_STATES, read_moments, readable
 from synckit.runtime.schema import (
     audit_buckets,
-    checkpoints,
     connections,
     dead_letters,
     jobs,
@@ -134,7 +130,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-_TEXT_ARRAY = ARRAY(Text())
 
 
 # --- named reads ------------------------------------------------------------------------
@@ -157,17 +152,6 @@ async def queue_depth(
     return out
 
 
-def _among(conn: AsyncConnection, column: Any, values: Sequence[str]) -> Any:
-    """``column`` is one of ``values``, as one array parameter whatever their number."""
-    if conn.dialect.name == "postgresql":
-        return column == any_(bindparam("among", list(values), type_=_TEXT_ARRAY, unique=True))
-    return column.in_(
-        select(literal_column("value")).select_from(
-            func.json_each(bindparam("among", json.dumps(list(values)), unique=True))
-        )
-    )
-
-
 async def dead_letter_counts(
     conn: AsyncConnection, *, tenants: Sequence[str] | None = None
 ) -> dict[tuple[str, str, str], int]:
@@ -176,7 +160,7 @@ async def dead_letter_counts(
         dead_letters.c.tenant, dead_letters.c.connector, dead_letters.c.status, func.count()
     ).group_by(dead_letters.c.tenant, dead_letters.c.connector, dead_letters.c.status)
     if tenants is not None:
-        stmt = stmt.where(_among(conn, dead_letters.c.tenant, tenants))
+        stmt = stmt.where(among(conn, dead_letters.c.tenant, tenants))
     rows = await conn.execute(stmt)
     return {(t, c, s): int(n) for t, c, s, n in rows}
 
@@ -216,7 +200,7 @@ async def breaker_states(
         )
     )
     if keys is not None:
-        stmt = stmt.where(_among(conn, resources.c.resource_key, keys))
+        stmt = stmt.where(among(conn, resources.c.resource_key, keys))
     out: dict[str, BreakerInfo] = {}
     for r in await conn.execute(stmt):
         # Read as text and parsed here: one corrupt row must not fail the whole report.
@@ -324,69 +308,9 @@ async def read_status(
 
 
 async def _page(conn: AsyncConnection, *, limit: int, after: str | None) -> list[ConnectionState]:
-    """One page of tenants by name with their last successful poll (a checkpoint write
-    or a poll job's success, as the alert rules see it)."""
-    stmt = (
-        select(
-            connections.c.tenant,
-            connections.c.connector,
-            connections.c.resource_key,
-            connections.c.status,
-            connections.c.status_reason,
-            connections.c.schedule,
-            connections.c.created_at,
-        )
-        .order_by(connections.c.tenant)
-        .limit(limit)
-    )
-    if after is not None:
-        stmt = stmt.where(connections.c.tenant > after)
-    rows = list(await conn.execute(stmt))
-    if not rows:
-        return []
-    names = [r.tenant for r in rows]
-    last_checkpoint = {
-        (t, c): at
-        for t, c, at in await conn.execute(
-            select(
-                checkpoints.c.tenant, checkpoints.c.connector, func.max(checkpoints.c.updated_at)
-            )
-            .where(_among(conn, checkpoints.c.tenant, names))
-            .group_by(checkpoints.c.tenant, checkpoints.c.connector)
-        )
-    }
-    last_poll = {
-        key: at
-        for key, at in await conn.execute(
-            select(jobs.c.resource_key, func.max(jobs.c.finished_at))
-            .where(
-                jobs.c.kind == POLL_KIND,
-                jobs.c.status == "succeeded",
-                _among(conn, jobs.c.resource_key, [r.resource_key for r in rows]),
-            )
-            .group_by(jobs.c.resource_key)
-        )
-    }
-    out = []
-    for r in rows:
-        seen = [
-            x
-            for x in (last_checkpoint.get((r.tenant, r.connector)), last_poll.get(r.resource_key))
-            if x is not None
-        ]
-        out.append(
-            ConnectionState(
-                tenant=r.tenant,
-                connector=r.connector,
-                status=r.status,
-                schedule=r.schedule,
-                created_at=r.created_at,
-                last_success_at=max(seen) if seen else None,
-                status_reason=r.status_reason,
-                resource_key=r.resource_key,
-            )
-        )
-    return out
+    """One page of tenants by name with their last successful poll, as the alert rules
+    see it."""
+    return await load_connections(conn, limit=limit, after=after)
 
 
 async def _totals(
@@ -400,7 +324,7 @@ async def _totals(
             func.coalesce(func.sum(audit_buckets.c.ok), 0),
             func.coalesce(func.sum(audit_buckets.c.failed), 0),
         )
-        .where(audit_buckets.c.minute >= since, _among(conn, audit_buckets.c.tenant, tenants))
+        .where(audit_buckets.c.minute >= since, among(conn, audit_buckets.c.tenant, tenants))
         .group_by(audit_buckets.c.tenant)
     )
     return {t: Totals(int(ok), int(failed)) for t, ok, failed in rows}
