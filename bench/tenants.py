@@ -14,6 +14,9 @@ answered at once with one empty page, ``flow_app`` on ``synckit.testing.hostile`
 * ``status_s``: ``read_status`` of one page and its rendering (what ``synckit status``
   does);
 * ``peak_rss_mb``: the largest worker RSS seen during the runs.
+
+``--skip cycles,status`` leaves out the end-to-end runs and the status view (the slow
+parts at 100,000 tenants); their keys are then absent.
 """
 
 from __future__ import annotations
@@ -130,7 +133,9 @@ async def _cycle(
     return wall, done, peak
 
 
-async def measure(engine: str, size: int, cycle_limit: int, tmp: Path) -> dict[str, Any]:
+async def measure(
+    engine: str, size: int, cycle_limit: int, tmp: Path, skip: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with HostileProcess(Behaviour(pages=1, records=0, latency=0.0)) as api:
         async with fresh_database(engine, tmp) as url:
@@ -153,30 +158,34 @@ async def measure(engine: str, size: int, cycle_limit: int, tmp: Path) -> dict[s
                     dt, _claimed = await _timed(store.claim(db, "bench", 32))
                     claims.append(dt)
                 out["claim_ms"] = statistics.median(claims) * 1000
-                sample = names[: min(size, cycle_limit)]
-                peak = 0.0
-                for w in (1, 2):
-                    wall, done, rss = await _cycle(url, db, api, sample, w, tmp)
-                    peak = max(peak, rss)
-                    rate = done / wall if wall > 0 else 0.0
-                    out[f"cycle_all_s_{w}w"] = size / rate if rate else None
-                    out[f"polls_per_s_{w}w"] = rate
-                out["polls_per_s_per_worker"] = out["polls_per_s_1w"]
-                out["cycle_sample"] = len(sample)
-                out["peak_rss_mb"] = peak
-                t0 = time.perf_counter()
-                snapshot = await read_status(db, limit=50)  # `synckit status`
-                from rich.console import Console
+                if "cycles" not in skip:
+                    sample = names[: min(size, cycle_limit)]
+                    peak = 0.0
+                    for w in (1, 2):
+                        wall, done, rss = await _cycle(url, db, api, sample, w, tmp)
+                        peak = max(peak, rss)
+                        rate = done / wall if wall > 0 else 0.0
+                        out[f"cycle_all_s_{w}w"] = size / rate if rate else None
+                        out[f"polls_per_s_{w}w"] = rate
+                    out["polls_per_s_per_worker"] = out["polls_per_s_1w"]
+                    out["cycle_sample"] = len(sample)
+                    out["peak_rss_mb"] = peak
+                if "status" not in skip:
+                    t0 = time.perf_counter()
+                    snapshot = await read_status(db, limit=50)  # `synckit status`
+                    from rich.console import Console
 
-                render_status(snapshot, Console(file=io.StringIO(), width=200))
-                out["status_s"] = time.perf_counter() - t0
+                    render_status(snapshot, Console(file=io.StringIO(), width=200))
+                    out["status_s"] = time.perf_counter() - t0
             finally:
                 await db.dispose()
                 await app.aclose()
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
 
 
-async def bench(sizes: list[int], engines: list[str], cycle_limit: int) -> dict[str, Any]:
+async def bench(
+    sizes: list[int], engines: list[str], cycle_limit: int, skip: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for engine in engines:
@@ -184,7 +193,7 @@ async def bench(sizes: list[int], engines: list[str], cycle_limit: int) -> dict[
                 if engine == "sqlite" and size > SQLITE_MAX:
                     continue
                 print(f"{engine} {size} ...", file=sys.stderr, flush=True)
-                figures = await measure(engine, size, cycle_limit, Path(tmp))
+                figures = await measure(engine, size, cycle_limit, Path(tmp), skip)
                 result.setdefault(engine, {})[str(size)] = figures
                 print(f"  {json.dumps(figures)}", file=sys.stderr, flush=True)
     return result
@@ -200,12 +209,20 @@ def main(argv: list[str] | None = None) -> None:
         default=20_000,
         help="Tenants polled in the end-to-end runs (the rest scaled from the rate).",
     )
+    p.add_argument(
+        "--skip",
+        default="",
+        help="Parts to leave out, comma-separated: cycles (the end-to-end runs), status.",
+    )
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     args = p.parse_args(argv)
+    skip = frozenset(s for s in args.skip.split(",") if s)
+    if unknown := skip - {"cycles", "status"}:
+        p.error(f"--skip: unknown part(s) {', '.join(sorted(unknown))} (cycles, status)")
     configure_logging(level=logging.WARNING)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     engines = [e for e in args.engines.split(",") if e]
-    result = asyncio.run(bench(sizes, engines, args.cycle_limit))
+    result = asyncio.run(bench(sizes, engines, args.cycle_limit, skip))
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
         return
