@@ -1,4 +1,5 @@
-"""The DLQ's decisions, as pure functions: when to replay next, and whether a resource waits.
+"""The DLQ's decisions, as pure functions: what a capture does to a row, when to replay
+next, and whether a resource waits.
 
 Nothing here touches the database, the clock or a global random source: the time and
 the random source are arguments, so every rule is tested exhaustively.
@@ -6,6 +7,7 @@ the random source are arguments, so every rule is tested exhaustively.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -17,9 +19,11 @@ __all__ = [
     "MAX_DELAY",
     "PROBE_WAIT",
     "REVIEW_CLASSES",
+    "CaptureDecision",
     "UniformSource",
     "blocked_until",
     "dead_cycle_streak",
+    "decide_capture",
     "next_retry_delay",
 ]
 
@@ -49,6 +53,48 @@ def dead_cycle_streak(previous_status: str | None, previous_streak: object) -> i
     if isinstance(previous_streak, bool) or not isinstance(previous_streak, int):
         return 1  # a row from before streaks were kept, or hand-edited
     return max(previous_streak, 0) + 1
+
+
+@dataclass(frozen=True)
+class CaptureDecision:
+    """What a captured failure does to its row (:func:`decide_capture`).
+
+    ``reopen`` False means the row stays as an operator left it (``ignored``): its
+    status, reason, replay time, resolution time and replay count are kept, and only
+    the failure itself (error, payload, counts, history) is recorded.
+    """
+
+    status: str
+    next_retry_at: datetime | None
+    reopen: bool
+    reset_replays: bool
+
+
+def decide_capture(
+    previous_status: str | None,
+    error_class: str,
+    *,
+    now: datetime,
+    retry_at: datetime | None = None,
+    keep_replay_count: bool = False,
+) -> CaptureDecision:
+    """The one rule for a failure of a record, a job or an outbox message.
+
+    ``previous_status`` is the status of the row the failure lands on (None: no row
+    yet). An ``ignored`` row stays ignored: an operator's decision stands. Any other
+    row is (re)opened: ``review`` at once for the :data:`REVIEW_CLASSES`, else
+    ``pending`` with its first replay at ``retry_at`` (default ``now`` +
+    :data:`BASE_DELAY`), and with a fresh replay budget unless ``keep_replay_count``
+    (a dead job re-run by a replay that died again: its budget must run out, not
+    start over).
+    """
+    if previous_status == "ignored":
+        return CaptureDecision("ignored", None, reopen=False, reset_replays=False)
+    if error_class in REVIEW_CLASSES:
+        return CaptureDecision("review", None, reopen=True, reset_replays=not keep_replay_count)
+    return CaptureDecision(
+        "pending", retry_at or now + BASE_DELAY, reopen=True, reset_replays=not keep_replay_count
+    )
 
 
 # 2 ** 11 minutes already exceeds the cap; clamping keeps huge attempt numbers free.

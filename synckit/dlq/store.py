@@ -32,45 +32,48 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from sqlalchemy import (
     ColumnElement,
     Row,
     Text,
     and_,
+    bindparam,
     delete,
     func,
     literal_column,
     or_,
     select,
+    text,
     type_coerce,
     update,
 )
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.dlq.policy import (
-    BASE_DELAY,
     DEAD_CYCLES_REASON,
     DEAD_CYCLES_TO_PAUSE,
-    REVIEW_CLASSES,
     blocked_until,
     dead_cycle_streak,
+    decide_capture,
 )
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime.db import Database
-from synckit.runtime.jobs import _insert
 from synckit.runtime.logging import redact_text
 from synckit.runtime.schema import connections, dead_letters, resources
 
 __all__ = [
+    "CAPTURE_CHUNK",
     "HISTORY_LIMIT",
     "INACTIVE_WAIT",
     "LEASE_PREFIX",
+    "REPLACEMENT",
     "STATUSES",
     "Captured",
     "DeadLetter",
@@ -82,6 +85,7 @@ __all__ = [
     "ReplayError",
     "capture",
     "capture_many",
+    "capture_sync",
     "claim_due",
     "claim_ids",
     "count",
@@ -99,9 +103,11 @@ __all__ = [
     "new_lease_marker",
     "purge",
     "resolve_matching",
+    "resolve_records",
     "resource_waits",
     "schedule_retry",
     "schedule_unscheduled",
+    "storable_text",
 ]
 
 Status = Literal["pending", "resolved", "ignored", "review"]
@@ -342,7 +348,14 @@ class DlqFilter:
 
 @dataclass(frozen=True)
 class Failure:
-    """One failure to capture (see :func:`capture`)."""
+    """One failure to capture (:func:`capture_many`).
+
+    ``source`` names where it came from (``poll``, ``job``, ``outbox``; ``capture`` for
+    a direct call) and is kept in the row's history. ``attempts`` is how many attempts
+    this failure stands for (a dead job's attempts; 1 for a record). ``retry_at`` is the
+    first replay of a row this failure opens (default: :data:`~synckit.dlq.policy.BASE_DELAY`
+    from now); ``keep_replay_count`` keeps the replays a reopened row has already spent.
+    """
 
     tenant: str
     connector: str
@@ -356,6 +369,9 @@ class Failure:
     job_id: int | None = None
     resource_key: str | None = None
     attempts: int = 1
+    source: str = "capture"
+    retry_at: datetime | None = None
+    keep_replay_count: bool = False
 
 
 @dataclass(frozen=True)
@@ -367,31 +383,79 @@ class Captured:
     status: str
 
 
-def _storable(payload: Any) -> Any:
-    """The payload as a JSON value both engines can store.
+#: What a NUL or a lone surrogate in a stored text becomes (see :func:`storable_text`).
+REPLACEMENT = "\ufffd"
+
+
+def storable_text(text: str) -> str:
+    """``text`` with every NUL and lone surrogate replaced by U+FFFD.
+
+    PostgreSQL's ``text`` and ``jsonb`` refuse NUL, and no driver encodes a lone
+    surrogate as UTF-8: a record carrying either would fail its page's commit on every
+    retry. U+FFFD, not an escape such as ``\\u0000``: it is Unicode's own mark for "a
+    character that could not be represented", so nobody reads it as what the API sent
+    (a literal ``\\u0000`` is six ordinary characters an API can send, and a replay would
+    hand them to ``handle()`` as if it had), and it is one character, so no limit moves.
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", REPLACEMENT)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Pairs join into their character, lone halves become U+FFFD.
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def _scrubbed(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return {storable_text(k): _scrubbed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrubbed(v) for v in value]
+    return value
+
+
+def _json_text(payload: Any) -> str:
+    """A payload (or a history) as JSON text both engines store.
 
     A capture must never fail because of the record it captures (one bad record never
     stops a batch), so a value JSON cannot hold is kept as its ``repr`` under
     ``_unserialisable``: replay then finds a payload of the wrong shape and ignores the
-    row with that reason, and an operator can still read what it was.
+    row with that reason, and an operator can still read what it was. NULs and lone
+    surrogates in strings and keys, at any depth, become U+FFFD (:func:`storable_text`).
     """
     try:
-        json.dumps(payload, allow_nan=False)
-        return payload
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as exc:
         try:
-            text = repr(payload)
+            shown = repr(payload)
         except Exception:  # a broken __repr__ must not break the capture
-            text = f"<unprintable {type(payload).__name__}>"
-        return {"_unserialisable": text[:10_000], "_error": str(exc)[:200]}
+            shown = f"<unprintable {type(payload).__name__}>"
+        kept = {"_unserialisable": shown[:10_000], "_error": str(exc)[:200]}
+        text = json.dumps(kept, ensure_ascii=False)
+    # json.dumps writes NUL as the escape \u0000 (which jsonb refuses) and leaves lone
+    # surrogates as they are; the walk runs only for a payload holding either.
+    if "\\u0000" in text or not _encodes(text):
+        text = json.dumps(_scrubbed(json.loads(text)), ensure_ascii=False)
+    return text
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _clean(text: str | None, limit: int, *, tail: bool = False) -> str | None:
-    """Stored text: redacted first (a secret cut in half would escape the patterns), NULs
-    dropped (PostgreSQL refuses them), then cut to ``limit``."""
+    """Stored text: redacted first (a secret cut in half would escape the patterns), made
+    storable (:func:`storable_text`), then cut to ``limit``."""
     if text is None:
         return None
-    text = redact_text(text).replace("\x00", "")
+    text = storable_text(redact_text(text))
     return text[-limit:] if tail else text[:limit]
 
 
@@ -414,44 +478,403 @@ def dead_job_record_id(kind: str, payload: Any, job_id: int) -> str:
 _CYCLE_PREFIX = "job:poll:"
 
 
-def _pause_after_dead_cycles(
-    conn: Connection,
-    streak: int,
-    resource_key: str | None,
-    record_id: str,
-    message: str,
-    now: datetime,
-) -> None:
-    """Pause the tenant's connection once its stream has died DEAD_CYCLES_TO_PAUSE
-    cycles in a row; the ``dead_cycles`` alert rule announces it. In the capture's
-    transaction, so the pause and the dead letter commit together."""
-    if streak < DEAD_CYCLES_TO_PAUSE or not resource_key:
-        return
-    stream = record_id[len(_CYCLE_PREFIX) :]
-    reason = (
-        f"{DEAD_CYCLES_REASON} stream {stream} died {streak} cycles in a row; last: {message}"
-    )[:500]
-    conn.execute(
-        update(connections)
-        .where(connections.c.resource_key == resource_key, connections.c.status == "active")
-        .values(status="paused", status_reason=reason, updated_at=now)
-    )
-
-
 def _history_entry(
-    now: datetime, source: str, error_class: str, message: str, attempt: int
+    now: datetime,
+    source: str,
+    error_class: str,
+    message: str,
+    attempt: int,
+    trace_id: str | None = None,
 ) -> dict[str, Any]:
+    """One history entry; every writer of ``dead_letters.history`` (captures from poll
+    cycles, jobs and the outbox, and replays) writes this shape."""
     return {
         "at": now.isoformat(),
         "source": source,
         "error_class": error_class,
         "message": message[:_HISTORY_MESSAGE_LIMIT],
         "attempt": attempt,
+        "trace_id": trace_id,
     }
 
 
 def _appended(history: Sequence[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
     return [*history, entry][-HISTORY_LIMIT:]
+
+
+_Key = tuple[str, str, str, str]
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A :class:`Failure` as it will be stored: texts made storable, payload as JSON."""
+
+    key: _Key
+    failure: Failure
+    payload: str
+    message: str
+    traceback: str | None
+    error_class: str
+
+
+def _prepare(f: Failure) -> _Prepared:
+    record_id = f.record_id
+    if f.job_id is not None and record_id == f"job:{f.job_id}":
+        record_id = dead_job_record_id(f.kind, f.payload, f.job_id)
+    key = (
+        storable_text(f.tenant),
+        storable_text(f.connector),
+        storable_text(f.kind),
+        storable_text(record_id),
+    )
+    return _Prepared(
+        key=key,
+        failure=f,
+        payload=_json_text(f.payload),
+        message=_clean(f.message or "", _MESSAGE_LIMIT) or "",
+        traceback=_clean(f.traceback, _TRACEBACK_LIMIT, tail=True),
+        error_class=storable_text(f.error_class)[:32],
+    )
+
+
+class _CaptureSql:
+    """The capture's statements for one engine, built once. Rows travel as one array per
+    column (PostgreSQL: ``unnest``) or one JSON array of rows (SQLite: ``json_each``):
+    the parameter count never depends on how many rows a capture writes, and the text
+    is the same for every call, so each statement is prepared once."""
+
+    def __init__(self, postgres: bool) -> None:
+        self.postgres = postgres
+        ts = bindparam("now", type_=dead_letters.c.last_attempt_at.type)
+        self.key_columns = (
+            ("tenant", "text"),
+            ("connector", "text"),
+            ("kind", "text"),
+            ("record_id", "text"),
+        )
+        keys = self._rows(*self.key_columns)
+        history = "CAST(d.history AS text)" if postgres else "d.history"
+        lock = " FOR UPDATE OF d" if postgres else ""
+        self.lock = text(
+            "SELECT d.id, d.tenant, d.connector, d.kind, d.record_id, d.status,"
+            f" d.attempt_count, {history} AS history FROM {keys}"
+            " JOIN dead_letters d ON d.tenant = v.tenant AND d.connector = v.connector"
+            f" AND d.kind = v.kind AND d.record_id = v.record_id ORDER BY d.id{lock}"
+        )
+        self.insert_columns = (
+            ("tenant", "text"),
+            ("connector", "text"),
+            ("kind", "text"),
+            ("record_id", "text"),
+            ("job_id", "bigint"),
+            ("resource_key", "text"),
+            ("payload", "text"),
+            ("error_class", "text"),
+            ("error_message", "text"),
+            ("traceback", "text"),
+            ("history", "text"),
+            ("trace_id", "text"),
+            ("attempts", "integer"),
+            ("status", "text"),
+            ("next_retry_at", "timestamptz"),
+        )
+        new = self._rows(*self.insert_columns)
+        self.insert = text(
+            "INSERT INTO dead_letters (tenant, connector, kind, record_id, job_id,"
+            " resource_key, payload, error_class, error_message, traceback, history,"
+            " trace_id, attempt_count, replay_attempts, status, status_reason,"
+            " first_failed_at, last_attempt_at, next_retry_at, resolved_at)"
+            " SELECT v.tenant, v.connector, v.kind, v.record_id, v.job_id, v.resource_key,"
+            f" {self._json('v.payload')}, v.error_class, v.error_message, v.traceback,"
+            f" {self._json('v.history')}, v.trace_id, v.attempts, 0, v.status, NULL,"
+            f" :now, :now, v.next_retry_at, NULL FROM {new} WHERE true"
+            " ON CONFLICT (tenant, connector, kind, record_id) DO NOTHING"
+            " RETURNING id, tenant, connector, kind, record_id"
+        ).bindparams(ts)
+        self.merge_columns = (
+            ("id", "bigint"),
+            ("job_id", "bigint"),
+            ("resource_key", "text"),
+            ("payload", "text"),
+            ("error_class", "text"),
+            ("error_message", "text"),
+            ("traceback", "text"),
+            ("history", "text"),
+            ("trace_id", "text"),
+            ("attempt_count", "integer"),
+            ("status", "text"),
+            ("next_retry_at", "timestamptz"),
+            ("reopen", "boolean"),
+            ("reset", "boolean"),
+        )
+        merged = self._rows(*self.merge_columns)
+        # A row kept as it is (an operator ignored it) keeps its reason, replay time,
+        # resolution time and replay count; a reopened row ends any replay lease on it.
+        self.merge = text(
+            f"UPDATE dead_letters SET payload = {self._json('v.payload')},"
+            " error_class = v.error_class, error_message = v.error_message,"
+            f" traceback = v.traceback, history = {self._json('v.history')},"
+            " trace_id = v.trace_id, attempt_count = v.attempt_count, last_attempt_at = :now,"
+            " job_id = COALESCE(v.job_id, dead_letters.job_id),"
+            " resource_key = COALESCE(v.resource_key, dead_letters.resource_key),"
+            " status = v.status,"
+            " status_reason = CASE WHEN v.reopen THEN NULL ELSE dead_letters.status_reason END,"
+            " next_retry_at = CASE WHEN v.reopen THEN v.next_retry_at"
+            " ELSE dead_letters.next_retry_at END,"
+            " resolved_at = CASE WHEN v.reopen THEN NULL ELSE dead_letters.resolved_at END,"
+            " replay_attempts = CASE WHEN v.reset THEN 0 ELSE dead_letters.replay_attempts END"
+            f" FROM {merged} WHERE dead_letters.id = v.id"
+        ).bindparams(ts)
+        self.pause_columns = (("resource_key", "text"), ("reason", "text"))
+        pauses = self._rows(*self.pause_columns)
+        self.pause = text(
+            "UPDATE connections SET status = 'paused', status_reason = v.reason,"
+            f" updated_at = :now FROM {pauses}"
+            " WHERE connections.resource_key = v.resource_key AND connections.status = 'active'"
+        ).bindparams(bindparam("now", type_=connections.c.updated_at.type))
+        ids = (
+            "record_id = ANY(CAST(:ids AS text[]))"
+            if postgres
+            else "record_id IN (SELECT value FROM json_each(:ids))"
+        )
+        self.resolve = text(
+            "UPDATE dead_letters SET status = 'resolved', status_reason = :reason,"
+            " resolved_at = :now, next_retry_at = NULL"
+            " WHERE tenant = :tenant AND connector = :connector AND kind = :kind"
+            f" AND status IN ('pending', 'review') AND {ids}"
+        ).bindparams(bindparam("now", type_=dead_letters.c.resolved_at.type))
+
+    def _json(self, column: str) -> str:
+        # SQLite keeps JSON as text: the JSON text travels as a string and is stored as is.
+        return f"CAST({column} AS jsonb)" if self.postgres else column
+
+    def _rows(self, *cols: tuple[str, str]) -> str:
+        names = ", ".join(n for n, _ in cols)
+        if self.postgres:
+            arrays = ", ".join(f"CAST(:{n} AS {t}[])" for n, t in cols)
+            return f"unnest({arrays}) AS v({names})"
+        picks = ", ".join(f"json_extract(value, '$[{i}]') AS {n}" for i, (n, _) in enumerate(cols))
+        return f"(SELECT {picks} FROM json_each(:rows)) AS v"
+
+    def rows(
+        self, cols: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
+    ) -> dict[str, Any]:
+        if self.postgres:
+            return {n: [r[i] for r in rows] for i, (n, _) in enumerate(cols)}
+        return {"rows": json.dumps([[_sqlite_value(v) for v in r] for r in rows])}
+
+    def ids(self, ids: Sequence[str]) -> Any:
+        return list(ids) if self.postgres else json.dumps(list(ids))
+
+
+_SQLITE = sqlite.dialect()
+# The text a timestamp is stored as on SQLite (json_each hands values over as they are).
+_SQLITE_TS: Any = dead_letters.c.next_retry_at.type.dialect_impl(_SQLITE).bind_processor(_SQLITE)
+
+
+def _sqlite_value(value: Any) -> Any:
+    return _SQLITE_TS(value) if isinstance(value, datetime) else value
+
+
+_SQL = {True: _CaptureSql(True), False: _CaptureSql(False)}
+#: Rows per statement of one capture: bounds a statement's size, not its parameter count.
+CAPTURE_CHUNK = 1000
+
+
+@dataclass(frozen=True)
+class _Merge:
+    """A failure landing on a row that exists, as it will be written (``values`` in
+    :attr:`_CaptureSql.merge_columns` order); ``streak`` for a dead poll cycle."""
+
+    p: _Prepared
+    row_id: int
+    status: str
+    values: tuple[Any, ...]
+    streak: int | None
+
+
+@overload
+def capture_many(
+    conn: Connection, failures: Sequence[Failure], *, now: datetime
+) -> list[Captured]: ...
+
+
+@overload
+def capture_many(
+    conn: AsyncConnection, failures: Sequence[Failure], *, now: datetime
+) -> Awaitable[list[Captured]]: ...
+
+
+def capture_many(
+    conn: Connection | AsyncConnection, failures: Sequence[Failure], *, now: datetime
+) -> list[Captured] | Awaitable[list[Captured]]:
+    """Write failures into the DLQ in the caller's transaction; one :class:`Captured` per
+    failure, in order. The one capture of poll cycles, dead jobs and the outbox.
+
+    One row per ``(tenant, connector, kind, record_id)`` (a key twice in ``failures``:
+    the last counts). What happens to a row is :func:`~synckit.dlq.policy.decide_capture`:
+    a new row is ``pending`` (first replay at ``retry_at``, default one minute from
+    ``now``) or ``review`` at once for validation and authorization errors. A repeat
+    updates the same row: error, payload and trace become the latest, ``attempt_count``
+    grows by ``attempts``, ``history`` gains an entry (the last :data:`HISTORY_LIMIT` are
+    kept; the same shape from every source), and the row is open again with a fresh
+    replay budget (``keep_replay_count``: the spent replays stay) and any replay lease on
+    it ended, so the newer failure wins over that replay's outcome. A row an operator
+    ``ignored`` stays ignored, with its reason: the failure is recorded, not acted on.
+
+    Texts are redacted and cut; NULs and lone surrogates in texts, keys and payloads
+    (nested strings and keys too) become U+FFFD (:func:`storable_text`), so the capture
+    never fails on either engine because of what the record holds. A dead poll cycle
+    (``job:poll:<stream>``) counts its streak and pauses the tenant's connection after
+    :data:`~synckit.dlq.policy.DEAD_CYCLES_TO_PAUSE` in a row, in this transaction.
+
+    Set-based: a handful of statements per :data:`CAPTURE_CHUNK` rows, each with a fixed
+    number of parameters, whatever the number of failures.
+
+    ``conn`` is a synchronous connection (:meth:`~synckit.runtime.db.Database.write`, the
+    worker's recording); given an :class:`AsyncConnection`, the same capture runs through
+    ``run_sync`` and this returns its awaitable.
+    """
+    if isinstance(conn, AsyncConnection):
+        return conn.run_sync(_capture_many, failures, now=now)
+    return _capture_many(conn, failures, now=now)
+
+
+def _capture_many(
+    conn: Connection, failures: Sequence[Failure], *, now: datetime
+) -> list[Captured]:
+    prepared = [_prepare(f) for f in failures]
+    unique = list({p.key: p for p in prepared}.values())
+    sql = _SQL[conn.dialect.name == "postgresql"]
+    done: dict[_Key, Captured] = {}
+    for start in range(0, len(unique), CAPTURE_CHUNK):
+        done.update(_capture_chunk(conn, sql, unique[start : start + CAPTURE_CHUNK], now))
+    return [done[p.key] for p in prepared]
+
+
+def _capture_chunk(
+    conn: Connection, sql: _CaptureSql, chunk: Sequence[_Prepared], now: datetime
+) -> dict[_Key, Captured]:
+    out: dict[_Key, Captured] = {}
+    streaks: list[tuple[_Prepared, int]] = []
+    existing = _lock(conn, sql, [p.key for p in chunk])
+    fresh = [p for p in chunk if p.key not in existing]
+    if fresh:
+        out.update(_insert_fresh(conn, sql, fresh, now))
+        streaks += [(p, 1) for p in fresh if p.key in out and _is_cycle(p)]
+        # ON CONFLICT DO NOTHING waited for a concurrent insert of a key to commit: that
+        # row exists now, and this failure is a repeat on it.
+        lost = [p.key for p in fresh if p.key not in out]
+        if lost:
+            existing.update(_lock(conn, sql, lost))
+    merges = [_merge(p, existing[p.key], now) for p in chunk if p.key not in out]
+    if merges:
+        values = [m.values for m in merges]
+        conn.execute(sql.merge, {**sql.rows(sql.merge_columns, values), "now": now})
+        for m in merges:
+            out[m.p.key] = Captured(m.row_id, False, m.status)
+            if m.streak is not None:
+                streaks.append((m.p, m.streak))
+    pauses = [
+        (p.failure.resource_key, _pause_reason(p, streak))
+        for p, streak in streaks
+        if streak >= DEAD_CYCLES_TO_PAUSE and p.failure.resource_key
+    ]
+    if pauses:
+        # The dead_cycles alert rule announces the pause; in the capture's transaction,
+        # so the pause and the dead letter commit together.
+        conn.execute(sql.pause, {**sql.rows(sql.pause_columns, pauses), "now": now})
+    return out
+
+
+def _is_cycle(p: _Prepared) -> bool:
+    return p.key[3].startswith(_CYCLE_PREFIX)
+
+
+def _lock(conn: Connection, sql: _CaptureSql, keys: Sequence[_Key]) -> dict[_Key, Any]:
+    """The rows of ``keys`` that exist, locked until the transaction ends (PostgreSQL;
+    SQLite's writer lock already covers them)."""
+    rows = conn.execute(sql.lock, sql.rows(sql.key_columns, keys))
+    return {(r.tenant, r.connector, r.kind, r.record_id): r for r in rows}
+
+
+def _insert_fresh(
+    conn: Connection, sql: _CaptureSql, fresh: Sequence[_Prepared], now: datetime
+) -> dict[_Key, Captured]:
+    rows = []
+    statuses: dict[_Key, str] = {}
+    for p in fresh:
+        f = p.failure
+        decision = decide_capture(None, p.error_class, now=now, retry_at=f.retry_at)
+        entry = _history_entry(now, f.source, p.error_class, p.message, f.attempts, f.trace_id)
+        if _is_cycle(p):
+            entry["streak"] = 1
+        statuses[p.key] = decision.status
+        rows.append(
+            (
+                *p.key,
+                f.job_id,
+                f.resource_key,
+                p.payload,
+                p.error_class,
+                p.message,
+                p.traceback,
+                _json_text([entry]),
+                f.trace_id,
+                f.attempts,
+                decision.status,
+                decision.next_retry_at,
+            )
+        )
+    res = conn.execute(sql.insert, {**sql.rows(sql.insert_columns, rows), "now": now})
+    out = {}
+    for r in res:
+        key = (r.tenant, r.connector, r.kind, r.record_id)
+        out[key] = Captured(int(r.id), True, statuses[key])
+    return out
+
+
+def _merge(p: _Prepared, old: Any, now: datetime) -> _Merge:
+    f = p.failure
+    history, _ = _parse_json(old.history)
+    kept = [h for h in history if isinstance(h, dict)] if isinstance(history, list) else []
+    attempt_count = int(old.attempt_count) + f.attempts
+    decision = decide_capture(
+        old.status,
+        p.error_class,
+        now=now,
+        retry_at=f.retry_at,
+        keep_replay_count=f.keep_replay_count,
+    )
+    entry = _history_entry(now, f.source, p.error_class, p.message, attempt_count, f.trace_id)
+    streak = None
+    if _is_cycle(p):
+        last = kept[-1] if kept else {}
+        streak = entry["streak"] = dead_cycle_streak(old.status, last.get("streak"))
+    values = (
+        int(old.id),
+        f.job_id,
+        f.resource_key,
+        p.payload,
+        p.error_class,
+        p.message,
+        p.traceback,
+        _json_text(_appended(kept, entry)),
+        f.trace_id,
+        attempt_count,
+        decision.status,
+        decision.next_retry_at,
+        decision.reopen,
+        decision.reset_replays,
+    )
+    return _Merge(p, int(old.id), decision.status, values, streak)
+
+
+def _pause_reason(p: _Prepared, streak: int) -> str:
+    stream = p.key[3][len(_CYCLE_PREFIX) :]
+    return (
+        f"{DEAD_CYCLES_REASON} stream {stream} died {streak} cycles in a row; last: {p.message}"
+    )[:500]
 
 
 def capture_sync(
@@ -472,113 +895,33 @@ def capture_sync(
     attempts: int = 1,
     retry_at: datetime | None = None,
     keep_replay_count: bool = False,
+    source: str | None = None,
 ) -> Captured:
-    """Write a failure into the DLQ, in the caller's transaction (atomic with its writes).
+    """One failure through :func:`capture_many`, in the caller's transaction.
 
-    One row per ``(tenant, connector, kind, record_id)``. A new row is ``pending`` with its
-    first replay at ``retry_at`` (default: one minute from ``now``), or ``review`` at once
-    for validation and authorization errors. A repeat updates the same row: the error,
-    payload and trace become the latest, ``attempt_count`` grows by ``attempts``,
-    ``history`` gains an entry (the last :data:`HISTORY_LIMIT` are kept), and the row is
-    open again (``pending``/``review``) with a fresh replay budget; a row an operator
-    ``ignored`` stays ignored. A repeat also ends any lease a replay processor holds on
-    the row, so the newer failure wins over that replay's outcome.
-
-    ``resource_key`` names the resource (tenant connection) whose breaker gates replays.
-    ``keep_replay_count`` keeps the replays already spent (a dead job that died again
-    after being re-run by a replay: its budget must run out, not start over).
+    ``source`` defaults to ``job`` for a dead job (``record_id`` ``job:<job_id>``, as
+    the worker captures them) and ``capture`` otherwise.
     """
-    message = _clean(message or "", _MESSAGE_LIMIT) or ""
-    traceback = _clean(traceback, _TRACEBACK_LIMIT, tail=True) if traceback else traceback
-    if job_id is not None and record_id == f"job:{job_id}":
-        record_id = dead_job_record_id(kind, payload, job_id)
-    stored = _storable(payload)
-    review = error_class in REVIEW_CLASSES
-    status: Status = "review" if review else "pending"
-    next_retry_at = None if review else (retry_at or now + BASE_DELAY)
-    entry = _history_entry(now, "capture", error_class, message, 1)
-    row = {
-        "tenant": tenant,
-        "connector": connector,
-        "kind": kind,
-        "record_id": record_id,
-        "job_id": job_id,
-        "resource_key": resource_key,
-        "payload": stored,
-        "error_class": error_class,
-        "error_message": message,
-        "traceback": traceback,
-        "history": [entry],
-        "trace_id": trace_id,
-        "attempt_count": attempts,
-        "replay_attempts": 0,
-        "status": status,
-        "status_reason": None,
-        "first_failed_at": now,
-        "last_attempt_at": now,
-        "next_retry_at": next_retry_at,
-        "resolved_at": None,
-    }
-    cycle = record_id.startswith(_CYCLE_PREFIX)
-    if cycle:
-        entry["streak"] = 1
-    ins = _insert(conn)(dead_letters).values(**row).on_conflict_do_nothing(index_elements=_KEY)
-    new_id = conn.execute(ins.returning(dead_letters.c.id)).scalar()
-    if new_id is not None:
-        if cycle:
-            _pause_after_dead_cycles(conn, 1, resource_key, record_id, message, now)
-        return Captured(int(new_id), True, status)
-    # The row exists: lock it (PostgreSQL; SQLite's writer lock already covers it), then
-    # merge. ON CONFLICT DO NOTHING waited for any concurrent insert of the key to commit.
-    key = and_(*(dead_letters.c[k] == row[k] for k in _KEY))
-    old = (
-        conn.execute(
-            select(
-                dead_letters.c.id,
-                dead_letters.c.status,
-                dead_letters.c.attempt_count,
-                type_coerce(dead_letters.c.history, Text).label("history_text"),
-            )
-            .where(key)
-            .with_for_update()
-        )
-    ).one()
-    history, _ = _parse_json(old.history_text)
-    if not isinstance(history, list):
-        history = []
-    attempt_count = int(old.attempt_count) + attempts
-    entry["attempt"] = attempt_count
-    if cycle:
-        last = history[-1] if history and isinstance(history[-1], dict) else {}
-        entry["streak"] = dead_cycle_streak(old.status, last.get("streak"))
-        _pause_after_dead_cycles(conn, entry["streak"], resource_key, record_id, message, now)
-    values: dict[str, Any] = {
-        "payload": stored,
-        "error_class": error_class,
-        "error_message": message,
-        "traceback": traceback,
-        "history": _appended([h for h in history if isinstance(h, dict)], entry),
-        "trace_id": trace_id,
-        "attempt_count": attempt_count,
-        "last_attempt_at": now,
-    }
-    if job_id is not None:
-        values["job_id"] = job_id
-    if resource_key is not None:
-        values["resource_key"] = resource_key
-    if old.status == "ignored":
-        status = "ignored"
-    else:
-        values.update(
-            status=status,
-            status_reason=None,
-            next_retry_at=next_retry_at,
-            resolved_at=None,
-        )
-        if not keep_replay_count:
-            values["replay_attempts"] = 0
-    conn.execute(update(dead_letters).where(dead_letters.c.id == old.id).values(**values))
-    return Captured(int(old.id), False, status)
+    if source is None:
+        source = "job" if job_id is not None and record_id == f"job:{job_id}" else "capture"
+    failure = Failure(
+        tenant=tenant,
+        connector=connector,
+        kind=kind,
+        record_id=record_id,
+        payload=payload,
+        error_class=error_class,
+        message=message,
+        traceback=traceback,
+        trace_id=trace_id,
+        job_id=job_id,
+        resource_key=resource_key,
+        attempts=attempts,
+        source=source,
+        retry_at=retry_at,
+        keep_replay_count=keep_replay_count,
+    )
+    return capture_many(conn, [failure], now=now)[0]
 
 
 async def capture(conn: AsyncConnection, **kw: Any) -> Captured:
@@ -586,31 +929,35 @@ async def capture(conn: AsyncConnection, **kw: Any) -> Captured:
     return await conn.run_sync(lambda c: capture_sync(c, **kw))
 
 
-async def capture_many(
-    conn: AsyncConnection, failures: Sequence[Failure], *, now: datetime
-) -> list[Captured]:
-    """Capture several failures in the caller's transaction (a page's failures, say)."""
-    out = []
-    for f in failures:
-        out.append(
-            await capture(
-                conn,
-                tenant=f.tenant,
-                connector=f.connector,
-                kind=f.kind,
-                record_id=f.record_id,
-                payload=f.payload,
-                error_class=f.error_class,
-                message=f.message,
-                traceback=f.traceback,
-                trace_id=f.trace_id,
-                job_id=f.job_id,
-                resource_key=f.resource_key,
-                attempts=f.attempts,
-                now=now,
-            )
-        )
-    return out
+def resolve_records(
+    conn: Connection,
+    *,
+    tenant: str,
+    connector: str,
+    kind: str,
+    record_ids: Sequence[str],
+    now: datetime,
+    reason: str,
+) -> int:
+    """Resolve the open (pending or review) rows of ``record_ids``, in the caller's
+    transaction; return how many. Ignored rows stay ignored. One statement, the ids as
+    one parameter (record ids made storable as :func:`capture_many` stores them)."""
+    ids = sorted({storable_text(r) for r in record_ids})
+    if not ids:
+        return 0
+    sql = _SQL[conn.dialect.name == "postgresql"]
+    res = conn.execute(
+        sql.resolve,
+        {
+            "tenant": tenant,
+            "connector": connector,
+            "kind": kind,
+            "ids": sql.ids(ids),
+            "reason": _clean(reason, _REASON_LIMIT),
+            "now": now,
+        },
+    )
+    return res.rowcount or 0
 
 
 # --- due rows and leases ------------------------------------------------------------------
