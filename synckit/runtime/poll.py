@@ -51,13 +51,14 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import bindparam, delete, select, text, update
+from sqlalchemy import bindparam, delete, select, text
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.connectors.base import Connector, Page
 from synckit.connectors.schedule import DEFAULT_SCHEDULE, PollSchedule, parse_schedule
+from synckit.dlq import store as dlq_store
 from synckit.errors.classify import Classification, classify
 from synckit.errors.exceptions import (
     ConfigurationError,
@@ -68,7 +69,7 @@ from synckit.errors.exceptions import (
 from synckit.runtime.audit import record_audit_sync
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel
-from synckit.runtime.jobs import ClaimedJob, JobSpec, _insert, enqueue_new, utcnow
+from synckit.runtime.jobs import ClaimedJob, JobSpec, enqueue_new, utcnow
 from synckit.runtime.logging import redact_text
 from synckit.runtime.schema import UNSCHEDULED, checkpoints, dead_letters, jobs, poll_ticks
 
@@ -107,9 +108,6 @@ POLL_KIND = "synckit.poll"
 SCHEDULE_KIND = "synckit.schedule"
 #: Attempts of one poll job; a cycle that keeps failing is replaced at the next tick.
 POLL_MAX_ATTEMPTS = 10
-DLQ_RETRY_DELAY = timedelta(minutes=1)
-HISTORY_LIMIT = 20
-_REVIEW = frozenset({"validation", "authorization"})
 # Errors of handle() that say the API (or synckit's database) cannot be used right now,
 # not that this record is bad: they end the cycle, and the page is read again later.
 _CYCLE_ERRORS = (RateLimited, NeedsReauth, DatabaseError)
@@ -260,10 +258,6 @@ class RecordFailure:
     traceback: str | None
 
 
-def _chunks(items: Sequence[str], size: int = 500) -> list[Sequence[str]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
 def dead_letter_records(
     conn: Connection,
     *,
@@ -276,119 +270,35 @@ def dead_letter_records(
     resource_key: str | None,
     now: datetime,
 ) -> None:
-    """Write failed records to ``dead_letters``, one row per record, in the caller's txn.
-
-    A record that already has a row gets it updated: ``attempt_count + 1``, the last
-    error, its history appended (the last 20 kept), the latest payload, and back to
-    ``pending``/``review`` whatever it was.
-    """
-    by_id = {f.record_id: f for f in failures}  # a record twice in one page: the last counts
-    if not by_id:
-        return
-    ids = sorted(by_id)
-    existing: dict[str, Any] = {}
-    for chunk in _chunks(ids):
-        rows = conn.execute(
-            select(dead_letters.c.record_id, dead_letters.c.history)
-            .where(
-                dead_letters.c.tenant == tenant,
-                dead_letters.c.connector == connector,
-                dead_letters.c.kind == kind,
-                dead_letters.c.record_id.in_(list(chunk)),
+    """Write failed records to ``dead_letters`` in the caller's transaction, through the
+    DLQ's one capture (:func:`synckit.dlq.store.capture_many`: one row per record, a
+    repeat updates it, an ignored row stays ignored)."""
+    dlq_store.capture_many(
+        conn,
+        [
+            dlq_store.Failure(
+                tenant=tenant,
+                connector=connector,
+                kind=kind,
+                record_id=f.record_id,
+                payload=f.payload,
+                error_class=f.error_class,
+                message=f.message,
+                traceback=f.traceback,
+                trace_id=trace_id,
+                job_id=job_id,
+                resource_key=resource_key,
+                source="poll",
             )
-            .with_for_update()
-        )
-        existing.update({r.record_id: r for r in rows})
-    new_rows: list[dict[str, Any]] = []
-    for rid in ids:
-        f = by_id[rid]
-        entry = {
-            "at": now.isoformat(),
-            "error_class": f.error_class,
-            "message": f.message[:500],
-            "trace_id": trace_id,
-        }
-        review = f.error_class in _REVIEW
-        values: dict[str, Any] = {
-            "payload": f.payload,
-            "error_class": f.error_class[:32],
-            "error_message": f.message[:4000],
-            "traceback": f.traceback,
-            "trace_id": trace_id,
-            "job_id": job_id,
-            "resource_key": resource_key,
-            "status": "review" if review else "pending",
-            "status_reason": None,
-            "last_attempt_at": now,
-            "next_retry_at": None if review else now + DLQ_RETRY_DELAY,
-            "resolved_at": None,
-        }
-        if rid in existing:
-            old = existing[rid].history
-            history = [*(old if isinstance(old, list) else []), entry][-HISTORY_LIMIT:]
-            conn.execute(
-                update(dead_letters)
-                .where(
-                    dead_letters.c.tenant == tenant,
-                    dead_letters.c.connector == connector,
-                    dead_letters.c.kind == kind,
-                    dead_letters.c.record_id == rid,
-                )
-                .values(**values, history=history, attempt_count=dead_letters.c.attempt_count + 1)
-            )
-        else:
-            new_rows.append(
-                {
-                    **values,
-                    "tenant": tenant,
-                    "connector": connector,
-                    "kind": kind,
-                    "record_id": rid,
-                    "history": [entry],
-                    "attempt_count": 1,
-                    "replay_attempts": 0,
-                    "first_failed_at": now,
-                }
-            )
-    if new_rows:
-        ins = _insert(conn)(dead_letters).values(new_rows)
-        # Only a concurrent writer of the same record can conflict here (the row was not
-        # there when read); count the failure on its row rather than fail the page.
-        conn.execute(
-            ins.on_conflict_do_update(
-                index_elements=["tenant", "connector", "kind", "record_id"],
-                set_={
-                    "payload": ins.excluded.payload,
-                    "error_class": ins.excluded.error_class,
-                    "error_message": ins.excluded.error_message,
-                    "traceback": ins.excluded.traceback,
-                    "trace_id": ins.excluded.trace_id,
-                    "status": ins.excluded.status,
-                    "last_attempt_at": ins.excluded.last_attempt_at,
-                    "next_retry_at": ins.excluded.next_retry_at,
-                    "attempt_count": dead_letters.c.attempt_count + 1,
-                },
-            )
-        )
-
-
-def _resolve_statement(postgres: bool) -> Any:
-    # The ids travel as one parameter (an array, or a JSON array on SQLite): the text is
-    # the same for every page, so it is prepared once, whatever the page size.
-    ids = (
-        "record_id = ANY(CAST(:ids AS text[]))"
-        if postgres
-        else "record_id IN (SELECT value FROM json_each(:ids))"
+            for f in failures
+        ],
+        now=now,
     )
-    return text(
-        "UPDATE dead_letters SET status = 'resolved', status_reason = :reason,"
-        " resolved_at = :now, next_retry_at = NULL"
-        " WHERE tenant = :tenant AND connector = :connector AND kind = :kind"
-        f" AND status IN ('pending', 'review') AND {ids}"
-    ).bindparams(bindparam("now", type_=dead_letters.c.resolved_at.type))
 
 
-_RESOLVE = {True: _resolve_statement(True), False: _resolve_statement(False)}
+# Only test_poll's cache-key test reads this alias: the statement lives in dlq/store.py
+# with every other statement on dead_letters (and is checked there too).
+_RESOLVE = {postgres: dlq_store._SQL[postgres].resolve for postgres in (True, False)}
 
 
 def resolve_records(
@@ -401,23 +311,16 @@ def resolve_records(
     now: datetime,
 ) -> int:
     """Mark the open dead letters of records that just succeeded ``resolved``, in the
-    caller's transaction; return how many."""
-    ids = sorted(set(record_ids))
-    if not ids:
-        return 0
-    postgres = conn.dialect.name == "postgresql"
-    res = conn.execute(
-        _RESOLVE[postgres],
-        {
-            "tenant": tenant,
-            "connector": connector,
-            "kind": kind,
-            "ids": ids if postgres else json.dumps(ids),
-            "reason": "succeeded in a later poll cycle",
-            "now": now,
-        },
+    caller's transaction; return how many (:func:`synckit.dlq.store.resolve_records`)."""
+    return dlq_store.resolve_records(
+        conn,
+        tenant=tenant,
+        connector=connector,
+        kind=kind,
+        record_ids=record_ids,
+        now=now,
+        reason="succeeded in a later poll cycle",
     )
-    return res.rowcount or 0
 
 
 def _still_holds(conn: Connection, job: ClaimedJob) -> bool:
