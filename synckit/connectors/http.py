@@ -25,15 +25,18 @@ Two layers, because they see different things:
   carries the clamped wait. Transport errors (timeouts, resets) are translated the same
   way, ``from`` the httpx error. Hooks never check status codes.
 
-The Pacer touches the database only when it must: one short transaction per request
-while a rate applies (reserving the slot is what keeps every process of the tenant at
-the rate), otherwise a read of the resource's pacing at most every
+The Pacer touches the database only when it must: while a rate applies, one short
+transaction reserves the slots of this process's next requests on the tenant's shared
+schedule (the next half second's worth of a declared rate, one slot of an adaptive
+rate; the shared schedule is what keeps every process of the tenant at the rate),
+otherwise a read of the resource's pacing at most every
 :data:`REFRESH_SECONDS` per process and resource.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import time
 import weakref
@@ -87,6 +90,8 @@ class _Shared:
     read_at: float = -1e18  # time.monotonic() of the last read
     observed: pacing.Quota | None = None  # the freshest quota this process saw
     in_flight: int = 0
+    #: Slots of the declared rate this process reserved ahead (when each may go).
+    slots: collections.deque[datetime] = dataclasses.field(default_factory=collections.deque)
 
 
 _shared_views: weakref.WeakValueDictionary[tuple[int, str, str], _Shared] = (
@@ -147,6 +152,30 @@ class Pacer:
         quotas = [q for q in (st.observed, st.view.quota if st.view else None) if q is not None]
         return any(q.reset_at is not None and q.reset_at > now for q in quotas)
 
+    def _reserved_slot(self, now: datetime, budget: float) -> float | None:
+        """The wait of this process's next slot reserved ahead, or None (ask the database).
+
+        A slot is used only while the resource is not paced as far as this process knows
+        (a rate-limit event drops them all) and until one interval after its time: a slot
+        that passed unused is a request not sent, never part of a later burst.
+        """
+        st = self.state
+        if not st.slots or self.rate_limit is None:
+            return None
+        available = st.view.available_at if st.view else None
+        if available is not None and available > now:
+            st.slots.clear()
+            return None
+        interval = 1.0 / self.rate_limit.per_second
+        while st.slots:
+            wait = (st.slots.popleft() - now).total_seconds()
+            if wait >= -interval:
+                if wait > budget:
+                    st.slots.clear()
+                    return None
+                return max(wait, 0.0)
+        return None
+
     async def before_request(self) -> None:
         """Return when a request may go; raise RateLimited if that is too far off."""
         started = self.waiter.mark()
@@ -155,6 +184,11 @@ class Pacer:
             now = self.clock()
             budget = self.max_wait - self.waiter.elapsed(started)
             if self._wants_slot(now):
+                reserved = self._reserved_slot(now, budget)
+                if reserved is not None:
+                    if reserved > 0:
+                        await self.waiter.sleep(reserved)
+                    return
                 result = await self.db.write(
                     _take_slot,
                     self.resource_key,
@@ -166,6 +200,7 @@ class Pacer:
                     max(budget, 0.0),
                 )
                 st.view, st.read_at = result.view, time.monotonic()
+                st.slots.extend(now + timedelta(seconds=w) for w in result.more)
                 if result.wait <= 0:
                     return
                 if result.wait > budget:
@@ -194,6 +229,7 @@ class Pacer:
         current = st.view.available_at if st.view else None
         if current is None or until > current:
             st.view = pacing.PaceView(until, st.view.quota if st.view else None)
+        st.slots.clear()
 
     async def defer(self, until: datetime, reason: str) -> None:
         """No request to the resource before ``until``, by any worker."""
@@ -257,6 +293,7 @@ def _take_slot(
         observed=observed,
         now=now,
         max_wait=max_wait,
+        ahead=True,
     )
 
 

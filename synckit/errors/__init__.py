@@ -64,6 +64,7 @@ from synckit.errors.pace import (
     pace_decision,
     quota_rate,
     reserve_slot,
+    reserve_slots,
 )
 from synckit.errors.waits import DEFAULT_MAX_WAIT, clamp_wait, moment_after, seconds_wait
 
@@ -117,6 +118,7 @@ __all__ = [
     "quota_rate",
     "reopen_cooldown",
     "reserve_slot",
+    "reserve_slots",
     "retry_delay",
     "seconds_wait",
     "server_wait",

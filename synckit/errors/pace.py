@@ -11,6 +11,7 @@ Three decisions, each values in and a frozen value out; the runtime
   their 429s neither grow the streak nor push the pace further than the event's own.
 * :func:`quota_rate`: the request rate that spreads a reported quota's remaining requests
   (minus those already in flight) over the time until it resets.
+* :func:`reserve_slots`: the places of the next few requests of one process at once;
 * :func:`reserve_slot`: one request's place on a resource's shared schedule (GCRA, the
   "virtual scheduling" form of a token bucket): when it may go, and the schedule after it.
 
@@ -36,6 +37,7 @@ __all__ = [
     "pace_decision",
     "quota_rate",
     "reserve_slot",
+    "reserve_slots",
 ]
 
 _ZERO = timedelta(0)
@@ -225,3 +227,45 @@ def reserve_slot(
         allowed_at = now
     wait = max((allowed_at - now).total_seconds(), 0.0)
     return Slot(wait=wait, tat=moment_after(start, interval, cap))
+
+
+#: How far ahead one process reserves a declared rate's slots (:func:`reserve_slots`).
+RESERVE_HORIZON = 0.5
+#: The most slots one reservation takes.
+RESERVE_MAX = 16
+
+
+def reserve_slots(
+    tat: datetime | None,
+    now: datetime,
+    *,
+    rate: float,
+    burst: int = 1,
+    max_wait: float,
+    cap: timedelta = DEFAULT_MAX_WAIT,
+    horizon: float = RESERVE_HORIZON,
+    most: int = RESERVE_MAX,
+) -> tuple[list[float], datetime | None]:
+    """Reserve the next requests of one process on a schedule of ``rate`` per second.
+
+    The first slot is :func:`reserve_slot`'s; further slots follow it on the same
+    schedule while they fall within ``horizon`` seconds of the first and within
+    ``max_wait``, up to ``most`` (and one only when ``rate * horizon`` is under 2: a slow
+    rate gains nothing from reserving ahead). Returns the slots' waits from ``now``, in
+    order, and the schedule to store; no slot (``[]``, None) when even the first would
+    wait longer than ``max_wait``. The schedule is the one a process asking once per
+    request would have left: reserving ahead costs other processes nothing they would
+    have had, and an unused slot is a request not sent (never a burst later).
+    """
+    first = reserve_slot(tat, now, rate=rate, burst=burst, cap=cap)
+    if first.wait > max_wait:
+        return [], None
+    waits, last = [first.wait], first.tat
+    count = min(most, int(rate * horizon)) if rate > 0 and math.isfinite(rate) else 1
+    while len(waits) < count:
+        nxt = reserve_slot(last, now, rate=rate, burst=burst, cap=cap)
+        if nxt.wait > max_wait or nxt.wait - first.wait > horizon:
+            break
+        waits.append(nxt.wait)
+        last = nxt.tat
+    return waits, last

@@ -7,9 +7,9 @@ for the engine behind the URL.
   ``synchronous=NORMAL`` on every connection, and every transaction opened with
   ``BEGIN IMMEDIATE`` so that a transaction that will write takes the write lock up
   front instead of failing with ``SQLITE_BUSY`` when it upgrades from a read.
-  Write transactions run whole on a dedicated thread (:meth:`Database.write`), and
-  tiny ones right on the caller's thread when the write lock is free
-  (:class:`InlineSqlite`).
+  Write transactions run whole on a dedicated thread (:meth:`Database.write`), those
+  that queue meanwhile grouped into one transaction (:class:`_WriteQueue`), and tiny
+  ones right on the caller's thread when the write lock is free (:class:`InlineSqlite`).
 * PostgreSQL (through asyncpg): a connection pool without pre-ping; a connection found
   dead invalidates the pool and callers retry.
 """
@@ -192,6 +192,69 @@ class InlineSqlite:
                 self._conn = None
 
 
+@dataclass
+class _Write:
+    """One :meth:`Database.write` waiting for the SQLite writer thread."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    context: contextvars.Context
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+class _WriteQueue:
+    """SQLite's group commit: writes waiting for the writer thread, taken together.
+
+    Every write transaction on SQLite takes the one write lock of the file, which the
+    worker processes hand to each other through ``busy_timeout``'s sleeps; a
+    transaction's BEGIN IMMEDIATE and COMMIT cost more than the few statements of most
+    of synckit's. So the writer thread runs the writes that queued while it was busy in
+    one transaction, each inside a savepoint of its own: a write that raises is rolled
+    back alone and fails alone, as if it had had a transaction of its own, and the others
+    commit together. At most :attr:`MAX` writes share one transaction (the lock is held
+    for a bounded time). A failure of the transaction itself (BEGIN or COMMIT) fails each
+    write of the group with it; nothing of the group is committed.
+    """
+
+    MAX = 64
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.items: list[_Write] = []
+        self.draining = False
+
+    def put(self, item: _Write) -> bool:
+        """Queue ``item``; True when the caller must start a drain on the writer thread."""
+        with self.lock:
+            self.items.append(item)
+            if self.draining:
+                return False
+            self.draining = True
+            return True
+
+    def take(self) -> list[_Write]:
+        """The next group (empty: the drain ends, and the next put starts another)."""
+        with self.lock:
+            group, self.items = self.items[: self.MAX], self.items[self.MAX :]
+            if not group:
+                self.draining = False
+            return group
+
+
+def _deliver(item: _Write, ok: bool, value: Any) -> None:
+    def settle() -> None:
+        if item.future.done():  # the caller was cancelled meanwhile
+            return
+        if ok:
+            item.future.set_result(value)
+        else:
+            item.future.set_exception(value)
+
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
+        item.loop.call_soon_threadsafe(settle)
+
+
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     text_ = str(exc).lower()
     return "locked" in text_ or "busy" in text_
@@ -212,6 +275,8 @@ class Database:
     _inline: InlineSqlite | None = field(default=None, repr=False)
     #: The writer thread's own state (its connection); touched only on that thread.
     _writer_state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: Writes waiting for the writer thread (group commit, :class:`_WriteQueue`).
+    _queue: _WriteQueue = field(default_factory=_WriteQueue, repr=False, compare=False)
 
     @property
     def dialect(self) -> str:
@@ -340,17 +405,70 @@ class Database:
         On SQLite the whole transaction runs in one hop to a dedicated thread with a
         synchronous connection: through aiosqlite every statement, the BEGIN and the
         COMMIT each cost a thread round trip, which dominates short transactions (3x
-        slower enqueues). On PostgreSQL it runs on the async engine via ``run_sync``.
-        ``fn`` is plain synchronous SQLAlchemy Core code either way, and sees the caller's
-        context variables on both engines (a tenant's secret values bound for redaction,
-        the job's log context), as it would through ``run_sync``.
+        slower enqueues). Writes that queue while that thread is busy share one
+        transaction, each in a savepoint of its own (group commit, :class:`_WriteQueue`):
+        a write that raises fails alone, and each returns once it is committed. On
+        PostgreSQL it runs on the async engine via ``run_sync``. ``fn`` is plain
+        synchronous SQLAlchemy Core code either way, and sees the caller's context
+        variables on both engines (a tenant's secret values bound for redaction, the job's
+        log context), as it would through ``run_sync``.
         """
         if self.sync_engine is None or self._writer is None:
             async with self.begin() as conn:
                 return await conn.run_sync(fn, *args)
         loop = asyncio.get_running_loop()
-        run = contextvars.copy_context().run
-        return await loop.run_in_executor(self._writer, run, self._write_sync, fn, args)
+        future: asyncio.Future[T] = loop.create_future()
+        item = _Write(fn, args, contextvars.copy_context(), loop, future)
+        if self._queue.put(item):
+            self._writer.submit(self._drain)
+        return await future
+
+    def _drain(self) -> None:
+        """The writer thread: run queued writes, a group per transaction, until none wait."""
+        while group := self._queue.take():
+            # A caller cancelled before its write started: the write does not run (as
+            # with run_in_executor, whose pending work is dropped on cancellation).
+            group = [item for item in group if not item.future.done()]
+            if len(group) == 1:
+                item = group[0]
+                try:
+                    result = item.context.run(self._write_sync, item.fn, item.args)
+                except BaseException as exc:
+                    _deliver(item, False, exc)
+                else:
+                    _deliver(item, True, result)
+            elif group:
+                self._write_group(group)
+
+    def _write_group(self, group: list[_Write]) -> None:
+        assert self.sync_engine is not None
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            try:
+                conn = self._writer_state.get("conn")
+                if conn is None:
+                    conn = self._writer_state["conn"] = self.sync_engine.connect()
+                with conn.begin():
+                    for item in group:
+                        try:
+                            with conn.begin_nested():
+                                value = item.context.run(item.fn, conn, *item.args)
+                        except Exception as exc:
+                            if isinstance(exc, _DRIVER_ERRORS):
+                                exc = self.translate(exc)
+                            outcomes.append((False, exc))
+                        else:
+                            outcomes.append((True, value))
+            except BaseException:
+                self._close_writer_connection()
+                raise
+        except BaseException as exc:
+            failure = self.translate(exc) if isinstance(exc, _DRIVER_ERRORS) else exc
+            for item in group:
+                _deliver(item, False, failure)
+            return
+        for item, (ok, value) in zip(group, outcomes, strict=True):
+            _deliver(item, ok, value)
 
     def _write_sync(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         assert self.sync_engine is not None

@@ -34,7 +34,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.errors.classify import Classification
 from synckit.errors.headers import RateLimitInfo
-from synckit.errors.pace import PacePolicy, pace_decision, quota_rate, reserve_slot
+from synckit.errors.pace import (
+    PacePolicy,
+    pace_decision,
+    quota_rate,
+    reserve_slot,
+    reserve_slots,
+)
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import _ensure_resources, _ensure_resources_sync, utcnow
 from synckit.runtime.schema import resources
@@ -93,6 +99,9 @@ class SlotResult:
     why: str
     reserved: bool
     view: PaceView
+    #: Further slots reserved for this process's next requests (waits from the same
+    #: ``now``, in order): see ``ahead`` in :func:`take_slot_sync`.
+    more: tuple[float, ...] = ()
 
 
 def _quota_of(row: Any) -> Quota | None:
@@ -220,6 +229,7 @@ def take_slot_sync(
     observed: Quota | None,
     now: datetime,
     max_wait: float,
+    ahead: bool = False,
 ) -> SlotResult:
     """Before one request to ``key``: whether it may go, in one transaction.
 
@@ -228,7 +238,11 @@ def take_slot_sync(
     ``declared_rate`` and the stored-or-observed quota spread over the time to its reset
     (:func:`~synckit.errors.pace.quota_rate`, ``in_flight`` requests reserved out of it);
     with a rate, the request's slot on the shared schedule is reserved when its wait is at
-    most ``max_wait`` seconds (a longer one reserves nothing: the caller defers).
+    most ``max_wait`` seconds (a longer one reserves nothing: the caller defers). With
+    ``ahead``, when the declared rate is the one that applies, the slots of the next
+    requests within :data:`~synckit.errors.pace.RESERVE_HORIZON` are reserved too
+    (:func:`~synckit.errors.pace.reserve_slots`, returned in ``more``): one transaction
+    then serves several requests of a busy tenant instead of one.
     """
     row = _locked_row(conn, key, now)
     quota = _quota_of(row)
@@ -259,12 +273,28 @@ def take_slot_sync(
             result = SlotResult((quota.reset_at - now).total_seconds(), "quota", False, view)
         else:
             # A declared burst is the connector's; an adaptive rate sends one at a time.
-            slot = reserve_slot(row.tokens_at, now, rate=rate, burst=burst if declared_rate else 1)
-            if slot.wait <= max_wait:
-                values["tokens_at"] = slot.tat
-                result = SlotResult(slot.wait, "rate" if slot.wait > 0 else "", True, view)
+            # Only a declared rate is reserved ahead: an adaptive one follows the quota
+            # each answer reports.
+            if ahead and declared_rate is not None and rate == declared_rate:
+                waits, tat = reserve_slots(
+                    row.tokens_at, now, rate=rate, burst=burst, max_wait=max_wait
+                )
+                if tat is not None:
+                    values["tokens_at"] = tat
+                    why = "rate" if waits[0] > 0 else ""
+                    result = SlotResult(waits[0], why, True, view, tuple(waits[1:]))
+                else:
+                    slot = reserve_slot(row.tokens_at, now, rate=rate, burst=burst)
+                    result = SlotResult(slot.wait, "rate", False, view)
             else:
-                result = SlotResult(slot.wait, "rate", False, view)
+                slot = reserve_slot(
+                    row.tokens_at, now, rate=rate, burst=burst if declared_rate else 1
+                )
+                if slot.wait <= max_wait:
+                    values["tokens_at"] = slot.tat
+                    result = SlotResult(slot.wait, "rate" if slot.wait > 0 else "", True, view)
+                else:
+                    result = SlotResult(slot.wait, "rate", False, view)
     if values:
         conn.execute(update(resources).where(resources.c.resource_key == key).values(**values))
     return result

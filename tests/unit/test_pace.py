@@ -16,6 +16,7 @@ from synckit.errors.pace import (
     pace_decision,
     quota_rate,
     reserve_slot,
+    reserve_slots,
 )
 from synckit.errors.waits import DEFAULT_MAX_WAIT
 
@@ -281,3 +282,47 @@ def test_reserve_slot_never_raises_and_waits_within_the_cap(
     assert slot.wait >= 0
     if tat is None or tat <= NOW + timedelta(days=1):
         assert slot.wait <= timedelta(days=1, hours=1).total_seconds()
+
+
+def test_reserving_ahead_takes_half_a_second_of_a_declared_rate() -> None:
+    waits, tat = reserve_slots(None, NOW, rate=10.0, burst=1, max_wait=30.0)
+    assert waits == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    assert tat == NOW + timedelta(seconds=0.5)
+
+
+def test_a_slow_rate_reserves_one_slot_and_a_far_schedule_none() -> None:
+    assert reserve_slots(None, NOW, rate=1.0, max_wait=30.0)[0] == [0.0]
+    late = NOW + timedelta(seconds=40)
+    assert reserve_slots(late, NOW, rate=10.0, max_wait=30.0) == ([], None)
+    # Slots beyond max_wait are not reserved.
+    near = NOW + timedelta(seconds=0.95)
+    waits, _ = reserve_slots(near, NOW, rate=10.0, max_wait=1.2)
+    assert waits == pytest.approx([0.95, 1.05, 1.15])
+
+
+@given(
+    rate=st.floats(min_value=0.001, max_value=10_000, allow_nan=False),
+    burst=st.integers(min_value=1, max_value=50),
+    offset=st.floats(min_value=-100, max_value=100, allow_nan=False),
+    max_wait=st.floats(min_value=0, max_value=100, allow_nan=False),
+)
+@settings(max_examples=300, deadline=None)
+def test_reserving_ahead_is_what_asking_once_per_request_would_leave(
+    rate: float, burst: int, offset: float, max_wait: float
+) -> None:
+    tat = NOW + timedelta(seconds=offset)
+    waits, stored = reserve_slots(tat, NOW, rate=rate, burst=burst, max_wait=max_wait)
+    # The same requests asking one at a time, all at NOW: the same waits, the same
+    # schedule left behind, none beyond max_wait or the half-second horizon.
+    current: datetime | None = tat
+    for wait in waits:
+        one = reserve_slot(current, NOW, rate=rate, burst=burst)
+        assert one.wait == pytest.approx(wait)
+        assert wait <= max_wait
+        current = one.tat
+    if waits:
+        assert stored == current
+        assert waits[-1] - waits[0] <= 0.5 + 1e-9
+        assert len(waits) <= 16
+    else:
+        assert stored is None

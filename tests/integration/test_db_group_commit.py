@@ -1,0 +1,111 @@
+"""``Database.write``: each write is its own all-or-nothing unit, on both engines.
+
+On SQLite writes that queue for the writer thread share one transaction (group commit),
+each in a savepoint: these tests hold that grouping to the promise of one transaction per
+write (a write that raises leaves nothing and fails alone; the others commit) and show
+that grouping happens at all. On PostgreSQL the same promises hold write by write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.engine import Connection
+
+from synckit.errors.exceptions import DatabaseError
+from synckit.runtime.db import Database
+
+
+async def _table(db: Database) -> None:
+    async with db.begin() as conn:
+        await conn.execute(text("CREATE TABLE gc_probe (k VARCHAR(20) PRIMARY KEY, v INTEGER)"))
+
+
+def _insert(conn: Connection, key: str, fail_after: bool) -> str:
+    conn.execute(text("INSERT INTO gc_probe (k, v) VALUES (:k, 1)"), {"k": key})
+    if fail_after:
+        raise ValueError(f"write {key} gives up after its insert")
+    return key
+
+
+async def _keys(db: Database) -> set[str]:
+    async with db.begin() as conn:
+        return {r[0] for r in await conn.execute(text("SELECT k FROM gc_probe"))}
+
+
+async def test_a_failing_write_leaves_nothing_and_the_others_commit(db: Database) -> None:
+    await _table(db)
+    writes = [db.write(_insert, f"k{i}", i % 7 == 3) for i in range(60)]
+    results = await asyncio.gather(*writes, return_exceptions=True)
+    failed = {i for i, r in enumerate(results) if isinstance(r, ValueError)}
+    assert failed == {i for i in range(60) if i % 7 == 3}
+    assert [r for r in results if not isinstance(r, Exception)] == [
+        f"k{i}" for i in range(60) if i not in failed
+    ]
+    assert await _keys(db) == {f"k{i}" for i in range(60) if i not in failed}
+
+
+async def test_a_statement_error_fails_only_its_write(db: Database) -> None:
+    await _table(db)
+    first = await asyncio.gather(*(db.write(_insert, f"d{i}", False) for i in range(5)))
+    assert first == [f"d{i}" for i in range(5)]
+    # d2 again breaks the primary key: that write fails with the database's error, the
+    # ones queued beside it commit.
+    again = [db.write(_insert, k, False) for k in ("e1", "d2", "e2", "e3")]
+    results = await asyncio.gather(*again, return_exceptions=True)
+    assert isinstance(results[1], DatabaseError)
+    assert [results[0], results[2], results[3]] == ["e1", "e2", "e3"]
+    assert await _keys(db) == {"d0", "d1", "d2", "d3", "d4", "e1", "e2", "e3"}
+
+
+async def test_writes_that_queue_together_share_transactions_on_sqlite(
+    db: Database, engine_name: str
+) -> None:
+    if engine_name != "sqlite":
+        pytest.skip("group commit is SQLite's writer thread")
+    await _table(db)
+    assert db.sync_engine is not None
+    begins: list[Any] = []
+
+    def count(conn: Any) -> None:
+        begins.append(conn)
+
+    event.listen(db.sync_engine, "begin", count)
+    try:
+        await asyncio.gather(*(db.write(_insert, f"g{i}", False) for i in range(200)))
+    finally:
+        event.remove(db.sync_engine, "begin", count)
+    assert len(await _keys(db)) == 200
+    # 200 writes queued at once: at most 64 to a transaction, so at least 4, and far
+    # fewer than one each.
+    assert 4 <= len(begins) <= 20, len(begins)
+
+
+async def test_a_write_cancelled_before_it_starts_does_not_run(
+    db: Database, engine_name: str
+) -> None:
+    if engine_name != "sqlite":
+        pytest.skip("the writer thread's queue is SQLite's")
+    await _table(db)
+    gate = asyncio.Event()
+    started = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+
+    def _blocker(conn: Connection) -> None:
+        loop.call_soon_threadsafe(started.set_result, None)
+        # Hold the writer thread until the test has cancelled the queued write.
+        asyncio.run_coroutine_threadsafe(gate.wait(), loop).result(timeout=10)
+
+    blocker = asyncio.ensure_future(db.write(_blocker))
+    await started
+    queued = asyncio.ensure_future(db.write(_insert, "never", False))
+    await asyncio.sleep(0.01)
+    queued.cancel()
+    gate.set()
+    await blocker
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert await _keys(db) == set()
