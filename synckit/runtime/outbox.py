@@ -519,7 +519,12 @@ async def schedule_retries(
 async def mark_failed(
     conn: AsyncConnection, rejected: Sequence[tuple[OutboxMessage, str]], *, now: datetime
 ) -> None:
-    """Messages the broker refused for good: ``failed`` here, a ``review`` row in the DLQ."""
+    """Messages the broker refused for good: ``failed`` here, and each captured in the DLQ
+    (:func:`synckit.dlq.store.capture_many`: a ``review`` row, since a refusal is a
+    validation error; a message an operator ignored there stays ignored)."""
+    # Imported here: the DLQ's package imports the runtime (handlers import this module).
+    from synckit.dlq.store import Failure, capture_many
+
     if not rejected:
         return
     stmt = (
@@ -528,46 +533,28 @@ async def mark_failed(
         .values(attempts=outbox.c.attempts + 1, status="failed", last_error=bindparam("b_error"))
     )
     await conn.execute(stmt, [{"b_id": m.id, "b_error": reason[:4000]} for m, reason in rejected])
-    rows = [
-        {
-            "tenant": "",
-            "connector": "outbox",
-            "kind": f"outbox:{m.topic}"[:200],
-            "record_id": m.message_id,
+    failures = [
+        Failure(
+            tenant="",
+            connector="outbox",
+            kind=f"outbox:{m.topic}"[:200],
+            record_id=m.message_id,
             # The whole message, so that the dead letter can be read without the outbox.
-            "payload": {
+            payload={
                 "outbox_id": m.id,
                 "topic": m.topic,
                 "key": m.key,
                 "message_id": m.message_id,
                 "payload": m.payload,
             },
-            "error_class": ErrorClass.VALIDATION.value,
-            "error_message": reason[:4000],
-            "attempt_count": m.attempts + 1,
-            "status": "review",
-            "first_failed_at": now,
-            "last_attempt_at": now,
-        }
+            error_class=ErrorClass.VALIDATION.value,
+            message=reason,
+            attempts=m.attempts + 1,
+            source="outbox",
+        )
         for m, reason in rejected
     ]
-    ins = _insert(conn)(dead_letters)
-    await conn.execute(
-        ins.on_conflict_do_update(
-            index_elements=["tenant", "connector", "kind", "record_id"],
-            set_={
-                "payload": ins.excluded.payload,
-                "error_class": ins.excluded.error_class,
-                "error_message": ins.excluded.error_message,
-                "attempt_count": ins.excluded.attempt_count,
-                "last_attempt_at": ins.excluded.last_attempt_at,
-                "status": ins.excluded.status,
-                "status_reason": None,
-                "resolved_at": None,
-            },
-        ),
-        rows,
-    )
+    await capture_many(conn, failures, now=now)
 
 
 async def pending_count(db: Database) -> int:
