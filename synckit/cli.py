@@ -414,6 +414,12 @@ def _job_json(info: JobInfo) -> dict[str, Any]:
 @click.option("--resource-key")
 @click.option("--since", help="Updated within this long (e.g. 1h, 2d).")
 @click.option("--created-since", help="Created within this long (e.g. 1h, 2d).")
+@click.option(
+    "--unreadable",
+    "stuck",
+    is_flag=True,
+    help="Only pending jobs whose run_at cannot be read (they never run), oldest first.",
+)
 @click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @database_option
@@ -423,15 +429,30 @@ def jobs_ls(
     resource_key: str | None,
     since: str | None,
     created_since: str | None,
+    stuck: bool,
     limit: int,
     as_json: bool,
     database_url: str | None,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first, with the queue counted by status.
+
+    Pending jobs whose run_at cannot be read never run: they are counted below the
+    table (on stderr with --json) and listed with --unreadable.
+    """
+    from synckit.runtime.status import queue_depth
+    from synckit.runtime.unreadable_jobs import count_unreadable_run_at, unreadable_run_at
+
     updated_since = utcnow() - parse_duration(since) if since else None
     created_after = utcnow() - parse_duration(created_since) if created_since else None
-    found = run(
-        lambda d: store.list_jobs(
+
+    async def go(d: Database) -> tuple[list[JobInfo], dict[str, dict[str, int]], int]:
+        async with d.begin() as conn:
+            queue = await queue_depth(conn)
+            unreadable = await count_unreadable_run_at(conn)
+            ids = [j.id for j in await unreadable_run_at(conn, limit=limit)] if stuck else []
+        if stuck:
+            return [await store.get_job(d, i) for i in ids], queue, unreadable
+        found = await store.list_jobs(
             d,
             status=status,
             kind=kind,
@@ -439,14 +460,31 @@ def jobs_ls(
             updated_since=updated_since,
             created_since=created_after,
             limit=limit,
-        ),
-        database_url,
+        )
+        return found, queue, unreadable
+
+    found, queue, unreadable = run(go, database_url)
+    never = (
+        f"{unreadable} pending job(s) never run: their run_at cannot be read; "
+        "list them with `synckit jobs ls --unreadable`"
+        if unreadable and not stuck
+        else None
     )
     if as_json:
         for info in found:
             click.echo(json.dumps(_job_json(info), sort_keys=True))
+        if never:
+            click.echo(never, err=True)
         return
-    table = Table(title=f"Jobs ({len(found)})")
+    by_status: dict[str, int] = {}
+    for counts in queue.values():
+        for st, n in counts.items():
+            by_status[st] = by_status.get(st, 0) + n
+    if by_status:
+        said = ", ".join(f"{n} {st}" for st, n in sorted(by_status.items()))
+        console.print(cell(f"Queue: {sum(by_status.values())} jobs ({said})"), highlight=False)
+    title = "Pending jobs that never run (run_at unreadable)" if stuck else "Jobs"
+    table = Table(title=f"{title} ({len(found)})")
     for col in ("id", "kind", "status", "resource", "prio", "attempts", "run at", "last error"):
         table.add_column(col)
     for j in found:
@@ -460,7 +498,11 @@ def jobs_ls(
             cell(_iso(j.run_at) if "run_at" not in j.unreadable else "<unreadable>"),
             cell(j.last_error, 60),
         )
+    if len(found) == limit:
+        table.caption = f"the first {limit} shown: --limit N for more"
     console.print(table)
+    if never:
+        console.print(never, style="bold red", markup=False, highlight=False)
 
 
 def _iso(value: object) -> str:

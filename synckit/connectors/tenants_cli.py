@@ -18,15 +18,22 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from pydantic import BaseModel
+from rich.markup import escape
 from rich.table import Table
 
 from synckit.cli_options import cell, database_option
 from synckit.connectors import tenants as store
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
+from synckit.connectors.tenant_pages import (
+    Checkpoint,
+    TenantPage,
+    page_tenants,
+    read_checkpoints,
+    read_tenant,
+)
 from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.db import Database
 from synckit.runtime.logging import redact
-from synckit.runtime.poll import list_checkpoints
 
 if TYPE_CHECKING:
     from synckit.app import App
@@ -183,10 +190,23 @@ def tenants_add(
     )
 
 
+#: Tenants per page that ``tenants ls --all`` reads at a time.
+_ALL_PAGE = 1000
+
+
 @tenants.command("ls")
 @click.option("--connector", help="Only tenants of this connector.")
 @click.option("--status", type=click.Choice(["active", "paused", "needs_reauth"]))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 10_000),
+    default=50,
+    show_default=True,
+    help="Tenants per page.",
+)
+@click.option("--after", help="Start the page after this tenant (the previous page's last).")
+@click.option("--all", "every", is_flag=True, help="Every tenant, a page at a time.")
 @click.option(
     "--app",
     "app_spec",
@@ -200,22 +220,45 @@ def tenants_ls(
     connector: str | None,
     status: str | None,
     as_json: bool,
+    limit: int,
+    after: str | None,
+    every: bool,
     app_spec: str | None,
     database_url: str | None,
 ) -> None:
-    """List tenants by name (configs with --json, every secret masked)."""
+    """List tenants by name, a page at a time (configs with --json, secrets masked).
+
+    Tenants are counted by status over every page; the next page starts with
+    --after NAME, the last tenant shown (as the table's caption or stderr says).
+    """
     from synckit.cli import console, run
 
     app = load_app(app_spec) if app_spec else None
-    found = run(
-        lambda d: store.list_tenants(d, connector=connector, status=status, reveal=False),
-        database_url,
-    )
+
+    async def go(d: Database) -> tuple[list[store.Tenant], TenantPage]:
+        size = _ALL_PAGE if every else limit
+        page = await page_tenants(d, limit=size, after=after, connector=connector, status=status)
+        shown = list(page.tenants)
+        while every and page.next_after is not None:
+            if as_json:  # streamed: each page printed before the next is read
+                _echo_json(shown, app)
+                shown = []
+            page = await page_tenants(
+                d, limit=size, after=page.next_after, connector=connector, status=status
+            )
+            shown += page.tenants
+        return shown, page
+
+    found, page = run(go, database_url)
+    hint = None if page.next_after is None else f"--after {page.next_after}"
     if as_json:
-        for t in found:
-            click.echo(json.dumps(_tenant_json(t, app), sort_keys=True, default=str))
+        _echo_json(found, app)
+        if hint is not None:
+            click.echo(f"{len(found)} of {page.total} tenants; next page: {hint}", err=True)
         return
-    table = Table(title=f"Tenants ({len(found)})")
+    if page.total:
+        console.print(f"Tenants: {page.total} ({escape(_counts(page.by_status))})")
+    table = Table(title="Tenants")
     for col in ("tenant", "connector", "status", "schedule", "resource", "reason"):
         table.add_column(col)
     for t in found:
@@ -228,9 +271,33 @@ def tenants_ls(
             cell(t.resource_key),
             cell(t.status_reason, 120),
         )
-    if not found:
+    if not page.total:
         table.caption = "no tenants yet: synckit tenants add TENANT CONNECTOR --app ..."
+    elif not found:
+        table.caption = "no tenants on this page"
+    elif hint is not None:
+        table.caption = escape(f"{len(found)} of {page.total}; next page: {hint}")
     console.print(table)
+    for t in found:
+        # What no cell shows: a timestamp, a config that does not read.
+        hidden = {k: v for k, v in dict(t.unreadable).items() if k != "status"}
+        if t.config_error is not None:
+            hidden["config"] = t.config_error
+        if hidden:
+            said = "; ".join(f"{k} ({v})" for k, v in hidden.items())
+            console.print(f"unreadable in tenant {escape(t.tenant)}: {escape(said)}")
+
+
+def _echo_json(found: list[store.Tenant], app: App | None) -> None:
+    for t in found:
+        click.echo(json.dumps(_tenant_json(t, app), sort_keys=True, default=str))
+
+
+def _counts(by_status: dict[str, int]) -> str:
+    return ", ".join(
+        f"{n} {s}" if s in store.CONNECTION_STATUSES else f"{n} {s} (unknown)"
+        for s, n in sorted(by_status.items())
+    )
 
 
 @tenants.command("show")
@@ -238,15 +305,18 @@ def tenants_ls(
 @app_option
 @database_option
 def tenants_show(tenant: str, app_spec: str | None, database_url: str | None) -> None:
-    """Show one tenant (secrets masked), its checkpoints and dead letters, as JSON."""
+    """Show one tenant (secrets masked), its checkpoints and dead letters, as JSON.
+
+    What a corrupt row holds instead of a value is null, named with the reason in an
+    "unreadable" object beside it (the tenant's, or a checkpoint's).
+    """
     app = load_app(app_spec) if app_spec else None
 
     async def go(d: Database) -> dict[str, Any]:
-        t = await store.get_tenant(d, tenant, reveal=False)
+        t = await read_tenant(d, tenant)
         data = _tenant_json(t, app)
         data["checkpoints"] = {
-            stream: {"cursor": cursor, "updated_at": _iso(at)}
-            for _, stream, cursor, at in await list_checkpoints(d, tenant)
+            c.stream: _checkpoint_json(c) for c in await read_checkpoints(d, tenant)
         }
         data["dead_letters"] = await store.dead_letter_counts(d, tenant)
         return data
@@ -255,6 +325,13 @@ def tenants_show(tenant: str, app_spec: str | None, database_url: str | None) ->
 
     shown = redact(run(go, database_url))
     click.echo(json.dumps(shown, indent=2, sort_keys=True, default=str))
+
+
+def _checkpoint_json(c: Checkpoint) -> dict[str, Any]:
+    data: dict[str, Any] = {"cursor": c.cursor, "updated_at": _iso(c.updated_at)}
+    if c.unreadable:
+        data["unreadable"] = dict(c.unreadable)
+    return data
 
 
 @tenants.command("set-config")

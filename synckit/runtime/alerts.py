@@ -18,6 +18,8 @@ snapshot; :func:`load_alert_data` is the only part that reads the database. The 
 ``needs_reauth``       a connection waiting for re-authorisation
 ``dead_cycles``        a tenant paused after its poll cycles kept dying
 ``error_budget``       a tenant whose error budget is in alert (optionally paused)
+``unreadable_run_at``  a pending job whose ``run_at`` cannot be read, so no claim ever
+                       takes it (one alert per job, daily)
 =====================  ===========================================================
 
 De-duplication
@@ -69,6 +71,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     case,
+    cast,
     func,
     insert,
     literal_column,
@@ -94,9 +97,10 @@ from synckit.runtime.audit import (
 from synckit.runtime.budget import BudgetLevel, BudgetPolicy, pause_tenants
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import utcnow
+from synckit.runtime.jobs import guarded_moment, read_moment, read_payload, utcnow
 from synckit.runtime.logging import redact, redact_text
 from synckit.runtime.schema import checkpoints, connections, dead_letters, jobs
+from synckit.runtime.unreadable_jobs import StuckJob, unreadable_run_at
 
 ALERTS_KIND = "synckit.alerts"
 ALERT_RECORD_KIND = "synckit.alert_record"
@@ -183,10 +187,15 @@ class ConnectionState:
     connector: str
     status: str
     schedule: str | None
-    created_at: datetime
+    #: None when the stored value is not a timestamp (named in ``unreadable``).
+    created_at: datetime | None
     last_success_at: datetime | None = None
     status_reason: str | None = None
     resource_key: str | None = None
+    #: ``(field, reason)`` of what the tenant's rows hold that could not be read: a
+    #: ``created_at`` that is not a timestamp, or a last success whose only stored times
+    #: are not (a checkpoint's ``updated_at``, a poll job's ``finished_at``).
+    unreadable: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,6 +218,8 @@ class AlertData:
     dlq: Sequence[DlqGrowth] = ()
     connections: Sequence[ConnectionState] = ()
     review: Sequence[ReviewGroup] = ()
+    #: Pending jobs whose ``run_at`` cannot be read (see :mod:`~synckit.runtime.unreadable_jobs`).
+    stuck_jobs: Sequence[StuckJob] = ()
 
 
 class AlertRule(Protocol):
@@ -530,6 +541,8 @@ class PollLag:
             if c.status != "active" or not c.schedule:
                 continue
             since = c.last_success_at or c.created_at
+            if since is None:
+                continue  # nothing readable to count from (named by `synckit status`)
             deadline = poll_deadline(c.schedule, since, self.factor, self.grace)
             if deadline is None or data.now <= deadline:
                 continue
@@ -659,6 +672,34 @@ class BudgetRule:
 
 
 @dataclass(frozen=True)
+class UnreadableRunAt:
+    """A pending job whose ``run_at`` no reader can read: no claim ever takes it (it
+    compares as later than any time), so it would wait forever without a word. One
+    alert per job, naming it, repeated every ``repeat_every`` while it stays so; fix it
+    with ``synckit jobs reschedule ID --in 0s`` or ``synckit jobs cancel ID``."""
+
+    #: At most this many jobs are read (and alerted) per evaluation, oldest first.
+    limit: int = 100
+    repeat_every: timedelta = timedelta(days=1)
+    severity: Severity = Severity.WARNING
+    name: str = "unreadable_run_at"
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        return [
+            Alert(
+                rule=self.name,
+                subject=f"job:{j.id}",
+                message=f"job {j.id} ({j.kind}) never runs: its {j.reason}",
+                fired_at=data.now,
+                window=window_key(data.now, self.repeat_every),
+                severity=self.severity,
+                details={"job_id": j.id, "kind": j.kind, "resource_key": j.resource_key},
+            )
+            for j in data.stuck_jobs[: self.limit]
+        ]
+
+
+@dataclass(frozen=True)
 class RuleSet:
     """The rules to evaluate; set one to ``None`` to turn it off."""
 
@@ -671,6 +712,7 @@ class RuleSet:
     dead_cycles: DeadCyclesRule | None = field(default_factory=DeadCyclesRule)
     error_budget: BudgetRule | None = field(default_factory=BudgetRule)
     dlq_review: DlqReview | None = field(default_factory=DlqReview)
+    unreadable_run_at: UnreadableRunAt | None = field(default_factory=UnreadableRunAt)
     #: The job kind whose success counts as a successful poll.
     poll_kind: str = POLL_KIND
 
@@ -686,6 +728,7 @@ class RuleSet:
             self.dead_cycles,
             self.error_budget,
             self.dlq_review,
+            self.unreadable_run_at,
         ]
         return [r for r in candidates if r is not None]
 
@@ -759,7 +802,12 @@ async def load_connections(
 ) -> list[ConnectionState]:
     """Connections by tenant name with their last successful poll (a checkpoint write or
     a poll job's success): every one, or one keyset page (``limit`` after ``after``),
-    whose checkpoints and poll jobs alone are then read."""
+    whose checkpoints and poll jobs alone are then read.
+
+    A corrupt row is read, not fatal: timestamps come back guarded and are parsed per
+    row, so a ``created_at`` that is not a timestamp is None and named in
+    ``ConnectionState.unreadable``, and a last success counts only stored times that
+    read (a newer one that does not is passed over)."""
     stmt = select(
         connections.c.tenant,
         connections.c.connector,
@@ -767,7 +815,7 @@ async def load_connections(
         connections.c.status,
         connections.c.status_reason,
         connections.c.schedule,
-        connections.c.created_at,
+        guarded_moment(connections.c.created_at),
     ).order_by(connections.c.tenant)
     if after is not None:
         stmt = stmt.where(connections.c.tenant > after)
@@ -777,11 +825,15 @@ async def load_connections(
     if not rows:
         return []
     paged = limit is not None or after is not None
+    # The newest readable time: a value no datetime holds is guarded to a marker older
+    # than any real one, so MAX passes over it unless it is all there is.
     checkpoint_stmt = select(
-        checkpoints.c.tenant, checkpoints.c.connector, func.max(checkpoints.c.updated_at)
+        checkpoints.c.tenant,
+        checkpoints.c.connector,
+        func.max(guarded_moment(checkpoints.c.updated_at)),
     ).group_by(checkpoints.c.tenant, checkpoints.c.connector)
     poll_stmt = (
-        select(jobs.c.resource_key, func.max(jobs.c.finished_at))
+        select(jobs.c.resource_key, func.max(guarded_moment(jobs.c.finished_at)))
         .where(
             jobs.c.status == "succeeded",
             jobs.c.kind == poll_kind,
@@ -800,31 +852,38 @@ async def load_connections(
     last_poll = {key: at for key, at in await conn.execute(poll_stmt)}
     out: list[ConnectionState] = []
     for r in rows:
-        seen = [
-            _as_utc(x)
-            for x in (last_checkpoint.get((r.tenant, r.connector)), last_poll.get(r.resource_key))
-            if x is not None
-        ]
+        bad: list[tuple[str, str]] = []
+        try:
+            created = read_moment(r.created_at)
+        except ValueError as exc:
+            created = None
+            bad.append(("created_at", str(exc)))
+        seen: list[datetime] = []
+        unread: list[str] = []
+        for stored in (last_checkpoint.get((r.tenant, r.connector)), last_poll.get(r.resource_key)):
+            try:
+                moment = read_moment(stored)
+            except ValueError as exc:
+                unread.append(str(exc))
+                continue
+            if moment is not None:
+                seen.append(moment)
+        if unread:
+            bad.append(("last_success_at", unread[0]))
         out.append(
             ConnectionState(
                 tenant=r.tenant,
                 connector=r.connector,
                 status=r.status,
                 schedule=r.schedule,
-                created_at=r.created_at,
+                created_at=created,
                 last_success_at=max(seen) if seen else None,
                 status_reason=r.status_reason,
                 resource_key=r.resource_key,
+                unreadable=tuple(bad),
             )
         )
     return out
-
-
-def _as_utc(value: Any) -> datetime:
-    if isinstance(value, datetime):
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    parsed = datetime.fromisoformat(str(value))
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
 async def dlq_growth(conn: AsyncConnection, *, now: datetime, window: timedelta) -> list[DlqGrowth]:
@@ -878,6 +937,9 @@ async def load_alert_data(conn: AsyncConnection, *, now: datetime, rules: RuleSe
     if rules.poll_lag is not None or rules.needs_reauth is not None or rules.dead_cycles:
         states = await load_connections(conn, poll_kind=rules.poll_kind)
     review = await dlq_in_review(conn) if rules.dlq_review is not None else []
+    stuck: list[StuckJob] = []
+    if (unreadable := rules.unreadable_run_at) is not None:
+        stuck = await unreadable_run_at(conn, limit=unreadable.limit)
     return AlertData(
         now=now,
         recent=recent,
@@ -886,6 +948,7 @@ async def load_alert_data(conn: AsyncConnection, *, now: datetime, rules: RuleSe
         dlq=dlq,
         connections=states,
         review=review,
+        stuck_jobs=stuck,
     )
 
 
@@ -1053,7 +1116,9 @@ async def record_alerts(
 async def recent_alerts(conn: AsyncConnection, *, since: datetime, limit: int = 100) -> list[Alert]:
     """Alerts delivered since ``since``, newest first."""
     rows = await conn.execute(
-        select(jobs.c.payload)
+        # As text, parsed per row: the driver's own JSON decoding would fail the whole
+        # read on one record that is not JSON.
+        select(cast(jobs.c.payload, Text))
         .where(
             jobs.c.status == "succeeded",
             jobs.c.kind == ALERT_RECORD_KIND,
@@ -1065,8 +1130,8 @@ async def recent_alerts(conn: AsyncConnection, *, since: datetime, limit: int = 
     out: list[Alert] = []
     for (payload,) in rows:
         try:
-            out.append(Alert.from_json(payload))
-        except (KeyError, TypeError, ValueError):
+            out.append(Alert.from_json(read_payload(payload)))
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             continue  # a hand-edited record must not break `synckit status`
     return out
 
@@ -1453,6 +1518,7 @@ __all__ = [
     "ServerErrorBurst",
     "Severity",
     "TenantOutlier",
+    "UnreadableRunAt",
     "WebhookSink",
     "bind_database",
     "claim_deliveries",

@@ -40,8 +40,8 @@ from synckit.runtime.alerts import (
 from synckit.runtime.audit import Totals, totals_by_tenant, window_start
 from synckit.runtime.budget import BudgetPolicy
 from synckit.runtime.db import Database
-from synckit.runtime.jobs import utcnow
-from synckit.runtime.resources import BREAKER_STATES, read_moments, readable
+from synckit.runtime.jobs import guarded_moment, utcnow
+from synckit.runtime.resources import BREAKER_STATES, read_moments
 from synckit.runtime.schema import (
     audit_buckets,
     connections,
@@ -49,6 +49,11 @@ from synckit.runtime.schema import (
     jobs,
     outbox,
     resources,
+)
+from synckit.runtime.unreadable_jobs import (
+    StuckJob,
+    count_unreadable_run_at,
+    unreadable_run_at,
 )
 
 if TYPE_CHECKING:
@@ -104,6 +109,9 @@ class Status:
     next_after: str | None = None
     #: False when there were too many tenants to evaluate the alert rules on the spot.
     alerts_evaluated: bool = True
+    #: Pending jobs whose ``run_at`` cannot be read (they never run), and the first few.
+    unreadable_jobs: int = 0
+    stuck_jobs: list[StuckJob] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -128,8 +136,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
-
-
 
 
 # --- named reads ------------------------------------------------------------------------
@@ -189,15 +195,12 @@ async def breaker_states(
 ) -> dict[str, BreakerInfo]:
     """Every resource's breaker (of ``keys`` only, if given), by resource key."""
     stmt = select(
-        *readable(
-            (
-                resources.c.resource_key,
-                resources.c.state,
-                resources.c.next_available_at,
-                resources.c.consecutive_failures,
-                resources.c.last_error_class,
-            )
-        )
+        resources.c.resource_key,
+        resources.c.state,
+        # Guarded in SQL: a value no datetime holds fails the driver's fetch otherwise.
+        guarded_moment(resources.c.next_available_at),
+        resources.c.consecutive_failures,
+        resources.c.last_error_class,
     )
     if keys is not None:
         stmt = stmt.where(among(conn, resources.c.resource_key, keys))
@@ -223,6 +226,8 @@ async def breaker_states(
 
 #: Up to this many tenants, ``read_status`` evaluates the alert rules on the spot.
 ALERTS_ON_THE_SPOT = 10_000
+#: How many of the jobs that never run (unreadable ``run_at``) a status names.
+STUCK_SHOWN = 10
 
 
 async def read_status(
@@ -288,6 +293,8 @@ async def read_status(
             )
             totals = await _totals(conn, names, since)
         recent = await recent_alerts(conn, since=now - alerts_since)
+        stuck_count = await count_unreadable_run_at(conn)
+        stuck = await unreadable_run_at(conn, limit=STUCK_SHOWN) if stuck_count else []
     tenants = _tenants(states, breakers, totals, by_dlq, budget, now, only_known=limit is not None)
     return Status(
         database=db.display_url,
@@ -304,6 +311,8 @@ async def read_status(
         breakers_by_state=by_state,
         next_after=next_after,
         alerts_evaluated=data is not None,
+        unreadable_jobs=stuck_count,
+        stuck_jobs=stuck,
     )
 
 
@@ -389,6 +398,8 @@ def _unreadable(s: ConnectionState | None, b: BreakerInfo | None) -> tuple[tuple
     bad: list[tuple[str, str]] = []
     if s is not None and s.status not in CONNECTION_STATUSES:
         bad.append(("status", f"unknown status {str(s.status)[:60]!r}"))
+    if s is not None:
+        bad.extend(s.unreadable)
     for name, reason in b.unreadable if b else ():
         bad.append(("breaker" if name == "state" else name, reason))
     return tuple(bad)
@@ -422,6 +433,10 @@ def _marked(value: str, known: frozenset[str]) -> str:
     from rich.markup import escape
 
     return escape(value) if value in known else escape(f"{value} (unknown)")
+
+
+#: Unreadable values the tenants table shows in their own cell.
+_SHOWN_UNREADABLE = frozenset({"status", "breaker", "next_available_at"})
 
 
 def render_status(status: Status, console: Console) -> None:
@@ -495,6 +510,12 @@ def render_status(status: Status, console: Console) -> None:
             f"{len(status.tenants)} of {total}; next page: --after {status.next_after}"
         )
     console.print(tenants)
+    # What a row holds that no cell shows (created_at, last success), named per tenant.
+    for t in status.tenants:
+        hidden = [(f, r) for f, r in t.unreadable if f not in _SHOWN_UNREADABLE]
+        if hidden:
+            said = "; ".join(f"{f} ({r})" for f, r in hidden)
+            console.print(f"unreadable in tenant {escape(t.tenant)}: {escape(said)}")
     queue = Table(title="Queue")
     queue.add_column("kind")
     for s in _QUEUE_STATUSES:
@@ -504,6 +525,14 @@ def render_status(status: Status, console: Console) -> None:
     if not status.queue:
         queue.caption = "no jobs yet"
     console.print(queue)
+    if status.unreadable_jobs:
+        ids = ", ".join(str(j.id) for j in status.stuck_jobs)
+        more = "" if status.unreadable_jobs <= len(status.stuck_jobs) else ", ..."
+        console.print(
+            f"[bold red]{status.unreadable_jobs} pending job(s) never run[/bold red]: "
+            f"their run_at cannot be read (ids {ids}{more}); "
+            "see `synckit jobs ls --unreadable`"
+        )
     alerts = Table(title="Alerts")
     for col in ("", "severity", "rule", "subject", "since", "message"):
         alerts.add_column(col)

@@ -19,7 +19,7 @@ from sqlalchemy import func, select, update
 
 from synckit.cli import cli
 from synckit.runtime.db import Database, open_database
-from synckit.runtime.schema import connections, resources
+from synckit.runtime.schema import checkpoints, connections, resources
 
 T = TypeVar("T")
 APPS = Path(__file__).parent.parent / "apps"
@@ -140,7 +140,8 @@ def test_read_commands_show_corrupt_rows_marked_and_exit_0(
     assert "unreadable" not in status["umbrella"]
     assert "zombie (unknown)" in s_table and "weird (unknown)" in s_table
     if garbage:
-        assert status["acme"]["unreadable"] == {"next_available_at": "not a timestamp: 'garbage'"}
+        # Guarded in SQL as jobs ls reads run_at: on SQLite 'garbage' sorts past any time.
+        assert status["acme"]["unreadable"] == {"next_available_at": "a timestamp out of range"}
         assert "<unreadable>" in s_table
 
     tenants = {t["tenant"]: t for t in map(json.loads, t_json.splitlines())}
@@ -173,7 +174,7 @@ def test_tenants_ls_and_show_survive_a_garbage_created_at(migrated_url: str) -> 
     rows = {t["tenant"]: t for t in map(json.loads, ls.output.splitlines())}
     assert len(rows) == 4 and rows["acme"]["created_at"] is not None
     assert rows["globex"]["created_at"] is None
-    assert rows["globex"]["unreadable"] == {"created_at": "not a timestamp: 'yesterday-ish'"}
+    assert rows["globex"]["unreadable"] == {"created_at": "a timestamp out of range"}
     assert json.loads(show.output)["unreadable"] == rows["globex"]["unreadable"]
     assert "globex" in table.output
 
@@ -238,3 +239,177 @@ def test_good_timestamps_read_the_same_through_the_text_path(migrated_url: str) 
     assert info.next_available_at == SOON and info.next_available_at.tzinfo is not None
     assert info.cooldown_until == SOON + timedelta(seconds=1)
     assert info.unreadable == ()
+
+
+# --- one corrupt value of each kind, per command family ----------------------------------
+
+#: A timestamp no reader takes: SQLite keeps any text, PostgreSQL a year no datetime holds.
+BAD_TIME = {"sqlite": "'garbage'", "postgresql": "'20000-01-01'::timestamptz"}
+#: JSON no reader takes: SQLite keeps any text; JSONB holds only JSON, but a number of
+#: 5,000 digits is past what Python's json reads.
+BAD_JSON = {"sqlite": "'{not json'", "postgresql": "('1' || repeat('0', 5000))::jsonb"}
+ARRAY = {"sqlite": "'[1, 2]'", "postgresql": "'[1, 2]'::jsonb"}
+FIVE = ("acme", "globex", "hooli", "initech", "umbrella")
+
+
+def corrupt(url: str, engine_name: str, statements: list[str]) -> None:
+    """Run ``statements`` (``{time}``, ``{json}`` and ``{array}`` standing for this
+    engine's corrupt values) after the five tenants are added, each with a checkpoint."""
+
+    async def go(db: Database) -> None:
+        from connector_app import app
+
+        for name in FIVE:
+            await app.add_tenant(db, name, "demo", {"api_token": f"tok-{name}-123456"})
+        async with db.begin() as conn:
+            for name in FIVE:
+                await conn.execute(
+                    checkpoints.insert().values(
+                        tenant=name,
+                        connector="demo",
+                        stream="items",
+                        cursor={"page": 3},
+                        updated_at=SOON,
+                    )
+                )
+            for sql in statements:
+                await conn.exec_driver_sql(
+                    sql.format(
+                        time=BAD_TIME[engine_name],
+                        json=BAD_JSON[engine_name],
+                        array=ARRAY[engine_name],
+                    )
+                )
+
+    with_db(url, go)
+
+
+def test_status_names_each_corrupt_row_and_the_jobs_that_never_run(
+    migrated_url: str, engine_name: str
+) -> None:
+    """`status` (table, --json, a page, --all) on a created_at, a checkpoint time and a
+    poll job's finish time that are not timestamps, a config that is not JSON, a
+    JSON-array config, an unknown status, an alert record that is not one and a pending
+    job whose run_at cannot be read: exit 0; each value named per tenant; the job counted,
+    named and alerted on."""
+
+    async def jobs_(db: Database) -> tuple[int, int]:
+        from synckit.runtime import jobs as store
+        from synckit.runtime.jobs import JobSpec
+
+        stuck, done, record = await store.enqueue_many(
+            db,
+            [
+                JobSpec("sync.things"),
+                JobSpec("synckit.poll", resource_key="demo:globex"),
+                JobSpec("synckit.alert_record"),
+            ],
+        )
+        return stuck.id, done.id * 1_000_000 + record.id
+
+    stuck, packed = with_db(migrated_url, jobs_)
+    done, record = divmod(packed, 1_000_000)
+    corrupt(
+        migrated_url,
+        engine_name,
+        [
+            "UPDATE connections SET created_at = {time} WHERE tenant = 'acme'",
+            "UPDATE checkpoints SET updated_at = {time} WHERE tenant = 'globex'",
+            f"UPDATE jobs SET status = 'succeeded', finished_at = {{time}} WHERE id = {done}",
+            "UPDATE connections SET config = {json}, status = 'zombie' WHERE tenant = 'initech'",
+            "UPDATE connections SET config = {array} WHERE tenant = 'umbrella'",
+            f"UPDATE jobs SET status = 'succeeded', finished_at = created_at, payload = {{json}}"
+            f" WHERE id = {record}",
+            f"UPDATE jobs SET run_at = {{time}} WHERE id = {stuck}",
+        ],
+    )
+    db = ["--database-url", migrated_url]
+    results = run_all(
+        [
+            ["status", *db],
+            ["status", "--json", *db],
+            ["status", "--json", "--limit", "2", "--after", "acme", *db],
+            ["status", "--json", "--all", *db],
+        ]
+    )
+    for r in results:
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (r.args, r.stderr)
+    table, whole, page, every = (r.stdout for r in results)
+    for shown in (json.loads(whole), json.loads(every)):
+        tenants = {t["tenant"]: t for t in shown["tenants"]}
+        assert tenants["acme"]["unreadable"] == {"created_at": "a timestamp out of range"}
+        assert tenants["globex"]["unreadable"] == {"last_success_at": "a timestamp out of range"}
+        assert tenants["globex"]["last_success_at"] is None
+        assert tenants["initech"]["unreadable"] == {"status": "unknown status 'zombie'"}
+        assert "unreadable" not in tenants["umbrella"] and "unreadable" not in tenants["hooli"]
+        assert shown["unreadable_jobs"] == 1 and [j["id"] for j in shown["stuck_jobs"]] == [stuck]
+        firing = [a for a in shown["alerts_firing"] if a["rule"] == "unreadable_run_at"]
+        assert [a["subject"] for a in firing] == [f"job:{stuck}"]
+        assert shown["alerts_recent"] == []  # the record that is not one is passed over
+    assert [t["tenant"] for t in json.loads(page)["tenants"]] == ["globex", "hooli"]
+    assert "unreadable in tenant acme: created_at (a timestamp out of range)" in table
+    assert "unreadable in tenant globex: last_success_at" in table
+    assert "zombie (unknown)" in table
+    assert "1 pending job(s) never run" in table and f"ids {stuck})" in table
+    assert f"job {stuck} (sync.things) never runs" in table
+
+
+def test_tenants_ls_and_show_read_each_corrupt_row(migrated_url: str, engine_name: str) -> None:
+    """`tenants ls` (table, --json, a page) and `tenants show` on a created_at and an
+    updated_at that are not timestamps, a config that is not JSON, a JSON-array config,
+    an unknown status, a checkpoint cursor that is not JSON and a checkpoint time that
+    is not one: exit 0, each unreadable value null and named with a one-line reason."""
+    corrupt(
+        migrated_url,
+        engine_name,
+        [
+            "UPDATE connections SET created_at = {time} WHERE tenant = 'acme'",
+            "UPDATE checkpoints SET cursor = {json} WHERE tenant = 'acme'",
+            "UPDATE connections SET updated_at = {time} WHERE tenant = 'globex'",
+            "UPDATE checkpoints SET updated_at = {time} WHERE tenant = 'globex'",
+            "UPDATE connections SET status = 'zombie' WHERE tenant = 'hooli'",
+            "UPDATE connections SET config = {json} WHERE tenant = 'initech'",
+            "UPDATE connections SET config = {array} WHERE tenant = 'umbrella'",
+        ],
+    )
+    db = ["--database-url", migrated_url]
+    results = run_all(
+        [
+            ["tenants", "ls", *db],
+            ["tenants", "ls", "--json", *db],
+            ["tenants", "ls", "--json", "--limit", "2", "--after", "acme", *db],
+            *(["tenants", "show", name, *db] for name in FIVE),
+        ]
+    )
+    for r in results:
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (r.args, r.stderr)
+    table, listed, page, *shows = (r.stdout for r in results)
+    rows = {t["tenant"]: t for t in map(json.loads, listed.splitlines())}
+    assert sorted(rows) == list(FIVE)
+    assert rows["acme"]["created_at"] is None
+    assert rows["acme"]["unreadable"] == {"created_at": "a timestamp out of range"}
+    assert rows["globex"]["unreadable"] == {"updated_at": "a timestamp out of range"}
+    assert rows["hooli"]["unreadable"] == {"status": "unknown status 'zombie'"}
+    assert rows["initech"]["config"] == "<unreadable: the stored config is not JSON>"
+    assert rows["umbrella"]["config"].startswith("<unreadable: ")
+    assert [t["tenant"] for t in map(json.loads, page.splitlines())] == ["globex", "hooli"]
+    assert "2 of 5 tenants; next page: --after hooli" in results[2].stderr
+    assert "Tenants: 5 (4 active, 1 zombie (unknown))" in table
+    assert "unreadable in tenant initech: config (the stored config is not JSON)" in table
+    shown = dict(zip(FIVE, map(json.loads, shows), strict=True))
+    acme = shown["acme"]["checkpoints"]["items"]
+    assert acme["cursor"] is None and set(acme["unreadable"]) == {"cursor"}
+    says = "not JSON: " if engine_name == "sqlite" else "cannot be read: Exceeds the limit"
+    assert acme["unreadable"]["cursor"].startswith(says), acme
+    assert shown["acme"]["unreadable"] == {"created_at": "a timestamp out of range"}
+    globex = shown["globex"]["checkpoints"]["items"]
+    assert globex == {
+        "cursor": {"page": 3},
+        "updated_at": None,
+        "unreadable": {"updated_at": "a timestamp out of range"},
+    }
+    assert shown["hooli"]["checkpoints"]["items"] == {
+        "cursor": {"page": 3},
+        "updated_at": SOON.isoformat(),
+    }
+    assert shown["initech"]["config"] == "<unreadable: the stored config is not JSON>"

@@ -67,3 +67,48 @@ def test_jobs_ls_and_show_read_a_corrupt_job_as_unreadable(
     assert info["payload"] is None and set(info["unreadable"]) == {"payload", "run_at"}
     sound = json.loads(synckit("jobs", "show", str(good), *url).stdout)
     assert sound["payload"] == {"a": 1} and sound["unreadable"] == {}
+
+
+def test_jobs_ls_names_pending_jobs_that_never_run(migrated_url: str, engine_name: str) -> None:
+    """A pending job whose run_at cannot be read is never claimed: `jobs ls` says how many
+    below the table (stderr with --json) and `--unreadable` lists exactly those; a job in
+    a status nobody writes and one whose error history is not JSON list as they are."""
+
+    async def seed() -> tuple[int, int, int]:
+        db = open_database(migrated_url)
+        try:
+            stuck, odd, sound = await store.enqueue_many(
+                db, [JobSpec("x"), JobSpec("y", resource_key="lane:1"), JobSpec("z")]
+            )
+            history = "'{not json'" if engine_name == "sqlite" else BAD_PAYLOAD[engine_name]
+            async with db.begin() as conn:
+                await conn.execute(
+                    text(f"UPDATE jobs SET run_at = {BAD_TIME[engine_name]} WHERE id = {stuck.id}")
+                )
+                await conn.execute(
+                    text(
+                        f"UPDATE jobs SET status = 'zombie', errors = {history} WHERE id = {odd.id}"
+                    )
+                )
+            return stuck.id, odd.id, sound.id
+        finally:
+            await db.dispose()
+
+    stuck, odd, sound = asyncio.run(seed())
+    url = ["--database-url", migrated_url]
+    table = synckit("jobs", "ls", *url)
+    listed = synckit("jobs", "ls", "--json", *url)
+    only = synckit("jobs", "ls", "--unreadable", "--json", *url)
+    only_table = synckit("jobs", "ls", "--unreadable", *url)
+    shown = synckit("jobs", "show", str(odd), *url)
+    for r in (table, listed, only, only_table, shown):
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (r.args, r.stderr)
+    says = "1 pending job(s) never run: their run_at cannot be read"
+    assert says in table.stdout and says in listed.stderr
+    assert "Queue: 3 jobs (2 pending, 1 zombie)" in table.stdout
+    assert {r["id"] for r in map(json.loads, listed.stdout.splitlines())} == {stuck, odd, sound}
+    assert [r["id"] for r in map(json.loads, only.stdout.splitlines())] == [stuck]
+    assert only.stderr == ""
+    assert "never run (run_at unreadable) (1)" in only_table.stdout
+    info = json.loads(shown.stdout)
+    assert info["status"] == "zombie" and set(info["unreadable"]) == {"errors"}
