@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Text, cast, func, literal_column, select, union_all
+from sqlalchemy import Text, cast, func, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -69,10 +69,14 @@ def _stuck(lane_keyed: bool) -> Any:
 
 
 async def unreadable_run_at(conn: AsyncConnection, *, limit: int = 100) -> list[StuckJob]:
-    """Up to ``limit`` pending jobs whose ``run_at`` cannot be read, oldest id first."""
-    both = union_all(_stuck(False), _stuck(True)).subquery()
-    rows = await conn.execute(select(both).order_by(both.c.id).limit(limit))
-    return [StuckJob(int(r.id), r.kind, r.resource_key, str(r.stored)[:200]) for r in rows]
+    """Up to ``limit`` pending jobs whose ``run_at`` cannot be read, by id."""
+    found: list[StuckJob] = []
+    for keyed in (False, True):
+        # No ORDER BY in SQL: SQLite would walk the whole table in id order for it
+        # instead of the partial index; there are few such jobs to sort here.
+        rows = await conn.execute(_stuck(keyed).limit(limit))
+        found += (StuckJob(int(r.id), r.kind, r.resource_key, str(r.stored)[:200]) for r in rows)
+    return sorted(found, key=lambda j: j.id)[:limit]
 
 
 async def count_unreadable_run_at(conn: AsyncConnection) -> int:
