@@ -51,7 +51,6 @@ from sqlalchemy import (
     or_,
     select,
     text,
-    tuple_,
     type_coerce,
     update,
 )
@@ -181,19 +180,111 @@ def _notify_sql(conn: AsyncConnection | Connection) -> str | None:
     return f"NOTIFY {NOTIFY_CHANNEL}" if conn.dialect.name == "postgresql" else None
 
 
+# --- lanes with work ---------------------------------------------------------------------
+#
+# ``resources.due_at`` marks the lanes a claim starts from: NULL when the lane has no
+# pending job, else a time no later than its earliest pending job's ``run_at``. Claims
+# read only the marked lanes, through the partial index ``ix_resources_lanes`` in
+# fairness order, and never scan ``resources`` whole (see _lanes_statement).
+#
+# Whatever makes a job pending lowers its lane's mark in the same transaction (enqueue,
+# retry, snooze, release, rescue, an operator's retry or reschedule); a claim that finds
+# a lane short of due jobs sets the mark to the lane's next due time, or clears it. A
+# mark lower than needed costs one empty look, which corrects it; a lane with work and no
+# mark would never be claimed, so the two writes are ordered by the lane row's lock: the
+# marking upsert locks the row even when it writes nothing (ON CONFLICT DO UPDATE locks
+# the conflicting row whatever its WHERE says), and a claim recomputes a mark only while it
+# holds the row from its lanes query. On PostgreSQL at READ COMMITTED an enqueue that locks
+# the row first makes the claims skip the lane until it commits; one that comes second
+# waits for the claim's commit and lowers the mark the claim just wrote. SQLite runs one
+# writer at a time.
+#
+# The lists travel as arrays (PostgreSQL) or one JSON text (SQLite): a fixed number of
+# parameters whatever their length.
+_MARK_CONFLICT = (
+    " ON CONFLICT (resource_key) DO UPDATE SET due_at = excluded.due_at"
+    " WHERE resources.due_at IS NULL OR resources.due_at > excluded.due_at"
+)
+_LANE_COLUMNS = "INSERT INTO resources (resource_key, state, updated_at, due_at)"
+_STAMP = bindparam("now", type_=resources.c.updated_at.type)
+# Sorted keys: two transactions marking the same lanes lock them in the same order.
+_MARK_LANES: dict[str, Any] = {
+    "postgresql": text(
+        f"{_LANE_COLUMNS} SELECT k, 'closed', :now, d FROM unnest(CAST(:keys AS varchar[]),"
+        " CAST(:dues AS timestamptz[])) AS u(k, d) ORDER BY k" + _MARK_CONFLICT
+    ).bindparams(_STAMP),
+    "sqlite": text(
+        f"{_LANE_COLUMNS} SELECT json_extract(value, '$[0]'), 'closed', :now,"
+        " json_extract(value, '$[1]') FROM json_each(:lanes) WHERE true" + _MARK_CONFLICT
+    ).bindparams(_STAMP),
+}
+# The lanes of jobs just made pending, due at their earliest run_at, read in SQL (a
+# timestamp no datetime holds never reaches Python).
+_MARK_LANES_OF: dict[str, Any] = {
+    dialect: text(
+        f"{_LANE_COLUMNS} SELECT resource_key, 'closed', :now, min(run_at) FROM jobs"
+        f" WHERE id {ids} AND status = 'pending' AND resource_key IS NOT NULL"
+        " GROUP BY resource_key ORDER BY resource_key" + _MARK_CONFLICT
+    ).bindparams(_STAMP)
+    for dialect, ids in (
+        ("postgresql", "= ANY(CAST(:ids AS bigint[]))"),
+        ("sqlite", "IN (SELECT value FROM json_each(:ids))"),
+    )
+}
+_ENSURE_LANES: dict[str, Any] = {
+    "postgresql": text(
+        "INSERT INTO resources (resource_key, state, updated_at) SELECT k, 'closed', :now"
+        " FROM unnest(CAST(:keys AS varchar[])) AS u(k) ORDER BY k"
+        " ON CONFLICT (resource_key) DO NOTHING"
+    ).bindparams(_STAMP),
+    "sqlite": text(
+        "INSERT INTO resources (resource_key, state, updated_at) SELECT value, 'closed', :now"
+        " FROM json_each(:keys) WHERE true ON CONFLICT (resource_key) DO NOTHING"
+    ).bindparams(_STAMP),
+}
+
+
 def _ensure_resources_sync(conn: Connection, keys: Iterable[str], now: datetime) -> None:
-    """Make sure a ``resources`` row exists for every key (lanes are claimed from them)."""
+    """Make sure a ``resources`` row exists for every key (its mark untouched)."""
     unique = sorted(set(keys))
     if not unique:
         return
-    ins = _insert(conn)(resources).values(
-        [{"resource_key": k, "state": "closed", "updated_at": now} for k in unique]
-    )
-    conn.execute(ins.on_conflict_do_nothing(index_elements=["resource_key"]))
+    param = unique if conn.dialect.name == "postgresql" else json.dumps(unique)
+    conn.execute(_ENSURE_LANES[conn.dialect.name], {"keys": param, "now": now})
 
 
 async def _ensure_resources(conn: AsyncConnection, keys: Iterable[str], now: datetime) -> None:
     await conn.run_sync(_ensure_resources_sync, list(keys), now)
+
+
+def _mark_lanes_sync(conn: Connection, due: Mapping[str, datetime], now: datetime) -> None:
+    """Mark each lane ``key`` as having a pending job due at ``due[key]`` (or lower its
+    mark to that), creating its ``resources`` row if needed; locks the rows."""
+    if not due:
+        return
+    keys = sorted(due)
+    if conn.dialect.name == "postgresql":
+        params: dict[str, Any] = {"keys": keys, "dues": [due[k] for k in keys]}
+    else:
+        params = {"lanes": json.dumps([[k, _SQLITE_TS_TEXT(due[k])] for k in keys])}
+    conn.execute(_MARK_LANES[conn.dialect.name], {**params, "now": now})
+
+
+def _mark_lanes_of_sync(conn: Connection, job_ids: Sequence[int], now: datetime) -> None:
+    """Mark the lanes of the jobs ``job_ids`` that are pending now (see _mark_lanes_sync)."""
+    if job_ids:
+        param = list(job_ids) if conn.dialect.name == "postgresql" else json.dumps(list(job_ids))
+        conn.execute(_MARK_LANES_OF[conn.dialect.name], {"ids": param, "now": now})
+
+
+def _earliest(rows: Iterable[Mapping[str, Any]]) -> dict[str, datetime]:
+    """The earliest ``run_at`` of each lane among job rows (those with a resource key)."""
+    due: dict[str, datetime] = {}
+    for r in rows:
+        key = r["resource_key"]
+        if key and (key not in due or r["run_at"] < due[key]):
+            due[key] = r["run_at"]
+    return due
 
 
 def _insert(conn: AsyncConnection | Connection) -> Any:
@@ -207,7 +298,7 @@ def _enqueue_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) -> 
     """Insert the jobs on a synchronous connection (see :meth:`Database.write`)."""
     checked = [s.row_and_json(now) for s in specs]
     rows = [row for row, _ in checked]
-    _ensure_resources_sync(conn, (r["resource_key"] for r in rows if r["resource_key"]), now)
+    _mark_lanes_sync(conn, _earliest(rows), now)
     results: list[Enqueued] = []
     plain = [r for r in rows if r["unique_key"] is None]
     plain_json = [j for r, j in checked if r["unique_key"] is None]
@@ -218,11 +309,7 @@ def _enqueue_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) -> 
         ids_plain = [conn.execute(_INSERT_ONE, plain[0]).scalar_one()]
     elif plain:
         if conn.dialect.name == "sqlite":
-            # The transaction holds SQLite's write lock, so the new rowids are ascending in
-            # row order; sorting them is exact and 20x cheaper than SQLAlchemy's
-            # sort_by_parameter_order, which falls back to one row per statement here.
-            res = conn.execute(insert(jobs).returning(jobs.c.id), plain)
-            ids_plain = sorted(r[0] for r in res)
+            ids_plain = _insert_many_sqlite(conn, plain, plain_json, now)
         else:
             ids_plain = _insert_many_pg(conn, plain, plain_json, now)
     keyed_results: dict[int, Enqueued] = {}
@@ -300,6 +387,40 @@ def _insert_many_pg(
     return sorted(r[0] for r in conn.execute(_PG_INSERT_MANY, params))
 
 
+# The same on SQLite: the rows as one JSON text, inserted in its order. The transaction
+# holds SQLite's write lock, so the new rowids ascend in row order; sorting them is exact.
+_SQLITE_INSERT_MANY: Any = text(
+    "INSERT INTO jobs (kind, payload, resource_key, status, priority, attempts,"
+    " max_attempts, run_at, trace_id, created_at, updated_at)"
+    " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
+    " json_extract(value, '$[2]'), 'pending', json_extract(value, '$[3]'), 0,"
+    " json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]'),"
+    " :now, :now FROM json_each(:rows) ORDER BY key RETURNING id"
+)
+
+
+def _insert_many_sqlite(
+    conn: Connection, rows: Sequence[dict[str, Any]], payloads: list[str], now: datetime
+) -> list[int]:
+    """:func:`_insert_many_pg` on SQLite."""
+    packed = json.dumps(
+        [
+            [
+                r["kind"],
+                p,
+                r["resource_key"],
+                r["priority"],
+                r["max_attempts"],
+                _SQLITE_TS_TEXT(r["run_at"]),
+                r["trace_id"],
+            ]
+            for r, p in zip(rows, payloads, strict=True)
+        ]
+    )
+    res = conn.execute(_SQLITE_INSERT_MANY, {"rows": packed, "now": _SQLITE_TS_TEXT(now)})
+    return sorted(r[0] for r in res)
+
+
 _ROW_COLUMNS = (
     "kind",
     "payload",
@@ -324,9 +445,9 @@ _PG_INSERT_ONE = (
     " $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id)"
     f" SELECT id, pg_notify('{NOTIFY_CHANNEL}', '') FROM ins"
 )
+# The lane's mark comes with the job (see _mark_lanes_sync): $3 is its key, $8 its run_at.
 _PG_INSERT_ONE_IN_LANE = (
-    "WITH lane AS (INSERT INTO resources (resource_key, state, updated_at)"
-    " VALUES ($3, 'closed', $11) ON CONFLICT (resource_key) DO NOTHING), "
+    f"WITH lane AS ({_LANE_COLUMNS} VALUES ($3, 'closed', $11, $8){_MARK_CONFLICT}), "
     + _PG_INSERT_ONE.removeprefix("WITH ")
 )
 
@@ -358,10 +479,7 @@ _SQLITE_INSERT_ONE = (
     " RETURNING id"
 )
 _SQLITE_JOB_PARAMS = _sqlite_params(_ROW_COLUMNS)
-_SQLITE_ENSURE_RESOURCE = (
-    "INSERT INTO resources (resource_key, state, updated_at) VALUES (?, 'closed', ?)"
-    " ON CONFLICT (resource_key) DO NOTHING"
-)
+_SQLITE_MARK_LANE = f"{_LANE_COLUMNS} VALUES (?, 'closed', ?, ?){_MARK_CONFLICT}"
 _SQLITE_TIMESTAMP: Any = resources.c.updated_at.type.bind_processor(sqlite.dialect())
 
 
@@ -373,7 +491,12 @@ def _enqueue_one_sqlite(conn: Any, row: dict[str, Any], payload_json: str) -> in
     """
     if row["resource_key"]:
         conn.execute(
-            _SQLITE_ENSURE_RESOURCE, (row["resource_key"], _SQLITE_TIMESTAMP(row["created_at"]))
+            _SQLITE_MARK_LANE,
+            (
+                row["resource_key"],
+                _SQLITE_TIMESTAMP(row["created_at"]),
+                _SQLITE_TIMESTAMP(row["run_at"]),
+            ),
         )
     params = tuple(
         payload_json if c == "payload" else row[c] if p is None else p(row[c])
@@ -444,7 +567,7 @@ async def enqueue(
 # Keyed jobs in one statement whatever their number (the scheduler's cycles): the rows
 # travel as one array per column (PostgreSQL) or one JSON array (SQLite), so the text and
 # the parameter count are the same for every batch, and a key naming an unfinished job
-# is skipped by the partial unique index. The lanes' resources rows come with them.
+# is skipped by the partial unique index. The lanes of the jobs created are marked.
 _SQLITE_DIALECT = sqlite.dialect()
 # The text SQLite stores for a timestamp (json_each hands values over as they are).
 _SQLITE_TS_TEXT: Any = jobs.c.run_at.type.dialect_impl(_SQLITE_DIALECT).bind_processor(
@@ -459,19 +582,15 @@ _PG_ENQUEUE_NEW: Any = text(
     " CAST(:resource_key AS text[]), CAST(:priority AS int[]), CAST(:max_attempts AS int[]),"
     " CAST(:run_at AS timestamptz[]), CAST(:unique_key AS text[]), CAST(:trace_id AS text[]))"
     " WITH ORDINALITY AS u(k, p, r, pr, m, ra, uk, t, ord)),"
-    " lane AS (INSERT INTO resources (resource_key, state, updated_at)"
-    " SELECT DISTINCT r, 'closed', :now FROM v WHERE r IS NOT NULL"
-    " ON CONFLICT (resource_key) DO NOTHING)"
-    f" INSERT INTO jobs ({_NEW_COLUMNS})"
+    f" ins AS (INSERT INTO jobs ({_NEW_COLUMNS})"
     " SELECT k, p::jsonb, r, 'pending', pr, 0, m, ra, uk, t, :now, :now FROM v ORDER BY ord"
     " ON CONFLICT (unique_key) WHERE status IN ('pending', 'running') DO NOTHING"
-    " RETURNING unique_key"
+    " RETURNING unique_key, resource_key, run_at),"
+    f" lane AS ({_LANE_COLUMNS} SELECT resource_key, 'closed', :now, min(run_at) FROM ins"
+    " WHERE resource_key IS NOT NULL GROUP BY resource_key ORDER BY resource_key"
+    f"{_MARK_CONFLICT})"
+    " SELECT unique_key FROM ins"
 ).bindparams(bindparam("now", type_=jobs.c.created_at.type))
-_SQLITE_LANES_NEW: Any = text(
-    "INSERT INTO resources (resource_key, state, updated_at)"
-    " SELECT DISTINCT json_extract(value, '$[2]'), 'closed', :now FROM json_each(:rows)"
-    " WHERE json_extract(value, '$[2]') IS NOT NULL ON CONFLICT (resource_key) DO NOTHING"
-)
 _SQLITE_ENQUEUE_NEW: Any = text(
     f"INSERT INTO jobs ({_NEW_COLUMNS})"
     " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
@@ -529,8 +648,10 @@ def enqueue_new_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) 
         ]
     )
     stamp = _SQLITE_TS_TEXT(now)
-    conn.execute(_SQLITE_LANES_NEW, {"rows": packed, "now": stamp})
-    return [r[0] for r in conn.execute(_SQLITE_ENQUEUE_NEW, {"rows": packed, "now": stamp})]
+    created = [r[0] for r in conn.execute(_SQLITE_ENQUEUE_NEW, {"rows": packed, "now": stamp})]
+    made = set(created)
+    _mark_lanes_sync(conn, _earliest(r for r, _ in rows if r["unique_key"] in made), now)
+    return created
 
 
 async def enqueue_new(
@@ -753,7 +874,12 @@ def _claim_lane_rows(
 
 
 def _lanes_statement() -> Any:
-    """Lanes with due jobs whose resource allows a call now, least recently claimed first.
+    """Lanes marked due whose resource allows a call now, least recently claimed first.
+
+    The marked lanes are walked in fairness order through ``ix_resources_lanes`` (a partial
+    index on ``last_claimed_at`` of the rows with a ``due_at``), so the LIMIT stops the walk
+    early: the connection, parent and in-flight checks run per row walked, never over
+    every lane. A lane whose mark is stale is returned and costs one empty look.
 
     Built once (parameters ``now`` and ``lim``): building it per claim cost more than
     running it.
@@ -766,16 +892,24 @@ def _lanes_statement() -> Any:
         .where(jobs.c.status == _RUNNING, jobs.c.resource_key == resources.c.resource_key)
         .scalar_subquery()
     )
-    has_due = exists().where(
-        jobs.c.status == _PENDING,
-        jobs.c.resource_key == resources.c.resource_key,
-        jobs.c.run_at <= now,
+    # OFFSET 0 keeps PostgreSQL from turning these checks into anti-joins: it expects few
+    # blocked parents and inactive connections, so it would scan every resource and every
+    # connection once per claim to find them. As subplans they are one index probe per
+    # lane walked (the primary key, ix_connections_resource_key).
+    parent_blocked = (
+        select(literal_column("1"))
+        .where(parent.c.resource_key == resources.c.parent_key, _resource_blocked(parent, now))
+        .offset(literal_column("0"))
+        .exists()
     )
-    parent_blocked = exists().where(
-        parent.c.resource_key == resources.c.parent_key, _resource_blocked(parent, now)
-    )
-    conn_inactive = exists().where(
-        connections.c.resource_key == resources.c.resource_key, connections.c.status != "active"
+    conn_inactive = (
+        select(literal_column("1"))
+        .where(
+            connections.c.resource_key == resources.c.resource_key,
+            connections.c.status != "active",
+        )
+        .offset(literal_column("0"))
+        .exists()
     )
     return (
         select(
@@ -783,15 +917,17 @@ def _lanes_statement() -> Any:
             resources.c.state,
             resources.c.cooldown_until,
             resources.c.max_in_flight,
-            running.label("running"),
+            # Only a capped lane needs its running jobs counted.
+            case((resources.c.max_in_flight.is_not(None), running)).label("running"),
         )
         .where(
+            resources.c.due_at <= now,
             ~_resource_blocked(resources, now),
             ~parent_blocked,
             ~conn_inactive,
-            has_due,
         )
-        .order_by(resources.c.last_claimed_at.is_not(None), resources.c.last_claimed_at)
+        # Never-claimed lanes first: NULLS FIRST, as ix_resources_lanes is ordered.
+        .order_by(resources.c.last_claimed_at.asc().nulls_first())
         .limit(bindparam("lim", type_=Integer))
         .with_for_update(skip_locked=True, of=resources)
     )
@@ -866,6 +1002,53 @@ def _claim_lanes(
 
 def _available_lanes(conn: Connection, now: datetime, max_lanes: int) -> list[Row[Any]]:
     return list(conn.execute(_LANES, {"now": now, "lim": max_lanes}))
+
+
+# A lane's next due time: the earliest run_at of its pending jobs, NULL when it has none.
+# ix_jobs_lane_due is ordered by priority first, so the minimum is taken per priority
+# (the first entry of each), stepping from one priority to the next lower one: a few
+# index probes however many jobs wait in the lane, where min(run_at) would read them all.
+_NEXT_DUE = (
+    "(WITH RECURSIVE p(pr) AS ("
+    "SELECT max(j.priority) FROM jobs j WHERE j.status = 'pending'"
+    " AND j.resource_key = resources.resource_key"
+    " UNION ALL SELECT (SELECT max(j.priority) FROM jobs j WHERE j.status = 'pending'"
+    " AND j.resource_key = resources.resource_key AND j.priority < p.pr)"
+    " FROM p WHERE p.pr IS NOT NULL)"
+    " SELECT min((SELECT min(j.run_at) FROM jobs j WHERE j.status = 'pending'"
+    " AND j.resource_key = resources.resource_key AND j.priority = p.pr))"
+    " FROM p WHERE p.pr IS NOT NULL)"
+)
+
+
+def _after_claim_statement(member: str) -> Any:
+    """What a claim writes on the lane rows it holds: ``last_claimed_at`` of the lanes it
+    served, and the mark of the lanes it found short of due jobs, recomputed."""
+    return text(
+        "UPDATE resources SET"
+        f" last_claimed_at = CASE WHEN resource_key {member.format('served')} THEN :now"
+        " ELSE last_claimed_at END,"
+        f" due_at = CASE WHEN resource_key {member.format('short')} THEN {_NEXT_DUE}"
+        " ELSE due_at END"
+        f" WHERE resource_key {member.format('touched')}"
+    ).bindparams(bindparam("now", type_=resources.c.last_claimed_at.type))
+
+
+_AFTER_CLAIM = {
+    "postgresql": _after_claim_statement("= ANY(CAST(:{} AS varchar[]))"),
+    "sqlite": _after_claim_statement("IN (SELECT value FROM json_each(:{}))"),
+}
+
+
+def _after_claim(conn: Connection, served: set[str], short: set[str], now: datetime) -> None:
+    if not served and not short:
+        return
+    lists = {"served": sorted(served), "short": sorted(short), "touched": sorted(served | short)}
+    if conn.dialect.name == "sqlite":
+        params: dict[str, Any] = {k: json.dumps(v) for k, v in lists.items()}
+    else:
+        params = dict(lists)
+    conn.execute(_AFTER_CLAIM[conn.dialect.name], {**params, "now": now})
 
 
 async def claim(
@@ -945,6 +1128,8 @@ def _claim_sync(
             room_of[r.resource_key] = None
     room_of[None] = None  # the lane of jobs without a resource key
     served: set[str] = set()
+    # Lanes that gave fewer jobs than asked: no due job left there now.
+    short: set[str] = set()
     # Even shares first; lanes that filled their share split what is left, and so on.
     open_lanes = [k for k, room in room_of.items() if room is None or room > 0]
     while open_lanes and len(claimed) + len(unreadable) < limit:
@@ -965,6 +1150,8 @@ def _claim_sync(
         for key, want in wants:
             rows = got[key]
             cap = room_of[key]
+            if key is not None and len(rows) < want:
+                short.add(key)
             if not rows:
                 continue
             probe = key in probes
@@ -995,12 +1182,7 @@ def _claim_sync(
             if len(rows) == want and not probe and (cap is None or cap > len(rows)):
                 still_open.append(key)
         open_lanes = still_open
-    if served:
-        conn.execute(
-            update(resources)
-            .where(resources.c.resource_key.in_(sorted(served)))
-            .values(last_claimed_at=now)
-        )
+    _after_claim(conn, served, short, now)
     if unreadable:
         _quarantine(conn, unreadable, token, now)
     if not all_start and start and claimed:
@@ -1423,6 +1605,8 @@ def fail_sync(
     )
     if res.first() is None:
         return None
+    if retry_at is not None and job.resource_key is not None:
+        _mark_lanes_sync(conn, {job.resource_key: retry_at}, now)
     if status == "dead":
         dead_letter_job_sync(
             conn,
@@ -1500,7 +1684,11 @@ def snooze_sync(conn: Connection, job: ClaimedJob, *, now: datetime, until: date
         )
         .returning(jobs.c.id)
     )
-    return res.first() is not None
+    if res.first() is None:
+        return False
+    if job.resource_key is not None:
+        _mark_lanes_sync(conn, {job.resource_key: until}, now)
+    return True
 
 
 def finish_sync(
@@ -1568,6 +1756,26 @@ async def finish(
     return await conn.run_sync(lambda c: finish_sync(c, job, now=now, status=status, reason=reason))
 
 
+# ``(job id, claim token)`` pairs as two arrays (PostgreSQL: each id with its own token,
+# ids being unique) or one JSON text of pairs (SQLite): two parameters for any number.
+_HELD: dict[str, Any] = {
+    "postgresql": text(
+        "jobs.id = ANY(CAST(:ids AS bigint[])) AND jobs.claim_token ="
+        " (CAST(:tokens AS bigint[]))[array_position(CAST(:ids AS bigint[]), jobs.id)]"
+    ),
+    "sqlite": text(
+        "(jobs.id, jobs.claim_token) IN (SELECT json_extract(value, '$[0]'),"
+        " json_extract(value, '$[1]') FROM json_each(:held))"
+    ),
+}
+
+
+def _held_params(dialect: str, held: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    if dialect == "postgresql":
+        return {"ids": [i for i, _ in held], "tokens": [t for _, t in held]}
+    return {"held": json.dumps([[i, t] for i, t in held])}
+
+
 async def release(
     db: Database, held: Sequence[tuple[int, int]], *, now: datetime | None = None
 ) -> int:
@@ -1576,9 +1784,10 @@ async def release(
         return 0
     now = now or utcnow()
     async with db.begin() as conn:
+        dialect = conn.dialect.name
         res = await conn.execute(
             update(jobs)
-            .where(tuple_(jobs.c.id, jobs.c.claim_token).in_(list(held)), jobs.c.status == _RUNNING)
+            .where(_HELD[dialect], jobs.c.status == _RUNNING)
             .values(
                 status="pending",
                 attempts=_UNCHARGED,
@@ -1587,20 +1796,47 @@ async def release(
                 lease_expires_at=None,
                 updated_at=now,
             )
-            .returning(jobs.c.id, jobs.c.resource_key)
+            .returning(jobs.c.id, jobs.c.resource_key),
+            _held_params(dialect, held),
         )
         released = list(res)
-        await _clear_probes(conn, [r.id for r in released], now)
+        await _clear_probes(conn, released, now)
+        await conn.run_sync(_mark_lanes_of_sync, [r.id for r in released], now)
     return len(released)
 
 
-async def _clear_probes(conn: AsyncConnection, job_ids: Sequence[int], now: datetime) -> None:
-    if job_ids:
-        await conn.execute(
-            update(resources)
-            .where(resources.c.probe_job_id.in_(list(job_ids)))
-            .values(probe_job_id=None, updated_at=now)
-        )
+# The breaker probes among jobs that stopped running, found by their lanes' keys.
+_CLEAR_PROBES: dict[str, Any] = {
+    dialect: text(
+        f"UPDATE resources SET probe_job_id = NULL, updated_at = :now WHERE resource_key {keys}"
+        f" AND probe_job_id {ids}"
+    ).bindparams(_STAMP)
+    for dialect, keys, ids in (
+        (
+            "postgresql",
+            "= ANY(CAST(:keys AS varchar[]))",
+            "= ANY(CAST(:ids AS bigint[]))",
+        ),
+        (
+            "sqlite",
+            "IN (SELECT value FROM json_each(:keys))",
+            "IN (SELECT value FROM json_each(:ids))",
+        ),
+    )
+}
+
+
+async def _clear_probes(conn: AsyncConnection, stopped: Sequence[Row[Any]], now: datetime) -> None:
+    """Clear the probes among ``stopped`` jobs (rows with ``id`` and ``resource_key``)."""
+    keys = sorted({r.resource_key for r in stopped if r.resource_key is not None})
+    if not keys:
+        return
+    ids = [r.id for r in stopped if r.resource_key is not None]
+    if conn.dialect.name == "postgresql":
+        params: dict[str, Any] = {"keys": keys, "ids": ids}
+    else:
+        params = {"keys": json.dumps(keys), "ids": json.dumps(ids)}
+    await conn.execute(_CLEAR_PROBES[conn.dialect.name], {**params, "now": now})
 
 
 async def heartbeat(
@@ -1622,20 +1858,18 @@ async def heartbeat(
         return set()
     now = now or utcnow()
     async with db.begin() as conn:
+        dialect = conn.dialect.name
         res = await conn.execute(
             update(jobs)
-            .where(
-                tuple_(jobs.c.id, jobs.c.claim_token).in_(list(held)),
-                jobs.c.status == _RUNNING,
-                jobs.c.locked_by == worker_id,
-            )
+            .where(_HELD[dialect], jobs.c.status == _RUNNING, jobs.c.locked_by == worker_id)
             .values(
                 heartbeat_at=now,
                 lease_expires_at=case(
                     (jobs.c.started_at.is_(None), now + (start_lease or lease)), else_=now + lease
                 ),
             )
-            .returning(jobs.c.id)
+            .returning(jobs.c.id),
+            _held_params(dialect, held),
         )
         return {r[0] for r in res}
 
@@ -1713,7 +1947,8 @@ async def rescue_expired(
                     attempts=r.attempts,
                     now=now,
                 )
-        await _clear_probes(conn, [r.id for r in rescued], now)
+        await _clear_probes(conn, rescued, now)
+        await conn.run_sync(_mark_lanes_of_sync, [r.id for r in rescued], now)
     return len(rescued)
 
 
@@ -1882,6 +2117,8 @@ async def _change(
             raise JobStateError(
                 f"cannot {action} job {job_id}: another unfinished job has its unique key"
             ) from exc
+        if "run_at" in values:  # pending now (retry), or its time moved (reschedule)
+            await conn.run_sync(_mark_lanes_of_sync, [job_id], now)
     return await get_job(db, job_id)
 
 

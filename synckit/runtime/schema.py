@@ -264,6 +264,21 @@ resources = Table(
     _ts("quota_at"),
     # When a claimed breaker probe is presumed lost (BreakerPolicy.probe_timeout).
     _ts("probe_expires_at"),
+    # The lane's mark (migration 0008): NULL when it has no pending job, else no later than
+    # its earliest pending job's run_at. Claims start from the marked lanes (see jobs.py).
+    _ts("due_at"),
+)
+
+# The marked lanes in fairness order (least recently claimed first, never claimed before
+# all): a claim walks it and stops at its LIMIT, however many resources there are.
+# PostgreSQL needs NULLS FIRST in the index to serve that order; SQLite sorts NULLs first
+# anyway and has no NULLS FIRST in CREATE INDEX, so migration 0008 creates it without
+# there (this definition is for PostgreSQL's DDL and for comparing schemas).
+Index(
+    "ix_resources_lanes",
+    resources.c.last_claimed_at.asc().nulls_first(),
+    postgresql_where=text("due_at IS NOT NULL"),
+    sqlite_where=text("due_at IS NOT NULL"),
 )
 
 intents = Table(

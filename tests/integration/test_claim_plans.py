@@ -7,9 +7,11 @@ guards against is silent: SQLite once answered every claim from an index led by
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -81,8 +83,125 @@ async def test_claims_walk_the_due_indexes(db: Database) -> None:
         # No sort of the backlog: the index gives the claim order.
         assert "TEMP B-TREE" not in unkeyed, unkeyed
         assert "TEMP B-TREE" not in keyed, keyed
-        # Per lane: its due jobs and its running jobs come from the partial indexes.
-        assert "ix_jobs_lane_due" in lanes and "ix_jobs_running" in lanes, lanes
+        # The marked lanes in fairness order, a capped lane's running jobs counted from
+        # their partial index.
+        assert "ix_resources_lanes" in lanes and "ix_jobs_running" in lanes, lanes
+        assert "TEMP B-TREE" not in lanes, lanes
+
+
+async def tenants_with_work(db: Database, tenants: int, busy: int) -> None:
+    """``tenants`` resources with a connection each, the first ``busy`` of them with a
+    pending job and their lane marked (as an enqueue leaves them), the next one paused;
+    and 20,000 finished jobs, as a long-lived table holds."""
+    if db.is_postgres:
+        series = "generate_series(1, :n) g"
+        stamp = "now()"
+    else:
+        series = "(WITH RECURSIVE s(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM s WHERE g < :n)"
+        series += " SELECT g FROM s)"
+        stamp = "'2026-01-01 00:00:00.000000'"
+    key = "'tenant-' || g"
+    statements = [
+        "INSERT INTO resources (resource_key, state, updated_at, due_at)"
+        f" SELECT {key}, 'closed', {stamp}, CASE WHEN g <= :busy THEN {stamp} END FROM {series}",
+        "INSERT INTO connections (tenant, connector, resource_key, status, created_at,"
+        f" updated_at) SELECT {key}, 'c', {key}, CASE WHEN g = :busy + 1 THEN 'paused'"
+        f" ELSE 'active' END, {stamp}, {stamp} FROM {series}",
+        "INSERT INTO jobs (kind, payload, status, run_at, created_at, updated_at, resource_key)"
+        f" SELECT 'k', '{{}}', CASE WHEN g <= :busy THEN 'pending' ELSE 'succeeded' END,"
+        f" {stamp}, {stamp}, {stamp}, {key} FROM {series}",
+    ]
+    async with db.begin() as conn:
+        for sql in statements:
+            await conn.execute(text(sql), {"n": tenants, "busy": busy})
+        await conn.execute(
+            text(
+                "INSERT INTO jobs (kind, payload, status, run_at, created_at, updated_at)"
+                f" SELECT 'old', '{{}}', 'succeeded', {stamp}, {stamp}, {stamp} FROM {series}"
+            ),
+            {"n": 20_000},
+        )
+        if db.is_postgres:
+            await conn.execute(text("ANALYZE"))
+
+
+@pytest.mark.parametrize("busy", [50, 20_000])
+async def test_the_lanes_query_reads_the_marked_lanes_not_every_resource(
+    db: Database, busy: int
+) -> None:
+    """Of 20,000 tenants, with 50 or all of them having work: the lanes come from
+    ix_resources_lanes, never a scan of resources, and each lane's parent and connection
+    are one index probe, never a read of them all. With many lanes marked, the index's
+    order serves the LIMIT: no sort."""
+    await tenants_with_work(db, 20_000, busy)
+    async with db.begin() as conn:
+        lanes = await plan(conn, store._LANES, now=NOW + timedelta(days=3650), lim=32)
+    assert "ix_resources_lanes" in lanes, lanes
+    if db.is_postgres:
+        assert "Seq Scan" not in lanes, lanes
+        assert "Index Scan using pk_resources on resources parent" in lanes, lanes
+        assert "Index Scan using ix_connections_resource_key on connections" in lanes, lanes
+        if busy == 20_000:
+            assert "Sort" not in lanes, lanes
+    else:
+        assert "SCAN resources USING INDEX ix_resources_lanes" in lanes, lanes
+        assert "TEMP B-TREE" not in lanes, lanes
+        assert "SEARCH parent USING INDEX" in lanes, lanes
+        assert "SEARCH connections USING INDEX ix_connections_resource_key" in lanes, lanes
+        scans = [line for line in lanes.splitlines() if " SCAN " in f" {line} "]
+        assert all("USING INDEX ix_resources_lanes" in line for line in scans), lanes
+
+
+async def test_a_claim_reads_its_batch_of_lanes_of_20000(db: Database) -> None:
+    """Executed on PostgreSQL with 20,000 lanes due: the lanes query reads as many
+    entries of ix_resources_lanes as lanes it returns; then a claim takes one job from
+    each of 32 lanes."""
+    await tenants_with_work(db, 20_000, 20_000)
+    if db.is_postgres:
+        async with db.begin() as conn:
+            compiled = store._LANES.compile(dialect=conn.dialect)
+            values = compiled.construct_params({"now": datetime.now(UTC), "lim": 32})
+            ordered = tuple(values[name] for name in compiled.positiontup)
+            rows = await conn.exec_driver_sql(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + compiled.string, ordered
+            )
+            walk = _node(rows.scalar_one()[0]["Plan"], "ix_resources_lanes")
+        assert walk["Node Type"] == "Index Scan", walk
+        assert walk["Actual Rows"] + walk.get("Rows Removed by Filter", 0) == 32, walk
+    claimed = await store.claim(db, "w", 32)
+    assert len({j.resource_key for j in claimed}) == 32
+
+
+def _node(plan: dict[str, Any], index: str) -> dict[str, Any]:
+    """The first node of a JSON plan that reads ``index``, depth first."""
+    if plan.get("Index Name") == index:
+        return plan
+    for child in plan.get("Plans", []):
+        try:
+            return _node(child, index)
+        except LookupError:
+            continue
+    raise LookupError(index)
+
+
+async def test_the_claims_lane_writes_use_keys_and_the_lane_index(db: Database) -> None:
+    """What a claim writes on its lanes (last_claimed_at, the recomputed mark) finds them
+    by primary key, and each lane's next due time by probes of ix_jobs_lane_due."""
+    await tenants_with_work(db, 20_000, 20_000)
+    lanes = ["tenant-1", "tenant-2"]
+    async with db.begin() as conn:
+        if db.is_postgres:
+            params: dict[str, Any] = {"served": lanes, "short": lanes, "touched": lanes}
+        else:
+            params = {k: json.dumps(lanes) for k in ("served", "short", "touched")}
+        after = await plan(conn, store._AFTER_CLAIM[conn.dialect.name], **params)
+    if db.is_postgres:
+        assert "Seq Scan" not in after, after
+        assert "pk_resources" in after and "ix_jobs_lane_due" in after, after
+    else:
+        assert "SEARCH resources USING INDEX" in after, after
+        assert "SEARCH j USING INDEX ix_jobs_lane_due" in after, after
+        assert not any(line.endswith(("SCAN jobs", "SCAN j")) for line in after.splitlines())
 
 
 async def outbox_backlog(db: Database, rows: int) -> None:
