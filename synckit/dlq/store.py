@@ -9,6 +9,14 @@ stream (kind ``record:<stream>``) or a dead job (kind = the job's kind, record i
 * ``resolved`` — replayed successfully, or resolved by an operator;
 * ``ignored`` — cannot or should not be replayed; ``status_reason`` says why.
 
+**Capture.** Poll cycles, dead jobs and the outbox all write failures through
+:func:`capture_many`, in the caller's transaction: one rule for what a failure does to a
+row (:func:`~synckit.dlq.policy.decide_capture`: an operator's ``ignored`` stands), one
+history shape (``at``, ``source``, ``error_class``, ``message``, ``attempt``,
+``trace_id``), and set-based statements whose parameter count does not grow with the
+number of failures. Text PostgreSQL cannot store (NUL, lone surrogates) is stored as
+U+FFFD on both engines (:func:`storable_text`).
+
 **Leases.** A replay processor claims due rows by pushing ``next_retry_at`` forward to
 the end of a lease and writing a lease marker (``replaying:<token>``) into
 ``status_reason``, in one short transaction (``FOR UPDATE SKIP LOCKED`` on PostgreSQL;
@@ -43,13 +51,13 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    cast,
     delete,
     func,
     literal_column,
     or_,
     select,
     text,
-    type_coerce,
     update,
 )
 from sqlalchemy.dialects import sqlite
@@ -256,8 +264,10 @@ _BASE_COLUMNS: list[Any] = [
     dead_letters.c.job_id,
     dead_letters.c.resource_key,
     # As text, parsed by DeadLetter.from_row: corrupt JSON must not break the query.
-    type_coerce(dead_letters.c.payload, Text).label("payload_text"),
-    type_coerce(dead_letters.c.history, Text).label("history_text"),
+    # CAST in SQL, not type_coerce: asyncpg decodes jsonb itself, and a payload that is a
+    # JSON string came back as the bare string, which then failed to parse.
+    cast(dead_letters.c.payload, Text).label("payload_text"),
+    cast(dead_letters.c.history, Text).label("history_text"),
     dead_letters.c.error_class,
     dead_letters.c.error_message,
     dead_letters.c.trace_id,
@@ -744,7 +754,9 @@ def _capture_many(
     conn: Connection, failures: Sequence[Failure], *, now: datetime
 ) -> list[Captured]:
     prepared = [_prepare(f) for f in failures]
-    unique = list({p.key: p for p in prepared}.values())
+    # In key order: concurrent captures then insert (and so wait for each other's keys)
+    # in the same order, and cannot deadlock on them.
+    unique = sorted({p.key: p for p in prepared}.values(), key=lambda p: p.key)
     sql = _SQL[conn.dialect.name == "postgresql"]
     done: dict[_Key, Captured] = {}
     for start in range(0, len(unique), CAPTURE_CHUNK):

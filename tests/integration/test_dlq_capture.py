@@ -13,13 +13,14 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 from sqlalchemy import event, select, update
@@ -388,6 +389,7 @@ CAPTURER = textwrap.dedent(
     async def main():
         db = open_database(url)
         rng = random.Random(me)
+        created = []
         try:
             while not start.exists():
                 time.sleep(0.005)
@@ -400,11 +402,13 @@ CAPTURER = textwrap.dedent(
                                   message=f"from {me}", source="poll")
                     for k in keys
                 ]
-                await db.write(
+                got = await db.write(
                     lambda c: store.capture_many(c, failures, now=datetime.now(UTC))
                 )
+                created.extend(f.record_id for c, f in zip(got, failures) if c.created)
         finally:
             await db.dispose()
+        print(" ".join(created))
 
     asyncio.run(main())
     """
@@ -425,7 +429,7 @@ def test_processes_capturing_the_same_new_records_at_once_share_one_row_each(
         procs = [
             subprocess.Popen(
                 [sys.executable, str(script), migrated_url, str(start), str(i)],
-                stdout=subprocess.DEVNULL,
+                stdout=stack.enter_context(open(tmp_path / f"p{i}.stdout", "wb")),
                 stderr=stack.enter_context(open(tmp_path / f"p{i}.stderr", "wb")),
             )
             for i in range(PROCS)
@@ -433,6 +437,11 @@ def test_processes_capturing_the_same_new_records_at_once_share_one_row_each(
         start.touch()
         for i, p in enumerate(procs):
             assert p.wait(timeout=120) == 0, (tmp_path / f"p{i}.stderr").read_text()[-2000:]
+    created = Counter(
+        k for i in range(PROCS) for k in (tmp_path / f"p{i}.stdout").read_text().split()
+    )
+    # Every key was created by exactly one process; the others' captures were repeats.
+    assert len(created) == ROUNDS * KEYS and set(created.values()) == {1}
 
     async def rows() -> list[Any]:
         db = open_database(migrated_url)
@@ -479,6 +488,8 @@ PAYLOADS = st.recursive(
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(payload=PAYLOADS, message=HOSTILE_TEXT)
+@example(payload="a payload that is a JSON string", message="")  # read back as itself
+@example(payload={"k\x00": ["\x00", {"\ud800": "\udc00x"}]}, message="\x00\ud800")
 def test_any_payload_and_message_are_stored_with_only_nul_and_surrogates_replaced(
     migrated_url: str, payload: Any, message: str
 ) -> None:
