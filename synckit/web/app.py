@@ -47,7 +47,6 @@ from synckit.runtime.jobs import utcnow
 from synckit.runtime.logging import redact, redact_text
 from synckit.runtime.poll import list_checkpoints
 from synckit.runtime.resources import get_resource, reset_resource
-from synckit.runtime.status import read_status
 from synckit.web import queries
 from synckit.web.explain import duration_text, tenant_why
 from synckit.web.security import csrf_valid, origin_allowed, safe_next, token_valid
@@ -61,7 +60,7 @@ HERE = Path(__file__).parent
 CSRF_COOKIE = "synckit_csrf"
 TOKEN_COOKIE = "synckit_token"
 FLASH_COOKIE = "synckit_flash"
-JOB_STATUSES = ("pending", "running", "succeeded", "dead", "cancelled", "discarded")
+JOB_STATUSES = queries.JOB_STATUSES
 OUTBOX_STATUSES = ("pending", "failed", "published")
 log = structlog.get_logger("synckit.web")
 
@@ -160,7 +159,8 @@ class _Guard(BaseHTTPMiddleware):
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         st = _state(request)
         path = request.url.path
-        public = path.startswith("/static/") or path == "/login"
+        # The OAuth callback is authorised by its state (see oauth_callback).
+        public = path.startswith("/static/") or path in ("/login", CALLBACK_PATH)
         if not public and st.config.token:
             given = request.cookies.get(TOKEN_COOKIE)
             auth = request.headers.get("authorization", "")
@@ -295,15 +295,21 @@ def _ids(form: Any) -> list[int]:
     return sorted(set(out))
 
 
+class BadFilter(ValueError):
+    """A filter in the query string that cannot be read (the page says which, in a line)."""
+
+
 def _since(text: str | None) -> datetime | None:
+    """``since=10m`` as the moment it names; :class:`BadFilter` when it names none."""
     if not text:
         return None
     from synckit.cli import parse_duration
+    from synckit.cli_options import CliError
 
     try:
         return utcnow() - parse_duration(text)
-    except Exception:
-        return None
+    except CliError as exc:
+        raise BadFilter(f"within {text[:40]!r}: {exc.message}") from None
 
 
 # --- overview ---------------------------------------------------------------------------
@@ -318,36 +324,40 @@ async def overview_live(request: Request) -> Response:
 
 
 async def _overview_values(request: Request) -> dict[str, Any]:
+    """The overview's figures, each read at a bounded cost (see :mod:`.queries`): it is
+    refreshed every few seconds by every open page, on tables of any size."""
+    from synckit.runtime.budget import BudgetPolicy
+
     db = _state(request).database
     now = utcnow()
-    status = await read_status(db, now=now)
-    per_minute = await queries.throughput(db, now=now)
-    growth = await queries.dlq_growth(db, now=now)
-    tenant_states = await queries.tenant_counts(db)
-    jobs_by_state: dict[str, int] = {}
-    depth = 0
-    for counts in status.queue.values():
-        for s, n in counts.items():
-            jobs_by_state[s] = jobs_by_state.get(s, 0) + n
-            if s in ("pending", "running"):
-                depth += n
+    cap = queries.COUNT_CAP
+    async with db.begin() as conn:
+        jobs_by_state = await queries.job_counts(conn, cap=cap)
+        per_minute = await queries.throughput(conn, now=now)
+        growth = await queries.dlq_growth(conn, now=now, cap=cap)
+        dlq_open = await queries.dlq_open(conn, cap=cap)
+        outbox_pending = await queries.outbox_pending(conn, cap=cap)
+        tenant_states = await queries.tenant_counts(conn)
+        breakers, breaker_count = await queries.open_breakers(conn, cap=cap)
+        burning = await queries.budget_burners(conn, now=now, policy=BudgetPolicy())
+        alerts = await queries.fired_alerts(conn, since=now - timedelta(hours=1))
     peak = max([ok + failed for _m, ok, failed in per_minute] + [1])
-    burning = sorted(
-        (t for t in status.tenants if t.budget_burn > 0), key=lambda t: -t.budget_burn
-    )[:10]
-    open_breakers = [t for t in status.tenants if t.breaker != "closed"]
     return {
-        "status": status,
         "per_minute": per_minute,
         "peak": peak,
         "last_hour": sum(ok + failed for _m, ok, failed in per_minute),
         "growth": growth,
+        "dlq_open": dlq_open,
+        "outbox_pending": outbox_pending,
         "tenant_states": tenant_states,
         "jobs_by_state": jobs_by_state,
-        "depth": depth,
+        "depth": jobs_by_state["pending"] + jobs_by_state["running"],
         "burning": burning,
-        "open_breakers": open_breakers,
+        "open_breakers": breakers,
+        "breaker_count": breaker_count,
+        "alerts": alerts,
         "statuses": JOB_STATUSES,
+        "cap": cap,
     }
 
 
@@ -426,15 +436,13 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
     checkpoints = await list_checkpoints(db, t.tenant)
     cycles = await queries.poll_jobs(db, t.resource_key, t.tenant)
     dlq = await tenant_store.dead_letter_counts(db, t.tenant)
-    async with db.begin() as conn:
-        from synckit.runtime.audit import totals_by_tenant, window_start
-        from synckit.runtime.budget import BudgetPolicy
+    from synckit.runtime.audit import window_start
+    from synckit.runtime.budget import BudgetPolicy
 
-        policy = BudgetPolicy()
-        totals = (await totals_by_tenant(conn, since=window_start(now, policy.window))).get(
-            t.tenant
-        )
-    budget = policy.status(totals) if totals is not None else None
+    policy = BudgetPolicy()
+    budget = await queries.tenant_budget(
+        db, t.tenant, since=window_start(now, policy.window), policy=policy
+    )
     return {
         "t": t,
         "config": shown_config(t, st.config.app),
@@ -505,6 +513,105 @@ async def tenant_action(request: Request) -> Response:
     return await _act(request, f"tenant.{action}", name, work, default=home)
 
 
+CALLBACK_PATH = "/oauth/callback"
+
+
+async def tenant_reauthorize(request: Request) -> Response:
+    """Start the connect flow ``synckit tenants connect`` runs: the connector's
+    ``OAuth2Config``, a stored PKCE verifier and state, the provider's consent URL shown
+    as a link. The provider sends the browser back to this console's
+    :data:`CALLBACK_PATH`, which completes the flow. A connector without OAuth is told
+    what to do instead (``synckit tenants set-config``)."""
+    st = _state(request)
+    db = st.database
+    name = request.path_params["tenant"]
+    who = _who(request)
+    form = await request.form()
+    redirect_uri = str(request.base_url).rstrip("/") + CALLBACK_PATH
+    try:
+        from synckit.connectors.authorize import DEFAULT_TTL, begin_authorization
+        from synckit.connectors.oauth_cli import oauth_config_for
+
+        t = await tenant_store.get_tenant(db, name, reveal=False)
+        if st.config.app is None:
+            raise ValueError(
+                "re-authorising needs the App (its connector's OAuth settings): start the "
+                f"console with --app, or run `synckit tenants connect {t.tenant} --app ...`"
+            )
+        config = await oauth_config_for(st.config.app, db, t.tenant)
+        url = await begin_authorization(db, t.tenant, config, redirect_uri=redirect_uri)
+    except (SynckitError, LookupError, ValueError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        log.warning(
+            "web.action_failed", action="tenant.reauthorize", target=name, who=who, error=text
+        )
+        return _back(request, form, f"re-authorise {name}: {text}", f"/tenants/{name}")
+    log.info(
+        "web.action",
+        action="tenant.reauthorize",
+        target=t.tenant,
+        who=who,
+        outcome=f"consent URL issued, redirect to {redirect_uri}",
+    )
+    values = await _tenant_values(request)
+    consent = {
+        "url": url,
+        "redirect_uri": redirect_uri,
+        "ttl": duration_text(DEFAULT_TTL.total_seconds()),
+    }
+    return render(request, "tenant.html", consent=consent, **values)
+
+
+async def oauth_callback(request: Request) -> Response:
+    """Where the provider sends the browser back: completes the connect flow begun by
+    :func:`tenant_reauthorize` (``complete_authorization``), once per ``state``.
+
+    It needs no access token: a browser coming back from another site does not carry
+    the console's SameSite cookies, and what authorises the request is its ``state``,
+    unguessable, issued by an operator's POST, bound to one tenant, used once and
+    expired after minutes."""
+    st = _state(request)
+    db = st.database
+    client = request.client.host if request.client else "?"
+    who = f"oauth-callback@{client}"
+    state = request.query_params.get("state") or ""
+    tenant = await queries.authorization_tenant(db, state[:200]) if state else None
+    if tenant is None:
+        log.warning("web.action_refused", path=CALLBACK_PATH, reason="unknown state", who=who)
+        return render(
+            request,
+            "connected.html",
+            status_code=400,
+            tenant=None,
+            error="this callback's state is unknown (not issued by this console, or forged): "
+            "start again with Re-authorise on the tenant's page",
+        )
+    try:
+        from synckit.connectors.authorize import complete_authorization
+        from synckit.connectors.oauth_cli import oauth_config_for
+
+        if st.config.read_only:
+            raise ValueError("the console runs read-only (--read-only)")
+        if st.config.app is None:
+            raise ValueError("completing a connection needs the App: start the console with --app")
+        config = await oauth_config_for(st.config.app, db, tenant)
+        result = await complete_authorization(db, tenant, config, str(request.url))
+    except (SynckitError, LookupError, ValueError) as exc:
+        text = _red(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        log.warning(
+            "web.action_failed", action="tenant.connect", target=tenant, who=who, error=text
+        )
+        return render(request, "connected.html", status_code=400, tenant=tenant, error=text)
+    log.info(
+        "web.action",
+        action="tenant.connect",
+        target=tenant,
+        who=who,
+        outcome=f"connected, was {result.previous_status}",
+    )
+    return render(request, "connected.html", tenant=tenant, result=result, error=None)
+
+
 # --- jobs -------------------------------------------------------------------------------
 
 
@@ -522,7 +629,10 @@ def _job_filter(request: Request) -> queries.JobFilter:
 async def jobs_page(request: Request) -> Response:
     db = _state(request).database
     q = request.query_params
-    flt = _job_filter(request)
+    try:
+        flt = _job_filter(request)
+    except BadFilter as exc:
+        return _refused_filter(request, "jobs.html", exc, statuses=JOB_STATUSES, here="/jobs")
     if q.get("tenant") and not flt.resource_key:
         try:
             t = await tenant_store.get_tenant(db, q["tenant"], reveal=False)
@@ -539,6 +649,7 @@ async def jobs_page(request: Request) -> Response:
         request,
         "jobs.html",
         page=page,
+        scan_window=queries.SCAN_WINDOW,
         statuses=JOB_STATUSES,
         filters={k: q.get(k, "") for k in ("kind", "status", "tenant", "resource", "since")},
         next_query=_next_query(request, "before", page.next_cursor),
@@ -640,31 +751,56 @@ def _dlq_filter(params: Any) -> DlqFilter:
     )
 
 
+def _refused_filter(request: Request, template: str, exc: BadFilter, **values: Any) -> Response:
+    """The page with nothing listed and the unreadable filter named, answered 400."""
+    q = request.query_params
+    empty: queries.Page[Any] = queries.Page([], None)
+    return render(
+        request,
+        template,
+        status_code=400,
+        problem=str(exc),
+        page=empty,
+        groups=empty,
+        groups_next=None,
+        next_query=None,
+        export_query="",
+        scan_window=queries.SCAN_WINDOW,
+        filters={
+            k: q.get(k, "") for k in ("kind", "status", "tenant", "resource", "since", "class")
+        },
+        **values,
+    )
+
+
 async def dlq_page(request: Request) -> Response:
     db = _state(request).database
     q = request.query_params
-    flt = _dlq_filter(q)
+    try:
+        flt = _dlq_filter(q)
+    except BadFilter as exc:
+        return _refused_filter(request, "dlq.html", exc, statuses=dlq_store.STATUSES, here="/dlq")
     open_flt = flt if flt.statuses else flt.narrowed(("pending", "review"))
-    groups = await dlq_store.group_counts(db, ["tenant", "class"], open_flt)
-    day = DlqFilter(
-        tenants=open_flt.tenants,
-        error_classes=open_flt.error_classes,
-        kinds=open_flt.kinds,
-        statuses=open_flt.statuses,
-        since=utcnow() - timedelta(hours=24),
+    groups = await queries.dlq_groups(
+        db,
+        open_flt,
+        after=q.get("groups_after") or None,
+        recent_since=utcnow() - timedelta(hours=24),
     )
-    recent = {g.key: g.count for g in await dlq_store.group_counts(db, ["tenant", "class"], day)}
     page = await queries.dlq_page(db, flt, before_id=_int(q.get("before")))
     return render(
         request,
         "dlq.html",
-        groups=[(g, recent.get(g.key, 0)) for g in groups[:100]],
-        more_groups=max(0, len(groups) - 100),
+        scan_window=queries.SCAN_WINDOW,
+        groups=groups,
+        groups_next=_next_query(request, "groups_after", groups.next_cursor),
         page=page,
         statuses=dlq_store.STATUSES,
         filters={k: q.get(k, "") for k in ("tenant", "class", "kind", "status", "since")},
         next_query=_next_query(request, "before", page.next_cursor),
-        export_query=urlencode({k: v for k, v in q.items() if k != "before" and v}),
+        export_query=urlencode(
+            {k: v for k, v in q.items() if k not in ("before", "groups_after") and v}
+        ),
         here=str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
     )
 
@@ -734,7 +870,10 @@ async def _replay(st: _State, db: Database, flt: DlqFilter) -> Any:
 async def dlq_export(request: Request) -> Response:
     """Matching rows as JSON lines, streamed page by page, secrets redacted."""
     db = _state(request).database
-    flt = _dlq_filter(request.query_params)
+    try:
+        flt = _dlq_filter(request.query_params)
+    except BadFilter as exc:
+        return PlainTextResponse(str(exc), status_code=400)
     log.info("web.export", what="dlq", who=_who(request))
 
     async def lines() -> AsyncIterator[bytes]:
@@ -852,6 +991,7 @@ def create_app(config: WebConfig, *, database: Database | None = None) -> Starle
         Route("/tenants", tenants_page),
         Route("/tenants/{tenant}", tenant_page),
         Route("/live/tenants/{tenant}", tenant_live),
+        Route("/tenants/{tenant}/reauthorize", tenant_reauthorize, methods=["POST"]),
         Route("/tenants/{tenant}/{action}", tenant_action, methods=["POST"]),
         Route("/jobs", jobs_page),
         Route("/jobs/action", jobs_action, methods=["POST"]),
@@ -863,6 +1003,7 @@ def create_app(config: WebConfig, *, database: Database | None = None) -> Starle
         Route("/outbox", outbox_page),
         Route("/outbox/retry", outbox_action, methods=["POST"]),
         Route("/login", login, methods=["GET", "POST"]),
+        Route(CALLBACK_PATH, oauth_callback),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     starlette = Starlette(

@@ -244,3 +244,92 @@ def test_binding_beyond_loopback_without_a_token_refuses_to_start(
     )
     assert out.returncode == 2
     assert "--host 0.0.0.0 is reachable from other machines: give an access token" in out.stderr
+
+
+def test_reauthorise_without_oauth_says_to_set_the_config(page: Any, site: dict[str, Any]) -> None:
+    page.goto("/tenants/umbrella")
+    page.click("button[value=reauthorize]")
+    flash = page.locator(".flash")
+    expect(flash).to_contain_text("does not authenticate with OAuth2Auth")
+    expect(flash).to_contain_text("synckit tenants set-config")
+
+
+def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
+    browser: Any, tmp_path: Path
+) -> None:
+    """An OAuth tenant that needs re-authorisation: Re-authorise shows the provider's
+    consent page as a link; following it, the provider redirects to the console, which
+    stores the tokens; the tenant's page then says nothing holds it back."""
+    from synckit.connectors.secrets import mark_needs_reauth
+    from synckit.runtime.jobs import utcnow
+    from synckit.testing.oauth_server import OAuthTestServer
+
+    url = f"sqlite:///{tmp_path / 'oauth.db'}"
+    with OAuthTestServer() as provider:
+        provider.add_client("console-client", "", auth_methods=["none"])
+        provider.consenting_user = "alice"
+        env = {
+            **_env(),
+            "OAUTH_APP_TOKEN_URL": provider.token_url,
+            "OAUTH_APP_AUTHORIZE_URL": provider.authorize_url,
+            "OAUTH_APP_CLIENT_ID": "console-client",
+            "OAUTH_APP_CLIENT_SECRET": "",
+        }
+
+        async def prepare(db: Any) -> None:
+            from oauth_worker_app import app as oauth_app
+
+            await migrate.upgrade(db)
+            await oauth_app.add_tenant(db, "acme", "me")
+            async with db.begin() as conn:
+                await mark_needs_reauth(conn, "acme", reason="invalid_grant: revoked", now=utcnow())
+
+        _run(_with_db(url, prepare))
+        port = _free_port()
+        log = tmp_path / "web.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [
+                    *SYNCKIT,
+                    "web",
+                    "--app",
+                    "oauth_worker_app:app",
+                    "--database-url",
+                    url,
+                    "--port",
+                    str(port),
+                    "--refresh",
+                    "0.5",
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            _wait_for_port(port, proc, log)
+            context = browser.new_context(
+                base_url=f"http://127.0.0.1:{port}", viewport={"width": 1280, "height": 860}
+            )
+            pg = context.new_page()
+            pg.goto("/tenants/acme")
+            assert "needs re-authorisation: invalid_grant" in pg.inner_text("#why")
+            pg.click("button[value=reauthorize]")
+            link = pg.locator("#consent-link")
+            expect(link).to_have_attribute("href", re.compile(re.escape(provider.authorize_url)))
+            shot(pg, {"tmp": tmp_path}, "reauthorise")
+            link.click()
+            expect(pg.locator("#connect-result")).to_contain_text("is connected")
+            pg.click("text=Back to acme")
+            expect(pg.locator("#why")).to_have_text("nothing holds this tenant back")
+            context.close()
+        finally:
+            proc.terminate()
+            proc.wait(20)
+
+    async def status(db: Any) -> str:
+        from synckit.connectors.tenants import get_tenant
+
+        return (await get_tenant(db, "acme", reveal=False)).status
+
+    assert _run(_with_db(url, status)) == "active"
+    assert provider.stats.codes_exchanged == 1

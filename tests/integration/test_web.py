@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from html import unescape
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from starlette.testclient import TestClient
@@ -15,10 +17,11 @@ from web_app import SECRET, app, seed
 
 from synckit.connectors.tenants import get_tenant
 from synckit.dlq import store as dlq_store
+from synckit.dlq.store import DlqFilter
 from synckit.runtime import jobs as job_store
 from synckit.runtime.db import Database
 from synckit.runtime.resources import get_resource
-from synckit.web import WebConfig, create_app
+from synckit.web import WebConfig, create_app, queries
 from synckit.web.app import CSRF_COOKIE
 
 TOKEN = "a-long-enough-access-token"
@@ -45,7 +48,7 @@ def post(client: TestClient, path: str, **form: Any) -> Any:
 
 def text_of(html: str) -> str:
     """What a reader sees: tags dropped, whitespace collapsed."""
-    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
 
 
 async def test_no_page_shows_a_seeded_secret(db: Database, migrated_url: str) -> None:
@@ -276,3 +279,330 @@ async def test_every_action_is_logged_with_who_what_and_outcome(
     ]
     assert logs[0]["who"] == "local@testclient" and logs[0]["outcome"] == "acme paused"
     assert logs[2]["path"] == "/tenants/acme/resume"
+
+
+# --- re-authorise: the connect flow from the console -------------------------------------
+
+
+@pytest.fixture
+def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """authlib's provider on loopback, a public client, and the OAuth app pointed at it."""
+    from cryptography.fernet import Fernet
+
+    from synckit.testing.oauth_server import OAuthTestServer
+
+    monkeypatch.setenv("SYNCKIT_SECRET_KEY", Fernet.generate_key().decode())
+    with OAuthTestServer() as server:
+        server.add_client("console-client", "", auth_methods=["none"])
+        server.consenting_user = "alice"
+        monkeypatch.setenv("OAUTH_APP_TOKEN_URL", server.token_url)
+        monkeypatch.setenv("OAUTH_APP_AUTHORIZE_URL", server.authorize_url)
+        monkeypatch.setenv("OAUTH_APP_CLIENT_ID", "console-client")
+        monkeypatch.setenv("OAUTH_APP_CLIENT_SECRET", "")
+        yield server
+
+
+def consent_link(html: str) -> str:
+    found = re.search(r'<a href="([^"]+)" id="consent-link"', html)
+    assert found is not None, text_of(html)[:500]
+    return unescape(found.group(1))
+
+
+async def test_reauthorise_runs_the_connect_flow_and_the_callback_completes_it(
+    db: Database, migrated_url: str, provider: Any
+) -> None:
+    """Re-authorise shows the provider's consent URL as a link (PKCE, state, this
+    console's callback); the provider's redirect to the callback stores sealed tokens
+    and makes the connection active; the same callback again is refused."""
+    import httpx
+    from oauth_worker_app import app as oauth_app
+
+    from synckit.connectors.secrets import TokenCipher, mark_needs_reauth, read_connection
+    from synckit.runtime.jobs import utcnow
+
+    await oauth_app.add_tenant(db, "acme", "me")
+    async with db.begin() as conn:
+        await mark_needs_reauth(conn, "acme", reason="invalid_grant: revoked", now=utcnow())
+    config = WebConfig(database_url=migrated_url, app=oauth_app)
+    base = "http://127.0.0.1:8080"
+    with TestClient(create_app(config), base_url=base, follow_redirects=False) as client:
+        page = post(client, "/tenants/acme/reauthorize")
+        assert page.status_code == 200
+        url = consent_link(page.text)
+        query = dict(parse_qsl(urlsplit(url).query))
+        assert url.startswith(provider.authorize_url)
+        assert query["redirect_uri"] == f"{base}/oauth/callback"
+        assert query["code_challenge_method"] == "S256" and query["client_id"] == "console-client"
+        # The operator opens the link; the provider (scripted consent) redirects back.
+        async with httpx.AsyncClient() as browser:
+            back = (await browser.get(url)).headers["location"]
+        assert back.startswith(f"{base}/oauth/callback?")
+        done = client.get(back.removeprefix(base))
+        assert done.status_code == 200, done.text
+        assert "is connected" in text_of(done.text) and "it was needs_reauth" in text_of(done.text)
+        again = client.get(back.removeprefix(base))
+        assert again.status_code == 400 and "used already" in text_of(again.text)
+        assert "nothing holds this tenant back" in text_of(client.get("/tenants/acme").text)
+    async with db.begin() as conn:
+        row = await read_connection(conn, "acme")
+    assert row.status == "active" and row.status_reason is None
+    tokens = TokenCipher.from_env().open(row.token_set)
+    assert tokens.access_token and tokens.refresh_token
+    assert provider.stats.codes_exchanged == 1
+
+
+async def test_reauthorise_without_oauth_says_to_set_the_config(
+    db: Database, migrated_url: str, provider: Any
+) -> None:
+    """A connector whose credentials are in its config: the way to re-authorise is named;
+    without the App, the console says it needs --app. Nothing is stored either way."""
+    await seed(db)
+    with console(migrated_url) as client:
+        r = post(client, "/tenants/umbrella/reauthorize")
+        assert r.status_code == 303 and r.headers["location"] == "/tenants/umbrella"
+        said = text_of(client.get("/tenants/umbrella").text)
+        assert "does not authenticate with OAuth2Auth" in said
+        assert "synckit tenants set-config" in said
+    with TestClient(create_app(WebConfig(database_url=migrated_url)), follow_redirects=False) as c:
+        post(c, "/tenants/umbrella/reauthorize")
+        assert "start the console with --app" in text_of(c.get("/tenants/umbrella").text)
+    from sqlalchemy import func, select
+
+    from synckit.runtime.schema import pending_authorizations
+
+    async with db.begin() as conn:
+        n = (await conn.execute(select(func.count()).select_from(pending_authorizations))).scalar()
+    assert n == 0 and (await get_tenant(db, "umbrella")).status == "needs_reauth"
+
+
+async def test_the_callback_needs_no_token_but_a_state_it_issued(
+    db: Database, migrated_url: str
+) -> None:
+    """Behind a token, the provider's redirect still reaches the callback (it is
+    authorised by its state); a state the console never issued is refused."""
+    await seed(db)
+    with console(migrated_url, token=TOKEN) as client:
+        r = client.get("/oauth/callback", params={"state": "forged", "code": "x"})
+        assert r.status_code == 400 and "state is unknown" in text_of(r.text)
+        assert post(client, "/tenants/umbrella/reauthorize").status_code == 401
+
+
+# --- reads that stay cheap on large tables ------------------------------------------------
+
+
+async def _jobs_in_every_state(db: Database) -> list[Any]:
+    """Jobs of three tenants and two kinds in every state (states set as rows: no storage
+    operation finishes a job without running it), oldest first; returns them all."""
+    from sqlalchemy import update
+
+    from synckit.runtime.schema import jobs
+
+    specs = [
+        job_store.JobSpec(
+            ("sync", "send")[i % 2], {"n": i}, resource_key=("a", "b", "c", None)[i % 4]
+        )
+        for i in range(96)
+    ]
+    await job_store.enqueue_many(db, specs)
+    async with db.begin() as conn:
+        for i, status in enumerate(queries.JOB_STATUSES):
+            await conn.execute(
+                update(jobs).where(jobs.c.id % 6 == i, jobs.c.id > 12).values(status=status)
+            )
+    return await job_store.list_jobs(db, limit=1000)
+
+
+@pytest.mark.parametrize(
+    "flt",
+    [
+        {},
+        {"resource_key": "a"},
+        {"resource_key": "b", "status": "succeeded"},
+        {"resource_key": "c", "kind": "send"},
+        {"resource_key": "a", "kind": "sync", "status": "pending"},
+        {"status": "dead"},
+        {"status": "discarded", "kind": "sync"},
+        {"kind": "send"},
+        {"kind": "sync"},
+        {"kind": "nothing"},
+    ],
+)
+async def test_a_job_page_by_index_lists_every_match_newest_first(
+    db: Database, flt: dict[str, str]
+) -> None:
+    """Whatever index (or merge of indexes) serves the filter, paging through it gives
+    exactly the matching jobs, by id descending, with no gap or repeat at page ends."""
+    every = await _jobs_in_every_state(db)
+    expected = [
+        j.id
+        for j in sorted(every, key=lambda j: -j.id)
+        if all(getattr(j, k) == v for k, v in flt.items())
+    ]
+    seen: list[int] = []
+    cursor = None
+    for _ in range(50):
+        page = await queries.job_page(db, queries.JobFilter(**flt), before_id=cursor, limit=7)
+        seen += [j.id for j in page.rows]
+        if page.next_cursor is None:
+            break
+        cursor = int(page.next_cursor)
+    assert seen == expected
+
+
+async def test_a_time_filter_reads_a_window_and_says_what_it_searched(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No index serves creation time: each page reads at most SCAN_WINDOW jobs and,
+    when it ends before the page is full, names the ids searched; walking on finds
+    every match."""
+    from datetime import timedelta
+
+    from synckit.runtime.jobs import utcnow
+
+    monkeypatch.setattr(queries, "SCAN_WINDOW", 10)
+    every = await _jobs_in_every_state(db)
+    flt = queries.JobFilter(status="dead", created_since=utcnow() - timedelta(hours=1))
+    seen: list[int] = []
+    searched: list[tuple[int, int]] = []
+    cursor = None
+    for _ in range(50):
+        page = await queries.job_page(db, flt, before_id=cursor, limit=50)
+        seen += [j.id for j in page.rows]
+        if page.searched:
+            searched.append(page.searched)
+        if page.next_cursor is None:
+            break
+        cursor = int(page.next_cursor)
+    assert seen == [j.id for j in sorted(every, key=lambda j: -j.id) if j.status == "dead"]
+    top = max(j.id for j in every)
+    assert searched[0] == (top - 9, top) and all(hi - lo == 9 for lo, hi in searched)
+
+
+async def test_overview_counts_stop_at_the_cap_and_say_so(
+    db: Database, migrated_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below the cap a count is exact; at it, "n+" (on PostgreSQL with the planner's
+    estimate once the table is analysed), and never a figure that was not read."""
+    await job_store.enqueue_many(db, [job_store.JobSpec(k, {}) for k in ["x", "y", "z"] * 10])
+    async with db.begin() as conn:
+        counts = await queries.job_counts(conn, cap=12)
+        exact = await queries.job_counts(conn, cap=30)
+    assert counts["pending"] == queries.Count(12, True, None)
+    assert counts["pending"].text == "12+" and counts["dead"].text == "0"
+    assert exact["pending"] == queries.Count(30) and exact["pending"].text == "30"
+    if db.is_postgres:
+        async with db.autocommit() as conn:
+            await conn.exec_driver_sql("ANALYZE jobs")
+        async with db.begin() as conn:
+            estimated = (await queries.job_counts(conn, cap=12))["pending"]
+        assert estimated.estimate == 30 and estimated.text == "12+ (~30 estimated)"
+    monkeypatch.setattr(queries, "COUNT_CAP", 25)
+    with console(migrated_url) as client:
+        page = client.get("/").text
+    assert re.search(r'id="queue-depth">25\+', page)
+    assert "counts stop at 25 rows" in text_of(page)
+
+
+async def test_overview_shows_burn_breakers_and_the_alerts_the_worker_recorded(
+    db: Database, migrated_url: str
+) -> None:
+    from datetime import timedelta
+
+    from synckit.runtime.alerts import Alert, record_alerts
+    from synckit.runtime.audit import record_audit
+    from synckit.runtime.jobs import utcnow
+
+    await seed(db)
+    now = utcnow()
+    async with db.begin() as conn:
+        await record_audit(conn, "globex", "shop", now, 90, {"server_error": 10})
+        await record_audit(conn, "acme", "shop", now - timedelta(hours=3), 0, {"timeout": 5})
+        await record_alerts(
+            conn,
+            [
+                Alert("poll_lag", "tenant globex", "no poll for 45m", now, "w1", tenant="globex"),
+                Alert("dlq_growth", "shop", "old news", now - timedelta(hours=2), "w0"),
+            ],
+            now=now,
+        )
+    with console(migrated_url) as client:
+        page = client.get("/").text
+    burning = text_of(page.split('id="burning"')[1].split("</table>")[0])
+    assert "globex 2000% alert 10/100 failed" in burning and "acme" not in burning
+    alerts = text_of(page.split('id="alerts"')[1].split("</table>")[0])
+    assert "poll_lag" in alerts and "no poll for 45m" in alerts and "old news" not in alerts
+    assert re.search(r'id="dlq-open">5<', page)
+
+
+async def test_dead_letter_groups_come_a_page_of_tenants_at_a_time(
+    db: Database, migrated_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Groups by tenant name, counted from their rows (with the last 24 hours'); the
+    next page of groups by cursor; a filtered row list searches a window at a time."""
+    from datetime import timedelta
+
+    from synckit.runtime.jobs import utcnow
+
+    now = utcnow()
+    async with db.begin() as conn:
+        for t in range(30):
+            await dlq_store.capture_many(
+                conn,
+                [
+                    dlq_store.Failure(
+                        tenant=f"t{t:02d}",
+                        connector="shop",
+                        kind="record:default",
+                        record_id=f"r{t}-{i}",
+                        payload={},
+                        error_class=("timeout", "validation")[i % 2],
+                        message="boom",
+                    )
+                    for i in range(t % 4 + 1)
+                ],
+                now=now - timedelta(days=2) if t % 3 == 0 else now,
+            )
+    open_ = DlqFilter(statuses=("pending", "review"))
+    first = await queries.dlq_groups(db, open_, recent_since=now - timedelta(hours=24))
+    assert [g.tenant for g in first.rows][:3] == ["t00", "t01", "t01"]
+    assert first.next_cursor == "t24"
+    second = await queries.dlq_groups(
+        db, open_, after=first.next_cursor, recent_since=now - timedelta(hours=24)
+    )
+    assert {g.tenant for g in second.rows} == {f"t{t}" for t in range(25, 30)}
+    assert second.next_cursor is None
+    groups = {(g.tenant, g.error_class): (g.count, g.recent) for g in first.rows + second.rows}
+    assert groups[("t03", "timeout")] == (2, 0) and groups[("t03", "validation")] == (2, 0)
+    assert groups[("t02", "timeout")] == (2, 2) and groups[("t02", "validation")] == (1, 1)
+    assert sum(n for n, _ in groups.values()) == sum(t % 4 + 1 for t in range(30))
+    with console(migrated_url) as client:
+        html = client.get("/dlq").text
+        assert 'rel="next-groups"' in html and "groups_after=t24" in html
+        assert "t29" in client.get("/dlq?groups_after=t24").text
+        monkeypatch.setattr(queries, "SCAN_WINDOW", 10)
+        seen: list[int] = []
+        query = "class=timeout"
+        for _ in range(20):
+            html = client.get(f"/dlq?{query}").text
+            seen += [int(x) for x in re.findall(r'name="ids" value="(\d+)"', html)]
+            m = re.search(r'href="\?([^"]+)" rel="next"', html)
+            if m is None:
+                break
+            query = m.group(1).replace("&amp;", "&")
+        assert "Searched dead letters" in client.get("/dlq?class=timeout").text
+    timeouts = [r.id async for r in dlq_store.iter_rows(db) if r.error_class == "timeout"]
+    assert seen == sorted(timeouts, reverse=True)
+
+
+async def test_an_unreadable_filter_is_named_not_ignored(db: Database, migrated_url: str) -> None:
+    """`within=soon` lists nothing and says why in one line (400), rather than listing
+    everything as if no filter had been given."""
+    await seed(db)
+    with console(migrated_url) as client:
+        for path in ("/jobs?since=soon", "/dlq?since=soon"):
+            r = client.get(path)
+            assert r.status_code == 400, path
+            assert "within 'soon': cannot read duration 'soon'" in text_of(r.text), path
+            assert 'name="ids" value=' not in r.text, path
+        r = client.get("/dlq/export?since=soon")
+        assert r.status_code == 400 and "cannot read duration" in r.text
