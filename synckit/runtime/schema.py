@@ -176,6 +176,19 @@ Index(
     postgresql_where=text("status = 'pending' AND resource_key IS NOT NULL"),
     sqlite_where=text("status = 'pending' AND resource_key IS NOT NULL"),
 )
+# Finished jobs of one resource, newest first (migration 0009: the console's tenant pages,
+# predicate as synckit.web.queries.FINISHED). Partial on finished states, so the hot
+# queries on pending and running jobs never consider it.
+_FINISHED_IN_LANE = (
+    "status IN ('succeeded', 'dead', 'cancelled', 'discarded') AND resource_key IS NOT NULL"
+)
+Index(
+    "ix_jobs_finished_by_resource",
+    jobs.c.resource_key,
+    jobs.c.id,
+    postgresql_where=text(_FINISHED_IN_LANE),
+    sqlite_where=text(_FINISHED_IN_LANE),
+)
 
 dead_letters = Table(
     "dead_letters",
