@@ -302,8 +302,13 @@ class App:
 
     # --- job handlers ---------------------------------------------------------------------
 
+    async def _job_database(self, jctx: JobContext) -> Database:
+        """The database of the worker running the job (its writes then share the worker's
+        writer), else :meth:`database`."""
+        return jctx.db if jctx.db is not None else await self.database()
+
     async def _schedule_job(self, jctx: JobContext) -> None:
-        fired = await self.schedule(await self.database())
+        fired = await self.schedule(await self._job_database(jctx))
         if fired:
             jctx.log.info("poll.cycles_enqueued", cycles=len(fired))
 
@@ -314,7 +319,7 @@ class App:
             and all(isinstance(p.get(k), str) for k in ("tenant", "connector", "stream"))
         ):
             raise Discard(f"malformed poll payload: {str(p)[:200]}")
-        db = await self.database()
+        db = await self._job_database(jctx)
         # The tenant and where its stream stands, in one transaction (one hop).
         row, start = await db.write(_poll_start, p["tenant"], p["connector"], p["stream"])
         if row is None:

@@ -18,6 +18,7 @@ from croniter import croniter
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.breaker import BreakerPolicy
 from synckit.errors.exceptions import ConfigurationError, HandlerOutcome
+from synckit.runtime.db import Database
 from synckit.runtime.jobs import ClaimedJob, JobSpec
 from synckit.runtime.outbox import NewMessage, _new_row
 
@@ -59,6 +60,10 @@ class JobContext:
     messages: list[NewMessage] = field(default_factory=list)
     #: Set by :meth:`progressed`: this attempt committed work of its own.
     made_progress: bool = False
+    #: The database the worker runs this job on: a handler's writes go through it (on
+    #: SQLite a second Database in the process would be a second writer contending for
+    #: the file's one write lock). None outside a worker.
+    db: Database | None = None
 
     def progressed(self) -> None:
         """Say that this attempt committed work (a poll cycle's page, say): should it fail

@@ -542,6 +542,7 @@ class Worker:
             ctx = JobContext(
                 job=job,
                 worker_id=self.worker_id,
+                db=self.db,
                 log=self._log.bind(
                     job_id=job.id,
                     kind=job.kind,
