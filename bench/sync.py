@@ -170,7 +170,8 @@ async def _pg_admin(sql: str) -> None:
 
 
 async def _finished(db: Database) -> tuple[int, Any]:
-    async with db.begin() as conn:
+    # A read: on SQLite it must not take the write lock the workers are sharing.
+    async with db.read() as conn:
         row = (
             await conn.execute(
                 select(func.count(), func.max(jobs.c.finished_at)).where(

@@ -6,7 +6,8 @@ for the engine behind the URL.
 * SQLite (the embedded default): WAL, ``busy_timeout``, foreign keys and
   ``synchronous=NORMAL`` on every connection, and every transaction opened with
   ``BEGIN IMMEDIATE`` so that a transaction that will write takes the write lock up
-  front instead of failing with ``SQLITE_BUSY`` when it upgrades from a read.
+  front instead of failing with ``SQLITE_BUSY`` when it upgrades from a read; reads
+  (:meth:`Database.read`) open a deferred transaction, which takes no lock.
   Write transactions run whole on a dedicated thread (:meth:`Database.write`), those
   that queue meanwhile grouped into one transaction (:class:`_WriteQueue`), and tiny
   ones right on the caller's thread when the write lock is free (:class:`InlineSqlite`).
@@ -94,6 +95,10 @@ def normalize_url(url: str) -> URL:
     )
 
 
+#: Execution option of a connection opened by :meth:`Database.read`.
+_READ_ONLY = "synckit_read_only"
+
+
 def _install_sqlite_pragmas(engine: AsyncEngine | Engine) -> None:
     target = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
 
@@ -112,7 +117,12 @@ def _install_sqlite_pragmas(engine: AsyncEngine | Engine) -> None:
 
     @event.listens_for(target, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A read (Database.read) takes no lock: WAL gives it a snapshot. Anything else
+        # takes the write lock up front.
+        if conn.get_execution_options().get(_READ_ONLY):
+            conn.exec_driver_sql("BEGIN DEFERRED")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 class _Busy:
@@ -301,6 +311,24 @@ class Database:
         try:
             async with self.engine.begin() as conn:
                 yield conn
+        except _DRIVER_ERRORS as exc:
+            raise self.translate(exc) from exc
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in a transaction for reading only.
+
+        On SQLite the transaction is deferred: it reads a snapshot of the WAL and takes no
+        lock, so a read never waits for a writer nor holds up one (:meth:`begin` takes the
+        write lock up front, for transactions that will write). A write inside it fails
+        or waits as SQLite decides; use :meth:`begin` or :meth:`write` to write. On
+        PostgreSQL it is an ordinary transaction. Errors are translated as in :meth:`begin`.
+        """
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execution_options(**{_READ_ONLY: True})
+                async with conn.begin():
+                    yield conn
         except _DRIVER_ERRORS as exc:
             raise self.translate(exc) from exc
 

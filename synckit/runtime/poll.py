@@ -202,7 +202,7 @@ async def load_checkpoint(
     """The stored checkpoint of the stream, or None before its first page."""
     params = {"tenant": tenant, "connector": connector, "stream": stream}
     if isinstance(target, Database):
-        async with target.begin() as conn:
+        async with target.read() as conn:
             return (await conn.execute(_CHECKPOINT_OF, params)).scalar()
     return (await target.execute(_CHECKPOINT_OF, params)).scalar()
 
@@ -226,7 +226,7 @@ def save_checkpoint(
 
 async def list_checkpoints(db: Database, tenant: str) -> list[tuple[str, str, Any, datetime]]:
     """``(connector, stream, cursor, updated_at)`` of every stream of ``tenant``."""
-    async with db.begin() as conn:
+    async with db.read() as conn:
         rows = await conn.execute(
             select(
                 checkpoints.c.connector,

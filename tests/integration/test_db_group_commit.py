@@ -109,3 +109,20 @@ async def test_a_write_cancelled_before_it_starts_does_not_run(
     with pytest.raises(asyncio.CancelledError):
         await queued
     assert await _keys(db) == set()
+
+
+async def test_a_read_neither_waits_for_a_writer_nor_blocks_one(
+    db: Database, engine_name: str
+) -> None:
+    await _table(db)
+    await db.write(_insert, "before", False)
+    # Another connection holds an open write transaction (on SQLite: the write lock).
+    async with db.engine.connect() as writer:
+        await writer.begin()
+        await writer.execute(text("INSERT INTO gc_probe (k, v) VALUES ('uncommitted', 1)"))
+        async with asyncio.timeout(5):  # begin() would wait busy_timeout (30 s) on SQLite
+            async with db.read() as conn:
+                seen = {r[0] for r in await conn.execute(text("SELECT k FROM gc_probe"))}
+        assert seen == {"before"}
+        await writer.commit()
+    assert await _keys(db) == {"before", "uncommitted"}
