@@ -310,8 +310,7 @@ def _read_pace_sync(conn: Connection, key: str) -> PaceView:
 
 async def read_pace(db: Database, key: str) -> PaceView:
     """The resource's pacing as stored (a process caches it briefly between requests)."""
-    async with db.read() as conn:
-        return await conn.run_sync(_read_pace_sync, key)
+    return await db.run_read(_read_pace_sync, key)
 
 
 async def resource_wait(db: Database, key: str, now: datetime) -> float:

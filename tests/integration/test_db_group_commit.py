@@ -126,3 +126,30 @@ async def test_a_read_neither_waits_for_a_writer_nor_blocks_one(
         assert seen == {"before"}
         await writer.commit()
     assert await _keys(db) == {"before", "uncommitted"}
+
+
+def _read_keys(conn: Connection) -> tuple[set[str], str]:
+    import threading
+
+    keys = {r[0] for r in conn.execute(text("SELECT k FROM gc_probe"))}
+    return keys, threading.current_thread().name
+
+
+async def test_run_read_reads_in_one_hop_without_waiting_for_a_writer(
+    db: Database, engine_name: str
+) -> None:
+    await _table(db)
+    await db.write(_insert, "before", False)
+    async with db.engine.connect() as writer:
+        await writer.begin()
+        await writer.execute(text("INSERT INTO gc_probe (k, v) VALUES ('uncommitted', 1)"))
+        async with asyncio.timeout(5):
+            keys, thread = await db.run_read(_read_keys)
+        await writer.commit()
+    assert keys == {"before"}
+    if engine_name == "sqlite":
+        assert thread.startswith("synckit-sqlite-reader")
+    # A failing read leaves the reader usable.
+    with pytest.raises(DatabaseError):
+        await db.run_read(lambda conn: conn.execute(text("SELECT nope FROM gc_probe")).all())
+    assert (await db.run_read(_read_keys))[0] == {"before", "uncommitted"}
