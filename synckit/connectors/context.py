@@ -213,7 +213,9 @@ def _build(
         clock=clock,
     )
     timeout = connector.timeout
-    paced = PacedTransport(transport or httpx.AsyncHTTPTransport(verify=_tls()), pacer)
+    paced = PacedTransport(
+        transport or httpx.AsyncHTTPTransport(verify=_tls()), pacer, connector=connector.name
+    )
     if not isinstance(timeout, httpx.Timeout):
         timeout = httpx.Timeout(timeout)
     client = SyncClient(

@@ -57,6 +57,7 @@ from synckit.errors.waits import clamp_wait
 from synckit.runtime import pacing
 from synckit.runtime.clock import Waiter
 from synckit.runtime.db import Database
+from synckit.runtime.instruments import record_api_latency
 
 __all__ = [
     "ERROR_BODY_LIMIT",
@@ -306,9 +307,12 @@ class PacedTransport(httpx.AsyncBaseTransport):
         pacer: Pacer,
         *,
         before_send: Callable[[httpx.Request], Awaitable[None]] | None = None,
+        connector: str | None = None,
     ) -> None:
         self.inner = inner
         self.pacer = pacer
+        #: The connector's name, for the API metrics (None: not counted).
+        self.connector = connector
         #: Awaited after the pacing wait, just before the request leaves: an auth that
         #: must attach a fresh credential at send time (OAuth2) sets it.
         self.before_send = before_send
@@ -320,10 +324,15 @@ class PacedTransport(httpx.AsyncBaseTransport):
         state = self.pacer.state
         request.extensions[SENT_AT] = self.pacer.clock()
         state.in_flight += 1
+        started = time.perf_counter()
+        status: int | None = None
         try:
             response = await self.inner.handle_async_request(request)
+            status = response.status_code
         finally:
             state.in_flight -= 1
+            if self.connector is not None:
+                record_api_latency(self.connector, status, time.perf_counter() - started)
         try:
             await self.pacer.after_response(response)
         except BaseException:

@@ -9,7 +9,11 @@ are fed by the worker (:func:`metrics_observer`, an outcome observer) and by con
 * ``synckit_job_latency_seconds{kind}``: from the moment a job was due to the moment its
   outcome was recorded (waiting plus running);
 * ``synckit_api_calls_total{connector, status_class}``: ``2xx``...``5xx``, or ``error``
-  when no response came back;
+  when no response came back; fed by every request a connector's ``ctx.http`` sends;
+* ``synckit_api_latency_seconds{connector, status_class}``: from a request leaving (after
+  its pacing wait) to its response's headers, or to its failure;
+* ``synckit_records_synced_total{connector, stream, outcome}``: records a poll cycle
+  committed, ``ok`` or ``failed`` (dead-lettered);
 * ``synckit_alerts_fired_total{rule}``.
 
 The gauges describe shared state, which only the database knows, so a custom collector
@@ -20,6 +24,8 @@ reads it on each scrape (:class:`DatabaseCollector`):
 * ``synckit_error_budget_burn{tenant}``: error rate / budget over the budget window
   (1.0 is 100%);
 * ``synckit_dlq_size{tenant, connector, status}``;
+* ``synckit_stream_lag_seconds{connector, stream}``: how long ago the stream's checkpoint
+  last moved, for its tenant that is furthest behind (active tenants only);
 * ``synckit_database_up``: whether the last scrape could read the database.
 
 :func:`start_metrics_server` serves ``/metrics`` from the running event loop (no thread:
@@ -31,19 +37,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
 import structlog
+from sqlalchemy import String, func, select, type_coerce
 from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.runtime.budget import BudgetPolicy, BudgetStatus, tenant_budgets
 from synckit.runtime.db import Database
-from synckit.runtime.jobs import utcnow
+from synckit.runtime.instruments import (
+    _LATENCY_OUTCOMES,
+    _OUTCOME_NAMES,
+    BREAKER_STATES,
+    LATENCY_BUCKETS,
+    _instruments,
+    record_alert,
+    record_api_call,
+    record_api_latency,
+    record_records,
+    status_class,
+)
+from synckit.runtime.jobs import read_moment, utcnow
+from synckit.runtime.schema import checkpoints, connections
 from synckit.runtime.status import (
     BreakerInfo,
     breaker_states,
@@ -53,67 +73,10 @@ from synckit.runtime.status import (
 from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
 
 if TYPE_CHECKING:
-    from prometheus_client import Counter, Histogram
     from prometheus_client.metrics_core import Metric
     from prometheus_client.registry import Collector, CollectorRegistry
 
 log = structlog.get_logger("synckit.metrics")
-
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-BREAKER_STATES = ("closed", "half_open", "open")
-_OUTCOME_NAMES = {"pending": "retried"}
-_LATENCY_OUTCOMES = frozenset({"succeeded", "pending", "dead", "cancelled", "discarded"})
-
-
-@dataclass(frozen=True)
-class _Instruments:
-    jobs: Counter
-    latency: Histogram
-    api_calls: Counter
-    alerts: Counter
-
-
-@functools.cache
-def _instruments() -> _Instruments | None:
-    """The process's counters, created once in the default registry; None without the extra."""
-    try:
-        from prometheus_client import Counter, Histogram
-    except ImportError:  # pragma: no cover - the metrics extra is not installed
-        return None
-    return _Instruments(
-        jobs=Counter("synckit_jobs", "Job outcomes recorded", ["kind", "outcome"]),
-        latency=Histogram(
-            "synckit_job_latency_seconds",
-            "Seconds from a job being due to its outcome being recorded",
-            ["kind"],
-            buckets=LATENCY_BUCKETS,
-        ),
-        api_calls=Counter(
-            "synckit_api_calls", "Calls to third-party APIs", ["connector", "status_class"]
-        ),
-        alerts=Counter("synckit_alerts_fired", "Alerts delivered", ["rule"]),
-    )
-
-
-def status_class(status_code: int | None) -> str:
-    """``"2xx"`` for 204, ``"5xx"`` for 503, ``"error"`` for no response at all."""
-    if status_code is None:
-        return "error"
-    if 100 <= status_code <= 599:
-        return f"{status_code // 100}xx"
-    return "other"
-
-
-def record_api_call(connector: str, status_code: int | None) -> None:
-    """Count one call to ``connector``'s API (``None``: no response, e.g. a timeout)."""
-    if (m := _instruments()) is not None:
-        m.api_calls.labels(connector=connector, status_class=status_class(status_code)).inc()
-
-
-def record_alert(rule: str) -> None:
-    """Count one delivered alert of ``rule``."""
-    if (m := _instruments()) is not None:
-        m.alerts.labels(rule=rule).inc()
 
 
 def metrics_observer() -> OutcomeObserver:
@@ -147,6 +110,34 @@ class DatabaseSnapshot:
     breakers: dict[str, BreakerInfo] = field(default_factory=dict)
     budgets: dict[str, BudgetStatus] = field(default_factory=dict)
     dlq: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    #: (connector, stream) -> seconds since its furthest-behind active tenant's
+    #: checkpoint last moved.
+    lag: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+async def stream_lag(conn: AsyncConnection, now: datetime) -> dict[tuple[str, str], float]:
+    """Per connector and stream, how long ago the oldest checkpoint of an active tenant
+    was stored. One grouped read; a stored moment that is not a timestamp (a corrupt
+    row) leaves its stream out rather than failing the scrape."""
+    oldest = type_coerce(func.min(checkpoints.c.updated_at), String)
+    rows = await conn.execute(
+        select(checkpoints.c.connector, checkpoints.c.stream, oldest)
+        .join(connections, connections.c.tenant == checkpoints.c.tenant)
+        .where(connections.c.status == "active")
+        .group_by(checkpoints.c.connector, checkpoints.c.stream)
+    )
+    out: dict[tuple[str, str], float] = {}
+    for connector, stream, raw in rows:
+        try:
+            moment = read_moment(raw)
+        except ValueError as exc:
+            log.warning(
+                "metrics.unreadable_checkpoint", connector=connector, stream=stream, error=str(exc)
+            )
+            continue
+        if moment is not None:
+            out[(connector, stream)] = max((now - moment).total_seconds(), 0.0)
+    return out
 
 
 async def read_snapshot(
@@ -161,6 +152,7 @@ async def read_snapshot(
             breakers=await breaker_states(conn),
             budgets=await tenant_budgets(conn, now=now, policy=budget),
             dlq=await dead_letter_counts(conn),
+            lag=await stream_lag(conn, now),
         )
 
 
@@ -236,6 +228,15 @@ class DatabaseCollector:
         for (tenant, connector, status), n in sorted(snap.dlq.items()):
             dlq.add_metric([tenant, connector, status], float(n))
         yield dlq
+        lag = GaugeMetricFamily(
+            "synckit_stream_lag_seconds",
+            "Seconds since the stream's checkpoint last moved, for its furthest-behind "
+            "active tenant",
+            labels=["connector", "stream"],
+        )
+        for (connector, stream), seconds in sorted(snap.lag.items()):
+            lag.add_metric([connector, stream], seconds)
+        yield lag
 
 
 class _Include:
@@ -355,6 +356,8 @@ __all__ = [
     "read_snapshot",
     "record_alert",
     "record_api_call",
+    "record_api_latency",
+    "record_records",
     "start_metrics_server",
     "status_class",
 ]

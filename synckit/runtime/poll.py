@@ -69,6 +69,7 @@ from synckit.errors.exceptions import (
 from synckit.runtime.audit import record_audit_sync
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel
+from synckit.runtime.instruments import record_records
 from synckit.runtime.jobs import ClaimedJob, JobSpec, enqueue_new, utcnow
 from synckit.runtime.logging import redact_text
 from synckit.runtime.schema import UNSCHEDULED, checkpoints, dead_letters, jobs, poll_ticks
@@ -608,6 +609,7 @@ async def run_cycle(
                 progressed()
             ok += len(outcome.ok_ids)
             failed += len(outcome.failures)
+            record_records(name, stream.name, len(outcome.ok_ids), len(outcome.failures))
             if cursor is not _KEEP:
                 checkpoint = cursor
             ctx.log.debug(

@@ -196,3 +196,40 @@ async def test_an_unreachable_database_reports_down_not_an_error() -> None:
 def test_status_classes(code: int | None, expected: str) -> None:
     """Status codes are counted by class; no response is 'error'."""
     assert status_class(code) == expected
+
+
+async def test_poll_cycles_feed_records_api_latency_and_stream_lag(db: Database) -> None:
+    """A real cycle through ctx.http against a loopback API: records synced, API latency
+    and the stream's lag appear on /metrics."""
+    import flow_app  # tests/apps
+
+    from synckit.testing.hostile import Behaviour, HostileAPI
+
+    api = HostileAPI(Behaviour(pages=3, records=4, latency=0.0))
+    server = await start_metrics_server(0, db, host="127.0.0.1")
+    try:
+        with api.serve_in_thread() as url:
+            app = flow_app.make_app(url)
+            before = parse((await scrape(server.port)).text)
+            for tenant in ("m1", "m2"):
+                await app.add_tenant(db, tenant, flow_app.CONNECTOR, {}, schedule="every 1d")
+            await app.schedule(db)
+            worker = app.worker(db, poll_interval=0.05, observers=[metrics_observer()])
+            await worker.run_until_idle()
+        after = parse((await scrape(server.port)).text)
+    finally:
+        await server.close()
+        await app.aclose()
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    ok = delta("synckit_records_synced_total", connector="flow", stream="default", outcome="ok")
+    assert ok == 2 * 3 * 4
+    calls = delta("synckit_api_latency_seconds_count", connector="flow", status_class="2xx")
+    assert calls == 2 * 3
+    assert delta("synckit_api_calls_total", connector="flow", status_class="2xx") == 2 * 3
+    assert delta("synckit_api_latency_seconds_sum", connector="flow", status_class="2xx") > 0
+    key = ("synckit_stream_lag_seconds", frozenset({("connector", "flow"), ("stream", "default")}))
+    assert key in after, "no lag series for the stream"
+    assert 0 <= after[key] < 60
