@@ -82,6 +82,7 @@ from synckit.errors.exceptions import (
     SynckitError,
 )
 from synckit.runtime.db import Database
+from synckit.runtime.logging import redact_text
 from synckit.runtime.schema import dead_letters, outbox
 
 if TYPE_CHECKING:
@@ -523,7 +524,7 @@ async def mark_failed(
     (:func:`synckit.dlq.store.capture_many`: a ``review`` row, since a refusal is a
     validation error; a message an operator ignored there stays ignored)."""
     # Imported here: the DLQ's package imports the runtime (handlers import this module).
-    from synckit.dlq.store import Failure, capture_many
+    from synckit.dlq.store import Failure, capture_many, storable_text
 
     if not rejected:
         return
@@ -532,7 +533,15 @@ async def mark_failed(
         .where(outbox.c.id == bindparam("b_id"))
         .values(attempts=outbox.c.attempts + 1, status="failed", last_error=bindparam("b_error"))
     )
-    await conn.execute(stmt, [{"b_id": m.id, "b_error": reason[:4000]} for m, reason in rejected])
+    # The broker's reason is untrusted text: redacted, and a NUL in it (which PostgreSQL
+    # refuses) must not fail the batch on every retry; stored as the DLQ stores it.
+    await conn.execute(
+        stmt,
+        [
+            {"b_id": m.id, "b_error": storable_text(redact_text(reason))[:4000]}
+            for m, reason in rejected
+        ],
+    )
     failures = [
         Failure(
             tenant="",

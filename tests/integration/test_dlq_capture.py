@@ -374,6 +374,27 @@ async def test_nul_in_an_error_text_or_a_payload_is_dead_lettered_and_the_cycle_
     assert statuses == {"resolved"}
 
 
+async def test_a_broker_refusal_with_nul_in_its_reason_fails_the_message_not_the_batch(
+    db: Database,
+) -> None:
+    """The outbox stores the broker's reason (last_error and its dead letter) with U+FFFD
+    for NUL: the batch commits on both engines, the other message is published."""
+
+    async def publish(m: OutboxMessage) -> None:
+        if m.topic == "nowhere":
+            raise PublishRejected("unroutable \x00 NO_ROUTE")
+
+    async with db.begin() as conn:
+        await outbox_store.add(conn, "nowhere", {"n": 1}, message_id="m1")
+        await outbox_store.add(conn, "orders", {"n": 2}, message_id="m2")
+    result = await OutboxRelay(db, CallbackPublisher(publish)).relay_batch()
+    assert (result.published, result.rejected) == (1, 1)
+    [failed] = await outbox_store.list_messages(db, status="failed")
+    assert failed.last_error == f"unroutable {FFFD} NO_ROUTE"
+    row = await the_row(db, "m1", kind="outbox:nowhere")
+    assert row.error_message == f"unroutable {FFFD} NO_ROUTE" and row.status == "review"
+
+
 # --- concurrent captures ----------------------------------------------------------------------
 
 CAPTURER = textwrap.dedent(
