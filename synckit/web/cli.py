@@ -42,11 +42,12 @@ def web_command(
     database_url: str | None,
 ) -> None:
     """Serve the operator console: overview, tenants (and why they wait), jobs, dead
-    letters, outbox; live, with actions (pause, resume, sync now, reset breaker, retry,
-    cancel, replay, resolve, ignore).
+    letters, outbox; live, with actions (pause, resume, sync now, re-authorise, reset
+    breaker, retry, cancel, replay, resolve, ignore).
 
     Listens on 127.0.0.1 unless told otherwise; any other address needs --token.
-    With --app, "sync now", record replays and the connectors' secret fields are known.
+    With --app, "sync now", re-authorising (the OAuth connect flow, back to
+    /oauth/callback), record replays and the connectors' secret fields are known.
     """
     refusal = bind_refusal(host, token or None)
     if refusal is not None:

@@ -93,7 +93,8 @@ FINISHED_STATUSES = ("succeeded", "dead", "cancelled", "discarded")
 #: The predicate of ``ix_jobs_finished_by_resource`` (migration 0009), spelt as the index
 #: spells it: SQLite uses a partial index only for a query that states its predicate.
 FINISHED = "status IN ('succeeded', 'dead', 'cancelled', 'discarded') AND resource_key IS NOT NULL"
-#: The same for the partial indexes of unfinished jobs by resource (schema.py).
+#: The same for the partial indexes of unfinished jobs by resource (schema.py). Literals,
+#: not parameters: PostgreSQL's generic plan for a parameter cannot use a partial index.
 _UNFINISHED = {
     "pending": "status = 'pending' AND resource_key IS NOT NULL",
     "running": "status = 'running'",
@@ -163,19 +164,32 @@ async def _estimates(conn: AsyncConnection, table: str, column: str) -> dict[str
     and on SQLite, which keeps no such statistics unless told to)."""
     if conn.dialect.name != "postgresql":
         return {}
-    rows = await conn.execute(
-        text(
-            "SELECT c.reltuples, s.most_common_vals::text::text[], s.most_common_freqs "
-            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname "
-            "WHERE c.oid = to_regclass(:table) AND s.attname = :column"
-        ),
-        {"table": table, "column": column},
-    )
-    row = rows.first()
-    if row is None or row[0] is None or row[0] < 0 or row[1] is None:
+    # Two steps: pg_stats joined to pg_class by name seq-scans pg_attribute; by constant
+    # schema and table names it reads a few index entries.
+    rel = (
+        await conn.execute(
+            text(
+                "SELECT n.nspname, c.relname, c.reltuples FROM pg_class c"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.oid = to_regclass(:table)"
+            ),
+            {"table": table},
+        )
+    ).first()
+    if rel is None or rel.reltuples is None or rel.reltuples < 0:
         return {}
-    return {str(v): int(row[0] * f) for v, f in zip(row[1], row[2], strict=False)}
+    row = (
+        await conn.execute(
+            text(
+                "SELECT most_common_vals::text::text[], most_common_freqs FROM pg_stats"
+                " WHERE schemaname = :schema AND tablename = :table AND attname = :column"
+            ),
+            {"schema": rel.nspname, "table": rel.relname, "column": column},
+        )
+    ).first()
+    if row is None or row[0] is None:
+        return {}
+    return {str(v): int(rel.reltuples * f) for v, f in zip(row[0], row[1], strict=False)}
 
 
 def _off_index(conn: AsyncConnection, column: Any) -> Any:
@@ -490,7 +504,7 @@ async def running_counts(db: Database, resource_keys: Sequence[str]) -> dict[str
     async with db.begin() as conn:
         rows = await conn.execute(
             select(c.resource_key, func.count())
-            .where(c.status == "running", c.resource_key.in_(list(resource_keys)))
+            .where(text(_UNFINISHED["running"]), c.resource_key.in_(list(resource_keys)))
             .group_by(c.resource_key)
         )
         return {k: int(n) for k, n in rows}
@@ -617,7 +631,8 @@ async def dlq_growth(
 
 async def outbox_pending(conn: AsyncConnection, *, cap: int = COUNT_CAP) -> Count:
     """Pending outbox messages, bounded, through the relay's partial index."""
-    return await _bounded(conn, outbox, outbox.c.status == "pending", cap=cap)
+    # A literal: PostgreSQL's generic plan for a parameter could not use the partial index.
+    return await _bounded(conn, outbox, text("status = 'pending'"), cap=cap)
 
 
 @dataclass(frozen=True)
