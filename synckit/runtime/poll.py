@@ -42,6 +42,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import re
 import traceback as tb
 import weakref
 from collections import Counter
@@ -190,11 +191,52 @@ class CycleStart:
     open_dead_letters: bool
 
 
+#: The stored form of a checkpoint holding a NUL character (see :func:`stored_cursor`).
+NUL_SAFE_KEY = "$synckit_json"
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether a string in ``value`` holds NUL or a lone surrogate (no engine stores it)."""
+    if isinstance(value, str):
+        return _UNSTORABLE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def stored_cursor(cursor: Any) -> Any:
+    """The checkpoint as stored. A cursor whose strings hold NUL (which PostgreSQL's
+    JSON types refuse, failing the page's commit on every retry) or a lone surrogate
+    (which no driver encodes) is stored as its JSON
+    text under :data:`NUL_SAFE_KEY`, where the NUL is the six characters of its escape;
+    :func:`read_cursor` restores it exactly, on both engines."""
+    # A cursor that looks like the stored form is wrapped too, so that it reads back as
+    # itself.
+    if _has_nul(cursor) or (isinstance(cursor, dict) and list(cursor) == [NUL_SAFE_KEY]):
+        return {NUL_SAFE_KEY: json.dumps(cursor)}
+    return cursor
+
+
+def read_cursor(stored: Any) -> Any:
+    """The connector's checkpoint from its stored form (:func:`stored_cursor`)."""
+    if isinstance(stored, dict) and len(stored) == 1 and isinstance(stored.get(NUL_SAFE_KEY), str):
+        try:
+            return json.loads(stored[NUL_SAFE_KEY])
+        except ValueError:
+            return stored
+    return stored
+
+
 def read_cycle_start(conn: Connection, tenant: str, connector: str, stream: str) -> CycleStart:
     """:class:`CycleStart` of the stream, in the caller's transaction (one statement)."""
     params = {"tenant": tenant, "connector": connector, "stream": stream}
     row = conn.execute(_CYCLE_START, {**params, "kind": record_kind(stream)}).one()
-    return CycleStart(row[0], bool(row[1]))
+    return CycleStart(read_cursor(row[0]), bool(row[1]))
 
 
 async def load_checkpoint(
@@ -204,8 +246,8 @@ async def load_checkpoint(
     params = {"tenant": tenant, "connector": connector, "stream": stream}
     if isinstance(target, Database):
         async with target.read() as conn:
-            return (await conn.execute(_CHECKPOINT_OF, params)).scalar()
-    return (await target.execute(_CHECKPOINT_OF, params)).scalar()
+            return read_cursor((await conn.execute(_CHECKPOINT_OF, params)).scalar())
+    return read_cursor((await target.execute(_CHECKPOINT_OF, params)).scalar())
 
 
 def save_checkpoint(
@@ -219,7 +261,7 @@ def save_checkpoint(
             "tenant": tenant,
             "connector": connector,
             "stream": stream,
-            "cursor": cursor,
+            "cursor": stored_cursor(cursor),
             "updated_at": now,
         },
     )
@@ -238,7 +280,7 @@ async def list_checkpoints(db: Database, tenant: str) -> list[tuple[str, str, An
             .where(checkpoints.c.tenant == tenant)
             .order_by(checkpoints.c.connector, checkpoints.c.stream)
         )
-        return [(r.connector, r.stream, r.cursor, r.updated_at) for r in rows]
+        return [(r.connector, r.stream, read_cursor(r.cursor), r.updated_at) for r in rows]
 
 
 async def delete_checkpoints(conn: AsyncConnection, tenant: str) -> None:

@@ -770,3 +770,28 @@ async def test_update_tenant_validates_config_and_reschedules(db: Database, api:
     assert await app.schedule(db, now=now + timedelta(hours=2)) == ["poll:acme:default"]
     await app.poll(db, "acme")
     assert api.requests[-1].headers["authorization"] == "Bearer new"
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        {"after": "abc\x00def"},
+        ["x", {"k\x00": 1}],
+        "lone \ud800 surrogate",
+        {"$synckit_json": "not ours"},  # cursors that look like the stored form
+        {"$synckit_json": "1"},
+        {"page": 3},
+    ],
+)
+async def test_a_checkpoint_with_nul_or_a_lone_surrogate_is_stored_and_read_back_exactly(
+    db: Database, cursor: Any
+) -> None:
+    """PostgreSQL's JSON types refuse NUL: a cursor holding one failed its page's commit
+    on every retry. It is stored escaped and read back as the connector gave it."""
+    from synckit.runtime.poll import list_checkpoints, read_cycle_start, save_checkpoint
+
+    await db.write(save_checkpoint, "acme", "items", "default", cursor, utcnow())
+    assert await load_checkpoint(db, "acme", "items", "default") == cursor
+    start = await db.write(read_cycle_start, "acme", "items", "default")
+    assert start.checkpoint == cursor
+    assert [c[2] for c in await list_checkpoints(db, "acme")] == [cursor]
