@@ -46,6 +46,7 @@ from synckit.runtime.alerts import bind_database, get_alert_router, register_ale
 from synckit.runtime.db import ENV_URL, Database, open_database
 from synckit.runtime.handlers import Discard, JobContext, Registry
 from synckit.runtime.jobs import ClaimedJob, utcnow
+from synckit.runtime.pacing import PaceView, read_pace_sync
 from synckit.runtime.poll import (
     POLL_KIND,
     SCHEDULE_KIND,
@@ -321,7 +322,7 @@ class App:
             raise Discard(f"malformed poll payload: {str(p)[:200]}")
         db = await self._job_database(jctx)
         # The tenant and where its stream stands, in one transaction (one hop).
-        row, start = await db.write(_poll_start, p["tenant"], p["connector"], p["stream"])
+        row, start, pace = await db.write(_poll_start, p["tenant"], p["connector"], p["stream"])
         if row is None:
             raise Discard(f"tenant {p['tenant']!r} was removed")
         t = _tenant(row, reveal=True, cipher=None)  # as get_tenant reads it
@@ -349,6 +350,7 @@ class App:
             log=jctx.log,
             transport=self.transport,
             clock=self.clock,
+            pace=pace,
         ) as ctx:
             await run_cycle(
                 db,
@@ -367,12 +369,14 @@ _TENANT_ROW = select(*_COLUMNS).where(connections.c.tenant == bindparam("tenant"
 
 def _poll_start(
     conn: Connection, tenant: str, connector: str, stream: str
-) -> tuple[Any, CycleStart | None]:
-    """The tenant's row (None when it is gone) and its stream's :class:`CycleStart`."""
+) -> tuple[Any, CycleStart | None, PaceView | None]:
+    """The tenant's row (None when it is gone), its stream's :class:`CycleStart` and its
+    resource's pacing (which the cycle's first request would otherwise read alone)."""
     row = conn.execute(_TENANT_ROW, {"tenant": tenant}).first()
     if row is None:
-        return None, None
-    return row, read_cycle_start(conn, tenant, connector, stream)
+        return None, None, None
+    start = read_cycle_start(conn, tenant, connector, stream)
+    return row, start, read_pace_sync(conn, row.resource_key)
 
 
 _review_tasks: set[asyncio.Task[Any]] = set()

@@ -26,6 +26,7 @@ from synckit.connectors.http import PacedTransport, Pacer, SyncClient
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import utcnow
 from synckit.runtime.logging import bind_known_secrets, scrub_values, secret_values
+from synckit.runtime.pacing import PaceView
 
 if TYPE_CHECKING:
     from synckit.connectors.intents import Create, Find, IntentResult
@@ -149,6 +150,7 @@ async def open_context(
     log: Any = None,
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Callable[[], datetime] = utcnow,
+    pace: PaceView | None = None,
 ) -> AsyncIterator[SyncContext]:
     """A :class:`SyncContext` for ``connector``'s tenant; its HTTP client closes on exit.
 
@@ -164,7 +166,7 @@ async def open_context(
     with bind_known_secrets(known):
         try:
             ctx, client, paced = _build(
-                db, connector, resource_key, stream, trace_id, log, transport, clock
+                db, connector, resource_key, stream, trace_id, log, transport, clock, pace
             )
             try:
                 # Auth is built last: an OAuth flow needs the context (database, tenant).
@@ -200,6 +202,7 @@ def _build(
     log: Any,
     transport: httpx.AsyncBaseTransport | None,
     clock: Callable[[], datetime],
+    pace: PaceView | None = None,
 ) -> tuple[SyncContext, SyncClient, PacedTransport]:
     trace_id = trace_id or uuid.uuid4().hex
     bound = (log if log is not None else structlog.get_logger("synckit.connector")).bind(
@@ -212,6 +215,8 @@ def _build(
         max_wait=connector.max_inline_wait,
         clock=clock,
     )
+    if pace is not None:
+        pacer.seed(pace)
     timeout = connector.timeout
     paced = PacedTransport(
         transport or httpx.AsyncHTTPTransport(verify=_tls()), pacer, connector=connector.name

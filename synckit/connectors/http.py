@@ -224,6 +224,14 @@ class Pacer:
                 raise self._too_long(wait, "is paced")
             await self.waiter.sleep(wait)
 
+    def seed(self, view: pacing.PaceView) -> None:
+        """Take ``view``, read from the database just now by the caller (a poll job reads
+        it with its tenant), as this process's view of the resource, unless it holds a
+        fresher one: the first request then needs no read of its own."""
+        st = self.state
+        if time.monotonic() - st.read_at > REFRESH_SECONDS:
+            st.view, st.read_at = view, time.monotonic()
+
     def paced_until(self, until: datetime) -> None:
         """This process learnt the resource is paced until ``until`` (no read needed)."""
         st = self.state

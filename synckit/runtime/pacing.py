@@ -53,6 +53,7 @@ __all__ = [
     "defer_resource",
     "defer_resource_sync",
     "read_pace",
+    "read_pace_sync",
     "record_rate_limit",
     "record_rate_limit_sync",
     "resource_wait",
@@ -300,7 +301,8 @@ def take_slot_sync(
     return result
 
 
-def _read_pace_sync(conn: Connection, key: str) -> PaceView:
+def read_pace_sync(conn: Connection, key: str) -> PaceView:
+    """:func:`read_pace` in the caller's transaction (a poll job reads it with the tenant)."""
     row = conn.execute(select(resources).where(resources.c.resource_key == key)).first()
     if row is None:
         return PaceView(None, None)
@@ -310,7 +312,7 @@ def _read_pace_sync(conn: Connection, key: str) -> PaceView:
 
 async def read_pace(db: Database, key: str) -> PaceView:
     """The resource's pacing as stored (a process caches it briefly between requests)."""
-    return await db.run_read(_read_pace_sync, key)
+    return await db.run_read(read_pace_sync, key)
 
 
 async def resource_wait(db: Database, key: str, now: datetime) -> float:

@@ -795,3 +795,39 @@ async def test_a_checkpoint_with_nul_or_a_lone_surrogate_is_stored_and_read_back
     start = await db.write(read_cycle_start, "acme", "items", "default")
     assert start.checkpoint == cursor
     assert [c[2] for c in await list_checkpoints(db, "acme")] == [cursor]
+
+
+async def test_a_cycle_reads_its_pacing_with_its_tenant_not_per_request(
+    db: Database, api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poll job reads the resource's pacing in the transaction that reads the tenant:
+    the cycle's requests (no rate declared) make no pacing read of their own, and a pace
+    stored on the resource is honoured from the first request."""
+    from synckit.runtime import pacing
+    reads: list[str] = []
+    real = pacing.read_pace
+
+    async def counted(db_: Database, key: str) -> Any:
+        reads.append(key)
+        return await real(db_, key)
+
+    monkeypatch.setattr(pacing, "read_pace", counted)
+    cls = make(api)
+    app = await setup(db, cls)
+    assert await app.schedule(db) == ["poll:acme:default"]
+    await run_worker(app, db)
+    assert len(api.gets("/default")) == 3
+    assert reads == []
+    # The view the job read is honoured from the first request: a pace in it is waited
+    # out without any read of its own.
+    from synckit.connectors.context import open_context
+
+    api.requests.clear()
+    seeded = pacing.PaceView(utcnow() + timedelta(seconds=0.6), None)
+    instance = cls("other", {"api_token": "tok-other"})
+    t0 = time.monotonic()  # what FakeApi stamps requests with
+    async with open_context(db, instance, resource_key="items:other", pace=seeded) as ctx:
+        await ctx.http.get("/default", params={"page": 1})
+    assert [r.page for r in api.requests] == [1]
+    # (Nothing is stored for items:other: only the seeded view could make it wait.)
+    assert api.requests[0].at - t0 >= 0.45, "the request went before the seeded pace ended"
