@@ -229,3 +229,33 @@ def test_auth_defaults_to_none_and_accepts_factories() -> None:
     assert bearer is not None
     request = next(bearer.sync_auth_flow(httpx.Request("GET", "https://x")))
     assert request.headers["Authorization"] == "Bearer tok"
+
+
+def test_a_records_log_is_bound_to_its_record_when_used() -> None:
+    import structlog
+    from structlog.testing import capture_logs
+
+    from synckit.connectors.context import SyncContext
+
+    base = structlog.get_logger("t").bind(tenant="acme")
+    ctx = SyncContext(
+        db=None,  # type: ignore[arg-type]
+        connector=None,  # type: ignore[arg-type]
+        tenant="acme",
+        stream="default",
+        resource_key="k",
+        trace_id="tr",
+        log=base,
+        http=None,  # type: ignore[arg-type]
+    )
+    one, two = ctx.for_record("r1"), ctx.for_record("r2")
+    with capture_logs() as logs:
+        one.log.info("handled", n=1)
+        two.log.warning("odd")
+        one.log.bind(extra=True).info("again")
+    assert [(e["event"], e.get("record_id"), e.get("tenant")) for e in logs] == [
+        ("handled", "r1", "acme"),
+        ("odd", "r2", "acme"),
+        ("again", "r1", "acme"),
+    ]
+    assert ctx.log is base
