@@ -331,7 +331,7 @@ async def _overview_values(request: Request) -> dict[str, Any]:
     db = _state(request).database
     now = utcnow()
     cap = queries.COUNT_CAP
-    async with db.begin() as conn:
+    async with db.read() as conn:
         jobs_by_state = await queries.job_counts(conn, cap=cap)
         per_minute = await queries.throughput(conn, now=now)
         growth = await queries.dlq_growth(conn, now=now, cap=cap)

@@ -372,7 +372,7 @@ async def job_page(
     which ids were read and the next page goes on below them.
     """
     size = _page_size(limit)
-    async with db.begin() as conn:
+    async with db.read() as conn:
         floor, top = None, 0
         if flt.created_since or flt.created_until:
             floor, top = await _window(conn, jobs, before_id)
@@ -388,7 +388,7 @@ async def poll_jobs(db: Database, resource_key: str, tenant: str, limit: int = 1
 
     flt = JobFilter(kind=POLL_KIND, resource_key=resource_key)
     mine = jobs.c.unique_key.startswith(f"poll:{tenant}:", autoescape=True)
-    async with db.begin() as conn:
+    async with db.read() as conn:
         found: list[Any] = []
         kind = _off_index(conn, jobs.c.kind)
         for extra in await _parts(conn, flt):
@@ -458,7 +458,7 @@ async def tenant_page(
         stmt = stmt.where(c.tenant > after)
     if only is not None:
         stmt = stmt.where(c.tenant == only)
-    async with db.begin() as conn:
+    async with db.read() as conn:
         rows = [
             TenantRow(
                 tenant=x.tenant,
@@ -501,7 +501,7 @@ async def running_counts(db: Database, resource_keys: Sequence[str]) -> dict[str
     if not resource_keys:
         return {}
     c = jobs.c
-    async with db.begin() as conn:
+    async with db.read() as conn:
         rows = await conn.execute(
             select(c.resource_key, func.count())
             .where(text(_UNFINISHED["running"]), c.resource_key.in_(list(resource_keys)))
@@ -516,7 +516,7 @@ async def tenant_budget(
     """The tenant's error budget since ``since`` (its audit rows, by primary key), or
     None without outcomes."""
     b = audit_buckets.c
-    async with db.begin() as conn:
+    async with db.read() as conn:
         row = (
             await conn.execute(
                 select(func.sum(b.ok), func.sum(b.failed)).where(
@@ -531,7 +531,7 @@ async def tenant_budget(
 async def authorization_tenant(db: Database, state: str) -> str | None:
     """The tenant a connect flow's ``state`` was issued for (None: unknown state)."""
     p = pending_authorizations.c
-    async with db.begin() as conn:
+    async with db.read() as conn:
         found = (await conn.execute(select(p.tenant).where(p.state == state))).first()
     return str(found.tenant) if found else None
 
@@ -730,7 +730,7 @@ async def dlq_page(
     size = _page_size(limit)
     d = dead_letters.c
     windowed = not flt.tenants and not flt.ids and not flt.is_empty
-    async with db.begin() as conn:
+    async with db.read() as conn:
         floor, top = await _window(conn, dead_letters, before_id) if windowed else (None, 0)
         bounds = [d.id < before_id] if before_id is not None else []
         bounds += [d.id >= floor] if floor is not None else []
@@ -772,7 +772,7 @@ async def dlq_groups(
     rows cost however many dead letters there are.
     """
     d = dead_letters.c
-    async with db.begin() as conn:
+    async with db.read() as conn:
         where = _dlq_where(conn, flt)
         names_stmt = (
             select(d.tenant).where(*where).group_by(d.tenant).order_by(d.tenant).limit(tenants + 1)
@@ -819,7 +819,7 @@ async def outbox_page(
         stmt = stmt.where(o.key == key)
     if before_id is not None:
         stmt = stmt.where(o.id < before_id)
-    async with db.begin() as conn:
+    async with db.read() as conn:
         rows = [_info(r) for r in await conn.execute(stmt)]
     more = len(rows) > size
     rows = rows[:size]
@@ -829,7 +829,7 @@ async def outbox_page(
 async def outbox_topics(db: Database) -> list[tuple[str, str, int]]:
     """``(topic, status, count)`` for unpublished messages (pending and failed)."""
     o = outbox.c
-    async with db.begin() as conn:
+    async with db.read() as conn:
         rows = await conn.execute(
             select(o.topic, o.status, func.count())
             .where(o.status.in_(["pending", "failed"]))
