@@ -44,7 +44,6 @@ from sqlalchemy import (
     cast,
     column,
     delete,
-    exists,
     func,
     insert,
     literal_column,
