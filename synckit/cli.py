@@ -421,6 +421,7 @@ def _job_json(info: JobInfo) -> dict[str, Any]:
     help="Only pending jobs whose run_at cannot be read (they never run), oldest first.",
 )
 @click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@click.option("--before", type=JOB_ID, help="Jobs older than this id (the last one shown).")
 @click.option("--json", "as_json", is_flag=True)
 @database_option
 def jobs_ls(
@@ -431,6 +432,7 @@ def jobs_ls(
     created_since: str | None,
     stuck: bool,
     limit: int,
+    before: int | None,
     as_json: bool,
     database_url: str | None,
 ) -> None:
@@ -460,6 +462,7 @@ def jobs_ls(
             updated_since=updated_since,
             created_since=created_after,
             limit=limit,
+            before=before,
         )
         return found, queue, unreadable
 
@@ -470,11 +473,13 @@ def jobs_ls(
         if unreadable and not stuck
         else None
     )
+    more = f"next page: --before {found[-1].id}" if len(found) == limit and not stuck else None
     if as_json:
         for info in found:
             click.echo(json.dumps(_job_json(info), sort_keys=True))
-        if never:
-            click.echo(never, err=True)
+        for line in (more, never):
+            if line:
+                click.echo(line, err=True)
         return
     by_status: dict[str, int] = {}
     for counts in queue.values():
@@ -498,8 +503,8 @@ def jobs_ls(
             cell(_iso(j.run_at) if "run_at" not in j.unreadable else "<unreadable>"),
             cell(j.last_error, 60),
         )
-    if len(found) == limit:
-        table.caption = f"the first {limit} shown: --limit N for more"
+    if more:
+        table.caption = more
     console.print(table)
     if never:
         console.print(never, style="bold red", markup=False, highlight=False)

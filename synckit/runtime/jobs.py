@@ -2071,9 +2071,13 @@ async def list_jobs(
     created_since: datetime | None = None,
     updated_since: datetime | None = None,
     limit: int = 100,
+    before: int | None = None,
 ) -> list[JobInfo]:
-    """Jobs matching every filter given, newest first."""
+    """Jobs matching every filter given, newest first; ``before``: only ids below it
+    (the keyset of the next page: the last id of this one)."""
     stmt = _INFO.order_by(jobs.c.id.desc()).limit(limit)
+    if before is not None:
+        stmt = stmt.where(jobs.c.id < before)
     if status:
         stmt = stmt.where(jobs.c.status == status)
     if kind:

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, Text, select, type_coerce, update
+from sqlalchemy import Column, select, update
 
 from synckit.errors.breaker import BreakerState
 from synckit.runtime.db import Database
-from synckit.runtime.jobs import _ensure_resources, read_moment, utcnow
+from synckit.runtime.jobs import _ensure_resources, guarded_moment, read_moment, utcnow
 from synckit.runtime.schema import UTCDateTime, resources
 
 _UNSET: Any = object()
@@ -28,13 +28,11 @@ stored_moment = read_moment
 
 
 def readable(columns: Iterable[Column[Any]]) -> list[Any]:
-    """``columns`` for a read that must survive a corrupt row: timestamps come back as the
-    driver has them (text on SQLite), for :func:`stored_moment`, instead of failing the
-    whole query in the result processing."""
-    return [
-        type_coerce(c, Text).label(c.name) if isinstance(c.type, UTCDateTime) else c
-        for c in columns
-    ]
+    """``columns`` for a read that must survive a corrupt row: timestamps come back
+    guarded (:func:`~synckit.runtime.jobs.guarded_moment`: as the driver has them, or a
+    marker where no datetime holds the value, which PostgreSQL's driver would fail the
+    whole fetch on), for :func:`stored_moment`."""
+    return [guarded_moment(c) if isinstance(c.type, UTCDateTime) else c for c in columns]
 
 
 def read_moments(

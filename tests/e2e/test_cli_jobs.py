@@ -119,3 +119,17 @@ def test_breakers_ls_and_reset(migrated_url: str) -> None:
         json.loads(x) for x in ok(synckit(migrated_url, "breakers", "ls", "--json")).splitlines()
     ]
     assert rows[0]["state"] == "closed" and rows[0]["consecutive_failures"] == 0
+
+
+def test_jobs_ls_pages_by_keyset(migrated_url: str, tmp_path: Path) -> None:
+    for n in range(5):
+        ok(synckit(migrated_url, "jobs", "enqueue", "record", "--payload", f'{{"n": {n}}}'))
+    first = synckit(migrated_url, "jobs", "ls", "--json", "--limit", "2")
+    ids = [json.loads(x)["id"] for x in ok(first).splitlines()]
+    assert len(ids) == 2 and ids == sorted(ids, reverse=True)
+    assert f"next page: --before {ids[-1]}" in first.stderr
+    second = synckit(migrated_url, "jobs", "ls", "--json", "--limit", "2", "--before", str(ids[-1]))
+    more = [json.loads(x)["id"] for x in ok(second).splitlines()]
+    assert len(more) == 2 and max(more) < min(ids)
+    table = ok(synckit(migrated_url, "jobs", "ls", "--limit", "2"))
+    assert f"--before {ids[-1]}" in table

@@ -129,7 +129,7 @@ def test_read_commands_show_corrupt_rows_marked_and_exit_0(
     if garbage:
         assert breakers["demo:acme"]["next_available_at"] is None
         assert breakers["demo:acme"]["unreadable"] == {
-            "next_available_at": "not a timestamp: 'garbage'"
+            "next_available_at": "a timestamp out of range"
         }
         assert "<unreadable>" in b_table
 
