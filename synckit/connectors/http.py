@@ -201,7 +201,11 @@ class Pacer:
                     max(budget, 0.0),
                 )
                 st.view, st.read_at = result.view, time.monotonic()
-                st.slots.extend(now + timedelta(seconds=w) for w in result.more)
+                # The slots' waits count from when the answer came back, as the first
+                # request's does: the round trip is never taken out of the spacing the
+                # API sees.
+                back = self.clock()
+                st.slots.extend(back + timedelta(seconds=w) for w in result.more)
                 if result.wait <= 0:
                     return
                 if result.wait > budget:
