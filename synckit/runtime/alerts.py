@@ -27,23 +27,23 @@ De-duplication
     epoch-aligned period of its rule's ``repeat_every`` (the new version's name for
     ``deploy_regression``). At most one alert per rule, subject and window is delivered,
     so a lasting condition is re-announced once per window, not once per evaluation.
-    Delivered alerts are recorded as rows of ``jobs`` with kind ``synckit.alert_record``,
-    status ``succeeded`` and ``unique_key`` ``alert:<rule>|<subject>|<window>``: no schema
-    change, visible to ``synckit status`` and ``synckit jobs ls --kind
-    synckit.alert_record``, and pruned with finished jobs. Evaluators serialise on a
-    PostgreSQL advisory lock (SQLite's write lock does it there), so two workers never
-    deliver the same alert. A router without a database de-duplicates in memory.
+    Alerts are recorded in the ``alerts`` table, one row per rule, subject and window
+    (``dedupe_key``, unique): the unique key decides which of two evaluators records an
+    alert, so two workers never deliver the same one. ``synckit status`` and the console
+    read them by ``fired_at``; finished alerts are kept :data:`KEEP_ALERTS` (7 days),
+    then pruned by the evaluation. A router without a database de-duplicates in memory.
 
 Delivery
-    At least once, per sink. The record is written first as *undelivered*
+    At least once, per sink. The alert is recorded first as *undelivered*
     (``finished_at`` NULL, a short delivery lease in ``lease_expires_at``), the sinks
-    are called outside any transaction, and then the record notes each sink that took
-    the alert (``payload._delivered``); it is finished once every sink has it. An
-    evaluation first retries the records some sink has not taken (the webhook was down,
-    the worker died mid-delivery) to those sinks only, for up to :data:`GIVE_UP_AFTER`.
-    Sinks: the log (event ``alert.fired``), a webhook (:class:`WebhookSink`, JSON POST
-    retried with backoff) and Python callbacks (:class:`CallbackSink`). A failing sink
-    is logged and does not stop the others.
+    are called outside any transaction, and then the row notes each sink that took
+    the alert (``delivered``: sink name to time); it is finished once every sink has it.
+    An evaluation first retries the alerts some sink has not taken (the webhook was
+    down, the worker died mid-delivery) to those sinks only, for up to
+    :data:`GIVE_UP_AFTER`; a retry takes only rows whose lease ran out and that no other
+    transaction holds. Sinks: the log (event ``alert.fired``), a webhook
+    (:class:`WebhookSink`, JSON POST retried with backoff) and Python callbacks
+    (:class:`CallbackSink`). A failing sink is logged and does not stop the others.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ import json
 import math
 import random
 import re
-import uuid
 import weakref
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -72,15 +71,16 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    delete,
     func,
-    insert,
     literal_column,
     or_,
     select,
-    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
@@ -99,14 +99,12 @@ from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.jobs import guarded_moment, read_moment, read_payload, utcnow
 from synckit.runtime.logging import redact, redact_text
+from synckit.runtime.schema import alerts as alerts_table
 from synckit.runtime.schema import checkpoints, connections, dead_letters, jobs
 from synckit.runtime.unreadable_jobs import StuckJob, unreadable_run_at
 
 ALERTS_KIND = "synckit.alerts"
-ALERT_RECORD_KIND = "synckit.alert_record"
 POLL_KIND = "synckit.poll"
-# An arbitrary constant: the key of the PostgreSQL advisory lock evaluators share.
-_ALERTS_LOCK = 0x5C_A1_E7_01
 
 log = structlog.get_logger("synckit.alerts")
 
@@ -952,22 +950,32 @@ async def load_alert_data(conn: AsyncConnection, *, now: datetime, rules: RuleSe
     )
 
 
-# --- records of fired alerts (rows of ``jobs``) -----------------------------------------
-
-
-def _record_key(alert: Alert) -> str:
-    key = f"alert:{alert.key}"
-    if len(key) <= 300:
-        return key
-    digest = hashlib.sha256(alert.key.encode()).hexdigest()[:40]
-    return f"alert:{alert.rule[:200]}|#{digest}"
-
+# --- records of fired alerts (the ``alerts`` table) ---------------------------------------
 
 #: How long an undelivered alert keeps being retried before it is given up (logged).
 GIVE_UP_AFTER = timedelta(days=2)
 #: How long one evaluator holds an alert it is delivering; past it, another retries.
 DELIVERY_LEASE = timedelta(minutes=5)
-_DELIVERED = "_delivered"
+#: How long a finished alert is kept: while it is, its rule, subject and window do not fire
+#: again (a ``deploy_regression`` window is its version, so this is how long that lasts).
+KEEP_ALERTS = timedelta(days=7)
+# Up to 294 characters a key is stored as it is, as the records before migration 0010
+# were ("alert:" + key within 300): a window in progress across the upgrade stays one.
+_PLAIN_KEY_MAX = 294
+# Rows per INSERT: far below either engine's limit on a statement's parameters.
+_INSERT_BATCH = 500
+# Deliveries retried per evaluation, oldest first; the rest wait for the next one.
+_RETRY_BATCH = 500
+
+
+def dedupe_key(alert: Alert) -> str:
+    """The ``alerts.dedupe_key`` of ``alert``: :attr:`Alert.key`, or for a long key its
+    rule and a digest of it (the column holds 300 characters)."""
+    key = alert.key
+    if len(key) <= _PLAIN_KEY_MAX:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()[:40]
+    return f"{alert.rule[:200]}|#{digest}"
 
 
 @dataclass
@@ -981,9 +989,67 @@ class Delivery:
     delivered: dict[str, str] = field(default_factory=dict)
 
 
-def _delivered_of(payload: Any) -> dict[str, str]:
-    got = payload.get(_DELIVERED) if isinstance(payload, Mapping) else None
-    return {str(k): str(v) for k, v in got.items()} if isinstance(got, Mapping) else {}
+# What a read of ``alerts`` returns: JSON as text and the time guarded, both parsed per
+# row (:func:`_read_row`), so that one row a hand edit broke never fails the read.
+_ROW = (
+    alerts_table.c.id,
+    alerts_table.c.rule,
+    alerts_table.c.subject,
+    alerts_table.c.window_key,
+    alerts_table.c.severity,
+    alerts_table.c.tenant,
+    alerts_table.c.connector,
+    alerts_table.c.message,
+    cast(alerts_table.c.details, Text).label("details"),
+    guarded_moment(alerts_table.c.fired_at),
+    cast(alerts_table.c.delivered, Text).label("delivered"),
+)
+
+
+def _read_row(row: Any) -> tuple[Alert, dict[str, str]]:
+    """The alert a row of ``alerts`` holds and the sinks that took it, or ``ValueError``
+    naming what cannot be read."""
+    fired = read_moment(row.fired_at)
+    if fired is None:
+        raise ValueError("fired_at is empty")
+    details = read_payload(row.details)
+    if details is not None and not isinstance(details, Mapping):
+        raise ValueError("details is not a JSON object")
+    delivered = read_payload(row.delivered)
+    if not isinstance(delivered, Mapping):
+        raise ValueError("delivered is not a JSON object")
+    alert = Alert(
+        rule=row.rule,
+        subject=row.subject,
+        message=row.message,
+        fired_at=fired,
+        window=row.window_key,
+        severity=Severity(row.severity),
+        tenant=row.tenant,
+        connector=row.connector,
+        details=dict(details or {}),
+    )
+    return alert, {str(k): str(v) for k, v in delivered.items()}
+
+
+def _new_row(alert: Alert, key: str, *, now: datetime, lease: timedelta) -> dict[str, Any]:
+    body = alert.to_json()  # message and details redacted: what sinks and logs receive
+    return {
+        "dedupe_key": key,
+        "rule": alert.rule,
+        "subject": alert.subject,
+        "window_key": alert.window,
+        "severity": alert.severity.value,
+        "tenant": alert.tenant,
+        "connector": alert.connector,
+        "message": body["message"],
+        "details": body["details"],
+        "fired_at": alert.fired_at,
+        "recorded_at": now,
+        "delivered": {},
+        "attempts": 0,
+        "lease_expires_at": now + lease,
+    }
 
 
 async def claim_deliveries(
@@ -996,85 +1062,74 @@ async def claim_deliveries(
     give_up_after: timedelta = GIVE_UP_AFTER,
 ) -> list[Delivery]:
     """Record the alerts not recorded yet (by rule, subject and window) as undelivered,
-    and take a delivery lease on them and on every earlier record some sink has not
-    taken; return what each needs. Nothing is marked delivered here."""
-    unique: dict[str, Alert] = {}
-    for a in alerts:
-        unique.setdefault(_record_key(a), a)
-    if conn.dialect.name == "postgresql":
-        # Serialise evaluators so that check-then-insert cannot record an alert twice;
-        # SQLite's BEGIN IMMEDIATE already holds the write lock.
-        await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ALERTS_LOCK})
-    c = jobs.c
-    record = (c.kind == ALERT_RECORD_KIND) & (c.status == "succeeded")
-    existing = set()
-    if unique:
-        existing = {
-            k
-            for (k,) in await conn.execute(
-                select(c.unique_key).where(record, c.unique_key.in_(list(unique)))
-            )
-        }
+    and take a delivery lease on them and on every earlier alert some sink has not
+    taken; return what each needs. Nothing is marked delivered here.
+
+    Safe under concurrent evaluators on either engine: the unique key decides which
+    insert records an alert, and a retry takes only rows no other transaction holds
+    (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite has one writer)."""
+    c = alerts_table.c
+    unfinished = c.finished_at.is_(None)
     stale = await conn.execute(
-        update(jobs)
-        .where(record, c.finished_at.is_(None), c.created_at < now - give_up_after)
+        update(alerts_table)
+        .where(unfinished, c.recorded_at < now - give_up_after)
         .values(finished_at=now, lease_expires_at=None)
-        .returning(c.unique_key, c.last_error)
+        .returning(c.dedupe_key, c.last_error)
     )
     for key, error in stale:
         log.error("alert.delivery_given_up", record=key, error=error)
-    out: list[Delivery] = []
-    undelivered = await conn.execute(
-        select(c.id, c.payload)
-        .where(
-            record,
-            c.finished_at.is_(None),
-            or_(c.lease_expires_at.is_(None), c.lease_expires_at <= now),
-        )
+    free = or_(c.lease_expires_at.is_(None), c.lease_expires_at <= now)
+    due = (
+        select(c.id)
+        .where(unfinished, free)
         .order_by(c.id)
-        .limit(500)
+        .limit(_RETRY_BATCH)
+        .with_for_update(skip_locked=True)
     )
-    for rid, payload in undelivered.all():
+    taken = await conn.execute(
+        update(alerts_table)
+        .where(c.id.in_(due.scalar_subquery()))
+        .values(lease_expires_at=now + lease)
+        .returning(*_ROW)
+    )
+    out: list[Delivery] = []
+    for row in sorted(taken.all(), key=lambda r: int(r.id)):
         try:
-            alert = Alert.from_json(payload)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            await conn.execute(update(jobs).where(c.id == rid).values(finished_at=now))
-            continue  # a hand-edited record: nothing to deliver
-        done = _delivered_of(payload)
-        out.append(Delivery(rid, alert, [n for n in sinks if n not in done], False, done))
-    if out:
-        await conn.execute(
-            update(jobs)
-            .where(c.id.in_([d.record_id for d in out]))
-            .values(lease_expires_at=now + lease)
-        )
-    for k, a in unique.items():
-        if k in existing:
-            continue
-        rid = (
+            alert, done = _read_row(row)
+        except ValueError as exc:
+            # A hand-edited row: nothing that can be delivered. Named, and not retried.
+            log.error("alert.unreadable", id=row.id, error=str(exc))
             await conn.execute(
-                insert(jobs)
-                .values(
-                    kind=ALERT_RECORD_KIND,
-                    payload={**a.to_json(), _DELIVERED: {}},
-                    resource_key=None,
-                    status="succeeded",
-                    priority=0,
-                    attempts=0,
-                    max_attempts=1,
-                    run_at=a.fired_at,
-                    unique_key=k,
-                    trace_id=uuid.uuid4().hex,
-                    created_at=now,
-                    updated_at=now,
-                    finished_at=None,
-                    lease_expires_at=now + lease,
-                )
-                .returning(c.id)
+                update(alerts_table)
+                .where(c.id == row.id)
+                .values(finished_at=now, lease_expires_at=None, last_error=f"unreadable: {exc}")
             )
-        ).scalar_one()
-        out.append(Delivery(int(rid), a, list(sinks), True))
+            continue
+        out.append(Delivery(int(row.id), alert, [n for n in sinks if n not in done], False, done))
+    unique: dict[str, Alert] = {}
+    for a in alerts:
+        unique.setdefault(dedupe_key(a), a)
+    # In key order, so that two evaluators inserting the same alerts wait for each other
+    # in one order instead of deadlocking.
+    keys = sorted(unique)
+    for start in range(0, len(keys), _INSERT_BATCH):
+        batch = keys[start : start + _INSERT_BATCH]
+        inserted = await conn.execute(
+            _insert_new(conn)
+            .values([_new_row(unique[k], k, now=now, lease=lease) for k in batch])
+            .returning(c.id, c.dedupe_key)
+        )
+        for rid, key in sorted(inserted.all()):
+            out.append(Delivery(int(rid), unique[key], list(sinks), True))
     return out
+
+
+def _insert_new(conn: AsyncConnection) -> Any:
+    """An INSERT into ``alerts`` that passes over a key already recorded."""
+    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+    return dialect_insert(alerts_table).on_conflict_do_nothing(
+        index_elements=[alerts_table.c.dedupe_key]
+    )
 
 
 async def finish_deliveries(
@@ -1084,23 +1139,22 @@ async def finish_deliveries(
     now: datetime,
     sinks: Sequence[str],
 ) -> None:
-    """Note which sinks took each alert; finish the records every sink now has."""
-    c = jobs.c
+    """Note which sinks took each alert; finish the alerts every sink now has."""
+    c = alerts_table.c
     for d, took, error in done:
         if d.record_id is None:
             continue
         delivered = {**d.delivered, **{n: now.isoformat() for n in took}}
         complete = all(n in delivered for n in sinks)
         await conn.execute(
-            update(jobs)
+            update(alerts_table)
             .where(c.id == d.record_id)
             .values(
-                payload={**d.alert.to_json(), _DELIVERED: delivered},
+                delivered=delivered,
                 finished_at=now if complete else None,
                 lease_expires_at=None,
                 attempts=c.attempts + 1,
                 last_error=None if complete else (error or "")[:1000],
-                updated_at=now,
             )
         )
 
@@ -1114,26 +1168,30 @@ async def record_alerts(
 
 
 async def recent_alerts(conn: AsyncConnection, *, since: datetime, limit: int = 100) -> list[Alert]:
-    """Alerts delivered since ``since``, newest first."""
+    """Alerts fired since ``since`` (delivered or still being delivered), newest first,
+    read through ``ix_alerts_fired_at``; a row that cannot be read is passed over."""
     rows = await conn.execute(
-        # As text, parsed per row: the driver's own JSON decoding would fail the whole
-        # read on one record that is not JSON.
-        select(cast(jobs.c.payload, Text))
-        .where(
-            jobs.c.status == "succeeded",
-            jobs.c.kind == ALERT_RECORD_KIND,
-            jobs.c.created_at >= since,
-        )
-        .order_by(jobs.c.id.desc())
+        select(*_ROW)
+        .where(alerts_table.c.fired_at >= since)
+        .order_by(alerts_table.c.fired_at.desc(), alerts_table.c.id.desc())
         .limit(limit)
     )
     out: list[Alert] = []
-    for (payload,) in rows:
+    for row in rows:
         try:
-            out.append(Alert.from_json(read_payload(payload)))
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
-            continue  # a hand-edited record must not break `synckit status`
+            out.append(_read_row(row)[0])
+        except ValueError:
+            continue  # a hand-edited row must not break `synckit status` or the console
     return out
+
+
+async def prune_alerts(conn: AsyncConnection, *, before: datetime, limit: int = 1000) -> int:
+    """Delete up to ``limit`` finished alerts fired before ``before``; return how many.
+    An alert still owed to a sink is kept (it is given up after :data:`GIVE_UP_AFTER`)."""
+    c = alerts_table.c
+    victims = select(c.id).where(c.fired_at < before, c.finished_at.is_not(None)).limit(limit)
+    result = await conn.execute(delete(alerts_table).where(c.id.in_(victims.scalar_subquery())))
+    return int(result.rowcount or 0)
 
 
 # --- sinks and routing ------------------------------------------------------------------
@@ -1254,7 +1312,7 @@ async def _refuse_private(host: str, where: str) -> None:
 class AlertRouter:
     """De-duplicates alerts and hands the new ones to every sink.
 
-    With a database (given here or per call) de-duplication is recorded in ``jobs`` and
+    With a database (given here or per call) de-duplication is recorded in ``alerts`` and
     holds across processes; without one it is kept in this process's memory.
     """
 
@@ -1415,10 +1473,12 @@ class AlertEvaluator:
         *,
         rules: RuleSet | None = None,
         router: AlertRouter | None = None,
+        keep: timedelta = KEEP_ALERTS,
     ) -> None:
         self._database = database
         self.rules = rules or RuleSet()
         self.router = router or get_alert_router()
+        self.keep = keep
 
     def bind(self, db: Database) -> None:
         """Use ``db`` (the worker's database) if no database was given at creation."""
@@ -1441,6 +1501,8 @@ class AlertEvaluator:
         db = self.database
         async with db.begin() as conn:
             data = await load_alert_data(conn, now=now, rules=self.rules)
+            # A batch a minute keeps up with any rate the rules can fire at.
+            await prune_alerts(conn, before=now - self.keep)
         candidates = self.rules.evaluate(data)
         fired = await self.router.emit_many(candidates, db=db, now=now)
         budget = self.rules.error_budget
@@ -1490,9 +1552,9 @@ def bind_database(registry: Registry, db: Database) -> None:
 
 __all__ = [
     "ALERTS_KIND",
-    "ALERT_RECORD_KIND",
     "DELIVERY_LEASE",
     "GIVE_UP_AFTER",
+    "KEEP_ALERTS",
     "POLL_KIND",
     "Alert",
     "AlertData",
@@ -1522,6 +1584,7 @@ __all__ = [
     "WebhookSink",
     "bind_database",
     "claim_deliveries",
+    "dedupe_key",
     "dlq_growth",
     "dlq_in_review",
     "dlq_review_alert",
@@ -1531,6 +1594,7 @@ __all__ = [
     "load_alert_data",
     "load_connections",
     "poll_deadline",
+    "prune_alerts",
     "recent_alerts",
     "record_alerts",
     "register_alerts",

@@ -435,6 +435,43 @@ audit_buckets = Table(
     Index("ix_audit_buckets_minute", "minute"),
 )
 
+# Alerts the rules fired (migration 0010; see synckit.runtime.alerts): one row per rule,
+# subject and window (``dedupe_key``), written undelivered before any sink is called.
+# ``delivered`` maps each sink that took it to when; ``finished_at`` is set once every
+# sink has it or delivery was given up, and a delivery in progress holds a lease.
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", BigID, primary_key=True, autoincrement=True),
+    Column("dedupe_key", String(300), nullable=False),
+    Column("rule", Text, nullable=False),
+    Column("subject", Text, nullable=False),
+    Column("window_key", Text, nullable=False),
+    Column("severity", String(16), nullable=False),
+    Column("tenant", Text),
+    Column("connector", Text),
+    Column("message", Text, nullable=False),
+    Column("details", JSONType),
+    _ts("fired_at", nullable=False),
+    _ts("recorded_at", nullable=False),
+    Column("delivered", JSONType, nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("last_error", Text),
+    _ts("lease_expires_at"),
+    _ts("finished_at"),
+    # De-duplication: at most one row per rule, subject and window, whoever inserts it.
+    UniqueConstraint("dedupe_key", name="uq_alerts_dedupe_key"),
+    # Recent alerts, newest first (status, the console), and pruning by age.
+    Index("ix_alerts_fired_at", "fired_at", "id"),
+    # The deliveries still owed, however many finished alerts are kept.
+    Index(
+        "ix_alerts_unfinished",
+        "id",
+        postgresql_where=text("finished_at IS NULL"),
+        sqlite_where=text("finished_at IS NULL"),
+    ),
+)
+
 cron_ticks = Table(
     "cron_ticks",
     metadata,

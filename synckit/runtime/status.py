@@ -8,8 +8,8 @@ every tenant); beyond, the alerts the worker delivered are shown.
 Per tenant: connection status, breaker state, next available time, last successful
 poll and lag, error budget over the budget window, dead letters. Then queue depth by
 kind and status, and alerts: those the rules call for right now (evaluated on the spot,
-without delivering anything) and those delivered recently (``synckit.alert_record``
-rows, see :mod:`synckit.runtime.alerts`).
+without delivering anything) and those fired recently (the ``alerts`` table, see
+:mod:`synckit.runtime.alerts`).
 
 The small named reads (:func:`queue_depth`, :func:`dead_letter_counts`,
 :func:`breaker_states`) are shared with the metrics collector.
@@ -28,7 +28,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.connectors.tenants import CONNECTION_STATUSES
 from synckit.runtime.alerts import (
-    ALERT_RECORD_KIND,
     Alert,
     ConnectionState,
     RuleSet,
@@ -144,12 +143,8 @@ def _jsonable(value: Any) -> Any:
 async def queue_depth(
     conn: AsyncConnection, *, statuses: tuple[str, ...] | None = None
 ) -> dict[str, dict[str, int]]:
-    """Job counts by kind, then status (alert records left out: they are not work)."""
-    stmt = (
-        select(jobs.c.kind, jobs.c.status, func.count())
-        .where(jobs.c.kind != ALERT_RECORD_KIND)
-        .group_by(jobs.c.kind, jobs.c.status)
-    )
+    """Job counts by kind, then status."""
+    stmt = select(jobs.c.kind, jobs.c.status, func.count()).group_by(jobs.c.kind, jobs.c.status)
     if statuses is not None:
         stmt = stmt.where(jobs.c.status.in_(statuses))
     out: dict[str, dict[str, int]] = {}

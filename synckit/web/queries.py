@@ -28,12 +28,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Table, Text, case, cast, func, literal, literal_column, select, text
+from sqlalchemy import Table, case, func, literal, literal_column, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.dlq import store as dlq_store
 from synckit.dlq.store import DeadLetter, DlqFilter
-from synckit.runtime.alerts import ALERT_RECORD_KIND, Alert
+from synckit.runtime.alerts import Alert, recent_alerts
 from synckit.runtime.audit import Totals
 from synckit.runtime.budget import BudgetPolicy, BudgetStatus
 from synckit.runtime.db import Database
@@ -255,9 +255,9 @@ async def job_kinds(conn: AsyncConnection, *, limit: int = 1000) -> list[str]:
 
 
 async def job_counts(conn: AsyncConnection, *, cap: int = COUNT_CAP) -> dict[str, Count]:
-    """Jobs by state (alert records left out: they are not work), each count bounded:
-    kind by kind through ``(kind, status)``, until ``cap`` rows of the state are seen."""
-    kinds = [k for k in await job_kinds(conn) if k != ALERT_RECORD_KIND]
+    """Jobs by state, each count bounded: kind by kind through ``(kind, status)``, until
+    ``cap`` rows of the state are seen."""
+    kinds = await job_kinds(conn)
     out: dict[str, Count] = {}
     estimates: dict[str, int] | None = None
     for status in JOB_STATUSES:
@@ -681,28 +681,9 @@ async def open_breakers(
 
 
 async def fired_alerts(conn: AsyncConnection, *, since: datetime, limit: int = 20) -> list[Alert]:
-    """Alerts the worker's evaluation recorded since ``since``, newest first.
-
-    Read newest first by id through ``(kind, status)`` and cut by time here, so that
-    a quiet hour costs ``limit`` rows, not every record ever kept.
-    """
-    from synckit.runtime.jobs import read_payload
-
-    rows = await conn.execute(
-        select(cast(jobs.c.payload, Text))
-        .where(jobs.c.kind == ALERT_RECORD_KIND, jobs.c.status == "succeeded")
-        .order_by(jobs.c.id.desc())
-        .limit(limit)
-    )
-    out: list[Alert] = []
-    for (payload,) in rows:
-        try:
-            alert = Alert.from_json(read_payload(payload))
-        except (KeyError, TypeError, ValueError):
-            continue  # a hand-edited record must not break the page
-        if alert.fired_at >= since:
-            out.append(alert)
-    return out
+    """Alerts the worker's evaluation recorded since ``since``, newest first (a quiet
+    hour costs an index probe of ``ix_alerts_fired_at``)."""
+    return await recent_alerts(conn, since=since, limit=limit)
 
 
 # --- dead letters -----------------------------------------------------------------------

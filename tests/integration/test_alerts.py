@@ -18,7 +18,6 @@ from structlog.testing import capture_logs
 from synckit.errors import RetryPolicy
 from synckit.runtime import cron
 from synckit.runtime.alerts import (
-    ALERT_RECORD_KIND,
     ALERTS_KIND,
     Alert,
     AlertDeliveryError,
@@ -27,10 +26,12 @@ from synckit.runtime.alerts import (
     BudgetRule,
     CallbackSink,
     RuleSet,
+    Severity,
     WebhookSink,
     bind_database,
     load_alert_data,
     recent_alerts,
+    record_alerts,
     register_alerts,
 )
 from synckit.runtime.audit import record_audit
@@ -38,7 +39,7 @@ from synckit.runtime.budget import BudgetPolicy
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Registry
 from synckit.runtime.jobs import utcnow
-from synckit.runtime.schema import checkpoints, connections, dead_letters, jobs
+from synckit.runtime.schema import alerts, checkpoints, connections, dead_letters, jobs
 from synckit.runtime.worker import Worker
 
 NOW = datetime(2026, 3, 4, 12, 4, 30, tzinfo=UTC)
@@ -266,12 +267,10 @@ async def test_alerts_are_delivered_once_per_window_and_recorded(db: Database) -
     assert await evaluator.evaluate(NOW + timedelta(seconds=50)) == []
     async with db.begin() as conn:
         recorded = await recent_alerts(conn, since=NOW - timedelta(hours=1))
-        count = (
-            await conn.execute(
-                select(func.count()).select_from(jobs).where(jobs.c.kind == ALERT_RECORD_KIND)
-            )
-        ).scalar_one()
+        count = (await conn.execute(select(func.count()).select_from(alerts))).scalar_one()
+        as_jobs = (await conn.execute(select(func.count()).select_from(jobs))).scalar_one()
     assert count == len(EXPECTED)
+    assert as_jobs == 2  # the seeded poll jobs: no alert is a job any more
     assert {(a.rule, a.subject) for a in recorded} == EXPECTED
     later = await evaluator.evaluate(NOW + timedelta(hours=1))
     assert ("deploy_regression", "hubspot:validation") not in {(a.rule, a.subject) for a in later}
@@ -414,9 +413,9 @@ async def test_webhook_that_keeps_failing_is_logged_not_raised(
     failed = [e for e in logs if e["event"] == "alert.sink_failed"]
     assert failed and "HTTP 503" in failed[0]["error"]
     async with db.begin() as conn:
-        row = (await conn.execute(select(jobs).where(jobs.c.kind == "synckit.alert_record"))).one()
+        row = (await conn.execute(select(alerts))).one()
     assert row.finished_at is None and "HTTP 503" in row.last_error
-    assert list(row.payload["_delivered"]) == ["LogSink"]
+    assert list(row.delivered) == ["LogSink"]
 
 
 async def test_an_alert_the_webhook_missed_is_delivered_at_the_next_evaluation(
@@ -436,9 +435,9 @@ async def test_an_alert_the_webhook_missed_is_delivered_at_the_next_evaluation(
     assert hook_server.bodies[1]["subject"] == "epsilon"
     assert [e["event"] for e in logs].count("alert.fired") == 1
     async with db.begin() as conn:
-        row = (await conn.execute(select(jobs).where(jobs.c.kind == "synckit.alert_record"))).one()
-    assert row.finished_at is not None and row.last_error is None
-    assert sorted(row.payload["_delivered"]) == ["LogSink", f"webhook {hook_server.url[:-7]}"]
+        row = (await conn.execute(select(alerts))).one()
+    assert row.finished_at is not None and row.last_error is None and row.attempts == 2
+    assert sorted(row.delivered) == ["LogSink", f"webhook {hook_server.url[:-7]}"]
 
 
 async def test_an_alert_whose_condition_cleared_is_still_delivered(
@@ -508,5 +507,294 @@ async def test_webhook_failure_logs_never_show_the_url_path(db: Database) -> Non
         await AlertEvaluator(db, router=router).evaluate(NOW)
     assert "SeCrEt" not in repr(logs)
     async with db.begin() as conn:
-        stored = (await conn.execute(select(jobs.c.last_error, jobs.c.payload))).all()
+        stored = (await conn.execute(select(alerts))).all()
     assert stored and "SeCrEt" not in repr(stored)
+
+
+# --- the alerts table: migration, unreadable rows, pruning, processes ------------------------
+
+
+def _record(alert: Alert, delivered: dict[str, str], **columns: Any) -> dict[str, Any]:
+    """A ``jobs`` row as alert records were before migration 0010."""
+    return {
+        "kind": "synckit.alert_record",
+        "payload": {**alert.to_json(), "_delivered": delivered},
+        "status": "succeeded",
+        "run_at": alert.fired_at,
+        "unique_key": f"alert:{alert.key}",
+        "created_at": alert.fired_at,
+        "updated_at": alert.fired_at,
+        "attempts": 0,
+        "last_error": None,
+        "lease_expires_at": None,
+        "finished_at": None,
+        **columns,
+    }
+
+
+async def test_migration_0010_moves_alert_records_out_of_jobs(db_url: str) -> None:
+    """Upgrading moves each alert record to `alerts` with its delivery state (a second
+    record of one key and rows that are not records aside), the undelivered one is then
+    retried to the sink that missed it only and the delivered one not at all;
+    downgrading writes them back as records that read as the same alerts."""
+    from sqlalchemy import text
+
+    from synckit.runtime import migrate
+    from synckit.runtime.db import open_database
+
+    done = Alert(
+        "needs_reauth",
+        "epsilon",
+        "tenant epsilon must re-authorise",
+        NOW - timedelta(minutes=3),
+        "2026-03-04T12:00:00+00:00",
+        severity=Severity.CRITICAL,
+        tenant="epsilon",
+        connector="hubspot",
+        details={"reason": "invalid_grant"},
+    )
+    owed = Alert("poll_lag", "beta", "beta is late", NOW - timedelta(minutes=2), "w1")
+    took = {"LogSink": (NOW - timedelta(minutes=2)).isoformat()}
+    d = open_database(db_url)
+    try:
+        await migrate.upgrade(d, "0009")
+        async with d.begin() as conn:
+            await conn.execute(
+                insert(jobs),
+                [
+                    _record(done, took, attempts=1, finished_at=NOW - timedelta(minutes=2)),
+                    _record(
+                        owed,
+                        took,
+                        attempts=1,
+                        last_error="webhook: HTTP 503",
+                        lease_expires_at=NOW - timedelta(minutes=1),
+                    ),
+                    _record(done, {}),  # a second record of done's key
+                    {
+                        **_record(owed, {}),
+                        "payload": ["not", "an", "alert"],
+                        "unique_key": "alert:x",
+                    },
+                    {
+                        **_record(owed, {}),
+                        "kind": "sync.things",
+                        "status": "pending",
+                        "unique_key": "t",
+                    },
+                ],
+            )
+            if not d.is_postgres:
+                await conn.execute(
+                    insert(jobs), [{**_record(owed, {}), "unique_key": "alert:y", "payload": {}}]
+                )
+                await conn.execute(
+                    text("UPDATE jobs SET payload = 'x{' WHERE unique_key = 'alert:y'")
+                )
+        await migrate.upgrade(d)
+        async with d.begin() as conn:
+            rows = {r.rule: r for r in await conn.execute(select(alerts).order_by(alerts.c.id))}
+            left = sorted(
+                (r.kind, r.unique_key)
+                for r in await conn.execute(select(jobs.c.kind, jobs.c.unique_key))
+            )
+        assert sorted(rows) == ["needs_reauth", "poll_lag"]
+        moved = rows["needs_reauth"]
+        assert (moved.dedupe_key, moved.subject, moved.window_key, moved.severity) == (
+            done.key,
+            "epsilon",
+            done.window,
+            "critical",
+        )
+        assert (moved.tenant, moved.connector, moved.message) == (
+            "epsilon",
+            "hubspot",
+            done.message,
+        )
+        assert moved.details == {"reason": "invalid_grant"} and moved.delivered == took
+        assert moved.fired_at == done.fired_at and moved.finished_at == NOW - timedelta(minutes=2)
+        waiting = rows["poll_lag"]
+        assert waiting.finished_at is None and waiting.last_error == "webhook: HTTP 503"
+        assert waiting.delivered == took and waiting.attempts == 1
+        kept = [
+            ("synckit.alert_record", "alert:x"),
+            ("sync.things", "t"),
+        ]
+        if not d.is_postgres:
+            kept.append(("synckit.alert_record", "alert:y"))
+        assert left == sorted(kept)
+
+        got = Collected()
+        fresh = await got.router(d).emit_many([done, owed], now=NOW)
+        assert fresh == [] and got.alerts == [owed]
+        async with d.begin() as conn:
+            assert (
+                await conn.execute(select(alerts.c.finished_at).where(alerts.c.rule == "poll_lag"))
+            ).scalar_one() == NOW
+
+        await migrate.downgrade(d, "0009")
+        async with d.begin() as conn:
+            back = {
+                r.unique_key: r
+                for r in await conn.execute(
+                    select(jobs).where(
+                        jobs.c.unique_key.in_([f"alert:{done.key}", f"alert:{owed.key}"])
+                    )
+                )
+            }
+        assert {(r.kind, r.status) for r in back.values()} == {
+            ("synckit.alert_record", "succeeded")
+        }
+        assert Alert.from_json(back[f"alert:{done.key}"].payload) == done
+        assert Alert.from_json(back[f"alert:{owed.key}"].payload) == owed
+        assert back[f"alert:{owed.key}"].payload["_delivered"] == {
+            **took,
+            "CallbackSink": NOW.isoformat(),
+        }
+        assert back[f"alert:{done.key}"].finished_at == NOW - timedelta(minutes=2)
+    finally:
+        await d.dispose()
+
+
+async def test_an_unreadable_alert_row_is_passed_over_and_given_up(db: Database) -> None:
+    """A row a hand edit broke (an unknown severity; on SQLite details that are not
+    JSON) is left out of the recent alerts, and delivery names it and stops, while the
+    alerts beside it are read and delivered."""
+    from sqlalchemy import text
+
+    good = Alert("poll_lag", "beta", "late", NOW, "w")
+    async with db.begin() as conn:
+        await record_alerts(
+            conn,
+            [good, Alert("r", "loud", "m", NOW, "w"), Alert("r", "garbled", "m", NOW, "w")],
+            now=NOW - timedelta(hours=1),
+        )
+        await conn.execute(
+            alerts.update().where(alerts.c.subject == "loud").values(severity="loud")
+        )
+        garble = "'not json'" if not db.is_postgres else "'[1]'"
+        await conn.execute(text(f"UPDATE alerts SET details = {garble} WHERE subject = 'garbled'"))
+    async with db.begin() as conn:
+        recent = await recent_alerts(conn, since=NOW - timedelta(hours=2))
+    assert recent == [good]
+    got = Collected()
+    with capture_logs() as logs:
+        assert await got.router(db).emit_many([], now=NOW) == []
+    assert got.alerts == [good]
+    unreadable = sorted(e["error"] for e in logs if e["event"] == "alert.unreadable")
+    garbled = "payload is not JSON: " if not db.is_postgres else "details is not a JSON object"
+    assert len(unreadable) == 2 and unreadable[0] == "'loud' is not a valid Severity"
+    assert unreadable[1].startswith(garbled)
+    async with db.begin() as conn:
+        columns = select(alerts.c.subject, alerts.c.finished_at, alerts.c.last_error)
+        left = {r.subject: r for r in await conn.execute(columns)}
+    assert left["loud"].finished_at == NOW and left["loud"].last_error.startswith("unreadable: ")
+    assert left["garbled"].finished_at == NOW and left["beta"].finished_at == NOW
+
+
+async def test_the_evaluation_prunes_finished_alerts_after_a_week(db: Database) -> None:
+    """Finished alerts older than KEEP_ALERTS go at the next evaluation; one still owed
+    to a sink stays, and so do recent ones."""
+    quiet = RuleSet(**{f: None for f in RuleSet.__dataclass_fields__ if f != "poll_kind"})
+    old, owed, recent = (
+        Alert("r", "old", "m", NOW - timedelta(days=8), "w"),
+        Alert("r", "owed", "m", NOW - timedelta(days=8), "w"),
+        Alert("r", "recent", "m", NOW - timedelta(days=6), "w"),
+    )
+    async with db.begin() as conn:
+        await record_alerts(conn, [old, owed, recent], now=NOW - timedelta(days=1))
+        await conn.execute(
+            alerts.update()
+            .where(alerts.c.subject != "owed")
+            .values(finished_at=NOW - timedelta(days=1))
+        )
+    router = AlertRouter([], db=db, log_sink=False)
+    assert await AlertEvaluator(db, rules=quiet, router=router).evaluate(NOW) == []
+    async with db.begin() as conn:
+        assert sorted(r.subject for r in await conn.execute(select(alerts.c.subject))) == [
+            "owed",
+            "recent",
+        ]
+
+
+# One of several evaluating processes racing: in each of 8 rounds, 10 minutes apart (past
+# the delivery lease), it records the same 60 new alerts and retries every alert some sink
+# has not taken; the processes start each round together (a barrier of files), so that a
+# lease runs out only between rounds, as on one clock. Its "up" sink takes every alert;
+# its "down" sink refuses every one, so every alert is owed again in every round. Each
+# sink notes what it was handed, in which round, and (down) from when to when.
+_EVALUATOR = """
+import asyncio, pathlib, sys, time
+from datetime import UTC, datetime, timedelta
+from synckit.runtime.alerts import Alert, AlertRouter
+from synckit.runtime.db import open_database
+
+async def main(url, out, me, n):
+    db = open_database(url)
+    base = datetime(2026, 3, 4, 12, 30, tzinfo=UTC)
+    fresh = [Alert("race", f"new-{i}", "m", base, "w") for i in range(60)]
+    current = [0]
+    here = pathlib.Path(out).parent
+    with open(out, "w") as f:
+        async def up(alert):
+            f.write(f"up {alert.subject} {current[0]}\\n")
+        up.name = "up"
+        async def down(alert):
+            began = time.monotonic()
+            await asyncio.sleep(0.001)
+            f.write(f"down {alert.subject} {current[0]} {began} {time.monotonic()}\\n")
+            raise RuntimeError("down")
+        down.name = "down"
+        router = AlertRouter([up, down], db=db, log_sink=False)
+        try:
+            for r in range(8):
+                (here / f"round-{r}-{me}").touch()
+                while len(list(here.glob(f"round-{r}-*"))) < n:
+                    time.sleep(0.005)
+                current[0] = r
+                await router.emit_many(fresh, now=base + timedelta(minutes=10 * r))
+        finally:
+            await db.dispose()
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+"""
+
+
+async def test_evaluating_processes_deliver_each_alert_once(
+    migrated_url: str, db: Database, tmp_path: Any
+) -> None:
+    """Four OS processes recording the same alerts and retrying the same owed ones at
+    once: the sink that works gets every alert exactly once, and the one that keeps
+    failing is retried at most once per alert per round, never by two processes."""
+    import itertools
+    import sys
+
+    owed = [Alert("race", f"owed-{i}", "m", NOW, "w") for i in range(60)]
+    async with db.begin() as conn:
+        await record_alerts(conn, owed, now=NOW)  # leased until NOW + 5 min
+    outs = [tmp_path / f"took-{i}.txt" for i in range(4)]
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _EVALUATOR,
+            migrated_url,
+            str(out),
+            str(i),
+            str(len(outs)),
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for i, out in enumerate(outs)
+    ]
+    outcomes = [await p.communicate() for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [e.decode()[-2000:] for _, e in outcomes]
+    calls = [line.split() for out in outs for line in out.read_text().splitlines()]
+    up = sorted(subject for sink, subject, *_ in calls if sink == "up")
+    assert up == sorted([f"new-{i}" for i in range(60)] + [f"owed-{i}" for i in range(60)])
+    down: dict[str, list[tuple[float, float]]] = {}
+    for _sink, subject, _, began, ended in (c for c in calls if c[0] == "down"):
+        down.setdefault(subject, []).append((float(began), float(ended)))
+    assert sorted(down) == sorted(up) and {len(v) >= 8 for v in down.values()} == {True}
+    for spans in down.values():  # a delivery in progress is never taken by another
+        spans.sort()
+        assert all(b[0] >= a[1] for a, b in itertools.pairwise(spans))

@@ -14,6 +14,7 @@ from synckit.runtime.db import Database, open_database
 from synckit.runtime.schema import checkpoints, jobs, metadata
 
 TABLES = {
+    "alerts",
     "jobs",
     "dead_letters",
     "checkpoints",
