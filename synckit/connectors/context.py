@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import ssl
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -22,7 +21,13 @@ import httpx
 import structlog
 
 from synckit.connectors.base import DEFAULT_STREAM, Connector
-from synckit.connectors.http import PacedTransport, Pacer, SyncClient
+from synckit.connectors.http import (
+    PacedTransport,
+    Pacer,
+    SyncClient,
+    borrow_transport,
+    tls_context,
+)
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import utcnow
 from synckit.runtime.logging import bind_known_secrets, scrub_values, secret_values
@@ -155,13 +160,6 @@ def _user_agent(connector: Connector[Any]) -> str:
     return f"synckit/{_version()} ({connector.name})"
 
 
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    # Loading the CA bundle costs ~50 ms of CPU: once per process, not once per cycle
-    # (it capped a worker at ~15 poll cycles/s).
-    return httpx.create_ssl_context()
-
-
 @asynccontextmanager
 async def open_context(
     db: Database,
@@ -178,7 +176,10 @@ async def open_context(
     """A :class:`SyncContext` for ``connector``'s tenant; its HTTP client closes on exit.
 
     ``transport`` replaces the network (``httpx.MockTransport`` in tests); pacing and
-    classification still apply on top of it.
+    classification still apply on top of it. Without one, a worker's context borrows the
+    connections an earlier one of the connector left open
+    (:func:`~synckit.connectors.http.borrow_transport`) and gives them back on exit;
+    elsewhere it opens its own, closed on exit.
 
     The secret values of the tenant's config are scrubbed, by value, from every text
     redacted while the context is open (log lines, stored error texts), and from the
@@ -196,7 +197,8 @@ async def open_context(
                 auth = connector.build_auth(ctx)
                 if auth is not None:
                     client.auth = auth
-                if isinstance(auth, SendTimeAuth):
+                # (A runtime-checkable protocol's isinstance is slow: not for None.)
+                if auth is not None and isinstance(auth, SendTimeAuth):
                     # The bearer token goes on after the pacing wait, just before the
                     # request leaves: a wait longer than the token's remaining life must
                     # not send it expired (and a 401 on it is no evidence of a refused
@@ -241,9 +243,14 @@ def _build(
     if pace is not None:
         pacer.seed(pace)
     timeout = connector.timeout
-    paced = PacedTransport(
-        transport or httpx.AsyncHTTPTransport(verify=_tls()), pacer, connector=connector.name
-    )
+    borrowed = False
+    if transport is None:
+        # In a worker, the connections a previous cycle left open (http.borrow_transport).
+        transport = borrow_transport(connector.name)
+        borrowed = transport is not None
+        if transport is None:
+            transport = httpx.AsyncHTTPTransport(verify=tls_context())
+    paced = PacedTransport(transport, pacer, connector=connector.name, borrowed=borrowed)
     if not isinstance(timeout, httpx.Timeout):
         timeout = httpx.Timeout(timeout)
     client = SyncClient(

@@ -38,9 +38,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
+import ssl
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -68,7 +71,10 @@ __all__ = [
     "Pacer",
     "SyncClient",
     "api_error",
+    "borrow_transport",
+    "give_back_transport",
     "read_capped",
+    "shared_connections",
 ]
 
 log = structlog.get_logger("synckit.http")
@@ -107,6 +113,101 @@ def _shared(db: Database, key: str) -> _Shared:
         found = _Shared()
         _shared_views[ident] = found
     return found
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The TLS context of every connector's transport, built once per process (loading
+    the CA bundle costs ~50 ms of CPU: built per cycle, it capped a worker at ~15 poll
+    cycles/s)."""
+    return httpx.create_ssl_context()
+
+
+# --- connections kept across a worker's cycles ------------------------------------------
+#
+# A cycle's client is its tenant's own (auth, pacing, base URL), but the connections under
+# it need not be: a transport per cycle opened a TCP (and TLS) connection per cycle, a
+# third of the CPU of a trivial poll. While a worker runs, a context borrows a transport
+# from its connector's free list on the worker's event loop and gives it back when it
+# closes, keep-alive connections and all. Not one pool shared by every cycle: httpcore
+# scans a pool's every connection (twice, quadratically) for each request, so a pool of
+# a hundred connections cost more than new connections did; a borrowed transport holds
+# the one or few connections of one cycle. Outside a worker (a script's App.context, a
+# test), a context keeps a transport of its own, closed with it.
+
+#: Idle transports a connector's free list keeps (more are closed when given back).
+IDLE_TRANSPORTS = 256
+
+
+@dataclasses.dataclass(eq=False)
+class _Lending:
+    holders: int = 0
+    idle: dict[str, list[httpx.AsyncHTTPTransport]] = dataclasses.field(default_factory=dict)
+
+
+_lending: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Lending] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@asynccontextmanager
+async def shared_connections() -> AsyncIterator[None]:
+    """While open, contexts opened on this event loop borrow their transports
+    (:func:`borrow_transport`); the idle ones close when the last holder leaves (a
+    worker holds this while it runs)."""
+    lending = _lending.setdefault(asyncio.get_running_loop(), _Lending())
+    lending.holders += 1
+    try:
+        yield
+    finally:
+        lending.holders -= 1
+        if lending.holders == 0:
+            idle, lending.idle = lending.idle, {}
+            for transports in idle.values():
+                for transport in transports:
+                    await _close_quietly(transport)
+
+
+def borrow_transport(connector: str) -> httpx.AsyncHTTPTransport | None:
+    """A transport for one context of ``connector``, with the connections a previous
+    context left open, or None when no worker lends transports on this event loop
+    (:func:`shared_connections`). Its connections carry no credential: auth is the
+    client's. Give it back with :func:`give_back_transport`."""
+    lending = _lending.get(asyncio.get_running_loop())
+    if lending is None or lending.holders == 0:
+        return None
+    idle = lending.idle.get(connector)
+    if idle:
+        return idle.pop()  # the most recently used: its connections are the freshest
+    return httpx.AsyncHTTPTransport(verify=tls_context())
+
+
+async def give_back_transport(connector: str, transport: httpx.AsyncHTTPTransport) -> None:
+    """Return a borrowed transport to the free list, or close it: when nobody lends any
+    more, when the list is full, or when a connection of it is still busy (a response
+    the connector never closed must not hold a connection of the next cycle)."""
+    lending = _lending.get(asyncio.get_running_loop())
+    if lending is not None and lending.holders > 0 and _all_idle(transport):
+        idle = lending.idle.setdefault(connector, [])
+        if len(idle) < IDLE_TRANSPORTS:
+            idle.append(transport)
+            return
+    await _close_quietly(transport)
+
+
+def _all_idle(transport: httpx.AsyncHTTPTransport) -> bool:
+    # httpx keeps its httpcore pool in ``_pool`` (every 0.2x release); unknown: not idle.
+    connections = getattr(getattr(transport, "_pool", None), "connections", None)
+    if connections is None:
+        return False
+    return all(c.is_idle() or c.is_closed() for c in connections)
+
+
+async def _close_quietly(transport: httpx.AsyncBaseTransport) -> None:
+    try:
+        await transport.aclose()
+    except Exception as exc:  # its sockets are gone with it either way
+        log.warning("http.transport_close_failed", error=repr(exc)[:300])
 
 
 class Pacer:
@@ -320,8 +421,12 @@ class PacedTransport(httpx.AsyncBaseTransport):
         *,
         before_send: Callable[[httpx.Request], Awaitable[None]] | None = None,
         connector: str | None = None,
+        borrowed: bool = False,
     ) -> None:
         self.inner = inner
+        #: ``inner`` came from :func:`borrow_transport` (for ``connector``): closing this
+        #: gives it back instead of closing it.
+        self.borrowed = borrowed
         self.pacer = pacer
         #: The connector's name, for the API metrics (None: not counted).
         self.connector = connector
@@ -353,7 +458,10 @@ class PacedTransport(httpx.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
-        await self.inner.aclose()
+        if self.borrowed and isinstance(self.inner, httpx.AsyncHTTPTransport):
+            await give_back_transport(self.connector or "", self.inner)
+        else:
+            await self.inner.aclose()
 
 
 def _where(request: httpx.Request) -> str:

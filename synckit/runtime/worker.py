@@ -44,6 +44,7 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from synckit.connectors.http import shared_connections
 from synckit.errors import (
     BreakerOutcome,
     BreakerPolicy,
@@ -301,6 +302,12 @@ class Worker:
     # --- main loop ------------------------------------------------------------------
 
     async def _main(self, *, idle_exit: bool) -> WorkerStats:
+        # Handlers' HTTP clients share connections while the worker runs (a pool per
+        # connector on this event loop), closed after its last job.
+        async with shared_connections():
+            return await self._serve(idle_exit=idle_exit)
+
+    async def _serve(self, *, idle_exit: bool) -> WorkerStats:
         store.register_waker(self.db, self._wake)
         self._log.info("worker.started", concurrency=self.concurrency, database=self.db.display_url)
         recorder = asyncio.create_task(self._recorder(), name="synckit-recorder")

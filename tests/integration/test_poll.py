@@ -17,6 +17,7 @@ from datetime import timedelta
 from http import HTTPStatus
 from typing import Any, ClassVar
 
+import httpx
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import select
@@ -29,7 +30,7 @@ from synckit.runtime import jobs as store
 from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel
 from synckit.runtime.jobs import ClaimedJob, reschedule_job, utcnow
-from synckit.runtime.poll import load_checkpoint, run_cycle
+from synckit.runtime.poll import load_checkpoint, run_cycle, save_checkpoint
 from synckit.runtime.resources import get_resource
 from synckit.runtime.schema import audit_buckets, connections, dead_letters, jobs
 
@@ -65,6 +66,9 @@ class FakeApi:
     override: Callable[[Req], Response | None] | None = None
     requests: list[Req] = field(default_factory=list)
     url: str = ""
+    #: TCP connections accepted, and those the client has closed since.
+    connections: int = 0
+    closed: int = 0
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -96,6 +100,7 @@ class FakeApi:
         return 404, {}, {"error": "no such route"}
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while line := await reader.readline():
                 method, target, _ = line.decode().split(" ", 2)
@@ -121,10 +126,18 @@ class FakeApi:
                 head += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
                 writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
                 await writer.drain()
+            self.closed += 1  # the client's EOF
         except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+            self.closed += 1
         finally:
             writer.close()
+
+    async def settled(self) -> None:
+        """Wait (briefly) until the server has seen every closed connection's EOF."""
+        for _ in range(200):
+            if self.closed == self.connections:
+                return
+            await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -470,6 +483,155 @@ def test_the_page_statements_are_cacheable() -> None:
         assert stmt._generate_cache_key() is not None, stmt
 
 
+# --- connections, and what a poll job reads first ------------------------------------------
+
+
+async def test_a_cycle_logs_one_line_at_info_saying_where_it_started(
+    db: Database, api: FakeApi
+) -> None:
+    """poll.finished is a cycle's one info line: where it started, what it did."""
+    from structlog.testing import capture_logs
+
+    app = await setup(db, make(api))
+    with capture_logs() as logs:
+        await app.poll(db, "acme")
+        await app.poll(db, "acme")
+    info = [e for e in logs if e["log_level"] == "info" and e["event"].startswith("poll.")]
+    assert [(e["event"], e["pages_from"], e["pages"], e["ok"]) for e in info] == [
+        ("poll.finished", "null", 3, 9),
+        ("poll.finished", '{"page": 3}', 1, 0),
+    ]
+
+
+async def test_a_workers_cycles_reuse_connections_closed_when_it_stops(
+    db: Database, api: FakeApi
+) -> None:
+    """Cycles run one after another by a worker send their requests over the connection
+    the previous cycle left open (each still with its own tenant's token); the worker
+    closes it when it stops."""
+    api.pages["default"] = 1
+    cls = make(api)
+    app = await setup(db, cls, "acme", "globex", "initech")
+    await app.schedule(db)
+    worker = app.worker(db, concurrency=1, poll_interval=0.05)
+    await worker.run_until_idle()
+    assert worker.stats.succeeded == 3
+    gets = api.gets("/default")
+    assert len(gets) == 3
+    assert {g.headers["authorization"] for g in gets} == {
+        f"Bearer tok-{t}" for t in ("acme", "globex", "initech")
+    }
+    assert api.connections == 1
+    await api.settled()
+    assert api.closed == 1
+
+
+async def test_a_cycle_outside_a_worker_closes_its_own_connection(
+    db: Database, api: FakeApi
+) -> None:
+    """Outside a worker (a script's App.poll) a cycle's connections are its own and
+    close with it."""
+    api.pages["default"] = 1
+    app = await setup(db, make(api))
+    await app.poll(db, "acme")
+    await app.poll(db, "acme")
+    assert api.connections == 2
+    await api.settled()
+    assert api.closed == 2
+
+
+async def test_a_borrowed_transport_given_back_busy_is_closed(api: FakeApi) -> None:
+    """A transport comes back to the free list only with every connection idle: one
+    holding a response nobody closed is closed, and the next borrower gets a new one. An
+    idle one is lent again; all close when the last holder leaves."""
+    from synckit.connectors.http import (
+        borrow_transport,
+        give_back_transport,
+        shared_connections,
+    )
+
+    assert borrow_transport("items") is None  # nobody lends: a context opens its own
+    async with shared_connections():
+        first = borrow_transport("items")
+        assert first is not None
+        async with httpx.AsyncClient(transport=first, base_url=api.url) as client:
+            busy = await client.send(client.build_request("GET", "/items"), stream=True)
+            await give_back_transport("items", first)
+            await api.settled()
+            assert (api.connections, api.closed) == (1, 1)
+            await busy.aclose()
+        second = borrow_transport("items")
+        assert second is not None and second is not first
+        async with httpx.AsyncClient(transport=second, base_url=api.url) as client:
+            await client.get("/items")
+            await give_back_transport("items", second)
+            assert borrow_transport("items") is second
+            await client.get("/items")
+            await give_back_transport("items", second)
+            assert (api.connections, api.closed) == (2, 1)
+    await api.settled()
+    assert (api.connections, api.closed) == (2, 2)
+    assert borrow_transport("items") is None
+
+
+async def test_poll_start_reads_what_get_tenant_read_cycle_start_and_read_pace_read(
+    db: Database, api: FakeApi
+) -> None:
+    """The poll job's one statement reads the tenant as get_tenant does, the stream's
+    start as read_cycle_start and the pacing as read_pace_sync (the resource's own
+    next_available_at or its parent's, whichever is later, and the stored quota)."""
+    from synckit.app import _poll_start
+    from synckit.connectors.tenants import _tenant, get_tenant
+    from synckit.runtime.pacing import read_pace_sync
+    from synckit.runtime.poll import RecordFailure, dead_letter_records, read_cycle_start
+    from synckit.runtime.schema import resources
+
+    await setup(db, make(api), "acme", "globex")
+    now = utcnow().replace(microsecond=0)
+
+    async def check(tenant: str) -> None:
+        row, start, pace = await db.write(_poll_start, tenant, "items", "default")
+        t = await get_tenant(db, tenant)
+        assert _tenant(row, reveal=True, cipher=None) == t
+        assert start == await db.write(read_cycle_start, tenant, "items", "default")
+        assert pace == await db.write(read_pace_sync, t.resource_key)
+
+    await check("acme")  # no checkpoint, no pacing, no quota
+    await db.write(save_checkpoint, "acme", "items", "default", {"page": 4}, now)
+    failure = RecordFailure("r1", {"id": "r1"}, "validation", "boom", None)
+    await db.write(
+        lambda c: dead_letter_records(
+            c, tenant="acme", connector="items", kind="record:default", failures=[failure],
+            trace_id=None, job_id=None, resource_key=None, now=now,
+        )
+    )  # fmt: skip
+
+    async def pace(key: str, **values: Any) -> None:
+        async with db.begin() as conn:
+            await conn.execute(
+                resources.update().where(resources.c.resource_key == key).values(**values)
+            )
+
+    quota = {
+        "quota_limit": 100,
+        "quota_remaining": 7,
+        "quota_reset_at": now + timedelta(minutes=5),
+        "quota_at": now,
+    }
+    await pace("items:acme", next_available_at=now + timedelta(seconds=30), **quota)
+    await check("acme")
+    await pace("api:items", next_available_at=now + timedelta(seconds=90))  # the parent's
+    await check("acme")
+    await check("globex")  # the parent's only
+    await pace("items:acme", next_available_at=now + timedelta(seconds=300))
+    await check("acme")
+    _row, start, pace_view = await db.write(_poll_start, "acme", "items", "default")
+    assert start is not None and start.checkpoint == {"page": 4} and start.open_dead_letters
+    assert pace_view is not None and pace_view.available_at == now + timedelta(seconds=300)
+    assert pace_view.quota is not None and pace_view.quota.remaining == 7
+    assert await db.write(_poll_start, "nobody", "items", "default") == (None, None, None)
+
+
 # --- errors about the whole API --------------------------------------------------------------
 
 
@@ -804,6 +966,7 @@ async def test_a_cycle_reads_its_pacing_with_its_tenant_not_per_request(
     the cycle's requests (no rate declared) make no pacing read of their own, and a pace
     stored on the resource is honoured from the first request."""
     from synckit.runtime import pacing
+
     reads: list[str] = []
     real = pacing.read_pace
 
