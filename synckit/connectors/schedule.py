@@ -1,5 +1,8 @@
 """Poll schedules: ``every 5m`` or a cron expression, and their next tick (pure).
 
+This is the one schedule grammar: the poller, tenants' settings, connectors' declarations
+and the ``poll_lag`` alert rule all read schedules through :func:`parse_schedule`.
+
 Interval ticks are spread over the interval by a stable phase derived from the schedule's
 key (``poll:tenant:stream``): a thousand tenants on ``every 5m`` do not all fire in the
 same second, and every worker computes the same ticks for one key. Cron ticks are exact,
@@ -8,6 +11,7 @@ because whoever wrote ``0 3 * * *`` meant three o'clock.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -66,3 +70,11 @@ def parse_schedule(text: str) -> PollSchedule:
         f"schedule {text!r} is neither 'every <n><s|m|h|d>' (e.g. 'every 5m') "
         "nor a valid cron expression (e.g. '*/10 * * * *')"
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def cached_schedule(text: str) -> PollSchedule:
+    """:func:`parse_schedule`, remembered: a few distinct schedules serve many tenants, and
+    a rule reading every tenant's should not parse the same text each time. A text that
+    cannot be read raises each time (errors are not cached)."""
+    return parse_schedule(text)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from synckit.errors.backoff import backoff_delay
+
 __all__ = [
     "BASE_DELAY",
     "DEAD_CYCLES_REASON",
@@ -97,10 +99,6 @@ def decide_capture(
     )
 
 
-# 2 ** 11 minutes already exceeds the cap; clamping keeps huge attempt numbers free.
-_MAX_EXPONENT = 11
-
-
 class UniformSource(Protocol):
     """What :func:`next_retry_delay` needs of a random source (``random.Random`` fits)."""
 
@@ -113,16 +111,17 @@ def next_retry_delay(attempt: int, rng: UniformSource, *, jitter: float = JITTER
     The nominal delay is ``min(2 ** attempt minutes, 24 h)``; jitter takes off up to
     ``jitter`` of it (``d * (1 - jitter * u)``, ``u`` uniform in [0, 1)), so that rows that
     failed together spread out while the waits still grow. Whatever ``rng`` returns, the
-    result lies in ``[(1 - jitter) * d, d]`` and never exceeds 24 hours.
+    result lies in ``[(1 - jitter) * d, d]`` and never exceeds 24 hours. It is
+    :func:`synckit.errors.backoff.backoff_delay` from :data:`BASE_DELAY` doubling up to
+    :data:`MAX_DELAY`, counting the capture as the first attempt.
     """
     if attempt < 0:
         raise ValueError(f"attempt must not be negative, got {attempt}")
     if not 0.0 <= jitter <= 1.0:
         raise ValueError(f"jitter must be in [0, 1], got {jitter}")
-    nominal = min(BASE_DELAY * 2 ** min(attempt, _MAX_EXPONENT), MAX_DELAY)
-    u = min(max(float(rng.random()), 0.0), 1.0)  # a misbehaving source cannot break the bounds
-    delay: timedelta = nominal * (1.0 - jitter * u)
-    return delay
+    return backoff_delay(
+        attempt + 1, float(rng.random()), base=BASE_DELAY, cap=MAX_DELAY, jitter=jitter
+    )
 
 
 def blocked_until(

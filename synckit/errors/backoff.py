@@ -1,10 +1,14 @@
-"""How long to wait before the next attempt: one small pure function, :func:`retry_delay`.
+"""How long to wait before the next attempt: one small pure function, :func:`retry_delay`,
+over the one backoff formula, :func:`backoff_delay`.
 
 The computed backoff is exponential with *equal-ish jitter*: the exponential delay
 ``d = min(cap, base * multiplier ** (attempt - 1))`` is multiplied by ``1 - jitter * u``
 with ``u`` uniform in [0, 1). The default ``jitter=0.5`` is equal jitter (a delay in
 [d/2, d]): it spreads a crowd of workers that failed together, while still guaranteeing
-that the waits grow. ``jitter=1.0`` is AWS-style full jitter, ``0.0`` none.
+that the waits grow. ``jitter=1.0`` is AWS-style full jitter, ``0.0`` none. Every backoff
+in synckit is this formula with its own knobs: job retries and the outbox relay (through
+:class:`RetryPolicy`), dead-letter replays (:func:`synckit.dlq.policy.next_retry_delay`)
+and the alert webhook's attempts (:class:`synckit.runtime.alerts.WebhookSink`).
 
 A wait the server asked for always wins over the computed backoff, even when it is
 shorter: the server knows. It gets a safety buffer (default +20%), because clocks
@@ -33,6 +37,7 @@ from synckit.errors.waits import DEFAULT_MAX_WAIT
 __all__ = [
     "RetryDecision",
     "RetryPolicy",
+    "backoff_delay",
     "is_testing",
     "retry_delay",
     "set_testing",
@@ -210,23 +215,59 @@ def _buffered(wait: timedelta, policy: RetryPolicy) -> timedelta:
 
 
 def _uniform(rng: random.Random | Callable[[], float]) -> float:
-    value = rng.random() if isinstance(rng, random.Random) else rng()
-    # A bad source (NaN, out of range) must not push a delay outside its bounds.
-    return value if 0.0 <= value <= 1.0 else 0.0
+    return rng.random() if isinstance(rng, random.Random) else rng()
 
 
 def _backoff(policy: RetryPolicy, attempt: int, uniform: float) -> timedelta:
-    # Whole microseconds as ints, so that no float rounding can cross cap or floor.
-    cap = policy.cap // _MICROSECOND
-    floor = policy.floor // _MICROSECOND
+    return backoff_delay(
+        attempt,
+        uniform,
+        base=policy.base,
+        cap=policy.cap,
+        multiplier=policy.multiplier,
+        jitter=policy.jitter,
+        floor=policy.floor,
+    )
+
+
+def backoff_delay(
+    attempt: int,
+    uniform: float,
+    *,
+    base: timedelta,
+    cap: timedelta,
+    multiplier: float = 2.0,
+    jitter: float = 0.5,
+    floor: timedelta = timedelta(0),
+) -> timedelta:
+    """The wait after failed attempt number ``attempt`` (1-based; below 1 counts as 1):
+    ``d = min(cap, base * multiplier ** (attempt - 1))``, less up to ``jitter`` of it
+    (``d * (1 - jitter * uniform)``), and never less than ``floor``.
+
+    ``uniform`` is a draw in [0, 1]; anything else (NaN, out of range: a bad source)
+    counts as 0, so the result always lies in ``[max(floor, (1 - jitter) d), max(floor,
+    d)]``. Computed in whole microseconds, so no float rounding crosses ``cap`` or
+    ``floor``, and any ``attempt`` costs the same and never overflows. ``ValueError``
+    for a negative duration, a ``multiplier`` below 1 or a ``jitter`` outside [0, 1].
+    """
+    zero = timedelta(0)
+    if base < zero or cap < zero or floor < zero:
+        raise ValueError("backoff durations must not be negative")
+    if not (math.isfinite(multiplier) and multiplier >= 1):
+        raise ValueError(f"multiplier must be a number of at least 1, got {multiplier}")
+    if not 0.0 <= jitter <= 1.0:
+        raise ValueError(f"jitter must be in [0, 1], got {jitter}")
+    u = uniform if 0.0 <= uniform <= 1.0 else 0.0
+    top = cap // _MICROSECOND
+    start = base // _MICROSECOND
     exponent = min(max(attempt - 1, 0), _MAX_EXPONENT)
     try:
-        grown = (policy.base // _MICROSECOND) * float(policy.multiplier) ** exponent
+        grown = start * float(multiplier) ** exponent
     except OverflowError:
-        grown = math.inf
-    raw = cap if grown >= cap else int(grown)
-    jittered = min(raw, int(raw * (1.0 - policy.jitter * uniform)))
-    return max(floor, jittered) * _MICROSECOND
+        grown = math.inf if start else 0.0
+    raw = top if grown >= top else int(grown)
+    jittered = min(raw, int(raw * (1.0 - jitter * u)))
+    return max(floor // _MICROSECOND, jittered) * _MICROSECOND
 
 
 def _show(delay: timedelta) -> str:

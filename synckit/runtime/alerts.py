@@ -54,7 +54,6 @@ import inspect
 import json
 import math
 import random
-import re
 import weakref
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -65,7 +64,6 @@ from typing import Any, Protocol
 
 import httpx
 import structlog
-from croniter import croniter
 from sqlalchemy import (
     any_,
     bindparam,
@@ -84,6 +82,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
+from synckit.connectors.schedule import cached_schedule
+from synckit.errors.backoff import backoff_delay
 from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.runtime.audit import (
     AuditRow,
@@ -477,45 +477,26 @@ class DlqReview:
         ]
 
 
-_EVERY = re.compile(
-    r"^\s*(?:every\s+)?(\d+(?:\.\d+)?)\s*"
-    r"(s|sec|secs|seconds?|m|min|mins|minutes?|h|hr|hrs|hours?|d|days?)\s*$",
-    re.IGNORECASE,
-)
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def schedule_interval(schedule: str) -> timedelta | None:
-    """The interval of an ``every 5m``-style schedule (``5m``, ``every 2 hours``...)."""
-    m = _EVERY.match(schedule)
-    if not m:
-        return None
-    seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)[0].lower()]
-    return timedelta(seconds=seconds) if seconds > 0 else None
-
-
 def poll_deadline(
     schedule: str, last_success: datetime, factor: float = 2.0, grace: timedelta = timedelta(0)
 ) -> datetime | None:
     """When a tenant polled on ``schedule`` and last successful at ``last_success`` is late.
 
-    An interval schedule is late after ``factor`` intervals. A cron expression is late
-    once ``ceil(factor)`` of its ticks passed without a success: a cron's gaps vary
-    (weekends), so its cadence is counted in ticks, not in a fixed interval. ``None``
-    when the schedule cannot be read.
+    The schedule is read as the poller reads it (:func:`~synckit.connectors.schedule.
+    parse_schedule`). An interval schedule is late after ``factor`` intervals. A cron
+    expression is late once ``ceil(factor)`` of its ticks passed without a success: a
+    cron's gaps vary (weekends), so its cadence is counted in ticks, not in a fixed
+    interval. ``None`` when the schedule cannot be read (the poller does not run it).
     """
-    interval = schedule_interval(schedule)
-    if interval is not None:
-        return last_success + interval * factor + grace
-    spec = schedule.strip()
-    if spec.lower().startswith("cron:"):
-        spec = spec[5:].strip()
-    if not spec or not croniter.is_valid(spec):
+    try:
+        parsed = cached_schedule(schedule)
+    except ConfigurationError:
         return None
-    it = croniter(spec, last_success)
+    if parsed.every is not None:
+        return last_success + parsed.every * factor + grace
     tick = last_success
     for _ in range(max(1, math.ceil(factor))):
-        tick = it.get_next(datetime)
+        tick = parsed.next_after(tick)
     return tick + grace
 
 
@@ -1222,12 +1203,18 @@ class CallbackSink:
             await result
 
 
+#: The share of a webhook retry's wait that jitter may take off.
+_WEBHOOK_JITTER = 0.2
+
+
 class WebhookSink:
     """POSTs each alert as JSON to ``url``.
 
     Transport errors, 5xx and 429 are retried up to ``attempts`` times in all, waiting
-    ``backoff`` seconds doubling (with jitter, capped at ``max_backoff``); any other
-    non-2xx answer fails at once. Failing raises :class:`AlertDeliveryError`.
+    ``backoff`` seconds doubling, capped at ``max_backoff``, less up to a fifth in jitter
+    (:func:`~synckit.errors.backoff.backoff_delay`); any other non-2xx answer fails at
+    once. Failing raises :class:`AlertDeliveryError`. ``sleep`` is what waits and ``rng``
+    the jitter's draw in [0, 1) (a test passes a fixed draw and a sleep that records).
     """
 
     def __init__(
@@ -1241,9 +1228,21 @@ class WebhookSink:
         headers: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         allow_private: bool = True,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
+        # The waits' knobs as backoff_delay takes them: a bad value fails here, not in
+        # the middle of a delivery.
+        waits: tuple[timedelta, timedelta] | None
+        try:
+            waits = (timedelta(seconds=backoff), timedelta(seconds=max_backoff))
+        except (OverflowError, ValueError):  # NaN, infinite, past what a timedelta holds
+            waits = None
+        if waits is None or min(waits) < timedelta(0):
+            raise ValueError("backoff and max_backoff must be non-negative, finite seconds")
+        self._waits = waits
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ConfigurationError(
@@ -1260,6 +1259,8 @@ class WebhookSink:
         self.timeout = timeout
         self.headers = dict(headers or {})
         self.transport = transport
+        self.sleep = sleep
+        self.rng = rng
 
     async def __call__(self, alert: Alert) -> None:
         body = alert.to_json()
@@ -1282,9 +1283,15 @@ class WebhookSink:
                     if response.status_code != 429 and response.status_code < 500:
                         break
                 if attempt < self.attempts:
-                    delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+                    delay = backoff_delay(
+                        attempt,
+                        self.rng(),
+                        base=self._waits[0],
+                        cap=self._waits[1],
+                        jitter=_WEBHOOK_JITTER,
+                    )
                     log.info("alert.webhook_retry", rule=alert.rule, attempt=attempt, error=problem)
-                    await asyncio.sleep(delay * random.uniform(0.8, 1.0))
+                    await self.sleep(delay.total_seconds())
         raise AlertDeliveryError(f"webhook {self.where} refused alert {alert.key}: {problem}")
 
 
@@ -1598,7 +1605,6 @@ __all__ = [
     "recent_alerts",
     "record_alerts",
     "register_alerts",
-    "schedule_interval",
     "set_alert_router",
     "window_key",
 ]

@@ -8,8 +8,13 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from synckit.connectors.schedule import parse_schedule
+from synckit.errors import ConfigurationError
+from synckit.errors.backoff import backoff_delay
 from synckit.runtime.alerts import (
     Alert,
     AlertData,
@@ -31,7 +36,6 @@ from synckit.runtime.alerts import (
     emit_alert,
     get_alert_router,
     poll_deadline,
-    schedule_interval,
     set_alert_router,
     window_key,
 )
@@ -239,13 +243,37 @@ def test_dlq_growth_acceleration() -> None:
 # --- (e) poll lag ------------------------------------------------------------------------------
 
 
-def test_schedules_are_read() -> None:
-    """Interval forms give their interval; cron and nonsense give None."""
-    assert schedule_interval("every 5m") == timedelta(minutes=5)
-    assert schedule_interval("every 30 seconds") == timedelta(seconds=30)
-    assert schedule_interval("2h") == timedelta(hours=2)
-    assert schedule_interval("*/5 * * * *") is None
-    assert schedule_interval("whenever") is None
+def test_schedules_are_read_as_the_poller_reads_them() -> None:
+    """Interval forms give twice their interval; a form the poller refuses ("every 30
+    seconds", "2h", "cron: ...") gives no deadline, as nonsense does."""
+    last = datetime(2026, 2, 27, 9, 0, 5, tzinfo=UTC)
+    assert poll_deadline("every 5m", last) == last + timedelta(minutes=10)
+    assert poll_deadline(" EVERY 1.5h ", last) == last + timedelta(hours=3)
+    assert poll_deadline("*/5 * * * *", last) == datetime(2026, 2, 27, 9, 10, tzinfo=UTC)
+    for refused in ("every 30 seconds", "2h", "cron: */5 * * * *", "whenever", "every 0s", ""):
+        assert poll_deadline(refused, last) is None, refused
+
+
+_SCHEDULE_TEXT = st.one_of(
+    st.sampled_from(["every 5m", "every 1d", "5m", "every 5 minutes", "0 9 * * 1-5", "@daily"]),
+    st.from_regex(r"\s*(every\s*)?\d{1,3}(\.\d)?\s*[smhdx]?\s*", fullmatch=True),
+    st.text(max_size=20),
+)
+
+
+@given(_SCHEDULE_TEXT)
+def test_poll_lag_reads_exactly_the_schedules_the_poller_runs(text: str) -> None:
+    """One grammar: a deadline exists exactly when parse_schedule reads the text."""
+    last = datetime(2026, 2, 27, 9, 0, 5, tzinfo=UTC)
+    try:
+        parsed = parse_schedule(text)
+    except ConfigurationError:
+        assert poll_deadline(text, last) is None
+        return
+    deadline = poll_deadline(text, last)
+    assert deadline is not None and deadline > last
+    if parsed.every is not None:
+        assert deadline == last + 2 * parsed.every
 
 
 def test_poll_deadline_interval_and_cron() -> None:
@@ -429,3 +457,41 @@ async def test_webhook_retries_server_errors_and_gives_up_on_client_errors() -> 
     with pytest.raises(AlertDeliveryError, match="HTTP 400"):
         await sink(_alert())
     assert len(calls) == 1
+
+
+async def test_webhook_waits_are_the_shared_backoff() -> None:
+    """Between attempts the sink waits backoff_delay's doubling from ``backoff``, capped
+    at ``max_backoff``, less a fifth at most, with its draw; nothing after the last."""
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    sink = WebhookSink(
+        "http://hooks.test/alerts",
+        attempts=5,
+        backoff=0.5,
+        max_backoff=1.5,
+        transport=httpx.MockTransport(lambda request: httpx.Response(503)),
+        sleep=sleep,
+        rng=lambda: 0.5,
+    )
+    with pytest.raises(AlertDeliveryError, match="HTTP 503"):
+        await sink(_alert())
+    assert slept == [0.45, 0.9, 1.35, 1.35]  # 0.5, 1, 2 -> 1.5, 1.5, each less 10%
+    expected = [
+        backoff_delay(
+            n, 0.5, base=timedelta(seconds=0.5), cap=timedelta(seconds=1.5), jitter=0.2
+        ).total_seconds()
+        for n in range(1, 5)
+    ]
+    assert slept == expected
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), 1e300])
+def test_webhook_backoff_that_cannot_be_a_wait_is_refused(bad: float) -> None:
+    """A negative, NaN, infinite or absurd backoff fails when the sink is made."""
+    with pytest.raises(ValueError, match="backoff"):
+        WebhookSink("http://hooks.test/alerts", backoff=bad)
+    with pytest.raises(ValueError, match="backoff"):
+        WebhookSink("http://hooks.test/alerts", max_backoff=bad)

@@ -1,4 +1,5 @@
-"""retry_delay(): server-told waits, exponential backoff with jitter, limits, test modes."""
+"""retry_delay(): server-told waits, exponential backoff with jitter, limits, test modes;
+backoff_delay(), the one formula every backoff in synckit uses."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from synckit.errors import (
     retry_delay,
     set_testing,
 )
+from synckit.errors.backoff import backoff_delay
 
 NO_JITTER = RetryPolicy(jitter=0.0)
 
@@ -370,3 +372,113 @@ def test_floor_above_max_wait_is_refused() -> None:
     """A policy whose floor exceeds its max_wait cannot hold both promises."""
     with pytest.raises(ConfigurationError, match="max_wait"):
         RetryPolicy(floor=timedelta(hours=2), cap=timedelta(hours=2), max_wait=timedelta(hours=1))
+
+
+# --- the one formula ----------------------------------------------------------------
+
+
+SECOND = timedelta(seconds=1)
+
+
+def test_backoff_delay_doubles_from_base_to_cap_less_its_jitter() -> None:
+    """1, 2, 4 s then the 5 s cap (attempts below 1 count as 1); a draw of 1 takes off
+    the jitter's share; the floor wins over a shorter wait."""
+    waits = [backoff_delay(a, 0.0, base=SECOND, cap=5 * SECOND) for a in range(-1, 6)]
+    assert waits == [SECOND, SECOND, SECOND, 2 * SECOND, 4 * SECOND, 5 * SECOND, 5 * SECOND]
+    assert backoff_delay(3, 1.0, base=SECOND, cap=5 * SECOND) == 2 * SECOND
+    assert backoff_delay(3, 1.0, base=SECOND, cap=5 * SECOND, jitter=0.25) == 3 * SECOND
+    assert backoff_delay(3, 1.0, base=SECOND, cap=5 * SECOND, floor=3 * SECOND) == 3 * SECOND
+    assert backoff_delay(4, 0.0, base=SECOND, cap=60 * SECOND, multiplier=3) == 27 * SECOND
+    assert backoff_delay(10**400, 0.0, base=timedelta(0), cap=SECOND) == timedelta(0)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"base": -SECOND},
+        {"cap": -SECOND},
+        {"floor": -SECOND},
+        {"multiplier": 0.5},
+        {"multiplier": float("nan")},
+        {"jitter": 1.5},
+        {"jitter": -0.1},
+    ],
+)
+def test_backoff_delay_refuses_knobs_that_cannot_work(knobs: dict[str, object]) -> None:
+    """A negative duration, a shrinking or NaN multiplier, a jitter outside [0, 1]."""
+    args: dict[str, object] = {"base": SECOND, "cap": 5 * SECOND, **knobs}
+    with pytest.raises(ValueError):
+        backoff_delay(2, 0.5, **args)  # type: ignore[arg-type]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    attempt=_ATTEMPTS,
+    uniform=st.floats(allow_nan=True, allow_infinity=True),
+    base=st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=30)),
+    cap=st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=30)),
+    floor=st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=30)),
+    multiplier=st.floats(min_value=1.0, max_value=1e6),
+    jitter=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_backoff_delay_stays_in_its_bounds_for_any_draw(
+    attempt: int,
+    uniform: float,
+    base: timedelta,
+    cap: timedelta,
+    floor: timedelta,
+    multiplier: float,
+    jitter: float,
+) -> None:
+    """Whatever the attempt and the draw (NaN, out of range), the wait lies in
+    [max(floor, (1 - jitter) * min(base, cap)), max(floor, cap)]."""
+    delay = backoff_delay(
+        attempt, uniform, base=base, cap=cap, multiplier=multiplier, jitter=jitter, floor=floor
+    )
+    least = min(base, cap) * (1 - jitter) - timedelta(microseconds=1)
+    assert max(floor, least) <= delay <= max(floor, cap)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    attempt=st.integers(min_value=1, max_value=80),
+    policy=policies(),
+    draw=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+)
+def test_retry_delay_backs_off_by_the_one_formula(
+    attempt: int, policy: RetryPolicy, draw: float
+) -> None:
+    """A computed retry waits backoff_delay with the policy's knobs (within max_wait)."""
+    decision = retry_delay(verdict(max_attempts=10**9), attempt, policy, rng=lambda: draw)
+    assert decision is not None and not decision.server_told
+    expected = backoff_delay(
+        attempt,
+        draw,
+        base=policy.base,
+        cap=policy.cap,
+        multiplier=policy.multiplier,
+        jitter=policy.jitter,
+        floor=policy.floor,
+    )
+    assert decision.delay == min(expected, policy.max_wait)
+
+
+@given(
+    attempt=st.integers(min_value=0, max_value=10**6),
+    draw=st.floats(allow_nan=True),
+    jitter=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_dead_letter_replays_back_off_by_the_one_formula(
+    attempt: int, draw: float, jitter: float
+) -> None:
+    """next_retry_delay is backoff_delay from 1 minute doubling to 24 h, the capture
+    counting as the first attempt."""
+    from synckit.dlq.policy import BASE_DELAY, MAX_DELAY, next_retry_delay
+
+    class Fixed:
+        def random(self) -> float:
+            return draw
+
+    assert next_retry_delay(attempt, Fixed(), jitter=jitter) == backoff_delay(
+        attempt + 1, draw, base=BASE_DELAY, cap=MAX_DELAY, jitter=jitter
+    )

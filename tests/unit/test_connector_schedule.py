@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from synckit.connectors.schedule import parse_schedule
+from synckit.connectors.schedule import cached_schedule, parse_schedule
 from synckit.errors import ConfigurationError
 
 NOW = datetime(2024, 5, 1, 12, 0, 7, tzinfo=UTC)
@@ -32,6 +32,21 @@ def test_cron_schedule_ticks_exactly() -> None:
 def test_bad_schedules_are_refused_with_the_forms_named(text: str) -> None:
     with pytest.raises(ConfigurationError, match="schedule"):
         parse_schedule(text)
+
+
+@pytest.mark.parametrize("text", ["every 5m", "*/10 * * * *", "sometimes", "every 0s", ""])
+def test_the_cached_reading_is_parse_schedule(text: str) -> None:
+    """cached_schedule reads as parse_schedule does, refuses with the same words, and
+    parses a readable text once."""
+    try:
+        expected = parse_schedule(text)
+    except ConfigurationError as exc:
+        with pytest.raises(ConfigurationError) as info:
+            cached_schedule(text)
+        assert str(info.value) == str(exc)
+        return
+    assert cached_schedule(text) == expected
+    assert cached_schedule(text) is cached_schedule(text)
 
 
 def test_interval_ticks_are_spread_by_key_and_stable() -> None:
