@@ -32,13 +32,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, text, update
+from sqlalchemy import Text, bindparam, cast, func, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from synckit.runtime.jobs import guarded_moment, read_moment, read_payload
 from synckit.runtime.schema import audit_buckets
 from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
 
@@ -283,24 +284,42 @@ async def read_audit(
     only_failures: bool = False,
 ) -> list[AuditRow]:
     """Rows whose minute is in ``[since, until)``; ``only_failures`` skips clean rows."""
-    stmt = select(audit_buckets).where(audit_buckets.c.minute >= since)
+    c = audit_buckets.c
+    stmt = select(
+        c.tenant,
+        c.connector,
+        # Guarded and as text, parsed per row: one corrupt bucket must not fail a report.
+        guarded_moment(c.minute),
+        c.app_version,
+        c.ok,
+        c.failed,
+        cast(c.failed_by_class, Text).label("failed_by_class"),
+    ).where(c.minute >= since)
     if until is not None:
-        stmt = stmt.where(audit_buckets.c.minute < until)
+        stmt = stmt.where(c.minute < until)
     if only_failures:
-        stmt = stmt.where(audit_buckets.c.failed_by_class.is_not(None))
-    rows = await conn.execute(stmt.order_by(audit_buckets.c.minute))
-    return [
-        AuditRow(
-            tenant=r.tenant,
-            connector=r.connector,
-            minute=r.minute,
-            app_version=r.app_version,
-            ok=r.ok,
-            failed=r.failed,
-            failed_by_class=dict(r.failed_by_class or {}),
+        stmt = stmt.where(c.failed_by_class.is_not(None))
+    out: list[AuditRow] = []
+    for r in await conn.execute(stmt.order_by(c.minute)):
+        try:
+            minute = read_moment(r.minute)
+            counts = read_payload(r.failed_by_class)
+        except ValueError:
+            continue  # a bucket that cannot be read counts for nothing
+        if minute is None:
+            continue
+        out.append(
+            AuditRow(
+                tenant=r.tenant,
+                connector=r.connector,
+                minute=minute,
+                app_version=r.app_version,
+                ok=r.ok,
+                failed=r.failed,
+                failed_by_class=dict(counts) if isinstance(counts, dict) else {},
+            )
         )
-        for r in rows
-    ]
+    return out
 
 
 @dataclass(frozen=True)
@@ -358,7 +377,9 @@ async def totals_by_version(conn: AsyncConnection, *, since: datetime) -> list[V
         select(
             audit_buckets.c.connector,
             audit_buckets.c.app_version,
-            func.min(audit_buckets.c.minute),
+            # Guarded after MIN: an out-of-range minute (year 20000) sorts last and is
+            # passed over; only a group with no readable minute yields the marker.
+            guarded_moment(func.min(audit_buckets.c.minute)),
             func.coalesce(func.sum(audit_buckets.c.ok), 0),
             func.coalesce(func.sum(audit_buckets.c.failed), 0),
         )
@@ -372,15 +393,14 @@ async def totals_by_version(conn: AsyncConnection, *, since: datetime) -> list[V
         classes[k] = merge_counts(classes.get(k), row.classes.attempts())
     out: list[VersionTotals] = []
     for (c, v), (first, ok, failed) in sorted(base.items()):
-        # SQLite's MIN() over a column returns the stored text, not a datetime.
-        first_seen = first if isinstance(first, datetime) else _parse_minute(first)
+        try:
+            first_seen = read_moment(first) or since
+        except ValueError:
+            # No readable first minute: taken as old as the window, so that a corrupt
+            # bucket never passes for the newest deploy.
+            first_seen = since
         out.append(VersionTotals(c, v, first_seen, ok, failed, classes.get((c, v), {})))
     return out
-
-
-def _parse_minute(value: Any) -> datetime:
-    parsed = datetime.fromisoformat(str(value))
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
 def window_start(now: datetime, window: timedelta) -> datetime:

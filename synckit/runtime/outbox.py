@@ -60,7 +60,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import structlog
 from sqlalchemy import (
     Row,
+    Text,
     bindparam,
+    cast,
     delete,
     func,
     literal,
@@ -82,8 +84,9 @@ from synckit.errors.exceptions import (
     SynckitError,
 )
 from synckit.runtime.db import Database
+from synckit.runtime.jobs import guarded_moment, read_moment, read_payload
 from synckit.runtime.logging import redact_text
-from synckit.runtime.schema import dead_letters, outbox
+from synckit.runtime.schema import UTCDateTime, dead_letters, outbox
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
@@ -1119,10 +1122,12 @@ class OutboxInfo:
     status: str
     attempts: int
     last_error: str | None
-    next_attempt_at: datetime
-    created_at: datetime
+    next_attempt_at: datetime | None
+    created_at: datetime | None
     published_at: datetime | None
     payload: Any = None
+    #: ``{column: reason}`` of what a corrupt row holds instead of a value (then None).
+    unreadable: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         def ts(v: datetime | None) -> str | None:
@@ -1140,10 +1145,24 @@ class OutboxInfo:
             "created_at": ts(self.created_at),
             "published_at": ts(self.published_at),
             "payload": self.payload,
+            **({"unreadable": dict(self.unreadable)} if self.unreadable else {}),
         }
 
 
 def _info(r: Row[Any]) -> OutboxInfo:
+    """A row as read by :data:`_LISTED` (or typed, as a plain ``select(outbox)`` gives
+    it): each value parsed here, so one corrupt row is named instead of fatal."""
+    bad: dict[str, str] = {}
+    moments: dict[str, datetime | None] = {}
+    for name in ("next_attempt_at", "created_at", "published_at"):
+        try:
+            moments[name] = read_moment(getattr(r, name))
+        except ValueError as exc:
+            moments[name], bad[name] = None, str(exc)
+    try:
+        payload = read_payload(r.payload)
+    except ValueError as exc:
+        payload, bad["payload"] = None, str(exc)
     return OutboxInfo(
         id=r.id,
         topic=r.topic,
@@ -1152,11 +1171,24 @@ def _info(r: Row[Any]) -> OutboxInfo:
         status=r.status,
         attempts=r.attempts,
         last_error=r.last_error,
-        next_attempt_at=r.next_attempt_at,
-        created_at=r.created_at,
-        published_at=r.published_at,
-        payload=r.payload,
+        payload=payload,
+        unreadable=bad,
+        **moments,
     )
+
+
+# ``outbox`` as the views read it: timestamps guarded and the payload as text, parsed
+# per row by _info (the drivers would fail the whole fetch on one corrupt value).
+_LISTED: Any = select(
+    *(
+        cast(c, Text).label(c.name)
+        if c.name == "payload"
+        else guarded_moment(c)
+        if isinstance(c.type, UTCDateTime)
+        else c
+        for c in outbox.c
+    )
+)
 
 
 async def list_messages(
@@ -1168,7 +1200,7 @@ async def list_messages(
     limit: int = 50,
 ) -> list[OutboxInfo]:
     """Messages matching every filter given, newest first."""
-    stmt = select(outbox).order_by(outbox.c.id.desc()).limit(limit)
+    stmt = _LISTED.order_by(outbox.c.id.desc()).limit(limit)
     if status:
         stmt = stmt.where(outbox.c.status == status)
     if topic:

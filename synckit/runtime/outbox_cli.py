@@ -63,7 +63,10 @@ def ls(
         table.add_column(col, justify="right" if col in ("id", "tries") else "left")
     for r in rows:
         # Pending: when it is next tried; published: when; failed: when it was written.
-        when = {"pending": r.next_attempt_at, "published": r.published_at}.get(r.status)
+        name = {"pending": "next_attempt_at", "published": "published_at"}.get(r.status)
+        if name is None or (getattr(r, name) is None and name not in r.unreadable):
+            name = "created_at"
+        when = "<unreadable>" if name in r.unreadable else _ts(getattr(r, name))
         table.add_row(
             str(r.id),
             cell(r.status),
@@ -71,13 +74,17 @@ def ls(
             cell(r.key),
             cell(r.message_id),
             str(r.attempts),
-            cell(_ts(when or r.created_at)),
+            cell(when),
             cell(r.last_error, 50),
         )
     table.caption = ", ".join(f"{s} {counts.get(s, 0)}" for s in STATUSES)
     if not rows:
         table.caption = "no messages match; " + table.caption
     console.print(table)
+    for r in rows:
+        if r.unreadable:
+            said = ", ".join(f"{name} ({why})" for name, why in sorted(r.unreadable.items()))
+            console.print(cell(f"unreadable in message {r.id}: {said}"), style="red")
 
 
 @outbox.command("retry")

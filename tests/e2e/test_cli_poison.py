@@ -413,3 +413,43 @@ def test_tenants_ls_and_show_read_each_corrupt_row(migrated_url: str, engine_nam
         "updated_at": SOON.isoformat(),
     }
     assert shown["initech"]["config"] == "<unreadable: the stored config is not JSON>"
+
+
+def test_status_reads_past_audit_buckets_that_cannot_be_read(
+    migrated_url: str, engine_name: str
+) -> None:
+    """`status` (table, --json) while one audit bucket's class counts are no JSON a
+    reader takes and another's minute is a timestamp no datetime holds: exit 0; the
+    alert rules run on the sound buckets (6 server errors of acme fire, the unreadable
+    bucket's 100 are not counted)."""
+    just_now = datetime.now(UTC) - timedelta(minutes=2)
+
+    async def go(db: Database) -> None:
+        from synckit.runtime.audit import record_audit
+
+        await seed_tenants(db)
+        async with db.begin() as conn:
+            for tenant, errors in (("acme", 6), ("globex", 100), ("initech", 100)):
+                await record_audit(
+                    conn, tenant, "demo", just_now, 10, {"server_error": errors}, app_version="v1"
+                )
+            bad = {"json": BAD_JSON[engine_name], "time": BAD_TIME[engine_name]}
+            for tenant, sets in (
+                ("globex", "failed_by_class = {json}"),
+                ("initech", "minute = {time}"),
+            ):
+                await conn.exec_driver_sql(
+                    f"UPDATE audit_buckets SET {sets.format(**bad)} WHERE tenant = '{tenant}'"
+                )
+
+    with_db(migrated_url, go)
+    db = ["--database-url", migrated_url]
+    results = run_all([["status", *db], ["status", "--json", *db]])
+    for r in results:
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (r.args, r.stderr)
+    table, as_json = (r.stdout for r in results)
+    shown = json.loads(as_json)
+    assert shown["alerts_evaluated"] is True
+    bursts = [a for a in shown["alerts_firing"] if a["rule"] == "server_errors"]
+    assert [(a["subject"], a["details"]["count"]) for a in bursts] == [("demo", 6)]
+    assert "6 server errors" in table
