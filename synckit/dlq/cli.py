@@ -93,6 +93,15 @@ def _ts(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value is not None else "-"
 
 
+def _when(row: DeadLetter, name: str, *, why: bool = False) -> str:
+    """The timestamp column ``name`` of ``row``, or what stands in for one that cannot be
+    read (with ``why``: the reason too)."""
+    reason = row.unreadable.get(name)
+    if reason is None:
+        return _ts(getattr(row, name))
+    return f"<unreadable: {reason}>" if why else "<unreadable>"
+
+
 def _short(text: str | None, width: int = 50) -> Any:
     return cell(text, width)
 
@@ -121,12 +130,19 @@ def dlq() -> None:
     type=click.IntRange(min=0),
     help="At most this many rows (default: 50 in the table, all with --json; 0: all).",
 )
+@click.option("--before", type=ROW_ID, help="Rows older than this id (the last one shown).")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines, one row (or group) a line.")
 @database_option
 def ls(
-    group_by: str | None, limit: int | None, as_json: bool, database_url: str | None, **filters: Any
+    group_by: str | None,
+    limit: int | None,
+    before: int | None,
+    as_json: bool,
+    database_url: str | None,
+    **filters: Any,
 ) -> None:
-    """List dead letters, newest first, or count them per group."""
+    """List dead letters, newest first, or count them per group; a page that is cut short
+    says how to ask for the next (``--before`` the last id shown)."""
     from rich.table import Table
 
     from synckit.cli import CliError, console, run
@@ -151,22 +167,40 @@ def ls(
         console.print(table)
         return
 
+    def next_page(last: int) -> str:
+        return f"next page: --before {last}"
+
+    # One row past the page is read, so that a next page is offered only when there is one.
     if as_json:
         # Streamed: each page is printed before the next is read.
-        async def stream(d: Database) -> None:
-            async for row in store.iter_rows(d, flt, newest_first=True, limit=limit or None):
+        async def stream(d: Database) -> int | None:
+            """Print the page; return its last id if a row follows it."""
+            printed, last = 0, None
+            wanted = limit + 1 if limit else None
+            async for row in store.iter_rows(
+                d, flt, newest_first=True, limit=wanted, after_id=before
+            ):
+                if limit and printed == limit:
+                    return last
                 click.echo(_dumps(row.to_json()))
+                printed, last = printed + 1, row.id
+            return None
 
-        run(stream, database_url)
+        if (last := run(stream, database_url)) is not None:
+            click.echo(next_page(last), err=True)
         return
 
     shown = 50 if limit is None else limit
 
     async def page(d: Database) -> tuple[list[DeadLetter], int]:
-        rows = [r async for r in store.iter_rows(d, flt, newest_first=True, limit=shown or None)]
-        return rows, await store.count(d, flt)
+        found = store.iter_rows(
+            d, flt, newest_first=True, limit=shown + 1 if shown else None, after_id=before
+        )
+        return [r async for r in found], await store.count(d, flt)
 
     rows, total = run(page, database_url)
+    more = bool(shown) and len(rows) > shown
+    rows = rows[:shown] if shown else rows
     table = Table(title="Dead letters")
     for col in (
         "id",
@@ -192,18 +226,23 @@ def ls(
             _short(r.record_id, 24),
             cell(r.error_class),
             f"{r.attempt_count}/{r.replay_attempts}",
-            cell(_ts(r.last_attempt_at)),
-            cell(_ts(r.next_retry_at)) if r.status == "pending" else "-",
+            cell(_when(r, "last_attempt_at")),
+            cell(_when(r, "next_retry_at")) if r.status == "pending" else "-",
             _short(
                 r.status_reason if r.status != "pending" and r.status_reason else r.error_message
             ),
         )
     table.caption = (
         f"{len(rows)} of {total} matching (tries: failures/replays)"
+        + (f"; {next_page(rows[-1].id)}" if more else "")
         if rows
         else "no dead letters match"
     )
     console.print(table)
+    for r in rows:
+        if r.unreadable:
+            said = ", ".join(f"{name} ({why})" for name, why in sorted(r.unreadable.items()))
+            console.print(cell(f"unreadable in dead letter {r.id}: {said}"), style="red")
 
 
 @dlq.command("show")
@@ -238,10 +277,10 @@ def show(row_id: int, as_json: bool, database_url: str | None) -> None:
         ("error", f"{row.error_class}: {row.error_message}"),
         ("failures", str(row.attempt_count)),
         ("replays", str(row.replay_attempts)),
-        ("first failed", _ts(row.first_failed_at)),
-        ("last attempt", _ts(row.last_attempt_at)),
-        ("next retry", _ts(row.next_retry_at)),
-        ("resolved", _ts(row.resolved_at)),
+        ("first failed", _when(row, "first_failed_at", why=True)),
+        ("last attempt", _when(row, "last_attempt_at", why=True)),
+        ("next retry", _when(row, "next_retry_at", why=True)),
+        ("resolved", _when(row, "resolved_at", why=True)),
         ("trace id", row.trace_id or "-"),
     ):
         facts.add_row(Text(name, "dim"), cell(value))
@@ -252,6 +291,8 @@ def show(row_id: int, as_json: bool, database_url: str | None) -> None:
         console.print(cell(row.payload_raw))
     else:
         console.print(Syntax(json.dumps(redact(row.payload), indent=2, default=str), "json"))
+    if "history" in row.unreadable:
+        console.print(cell(f"history unreadable: {row.unreadable['history']}"), style="red")
     history = Table(title="history (oldest first)")
     for col in ("at", "source", "class", "message"):
         history.add_column(col)

@@ -31,9 +31,12 @@ replay may itself write to the database, on SQLite too.
 (pages of ``batch`` rows, each page its own short read), so 100,000 matching rows are
 never in memory at once and no long transaction pins the database.
 
-**Corrupt JSON.** ``payload`` and ``history`` are read as text and parsed here; a value
-that does not parse (possible in SQLite) shows up as :attr:`DeadLetter.payload_error`
-instead of breaking the query that read it.
+**Corrupt rows.** ``payload`` and ``history`` are read as text and parsed here, the
+timestamps guarded (:func:`~synckit.runtime.jobs.guarded_moment`) and parsed here too. A
+payload that does not parse (text in SQLite, a JSONB number past Python's digit limit)
+shows up as :attr:`DeadLetter.payload_error`; a history or timestamp that cannot be read
+('garbage' in SQLite, year 20000 in PostgreSQL) is None; each is named in
+:attr:`DeadLetter.unreadable`. Either way the row is read, not the query failed.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    type_coerce,
     update,
 )
 from sqlalchemy.dialects import sqlite
@@ -73,6 +77,7 @@ from synckit.dlq.policy import (
 )
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime.db import Database
+from synckit.runtime.jobs import guarded_moment, read_moment
 from synckit.runtime.logging import redact_text
 from synckit.runtime.schema import connections, dead_letters, resources
 
@@ -174,6 +179,9 @@ class DeadLetter:
 
     ``payload`` is the stored JSON value; when the stored text does not parse,
     ``payload`` is None and ``payload_error`` says why (``payload_raw`` keeps the text).
+    A timestamp or the history that cannot be read is None (the history: empty).
+    ``unreadable`` maps each column that could not be read (the payload too) to a
+    one-line reason.
     ``traceback`` is only read where it is shown (``get``, exports), else None.
     """
 
@@ -192,14 +200,15 @@ class DeadLetter:
     replay_attempts: int
     status: str
     status_reason: str | None
-    first_failed_at: datetime
-    last_attempt_at: datetime
+    first_failed_at: datetime | None
+    last_attempt_at: datetime | None
     next_retry_at: datetime | None
     resolved_at: datetime | None
     history: list[dict[str, Any]] = field(default_factory=list)
     traceback: str | None = None
     payload_error: str | None = None
     payload_raw: str | None = None
+    unreadable: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_job(self) -> bool:
@@ -214,10 +223,23 @@ class DeadLetter:
     @classmethod
     def from_row(cls, r: Row[Any]) -> DeadLetter:
         m = r._mapping
+        bad: dict[str, str] = {}
         payload, payload_error = _parse_json(m["payload_text"])
+        if payload_error is not None:
+            bad["payload"] = payload_error
         history, history_error = _parse_json(m["history_text"])
-        if history_error is not None or not isinstance(history, list):
+        if history_error is not None:
+            bad["history"] = history_error
+        elif history is not None and not isinstance(history, list):
+            bad["history"] = f"not a list: a JSON {type(history).__name__}"
+        if not isinstance(history, list):
             history = []
+        moments: dict[str, datetime | None] = {}
+        for name in _MOMENTS:
+            try:
+                moments[name] = read_moment(m[name])
+            except ValueError as exc:
+                moments[name], bad[name] = None, str(exc)
         return cls(
             id=m["id"],
             tenant=m["tenant"],
@@ -234,14 +256,12 @@ class DeadLetter:
             replay_attempts=m["replay_attempts"],
             status=m["status"],
             status_reason=m["status_reason"],
-            first_failed_at=m["first_failed_at"],
-            last_attempt_at=m["last_attempt_at"],
-            next_retry_at=m["next_retry_at"],
-            resolved_at=m["resolved_at"],
             history=[h for h in history if isinstance(h, dict)],
             traceback=m.get("traceback"),
             payload_error=payload_error,
             payload_raw=m["payload_text"] if payload_error is not None else None,
+            unreadable=bad,
+            **moments,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -252,7 +272,12 @@ class DeadLetter:
             data[name] = value.isoformat() if isinstance(value, datetime) else value
         if self.payload_error is None:
             del data["payload_error"], data["payload_raw"]
+        if not self.unreadable:
+            del data["unreadable"]
         return data
+
+
+_MOMENTS = ("first_failed_at", "last_attempt_at", "next_retry_at", "resolved_at")
 
 
 _BASE_COLUMNS: list[Any] = [
@@ -275,12 +300,24 @@ _BASE_COLUMNS: list[Any] = [
     dead_letters.c.replay_attempts,
     dead_letters.c.status,
     dead_letters.c.status_reason,
-    dead_letters.c.first_failed_at,
-    dead_letters.c.last_attempt_at,
-    dead_letters.c.next_retry_at,
-    dead_letters.c.resolved_at,
+    # Guarded, parsed by DeadLetter.from_row: a value no datetime holds would fail the
+    # whole fetch (the drivers raise while reading it), every listing and replay claim.
+    *(guarded_moment(dead_letters.c[name]) for name in _MOMENTS),
 ]
 _FULL_COLUMNS: list[Any] = [*_BASE_COLUMNS, dead_letters.c.traceback]
+# For RETURNING on SQLite, whose RETURNING reads ``col IS NULL`` as false for a NULL
+# column (3.40), so the guard would mark every empty time unreadable: the times come back
+# as the stored text instead, which DeadLetter.from_row parses just the same (SQLite's
+# driver fails on no value; only the datetime type's own parsing did).
+_SQLITE_RETURNED: list[Any] = [
+    type_coerce(dead_letters.c[c.name], Text).label(c.name) if c.name in _MOMENTS else c
+    for c in _BASE_COLUMNS
+]
+
+
+def _returned(conn: AsyncConnection) -> list[Any]:
+    """:data:`_BASE_COLUMNS` for a RETURNING clause on ``conn``'s engine."""
+    return _BASE_COLUMNS if conn.dialect.name == "postgresql" else _SQLITE_RETURNED
 
 
 # --- filters ----------------------------------------------------------------------------
@@ -1036,7 +1073,7 @@ async def claim_due(
         update(dead_letters)
         .where(dead_letters.c.id.in_(picked.scalar_subquery()), dead_letters.c.next_retry_at <= now)
         .values(next_retry_at=lease_until, status_reason=marker)
-        .returning(*_BASE_COLUMNS)
+        .returning(*_returned(conn))
     )
     rows = [DeadLetter.from_row(r) for r in await conn.execute(stmt)]
     return sorted(rows, key=lambda r: r.id)
@@ -1071,7 +1108,7 @@ async def claim_ids(
         update(dead_letters)
         .where(c.id.in_(list(ids)), c.status.in_(list(statuses)), not_leased)
         .values(status="pending", next_retry_at=lease_until, status_reason=marker)
-        .returning(*_BASE_COLUMNS)
+        .returning(*_returned(conn))
     )
     rows = [DeadLetter.from_row(r) for r in await conn.execute(stmt)]
     return sorted(rows, key=lambda r: r.id)
@@ -1352,8 +1389,11 @@ async def iter_rows(
     newest_first: bool = False,
     limit: int | None = None,
     full: bool = False,
+    after_id: int | None = None,
 ) -> AsyncIterator[DeadLetter]:
-    """Stream matching rows in id order (``newest_first``: descending), ``batch`` at a time.
+    """Stream matching rows in id order (``newest_first``: descending), ``batch`` at a time,
+    starting after the id ``after_id`` in that order (a caller's next page: with
+    ``newest_first``, the rows older than it).
 
     Each page is a short read of its own (keyset pagination on ``id``), so memory stays
     at one page and rows written meanwhile are simply included or not. ``full`` adds the
@@ -1362,7 +1402,7 @@ async def iter_rows(
     c = dead_letters.c
     cols = _FULL_COLUMNS if full else _BASE_COLUMNS
     clauses = flt.clauses()
-    last: int | None = None
+    last: int | None = after_id
     yielded = 0
     while limit is None or yielded < limit:
         size = batch if limit is None else min(batch, limit - yielded)

@@ -370,3 +370,33 @@ def test_ls_and_export_stream_twenty_thousand_rows(migrated_url: str, tmp_path: 
     assert len({json.loads(line)["id"] for line in exported}) == 20_000
     pending = ok("dlq", "export", "--status", "pending", "--database-url", migrated_url)
     assert pending.count("\n") == 10_000
+
+
+def test_ls_pages_by_before_with_a_next_page_hint(migrated_url: str) -> None:
+    """ls --limit N says `next page: --before ID` (stderr with --json, the caption in a
+    table) only when more rows follow; --before ID walks on, with filters too, and the
+    pages chain to the whole listing without a gap or a repeat."""
+    seed(migrated_url)
+    db = ["--database-url", migrated_url]
+    every = [r["id"] for r in lines(ok("dlq", "ls", "--json", *db))]
+    assert len(every) == 9
+    pages: list[list[int]] = []
+    before: list[str] = []
+    while True:
+        result = synckit("dlq", "ls", "--json", "--limit", "4", *before, *db)
+        assert result.returncode == 0, result.stderr
+        pages.append([r["id"] for r in lines(result.stdout)])
+        if not result.stderr:
+            break
+        assert result.stderr == f"next page: --before {pages[-1][-1]}\n"
+        before = ["--before", str(pages[-1][-1])]
+    assert pages == [every[:4], every[4:8], every[8:]]
+    exact = synckit("dlq", "ls", "--json", "--limit", "9", *db)
+    assert len(lines(exact.stdout)) == 9 and exact.stderr == ""  # nothing follows: no hint
+    first = ok("dlq", "ls", "--limit", "4", *db)
+    assert f"4 of 9 matching (tries: failures/replays); next page: --before {every[3]}" in first
+    last = ok("dlq", "ls", "--limit", "4", "--before", str(every[7]), *db)
+    assert "1 of 9 matching" in last and "next page" not in last
+    globex = [r["id"] for r in lines(ok("dlq", "ls", "--json", "--tenant", "globex", *db))]
+    older = ok("dlq", "ls", "--json", "--tenant", "globex", "--before", str(globex[1]), *db)
+    assert [r["id"] for r in lines(older)] == globex[2:]

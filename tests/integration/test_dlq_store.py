@@ -243,6 +243,32 @@ async def test_filters_stream_matching_rows_in_pages(db: Database) -> None:
     assert [len(p) for p in pages] == [6, 6, 6, 2]
 
 
+async def test_iter_rows_starts_after_the_given_id_in_its_order(db: Database) -> None:
+    """after_id: newest first, the rows older than it; ascending, the newer ones; with a
+    filter and a limit, pages that chain without a gap or a repeat."""
+    await seed_mix(db)
+    every = [r.id async for r in store.iter_rows(db)]
+    pivot = every[30]
+    older = [r.id async for r in store.iter_rows(db, newest_first=True, after_id=pivot)]
+    assert older == sorted(every[:30], reverse=True)
+    newer = [r.id async for r in store.iter_rows(db, after_id=pivot, batch=7)]
+    assert newer == every[31:]
+    flt = DlqFilter(tenants=("t1",))
+    pages: list[list[int]] = []
+    last: int | None = None
+    while True:
+        page = [
+            r.id async for r in store.iter_rows(db, flt, newest_first=True, limit=6, after_id=last)
+        ]
+        if not page:
+            break
+        pages.append(page)
+        last = page[-1]
+    walked = [i for p in pages for i in p]
+    assert [len(p) for p in pages] == [6, 6, 6, 2]
+    assert walked == [r.id async for r in store.iter_rows(db, flt, newest_first=True)]
+
+
 async def test_group_counts(db: Database) -> None:
     """Counts per (tenant, class), largest first; unknown columns are refused."""
     await seed_mix(db)
@@ -297,5 +323,62 @@ async def test_corrupt_json_is_reported_not_raised(db: Database) -> None:
         )
     row = await store.get(db, c.id)
     assert row.payload is None and row.payload_error and row.payload_raw == "{not json"
-    assert row.history == []
+    assert row.history == [] and row.unreadable["history"].startswith("JSONDecodeError")
+    assert row.unreadable["payload"] == row.payload_error
     assert [r.id async for r in store.iter_rows(db)] == [c.id]
+
+
+#: A timestamp no reader takes: SQLite keeps any text, PostgreSQL a year no datetime holds.
+BAD_TIME = {"sqlite": "'garbage'", "postgresql": "'20000-01-01'::timestamptz"}
+#: JSON no reader takes: SQLite keeps any text; JSONB holds only JSON, but a number of
+#: 5,000 digits is past what Python's json reads.
+BAD_JSON = {"sqlite": "'{not json'", "postgresql": "('1' || repeat('0', 5000))::jsonb"}
+
+
+async def test_unreadable_times_and_json_are_named_on_every_read(db: Database) -> None:
+    """A timestamp no datetime holds (each of the four) and a payload or history JSON that
+    does not read: get, iter_rows, due_rows and claim_due give the row with the value None
+    and its reason, the other rows as they are; the replay claim takes a due one."""
+    engine = "postgresql" if db.is_postgres else "sqlite"
+    ids = {name: (await cap(db, name)).id for name in ("first", "last", "resolved", "json", "ok")}
+    corrupt = {
+        "first": "first_failed_at = {time}",
+        "last": "last_attempt_at = {time}",
+        "resolved": "resolved_at = {time}, next_retry_at = {time}",
+        "json": "payload = {json}, history = {json}",
+    }
+    async with db.begin() as conn:
+        for name, sets in corrupt.items():
+            sql = sets.format(time=BAD_TIME[engine], json=BAD_JSON[engine])
+            await conn.execute(text(f"UPDATE dead_letters SET {sql} WHERE id = {ids[name]}"))
+    out_of_range = "a timestamp out of range"
+    expected = {
+        "first": {"first_failed_at": out_of_range},
+        "last": {"last_attempt_at": out_of_range},
+        "resolved": {"resolved_at": out_of_range, "next_retry_at": out_of_range},
+        "ok": {},
+    }
+    listed = {r.record_id: r async for r in store.iter_rows(db, batch=2)}
+    for name, bad in expected.items():
+        for row in (await store.get(db, ids[name]), listed[name]):
+            assert row.unreadable == bad, (name, row.unreadable)
+            assert all(getattr(row, column) is None for column in bad)
+            assert row.payload == {"id": name} and len(row.history) == 1
+    assert listed["ok"].first_failed_at == NOW and listed["ok"].next_retry_at is not None
+    junk = await store.get(db, ids["json"])
+    assert junk.payload is None and junk.history == []
+    assert junk.payload_error is not None and set(junk.unreadable) == {"payload", "history"}
+    if db.is_postgres:
+        assert "4300 digits" in junk.payload_error and "4300" in junk.unreadable["history"]
+    later = NOW + timedelta(minutes=5)
+    async with db.begin() as conn:
+        due = {r.record_id for r in await store.due_rows(conn, later, 10)}
+        claimed = await store.claim_due(
+            conn, now=later, limit=10, lease_until=later + timedelta(minutes=5), marker="m"
+        )
+    # "resolved" has a next_retry_at no one can read: never due, never claimed.
+    assert due == {r.record_id for r in claimed} == {"first", "last", "json", "ok"}
+    first = next(r for r in claimed if r.record_id == "first")
+    assert set(first.unreadable) == {"first_failed_at"} and first.status_reason == "m"
+    assert all(r.next_retry_at == later + timedelta(minutes=5) for r in claimed)
+    assert next(r for r in claimed if r.record_id == "ok").unreadable == {}
