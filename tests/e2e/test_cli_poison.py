@@ -289,26 +289,41 @@ def test_status_names_each_corrupt_row_and_the_jobs_that_never_run(
 ) -> None:
     """`status` (table, --json, a page, --all) on a created_at, a checkpoint time and a
     poll job's finish time that are not timestamps, a config that is not JSON, a
-    JSON-array config, an unknown status, an alert record that is not one and a pending
+    JSON-array config, an unknown status, an alert whose details are not JSON and a pending
     job whose run_at cannot be read: exit 0; each value named per tenant; the job counted,
     named and alerted on."""
 
     async def jobs_(db: Database) -> tuple[int, int]:
         from synckit.runtime import jobs as store
-        from synckit.runtime.jobs import JobSpec
+        from synckit.runtime.jobs import JobSpec, utcnow
+        from synckit.runtime.schema import alerts
 
-        stuck, done, record = await store.enqueue_many(
+        stuck, done = await store.enqueue_many(
             db,
-            [
-                JobSpec("sync.things"),
-                JobSpec("synckit.poll", resource_key="demo:globex"),
-                JobSpec("synckit.alert_record"),
-            ],
+            [JobSpec("sync.things"), JobSpec("synckit.poll", resource_key="demo:globex")],
         )
-        return stuck.id, done.id * 1_000_000 + record.id
+        # A recent alert as the worker records it; its details are corrupted below.
+        now = utcnow()
+        async with db.begin() as conn:
+            await conn.execute(
+                alerts.insert().values(
+                    dedupe_key="dead_cycles|tenant:acme|w",
+                    rule="dead_cycles",
+                    subject="tenant:acme",
+                    window_key="w",
+                    severity="critical",
+                    tenant="acme",
+                    connector="demo",
+                    message="5 dead cycles",
+                    details={},
+                    fired_at=now,
+                    recorded_at=now,
+                    delivered={},
+                )
+            )
+        return stuck.id, done.id
 
-    stuck, packed = with_db(migrated_url, jobs_)
-    done, record = divmod(packed, 1_000_000)
+    stuck, done = with_db(migrated_url, jobs_)
     corrupt(
         migrated_url,
         engine_name,
@@ -318,8 +333,7 @@ def test_status_names_each_corrupt_row_and_the_jobs_that_never_run(
             f"UPDATE jobs SET status = 'succeeded', finished_at = {{time}} WHERE id = {done}",
             "UPDATE connections SET config = {json}, status = 'zombie' WHERE tenant = 'initech'",
             "UPDATE connections SET config = {array} WHERE tenant = 'umbrella'",
-            f"UPDATE jobs SET status = 'succeeded', finished_at = created_at, payload = {{json}}"
-            f" WHERE id = {record}",
+            "UPDATE alerts SET details = {json} WHERE rule = 'dead_cycles'",
             f"UPDATE jobs SET run_at = {{time}} WHERE id = {stuck}",
         ],
     )
@@ -345,7 +359,7 @@ def test_status_names_each_corrupt_row_and_the_jobs_that_never_run(
         assert shown["unreadable_jobs"] == 1 and [j["id"] for j in shown["stuck_jobs"]] == [stuck]
         firing = [a for a in shown["alerts_firing"] if a["rule"] == "unreadable_run_at"]
         assert [a["subject"] for a in firing] == [f"job:{stuck}"]
-        assert shown["alerts_recent"] == []  # the record that is not one is passed over
+        assert shown["alerts_recent"] == []  # the alert that cannot be read is passed over
     assert [t["tenant"] for t in json.loads(page)["tenants"]] == ["globex", "hooli"]
     assert "unreadable in tenant acme: created_at (a timestamp out of range)" in table
     assert "unreadable in tenant globex: last_success_at" in table
