@@ -122,8 +122,19 @@ def test_breakers_ls_and_reset(migrated_url: str) -> None:
 
 
 def test_jobs_ls_pages_by_keyset(migrated_url: str, tmp_path: Path) -> None:
-    for n in range(5):
-        ok(synckit(migrated_url, "jobs", "enqueue", "record", "--payload", f'{{"n": {n}}}'))
+    import asyncio
+
+    from synckit.runtime import jobs as store
+    from synckit.runtime.db import open_database
+
+    async def enqueue() -> None:
+        db = open_database(migrated_url)
+        try:
+            await store.enqueue_many(db, [store.JobSpec("record", {"n": n}) for n in range(5)])
+        finally:
+            await db.dispose()
+
+    asyncio.run(enqueue())
     first = synckit(migrated_url, "jobs", "ls", "--json", "--limit", "2")
     ids = [json.loads(x)["id"] for x in ok(first).splitlines()]
     assert len(ids) == 2 and ids == sorted(ids, reverse=True)
