@@ -28,6 +28,7 @@ from synckit.connectors.http import (
     borrow_transport,
     tls_context,
 )
+from synckit.connectors.network import new_transport
 from synckit.runtime.db import Database
 from synckit.runtime.jobs import utcnow
 from synckit.runtime.logging import bind_known_secrets, scrub_values, secret_values
@@ -249,7 +250,7 @@ def _build(
         transport = borrow_transport(connector.name)
         borrowed = transport is not None
         if transport is None:
-            transport = httpx.AsyncHTTPTransport(verify=tls_context())
+            transport = new_transport(tls_context())
     paced = PacedTransport(transport, pacer, connector=connector.name, borrowed=borrowed)
     if not isinstance(timeout, httpx.Timeout):
         timeout = httpx.Timeout(timeout)

@@ -172,7 +172,30 @@ _SAVE_CHECKPOINT = text(
     bindparam("cursor", type_=checkpoints.c.cursor.type),
     bindparam("updated_at", type_=checkpoints.c.updated_at.type),
 )
-# Locks the job row until the page commits, so a rescue cannot slip in between.
+
+
+# The page's checkpoint and the check that its job still holds the claim, in one
+# statement: nothing is written (rowcount 0) when it does not, and on PostgreSQL the job's
+# row stays locked until the page commits, so a rescue cannot slip in between.
+def _save_checkpoint_held(lock: str) -> Any:
+    return text(
+        "INSERT INTO checkpoints (tenant, connector, stream, cursor, updated_at)"
+        " SELECT :tenant, :connector, :stream, :cursor, :updated_at WHERE EXISTS"
+        " (SELECT 1 FROM jobs WHERE id = :id AND claim_token = :token"
+        f" AND status = 'running'{lock})"
+        " ON CONFLICT (tenant, connector, stream)"
+        " DO UPDATE SET cursor = excluded.cursor, updated_at = excluded.updated_at"
+    ).bindparams(
+        bindparam("cursor", type_=checkpoints.c.cursor.type),
+        bindparam("updated_at", type_=checkpoints.c.updated_at.type),
+    )
+
+
+_SAVE_CHECKPOINT_HELD = {
+    "postgresql": _save_checkpoint_held(" FOR UPDATE"),
+    "sqlite": _save_checkpoint_held(""),
+}
+# The claim check of a page that keeps the checkpoint as it is (locking as above).
 _HOLDS = (
     select(jobs.c.id)
     .where(
@@ -418,9 +441,24 @@ class _PageCommit:
 def _commit_page(conn: Connection, p: _PageCommit) -> bool:
     """The page's one transaction (:meth:`Database.write`); False, with nothing written,
     when the job no longer holds its claim."""
-    if p.job is not None and not _still_holds(conn, p.job):
+    if p.job is not None and p.cursor is not _KEEP:
+        saved = conn.execute(
+            _SAVE_CHECKPOINT_HELD[conn.dialect.name],
+            {
+                "tenant": p.tenant,
+                "connector": p.connector,
+                "stream": p.stream,
+                "cursor": stored_cursor(p.cursor),
+                "updated_at": p.now,
+                "id": p.job.id,
+                "token": p.job.claim_token,
+            },
+        )
+        if saved.rowcount == 0:
+            return False
+    elif p.job is not None and not _still_holds(conn, p.job):
         return False
-    if p.cursor is not _KEEP:
+    elif p.cursor is not _KEEP:
         save_checkpoint(conn, p.tenant, p.connector, p.stream, p.cursor, p.now)
     if p.failures:
         dead_letter_records(

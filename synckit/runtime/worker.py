@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import signal
@@ -40,7 +41,8 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import structlog
-from sqlalchemy import select, update
+from sqlalchemy import Text, bindparam, func, literal_column, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
@@ -126,6 +128,37 @@ _RESOURCE_MOMENTS = (
     "window_start",
     "next_available_at",
 )
+
+
+def _among_keys(postgres: bool) -> Any:
+    # The keys travel as one parameter (an array; a JSON array on SQLite): the statement
+    # is the same for every batch, prepared once, its parameter count fixed.
+    if postgres:
+        return resources.c.resource_key == func.any(bindparam("keys", type_=ARRAY(Text)))
+    return resources.c.resource_key.in_(
+        select(literal_column("value")).select_from(func.json_each(bindparam("keys")))
+    )
+
+
+def _key_list(postgres: bool, keys: list[str]) -> Any:
+    return keys if postgres else json.dumps(keys)
+
+
+# The resources among ``keys`` whose breaker a success changes: not closed, failures
+# counted, or a failure-rate window open (successes count in it too). A clean resource,
+# the common case, costs no write.
+_DIRTY = {
+    pg: _RESOURCES.where(
+        _among_keys(pg),
+        (resources.c.state != "closed")
+        | (resources.c.consecutive_failures > 0)
+        | resources.c.window_start.is_not(None),
+    )
+    for pg in (True, False)
+}
+_NOT_CLOSED = {
+    pg: _RESOURCES.where(_among_keys(pg), resources.c.state != "closed") for pg in (True, False)
+}
 
 
 def _moment_or_none(value: object) -> datetime | None:
@@ -984,15 +1017,8 @@ class Worker:
             )
 
     def _breaker_success(self, conn: Connection, keys: Counter[str], now: datetime) -> None:
-        rows = conn.execute(
-            _RESOURCES.where(
-                resources.c.resource_key.in_(sorted(keys)),
-                (resources.c.state != "closed")
-                | (resources.c.consecutive_failures > 0)
-                # A failure-rate window is open: successes count in it too.
-                | resources.c.window_start.is_not(None),
-            )
-        )
+        postgres = conn.dialect.name == "postgresql"
+        rows = conn.execute(_DIRTY[postgres], {"keys": _key_list(postgres, sorted(keys))})
         parents: set[str] = set()
         for r in rows:
             before = after = self._snapshot(r)
@@ -1004,9 +1030,7 @@ class Worker:
         if parents:
             # A tenant call that succeeds once the API-wide cool-down is over is its probe.
             for p in conn.execute(
-                _RESOURCES.where(
-                    resources.c.resource_key.in_(sorted(parents)), resources.c.state != "closed"
-                )
+                _NOT_CLOSED[postgres], {"keys": _key_list(postgres, sorted(parents))}
             ):
                 before = self._snapshot(p)
                 after = breaker_transition(before, BreakerOutcome.SUCCESS, now, self.breaker_policy)

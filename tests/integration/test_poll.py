@@ -385,6 +385,33 @@ async def test_a_claim_lost_mid_cycle_commits_nothing_more(db: Database, api: Fa
     assert sum(r.ok for r in audit) == 3 and sum(r.failed for r in audit) == 0
 
 
+async def test_a_held_page_of_a_lost_claim_commits_nothing(db: Database, api: FakeApi) -> None:
+    """A page that keeps the checkpoint (hold, a record failed) checks the claim too: lost,
+    its dead letter and audit counts are not written."""
+
+    class Stolen(ItemsBase):
+        async def handle(self, ctx: SyncContext, record: Any) -> None:
+            async with ctx.db.begin() as conn:
+                await conn.execute(
+                    jobs.update()
+                    .where(jobs.c.id == job.id)
+                    .values(claim_token=jobs.c.claim_token + 1)
+                )
+            raise ValueError("bad")
+
+    attrs = {"name": "items", "base_url": api.url, "knobs": Knobs()}
+    cls = type("Items", (Stolen,), {**attrs, "streams": (Stream("items", policy="hold"),)})
+    app = await setup(db, cls)
+    assert await app.schedule(db) == ["poll:acme:items"]
+    [job] = await store.claim(db, "w1", 1)
+    with pytest.raises(Cancel, match="lost its claim"):
+        await app.poll(db, "acme", "items", job=job)
+    assert await load_checkpoint(db, "acme", "items", "items") is None
+    assert await dlq_rows(db) == {}
+    async with db.begin() as conn:
+        assert list(await conn.execute(select(audit_buckets))) == []
+
+
 async def test_a_record_failing_then_succeeding_in_one_cycle_is_resolved(
     db: Database, api: FakeApi
 ) -> None:
@@ -474,6 +501,8 @@ def test_the_page_statements_are_cacheable() -> None:
     for stmt in (
         poll._SAVE_CHECKPOINT,
         poll._HOLDS,
+        poll._SAVE_CHECKPOINT_HELD["postgresql"],
+        poll._SAVE_CHECKPOINT_HELD["sqlite"],
         poll._CYCLE_START,
         poll._RESOLVE[True],
         poll._RESOLVE[False],
@@ -501,6 +530,23 @@ async def test_a_cycle_logs_one_line_at_info_saying_where_it_started(
         ("poll.finished", "null", 3, 9),
         ("poll.finished", '{"page": 3}', 1, 0),
     ]
+
+
+async def test_cookies_an_api_sets_go_with_the_cycles_later_requests(
+    db: Database, api: FakeApi
+) -> None:
+    """A cookie set by one response goes with the client's later requests (responses that
+    set none skip the cookie jar)."""
+    api.override = lambda r: (
+        (200, {"Set-Cookie": "session=s1; Path=/"}, {"items": [], "next": 2})
+        if r.page == 1
+        else None
+    )
+    app = await setup(db, make(api))
+    await app.poll(db, "acme")
+    pages = api.gets("/default")
+    assert [p.page for p in pages] == [1, 2, 3]
+    assert [p.headers.get("cookie") for p in pages] == [None, "session=s1", "session=s1"]
 
 
 async def test_a_workers_cycles_reuse_connections_closed_when_it_stops(
