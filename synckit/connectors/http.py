@@ -294,6 +294,14 @@ class Pacer:
                 return max(wait, 0.0)
         return None
 
+    def _paced_meanwhile(self) -> bool:
+        """Whether, while this request slept until its slot, the resource was paced (a
+        429 answered to another request of this process): the slot is then not used,
+        and the request waits the pace like any other."""
+        st = self.state
+        available = st.view.available_at if st.view else None
+        return available is not None and available > self.clock()
+
     async def before_request(self) -> None:
         """Return when a request may go; raise RateLimited if that is too far off."""
         started = self.waiter.mark()
@@ -306,6 +314,8 @@ class Pacer:
                 if reserved is not None:
                     if reserved > 0:
                         await self.waiter.sleep(reserved)
+                        if self._paced_meanwhile():
+                            continue
                     return
                 result = await self.db.write(
                     _take_slot,
@@ -329,7 +339,7 @@ class Pacer:
                     why = {"paced": "is paced", "quota": "has spent its quota"}
                     raise self._too_long(result.wait, why.get(result.why, "is rate limited"))
                 await self.waiter.sleep(result.wait)
-                if result.reserved:
+                if result.reserved and not self._paced_meanwhile():
                     return
                 continue
             if time.monotonic() - st.read_at > REFRESH_SECONDS:
