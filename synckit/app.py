@@ -19,15 +19,20 @@ Handlers get no database from the queue, so the App holds one: the one given to
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import bindparam, select
+from sqlalchemy import String, select, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from synckit.connectors.base import Connector
 from synckit.connectors.context import SyncContext, open_context
@@ -55,8 +60,8 @@ from synckit.runtime.poll import (
     CycleStart,
     cycle_start_columns,
     cycle_start_of,
-    cycle_start_params,
     record_id_of,
+    record_kind,
     run_cycle,
     schedule_polls,
     stream_of_kind,
@@ -114,6 +119,7 @@ class App:
             register_alerts(self.registry, every=alerts_every)
         self._db: Database | None = None
         self._owned: tuple[asyncio.AbstractEventLoop, Database] | None = None
+        self._starts: weakref.WeakKeyDictionary[Database, _StartReads] = weakref.WeakKeyDictionary()
 
     # --- connectors -----------------------------------------------------------------------
 
@@ -316,6 +322,12 @@ class App:
         if fired:
             jctx.log.info("poll.cycles_enqueued", cycles=len(fired))
 
+    def _start_reads(self, db: Database) -> _StartReads:
+        reads = self._starts.get(db)
+        if reads is None:
+            reads = self._starts[db] = _StartReads(db)
+        return reads
+
     async def _poll_job(self, jctx: JobContext) -> None:
         p = jctx.payload
         if not (
@@ -324,8 +336,10 @@ class App:
         ):
             raise Discard(f"malformed poll payload: {str(p)[:200]}")
         db = await self._job_database(jctx)
-        # The tenant and where its stream stands, in one transaction (one hop).
-        row, start, pace = await db.write(_poll_start, p["tenant"], p["connector"], p["stream"])
+        # The tenant and where its stream stands, read with other jobs starting now.
+        row, start, pace = await self._start_reads(db).read(
+            p["tenant"], p["connector"], p["stream"]
+        )
         if row is None:
             raise Discard(f"tenant {p['tenant']!r} was removed")
         t = _tenant(row, reveal=True, cipher=None)  # as get_tenant reads it
@@ -366,44 +380,169 @@ class App:
             )
 
 
-# What a poll job reads before its cycle, in one statement: the tenant's row as get_tenant
-# reads it, its stream's CycleStart and its resource's pacing (that of read_pace_sync:
-# its own next_available_at and its parent's, and the quota last reported). Built once:
-# four statements, two of them built per call, were a tenth of a trivial poll's CPU.
-_RES = resources.alias("pace_resource")
-_PARENT = resources.alias("pace_parent")
-_POLL_START = (
-    select(
+# --- what a poll job reads first -----------------------------------------------------------
+#
+# Before its cycle a poll job reads its tenant's row (as get_tenant does), its stream's
+# CycleStart and its resource's pacing (as read_pace_sync makes it: its own and its
+# parent's next_available_at, the quota last reported), which the cycle's first request
+# would otherwise read alone. The jobs of one process that start while such a read waits
+# for the database join it: one statement reads them all, their keys one array
+# parameter. Read one job at a time, 64 cycles starting together were 64 transactions: on
+# PostgreSQL as many pooled connections (beyond the pool's size, new ones), on SQLite as
+# many savepoints of the writer's group.
+
+StartKey = tuple[str, str, str]  # tenant, connector, stream
+PollStart = tuple[Any, CycleStart | None, PaceView | None]
+_GONE: PollStart = (None, None, None)
+
+
+def _start_statement(wanted: Any) -> Any:
+    v = wanted.subquery("wanted")
+    res = resources.alias("pace_resource")
+    parent = resources.alias("pace_parent")
+    return select(
+        v.c.tenant.label("want_tenant"),
+        v.c.connector.label("want_connector"),
+        v.c.stream.label("want_stream"),
         *_COLUMNS,
-        *cycle_start_columns(),
-        _RES.c.next_available_at,
-        _RES.c.quota_limit,
-        _RES.c.quota_remaining,
-        _RES.c.quota_reset_at,
-        _RES.c.quota_at,
-        _PARENT.c.next_available_at.label("parent_available_at"),
+        *cycle_start_columns(v.c.tenant, v.c.connector, v.c.stream, v.c.kind),
+        res.c.next_available_at,
+        res.c.quota_limit,
+        res.c.quota_remaining,
+        res.c.quota_reset_at,
+        res.c.quota_at,
+        parent.c.next_available_at.label("parent_available_at"),
+    ).select_from(
+        v.join(connections, connections.c.tenant == v.c.tenant)
+        .outerjoin(res, res.c.resource_key == connections.c.resource_key)
+        .outerjoin(parent, parent.c.resource_key == res.c.parent_key)
     )
-    .select_from(
-        connections.outerjoin(_RES, _RES.c.resource_key == connections.c.resource_key).outerjoin(
-            _PARENT, _PARENT.c.resource_key == _RES.c.parent_key
-        )
-    )
-    .where(connections.c.tenant == bindparam("tenant"))
-)
 
 
-def _poll_start(
-    conn: Connection, tenant: str, connector: str, stream: str
-) -> tuple[Any, CycleStart | None, PaceView | None]:
+_WANTED_COLUMNS = {n: String for n in ("tenant", "connector", "stream", "kind")}
+_POLL_STARTS = {
+    # The keys as one JSON array of [tenant, connector, stream, kind] (SQLite) or four
+    # arrays (PostgreSQL).
+    "sqlite": _start_statement(
+        text(
+            "SELECT json_extract(value, '$[0]') AS tenant, json_extract(value, '$[1]')"
+            " AS connector, json_extract(value, '$[2]') AS stream,"
+            " json_extract(value, '$[3]') AS kind FROM json_each(:wanted)"
+        ).columns(**_WANTED_COLUMNS)
+    ),
+    "postgresql": _start_statement(
+        text(
+            "SELECT tenant, connector, stream, kind FROM unnest(CAST(:tenants AS text[]),"
+            " CAST(:connectors AS text[]), CAST(:streams AS text[]), CAST(:kinds AS text[]))"
+            " AS w(tenant, connector, stream, kind)"
+        ).columns(**_WANTED_COLUMNS)
+    ),
+}
+
+
+def _poll_starts(conn: Connection, keys: Sequence[StartKey]) -> dict[StartKey, PollStart]:
+    """What each poll job of ``keys`` reads first (see above), in one statement; a key
+    whose tenant is gone has no entry."""
+    wanted = [(t, c, s, record_kind(s)) for t, c, s in keys]
+    if conn.dialect.name == "postgresql":
+        params: dict[str, Any] = {
+            name: [w[i] for w in wanted]
+            for i, name in enumerate(("tenants", "connectors", "streams", "kinds"))
+        }
+    else:
+        params = {"wanted": json.dumps(wanted)}
+    out: dict[StartKey, PollStart] = {}
+    for row in conn.execute(_POLL_STARTS[conn.dialect.name], params):
+        start = cycle_start_of(row.start_cursor, row.start_open_dead_letters)
+        available = pacing._later(row.next_available_at, row.parent_available_at)
+        pace = PaceView(available, pacing._quota_of(row))
+        out[(row.want_tenant, row.want_connector, row.want_stream)] = (row, start, pace)
+    return out
+
+
+def _poll_start(conn: Connection, tenant: str, connector: str, stream: str) -> PollStart:
     """The tenant's row (None when it is gone), its stream's :class:`CycleStart` and its
-    resource's pacing (which the cycle's first request would otherwise read alone)."""
-    row = conn.execute(_POLL_START, cycle_start_params(tenant, connector, stream)).first()
-    if row is None:
-        return None, None, None
-    start = cycle_start_of(row.start_cursor, row.start_open_dead_letters)
-    # As read_pace_sync makes it from the same columns.
-    available = pacing._later(row.next_available_at, row.parent_available_at)
-    return row, start, PaceView(available, pacing._quota_of(row))
+    resource's pacing, in the caller's transaction."""
+    return _poll_starts(conn, [(tenant, connector, stream)]).get((tenant, connector, stream), _GONE)
+
+
+@dataclass(eq=False)
+class _StartBatch:
+    done: asyncio.Future[dict[StartKey, PollStart | Exception]]
+    keys: set[StartKey] = field(default_factory=set)
+    #: The database has begun reading it: later jobs start a batch of their own.
+    taken: bool = False
+
+
+class _StartReads:
+    """The poll jobs' first reads on one database, taken together (see above)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        # The batch is taken where Database.write runs it: SQLite's writer thread.
+        self._lock = threading.Lock()
+        self._open: _StartBatch | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def read(self, tenant: str, connector: str, stream: str) -> PollStart:
+        key = (tenant, connector, stream)
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            batch = self._open
+            fresh = batch is None or batch.taken or batch.done.get_loop() is not loop
+            if fresh:
+                batch = self._open = _StartBatch(loop.create_future())
+                # Retrieved even when every job waiting for it was cancelled meanwhile.
+                batch.done.add_done_callback(lambda f: f.cancelled() or f.exception())
+            assert batch is not None
+            batch.keys.add(key)
+        if fresh:
+            task = loop.create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        # Shielded: a job cancelled while it waits must not cancel the others' read.
+        found = (await asyncio.shield(batch.done)).get(key, _GONE)
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def _take(self, conn: Connection, batch: _StartBatch) -> dict[StartKey, PollStart | Exception]:
+        with self._lock:
+            batch.taken = True
+            keys = sorted(batch.keys)
+        if len(keys) > 1:
+            try:
+                with conn.begin_nested():
+                    return dict(_poll_starts(conn, keys))
+            except Exception:  # a row one of them cannot read: each reads alone below
+                if conn.invalidated or conn.closed:
+                    raise
+        # One key's unreadable row (a corrupt timestamp, checkpoint or status) fails that
+        # job alone, as it did when each job read its own.
+        found: dict[StartKey, PollStart | Exception] = {}
+        for key in keys:
+            try:
+                with conn.begin_nested():
+                    found[key] = _poll_start(conn, *key)
+            except Exception as exc:
+                if conn.invalidated or conn.closed:
+                    raise
+                # As Database.write would raise it, had the job read alone.
+                found[key] = self.db.translate(exc) if isinstance(exc, DBAPIError) else exc
+        return found
+
+    async def _run(self, batch: _StartBatch) -> None:
+        try:
+            found = await self.db.write(self._take, batch)
+        except BaseException as exc:
+            with self._lock:
+                batch.taken = True
+            if isinstance(exc, asyncio.CancelledError):
+                batch.done.cancel()
+                raise
+            batch.done.set_exception(exc)
+        else:
+            batch.done.set_result(found)
 
 
 _review_tasks: set[asyncio.Task[Any]] = set()

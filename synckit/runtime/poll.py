@@ -264,13 +264,36 @@ def read_cycle_start(conn: Connection, tenant: str, connector: str, stream: str)
     return cycle_start_of(row[0], row[1])
 
 
-def cycle_start_columns() -> tuple[Any, Any]:
-    """The two columns :func:`read_cycle_start` reads (parameters:
-    :func:`cycle_start_params`), for a statement that reads them with other things (the
-    poll job reads them with its tenant); :func:`cycle_start_of` makes the result."""
+def cycle_start_columns(
+    tenant: Any = None, connector: Any = None, stream: Any = None, kind: Any = None
+) -> tuple[Any, Any]:
+    """The two columns :func:`read_cycle_start` reads, for a statement that reads them
+    with other things (the poll jobs read them with their tenants); :func:`cycle_start_of`
+    makes the result. Of the stream given by the column expressions ``tenant``,
+    ``connector``, ``stream`` and ``kind`` (its :func:`record_kind`), else by the
+    parameters of :func:`cycle_start_params`."""
+    tenant = bindparam("tenant") if tenant is None else tenant
+    connector = bindparam("connector") if connector is None else connector
+    stream = bindparam("stream") if stream is None else stream
+    kind = bindparam("kind") if kind is None else kind
+    cursor = select(checkpoints.c.cursor).where(
+        checkpoints.c.tenant == tenant,
+        checkpoints.c.connector == connector,
+        checkpoints.c.stream == stream,
+    )
+    has_open = (
+        select(dead_letters.c.id)
+        .where(
+            dead_letters.c.tenant == tenant,
+            dead_letters.c.connector == connector,
+            dead_letters.c.kind == kind,
+            dead_letters.c.status.in_(_OPEN),
+        )
+        .limit(1)
+    )
     return (
-        _CHECKPOINT_OF.scalar_subquery().label("start_cursor"),
-        _HAS_OPEN.exists().label("start_open_dead_letters"),
+        cursor.scalar_subquery().label("start_cursor"),
+        has_open.exists().label("start_open_dead_letters"),
     )
 
 

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import select
+from sqlalchemy import text as sa_text
 
 from synckit import App, BearerToken, Connector, Page, RateLimit, Stream, SyncContext
 from synckit.connectors.intents import RemoteRecord
@@ -676,6 +677,73 @@ async def test_poll_start_reads_what_get_tenant_read_cycle_start_and_read_pace_r
     assert pace_view is not None and pace_view.available_at == now + timedelta(seconds=300)
     assert pace_view.quota is not None and pace_view.quota.remaining == 7
     assert await db.write(_poll_start, "nobody", "items", "default") == (None, None, None)
+
+
+async def test_poll_jobs_starting_together_read_in_one_statement(
+    db: Database, api: FakeApi
+) -> None:
+    """Poll jobs whose first read waits for the database together share one statement;
+    each gets what it would have read alone (a removed tenant reads as gone)."""
+    from sqlalchemy import event
+
+    from synckit.app import _poll_start, _StartReads
+
+    tenants = [f"t{i}" for i in range(6)]
+    await setup(db, make(api), *tenants)
+    await db.write(save_checkpoint, "t3", "items", "default", {"page": 2}, utcnow())
+    engine = db.sync_engine if db.sync_engine is not None else db.engine.sync_engine
+    statements: list[str] = []
+
+    def seen(_c: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "want_tenant" in statement:
+            statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        reads = _StartReads(db)
+        got = await asyncio.gather(
+            *(reads.read(t, "items", "default") for t in [*tenants, "nobody"])
+        )
+        again = await reads.read("t1", "items", "default")  # a batch of its own
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert len(statements) == 2
+    for t, (row, start, pace) in zip([*tenants, "nobody"], got, strict=True):
+        alone = await db.write(_poll_start, t, "items", "default")
+        assert (row is None, start, pace) == (alone[0] is None, alone[1], alone[2])
+        if row is not None:
+            assert row.tenant == t and row._mapping == alone[0]._mapping
+    assert got[3][1] is not None and got[3][1].checkpoint == {"page": 2}
+    assert got[-1] == (None, None, None)
+    assert again[0] is not None and again[0].tenant == "t1"
+
+
+async def test_a_row_one_starting_job_cannot_read_fails_that_job_alone(
+    db: Database, api: FakeApi, engine_name: str
+) -> None:
+    """A poison row (a checkpoint that is not JSON) in a shared first read: that job's read
+    raises, the others read what they would have read alone."""
+    from synckit.app import _poll_start, _StartReads
+
+    await setup(db, make(api), "ok1", "bad", "ok2")
+    bad_cursor = {"sqlite": "'{not json'", "postgresql": "('1' || repeat('0', 5000))::jsonb"}
+    async with db.begin() as conn:
+        await conn.execute(
+            sa_text(
+                "INSERT INTO checkpoints (tenant, connector, stream, cursor, updated_at) VALUES"
+                f" ('bad', 'items', 'default', {bad_cursor[engine_name]}, CURRENT_TIMESTAMP)"
+            )
+        )
+    reads = _StartReads(db)
+    got = await asyncio.gather(
+        *(reads.read(t, "items", "default") for t in ("ok1", "bad", "ok2")),
+        return_exceptions=True,
+    )
+    assert isinstance(got[1], Exception)
+    for t, g in (("ok1", got[0]), ("ok2", got[2])):
+        assert not isinstance(g, BaseException)
+        alone = await db.write(_poll_start, t, "items", "default")
+        assert g[0] is not None and g[0]._mapping == alone[0]._mapping and g[1:] == alone[1:]
 
 
 # --- errors about the whole API --------------------------------------------------------------
