@@ -10,7 +10,9 @@ answered at once with one empty page, ``flow_app`` on ``synckit.testing.hostile`
 * ``claim_ms``: one claim of 32 jobs with every tenant's cycle pending (median of 10);
 * ``cycle_all_s_1w`` / ``cycle_all_s_2w``: one cycle of every tenant (at most
   ``--cycle-limit`` of them; then the time is scaled up from the measured rate) with 1
-  and 2 ``synckit worker`` processes; ``polls_per_s_per_worker`` from the 1-worker run;
+  and 2 ``synckit worker`` processes (``--workers 1,2,4`` adds ``cycle_all_s_4w``), and
+  ``polls_per_s_<n>w`` the rate of each; ``polls_per_s_per_worker`` from the 1-worker
+  run;
 * ``status_s``: ``read_status`` of one page and its rendering (what ``synckit status``
   does);
 * ``peak_rss_mb``: the largest worker RSS seen during the runs.
@@ -134,7 +136,12 @@ async def _cycle(
 
 
 async def measure(
-    engine: str, size: int, cycle_limit: int, tmp: Path, skip: frozenset[str] = frozenset()
+    engine: str,
+    size: int,
+    cycle_limit: int,
+    tmp: Path,
+    skip: frozenset[str] = frozenset(),
+    workers: tuple[int, ...] = (1, 2),
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with HostileProcess(Behaviour(pages=1, records=0, latency=0.0)) as api:
@@ -161,13 +168,14 @@ async def measure(
                 if "cycles" not in skip:
                     sample = names[: min(size, cycle_limit)]
                     peak = 0.0
-                    for w in (1, 2):
+                    for w in workers:
                         wall, done, rss = await _cycle(url, db, api, sample, w, tmp)
                         peak = max(peak, rss)
                         rate = done / wall if wall > 0 else 0.0
                         out[f"cycle_all_s_{w}w"] = size / rate if rate else None
                         out[f"polls_per_s_{w}w"] = rate
-                    out["polls_per_s_per_worker"] = out["polls_per_s_1w"]
+                    if "polls_per_s_1w" in out:
+                        out["polls_per_s_per_worker"] = out["polls_per_s_1w"]
                     out["cycle_sample"] = len(sample)
                     out["peak_rss_mb"] = peak
                 if "status" not in skip:
@@ -184,7 +192,11 @@ async def measure(
 
 
 async def bench(
-    sizes: list[int], engines: list[str], cycle_limit: int, skip: frozenset[str] = frozenset()
+    sizes: list[int],
+    engines: list[str],
+    cycle_limit: int,
+    skip: frozenset[str] = frozenset(),
+    workers: tuple[int, ...] = (1, 2),
 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -193,7 +205,7 @@ async def bench(
                 if engine == "sqlite" and size > SQLITE_MAX:
                     continue
                 print(f"{engine} {size} ...", file=sys.stderr, flush=True)
-                figures = await measure(engine, size, cycle_limit, Path(tmp), skip)
+                figures = await measure(engine, size, cycle_limit, Path(tmp), skip, workers)
                 result.setdefault(engine, {})[str(size)] = figures
                 print(f"  {json.dumps(figures)}", file=sys.stderr, flush=True)
     return result
@@ -214,6 +226,11 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="Parts to leave out, comma-separated: cycles (the end-to-end runs), status.",
     )
+    p.add_argument(
+        "--workers",
+        default="1,2",
+        help="Worker process counts of the end-to-end runs, comma-separated (e.g. 1,2,4).",
+    )
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     args = p.parse_args(argv)
     skip = frozenset(s for s in args.skip.split(",") if s)
@@ -222,7 +239,13 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(level=logging.WARNING)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     engines = [e for e in args.engines.split(",") if e]
-    result = asyncio.run(bench(sizes, engines, args.cycle_limit, skip))
+    try:
+        workers = tuple(int(w) for w in args.workers.split(",") if w)
+    except ValueError:
+        p.error(f"--workers: not a list of numbers: {args.workers!r}")
+    if not workers or min(workers) < 1:
+        p.error(f"--workers: give process counts of at least 1, not {args.workers!r}")
+    result = asyncio.run(bench(sizes, engines, args.cycle_limit, skip, workers))
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
         return
