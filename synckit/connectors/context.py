@@ -157,6 +157,16 @@ def _version() -> str:
         return "dev"
 
 
+@functools.lru_cache(maxsize=1024)
+def _base_url(url: str | httpx.URL) -> httpx.URL:
+    # Parsed once per base URL (httpx parses it again, twice, for every client), and with
+    # the trailing slash httpx would add.
+    parsed = httpx.URL(url)
+    if parsed.raw_path.endswith(b"/"):
+        return parsed
+    return parsed.copy_with(raw_path=parsed.raw_path + b"/")
+
+
 def _user_agent(connector: Connector[Any]) -> str:
     return f"synckit/{_version()} ({connector.name})"
 
@@ -258,7 +268,7 @@ def _build(
         connector=connector,
         pacer=pacer,
         clock=clock,
-        base_url=connector.base_url,
+        base_url=_base_url(connector.base_url),
         timeout=timeout,
         transport=paced,
         headers={"User-Agent": _user_agent(connector)},
