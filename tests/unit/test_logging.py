@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 import structlog
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
@@ -82,16 +82,26 @@ TOKENS = st.text(
 
 
 @given(token=TOKENS, key=st.sampled_from(["access_token", "refresh_token", "client_secret"]))
+@example(token="Authoriz", key="access_token")
+@example(token="https://api.example", key="client_secret")
 def test_no_token_survives_in_common_shapes(token: str, key: str) -> None:
-    """Whatever the token's characters, headers, query strings and JSON hide it."""
-    for text in (
-        f"Authorization: Bearer {token}",
-        f"https://api.example/x?{key}={token}&page=2",
-        json.dumps({key: token, "n": 1}),
-        f"{key}: {token}",
-    ):
-        assert token not in redact_text(text), text
-    assert token not in repr(redact({"nested": [{key: token}]}))
+    """Whatever the token's characters, headers, query strings and JSON hide it.
+
+    A token may be a piece of its own frame (``Authoriz`` is in ``Authorization``): what
+    must not survive is the token where it was put, so the redacted text may hold it only
+    as often as the frame with ``***`` in its place does.
+    """
+    shapes = (
+        lambda v: f"Authorization: Bearer {v}",
+        lambda v: f"https://api.example/x?{key}={v}&page=2",
+        lambda v: json.dumps({key: v, "n": 1}),
+        lambda v: f"{key}: {v}",
+    )
+    for shape in shapes:
+        text = shape(token)
+        assert redact_text(text).count(token) <= shape("***").count(token), text
+    nested = repr(redact({"nested": [{key: token}]}))
+    assert nested.count(token) <= repr({"nested": [{key: "***"}]}).count(token)
 
 
 def test_exception_values_are_rendered_redacted() -> None:
