@@ -8,7 +8,7 @@ dropped here) it fills ``dead_letters`` with a realistic mix in one set-based st
 resolved, 2% ignored, 1% review, 1% pending and due, 1% pending in the future, over 500
 tenants, two of whose breakers are open. Then:
 
-* the due-rows query (:func:`synckit.dlq.store.due_rows`, 100 rows) is timed at
+* the due-rows query (:func:`synckit.store.dead_letters.due_rows`, 100 rows) is timed at
   ``--small`` rows and again after the table has grown to ``--n`` rows, with the same
   mix (so 100x more due rows too); figure: median at n / median at small (bar: <= 1.5);
 * :meth:`ReplayProcessor.run_once` replays every due row of the big table (``n / 100``,
@@ -39,9 +39,9 @@ from typing import Any
 from sqlalchemy import text, update
 
 from synckit.dlq import DeadLetter, Replayers, ReplayProcessor, store
-from synckit.runtime import migrate
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.schema import resources
+from synckit.store import migrate
+from synckit.store.db import Database, open_database
+from synckit.store.tables import resources
 
 PG_URL = os.environ.get("SYNCKIT_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 TENANTS = 500

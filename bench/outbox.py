@@ -30,9 +30,9 @@ from pathlib import Path
 
 import aio_pika
 
-from synckit.runtime import migrate
 from synckit.runtime import outbox as ob
-from synckit.runtime.db import Database, open_database
+from synckit.store import migrate
+from synckit.store.db import Database, open_database
 
 AMQP_URL = os.environ.get("SYNCKIT_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 PG_URL = os.environ.get("SYNCKIT_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")

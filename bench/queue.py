@@ -36,12 +36,12 @@ from typing import Any
 from sqlalchemy import text
 
 from synckit.errors import RetryPolicy
-from synckit.runtime import jobs as store
-from synckit.runtime import migrate
-from synckit.runtime.db import Database, open_database
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.worker import Worker
+from synckit.store import jobs as store
+from synckit.store import migrate
+from synckit.store.db import Database, open_database
 
 PG_URL = os.environ.get("SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 

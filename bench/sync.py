@@ -65,11 +65,11 @@ import httpx
 import psutil
 from sqlalchemy import func, select, text
 
-from synckit.runtime import migrate
-from synckit.runtime.db import Database, open_database
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.poll import POLL_KIND
-from synckit.runtime.schema import jobs
+from synckit.store import migrate
+from synckit.store.db import Database, open_database
+from synckit.store.tables import jobs
 from synckit.testing.hostile import Behaviour, HostileProcess, Stats
 
 ROOT = Path(__file__).resolve().parent.parent

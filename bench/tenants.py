@@ -41,13 +41,13 @@ from sqlalchemy import delete, func, select
 
 from bench.sync import ROOT, fresh_database
 from synckit.connectors.bulk import add_tenants
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.jobs import JobSpec, enqueue_new, utcnow
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
-from synckit.runtime.schema import checkpoints, jobs
 from synckit.runtime.status import read_status, render_status
+from synckit.store import jobs as store
+from synckit.store.db import Database, open_database
+from synckit.store.jobs import JobSpec, enqueue_new, utcnow
+from synckit.store.tables import checkpoints, jobs
 from synckit.testing.hostile import Behaviour, HostileProcess
 
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "apps")]

@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.sync import ROOT, fresh_database
 from synckit.connectors.bulk import add_tenants
-from synckit.runtime.db import open_database
+from synckit.store.db import open_database
 
 sys.path.insert(0, str(ROOT / "tests" / "apps"))
 

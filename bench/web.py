@@ -40,16 +40,16 @@ from sqlalchemy import func, select, update
 from synckit import Connector, Page
 from synckit.connectors.secrets import mark_needs_reauth
 from synckit.connectors.tenants import add_tenant, pause_tenant
-from synckit.dlq import store as dlq_store
-from synckit.runtime import jobs as job_store
-from synckit.runtime import migrate, outbox
 from synckit.runtime.alerts import Alert, record_alerts
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.jobs import utcnow
 from synckit.runtime.pacing import defer_resource
 from synckit.runtime.poll import POLL_KIND
-from synckit.runtime.schema import audit_buckets, connections, dead_letters, jobs, resources
-from synckit.runtime.schema import outbox as outbox_table
+from synckit.store import dead_letters as dlq_store
+from synckit.store import jobs as job_store
+from synckit.store import migrate, outbox
+from synckit.store.db import Database, open_database
+from synckit.store.jobs import utcnow
+from synckit.store.tables import audit_buckets, connections, dead_letters, jobs, resources
+from synckit.store.tables import outbox as outbox_table
 from synckit.web import WebConfig, create_app
 
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"

@@ -54,12 +54,12 @@ if TYPE_CHECKING:
         retry_delay,
         set_testing,
     )
-    from synckit.runtime.db import Database, open_database
     from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
-    from synckit.runtime.jobs import JobSpec, enqueue, enqueue_many
-    from synckit.runtime.migrate import upgrade as migrate_database
     from synckit.runtime.outbox import add as outbox_add
     from synckit.runtime.worker import Worker
+    from synckit.store.db import Database, open_database
+    from synckit.store.jobs import JobSpec, enqueue, enqueue_many
+    from synckit.store.migrate import upgrade as migrate_database
 
 # Names are imported on first use (PEP 562), so that `import synckit` (and every
 # `synckit` command, which imports the package) does not pay for Alembic, authlib and
@@ -81,7 +81,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "ClassifyRules": ("synckit.errors", "ClassifyRules"),
     "ConfigurationError": ("synckit.errors", "ConfigurationError"),
     "Connector": ("synckit.connectors.base", "Connector"),
-    "Database": ("synckit.runtime.db", "Database"),
+    "Database": ("synckit.store.db", "Database"),
     "DatabaseError": ("synckit.errors", "DatabaseError"),
     "DatabaseUnavailable": ("synckit.errors", "DatabaseUnavailable"),
     "Discard": ("synckit.runtime.handlers", "Discard"),
@@ -89,7 +89,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "IntentConflict": ("synckit.connectors.intents", "IntentConflict"),
     "IntentResult": ("synckit.connectors.intents", "IntentResult"),
     "JobContext": ("synckit.runtime.handlers", "JobContext"),
-    "JobSpec": ("synckit.runtime.jobs", "JobSpec"),
+    "JobSpec": ("synckit.store.jobs", "JobSpec"),
     "NeedsReauth": ("synckit.errors", "NeedsReauth"),
     "OAuth2Auth": ("synckit.connectors.oauth", "OAuth2Auth"),
     "OAuth2Config": ("synckit.connectors.oauth", "OAuth2Config"),
@@ -112,12 +112,12 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "begin_authorization": ("synckit.connectors.authorize", "begin_authorization"),
     "complete_authorization": ("synckit.connectors.authorize", "complete_authorization"),
     "classify": ("synckit.errors", "classify"),
-    "enqueue": ("synckit.runtime.jobs", "enqueue"),
-    "enqueue_many": ("synckit.runtime.jobs", "enqueue_many"),
+    "enqueue": ("synckit.store.jobs", "enqueue"),
+    "enqueue_many": ("synckit.store.jobs", "enqueue_many"),
     "get_tenant": ("synckit.connectors.tenants", "get_tenant"),
     "list_tenants": ("synckit.connectors.tenants", "list_tenants"),
-    "migrate_database": ("synckit.runtime.migrate", "upgrade"),
-    "open_database": ("synckit.runtime.db", "open_database"),
+    "migrate_database": ("synckit.store.migrate", "upgrade"),
+    "open_database": ("synckit.store.db", "open_database"),
     "outbox_add": ("synckit.runtime.outbox", "add"),
     "pause_tenant": ("synckit.connectors.tenants", "pause_tenant"),
     "reauth": ("synckit.connectors.oauth", "reauth"),

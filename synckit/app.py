@@ -49,9 +49,7 @@ from synckit.errors.backoff import RetryPolicy
 from synckit.errors.exceptions import ConfigurationError, PermanentError
 from synckit.runtime import pacing
 from synckit.runtime.alerts import bind_database, get_alert_router, register_alerts
-from synckit.runtime.db import ENV_URL, Database, open_database
 from synckit.runtime.handlers import Discard, JobContext, Registry
-from synckit.runtime.jobs import ClaimedJob, utcnow
 from synckit.runtime.pacing import PaceView
 from synckit.runtime.poll import (
     POLL_KIND,
@@ -66,8 +64,10 @@ from synckit.runtime.poll import (
     schedule_polls,
     stream_of_kind,
 )
-from synckit.runtime.schema import connections, resources
 from synckit.runtime.worker import Worker
+from synckit.store.db import ENV_URL, Database, open_database
+from synckit.store.jobs import ClaimedJob, utcnow
+from synckit.store.tables import connections, resources
 
 __all__ = ["App"]
 

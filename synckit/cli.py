@@ -29,10 +29,10 @@ from synckit.cli_options import JOB_ID, PRIORITY, cell, database_option
 from synckit.cli_options import CliError as CliError
 from synckit.cli_options import load_registry as load_registry
 from synckit.errors.exceptions import SynckitError
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database, database_url_from_env, mask_url, open_database
-from synckit.runtime.jobs import JobInfo, utcnow
 from synckit.runtime.logging import configure_logging, redact
+from synckit.store import jobs as store
+from synckit.store.db import Database, database_url_from_env, mask_url, open_database
+from synckit.store.jobs import JobInfo, utcnow
 
 if TYPE_CHECKING:
     from synckit.runtime.worker import OutcomeObserver, Worker, WorkerStats
@@ -151,7 +151,7 @@ def db() -> None:
 @database_option
 def db_upgrade(revision: str, database_url: str | None) -> None:
     """Migrate the schema up to REVISION (default: head)."""
-    from synckit.runtime import migrate
+    from synckit.store import migrate
 
     async def go(d: Database) -> str | None:
         await migrate.upgrade(d, revision)
@@ -166,7 +166,7 @@ def db_upgrade(revision: str, database_url: str | None) -> None:
 @database_option
 def db_downgrade(revision: str, database_url: str | None) -> None:
     """Migrate the schema down to REVISION (`base` removes every table)."""
-    from synckit.runtime import migrate
+    from synckit.store import migrate
 
     async def go(d: Database) -> str | None:
         await migrate.downgrade(d, revision)
@@ -180,7 +180,7 @@ def db_downgrade(revision: str, database_url: str | None) -> None:
 @database_option
 def db_current(database_url: str | None) -> None:
     """Print the schema revision the database is at."""
-    from synckit.runtime import migrate
+    from synckit.store import migrate
 
     rev = run(migrate.current, database_url, schema=False)
     head = migrate.head_revision()

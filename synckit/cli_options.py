@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from synckit.runtime.db import ENV_URL
+from synckit.store.db import ENV_URL
 
 if TYPE_CHECKING:
     from synckit.app import App

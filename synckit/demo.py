@@ -44,11 +44,11 @@ from rich.text import Text
 from sqlalchemy import Engine, create_engine, func, select
 
 from synckit.errors import BreakerPolicy, RetryPolicy, SynckitError
-from synckit.runtime import migrate
 from synckit.runtime.audit import RETRIED_PREFIX, audit_observer
-from synckit.runtime.db import open_database
 from synckit.runtime.logging import configure_logging
-from synckit.runtime.schema import (
+from synckit.store import migrate
+from synckit.store.db import open_database
+from synckit.store.tables import (
     audit_buckets,
     checkpoints,
     connections,

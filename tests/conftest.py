@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from synckit.runtime import migrate
-from synckit.runtime.db import Database, open_database
+from synckit.store import migrate
+from synckit.store.db import Database, open_database
 
 # Test apps (handler registries, connectors) are importable in-process too.
 sys.path.insert(0, str(Path(__file__).parent / "apps"))

@@ -46,8 +46,8 @@ from synckit.connectors.oauth import (
 )
 from synckit.connectors.secrets import TokenCipher, TokenSet, read_connection, utcnow
 from synckit.errors.exceptions import ConfigurationError, SynckitError
-from synckit.runtime.db import Database
-from synckit.runtime.schema import pending_authorizations
+from synckit.store.db import Database
+from synckit.store.tables import pending_authorizations
 
 log = structlog.get_logger("synckit.oauth")
 

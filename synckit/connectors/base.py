@@ -191,6 +191,7 @@ class AuthFactory(typing.Protocol):
 
     def __call__(self, connector: Connector[Any], /) -> httpx.Auth: ...
 
+
 # Methods whose behaviour the runtime relies on; a subclass that redefines one is refused.
 _FINAL = ("__init__", "validate_config", "declared_streams", "stream", "polls")
 

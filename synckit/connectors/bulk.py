@@ -33,9 +33,9 @@ from synckit.connectors.tenants import (
     check_tenant_name,
 )
 from synckit.errors.exceptions import ConfigurationError, SynckitError
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import utcnow
-from synckit.runtime.schema import connections
+from synckit.store.db import Database
+from synckit.store.jobs import utcnow
+from synckit.store.tables import connections
 
 __all__ = ["BulkResult", "NewTenant", "RowError", "add_tenants", "read_rows"]
 

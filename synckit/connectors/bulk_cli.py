@@ -16,7 +16,7 @@ import click
 from synckit.cli_options import database_option
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
 from synckit.connectors.tenants_cli import app_option, load_app, tenants
-from synckit.runtime.db import Database
+from synckit.store.db import Database
 
 #: Errors printed one per line; the rest are counted.
 _SHOWN_ERRORS = 50

@@ -29,10 +29,10 @@ from synckit.connectors.http import (
     tls_context,
 )
 from synckit.connectors.network import new_transport
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import utcnow
 from synckit.runtime.logging import bind_known_secrets, scrub_values, secret_values
 from synckit.runtime.pacing import PaceView
+from synckit.store.db import Database
+from synckit.store.jobs import utcnow
 
 if TYPE_CHECKING:
     from synckit.connectors.intents import Create, Find, IntentResult

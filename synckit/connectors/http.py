@@ -60,8 +60,8 @@ from synckit.errors.raising import exception_for
 from synckit.errors.waits import clamp_wait
 from synckit.runtime import pacing
 from synckit.runtime.clock import Waiter
-from synckit.runtime.db import Database
 from synckit.runtime.instruments import record_api_latency
+from synckit.store.db import Database
 
 __all__ = [
     "ERROR_BODY_LIMIT",

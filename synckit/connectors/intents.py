@@ -73,11 +73,11 @@ from synckit.errors.exceptions import (
     RetryableError,
     SynckitError,
 )
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import Handler, JobContext
-from synckit.runtime.jobs import JobSpec
 from synckit.runtime.logging import redact_text
-from synckit.runtime.schema import intents
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import intents
 
 log = structlog.get_logger("synckit.intents")
 

@@ -25,8 +25,8 @@ from synckit.connectors.secrets import (
     reseal_token_sets,
 )
 from synckit.errors.exceptions import ConfigurationError
-from synckit.runtime.db import Database
-from synckit.runtime.schema import connections
+from synckit.store.db import Database
+from synckit.store.tables import connections
 
 if TYPE_CHECKING:
     from synckit.app import App

@@ -71,9 +71,9 @@ from synckit.connectors.secrets import (
 )
 from synckit.errors.exceptions import ConfigurationError, NeedsReauth, RetryableError
 from synckit.errors.headers import server_wait
-from synckit.runtime import jobs as job_store
 from synckit.runtime import pacing
-from synckit.runtime.db import Database
+from synckit.store import jobs as job_store
+from synckit.store.db import Database
 
 with warnings.catch_warnings():
     # authlib prefers the httpx2 fork and warns when it falls back to httpx; httpx is

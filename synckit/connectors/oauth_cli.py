@@ -25,7 +25,7 @@ from synckit.cli_options import database_option
 if TYPE_CHECKING:
     from synckit.app import App
     from synckit.connectors.oauth import OAuth2Config, ReauthResult
-from synckit.runtime.db import Database
+from synckit.store.db import Database
 
 
 @click.command("reauth")

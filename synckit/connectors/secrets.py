@@ -38,8 +38,8 @@ from sqlalchemy import Row, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.errors.exceptions import ConfigurationError
-from synckit.runtime.db import Database
-from synckit.runtime.schema import connections
+from synckit.store.db import Database
+from synckit.store.tables import connections
 
 ENV_KEY = "SYNCKIT_SECRET_KEY"
 ENV_INSECURE_DEV = "SYNCKIT_INSECURE_DEV_TOKENS"

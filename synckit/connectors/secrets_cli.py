@@ -13,7 +13,7 @@ import click
 from synckit.cli_options import app_option, database_option
 from synckit.connectors import keys
 from synckit.connectors.secrets import ENV_KEY, TokenCipher
-from synckit.runtime.db import Database
+from synckit.store.db import Database
 
 
 @click.group("secrets")

@@ -5,7 +5,7 @@ row read through guards.
 ``after``) and the number of tenants by status in the same transaction, so it costs the
 same at 100,000 tenants as at 10; ``synckit tenants show`` reads one tenant and its
 checkpoints. A corrupt row is shown, never fatal: timestamps come back guarded
-(:func:`synckit.runtime.jobs.guarded_moment`, so a value no datetime holds does not fail
+(:func:`synckit.store.jobs.guarded_moment`, so a value no datetime holds does not fail
 the driver's fetch), configs and cursors as text, each parsed per row and named in
 ``unreadable`` when it does not read.
 
@@ -28,9 +28,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from synckit.connectors.tenants import _COLUMNS as _TENANT_COLUMNS
 from synckit.connectors.tenants import Tenant, TenantNotFound
 from synckit.connectors.tenants import _tenant as _read_tenant
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import guarded_moment, read_moment
-from synckit.runtime.schema import checkpoints, connections
+from synckit.store.db import Database
+from synckit.store.jobs import guarded_moment, read_moment
+from synckit.store.tables import checkpoints, connections
 
 __all__ = ["Checkpoint", "TenantPage", "page_tenants", "read_checkpoints", "read_tenant"]
 

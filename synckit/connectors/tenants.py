@@ -42,13 +42,13 @@ from synckit.connectors.config_secrets import (
 from synckit.connectors.schedule import DEFAULT_SCHEDULE, parse_schedule
 from synckit.connectors.secrets import TokenCipher
 from synckit.errors.exceptions import ConfigurationError, SynckitError
-from synckit.runtime import jobs as job_store
 from synckit.runtime import pacing
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import utcnow
 from synckit.runtime.poll import delete_checkpoints, delete_poll_ticks
-from synckit.runtime.resources import read_moments, readable
-from synckit.runtime.schema import connections, dead_letters
+from synckit.store import jobs as job_store
+from synckit.store.db import Database
+from synckit.store.jobs import utcnow
+from synckit.store.resources import read_moments, readable
+from synckit.store.tables import connections, dead_letters
 
 __all__ = [
     "CONNECTION_STATUSES",

@@ -32,8 +32,8 @@ from synckit.connectors.tenant_pages import (
     read_tenant,
 )
 from synckit.errors.exceptions import ConfigurationError
-from synckit.runtime.db import Database
 from synckit.runtime.logging import redact
+from synckit.store.db import Database
 
 if TYPE_CHECKING:
     from synckit.app import App

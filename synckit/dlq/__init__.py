@@ -1,19 +1,13 @@
 """The dead-letter queue: capture of failed records and jobs, automatic replay with
 capped backoff, manual review, and purge.
 
-* :mod:`synckit.dlq.store` — every SQL statement on ``dead_letters`` (capture, leases,
+* :mod:`synckit.store.dead_letters` — every SQL statement on ``dead_letters`` (capture, leases,
   streaming filters, group counts, purge);
 * :mod:`synckit.dlq.replay` — :class:`ReplayProcessor` and the :class:`Replayers` registry;
-* :mod:`synckit.dlq.policy` — the pure decisions (backoff, resource waits);
+* :mod:`synckit.errors.dlq_policy` — the pure decisions (backoff, resource waits);
 * :mod:`synckit.dlq.cli` — ``synckit dlq ...``.
 """
 
-from synckit.dlq.policy import (
-    MAX_DELAY,
-    REVIEW_CLASSES,
-    blocked_until,
-    next_retry_delay,
-)
 from synckit.dlq.replay import (
     DLQ_REPLAY_KIND,
     Plan,
@@ -28,7 +22,13 @@ from synckit.dlq.replay import (
     register_dlq_replay,
     replayers_from_app,
 )
-from synckit.dlq.store import (
+from synckit.errors.dlq_policy import (
+    MAX_DELAY,
+    REVIEW_CLASSES,
+    blocked_until,
+    next_retry_delay,
+)
+from synckit.store.dead_letters import (
     HISTORY_LIMIT,
     STATUSES,
     Captured,

@@ -1,6 +1,6 @@
 """``synckit dlq ...``: list, show, replay, resolve, ignore, purge and export dead letters.
 
-Every command that walks rows streams them (keyset pages, see :mod:`synckit.dlq.store`),
+Every command that walks rows streams them (keyset pages, see :mod:`synckit.store.dead_letters`),
 so a filter matching 100,000 rows never holds them all in memory.
 
 ``synckit.cli`` loads this module when its command runs. It must not import
@@ -22,12 +22,12 @@ import click
 from rich.text import Text
 
 from synckit.cli_options import ROW_ID, cell, database_option
-from synckit.dlq import store
 from synckit.dlq.replay import ReplayProcessor, ReplayResult, ReplaySummary, replayers_from_app
-from synckit.dlq.store import STATUSES, DeadLetter, DlqFilter
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import utcnow
 from synckit.runtime.logging import redact
+from synckit.store import dead_letters as store
+from synckit.store.db import Database
+from synckit.store.dead_letters import STATUSES, DeadLetter, DlqFilter
+from synckit.store.jobs import utcnow
 
 GROUPS = ("tenant", "connector", "kind", "class", "status")
 NO_APP_REASON = "needs --app (no replayer for this kind without the application)"

@@ -1,7 +1,7 @@
 """The replay processor: dead letters are re-run until they succeed, need a human, or are
 beyond help.
 
-:class:`ReplayProcessor` takes due rows under a lease (see :mod:`synckit.dlq.store`), so
+:class:`ReplayProcessor` takes due rows under a lease (see :mod:`synckit.store.dead_letters`), so
 any number of processors, in any number of processes, never replay one row at once, on
 PostgreSQL and on SQLite. For each row it picks what to do (:meth:`ReplayProcessor.plan`):
 
@@ -24,7 +24,7 @@ PostgreSQL and on SQLite. For each row it picks what to do (:meth:`ReplayProcess
 
 Outcomes: success resolves the row. A failure is classified (:func:`synckit.errors.classify`):
 validation and authorization errors go to ``review`` at once; other failures are retried
-after :func:`~synckit.dlq.policy.next_retry_delay` (``min(2^n min, 24 h)`` with jitter, or
+after :func:`~synckit.errors.dlq_policy.next_retry_delay` (``min(2^n min, 24 h)`` with jitter, or
 the server's wait if longer), and go to ``review`` once ``max_attempts`` replays failed.
 Rows moved to review are announced once per run and per ``(tenant, error class)``: a
 ``dlq.review`` log event and the optional ``on_review(tenant, error_class, count)``
@@ -50,16 +50,16 @@ import structlog
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.dlq import store
-from synckit.dlq.policy import REVIEW_CLASSES, UniformSource, next_retry_delay
-from synckit.dlq.store import DeadLetter, DlqError, DlqFilter, ReplayError
 from synckit.errors.classify import classify
+from synckit.errors.dlq_policy import REVIEW_CLASSES, UniformSource, next_retry_delay
 from synckit.errors.exceptions import JobNotFound, JobStateError
-from synckit.runtime import jobs
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import PayloadError, utcnow
-from synckit.runtime.schema import dead_letters
+from synckit.store import dead_letters as store
+from synckit.store import jobs
+from synckit.store.db import Database
+from synckit.store.dead_letters import DeadLetter, DlqError, DlqFilter, ReplayError
+from synckit.store.jobs import PayloadError, utcnow
+from synckit.store.tables import dead_letters
 
 __all__ = [
     "DLQ_REPLAY_KIND",

@@ -7,7 +7,7 @@ with ``u`` uniform in [0, 1). The default ``jitter=0.5`` is equal jitter (a dela
 [d/2, d]): it spreads a crowd of workers that failed together, while still guaranteeing
 that the waits grow. ``jitter=1.0`` is AWS-style full jitter, ``0.0`` none. Every backoff
 in synckit is this formula with its own knobs: job retries and the outbox relay (through
-:class:`RetryPolicy`), dead-letter replays (:func:`synckit.dlq.policy.next_retry_delay`)
+:class:`RetryPolicy`), dead-letter replays (:func:`synckit.errors.dlq_policy.next_retry_delay`)
 and the alert webhook's attempts (:class:`synckit.runtime.alerts.WebhookSink`).
 
 A wait the server asked for always wins over the computed backoff, even when it is

@@ -24,7 +24,7 @@ the probe so another can be claimed. A first opening lasts the server's wait whe
 failure carried one (an outage that says "3 s left" opens 3 s), else ``cooldown``; only
 re-openings grow. A probe whose worker died is presumed lost after ``probe_timeout``.
 
-The claim decides :func:`breaker_allows` in SQL (``runtime/jobs.py``), held to this
+The claim decides :func:`breaker_allows` in SQL (``store/jobs.py``), held to this
 function by a property test on both engines; it stores :func:`breaker_claim_probe`.
 """
 

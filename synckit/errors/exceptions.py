@@ -17,7 +17,7 @@ categories are named for what the runtime does with them::
         └── PermanentError        never retry: dead-letter for review
 
 httpx and SQLAlchemy errors are translated into these at one seam each
-(``synckit.errors.classify`` and ``synckit.runtime.db``), with ``raise ... from``.
+(``synckit.errors.classify`` and ``synckit.store.db``), with ``raise ... from``.
 """
 
 from __future__ import annotations

@@ -95,13 +95,13 @@ from synckit.runtime.audit import (
     window_start,
 )
 from synckit.runtime.budget import BudgetLevel, BudgetPolicy, pause_tenants
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import guarded_moment, read_moment, read_payload, utcnow
 from synckit.runtime.logging import redact, redact_text
-from synckit.runtime.schema import alerts as alerts_table
-from synckit.runtime.schema import checkpoints, connections, dead_letters, jobs
 from synckit.runtime.unreadable_jobs import StuckJob, unreadable_run_at
+from synckit.store.db import Database
+from synckit.store.jobs import guarded_moment, read_moment, read_payload, utcnow
+from synckit.store.tables import alerts as alerts_table
+from synckit.store.tables import checkpoints, connections, dead_letters, jobs
 
 ALERTS_KIND = "synckit.alerts"
 POLL_KIND = "synckit.poll"
@@ -583,7 +583,7 @@ class NeedsReauthRule:
 @dataclass(frozen=True)
 class DeadCyclesRule:
     """A tenant paused because a stream's poll cycles kept dying (see
-    :data:`synckit.dlq.policy.DEAD_CYCLES_TO_PAUSE`); resume with ``synckit tenants
+    :data:`synckit.errors.dlq_policy.DEAD_CYCLES_TO_PAUSE`); resume with ``synckit tenants
     resume`` once the API is fixed."""
 
     repeat_every: timedelta = timedelta(hours=6)
@@ -591,7 +591,7 @@ class DeadCyclesRule:
     name: str = "dead_cycles"
 
     def evaluate(self, data: AlertData) -> list[Alert]:
-        from synckit.dlq.policy import DEAD_CYCLES_REASON
+        from synckit.errors.dlq_policy import DEAD_CYCLES_REASON
 
         return [
             Alert(

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from synckit.cli_options import cell, database_option
 from synckit.runtime.logging import redact
-from synckit.runtime.resources import ResourceInfo, list_resources, reset_resource
+from synckit.store.resources import ResourceInfo, list_resources, reset_resource
 
 
 def _when(r: ResourceInfo, name: str) -> str:

@@ -23,7 +23,7 @@ from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.runtime.audit import Totals, totals_by_tenant, window_start
-from synckit.runtime.schema import connections
+from synckit.store.tables import connections
 
 DEFAULT_BUDGET = 0.005
 DEFAULT_WINDOW = timedelta(hours=24)

@@ -13,10 +13,10 @@ from datetime import datetime
 
 from sqlalchemy import select, update
 
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import Recurring
-from synckit.runtime.jobs import JobSpec, _insert, enqueue_many
-from synckit.runtime.schema import cron_ticks
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec, _insert, enqueue_many
+from synckit.store.tables import cron_ticks
 
 
 async def sync_schedules(db: Database, schedules: Sequence[Recurring], now: datetime) -> None:

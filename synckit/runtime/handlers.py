@@ -18,9 +18,9 @@ from croniter import croniter
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.breaker import BreakerPolicy
 from synckit.errors.exceptions import ConfigurationError, HandlerOutcome
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import ClaimedJob, JobSpec
 from synckit.runtime.outbox import NewMessage, _new_row
+from synckit.store.db import Database
+from synckit.store.jobs import ClaimedJob, JobSpec
 
 Handler = Callable[["JobContext"], Awaitable[None]]
 
@@ -98,7 +98,7 @@ class JobContext:
         """Enqueue a follow-up job, committed atomically with this job's success.
 
         If this job fails, is snoozed or loses its lease, the follow-up is never created.
-        Options are those of :func:`synckit.runtime.jobs.enqueue`.
+        Options are those of :func:`synckit.store.jobs.enqueue`.
         """
         spec = JobSpec(kind=kind, payload={} if payload is None else payload, **options)
         spec.row(datetime.now().astimezone())  # validate now, in the handler, not at commit

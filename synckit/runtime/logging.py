@@ -445,7 +445,7 @@ def bind_job_context(
 
 
 def claimed_job_fields(job: Any) -> dict[str, Any]:
-    """The context fields of a claimed job (``synckit.runtime.jobs.ClaimedJob``).
+    """The context fields of a claimed job (``synckit.store.jobs.ClaimedJob``).
 
     Tenant and connector come from the payload's ``tenant``/``connector`` keys, else the
     resource key and nothing, as the audit counts do.

@@ -49,7 +49,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.runtime.budget import BudgetPolicy, BudgetStatus, tenant_budgets
-from synckit.runtime.db import Database
 from synckit.runtime.instruments import (
     _LATENCY_OUTCOMES,
     _OUTCOME_NAMES,
@@ -62,8 +61,6 @@ from synckit.runtime.instruments import (
     record_records,
     status_class,
 )
-from synckit.runtime.jobs import read_moment, utcnow
-from synckit.runtime.schema import checkpoints, connections
 from synckit.runtime.status import (
     BreakerInfo,
     breaker_states,
@@ -71,6 +68,9 @@ from synckit.runtime.status import (
     queue_depth,
 )
 from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
+from synckit.store.db import Database
+from synckit.store.jobs import read_moment, utcnow
+from synckit.store.tables import checkpoints, connections
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

@@ -33,7 +33,7 @@ lease to expire under a slow broker.
   across relays: a claimed message is only published when every pending message of its
   key with a smaller id is in the same claim (a smaller one held by another relay, or
   waiting for its retry, blocks it).
-* SQLite: every transaction starts with ``BEGIN IMMEDIATE`` (see :mod:`synckit.runtime.db`),
+* SQLite: every transaction starts with ``BEGIN IMMEDIATE`` (see :mod:`synckit.store.db`),
   so concurrent relays are serialised and safe, and one relay is what is expected. The
   price: the write lock is held while a batch is published, so an :func:`add` from another
   connection waits for that batch's confirms (milliseconds on a healthy broker, at most
@@ -83,10 +83,10 @@ from synckit.errors.exceptions import (
     RetryableError,
     SynckitError,
 )
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import guarded_moment, read_moment, read_payload
 from synckit.runtime.logging import redact_text
-from synckit.runtime.schema import UTCDateTime, dead_letters, outbox
+from synckit.store.db import Database
+from synckit.store.jobs import guarded_moment, read_moment, read_payload
+from synckit.store.tables import UTCDateTime, dead_letters, outbox
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
@@ -524,10 +524,10 @@ async def mark_failed(
     conn: AsyncConnection, rejected: Sequence[tuple[OutboxMessage, str]], *, now: datetime
 ) -> None:
     """Messages the broker refused for good: ``failed`` here, and each captured in the DLQ
-    (:func:`synckit.dlq.store.capture_many`: a ``review`` row, since a refusal is a
+    (:func:`synckit.store.dead_letters.capture_many`: a ``review`` row, since a refusal is a
     validation error; a message an operator ignored there stays ignored)."""
     # Imported here: the DLQ's package imports the runtime (handlers import this module).
-    from synckit.dlq.store import Failure, capture_many, storable_text
+    from synckit.store.dead_letters import Failure, capture_many, storable_text
 
     if not rejected:
         return

@@ -15,8 +15,8 @@ import click
 
 from synckit.cli_options import ROW_ID, cell, database_option
 from synckit.runtime import outbox as store
-from synckit.runtime.db import Database
 from synckit.runtime.logging import redact
+from synckit.store.db import Database
 
 STATUSES = ("pending", "published", "failed")
 

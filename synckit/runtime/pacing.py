@@ -41,9 +41,9 @@ from synckit.errors.pace import (
     reserve_slot,
     reserve_slots,
 )
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import _ensure_resources, _ensure_resources_sync, utcnow
-from synckit.runtime.schema import resources
+from synckit.store.db import Database
+from synckit.store.jobs import _ensure_resources, _ensure_resources_sync, utcnow
+from synckit.store.tables import resources
 
 __all__ = [
     "PaceView",

@@ -3,7 +3,7 @@
 A *poll cycle* is a job (kind ``synckit.poll``) for one tenant and stream. It reads the
 stored checkpoint, iterates the connector's ``poll()`` pages and runs ``handle()`` on
 every record of a page, a few at once, each isolated from the others. After each page,
-one synchronous transaction commits (:meth:`~synckit.runtime.db.Database.write`: one hop
+one synchronous transaction commits (:meth:`~synckit.store.db.Database.write`: one hop
 to SQLite's writer thread, ``run_sync`` on PostgreSQL, statements built once):
 
 * the page's checkpoint (unless the stream's ``hold`` policy stops before a failure),
@@ -59,7 +59,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.connectors.base import Connector, Page
 from synckit.connectors.schedule import DEFAULT_SCHEDULE, PollSchedule, parse_schedule
-from synckit.dlq import store as dlq_store
 from synckit.errors.classify import Classification, classify
 from synckit.errors.exceptions import (
     ConfigurationError,
@@ -68,12 +67,13 @@ from synckit.errors.exceptions import (
     RateLimited,
 )
 from synckit.runtime.audit import record_audit_sync
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel
 from synckit.runtime.instruments import record_records
-from synckit.runtime.jobs import ClaimedJob, JobSpec, enqueue_new, utcnow
 from synckit.runtime.logging import redact_text
-from synckit.runtime.schema import UNSCHEDULED, checkpoints, dead_letters, jobs, poll_ticks
+from synckit.store import dead_letters as dlq_store
+from synckit.store.db import Database
+from synckit.store.jobs import ClaimedJob, JobSpec, enqueue_new, utcnow
+from synckit.store.tables import UNSCHEDULED, checkpoints, dead_letters, jobs, poll_ticks
 
 if TYPE_CHECKING:
     from synckit.connectors.context import SyncContext
@@ -386,7 +386,7 @@ def dead_letter_records(
     now: datetime,
 ) -> None:
     """Write failed records to ``dead_letters`` in the caller's transaction, through the
-    DLQ's one capture (:func:`synckit.dlq.store.capture_many`: one row per record, a
+    DLQ's one capture (:func:`synckit.store.dead_letters.capture_many`: one row per record, a
     repeat updates it, an ignored row stays ignored)."""
     dlq_store.capture_many(
         conn,
@@ -411,7 +411,7 @@ def dead_letter_records(
     )
 
 
-# Only test_poll's cache-key test reads this alias: the statement lives in dlq/store.py
+# Only test_poll's cache-key test reads this alias: the statement lives in store/dead_letters.py
 # with every other statement on dead_letters (and is checked there too).
 _RESOLVE = {postgres: dlq_store._SQL[postgres].resolve for postgres in (True, False)}
 
@@ -426,7 +426,7 @@ def resolve_records(
     now: datetime,
 ) -> int:
     """Mark the open dead letters of records that just succeeded ``resolved``, in the
-    caller's transaction; return how many (:func:`synckit.dlq.store.resolve_records`)."""
+    caller's transaction; return how many (:func:`synckit.store.dead_letters.resolve_records`)."""
     return dlq_store.resolve_records(
         conn,
         tenant=tenant,
@@ -807,7 +807,7 @@ class TickPlan:
 
 def marker_of(status: str, schedule: str | None) -> str:
     """``connections.poll_spec`` once the scheduler has seen the tenant (as in SQL's
-    :data:`~synckit.runtime.schema.UNSCHEDULED`)."""
+    :data:`~synckit.store.tables.UNSCHEDULED`)."""
     return (schedule or "") if status == "active" else _INACTIVE
 
 

@@ -38,21 +38,21 @@ from synckit.runtime.alerts import (
 )
 from synckit.runtime.audit import Totals, totals_by_tenant, window_start
 from synckit.runtime.budget import BudgetPolicy
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import guarded_moment, utcnow
-from synckit.runtime.resources import BREAKER_STATES, read_moments
-from synckit.runtime.schema import (
+from synckit.runtime.unreadable_jobs import (
+    StuckJob,
+    count_unreadable_run_at,
+    unreadable_run_at,
+)
+from synckit.store.db import Database
+from synckit.store.jobs import guarded_moment, utcnow
+from synckit.store.resources import BREAKER_STATES, read_moments
+from synckit.store.tables import (
     audit_buckets,
     connections,
     dead_letters,
     jobs,
     outbox,
     resources,
-)
-from synckit.runtime.unreadable_jobs import (
-    StuckJob,
-    count_unreadable_run_at,
-    unreadable_run_at,
 )
 
 if TYPE_CHECKING:

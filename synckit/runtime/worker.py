@@ -66,13 +66,13 @@ from synckit.errors.exceptions import DatabaseError, NeedsReauth, PermanentError
 from synckit.errors.pace import PacePolicy
 from synckit.errors.waits import DEFAULT_MAX_WAIT, moment_after
 from synckit.runtime import cron, outbox, pacing
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
-from synckit.runtime.jobs import ClaimedJob, JobSpec, utcnow
 from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
 from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
-from synckit.runtime.schema import UTCDateTime, connections, resources
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import ClaimedJob, JobSpec, utcnow
+from synckit.store.tables import UTCDateTime, connections, resources
 
 log = structlog.get_logger("synckit.worker")
 

@@ -11,7 +11,7 @@ sets pytest-asyncio to ``auto`` unless the project chose a mode. Without the plu
 Fixtures:
 
 * ``synckit_db``: a migrated SQLite database in ``tmp_path`` (a
-  :class:`~synckit.runtime.db.Database`), disposed of afterwards;
+  :class:`~synckit.store.db.Database`), disposed of afterwards;
 * ``synckit_clock``: a :class:`~synckit.testing.clock.FakeClock`;
 * ``instant_retries``: every retry waits zero seconds for the test
   (:func:`synckit.errors.set_testing`), restored afterwards;
@@ -38,10 +38,10 @@ import pytest
 import pytest_asyncio
 
 from synckit.errors import RetryPolicy, is_testing, set_testing
-from synckit.runtime import migrate
-from synckit.runtime.db import Database, open_database
 from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker, WorkerStats
+from synckit.store import migrate
+from synckit.store.db import Database, open_database
 from synckit.testing.clock import FakeClock
 from synckit.testing.fakeapi import FakeAPI
 

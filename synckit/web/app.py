@@ -37,16 +37,16 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from synckit.connectors import tenants as tenant_store
-from synckit.dlq import store as dlq_store
-from synckit.dlq.store import DlqFilter
 from synckit.errors.exceptions import JobNotFound, SynckitError
-from synckit.runtime import jobs as job_store
 from synckit.runtime import outbox as outbox_store
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.jobs import utcnow
 from synckit.runtime.logging import redact, redact_text
 from synckit.runtime.poll import list_checkpoints
-from synckit.runtime.resources import get_resource, reset_resource
+from synckit.store import dead_letters as dlq_store
+from synckit.store import jobs as job_store
+from synckit.store.db import Database, open_database
+from synckit.store.dead_letters import DlqFilter
+from synckit.store.jobs import utcnow
+from synckit.store.resources import get_resource, reset_resource
 from synckit.web import queries
 from synckit.web.explain import duration_text, tenant_why
 from synckit.web.security import csrf_valid, origin_allowed, safe_next, token_valid

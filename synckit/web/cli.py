@@ -59,7 +59,7 @@ def web_command(
             f"synckit web needs the web extra: pip install 'synckit[web]' ({exc.name} missing)"
         ) from None
     from synckit.cli_options import load_app
-    from synckit.runtime.db import database_url_from_env, mask_url
+    from synckit.store.db import database_url_from_env, mask_url
     from synckit.web.app import WebConfig, create_app
 
     app = load_app(app_spec) if app_spec else None

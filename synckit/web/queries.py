@@ -1,8 +1,8 @@
 """The reads the console needs that the storage modules do not offer yet, named.
 
 Everything else the console shows or changes goes through the existing operations
-(``runtime/jobs.py``, ``dlq/store.py``, ``runtime/status.py``, ``connectors/tenants.py``,
-``runtime/resources.py``, ``runtime/outbox.py``, ``runtime/poll.py``). What is here is
+(``store/jobs.py``, ``store/dead_letters.py``, ``runtime/status.py``, ``connectors/tenants.py``,
+``store/resources.py``, ``runtime/outbox.py``, ``runtime/poll.py``). What is here is
 what those lack: keyset pages (a cursor instead of an offset, so page 1,000 costs what
 page 1 costs), a page of tenants joined with their resources (one statement rather than
 one per tenant), and the overview's figures read at a cost that does not grow with the
@@ -31,15 +31,15 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import Table, case, func, literal, literal_column, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.dlq import store as dlq_store
-from synckit.dlq.store import DeadLetter, DlqFilter
 from synckit.runtime.alerts import Alert, recent_alerts
 from synckit.runtime.audit import Totals
 from synckit.runtime.budget import BudgetPolicy, BudgetStatus
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import JobInfo
 from synckit.runtime.outbox import OutboxInfo, _info
-from synckit.runtime.schema import (
+from synckit.store import dead_letters as dlq_store
+from synckit.store.db import Database
+from synckit.store.dead_letters import DeadLetter, DlqFilter
+from synckit.store.jobs import JobInfo
+from synckit.store.tables import (
     audit_buckets,
     connections,
     dead_letters,
@@ -295,7 +295,7 @@ def _job_select(
     *extra: Any,
     kind: Any = jobs.c.kind,
 ) -> Any:
-    from synckit.runtime.jobs import _INFO
+    from synckit.store.jobs import _INFO
 
     c = jobs.c
     stmt = _INFO.where(*extra).order_by(c.id.desc()).limit(size + 1)

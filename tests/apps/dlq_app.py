@@ -22,8 +22,8 @@ from typing import Any
 
 from synckit.dlq import DeadLetter, Replayers, ReplayProcessor, Unreplayable
 from synckit.errors.exceptions import PermanentError, RetryableError
-from synckit.runtime.db import Database, open_database
 from synckit.runtime.handlers import JobContext, Registry
+from synckit.store.db import Database, open_database
 
 
 def _append(line: str) -> None:

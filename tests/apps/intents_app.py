@@ -23,8 +23,8 @@ from synckit.connectors.intents import (
     write_job_handler,
 )
 from synckit.errors import set_testing
-from synckit.runtime.db import open_database
 from synckit.runtime.handlers import Registry
+from synckit.store.db import open_database
 
 # Retry at once (attempt limits still apply): the test is about effects, not pacing.
 set_testing(True, timedelta(milliseconds=20))

@@ -24,8 +24,8 @@ import httpx
 from sqlalchemy import text
 
 from synckit.connectors.oauth import OAuth2Auth, OAuth2Config
-from synckit.runtime.db import open_database
 from synckit.runtime.logging import configure_logging
+from synckit.store.db import open_database
 
 
 def barrier(ready: Path, go: Path) -> None:

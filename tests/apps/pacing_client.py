@@ -15,7 +15,7 @@ from datetime import timedelta
 from synckit import Connector
 from synckit.connectors.context import open_context
 from synckit.errors import RateLimited
-from synckit.runtime.db import open_database
+from synckit.store.db import open_database
 
 
 class Quota(Connector):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from synckit.runtime.db import schema_revisions
+from synckit.store.db import schema_revisions
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 

@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy import update
 
-from synckit.dlq import store
-from synckit.runtime import jobs
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.schema import dead_letters
-from synckit.runtime.schema import jobs as jobs_table
+from synckit.store import dead_letters as store
+from synckit.store import jobs
+from synckit.store.db import Database, open_database
+from synckit.store.tables import dead_letters
+from synckit.store.tables import jobs as jobs_table
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 APPS = Path(__file__).parent.parent / "apps"

@@ -16,12 +16,12 @@ from click.testing import CliRunner
 from sqlalchemy import update
 
 from synckit.cli import cli
-from synckit.dlq import store
-from synckit.runtime import jobs
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.resources import configure_resource
-from synckit.runtime.schema import jobs as jobs_table
-from synckit.runtime.schema import resources
+from synckit.store import dead_letters as store
+from synckit.store import jobs
+from synckit.store.db import Database, open_database
+from synckit.store.resources import configure_resource
+from synckit.store.tables import jobs as jobs_table
+from synckit.store.tables import resources
 
 T = TypeVar("T")
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -100,8 +100,8 @@ def test_breakers_ls_and_reset(migrated_url: str) -> None:
 
     from sqlalchemy import update
 
-    from synckit.runtime.db import open_database
-    from synckit.runtime.schema import resources
+    from synckit.store.db import open_database
+    from synckit.store.tables import resources
 
     async def open_it() -> None:
         db = open_database(migrated_url)
@@ -124,8 +124,8 @@ def test_breakers_ls_and_reset(migrated_url: str) -> None:
 def test_jobs_ls_pages_by_keyset(migrated_url: str, tmp_path: Path) -> None:
     import asyncio
 
-    from synckit.runtime import jobs as store
-    from synckit.runtime.db import open_database
+    from synckit.store import jobs as store
+    from synckit.store.db import open_database
 
     async def enqueue() -> None:
         db = open_database(migrated_url)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
-NOISY_APP = '''
+NOISY_APP = """
 import structlog
 from synckit import App, Connector
 
@@ -31,7 +31,7 @@ class Noisy(Connector):
 
 
 app = App([Noisy])
-'''
+"""
 
 
 def synckit(cwd: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -69,9 +69,7 @@ def test_logs_go_to_stderr_redacted_and_json_output_stays_json(
     json.loads(quiet.stdout)
 
 
-def test_the_worker_acknowledges_each_signal_in_its_log(
-    tmp_path: Path, migrated_url: str
-) -> None:
+def test_the_worker_acknowledges_each_signal_in_its_log(tmp_path: Path, migrated_url: str) -> None:
     (tmp_path / "noisy_app.py").write_text(NOISY_APP)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCKIT_")}
     proc = subprocess.Popen(

@@ -10,8 +10,8 @@ import sys
 from typing import Any
 
 from synckit.runtime import outbox
-from synckit.runtime.db import open_database
 from synckit.runtime.outbox import CallbackPublisher, NewMessage, OutboxMessage, PublishRejected
+from synckit.store.db import open_database
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 

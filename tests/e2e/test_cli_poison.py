@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 
 from synckit.cli import cli
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.schema import checkpoints, connections, resources
+from synckit.store.db import Database, open_database
+from synckit.store.tables import checkpoints, connections, resources
 
 T = TypeVar("T")
 APPS = Path(__file__).parent.parent / "apps"
@@ -223,7 +223,7 @@ def test_config_files_that_cannot_be_read_are_one_line_errors(
 def test_good_timestamps_read_the_same_through_the_text_path(migrated_url: str) -> None:
     """The corrupt-row-proof read gives back what was written on either engine (the
     driver's datetime on PostgreSQL, ISO text on SQLite): umbrella paced until SOON."""
-    from synckit.runtime.resources import get_resource
+    from synckit.store.resources import get_resource
 
     async def go(db: Database) -> Any:
         await seed_tenants(db)
@@ -294,9 +294,9 @@ def test_status_names_each_corrupt_row_and_the_jobs_that_never_run(
     named and alerted on."""
 
     async def jobs_(db: Database) -> tuple[int, int]:
-        from synckit.runtime import jobs as store
-        from synckit.runtime.jobs import JobSpec, utcnow
-        from synckit.runtime.schema import alerts
+        from synckit.store import jobs as store
+        from synckit.store.jobs import JobSpec, utcnow
+        from synckit.store.tables import alerts
 
         stuck, done = await store.enqueue_many(
             db,

@@ -11,9 +11,9 @@ import sys
 
 from sqlalchemy import text
 
-from synckit.runtime import jobs as store
-from synckit.runtime.db import open_database
-from synckit.runtime.jobs import JobSpec
+from synckit.store import jobs as store
+from synckit.store.db import open_database
+from synckit.store.jobs import JobSpec
 
 BAD_PAYLOAD = {"sqlite": "'{not json'", "postgresql": "('1' || repeat('0', 5000))::jsonb"}
 BAD_TIME = {"sqlite": "'garbage'", "postgresql": "'20000-01-01'::timestamptz"}

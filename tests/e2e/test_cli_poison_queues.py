@@ -19,8 +19,8 @@ from test_cli_poison import (  # the sibling module: one helper, one set of corr
     with_db,
 )
 
-from synckit.runtime.db import Database
-from synckit.runtime.schema import dead_letters, outbox
+from synckit.store.db import Database
+from synckit.store.tables import dead_letters, outbox
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 #: SQLite keeps any text in a JSON column; JSONB only JSON (a top-level array here).

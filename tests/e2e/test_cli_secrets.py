@@ -19,8 +19,8 @@ from sqlalchemy import update
 
 from synckit.connectors.secrets import TokenCipher, key_id
 from synckit.connectors.tenants import add_tenant
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.schema import connections
+from synckit.store.db import Database, open_database
+from synckit.store.tables import connections
 
 APPS = Path(__file__).parents[1] / "apps"
 T = TypeVar("T")

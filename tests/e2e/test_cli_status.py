@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 from sqlalchemy import insert, update
 
-from synckit.runtime import jobs as store
 from synckit.runtime.alerts import AlertRouter, dlq_review_alert
 from synckit.runtime.audit import read_audit, record_audit
-from synckit.runtime.db import open_database
-from synckit.runtime.jobs import JobSpec
-from synckit.runtime.schema import checkpoints, connections, dead_letters, resources
+from synckit.store import jobs as store
+from synckit.store.db import open_database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import checkpoints, connections, dead_letters, resources
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from synckit.runtime.db import open_database
 from synckit.runtime.poll import load_checkpoint
+from synckit.store.db import open_database
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 APPS = Path(__file__).parent.parent / "apps"
@@ -238,7 +238,7 @@ def test_an_unknown_config_field_is_refused_by_name(migrated_url: str) -> None:
 def _connection(url: str) -> Any:
     from sqlalchemy import select
 
-    from synckit.runtime.schema import connections
+    from synckit.store.tables import connections
 
     async def go() -> Any:
         db = open_database(url)

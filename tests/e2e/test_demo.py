@@ -20,7 +20,7 @@ from sqlalchemy import create_engine, func, select
 
 from synckit.examples.graph_mail import internet_message_id, mail_messages
 from synckit.runtime.audit import RETRIED_PREFIX
-from synckit.runtime.schema import (
+from synckit.store.tables import (
     audit_buckets,
     connections,
     dead_letters,

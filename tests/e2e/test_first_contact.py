@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from synckit.runtime import migrate
-from synckit.runtime.db import open_database, schema_revisions
+from synckit.store import migrate
+from synckit.store.db import open_database, schema_revisions
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 READS = [("status",), ("jobs", "ls"), ("dlq", "ls"), ("tenants", "ls"), ("breakers", "ls")]

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-AUTHOR_TEST = '''
-from synckit.runtime.db import Database
+AUTHOR_TEST = """
+from synckit.store.db import Database
 from synckit.testing import FakeClock
 
 
@@ -20,7 +20,7 @@ async def test_an_async_test_gets_a_migrated_database(synckit_db: Database) -> N
 
 def test_the_fake_clock_fixture(synckit_clock: FakeClock) -> None:
     assert synckit_clock() is not None
-'''
+"""
 
 
 def pytest_in(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -51,7 +51,7 @@ def test_a_project_that_chose_strict_mode_keeps_it(tmp_path: Path) -> None:
     assert "1 passed" in result.stdout, result.stdout[-3000:]
 
 
-VCR_TEST = '''
+VCR_TEST = """
 import httpx
 import pytest
 
@@ -67,7 +67,7 @@ async def test_a_recorded_call() -> None:
             me = await c.get(url + "/me", params={"api_key": "k-5551234"},
                              headers={"Authorization": "Bearer author-secret-42"})
     assert me.json()["name"] == "acme"
-'''
+"""
 
 
 def test_pytest_recording_cassettes_are_scrubbed_by_default(tmp_path: Path) -> None:

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from synckit.dlq import store as dlq_store
-from synckit.runtime import migrate
-from synckit.runtime.db import open_database
+from synckit.store import dead_letters as dlq_store
+from synckit.store import migrate
+from synckit.store.db import open_database
 
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -261,7 +261,7 @@ def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
     consent page as a link; following it, the provider redirects to the console, which
     stores the tokens; the tenant's page then says nothing holds it back."""
     from synckit.connectors.secrets import mark_needs_reauth
-    from synckit.runtime.jobs import utcnow
+    from synckit.store.jobs import utcnow
     from synckit.testing.oauth_server import OAuthTestServer
 
     url = f"sqlite:///{tmp_path / 'oauth.db'}"

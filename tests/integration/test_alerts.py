@@ -36,11 +36,11 @@ from synckit.runtime.alerts import (
 )
 from synckit.runtime.audit import record_audit
 from synckit.runtime.budget import BudgetPolicy
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import Registry
-from synckit.runtime.jobs import utcnow
-from synckit.runtime.schema import alerts, checkpoints, connections, dead_letters, jobs
 from synckit.runtime.worker import Worker
+from synckit.store.db import Database
+from synckit.store.jobs import utcnow
+from synckit.store.tables import alerts, checkpoints, connections, dead_letters, jobs
 
 NOW = datetime(2026, 3, 4, 12, 4, 30, tzinfo=UTC)
 
@@ -539,8 +539,8 @@ async def test_migration_0010_moves_alert_records_out_of_jobs(db_url: str) -> No
     downgrading writes them back as records that read as the same alerts."""
     from sqlalchemy import text
 
-    from synckit.runtime import migrate
-    from synckit.runtime.db import open_database
+    from synckit.store import migrate
+    from synckit.store.db import open_database
 
     done = Alert(
         "needs_reauth",
@@ -727,7 +727,7 @@ _EVALUATOR = """
 import asyncio, pathlib, sys, time
 from datetime import UTC, datetime, timedelta
 from synckit.runtime.alerts import Alert, AlertRouter
-from synckit.runtime.db import open_database
+from synckit.store.db import open_database
 
 async def main(url, out, me, n):
     db = open_database(url)

@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import select
 
 from synckit import App, Connector, Page, SyncContext
-from synckit.runtime.db import Database
-from synckit.runtime.schema import dead_letters
+from synckit.store.db import Database
+from synckit.store.tables import dead_letters
 from synckit.testing import FakeAPI, FakeClock
 
 

@@ -15,7 +15,6 @@ from structlog.testing import capture_logs
 
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PermanentError, RetryableError
-from synckit.runtime import jobs as store
 from synckit.runtime.audit import (
     AuditRow,
     audit_observer,
@@ -24,12 +23,13 @@ from synckit.runtime.audit import (
     totals_by_version,
 )
 from synckit.runtime.budget import BudgetLevel, BudgetPolicy, enforce_budgets, tenant_budgets
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import JobSpec
 from synckit.runtime.logging import configure_logging, shared_processors
-from synckit.runtime.schema import audit_buckets, connections
 from synckit.runtime.worker import Worker
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import audit_buckets, connections
 
 NOW = datetime(2026, 3, 4, 12, 4, 30, tzinfo=UTC)
 

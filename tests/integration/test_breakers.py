@@ -9,10 +9,10 @@ from pathlib import Path
 from loopback import LoopbackServer, Request  # type: ignore[import-not-found]
 from procs import spawn_worker, stop_all  # type: ignore[import-not-found]
 
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import JobSpec
-from synckit.runtime.resources import get_resource
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec
+from synckit.store.resources import get_resource
 
 
 async def all_succeeded(db: Database, n: int) -> bool:

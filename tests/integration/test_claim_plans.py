@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.runtime import jobs as store
 from synckit.runtime import outbox
-from synckit.runtime.db import Database
+from synckit.store import jobs as store
+from synckit.store.db import Database
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)
 PARAMS: dict[str, Any] = {

@@ -21,8 +21,8 @@ from synckit.connectors.oauth import OAuth2Config
 from synckit.connectors.secrets import TokenCipher, TokenSet, key_id, utcnow, write_token_set
 from synckit.connectors.tenants import add_tenant, get_tenant, list_tenants, set_config
 from synckit.errors.exceptions import ConfigurationError
-from synckit.runtime.db import Database
-from synckit.runtime.schema import connections, pending_authorizations
+from synckit.store.db import Database
+from synckit.store.tables import connections, pending_authorizations
 
 K1, K2 = Fernet.generate_key().decode(), Fernet.generate_key().decode()
 SECRETS = {

@@ -16,7 +16,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
 
 from synckit.errors.exceptions import DatabaseError
-from synckit.runtime.db import Database
+from synckit.store.db import Database
 
 
 async def _table(db: Database) -> None:

@@ -27,18 +27,18 @@ from sqlalchemy import event, select, update
 from sqlalchemy.engine import Connection
 
 from synckit import App, BearerToken, Connector, Page, SyncContext
-from synckit.dlq import store
-from synckit.dlq.store import DlqFilter, Failure
 from synckit.errors import PermanentError
-from synckit.runtime import jobs
 from synckit.runtime import outbox as outbox_store
-from synckit.runtime.db import Database, open_database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import utcnow
 from synckit.runtime.logging import redact_text
 from synckit.runtime.outbox import CallbackPublisher, OutboxMessage, OutboxRelay, PublishRejected
-from synckit.runtime.schema import checkpoints, dead_letters
 from synckit.runtime.worker import Worker
+from synckit.store import dead_letters as store
+from synckit.store import jobs
+from synckit.store.db import Database, open_database
+from synckit.store.dead_letters import DlqFilter, Failure
+from synckit.store.jobs import utcnow
+from synckit.store.tables import checkpoints, dead_letters
 from synckit.testing import FakeAPI
 
 HISTORY_KEYS = {"at", "source", "error_class", "message", "attempt", "trace_id"}
@@ -402,8 +402,8 @@ CAPTURER = textwrap.dedent(
     import asyncio, random, sys, time
     from datetime import UTC, datetime
     from pathlib import Path
-    from synckit.dlq import store
-    from synckit.runtime.db import open_database
+    from synckit.store import dead_letters as store
+    from synckit.store.db import open_database
 
     url, start, me = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 

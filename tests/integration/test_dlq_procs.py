@@ -10,10 +10,10 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from synckit.dlq import store
-from synckit.dlq.store import DlqFilter
-from synckit.runtime.db import open_database
-from synckit.runtime.schema import dead_letters
+from synckit.store import dead_letters as store
+from synckit.store.db import open_database
+from synckit.store.dead_letters import DlqFilter
+from synckit.store.tables import dead_letters
 
 APP = Path(__file__).parent.parent / "apps" / "dlq_app.py"
 ROWS = 300

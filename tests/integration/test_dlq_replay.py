@@ -21,13 +21,13 @@ from synckit.dlq import (
     store,
 )
 from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError
-from synckit.runtime import jobs
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.resources import configure_resource
-from synckit.runtime.schema import dead_letters, resources
-from synckit.runtime.schema import jobs as jobs_table
 from synckit.runtime.worker import Worker
+from synckit.store import jobs
+from synckit.store.db import Database
+from synckit.store.resources import configure_resource
+from synckit.store.tables import dead_letters, resources
+from synckit.store.tables import jobs as jobs_table
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

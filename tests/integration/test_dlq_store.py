@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text, update
 
-from synckit.dlq import store
-from synckit.dlq.store import DlqFilter
-from synckit.runtime.db import Database
-from synckit.runtime.schema import dead_letters
+from synckit.store import dead_letters as store
+from synckit.store.db import Database
+from synckit.store.dead_letters import DlqFilter
+from synckit.store.tables import dead_letters
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -24,10 +24,10 @@ import pytest
 from sqlalchemy import select
 
 from synckit.errors.exceptions import DatabaseError, DatabaseUnavailable
-from synckit.runtime import jobs as store
-from synckit.runtime.db import BUSY, Database, InlineSqlite, open_database
-from synckit.runtime.jobs import JobSpec
-from synckit.runtime.schema import jobs, resources
+from synckit.store import jobs as store
+from synckit.store.db import BUSY, Database, InlineSqlite, open_database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import jobs, resources
 
 NOW = datetime(2026, 11, 22, 3, 4, 5, 678901, tzinfo=UTC)
 
@@ -173,8 +173,8 @@ async def test_sqlite_inline_writes_ask_for_wal_checkpoints(
 
 _ENQUEUER = """
 import asyncio, sys
-from synckit.runtime import jobs
-from synckit.runtime.db import open_database
+from synckit.store import jobs
+from synckit.store.db import open_database
 
 async def main():
     db = open_database(sys.argv[1])

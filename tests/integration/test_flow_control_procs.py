@@ -15,8 +15,8 @@ from cryptography.fernet import Fernet
 from sqlalchemy import select
 
 from bench.sync import FlowRun, run_workers
-from synckit.runtime.db import open_database
-from synckit.runtime.schema import resources
+from synckit.store.db import open_database
+from synckit.store.tables import resources
 from synckit.testing.hostile import Behaviour, HostileAPI, RetryAfterStyle, Stats
 
 WORKERS = 3

@@ -27,7 +27,7 @@ from synckit.examples.graph_mail import (
     mail_messages,
     make_app,
 )
-from synckit.runtime.db import Database
+from synckit.store.db import Database
 from synckit.testing import PASS, Fault
 
 if TYPE_CHECKING:

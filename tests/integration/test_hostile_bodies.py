@@ -12,9 +12,9 @@ import pytest
 from synckit import Connector
 from synckit.connectors.context import open_context
 from synckit.connectors.http import ERROR_BODY_LIMIT
-from synckit.dlq import store
 from synckit.errors import ClassifyRules, ErrorClass, classify
-from synckit.runtime.db import Database
+from synckit.store import dead_letters as store
+from synckit.store.db import Database
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 KEY = "SeCrEtKeY0123456789"
@@ -137,9 +137,9 @@ async def test_dead_cycles_in_a_row_pause_the_tenant_with_an_alert(db: Database)
     before), and the dead_cycles rule alerts about it; a resolved row starts over."""
     from sqlalchemy import insert, select
 
-    from synckit.dlq.policy import DEAD_CYCLES_TO_PAUSE
+    from synckit.errors.dlq_policy import DEAD_CYCLES_TO_PAUSE
     from synckit.runtime.alerts import AlertEvaluator, AlertRouter, RuleSet
-    from synckit.runtime.schema import connections
+    from synckit.store.tables import connections
 
     async with db.begin() as conn:
         await conn.execute(

@@ -21,7 +21,7 @@ import pytest
 
 from synckit import App, Connector, CursorPaginator, Incremental, Page, SyncContext
 from synckit.errors import ErrorClass, PermanentError
-from synckit.runtime.db import Database
+from synckit.store.db import Database
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 

@@ -28,11 +28,11 @@ from synckit.connectors.intents import (
 )
 from synckit.errors import RetryPolicy, set_testing
 from synckit.errors.exceptions import PermanentError
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database, open_database
 from synckit.runtime.handlers import Registry
-from synckit.runtime.schema import dead_letters, intents
 from synckit.runtime.worker import Worker
+from synckit.store import jobs as store
+from synckit.store.db import Database, open_database
+from synckit.store.tables import dead_letters, intents
 
 # --- pure helpers ---------------------------------------------------------------------
 

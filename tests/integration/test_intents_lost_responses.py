@@ -29,9 +29,9 @@ import pytest
 from sqlalchemy import select
 
 from synckit.connectors.intents import write_job
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database
-from synckit.runtime.schema import intents, jobs
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.tables import intents, jobs
 
 APPS = Path(__file__).parent.parent / "apps"
 INTENDED = 200

@@ -20,10 +20,10 @@ from synckit import App, Connector, Page, Stream, SyncContext
 from synckit.connectors.context import open_context
 from synckit.connectors.intents import RemoteRecord, run_intent
 from synckit.errors import Classification, RetryPolicy
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import enqueue_many
 from synckit.runtime.logging import configure_logging
-from synckit.runtime.schema import connections, dead_letters, intents, jobs
+from synckit.store.db import Database
+from synckit.store.jobs import enqueue_many
+from synckit.store.tables import connections, dead_letters, intents, jobs
 from synckit.sync_cli import poll_job_spec
 
 # Plain opaque values: no vendor prefix, no key=value around them in the API's answers.

@@ -13,11 +13,11 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select, text, update
 
-from synckit.runtime import jobs as store
-from synckit.runtime import migrate
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.jobs import JobSpec
-from synckit.runtime.schema import jobs, resources
+from synckit.store import jobs as store
+from synckit.store import migrate
+from synckit.store.db import Database, open_database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import jobs, resources
 
 T0 = datetime(2026, 11, 26, 12, tzinfo=UTC)
 LEASE = timedelta(seconds=60)
@@ -284,9 +284,9 @@ async def test_migration_0008_marks_the_lanes_that_have_work(db_url: str) -> Non
 # keep emptying while jobs arrive in them. Each runs for the seconds given.
 _RACER = """
 import asyncio, random, sys, time
-from synckit.runtime import jobs as store
-from synckit.runtime.db import open_database
-from synckit.runtime.jobs import JobSpec
+from synckit.store import jobs as store
+from synckit.store.db import open_database
+from synckit.store.jobs import JobSpec
 
 async def main(url, role, seed, seconds):
     rng = random.Random(seed)

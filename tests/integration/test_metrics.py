@@ -11,19 +11,19 @@ from sqlalchemy import insert, update
 
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PermanentError
-from synckit.runtime import jobs as store
 from synckit.runtime.audit import audit_observer, record_audit
-from synckit.runtime.db import Database, open_database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import JobSpec
 from synckit.runtime.metrics import (
     metrics_observer,
     record_api_call,
     start_metrics_server,
     status_class,
 )
-from synckit.runtime.schema import connections, dead_letters, resources
 from synckit.runtime.worker import Worker
+from synckit.store import jobs as store
+from synckit.store.db import Database, open_database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import connections, dead_letters, resources
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

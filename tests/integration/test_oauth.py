@@ -33,8 +33,8 @@ from synckit.connectors.secrets import (
     TokenSet,
 )
 from synckit.errors.exceptions import ConfigurationError, NeedsReauth, RetryableError
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.schema import connections
+from synckit.store.db import Database, open_database
+from synckit.store.tables import connections
 from synckit.testing.oauth_server import OAuthTestServer
 
 
@@ -607,7 +607,7 @@ async def test_a_throttled_token_endpoint_paces_the_tenant_and_is_not_called_aga
     db: Database, server: OAuthTestServer
 ) -> None:
     """429 + Retry-After from the token endpoint: the tenant deferred, one token request."""
-    from synckit.runtime.schema import resources
+    from synckit.store.tables import resources
 
     await add_connection(db, "t1", server.issue_tokens("alice", expires_in=0))
     server.throttle_tokens(1, 30)

@@ -27,9 +27,9 @@ from synckit.connectors.authorize import (
 )
 from synckit.connectors.oauth import OAuth2Config
 from synckit.connectors.secrets import TokenCipher
-from synckit.runtime.db import Database, open_database
 from synckit.runtime.poll import load_checkpoint
-from synckit.runtime.schema import connections, pending_authorizations
+from synckit.store.db import Database, open_database
+from synckit.store.tables import connections, pending_authorizations
 from synckit.testing.oauth_server import OAuthTestServer
 
 APPS = Path(__file__).parent.parent / "apps"

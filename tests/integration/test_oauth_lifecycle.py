@@ -32,11 +32,11 @@ from sqlalchemy import func, select
 
 from synckit.connectors.oauth import OAuth2Auth, OAuth2Config, reauth
 from synckit.connectors.secrets import TokenSet
-from synckit.runtime import jobs as store
-from synckit.runtime import migrate, pacing
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.jobs import JobSpec
-from synckit.runtime.schema import connections, jobs
+from synckit.store import jobs as store
+from synckit.store import migrate, pacing
+from synckit.store.db import Database, open_database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import connections, jobs
 from synckit.testing.oauth_server import OAuthTestServer
 
 APPS = Path(__file__).parent.parent / "apps"

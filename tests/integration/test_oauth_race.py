@@ -23,8 +23,8 @@ from sqlalchemy import insert, select
 
 from synckit.connectors.oauth import OAuth2Auth, OAuth2Config, reauth
 from synckit.connectors.secrets import TokenCipher, TokenSet
-from synckit.runtime.db import open_database
-from synckit.runtime.schema import connections
+from synckit.store.db import open_database
+from synckit.store.tables import connections
 from synckit.testing.oauth_server import OAuthTestServer
 
 APP = Path(__file__).parent.parent / "apps" / "oauth_app.py"

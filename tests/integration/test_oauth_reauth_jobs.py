@@ -14,12 +14,12 @@ from sqlalchemy import insert, select
 from synckit.connectors.oauth import OAuth2Auth, OAuth2Config, reauth
 from synckit.connectors.secrets import TokenSet
 from synckit.errors import RetryPolicy
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import JobSpec
-from synckit.runtime.schema import connections, dead_letters, jobs
 from synckit.runtime.worker import Worker
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import connections, dead_letters, jobs
 from synckit.testing.oauth_server import OAuthTestServer
 
 TENANTS = {"acme": "alice", "globex": "bob"}

@@ -27,7 +27,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from synckit.errors import RetryPolicy
 from synckit.runtime import outbox
-from synckit.runtime.db import Database, open_database
 from synckit.runtime.outbox import (
     CallbackPublisher,
     LogPublisher,
@@ -40,8 +39,9 @@ from synckit.runtime.outbox import (
     PublisherUnavailable,
     PublishRejected,
 )
-from synckit.runtime.schema import dead_letters
-from synckit.runtime.schema import outbox as outbox_table
+from synckit.store.db import Database, open_database
+from synckit.store.tables import dead_letters
+from synckit.store.tables import outbox as outbox_table
 
 REPO = Path(__file__).resolve().parents[2]
 NO_WAIT = RetryPolicy.deterministic()
@@ -397,7 +397,7 @@ async def test_running_relay_is_woken_by_a_commit(db: Database) -> None:
 
 ADD_SCRIPT = """
 import asyncio, sys
-from synckit.runtime.db import open_database
+from synckit.store.db import open_database
 from synckit.runtime.outbox import add
 
 async def main() -> None:
@@ -472,7 +472,7 @@ async def test_second_relay_skips_held_rows_and_respects_key_order(
 
 RELAY_SCRIPT = """
 import asyncio, os, sys, time
-from synckit.runtime.db import open_database
+from synckit.store.db import open_database
 from synckit.runtime.outbox import CallbackPublisher, OutboxRelay
 
 url, out_path, go_path = sys.argv[1:4]

@@ -26,9 +26,9 @@ from sqlalchemy import select
 
 from synckit.errors import RetryPolicy
 from synckit.runtime import outbox
-from synckit.runtime.db import Database
 from synckit.runtime.outbox import NewMessage, OutboxRelay, PublisherUnavailable, RabbitPublisher
-from synckit.runtime.schema import dead_letters
+from synckit.store.db import Database
+from synckit.store.tables import dead_letters
 
 pytestmark = pytest.mark.rabbitmq
 

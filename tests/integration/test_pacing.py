@@ -24,10 +24,10 @@ from synckit.connectors.context import open_context
 from synckit.errors import RateLimited, classify
 from synckit.errors.pace import PacePolicy
 from synckit.runtime import pacing
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.jobs import utcnow
-from synckit.runtime.resources import configure_resource, get_resource
-from synckit.runtime.schema import resources
+from synckit.store.db import Database, open_database
+from synckit.store.jobs import utcnow
+from synckit.store.resources import configure_resource, get_resource
+from synckit.store.tables import resources
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 APPS = Path(__file__).parents[1] / "apps"

@@ -19,11 +19,11 @@ import flow_app  # tests/apps
 from procs import spawn_worker, stop_all  # tests/
 from sqlalchemy import select, text
 
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import JobSpec
 from synckit.runtime.poll import POLL_KIND
-from synckit.runtime.schema import jobs
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import jobs
 from synckit.testing.hostile import Behaviour, HostileAPI
 
 RATE = 20.0  # the canary's declared requests per second

@@ -11,12 +11,12 @@ from sqlalchemy import insert, select, text
 from structlog.testing import capture_logs
 
 from synckit.errors import RetryableError
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import JobSpec
-from synckit.runtime.schema import connections, jobs, resources
 from synckit.runtime.worker import Worker, WorkerStats
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import connections, jobs, resources
 
 # What each engine can hold that no reader can read.
 BAD_PAYLOAD = {

@@ -27,13 +27,13 @@ from synckit import App, BearerToken, Connector, Page, RateLimit, Stream, SyncCo
 from synckit.connectors.intents import RemoteRecord
 from synckit.dlq.replay import Unreplayable
 from synckit.errors import NeedsReauth, RateLimited, RetryPolicy
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel
-from synckit.runtime.jobs import ClaimedJob, reschedule_job, utcnow
 from synckit.runtime.poll import load_checkpoint, run_cycle, save_checkpoint
-from synckit.runtime.resources import get_resource
-from synckit.runtime.schema import audit_buckets, connections, dead_letters, jobs
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import ClaimedJob, reschedule_job, utcnow
+from synckit.store.resources import get_resource
+from synckit.store.tables import audit_buckets, connections, dead_letters, jobs
 
 # --- a paged REST API on loopback ---------------------------------------------------------
 
@@ -631,7 +631,7 @@ async def test_poll_start_reads_what_get_tenant_read_cycle_start_and_read_pace_r
     from synckit.connectors.tenants import _tenant, get_tenant
     from synckit.runtime.pacing import read_pace_sync
     from synckit.runtime.poll import RecordFailure, dead_letter_records, read_cycle_start
-    from synckit.runtime.schema import resources
+    from synckit.store.tables import resources
 
     await setup(db, make(api), "acme", "globex")
     now = utcnow().replace(microsecond=0)

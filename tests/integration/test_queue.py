@@ -11,12 +11,12 @@ from sqlalchemy import func, insert, select, update
 
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import JobNotFound, JobStateError, RateLimited
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
-from synckit.runtime.jobs import JobSpec, PayloadError
-from synckit.runtime.schema import connections, dead_letters, jobs, resources
 from synckit.runtime.worker import Worker
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec, PayloadError
+from synckit.store.tables import connections, dead_letters, jobs, resources
 
 
 def make_worker(db: Database, registry: Registry, **kw: Any) -> Worker:
@@ -569,7 +569,7 @@ async def test_a_claim_over_many_lanes_is_fair_capped_and_in_priority_order(
 ) -> None:
     """30 lanes in one claim (one statement on PostgreSQL): every lane served, a capped
     lane held to its cap, each lane's jobs taken highest priority first."""
-    from synckit.runtime.resources import configure_resource
+    from synckit.store.resources import configure_resource
 
     specs = [
         JobSpec("k", {"lane": i, "p": p}, resource_key=f"lane-{i:02d}", priority=p)

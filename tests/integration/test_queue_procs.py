@@ -20,12 +20,12 @@ from procs import read_log, spawn_worker, stop_all  # type: ignore[import-not-fo
 from sqlalchemy import select, text
 
 from synckit.errors.exceptions import DatabaseUnavailable
-from synckit.runtime import jobs as store
-from synckit.runtime import migrate
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.jobs import JobSpec
-from synckit.runtime.resources import configure_resource
-from synckit.runtime.schema import jobs
+from synckit.store import jobs as store
+from synckit.store import migrate
+from synckit.store.db import Database, open_database
+from synckit.store.jobs import JobSpec
+from synckit.store.resources import configure_resource
+from synckit.store.tables import jobs
 
 
 async def wait_until(

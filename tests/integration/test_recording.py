@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from sqlalchemy import delete, insert, select
 
 from synckit.errors import BreakerSnapshot, BreakerState, RetryableError, breaker_allows
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import JobSpec
-from synckit.runtime.schema import resources
 from synckit.runtime.worker import Worker
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import resources
 
 
 async def test_a_3_000_000_day_wait_is_clamped_and_the_batch_beside_it_records(
@@ -102,16 +102,14 @@ async def test_the_claims_breaker_sql_is_breaker_allows(
                 updated_at=now,
             )
         )
-        denied = (
-            await conn.execute(select(store._breaker_denies(resources, now)))
-        ).scalar()
+        denied = (await conn.execute(select(store._breaker_denies(resources, now)))).scalar()
     assert bool(denied) == (breaker_allows(snapshot, now) == "deny")
 
 
 async def test_a_needs_reauth_reason_is_stored_redacted(db: Database) -> None:
     """The reason a connection needs re-authorisation passes the redaction step."""
     from synckit.errors.exceptions import NeedsReauth
-    from synckit.runtime.schema import connections
+    from synckit.store.tables import connections
 
     reg = Registry()
 

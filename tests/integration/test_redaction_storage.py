@@ -10,14 +10,14 @@ from secret_shapes import SHAPES
 from sqlalchemy import select
 
 from synckit.errors import RetryPolicy
-from synckit.runtime import jobs as store
 from synckit.runtime.alerts import Alert
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import JobSpec
 from synckit.runtime.logging import configure_logging
-from synckit.runtime.schema import dead_letters, jobs
 from synckit.runtime.worker import Worker
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import dead_letters, jobs
 
 
 def secret_for(n: int) -> str:

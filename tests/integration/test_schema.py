@@ -9,9 +9,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, insert, inspect, select
 
-from synckit.runtime import migrate
-from synckit.runtime.db import Database, open_database
-from synckit.runtime.schema import checkpoints, jobs, metadata
+from synckit.store import migrate
+from synckit.store.db import Database, open_database
+from synckit.store.tables import checkpoints, jobs, metadata
 
 TABLES = {
     "alerts",

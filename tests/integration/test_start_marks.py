@@ -14,10 +14,10 @@ import pytest
 from procs import read_log, spawn_worker, stop_all  # type: ignore[import-not-found]
 from sqlalchemy import select
 
-from synckit.runtime import jobs as store
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import JobSpec
-from synckit.runtime.schema import jobs
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec
+from synckit.store.tables import jobs
 
 
 async def test_kill_9_gives_claimed_ahead_jobs_to_others_uncharged(

@@ -12,8 +12,8 @@ from rich.console import Console
 from synckit import App, Connector, Page, SyncContext
 from synckit.connectors.bulk import add_tenants
 from synckit.connectors.tenants import pause_tenant
-from synckit.runtime.db import Database
 from synckit.runtime.status import read_status, render_status
+from synckit.store.db import Database
 
 
 class Cfg(BaseModel):

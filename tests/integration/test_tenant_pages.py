@@ -11,7 +11,7 @@ from synckit import App, Connector, Page, SyncContext
 from synckit.connectors.bulk import add_tenants
 from synckit.connectors.tenant_pages import page_tenants
 from synckit.connectors.tenants import pause_tenant
-from synckit.runtime.db import Database
+from synckit.store.db import Database
 
 
 class Cfg(BaseModel):

@@ -15,7 +15,7 @@ from pydantic import BaseModel, SecretStr
 from vcr.errors import CannotOverwriteExistingCassetteException
 
 from synckit import App, BearerToken, Connector, Page, SyncContext
-from synckit.runtime.db import Database
+from synckit.store.db import Database
 from synckit.testing import FakeAPI, RecordedRequest, Reply
 from synckit.testing.cassettes import scrub_body, use_cassette
 from synckit.testing.fixtures import migrated_sqlite

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from synckit.errors import is_testing
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import enqueue
+from synckit.store.jobs import enqueue
 from synckit.testing.fixtures import (
     instant_retries_enabled,
     migrated_sqlite,
@@ -24,7 +24,7 @@ import pytest
 
 from synckit.errors import is_testing
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import enqueue
+from synckit.store.jobs import enqueue
 from synckit.testing import FakeAPI, FakeClock, Fault
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, SecretStr
 
 from synckit import App, BearerToken, Connector, CursorPaginator, Page, RateLimit, SyncContext
-from synckit.runtime.db import Database
+from synckit.store.db import Database
 from synckit.testing import FakeAPI, FakeClock, Fault, Reply
 from synckit.testing.fixtures import RunUntilIdle
 

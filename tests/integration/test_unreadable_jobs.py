@@ -10,14 +10,14 @@ from structlog.testing import capture_logs
 
 from synckit.errors import RetryPolicy
 from synckit.runtime import cron
-from synckit.runtime import jobs as store
 from synckit.runtime.alerts import AlertRouter, RuleSet, bind_database, register_alerts
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.jobs import JobSpec, utcnow
-from synckit.runtime.schema import jobs
 from synckit.runtime.unreadable_jobs import count_unreadable_run_at, unreadable_run_at
 from synckit.runtime.worker import Worker
+from synckit.store import jobs as store
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec, utcnow
+from synckit.store.tables import jobs
 
 #: Stored run_at values no reader takes, per engine: past any time (a claim never takes
 #: them) and before the readable range (a claim takes and quarantines them).

@@ -16,11 +16,11 @@ from starlette.testclient import TestClient
 from web_app import SECRET, app, seed
 
 from synckit.connectors.tenants import get_tenant
-from synckit.dlq import store as dlq_store
-from synckit.dlq.store import DlqFilter
-from synckit.runtime import jobs as job_store
-from synckit.runtime.db import Database
-from synckit.runtime.resources import get_resource
+from synckit.store import dead_letters as dlq_store
+from synckit.store import jobs as job_store
+from synckit.store.db import Database
+from synckit.store.dead_letters import DlqFilter
+from synckit.store.resources import get_resource
 from synckit.web import WebConfig, create_app, queries
 from synckit.web.app import CSRF_COOKIE
 
@@ -318,7 +318,7 @@ async def test_reauthorise_runs_the_connect_flow_and_the_callback_completes_it(
     from oauth_worker_app import app as oauth_app
 
     from synckit.connectors.secrets import TokenCipher, mark_needs_reauth, read_connection
-    from synckit.runtime.jobs import utcnow
+    from synckit.store.jobs import utcnow
 
     await oauth_app.add_tenant(db, "acme", "me")
     async with db.begin() as conn:
@@ -368,7 +368,7 @@ async def test_reauthorise_without_oauth_says_to_set_the_config(
         assert "start the console with --app" in text_of(c.get("/tenants/umbrella").text)
     from sqlalchemy import func, select
 
-    from synckit.runtime.schema import pending_authorizations
+    from synckit.store.tables import pending_authorizations
 
     async with db.begin() as conn:
         n = (await conn.execute(select(func.count()).select_from(pending_authorizations))).scalar()
@@ -395,7 +395,7 @@ async def _jobs_in_every_state(db: Database) -> list[Any]:
     operation finishes a job without running it), oldest first; returns them all."""
     from sqlalchemy import update
 
-    from synckit.runtime.schema import jobs
+    from synckit.store.tables import jobs
 
     specs = [
         job_store.JobSpec(
@@ -457,7 +457,7 @@ async def test_a_time_filter_reads_a_window_and_says_what_it_searched(
     every match."""
     from datetime import timedelta
 
-    from synckit.runtime.jobs import utcnow
+    from synckit.store.jobs import utcnow
 
     monkeypatch.setattr(queries, "SCAN_WINDOW", 10)
     every = await _jobs_in_every_state(db)
@@ -510,7 +510,7 @@ async def test_overview_shows_burn_breakers_and_the_alerts_the_worker_recorded(
 
     from synckit.runtime.alerts import Alert, record_alerts
     from synckit.runtime.audit import record_audit
-    from synckit.runtime.jobs import utcnow
+    from synckit.store.jobs import utcnow
 
     await seed(db)
     now = utcnow()
@@ -541,7 +541,7 @@ async def test_dead_letter_groups_come_a_page_of_tenants_at_a_time(
     next page of groups by cursor; a filtered row list searches a window at a time."""
     from datetime import timedelta
 
-    from synckit.runtime.jobs import utcnow
+    from synckit.store.jobs import utcnow
 
     now = utcnow()
     async with db.begin() as conn:

@@ -6,12 +6,12 @@ import asyncio
 from typing import Any
 
 from synckit.errors import RetryPolicy
-from synckit.runtime import jobs as store
 from synckit.runtime import outbox
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.outbox import CallbackPublisher
 from synckit.runtime.worker import Worker
+from synckit.store import jobs as store
+from synckit.store.db import Database
 
 
 async def test_worker_relays_messages_of_succeeded_jobs_only(db: Database) -> None:

@@ -473,7 +473,7 @@ def test_dead_letter_replays_back_off_by_the_one_formula(
 ) -> None:
     """next_retry_delay is backoff_delay from 1 minute doubling to 24 h, the capture
     counting as the first attempt."""
-    from synckit.dlq.policy import BASE_DELAY, MAX_DELAY, next_retry_delay
+    from synckit.errors.dlq_policy import BASE_DELAY, MAX_DELAY, next_retry_delay
 
     class Fixed:
         def random(self) -> float:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from synckit.dlq.policy import (
+from synckit.errors.dlq_policy import (
     JITTER,
     MAX_DELAY,
     PROBE_WAIT,
@@ -176,7 +176,7 @@ def test_a_half_open_breaker_with_its_probe_out_waits_briefly() -> None:
 def test_dead_cycle_streak(status: str | None, streak: object) -> None:
     """A new or resolved row starts at 1; an open row with a streak grows by one; a
     missing or hand-edited streak counts as none."""
-    from synckit.dlq.policy import dead_cycle_streak
+    from synckit.errors.dlq_policy import dead_cycle_streak
 
     got = dead_cycle_streak(status, streak)
     if status in (None, "resolved") or isinstance(streak, bool) or not isinstance(streak, int):

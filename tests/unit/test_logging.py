@@ -15,7 +15,6 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from synckit.runtime.jobs import ClaimedJob
 from synckit.runtime.logging import (
     bind_claimed_job,
     bind_job_context,
@@ -24,6 +23,7 @@ from synckit.runtime.logging import (
     redact_text,
     shared_processors,
 )
+from synckit.store.jobs import ClaimedJob
 
 SECRETS = ("AT-s3cr3t-1", "RT-s3cr3t-2", "CS-s3cr3t-3", "PW-s3cr3t-4", "KEY-s3cr3t-5")
 

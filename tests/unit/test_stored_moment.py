@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from synckit.runtime.resources import read_moments, stored_moment
+from synckit.store.resources import read_moments, stored_moment
 
 MOMENTS = st.datetimes(
     min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)

@@ -20,9 +20,9 @@ from synckit.connectors.secrets import TokenSet
 from synckit.connectors.tenants import TenantNotFound
 from synckit.errors import PermanentError
 from synckit.examples.graph_mail.connector import GraphMail, GraphMailConfig, OutgoingMail
-from synckit.runtime.db import Database
 from synckit.runtime.handlers import Discard, JobContext
-from synckit.runtime.jobs import Enqueued, enqueue
+from synckit.store.db import Database
+from synckit.store.jobs import Enqueued, enqueue
 
 __all__ = ["SEND_KIND", "SendMailJob", "app", "connect_tenant", "enqueue_send", "make_app"]
 

@@ -45,8 +45,8 @@ from synckit import Connector, NextUrlPaginator, Page, RateLimit, Stream, SyncCo
 from synckit.connectors.intents import IntentResult, RemoteRecord
 from synckit.connectors.oauth import OAuth2Auth, OAuth2Config
 from synckit.errors import ErrorClass, PermanentError
-from synckit.runtime.db import Database
-from synckit.runtime.schema import UTCDateTime
+from synckit.store.db import Database
+from synckit.store.tables import UTCDateTime
 
 __all__ = [
     "GRAPH_SCOPE",

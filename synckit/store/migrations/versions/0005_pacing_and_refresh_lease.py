@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import synckit.runtime.schema
+import synckit.store.tables
 
 revision = "0005"
 down_revision = "0004"
@@ -24,7 +24,7 @@ depends_on = None
 
 
 def _ts(name: str) -> sa.Column:  # type: ignore[type-arg]
-    return sa.Column(name, synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True)
+    return sa.Column(name, synckit.store.tables.UTCDateTime(timezone=True), nullable=True)
 
 
 def upgrade() -> None:

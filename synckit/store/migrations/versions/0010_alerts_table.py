@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-import synckit.runtime.schema
+import synckit.store.tables
 
 revision = "0010"
 down_revision = "0009"
@@ -120,7 +120,7 @@ def _json() -> sa.types.TypeEngine:  # type: ignore[type-arg]
 
 
 def _ts(name: str, nullable: bool = True) -> sa.Column:  # type: ignore[type-arg]
-    return sa.Column(name, synckit.runtime.schema.UTCDateTime(timezone=True), nullable=nullable)
+    return sa.Column(name, synckit.store.tables.UTCDateTime(timezone=True), nullable=nullable)
 
 
 def upgrade() -> None:

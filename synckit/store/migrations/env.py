@@ -1,10 +1,10 @@
-"""Alembic environment: synckit always hands it an open connection (see synckit.runtime.migrate)."""
+"""Alembic environment: synckit always hands it an open connection (see synckit.store.migrate)."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from synckit.runtime.schema import metadata
+from synckit.store.tables import metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:  # pragma: no cover - only reachable by running alembic by hand

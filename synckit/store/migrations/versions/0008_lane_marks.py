@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import synckit.runtime.schema
+import synckit.store.tables
 
 revision = "0008"
 down_revision = "0007"
@@ -28,7 +28,7 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("resources", schema=None) as batch_op:
         batch_op.add_column(
-            sa.Column("due_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True)
+            sa.Column("due_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True)
         )
     op.execute(
         "UPDATE resources SET due_at = (SELECT min(j.run_at) FROM jobs j"

@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import Column, select, update
 
 from synckit.errors.breaker import BreakerState
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import _ensure_resources, guarded_moment, read_moment, utcnow
-from synckit.runtime.schema import UTCDateTime, resources
+from synckit.store.db import Database
+from synckit.store.jobs import _ensure_resources, guarded_moment, read_moment, utcnow
+from synckit.store.tables import UTCDateTime, resources
 
 _UNSET: Any = object()
 
@@ -29,7 +29,7 @@ stored_moment = read_moment
 
 def readable(columns: Iterable[Column[Any]]) -> list[Any]:
     """``columns`` for a read that must survive a corrupt row: timestamps come back
-    guarded (:func:`~synckit.runtime.jobs.guarded_moment`: as the driver has them, or a
+    guarded (:func:`~synckit.store.jobs.guarded_moment`: as the driver has them, or a
     marker where no datetime holds the value, which PostgreSQL's driver would fail the
     whole fetch on), for :func:`stored_moment`."""
     return [guarded_moment(c) if isinstance(c.type, UTCDateTime) else c for c in columns]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import synckit.runtime.schema
+import synckit.store.tables
 
 revision = "0006"
 down_revision = "0005"
@@ -23,7 +23,7 @@ depends_on = None
 
 
 def _ts(name: str, nullable: bool = True) -> sa.Column:  # type: ignore[type-arg]
-    return sa.Column(name, synckit.runtime.schema.UTCDateTime(timezone=True), nullable=nullable)
+    return sa.Column(name, synckit.store.tables.UTCDateTime(timezone=True), nullable=nullable)
 
 
 def upgrade() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import synckit.runtime.schema
+import synckit.store.tables
 
 revision = "0002"
 down_revision = "0001"
@@ -23,7 +23,7 @@ def upgrade() -> None:
     with op.batch_alter_table("resources", schema=None) as batch_op:
         batch_op.add_column(
             sa.Column(
-                "window_start", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True
+                "window_start", synckit.store.tables.UTCDateTime(timezone=True), nullable=True
             )
         )
         batch_op.add_column(

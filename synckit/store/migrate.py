@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
-from synckit.runtime.db import Database
+from synckit.store.db import Database
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 

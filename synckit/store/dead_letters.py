@@ -11,7 +11,7 @@ stream (kind ``record:<stream>``) or a dead job (kind = the job's kind, record i
 
 **Capture.** Poll cycles, dead jobs and the outbox all write failures through
 :func:`capture_many`, in the caller's transaction: one rule for what a failure does to a
-row (:func:`~synckit.dlq.policy.decide_capture`: an operator's ``ignored`` stands), one
+row (:func:`~synckit.errors.dlq_policy.decide_capture`: an operator's ``ignored`` stands), one
 history shape (``at``, ``source``, ``error_class``, ``message``, ``attempt``,
 ``trace_id``), and set-based statements whose parameter count does not grow with the
 number of failures. Text PostgreSQL cannot store (NUL, lone surrogates) is stored as
@@ -32,7 +32,7 @@ replay may itself write to the database, on SQLite too.
 never in memory at once and no long transaction pins the database.
 
 **Corrupt rows.** ``payload`` and ``history`` are read as text and parsed here, the
-timestamps guarded (:func:`~synckit.runtime.jobs.guarded_moment`) and parsed here too. A
+timestamps guarded (:func:`~synckit.store.jobs.guarded_moment`) and parsed here too. A
 payload that does not parse (text in SQLite, a JSONB number past Python's digit limit)
 shows up as :attr:`DeadLetter.payload_error`; a history or timestamp that cannot be read
 ('garbage' in SQLite, year 20000 in PostgreSQL) is None; each is named in
@@ -68,7 +68,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.dlq.policy import (
+from synckit.errors.dlq_policy import (
     DEAD_CYCLES_REASON,
     DEAD_CYCLES_TO_PAUSE,
     blocked_until,
@@ -76,10 +76,10 @@ from synckit.dlq.policy import (
     decide_capture,
 )
 from synckit.errors.exceptions import SynckitError
-from synckit.runtime.db import Database
-from synckit.runtime.jobs import guarded_moment, read_moment
 from synckit.runtime.logging import redact_text
-from synckit.runtime.schema import connections, dead_letters, resources
+from synckit.store.db import Database
+from synckit.store.jobs import guarded_moment, read_moment
+from synckit.store.tables import connections, dead_letters, resources
 
 __all__ = [
     "CAPTURE_CHUNK",
@@ -400,7 +400,7 @@ class Failure:
     ``source`` names where it came from (``poll``, ``job``, ``outbox``; ``capture`` for
     a direct call) and is kept in the row's history. ``attempts`` is how many attempts
     this failure stands for (a dead job's attempts; 1 for a record). ``retry_at`` is the
-    first replay of a row this failure opens (default: :data:`~synckit.dlq.policy.BASE_DELAY`
+    first replay of a row this failure opens (default: :data:`~synckit.errors.dlq_policy.BASE_DELAY`
     from now); ``keep_replay_count`` keeps the replays a reopened row has already spent.
     """
 
@@ -759,7 +759,7 @@ def capture_many(
     failure, in order. The one capture of poll cycles, dead jobs and the outbox.
 
     One row per ``(tenant, connector, kind, record_id)`` (a key twice in ``failures``:
-    the last counts). What happens to a row is :func:`~synckit.dlq.policy.decide_capture`:
+    the last counts). What happens to a row is :func:`~synckit.errors.dlq_policy.decide_capture`:
     a new row is ``pending`` (first replay at ``retry_at``, default one minute from
     ``now``) or ``review`` at once for validation and authorization errors. A repeat
     updates the same row: error, payload and trace become the latest, ``attempt_count``
@@ -773,12 +773,12 @@ def capture_many(
     (nested strings and keys too) become U+FFFD (:func:`storable_text`), so the capture
     never fails on either engine because of what the record holds. A dead poll cycle
     (``job:poll:<stream>``) counts its streak and pauses the tenant's connection after
-    :data:`~synckit.dlq.policy.DEAD_CYCLES_TO_PAUSE` in a row, in this transaction.
+    :data:`~synckit.errors.dlq_policy.DEAD_CYCLES_TO_PAUSE` in a row, in this transaction.
 
     Set-based: a handful of statements per :data:`CAPTURE_CHUNK` rows, each with a fixed
     number of parameters, whatever the number of failures.
 
-    ``conn`` is a synchronous connection (:meth:`~synckit.runtime.db.Database.write`, the
+    ``conn`` is a synchronous connection (:meth:`~synckit.store.db.Database.write`, the
     worker's recording); given an :class:`AsyncConnection`, the same capture runs through
     ``run_sync`` and this returns its awaitable.
     """

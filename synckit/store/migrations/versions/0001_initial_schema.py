@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-import synckit.runtime.schema
+import synckit.store.tables
 
 revision = "0001"
 down_revision = None
@@ -25,7 +25,7 @@ def upgrade() -> None:
         "audit_buckets",
         sa.Column("tenant", sa.String(length=200), nullable=False),
         sa.Column("connector", sa.String(length=200), nullable=False),
-        sa.Column("minute", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("minute", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.Column("app_version", sa.String(length=64), server_default="", nullable=False),
         sa.Column("ok", sa.Integer(), server_default="0", nullable=False),
         sa.Column("failed", sa.Integer(), server_default="0", nullable=False),
@@ -51,7 +51,7 @@ def upgrade() -> None:
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
             nullable=True,
         ),
-        sa.Column("updated_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("tenant", "connector", "stream", name=op.f("pk_checkpoints")),
     )
     op.create_table(
@@ -69,10 +69,10 @@ def upgrade() -> None:
         sa.Column("status", sa.String(length=16), server_default="active", nullable=False),
         sa.Column("status_reason", sa.Text(), nullable=True),
         sa.Column(
-            "token_expires_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True
+            "token_expires_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True
         ),
-        sa.Column("created_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("tenant", name=op.f("pk_connections")),
     )
     with op.batch_alter_table("connections", schema=None) as batch_op:
@@ -81,10 +81,8 @@ def upgrade() -> None:
     op.create_table(
         "cron_ticks",
         sa.Column("name", sa.String(length=200), nullable=False),
-        sa.Column("last_tick_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True),
-        sa.Column(
-            "next_tick_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False
-        ),
+        sa.Column("last_tick_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("next_tick_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.Column("spec", sa.String(length=200), nullable=False),
         sa.Column("enabled", sa.Boolean(), server_default=sa.text("(true)"), nullable=False),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_cron_ticks")),
@@ -122,15 +120,13 @@ def upgrade() -> None:
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("status_reason", sa.Text(), nullable=True),
         sa.Column(
-            "first_failed_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False
+            "first_failed_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False
         ),
         sa.Column(
-            "last_attempt_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False
+            "last_attempt_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False
         ),
-        sa.Column(
-            "next_retry_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True
-        ),
-        sa.Column("resolved_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("next_retry_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("resolved_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_dead_letters")),
         sa.UniqueConstraint(
             "tenant", "connector", "kind", "record_id", name="uq_dead_letters_record"
@@ -171,8 +167,8 @@ def upgrade() -> None:
             nullable=True,
         ),
         sa.Column("attempts", sa.Integer(), server_default="0", nullable=False),
-        sa.Column("created_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("created_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_intents")),
         sa.UniqueConstraint("tenant", "connector", "intent_key", name="uq_intents_key"),
     )
@@ -195,13 +191,13 @@ def upgrade() -> None:
         sa.Column("priority", sa.Integer(), server_default="0", nullable=False),
         sa.Column("attempts", sa.Integer(), server_default="0", nullable=False),
         sa.Column("max_attempts", sa.Integer(), server_default="5", nullable=False),
-        sa.Column("run_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("run_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.Column("unique_key", sa.String(length=300), nullable=True),
         sa.Column("locked_by", sa.String(length=100), nullable=True),
         sa.Column("claim_token", sa.BigInteger(), nullable=True),
-        sa.Column("heartbeat_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("heartbeat_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True),
         sa.Column(
-            "lease_expires_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True
+            "lease_expires_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True
         ),
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("error_class", sa.String(length=32), nullable=True),
@@ -212,10 +208,10 @@ def upgrade() -> None:
         ),
         sa.Column("trace_id", sa.String(length=64), nullable=True),
         sa.Column("recurring", sa.String(length=200), nullable=True),
-        sa.Column("created_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("started_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True),
-        sa.Column("finished_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("started_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("finished_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_jobs")),
     )
     with op.batch_alter_table("jobs", schema=None) as batch_op:
@@ -270,10 +266,10 @@ def upgrade() -> None:
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("status", sa.String(length=16), server_default="pending", nullable=False),
         sa.Column(
-            "next_attempt_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False
+            "next_attempt_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False
         ),
-        sa.Column("created_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("published_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("created_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("published_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_outbox")),
         sa.UniqueConstraint("message_id", name=op.f("uq_outbox_message_id")),
     )
@@ -293,13 +289,11 @@ def upgrade() -> None:
         sa.Column("state", sa.String(length=16), server_default="closed", nullable=False),
         sa.Column("consecutive_failures", sa.Integer(), server_default="0", nullable=False),
         sa.Column("reopen_count", sa.Integer(), server_default="0", nullable=False),
-        sa.Column("opened_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True),
-        sa.Column(
-            "cooldown_until", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True
-        ),
+        sa.Column("opened_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("cooldown_until", synckit.store.tables.UTCDateTime(timezone=True), nullable=True),
         sa.Column("probe_job_id", sa.BigInteger(), nullable=True),
         sa.Column(
-            "next_available_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True
+            "next_available_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True
         ),
         sa.Column("last_error_class", sa.String(length=32), nullable=True),
         sa.Column("last_error", sa.Text(), nullable=True),
@@ -307,11 +301,11 @@ def upgrade() -> None:
         sa.Column("rate_per_s", sa.Float(), nullable=True),
         sa.Column("burst", sa.Integer(), nullable=True),
         sa.Column("tokens", sa.Float(), nullable=True),
-        sa.Column("tokens_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("tokens_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True),
         sa.Column(
-            "last_claimed_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=True
+            "last_claimed_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=True
         ),
-        sa.Column("updated_at", synckit.runtime.schema.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("resource_key", name=op.f("pk_resources")),
     )
     # ### end Alembic commands ###

@@ -65,8 +65,8 @@ from synckit.errors.breaker import (
     breaker_claim_probe,
 )
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
-from synckit.runtime.db import Database, _Busy
-from synckit.runtime.schema import UTCDateTime, connections, jobs, resources
+from synckit.store.db import Database, _Busy
+from synckit.store.tables import UTCDateTime, connections, jobs, resources
 
 JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
 FINISHED: tuple[JobStatus, ...] = ("succeeded", "dead", "cancelled", "discarded")
@@ -1640,7 +1640,9 @@ def dead_letter_job_sync(
     """Write a dead job into ``dead_letters`` through the DLQ's capture (one row per job;
     a job that dies again after a replay updates its row, adding to its count and history).
     """
-    from synckit.dlq.store import capture_sync  # the DLQ builds on the queue, not the reverse
+    from synckit.store.dead_letters import (
+        capture_sync,  # the DLQ builds on the queue, not the reverse
+    )
 
     tenant = connector = ""
     if isinstance(payload, Mapping):

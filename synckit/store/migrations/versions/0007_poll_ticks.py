@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import synckit.runtime.schema
+import synckit.store.tables
 
 revision = "0007"
 down_revision = "0006"
@@ -34,7 +34,7 @@ _UNSCHEDULED = (
 
 
 def _ts(name: str, nullable: bool = True) -> sa.Column:  # type: ignore[type-arg]
-    return sa.Column(name, synckit.runtime.schema.UTCDateTime(timezone=True), nullable=nullable)
+    return sa.Column(name, synckit.store.tables.UTCDateTime(timezone=True), nullable=nullable)
 
 
 def upgrade() -> None:
