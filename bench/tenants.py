@@ -40,13 +40,14 @@ import psutil
 from sqlalchemy import delete, func, select
 
 from bench.sync import ROOT, fresh_database
+from synckit.clock import utcnow
 from synckit.connectors.bulk import add_tenants
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
 from synckit.runtime.status import read_status, render_status
 from synckit.store import jobs as store
 from synckit.store.db import Database, open_database
-from synckit.store.jobs import JobSpec, enqueue_new, utcnow
+from synckit.store.jobs import JobSpec, enqueue_new
 from synckit.store.tables import checkpoints, jobs
 from synckit.testing.hostile import Behaviour, HostileProcess
 

@@ -38,6 +38,7 @@ from pydantic import BaseModel
 from sqlalchemy import func, select, update
 
 from synckit import Connector, Page
+from synckit.clock import utcnow
 from synckit.connectors.secrets import mark_needs_reauth
 from synckit.connectors.tenants import add_tenant, pause_tenant
 from synckit.runtime.alerts import Alert, record_alerts
@@ -47,7 +48,6 @@ from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store import migrate, outbox
 from synckit.store.db import Database, open_database
-from synckit.store.jobs import utcnow
 from synckit.store.tables import audit_buckets, connections, dead_letters, jobs, resources
 from synckit.store.tables import outbox as outbox_table
 from synckit.web import WebConfig, create_app

@@ -34,6 +34,7 @@ from sqlalchemy import String, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
+from synckit.clock import utcnow
 from synckit.connectors.base import Connector
 from synckit.connectors.context import SyncContext, open_context
 from synckit.connectors.tenants import (
@@ -66,7 +67,7 @@ from synckit.runtime.poll import (
 )
 from synckit.runtime.worker import Worker
 from synckit.store.db import ENV_URL, Database, open_database
-from synckit.store.jobs import ClaimedJob, utcnow
+from synckit.store.jobs import ClaimedJob
 from synckit.store.tables import connections, resources
 
 __all__ = ["App"]

@@ -28,11 +28,12 @@ from rich.table import Table
 from synckit.cli_options import JOB_ID, PRIORITY, cell, database_option
 from synckit.cli_options import CliError as CliError
 from synckit.cli_options import load_registry as load_registry
+from synckit.clock import utcnow
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime.logging import configure_logging, redact
 from synckit.store import jobs as store
 from synckit.store.db import Database, database_url_from_env, mask_url, open_database
-from synckit.store.jobs import JobInfo, utcnow
+from synckit.store.jobs import JobInfo
 
 if TYPE_CHECKING:
     from synckit.runtime.worker import OutcomeObserver, Worker, WorkerStats

@@ -22,9 +22,10 @@ import click
 from sqlalchemy import func, select
 
 from synckit.cli_options import CliError, app_option, database_option, load_app
+from synckit.clock import utcnow
 from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec, enqueue_many, get_job, utcnow
+from synckit.store.jobs import JobSpec, enqueue_many, get_job
 from synckit.store.tables import audit_buckets, checkpoints, dead_letters, jobs
 
 if TYPE_CHECKING:

@@ -35,6 +35,7 @@ from authlib.common.security import generate_token
 from authlib.integrations.base_client import OAuthError
 from sqlalchemy import and_, delete, select, update
 
+from synckit.clock import utcnow
 from synckit.connectors.oauth import (
     OAuth2Config,
     ReauthResult,
@@ -44,7 +45,7 @@ from synckit.connectors.oauth import (
     token_client,
     token_endpoint_error,
 )
-from synckit.connectors.secrets import TokenCipher, TokenSet, read_connection, utcnow
+from synckit.connectors.secrets import TokenCipher, TokenSet, read_connection
 from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.store.db import Database
 from synckit.store.tables import pending_authorizations

@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, text
 
+from synckit.clock import utcnow
 from synckit.connectors.base import Connector
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
 from synckit.connectors.tenants import (
@@ -34,7 +35,6 @@ from synckit.connectors.tenants import (
 )
 from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.store.db import Database
-from synckit.store.jobs import utcnow
 from synckit.store.tables import connections
 
 __all__ = ["BulkResult", "NewTenant", "RowError", "add_tenants", "read_rows"]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import httpx
 import structlog
 
+from synckit.clock import utcnow
 from synckit.connectors.base import DEFAULT_STREAM, Connector
 from synckit.connectors.http import (
     PacedTransport,
@@ -32,7 +33,6 @@ from synckit.connectors.network import new_transport
 from synckit.runtime.logging import bind_known_secrets, scrub_values, secret_values
 from synckit.runtime.pacing import PaceView
 from synckit.store.db import Database
-from synckit.store.jobs import utcnow
 
 if TYPE_CHECKING:
     from synckit.connectors.intents import Create, Find, IntentResult

@@ -50,6 +50,7 @@ from typing import Any
 import httpx
 import structlog
 
+from synckit.clock import Waiter
 from synckit.connectors.base import Connector, RateLimit
 from synckit.connectors.network import new_transport
 from synckit.errors.classify import Classification, ClassifyRules, ErrorClass
@@ -59,7 +60,6 @@ from synckit.errors.pace import PacePolicy
 from synckit.errors.raising import exception_for
 from synckit.errors.waits import clamp_wait
 from synckit.runtime import pacing
-from synckit.runtime.clock import Waiter
 from synckit.runtime.instruments import record_api_latency
 from synckit.store.db import Database
 

@@ -57,7 +57,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -67,6 +67,7 @@ from sqlalchemy import Row, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from synckit.clock import utcnow
 from synckit.errors.exceptions import (
     DatabaseError,
     PermanentError,
@@ -376,10 +377,6 @@ async def _finish(
 # --- running an intent -------------------------------------------------------------------
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
@@ -396,7 +393,7 @@ async def run_intent(
     idempotency_header: str | None = None,
     call_timeout: float = 30.0,
     lease_margin: timedelta = LEASE_MARGIN,
-    clock: Callable[[], datetime] = _utcnow,
+    clock: Callable[[], datetime] = utcnow,
 ) -> IntentResult:
     """Create the remote resource named by ``key`` at most once, and return its id.
 

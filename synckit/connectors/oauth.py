@@ -57,6 +57,7 @@ import httpx
 import structlog
 from authlib.deprecate import AuthlibDeprecationWarning
 
+from synckit.clock import utcnow
 from synckit.connectors.secrets import (
     REASON_CHARS,
     TokenCipher,
@@ -66,7 +67,6 @@ from synckit.connectors.secrets import (
     read_connection,
     save_refreshed_token_set,
     take_refresh_lease,
-    utcnow,
     write_token_set,
 )
 from synckit.errors.exceptions import ConfigurationError, NeedsReauth, RetryableError

@@ -78,8 +78,9 @@ def reauth_command(
     if access is None and refresh is None:
         raise CliError("give --refresh-token or --access-token (neither may be empty)")
     # Imported here: authlib is heavy, and every `synckit` command loads this module.
+    from synckit.clock import utcnow
     from synckit.connectors.oauth import reauth
-    from synckit.connectors.secrets import TokenSet, utcnow
+    from synckit.connectors.secrets import TokenSet
 
     now = utcnow()
     token_set = TokenSet(

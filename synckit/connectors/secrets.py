@@ -599,10 +599,6 @@ async def reseal_token_sets(
         after = rows[-1].tenant
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 __all__ = [
     "ENV_INSECURE_DEV",
     "ENV_KEY",

@@ -30,6 +30,7 @@ from pydantic import BaseModel, Secret, SecretBytes, SecretStr
 from sqlalchemy import Text, cast, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 
+from synckit.clock import utcnow
 from synckit.connectors.base import Connector
 from synckit.connectors.config_secrets import (
     ConfigPath,
@@ -46,7 +47,6 @@ from synckit.runtime import pacing
 from synckit.runtime.poll import delete_checkpoints, delete_poll_ticks
 from synckit.store import jobs as job_store
 from synckit.store.db import Database
-from synckit.store.jobs import utcnow
 from synckit.store.resources import read_moments, readable
 from synckit.store.tables import connections, dead_letters
 

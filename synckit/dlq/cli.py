@@ -22,12 +22,12 @@ import click
 from rich.text import Text
 
 from synckit.cli_options import ROW_ID, cell, database_option
+from synckit.clock import utcnow
 from synckit.dlq.replay import ReplayProcessor, ReplayResult, ReplaySummary, replayers_from_app
 from synckit.runtime.logging import redact
 from synckit.store import dead_letters as store
 from synckit.store.db import Database
 from synckit.store.dead_letters import STATUSES, DeadLetter, DlqFilter
-from synckit.store.jobs import utcnow
 
 GROUPS = ("tenant", "connector", "kind", "class", "status")
 NO_APP_REASON = "needs --app (no replayer for this kind without the application)"

@@ -50,6 +50,7 @@ import structlog
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from synckit.clock import utcnow
 from synckit.errors.classify import classify
 from synckit.errors.dlq_policy import REVIEW_CLASSES, UniformSource, next_retry_delay
 from synckit.errors.exceptions import JobNotFound, JobStateError
@@ -58,7 +59,7 @@ from synckit.store import dead_letters as store
 from synckit.store import jobs
 from synckit.store.db import Database
 from synckit.store.dead_letters import DeadLetter, DlqError, DlqFilter, ReplayError
-from synckit.store.jobs import PayloadError, utcnow
+from synckit.store.jobs import PayloadError
 from synckit.store.tables import dead_letters
 
 __all__ = [

@@ -82,6 +82,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
+from synckit.clock import utcnow
 from synckit.connectors.schedule import cached_schedule
 from synckit.errors.backoff import backoff_delay
 from synckit.errors.exceptions import ConfigurationError, SynckitError
@@ -99,7 +100,7 @@ from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import redact, redact_text
 from synckit.runtime.unreadable_jobs import StuckJob, unreadable_run_at
 from synckit.store.db import Database
-from synckit.store.jobs import guarded_moment, read_moment, read_payload, utcnow
+from synckit.store.jobs import guarded_moment, read_moment, read_payload
 from synckit.store.tables import alerts as alerts_table
 from synckit.store.tables import checkpoints, connections, dead_letters, jobs
 

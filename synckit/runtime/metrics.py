@@ -47,6 +47,7 @@ from sqlalchemy import String, func, select, type_coerce
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from synckit.clock import utcnow
 from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.runtime.budget import BudgetPolicy, BudgetStatus, tenant_budgets
 from synckit.runtime.instruments import (
@@ -69,7 +70,7 @@ from synckit.runtime.status import (
 )
 from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
 from synckit.store.db import Database
-from synckit.store.jobs import read_moment, utcnow
+from synckit.store.jobs import read_moment
 from synckit.store.tables import checkpoints, connections
 
 if TYPE_CHECKING:

@@ -54,7 +54,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
@@ -76,6 +76,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from synckit.clock import utcnow
 from synckit.errors import Classification, ErrorClass, RetryPolicy, retry_delay
 from synckit.errors.exceptions import (
     DatabaseError,
@@ -196,10 +197,6 @@ class PublishRejected(PermanentError):
 
 
 # --- messages -------------------------------------------------------------------------
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from synckit.clock import utcnow
 from synckit.errors.classify import Classification
 from synckit.errors.headers import RateLimitInfo
 from synckit.errors.pace import (
@@ -42,7 +43,7 @@ from synckit.errors.pace import (
     reserve_slots,
 )
 from synckit.store.db import Database
-from synckit.store.jobs import _ensure_resources, _ensure_resources_sync, utcnow
+from synckit.store.jobs import _ensure_resources, _ensure_resources_sync
 from synckit.store.tables import resources
 
 __all__ = [

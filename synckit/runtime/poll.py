@@ -57,6 +57,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from synckit.clock import utcnow
 from synckit.connectors.base import Connector, Page
 from synckit.connectors.schedule import DEFAULT_SCHEDULE, PollSchedule, parse_schedule
 from synckit.errors.classify import Classification, classify
@@ -72,7 +73,7 @@ from synckit.runtime.instruments import record_records
 from synckit.runtime.logging import redact_text
 from synckit.store import dead_letters as dlq_store
 from synckit.store.db import Database
-from synckit.store.jobs import ClaimedJob, JobSpec, enqueue_new, utcnow
+from synckit.store.jobs import ClaimedJob, JobSpec, enqueue_new
 from synckit.store.tables import UNSCHEDULED, checkpoints, dead_letters, jobs, poll_ticks
 
 if TYPE_CHECKING:

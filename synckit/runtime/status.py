@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from synckit.clock import utcnow
 from synckit.connectors.tenants import CONNECTION_STATUSES
 from synckit.runtime.alerts import (
     Alert,
@@ -44,7 +45,7 @@ from synckit.runtime.unreadable_jobs import (
     unreadable_run_at,
 )
 from synckit.store.db import Database
-from synckit.store.jobs import guarded_moment, utcnow
+from synckit.store.jobs import guarded_moment
 from synckit.store.resources import BREAKER_STATES, read_moments
 from synckit.store.tables import (
     audit_buckets,

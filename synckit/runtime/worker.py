@@ -46,6 +46,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from synckit.clock import utcnow
 from synckit.connectors.http import shared_connections
 from synckit.errors import (
     BreakerOutcome,
@@ -71,7 +72,7 @@ from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
 from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
 from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import ClaimedJob, JobSpec, utcnow
+from synckit.store.jobs import ClaimedJob, JobSpec
 from synckit.store.tables import UTCDateTime, connections, resources
 
 log = structlog.get_logger("synckit.worker")

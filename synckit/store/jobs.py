@@ -58,6 +58,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from synckit.clock import utcnow
 from synckit.errors.breaker import (
     BreakerPolicy,
     BreakerSnapshot,
@@ -82,10 +83,6 @@ _RUNNING: Any = literal_column("'running'")
 
 class PayloadError(JobError):
     """A job payload that cannot be stored as JSON."""
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def _check_payload(kind: str, payload: Any) -> str:

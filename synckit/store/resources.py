@@ -9,9 +9,10 @@ from typing import Any
 
 from sqlalchemy import Column, select, update
 
+from synckit.clock import utcnow
 from synckit.errors.breaker import BreakerState
 from synckit.store.db import Database
-from synckit.store.jobs import _ensure_resources, guarded_moment, read_moment, utcnow
+from synckit.store.jobs import _ensure_resources, guarded_moment, read_moment
 from synckit.store.tables import UTCDateTime, resources
 
 _UNSET: Any = object()

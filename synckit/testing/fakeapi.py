@@ -66,6 +66,8 @@ from urllib.parse import parse_qsl
 
 import httpx
 
+from synckit.clock import utcnow
+
 if TYPE_CHECKING:
     import respx
 
@@ -473,10 +475,6 @@ def _unauthorized_parts(description: str, body: Any) -> tuple[bytes, tuple[tuple
     )
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 def _seconds(value: timedelta | float) -> timedelta:
     return value if isinstance(value, timedelta) else timedelta(seconds=value)
 
@@ -504,7 +502,7 @@ class FakeAPI:
     ) -> None:
         if not (math.isfinite(latency) and latency >= 0):
             raise ValueError(f"latency must be a finite number of seconds >= 0, not {latency!r}")
-        self.clock: Callable[[], datetime] = clock or _utcnow
+        self.clock: Callable[[], datetime] = clock or utcnow
         self.latency = latency
         self.require_auth = require_auth
         self.unauthorized_body = unauthorized_body

@@ -36,6 +36,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from synckit.clock import utcnow
 from synckit.connectors import tenants as tenant_store
 from synckit.errors.exceptions import JobNotFound, SynckitError
 from synckit.runtime import outbox as outbox_store
@@ -45,7 +46,6 @@ from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter
-from synckit.store.jobs import utcnow
 from synckit.store.resources import get_resource, reset_resource
 from synckit.web import queries
 from synckit.web.explain import duration_text, tenant_why

@@ -17,12 +17,12 @@ from typing import Any
 from pydantic import BaseModel, SecretStr
 
 from synckit import App, Connector, Page, SyncContext
+from synckit.clock import utcnow
 from synckit.runtime import outbox
 from synckit.runtime.pacing import defer_resource
 from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store.db import Database
-from synckit.store.jobs import utcnow
 
 SECRET = "sk_live_seeded-SECRET-4f9a7c"
 PAGE_PAUSE = float(os.environ.get("WEB_APP_PAGE_PAUSE", "0.4"))

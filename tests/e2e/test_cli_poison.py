@@ -294,8 +294,9 @@ def test_status_names_each_corrupt_row_and_the_jobs_that_never_run(
     named and alerted on."""
 
     async def jobs_(db: Database) -> tuple[int, int]:
+        from synckit.clock import utcnow
         from synckit.store import jobs as store
-        from synckit.store.jobs import JobSpec, utcnow
+        from synckit.store.jobs import JobSpec
         from synckit.store.tables import alerts
 
         stuck, done = await store.enqueue_many(

@@ -260,8 +260,8 @@ def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
     """An OAuth tenant that needs re-authorisation: Re-authorise shows the provider's
     consent page as a link; following it, the provider redirects to the console, which
     stores the tokens; the tenant's page then says nothing holds it back."""
+    from synckit.clock import utcnow
     from synckit.connectors.secrets import mark_needs_reauth
-    from synckit.store.jobs import utcnow
     from synckit.testing.oauth_server import OAuthTestServer
 
     url = f"sqlite:///{tmp_path / 'oauth.db'}"

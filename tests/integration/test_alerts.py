@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import func, insert, select
 from structlog.testing import capture_logs
 
+from synckit.clock import utcnow
 from synckit.errors import RetryPolicy
 from synckit.runtime import cron
 from synckit.runtime.alerts import (
@@ -39,7 +40,6 @@ from synckit.runtime.budget import BudgetPolicy
 from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker
 from synckit.store.db import Database
-from synckit.store.jobs import utcnow
 from synckit.store.tables import alerts, checkpoints, connections, dead_letters, jobs
 
 NOW = datetime(2026, 3, 4, 12, 4, 30, tzinfo=UTC)

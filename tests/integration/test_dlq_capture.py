@@ -27,6 +27,7 @@ from sqlalchemy import event, select, update
 from sqlalchemy.engine import Connection
 
 from synckit import App, BearerToken, Connector, Page, SyncContext
+from synckit.clock import utcnow
 from synckit.errors import PermanentError
 from synckit.runtime import outbox as outbox_store
 from synckit.runtime.handlers import JobContext, Registry
@@ -37,7 +38,6 @@ from synckit.store import dead_letters as store
 from synckit.store import jobs
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter, Failure
-from synckit.store.jobs import utcnow
 from synckit.store.tables import checkpoints, dead_letters
 from synckit.testing import FakeAPI
 

@@ -304,7 +304,7 @@ async def main(url, role, seed, seconds):
                 got = await store.claim(db, f"w{seed}", 64)
                 async with db.begin() as conn:
                     await store.complete_many(
-                        conn, [(j.id, j.claim_token) for j in got], now=store.utcnow()
+                        conn, [(j.id, j.claim_token) for j in got], now=utcnow()
                     )
     finally:
         await db.dispose()

@@ -178,7 +178,7 @@ def test_begin_without_an_authorize_url_is_a_configuration_error() -> None:
 
 
 def _now() -> Any:
-    from synckit.connectors.secrets import utcnow
+    from synckit.clock import utcnow
 
     return utcnow()
 

@@ -24,6 +24,7 @@ from sqlalchemy import select
 from sqlalchemy import text as sa_text
 
 from synckit import App, BearerToken, Connector, Page, RateLimit, Stream, SyncContext
+from synckit.clock import utcnow
 from synckit.connectors.intents import RemoteRecord
 from synckit.dlq.replay import Unreplayable
 from synckit.errors import NeedsReauth, RateLimited, RetryPolicy
@@ -31,7 +32,7 @@ from synckit.runtime.handlers import Cancel
 from synckit.runtime.poll import load_checkpoint, run_cycle, save_checkpoint
 from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import ClaimedJob, reschedule_job, utcnow
+from synckit.store.jobs import ClaimedJob, reschedule_job
 from synckit.store.resources import get_resource
 from synckit.store.tables import audit_buckets, connections, dead_letters, jobs
 

@@ -14,6 +14,7 @@ import pytest
 from procs import read_log, spawn_worker, stop_all  # type: ignore[import-not-found]
 from sqlalchemy import select
 
+from synckit.clock import utcnow
 from synckit.store import jobs as store
 from synckit.store.db import Database
 from synckit.store.jobs import JobSpec
@@ -122,7 +123,7 @@ async def test_a_job_that_kills_its_worker_runs_out_of_attempts(
     ]
 
 
-NOW = store.utcnow()
+NOW = utcnow()
 LEASE = timedelta(seconds=60)
 
 

@@ -8,6 +8,7 @@ from datetime import timedelta
 from sqlalchemy import select, text
 from structlog.testing import capture_logs
 
+from synckit.clock import utcnow
 from synckit.errors import RetryPolicy
 from synckit.runtime import cron
 from synckit.runtime.alerts import AlertRouter, RuleSet, bind_database, register_alerts
@@ -16,7 +17,7 @@ from synckit.runtime.unreadable_jobs import count_unreadable_run_at, unreadable_
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec, utcnow
+from synckit.store.jobs import JobSpec
 from synckit.store.tables import jobs
 
 #: Stored run_at values no reader takes, per engine: past any time (a claim never takes

@@ -317,8 +317,8 @@ async def test_reauthorise_runs_the_connect_flow_and_the_callback_completes_it(
     import httpx
     from oauth_worker_app import app as oauth_app
 
+    from synckit.clock import utcnow
     from synckit.connectors.secrets import TokenCipher, mark_needs_reauth, read_connection
-    from synckit.store.jobs import utcnow
 
     await oauth_app.add_tenant(db, "acme", "me")
     async with db.begin() as conn:
@@ -457,7 +457,7 @@ async def test_a_time_filter_reads_a_window_and_says_what_it_searched(
     every match."""
     from datetime import timedelta
 
-    from synckit.store.jobs import utcnow
+    from synckit.clock import utcnow
 
     monkeypatch.setattr(queries, "SCAN_WINDOW", 10)
     every = await _jobs_in_every_state(db)
@@ -508,9 +508,9 @@ async def test_overview_shows_burn_breakers_and_the_alerts_the_worker_recorded(
 ) -> None:
     from datetime import timedelta
 
+    from synckit.clock import utcnow
     from synckit.runtime.alerts import Alert, record_alerts
     from synckit.runtime.audit import record_audit
-    from synckit.store.jobs import utcnow
 
     await seed(db)
     now = utcnow()
@@ -541,7 +541,7 @@ async def test_dead_letter_groups_come_a_page_of_tenants_at_a_time(
     next page of groups by cursor; a filtered row list searches a window at a time."""
     from datetime import timedelta
 
-    from synckit.store.jobs import utcnow
+    from synckit.clock import utcnow
 
     now = utcnow()
     async with db.begin() as conn:

@@ -6,7 +6,7 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
-from synckit.runtime.clock import SleepingClock, Waiter
+from synckit.clock import SleepingClock, Waiter
 from synckit.testing import FakeClock
 
 

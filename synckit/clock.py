@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 __all__ = ["SleepingClock", "Waiter"]
@@ -63,3 +63,8 @@ class Waiter:
 
     async def sleep(self, seconds: float) -> None:
         await self._sleep(seconds)
+
+
+def utcnow() -> datetime:
+    """The wall clock, timezone-aware: the default wherever synckit takes a clock."""
+    return datetime.now(UTC)
