@@ -30,10 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
@@ -45,6 +45,12 @@ from synckit.errors.exceptions import (
 )
 
 T = TypeVar("T")
+
+# The connections operations run on, named here so that the modules above the store can
+# annotate them without importing SQLAlchemy (tests/unit/test_layers.py): ``Conn`` as
+# ``Database.begin()``/``read()`` give it, ``SyncConn`` inside ``Database.write``/``run_read``.
+Conn: TypeAlias = AsyncConnection
+SyncConn: TypeAlias = Connection
 
 log = logging.getLogger(__name__)
 
