@@ -12,7 +12,9 @@ answered at once with one empty page, ``flow_app`` on ``synckit.testing.hostile`
   ``--cycle-limit`` of them; then the time is scaled up from the measured rate) with 1
   and 2 ``synckit worker`` processes (``--workers 1,2,4`` adds ``cycle_all_s_4w``), and
   ``polls_per_s_<n>w`` the rate of each; ``polls_per_s_per_worker`` from the 1-worker
-  run;
+  run; ``worker_cpu_ms_per_poll_<n>w`` the worker processes' CPU time (user + system,
+  all of them together) per finished cycle: what a worker costs per poll whatever else
+  shares the machine's cores;
 * ``status_s``: ``read_status`` of one page and its rendering (what ``synckit status``
   does);
 * ``peak_rss_mb``: the largest worker RSS seen during the runs.
@@ -104,9 +106,10 @@ async def _enqueue_cycles(db: Database, names: list[str]) -> None:
 
 async def _cycle(
     url: str, db: Database, api: HostileProcess, names: list[str], workers: int, logs: Path
-) -> tuple[float, int, float]:
+) -> tuple[float, int, float, float]:
     """Seconds for one cycle of ``names`` with ``workers`` processes, how many finished,
-    and the largest worker RSS (MB)."""
+    the largest worker RSS (MB), and the workers' CPU seconds (user + system) spent from
+    the enqueue to the last cycle (idle polling included, startup not)."""
     env = flow_app.env_for(api.url)
     await _clear_cycles(db)
     procs = [
@@ -118,6 +121,7 @@ async def _cycle(
     peak = 0.0
     try:
         await asyncio.sleep(1.5)  # imports and first connections, off the clock
+        cpu0 = _cpu_seconds(procs)
         await _enqueue_cycles(db, names)
         t0 = time.time()
         deadline = time.monotonic() + 600
@@ -131,9 +135,19 @@ async def _cycle(
                 break
             await asyncio.sleep(0.2)
         wall = (last.timestamp() - t0) if last is not None else 600.0
+        cpu = _cpu_seconds(procs) - cpu0
     finally:
         stop_all(procs, timeout=15)
-    return wall, done, peak
+    return wall, done, peak, cpu
+
+
+def _cpu_seconds(procs: list[Any]) -> float:
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(p.pid).cpu_times()
+            total += t.user + t.system
+    return total
 
 
 async def measure(
@@ -170,9 +184,10 @@ async def measure(
                     sample = names[: min(size, cycle_limit)]
                     peak = 0.0
                     for w in workers:
-                        wall, done, rss = await _cycle(url, db, api, sample, w, tmp)
+                        wall, done, rss, cpu = await _cycle(url, db, api, sample, w, tmp)
                         peak = max(peak, rss)
                         rate = done / wall if wall > 0 else 0.0
+                        out[f"worker_cpu_ms_per_poll_{w}w"] = cpu * 1000 / done if done else None
                         out[f"cycle_all_s_{w}w"] = size / rate if rate else None
                         out[f"polls_per_s_{w}w"] = rate
                     if "polls_per_s_1w" in out:
