@@ -19,11 +19,10 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 import structlog
-from sqlalchemy import update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.runtime.audit import Totals, totals_by_tenant, window_start
-from synckit.store.tables import connections
+from synckit.store import connections
+from synckit.store.db import Conn
 
 DEFAULT_BUDGET = 0.005
 DEFAULT_WINDOW = timedelta(hours=24)
@@ -108,7 +107,7 @@ class BudgetPolicy:
 
 
 async def tenant_budgets(
-    conn: AsyncConnection, *, now: datetime, policy: BudgetPolicy | None = None
+    conn: Conn, *, now: datetime, policy: BudgetPolicy | None = None
 ) -> dict[str, BudgetStatus]:
     """Every tenant with outcomes in the window ending at ``now``, with its budget status."""
     policy = policy or BudgetPolicy()
@@ -117,22 +116,13 @@ async def tenant_budgets(
 
 
 async def pause_tenants(
-    conn: AsyncConnection, tenants: Iterable[str], *, reason: str, now: datetime
+    conn: Conn, tenants: Iterable[str], *, reason: str, now: datetime
 ) -> list[str]:
     """Pause the active connections of ``tenants``; return the tenants actually paused.
 
     A connection waiting for re-authorisation or already paused is left as it is.
     """
-    wanted = sorted(set(tenants))
-    if not wanted:
-        return []
-    res = await conn.execute(
-        update(connections)
-        .where(connections.c.tenant.in_(wanted), connections.c.status == "active")
-        .values(status="paused", status_reason=reason[:500], updated_at=now)
-        .returning(connections.c.tenant)
-    )
-    paused = sorted(r[0] for r in res)
+    paused = await connections.pause_active(conn, tenants, reason=reason, now=now)
     for tenant in paused:
         log.warning("budget.tenant_paused", tenant=tenant, reason=reason)
     return paused
@@ -146,9 +136,7 @@ def pause_reason(status: BudgetStatus, window: timedelta) -> str:
     )
 
 
-async def enforce_budgets(
-    conn: AsyncConnection, *, now: datetime, policy: BudgetPolicy
-) -> list[str]:
+async def enforce_budgets(conn: Conn, *, now: datetime, policy: BudgetPolicy) -> list[str]:
     """Pause every tenant the policy says to pause; return those paused now."""
     if not policy.pause_on_alert:
         return []

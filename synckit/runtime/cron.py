@@ -11,12 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import select, update
-
 from synckit.runtime.handlers import Recurring
+from synckit.store import ticks
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec, _insert, enqueue_many
-from synckit.store.tables import cron_ticks
+from synckit.store.jobs import JobSpec, enqueue_many
 
 
 async def sync_schedules(db: Database, schedules: Sequence[Recurring], now: datetime) -> None:
@@ -24,26 +22,12 @@ async def sync_schedules(db: Database, schedules: Sequence[Recurring], now: date
     if not schedules:
         return
     async with db.begin() as conn:
-        existing = {
-            r.name: r.spec
-            for r in await conn.execute(
-                select(cron_ticks.c.name, cron_ticks.c.spec).where(
-                    cron_ticks.c.name.in_([s.name for s in schedules])
-                )
-            )
-        }
+        existing = await ticks.cron_specs(conn, [s.name for s in schedules])
         for s in schedules:
             if s.name not in existing:
-                ins = _insert(conn)(cron_ticks).values(
-                    name=s.name, spec=s.spec, next_tick_at=s.next_after(now), enabled=True
-                )
-                await conn.execute(ins.on_conflict_do_nothing(index_elements=["name"]))
+                await ticks.add_cron_tick(conn, s.name, s.spec, s.next_after(now))
             elif existing[s.name] != s.spec:
-                await conn.execute(
-                    update(cron_ticks)
-                    .where(cron_ticks.c.name == s.name)
-                    .values(spec=s.spec, next_tick_at=s.next_after(now))
-                )
+                await ticks.restart_cron_tick(conn, s.name, s.spec, s.next_after(now))
 
 
 async def fire_due(db: Database, schedules: Sequence[Recurring], now: datetime) -> int:
@@ -53,25 +37,11 @@ async def fire_due(db: Database, schedules: Sequence[Recurring], now: datetime) 
         return 0
     fired = 0
     async with db.begin() as conn:
-        due = list(
-            await conn.execute(
-                select(cron_ticks.c.name, cron_ticks.c.next_tick_at).where(
-                    cron_ticks.c.name.in_(list(by_name)),
-                    cron_ticks.c.enabled.is_(True),
-                    cron_ticks.c.next_tick_at <= now,
-                )
-            )
-        )
+        due = await ticks.due_cron_ticks(conn, list(by_name), now)
         for row in due:
             s = by_name[row.name]
             tick = row.next_tick_at
-            won = await conn.execute(
-                update(cron_ticks)
-                .where(cron_ticks.c.name == s.name, cron_ticks.c.next_tick_at == tick)
-                .values(last_tick_at=tick, next_tick_at=s.next_after(now))
-                .returning(cron_ticks.c.name)
-            )
-            if won.first() is None:
+            if not await ticks.advance_cron_tick(conn, s.name, tick, s.next_after(now)):
                 continue
             await enqueue_many(
                 conn,

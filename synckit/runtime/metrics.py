@@ -43,9 +43,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
 import structlog
-from sqlalchemy import String, func, select, type_coerce
-from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.clock import utcnow
 from synckit.errors.exceptions import ConfigurationError, SynckitError
@@ -69,9 +66,9 @@ from synckit.runtime.status import (
     queue_depth,
 )
 from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
-from synckit.store.db import Database
+from synckit.store.checkpoints import oldest_active_checkpoints
+from synckit.store.db import Conn, Database, SyncConn
 from synckit.store.jobs import read_moment
-from synckit.store.tables import checkpoints, connections
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -88,7 +85,7 @@ def metrics_observer() -> OutcomeObserver:
     for rates and trends; ``audit_buckets`` holds the exact counts).
     """
 
-    def observe(conn: Connection, outcomes: list[RecordedOutcome], now: datetime) -> None:
+    def observe(conn: SyncConn, outcomes: list[RecordedOutcome], now: datetime) -> None:
         m = _instruments()
         if m is None:
             return
@@ -116,17 +113,11 @@ class DatabaseSnapshot:
     lag: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
-async def stream_lag(conn: AsyncConnection, now: datetime) -> dict[tuple[str, str], float]:
+async def stream_lag(conn: Conn, now: datetime) -> dict[tuple[str, str], float]:
     """Per connector and stream, how long ago the oldest checkpoint of an active tenant
     was stored. One grouped read; a stored moment that is not a timestamp (a corrupt
     row) leaves its stream out rather than failing the scrape."""
-    oldest = type_coerce(func.min(checkpoints.c.updated_at), String)
-    rows = await conn.execute(
-        select(checkpoints.c.connector, checkpoints.c.stream, oldest)
-        .join(connections, connections.c.tenant == checkpoints.c.tenant)
-        .where(connections.c.status == "active")
-        .group_by(checkpoints.c.connector, checkpoints.c.stream)
-    )
+    rows = await oldest_active_checkpoints(conn)
     out: dict[tuple[str, str], float] = {}
     for connector, stream, raw in rows:
         try:
