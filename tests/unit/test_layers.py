@@ -30,7 +30,6 @@ STILL_BUILDING_SQL = {
     "synckit.dlq.replay",
     "synckit.examples.graph_mail.connector",
     "synckit.runtime.alerts",
-    "synckit.runtime.audit",
     "synckit.runtime.outbox",
     "synckit.runtime.pacing",
     "synckit.runtime.poll",
