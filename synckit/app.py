@@ -49,7 +49,7 @@ from synckit.dlq.replay import ReplayProcessor, register_dlq_replay, replayers_f
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.exceptions import ConfigurationError, PermanentError
 from synckit.runtime import pacing
-from synckit.runtime.alerts import bind_database, get_alert_router, register_alerts
+from synckit.runtime.alerts import get_alert_router, register_alerts
 from synckit.runtime.handlers import Discard, JobContext, Registry
 from synckit.runtime.pacing import PaceView
 from synckit.runtime.poll import (
@@ -116,7 +116,7 @@ class App:
             # Failed records and dead jobs are replayed automatically (capped backoff).
             register_dlq_replay(self.registry, self._replay_processor, every=dlq_replay_every)
         if alerts_every is not None:
-            # Pattern alerts; the worker binds its database to the evaluator.
+            # Pattern alerts, evaluated on the database of the worker that runs the job.
             register_alerts(self.registry, every=alerts_every)
         self._db: Database | None = None
         self._owned: tuple[asyncio.AbstractEventLoop, Database] | None = None
@@ -199,7 +199,6 @@ class App:
     def worker(self, db: Database, **options: Any) -> Worker:
         """A :class:`Worker` running this App's jobs on ``db`` (options as for Worker)."""
         self.bind(db)
-        bind_database(self.registry, db)
         if self.clock is not utcnow:
             options.setdefault("clock", self.clock)
         return Worker(db, self.registry, **options)

@@ -325,7 +325,6 @@ def worker_cmd(
     database_url: str | None,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (or, with --burst, until the queue is idle)."""
-    from synckit.runtime.alerts import bind_database as bind_alerts_database
     from synckit.runtime.audit import audit_observer
     from synckit.runtime.worker import Worker
 
@@ -345,7 +344,6 @@ def worker_cmd(
 
             observers.append(metrics_observer())
             server = await start_metrics_server(metrics_port, d, host=metrics_host)
-        bind_alerts_database(registry, d)
         w = Worker(
             d,
             registry,

@@ -51,10 +51,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
-import json
 import math
 import random
-import weakref
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,48 +62,43 @@ from typing import Any, Protocol
 
 import httpx
 import structlog
-from sqlalchemy import (
-    any_,
-    bindparam,
-    case,
-    cast,
-    delete,
-    func,
-    literal_column,
-    or_,
-    select,
-    update,
-)
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.types import Text
 
 from synckit.clock import utcnow
 from synckit.connectors.schedule import cached_schedule
 from synckit.errors.backoff import backoff_delay
 from synckit.errors.exceptions import ConfigurationError, SynckitError
-from synckit.runtime.audit import (
+from synckit.runtime.audit import window_start
+from synckit.runtime.budget import BudgetLevel, BudgetPolicy, pause_tenants
+from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.logging import redact, redact_text
+from synckit.runtime.unreadable_jobs import StuckJob, unreadable_run_at
+from synckit.store import alerts as store_alerts
+from synckit.store.alerts import (
+    DELIVERY_LEASE,
+    GIVE_UP_AFTER,
+    KEEP_ALERTS,
+    POLL_KIND,
+    AlertRow,
+    ConnectionState,
+    DlqGrowth,
+    ReviewGroup,
+    among,
+    dlq_growth,
+    dlq_in_review,
+    load_connections,
+    prune_alerts,
+)
+from synckit.store.audit import (
     AuditRow,
     Totals,
     VersionTotals,
     read_audit,
     totals_by_tenant,
     totals_by_version,
-    window_start,
 )
-from synckit.runtime.budget import BudgetLevel, BudgetPolicy, pause_tenants
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.logging import redact, redact_text
-from synckit.runtime.unreadable_jobs import StuckJob, unreadable_run_at
-from synckit.store.db import Database
-from synckit.store.jobs import guarded_moment, read_moment, read_payload
-from synckit.store.tables import alerts as alerts_table
-from synckit.store.tables import checkpoints, connections, dead_letters, jobs
+from synckit.store.db import Conn, Database
 
 ALERTS_KIND = "synckit.alerts"
-POLL_KIND = "synckit.poll"
 
 log = structlog.get_logger("synckit.alerts")
 
@@ -176,34 +169,6 @@ def window_key(now: datetime, every: timedelta) -> str:
 
 
 # --- what the rules read ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ConnectionState:
-    """A tenant's connection as the rules see it."""
-
-    tenant: str
-    connector: str
-    status: str
-    schedule: str | None
-    #: None when the stored value is not a timestamp (named in ``unreadable``).
-    created_at: datetime | None
-    last_success_at: datetime | None = None
-    status_reason: str | None = None
-    resource_key: str | None = None
-    #: ``(field, reason)`` of what the tenant's rows hold that could not be read: a
-    #: ``created_at`` that is not a timestamp, or a last success whose only stored times
-    #: are not (a checkpoint's ``updated_at``, a poll job's ``finished_at``).
-    unreadable: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class DlqGrowth:
-    """Dead letters of one connector created in the last window and the one before."""
-
-    connector: str
-    current: int
-    previous: int
 
 
 @dataclass(frozen=True)
@@ -438,16 +403,6 @@ class DlqAcceleration:
             for g in sorted(data.dlq, key=lambda g: g.connector)
             if g.current >= self.min_count and g.current >= self.factor * g.previous
         ]
-
-
-@dataclass(frozen=True)
-class ReviewGroup:
-    """Dead letters waiting in review for one tenant, connector and error class."""
-
-    tenant: str
-    connector: str
-    error_class: str
-    count: int
 
 
 @dataclass(frozen=True)
@@ -756,149 +711,10 @@ def _human(delta: timedelta) -> str:
     return f"{seconds / 86400:.1f}d"
 
 
-# --- loading (the only part that reads the database) ------------------------------------
+# --- loading (the store's reads; see synckit.store.alerts) ------------------------------
 
 
-def among(conn: AsyncConnection, column: Any, values: Sequence[str]) -> Any:
-    """``column`` is one of ``values``, as one array parameter whatever their number."""
-    if conn.dialect.name == "postgresql":
-        return column == any_(bindparam("among", list(values), type_=_TEXT_ARRAY, unique=True))
-    return column.in_(
-        select(literal_column("value")).select_from(
-            func.json_each(bindparam("among", json.dumps(list(values)), unique=True))
-        )
-    )
-
-
-_TEXT_ARRAY = ARRAY(Text())
-
-
-async def load_connections(
-    conn: AsyncConnection,
-    *,
-    poll_kind: str = POLL_KIND,
-    limit: int | None = None,
-    after: str | None = None,
-) -> list[ConnectionState]:
-    """Connections by tenant name with their last successful poll (a checkpoint write or
-    a poll job's success): every one, or one keyset page (``limit`` after ``after``),
-    whose checkpoints and poll jobs alone are then read.
-
-    A corrupt row is read, not fatal: timestamps come back guarded and are parsed per
-    row, so a ``created_at`` that is not a timestamp is None and named in
-    ``ConnectionState.unreadable``, and a last success counts only stored times that
-    read (a newer one that does not is passed over)."""
-    stmt = select(
-        connections.c.tenant,
-        connections.c.connector,
-        connections.c.resource_key,
-        connections.c.status,
-        connections.c.status_reason,
-        connections.c.schedule,
-        guarded_moment(connections.c.created_at),
-    ).order_by(connections.c.tenant)
-    if after is not None:
-        stmt = stmt.where(connections.c.tenant > after)
-    if limit is not None:
-        stmt = stmt.limit(limit)
-    rows = list(await conn.execute(stmt))
-    if not rows:
-        return []
-    paged = limit is not None or after is not None
-    # The newest readable time: a value no datetime holds is guarded to a marker older
-    # than any real one, so MAX passes over it unless it is all there is.
-    checkpoint_stmt = select(
-        checkpoints.c.tenant,
-        checkpoints.c.connector,
-        func.max(guarded_moment(checkpoints.c.updated_at)),
-    ).group_by(checkpoints.c.tenant, checkpoints.c.connector)
-    poll_stmt = (
-        select(jobs.c.resource_key, func.max(guarded_moment(jobs.c.finished_at)))
-        .where(
-            jobs.c.status == "succeeded",
-            jobs.c.kind == poll_kind,
-            jobs.c.resource_key.is_not(None),
-        )
-        .group_by(jobs.c.resource_key)
-    )
-    if paged:
-        checkpoint_stmt = checkpoint_stmt.where(
-            among(conn, checkpoints.c.tenant, [r.tenant for r in rows])
-        )
-        poll_stmt = poll_stmt.where(
-            among(conn, jobs.c.resource_key, [r.resource_key for r in rows])
-        )
-    last_checkpoint = {(t, c): at for t, c, at in await conn.execute(checkpoint_stmt)}
-    last_poll = {key: at for key, at in await conn.execute(poll_stmt)}
-    out: list[ConnectionState] = []
-    for r in rows:
-        bad: list[tuple[str, str]] = []
-        try:
-            created = read_moment(r.created_at)
-        except ValueError as exc:
-            created = None
-            bad.append(("created_at", str(exc)))
-        seen: list[datetime] = []
-        unread: list[str] = []
-        for stored in (last_checkpoint.get((r.tenant, r.connector)), last_poll.get(r.resource_key)):
-            try:
-                moment = read_moment(stored)
-            except ValueError as exc:
-                unread.append(str(exc))
-                continue
-            if moment is not None:
-                seen.append(moment)
-        if unread:
-            bad.append(("last_success_at", unread[0]))
-        out.append(
-            ConnectionState(
-                tenant=r.tenant,
-                connector=r.connector,
-                status=r.status,
-                schedule=r.schedule,
-                created_at=created,
-                last_success_at=max(seen) if seen else None,
-                status_reason=r.status_reason,
-                resource_key=r.resource_key,
-                unreadable=tuple(bad),
-            )
-        )
-    return out
-
-
-async def dlq_growth(conn: AsyncConnection, *, now: datetime, window: timedelta) -> list[DlqGrowth]:
-    """Dead letters created per connector in ``[now - window, now]`` and the window before."""
-    start, middle = now - 2 * window, now - window
-    created = dead_letters.c.first_failed_at
-    rows = await conn.execute(
-        select(
-            dead_letters.c.connector,
-            func.sum(case((created >= middle, 1), else_=0)),
-            func.sum(case((created < middle, 1), else_=0)),
-        )
-        # last_attempt_at >= first_failed_at, and it is the indexed one of the two.
-        .where(created >= start, created <= now, dead_letters.c.last_attempt_at >= start)
-        .group_by(dead_letters.c.connector)
-    )
-    return [DlqGrowth(c, int(cur or 0), int(prev or 0)) for c, cur, prev in rows]
-
-
-async def dlq_in_review(conn: AsyncConnection) -> list[ReviewGroup]:
-    """Dead letters in review, counted per tenant, connector and error class."""
-    rows = await conn.execute(
-        select(
-            dead_letters.c.tenant,
-            dead_letters.c.connector,
-            dead_letters.c.error_class,
-            func.count(),
-        )
-        .where(dead_letters.c.status == literal_column("'review'"))
-        .group_by(dead_letters.c.tenant, dead_letters.c.connector, dead_letters.c.error_class)
-    )
-    return [ReviewGroup(t, c, e, int(n)) for t, c, e, n in rows]
-
-
-async def load_alert_data(conn: AsyncConnection, *, now: datetime, rules: RuleSet) -> AlertData:
+async def load_alert_data(conn: Conn, *, now: datetime, rules: RuleSet) -> AlertData:
     """Read what ``rules`` need, as of ``now``."""
     recent: list[AuditRow] = []
     if (window := rules.recent_window) is not None:
@@ -932,22 +748,11 @@ async def load_alert_data(conn: AsyncConnection, *, now: datetime, rules: RuleSe
     )
 
 
-# --- records of fired alerts (the ``alerts`` table) ---------------------------------------
+# --- records of fired alerts (the ``alerts`` table, synckit.store.alerts) -----------------
 
-#: How long an undelivered alert keeps being retried before it is given up (logged).
-GIVE_UP_AFTER = timedelta(days=2)
-#: How long one evaluator holds an alert it is delivering; past it, another retries.
-DELIVERY_LEASE = timedelta(minutes=5)
-#: How long a finished alert is kept: while it is, its rule, subject and window do not fire
-#: again (a ``deploy_regression`` window is its version, so this is how long that lasts).
-KEEP_ALERTS = timedelta(days=7)
 # Up to 294 characters a key is stored as it is, as the records before migration 0010
 # were ("alert:" + key within 300): a window in progress across the upgrade stays one.
 _PLAIN_KEY_MAX = 294
-# Rows per INSERT: far below either engine's limit on a statement's parameters.
-_INSERT_BATCH = 500
-# Deliveries retried per evaluation, oldest first; the rest wait for the next one.
-_RETRY_BATCH = 500
 
 
 def dedupe_key(alert: Alert) -> str:
@@ -971,71 +776,39 @@ class Delivery:
     delivered: dict[str, str] = field(default_factory=dict)
 
 
-# What a read of ``alerts`` returns: JSON as text and the time guarded, both parsed per
-# row (:func:`_read_row`), so that one row a hand edit broke never fails the read.
-_ROW = (
-    alerts_table.c.id,
-    alerts_table.c.rule,
-    alerts_table.c.subject,
-    alerts_table.c.window_key,
-    alerts_table.c.severity,
-    alerts_table.c.tenant,
-    alerts_table.c.connector,
-    alerts_table.c.message,
-    cast(alerts_table.c.details, Text).label("details"),
-    guarded_moment(alerts_table.c.fired_at),
-    cast(alerts_table.c.delivered, Text).label("delivered"),
-)
+def _row_of(alert: Alert) -> AlertRow:
+    """What the ``alerts`` row of ``alert`` holds: message and details redacted, what
+    sinks and logs receive."""
+    body = alert.to_json()
+    return AlertRow(
+        rule=alert.rule,
+        subject=alert.subject,
+        window_key=alert.window,
+        severity=alert.severity.value,
+        tenant=alert.tenant,
+        connector=alert.connector,
+        message=body["message"],
+        details=body["details"],
+        fired_at=alert.fired_at,
+    )
 
 
-def _read_row(row: Any) -> tuple[Alert, dict[str, str]]:
-    """The alert a row of ``alerts`` holds and the sinks that took it, or ``ValueError``
-    naming what cannot be read."""
-    fired = read_moment(row.fired_at)
-    if fired is None:
-        raise ValueError("fired_at is empty")
-    details = read_payload(row.details)
-    if details is not None and not isinstance(details, Mapping):
-        raise ValueError("details is not a JSON object")
-    delivered = read_payload(row.delivered)
-    if not isinstance(delivered, Mapping):
-        raise ValueError("delivered is not a JSON object")
-    alert = Alert(
+def _alert_of(row: AlertRow) -> Alert:
+    return Alert(
         rule=row.rule,
         subject=row.subject,
         message=row.message,
-        fired_at=fired,
+        fired_at=row.fired_at,
         window=row.window_key,
         severity=Severity(row.severity),
         tenant=row.tenant,
         connector=row.connector,
-        details=dict(details or {}),
+        details=dict(row.details),
     )
-    return alert, {str(k): str(v) for k, v in delivered.items()}
-
-
-def _new_row(alert: Alert, key: str, *, now: datetime, lease: timedelta) -> dict[str, Any]:
-    body = alert.to_json()  # message and details redacted: what sinks and logs receive
-    return {
-        "dedupe_key": key,
-        "rule": alert.rule,
-        "subject": alert.subject,
-        "window_key": alert.window,
-        "severity": alert.severity.value,
-        "tenant": alert.tenant,
-        "connector": alert.connector,
-        "message": body["message"],
-        "details": body["details"],
-        "fired_at": alert.fired_at,
-        "recorded_at": now,
-        "delivered": {},
-        "attempts": 0,
-        "lease_expires_at": now + lease,
-    }
 
 
 async def claim_deliveries(
-    conn: AsyncConnection,
+    conn: Conn,
     alerts: Sequence[Alert],
     *,
     now: datetime,
@@ -1045,135 +818,59 @@ async def claim_deliveries(
 ) -> list[Delivery]:
     """Record the alerts not recorded yet (by rule, subject and window) as undelivered,
     and take a delivery lease on them and on every earlier alert some sink has not
-    taken; return what each needs. Nothing is marked delivered here.
-
-    Safe under concurrent evaluators on either engine: the unique key decides which
-    insert records an alert, and a retry takes only rows no other transaction holds
-    (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite has one writer)."""
-    c = alerts_table.c
-    unfinished = c.finished_at.is_(None)
-    stale = await conn.execute(
-        update(alerts_table)
-        .where(unfinished, c.recorded_at < now - give_up_after)
-        .values(finished_at=now, lease_expires_at=None)
-        .returning(c.dedupe_key, c.last_error)
-    )
-    for key, error in stale:
-        log.error("alert.delivery_given_up", record=key, error=error)
-    free = or_(c.lease_expires_at.is_(None), c.lease_expires_at <= now)
-    due = (
-        select(c.id)
-        .where(unfinished, free)
-        .order_by(c.id)
-        .limit(_RETRY_BATCH)
-        .with_for_update(skip_locked=True)
-    )
-    taken = await conn.execute(
-        update(alerts_table)
-        .where(c.id.in_(due.scalar_subquery()))
-        .values(lease_expires_at=now + lease)
-        .returning(*_ROW)
-    )
-    out: list[Delivery] = []
-    for row in sorted(taken.all(), key=lambda r: int(r.id)):
-        try:
-            alert, done = _read_row(row)
-        except ValueError as exc:
-            # A hand-edited row: nothing that can be delivered. Named, and not retried.
-            log.error("alert.unreadable", id=row.id, error=str(exc))
-            await conn.execute(
-                update(alerts_table)
-                .where(c.id == row.id)
-                .values(finished_at=now, lease_expires_at=None, last_error=f"unreadable: {exc}")
-            )
-            continue
-        out.append(Delivery(int(row.id), alert, [n for n in sinks if n not in done], False, done))
+    taken; return what each needs (:func:`synckit.store.alerts.claim_deliveries`)."""
     unique: dict[str, Alert] = {}
     for a in alerts:
         unique.setdefault(dedupe_key(a), a)
-    # In key order, so that two evaluators inserting the same alerts wait for each other
-    # in one order instead of deadlocking.
-    keys = sorted(unique)
-    for start in range(0, len(keys), _INSERT_BATCH):
-        batch = keys[start : start + _INSERT_BATCH]
-        inserted = await conn.execute(
-            _insert_new(conn)
-            .values([_new_row(unique[k], k, now=now, lease=lease) for k in batch])
-            .returning(c.id, c.dedupe_key)
+    claimed = await store_alerts.claim_deliveries(
+        conn,
+        {k: _row_of(a) for k, a in unique.items()},
+        now=now,
+        lease=lease,
+        give_up_after=give_up_after,
+    )
+    out = [
+        Delivery(
+            s.id,
+            _alert_of(s.row),
+            [n for n in sinks if n not in s.delivered],
+            False,
+            dict(s.delivered),
         )
-        for rid, key in sorted(inserted.all()):
-            out.append(Delivery(int(rid), unique[key], list(sinks), True))
+        for s in claimed.owed
+    ]
+    out.extend(Delivery(rid, unique[key], list(sinks), True) for rid, key in claimed.new)
     return out
 
 
-def _insert_new(conn: AsyncConnection) -> Any:
-    """An INSERT into ``alerts`` that passes over a key already recorded."""
-    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    return dialect_insert(alerts_table).on_conflict_do_nothing(
-        index_elements=[alerts_table.c.dedupe_key]
-    )
-
-
 async def finish_deliveries(
-    conn: AsyncConnection,
+    conn: Conn,
     done: Sequence[tuple[Delivery, list[str], str | None]],
     *,
     now: datetime,
     sinks: Sequence[str],
 ) -> None:
     """Note which sinks took each alert; finish the alerts every sink now has."""
-    c = alerts_table.c
+    outcomes: list[store_alerts.DeliveryOutcome] = []
     for d, took, error in done:
         if d.record_id is None:
             continue
         delivered = {**d.delivered, **{n: now.isoformat() for n in took}}
         complete = all(n in delivered for n in sinks)
-        await conn.execute(
-            update(alerts_table)
-            .where(c.id == d.record_id)
-            .values(
-                delivered=delivered,
-                finished_at=now if complete else None,
-                lease_expires_at=None,
-                attempts=c.attempts + 1,
-                last_error=None if complete else (error or "")[:1000],
-            )
-        )
+        outcomes.append(store_alerts.DeliveryOutcome(d.record_id, delivered, complete, error))
+    await store_alerts.finish_deliveries(conn, outcomes, now=now)
 
 
-async def record_alerts(
-    conn: AsyncConnection, alerts: Sequence[Alert], *, now: datetime
-) -> list[Alert]:
+async def record_alerts(conn: Conn, alerts: Sequence[Alert], *, now: datetime) -> list[Alert]:
     """Record the alerts not recorded yet, as delivered to no sink; return those."""
     claimed = await claim_deliveries(conn, alerts, now=now, sinks=())
     return [d.alert for d in claimed if d.new]
 
 
-async def recent_alerts(conn: AsyncConnection, *, since: datetime, limit: int = 100) -> list[Alert]:
-    """Alerts fired since ``since`` (delivered or still being delivered), newest first,
-    read through ``ix_alerts_fired_at``; a row that cannot be read is passed over."""
-    rows = await conn.execute(
-        select(*_ROW)
-        .where(alerts_table.c.fired_at >= since)
-        .order_by(alerts_table.c.fired_at.desc(), alerts_table.c.id.desc())
-        .limit(limit)
-    )
-    out: list[Alert] = []
-    for row in rows:
-        try:
-            out.append(_read_row(row)[0])
-        except ValueError:
-            continue  # a hand-edited row must not break `synckit status` or the console
-    return out
-
-
-async def prune_alerts(conn: AsyncConnection, *, before: datetime, limit: int = 1000) -> int:
-    """Delete up to ``limit`` finished alerts fired before ``before``; return how many.
-    An alert still owed to a sink is kept (it is given up after :data:`GIVE_UP_AFTER`)."""
-    c = alerts_table.c
-    victims = select(c.id).where(c.fired_at < before, c.finished_at.is_not(None)).limit(limit)
-    result = await conn.execute(delete(alerts_table).where(c.id.in_(victims.scalar_subquery())))
-    return int(result.rowcount or 0)
+async def recent_alerts(conn: Conn, *, since: datetime, limit: int = 100) -> list[Alert]:
+    """Alerts fired since ``since`` (delivered or still being delivered), newest first; a
+    row that cannot be read is passed over."""
+    return [_alert_of(r) for r in await store_alerts.recent_alerts(conn, since=since, limit=limit)]
 
 
 # --- sinks and routing ------------------------------------------------------------------
@@ -1488,25 +1185,26 @@ class AlertEvaluator:
         self.router = router or get_alert_router()
         self.keep = keep
 
-    def bind(self, db: Database) -> None:
-        """Use ``db`` (the worker's database) if no database was given at creation."""
-        if self._database is None:
-            self._database = db
-
-    @property
-    def database(self) -> Database:
+    def database(self, db: Database | None = None) -> Database:
+        """The database to evaluate on: the one given at creation, else ``db`` (the
+        worker's, handed to the job as ``JobContext.db``)."""
         source = self._database
         if source is None:
-            raise SynckitError(
-                "the alert evaluator has no database: pass one to register_alerts() or "
-                "run it under `synckit worker`, which binds the worker's database"
-            )
+            if db is None:
+                raise SynckitError(
+                    "the alert evaluator has no database: pass one to register_alerts() or "
+                    "run it under a worker, whose database the job is given"
+                )
+            return db
         return source if isinstance(source, Database) else source()
 
-    async def evaluate(self, now: datetime | None = None) -> list[Alert]:
-        """Evaluate every rule now; deliver and return the alerts that are new."""
+    async def evaluate(
+        self, now: datetime | None = None, *, db: Database | None = None
+    ) -> list[Alert]:
+        """Evaluate every rule now; deliver and return the alerts that are new. ``db`` is
+        used when no database was given at creation."""
         now = now or utcnow()
-        db = self.database
+        db = self.database(db)
         async with db.begin() as conn:
             data = await load_alert_data(conn, now=now, rules=self.rules)
             # A batch a minute keeps up with any rate the rules can fire at.
@@ -1525,10 +1223,7 @@ class AlertEvaluator:
         return fired
 
     async def handle(self, ctx: JobContext) -> None:
-        await self.evaluate()
-
-
-_evaluators: weakref.WeakKeyDictionary[Registry, list[AlertEvaluator]] = weakref.WeakKeyDictionary()
+        await self.evaluate(db=ctx.db)
 
 
 def register_alerts(
@@ -1542,20 +1237,13 @@ def register_alerts(
 ) -> AlertEvaluator:
     """Evaluate the alert rules every ``every`` as the recurring job ``kind``.
 
-    ``database`` is a :class:`Database` or a factory of one; left out, ``synckit
-    worker`` binds its own database (see :func:`bind_database`).
+    ``database`` is a :class:`Database` or a factory of one; left out, the job evaluates
+    on the database of the worker that runs it (``JobContext.db``).
     """
     evaluator = AlertEvaluator(database, rules=rules, router=router)
     registry.add(kind, evaluator.handle, timeout=120, max_attempts=2)
     registry.recurring(kind, kind, every=every)
-    _evaluators.setdefault(registry, []).append(evaluator)
     return evaluator
-
-
-def bind_database(registry: Registry, db: Database) -> None:
-    """Give the evaluators registered on ``registry`` without a database this one."""
-    for evaluator in _evaluators.get(registry, []):
-        evaluator.bind(db)
 
 
 __all__ = [
@@ -1590,7 +1278,7 @@ __all__ = [
     "TenantOutlier",
     "UnreadableRunAt",
     "WebhookSink",
-    "bind_database",
+    "among",
     "claim_deliveries",
     "dedupe_key",
     "dlq_growth",

@@ -29,7 +29,6 @@ from synckit.runtime.alerts import (
     RuleSet,
     Severity,
     WebhookSink,
-    bind_database,
     load_alert_data,
     recent_alerts,
     record_alerts,
@@ -318,14 +317,13 @@ async def test_loaded_data_reads_last_success_on_both_engines(db: Database) -> N
 
 
 async def test_scheduled_job_evaluates_under_the_worker(db: Database) -> None:
-    """register_alerts adds the recurring synckit.alerts job; the worker binds its
-    database and the job's evaluation reaches the sinks."""
+    """register_alerts adds the recurring synckit.alerts job; without a database of its
+    own it evaluates on the worker's (JobContext.db) and reaches the sinks."""
     now = utcnow()
     await add_connection(db, "zeta", status="needs_reauth", reason="refresh refused", now=now)
     got = Collected()
     reg = Registry()
     register_alerts(reg, router=got.router(), every=timedelta(minutes=1))
-    bind_database(reg, db)
     await cron.sync_schedules(db, reg.schedules, now - timedelta(minutes=2))
     worker = Worker(db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05)
     await worker.run_until_idle()

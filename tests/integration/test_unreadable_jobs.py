@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 from synckit.clock import utcnow
 from synckit.errors import RetryPolicy
 from synckit.runtime import cron
-from synckit.runtime.alerts import AlertRouter, RuleSet, bind_database, register_alerts
+from synckit.runtime.alerts import AlertRouter, RuleSet, register_alerts
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.unreadable_jobs import count_unreadable_run_at, unreadable_run_at
 from synckit.runtime.worker import Worker
@@ -89,7 +89,6 @@ async def test_the_worker_warns_once_per_job_that_never_runs(
     evaluator = register_alerts(
         reg, rules=only, router=AlertRouter(db=db), every=timedelta(minutes=1)
     )
-    bind_database(reg, db)
     stuck, sound = await store.enqueue_many(db, [JobSpec("k"), JobSpec("k")])
     await set_run_at(db, stuck.id, UNREADABLE[engine_name][0])
     now = utcnow()
@@ -98,7 +97,7 @@ async def test_the_worker_warns_once_per_job_that_never_runs(
         await Worker(
             db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05
         ).run_until_idle()
-        await evaluator.evaluate(now + timedelta(minutes=1))
+        await evaluator.evaluate(now + timedelta(minutes=1), db=db)
     warned = [e for e in logs if e["event"] == "alert.fired"]
     assert len(warned) == 1, warned
     assert warned[0]["log_level"] == "warning" and warned[0]["subject"] == f"job:{stuck.id}"

@@ -495,3 +495,22 @@ def test_webhook_backoff_that_cannot_be_a_wait_is_refused(bad: float) -> None:
         WebhookSink("http://hooks.test/alerts", backoff=bad)
     with pytest.raises(ValueError, match="backoff"):
         WebhookSink("http://hooks.test/alerts", max_backoff=bad)
+
+
+def test_stored_severities_are_the_severity_enum() -> None:
+    """The store accepts exactly the severities an Alert can have, no more, no fewer."""
+    from synckit.store.alerts import SEVERITIES
+
+    assert sorted(SEVERITIES) == sorted(s.value for s in Severity)
+
+
+async def test_evaluator_without_any_database_says_so() -> None:
+    """An evaluator given no database and run outside a worker refuses by name; there is
+    no process-wide registry to bind one through."""
+    from synckit.errors import SynckitError
+    from synckit.runtime.alerts import register_alerts
+    from synckit.runtime.handlers import Registry
+
+    evaluator = register_alerts(Registry(), router=AlertRouter(log_sink=False))
+    with pytest.raises(SynckitError, match="has no database"):
+        await evaluator.evaluate(NOW)

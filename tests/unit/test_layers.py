@@ -29,7 +29,6 @@ STILL_BUILDING_SQL = {
     "synckit.demo",
     "synckit.dlq.replay",
     "synckit.examples.graph_mail.connector",
-    "synckit.runtime.alerts",
     "synckit.runtime.outbox",
     "synckit.runtime.pacing",
     "synckit.runtime.poll",
