@@ -38,7 +38,8 @@ from typing import Any
 
 from sqlalchemy import text, update
 
-from synckit.dlq import DeadLetter, Replayers, ReplayProcessor, store
+from synckit.dlq import DeadLetter, Replayers, ReplayProcessor
+from synckit.store import dead_letters as store
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
 from synckit.store.tables import resources

@@ -1055,7 +1055,7 @@ class Worker:
             return None
         extra: dict[str, Any] = {
             "last_error_class": c.error_class.value,
-            "last_error": c.reason[:500],
+            "last_error": redact_text(c.reason)[:500],
         }
         paced: datetime | None = None
         if c.error_class is ErrorClass.RATE_LIMITED and key:

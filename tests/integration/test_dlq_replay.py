@@ -18,11 +18,11 @@ from synckit.dlq import (
     ReplayProcessor,
     Unreplayable,
     register_dlq_replay,
-    store,
 )
 from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
+from synckit.store import dead_letters as store
 from synckit.store import jobs
 from synckit.store.db import Database
 from synckit.store.resources import configure_resource

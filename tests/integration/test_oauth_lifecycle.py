@@ -32,8 +32,9 @@ from sqlalchemy import func, select
 
 from synckit.connectors.oauth import OAuth2Auth, OAuth2Config, reauth
 from synckit.connectors.secrets import TokenSet
+from synckit.runtime import pacing
 from synckit.store import jobs as store
-from synckit.store import migrate, pacing
+from synckit.store import migrate
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import JobSpec
 from synckit.store.tables import connections, jobs

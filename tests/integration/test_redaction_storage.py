@@ -17,7 +17,7 @@ from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
 from synckit.store.db import Database
 from synckit.store.jobs import JobSpec
-from synckit.store.tables import dead_letters, jobs
+from synckit.store.tables import dead_letters, jobs, resources
 
 
 def secret_for(n: int) -> str:
@@ -26,7 +26,8 @@ def secret_for(n: int) -> str:
 
 async def test_worker_recording_and_dlq_capture_store_no_secret(db: Database) -> None:
     """Each job fails with an error quoting its own secret in one shape (message and
-    traceback); jobs and dead_letters, dumped whole, and the worker's log hold none."""
+    traceback); jobs, dead_letters and resources (the breaker's last error), dumped
+    whole, and the worker's log hold none."""
     reg = Registry()
     names = sorted(SHAPES)
 
@@ -38,7 +39,10 @@ async def test_worker_recording_and_dlq_capture_store_no_secret(db: Database) ->
     out = io.StringIO()
     configure_logging(json_lines=True, stream=out)
     try:
-        await store.enqueue_many(db, [JobSpec("leaky", {"n": n}) for n in range(len(names))])
+        specs = [
+            JobSpec("leaky", {"n": n}, resource_key=f"leaky:{n}") for n in range(len(names))
+        ]
+        await store.enqueue_many(db, specs)
         worker = Worker(db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05)
         stats = await worker.run_until_idle()
     finally:
@@ -47,6 +51,9 @@ async def test_worker_recording_and_dlq_capture_store_no_secret(db: Database) ->
     async with db.begin() as conn:
         rows = [dict(r._mapping) for r in await conn.execute(select(jobs))]
         rows += [dict(r._mapping) for r in await conn.execute(select(dead_letters))]
+        stored = [dict(r._mapping) for r in await conn.execute(select(resources))]
+    assert sum(1 for r in stored if r["last_error"]) == len(names)
+    rows += stored
     dump = json.dumps(rows, default=str) + out.getvalue()
     leaked = [names[n] for n in range(len(names)) if secret_for(n) in dump]
     assert leaked == []
