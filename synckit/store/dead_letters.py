@@ -45,6 +45,7 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
+from dataclasses import replace as dataclass_replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, overload
 
@@ -54,6 +55,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     cast,
     delete,
     func,
@@ -79,6 +81,7 @@ from synckit.errors.exceptions import SynckitError
 from synckit.runtime.logging import redact_text
 from synckit.store.db import Database
 from synckit.store.jobs import guarded_moment, read_moment
+from synckit.store.pages import Page, off_index, page_size, paged, scan_window
 from synckit.store.tables import connections, dead_letters, resources
 
 __all__ = [
@@ -93,6 +96,7 @@ __all__ = [
     "DeadLetterNotFound",
     "DlqError",
     "DlqFilter",
+    "DlqGroup",
     "Failure",
     "GroupCount",
     "ReplayError",
@@ -104,6 +108,8 @@ __all__ = [
     "count",
     "dead_job_record_id",
     "defer",
+    "dlq_groups",
+    "dlq_page",
     "due_rows",
     "get",
     "group_counts",
@@ -1527,3 +1533,95 @@ async def purge(db: Database, *, older_than: timedelta, now: datetime, batch: in
         total += n
         if n < batch:
             return total
+
+
+# --- the operator's pages of dead letters (the console) ----------------------------------
+# Keyset pages and groups read at the cost of a page (see synckit.store.pages); the
+# console reads dead letters through these, `synckit dlq list` through iter_rows above.
+
+
+def _dlq_where(conn: AsyncConnection, flt: DlqFilter) -> list[Any]:
+    """``flt``'s clauses, its states kept off SQLite's index choice: led by status,
+    ``ix_dead_letters_status_last`` would yield every resolved row to be sorted by id
+    (or grouped by tenant) where a walk in id (or tenant) order stops after a page."""
+    clauses = dataclass_replace(flt, statuses=()).clauses()
+    if flt.statuses:
+        clauses.append(off_index(conn, dead_letters.c.status).in_(list(flt.statuses)))
+    return clauses
+
+
+async def dlq_page(
+    db: Database, flt: DlqFilter, *, before_id: int | None = None, limit: int = 50
+) -> Page[DeadLetter]:
+    """Dead letters matching ``flt``, newest first, with ids below ``before_id``.
+
+    Unfiltered, or by tenant (``ix_dead_letters_tenant_status``), a page reads its rows;
+    any other filter is checked on the rows walked in id order, at most
+    :data:`SCAN_WINDOW` of them below the cursor (``searched`` says which).
+    """
+    size = page_size(limit)
+    d = dead_letters.c
+    windowed = not flt.tenants and not flt.ids and not flt.is_empty
+    async with db.read() as conn:
+        floor, top = await scan_window(conn, dead_letters, before_id) if windowed else (None, 0)
+        bounds = [d.id < before_id] if before_id is not None else []
+        bounds += [d.id >= floor] if floor is not None else []
+        stmt = (
+            select(*_BASE_COLUMNS)
+            .where(*_dlq_where(conn, flt), *bounds)
+            .order_by(d.id.desc())
+            .limit(size + 1)
+        )
+        rows = [DeadLetter.from_row(r) for r in await conn.execute(stmt)]
+    return paged(rows, size, lambda r: r.id, floor, top)
+
+
+@dataclass(frozen=True)
+class DlqGroup:
+    """Matching dead letters of one tenant and error class: how many, and how many of
+    them last failed since the trend's start (the last 24 hours)."""
+
+    tenant: str
+    error_class: str
+    count: int
+    recent: int
+
+
+async def dlq_groups(
+    db: Database,
+    flt: DlqFilter,
+    *,
+    after: str | None = None,
+    tenants: int = 25,
+    recent_since: datetime,
+) -> Page[DlqGroup]:
+    """Groups (tenant and error class) of the rows matching ``flt``, a page of tenants at a
+    time by name after ``after``.
+
+    Reads only the page's rows: the page's tenants by walking
+    ``ix_dead_letters_tenant_status`` in tenant order, then their rows grouped. Largest
+    first would read every matching row on each refresh; by name, a page costs what its
+    rows cost however many dead letters there are.
+    """
+    d = dead_letters.c
+    async with db.read() as conn:
+        where = _dlq_where(conn, flt)
+        names_stmt = (
+            select(d.tenant).where(*where).group_by(d.tenant).order_by(d.tenant).limit(tenants + 1)
+        )
+        if after is not None:
+            names_stmt = names_stmt.where(d.tenant > after)
+        names = [str(t) for (t,) in await conn.execute(names_stmt)]
+        more = len(names) > tenants
+        names = names[:tenants]
+        groups: list[DlqGroup] = []
+        if names:
+            recent = func.sum(case((d.last_attempt_at >= recent_since, 1), else_=0))
+            rows = await conn.execute(
+                select(d.tenant, d.error_class, func.count(), recent)
+                .where(*where, d.tenant.in_(names))
+                .group_by(d.tenant, d.error_class)
+                .order_by(d.tenant, d.error_class)
+            )
+            groups = [DlqGroup(str(t), str(c), int(n), int(r or 0)) for t, c, n, r in rows]
+    return Page(groups, names[-1] if more else None)

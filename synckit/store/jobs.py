@@ -68,6 +68,7 @@ from synckit.errors.breaker import (
 )
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
 from synckit.store.db import Database, _Busy
+from synckit.store.pages import Page, off_index, page_size, paged, scan_window
 from synckit.store.tables import UTCDateTime, connections, jobs, resources
 
 JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
@@ -2244,11 +2245,189 @@ async def count_unreadable_run_at(conn: AsyncConnection) -> int:
     return total
 
 
+# --- the operator's pages of jobs (the console) -------------------------------------------
+# Keyset pages served by an index whatever the filter (see synckit.store.pages); the
+# console reads jobs through these, `synckit jobs list` through list_jobs above.
+
+JOB_STATUSES: tuple[JobStatus, ...] = (
+    "pending",
+    "running",
+    "succeeded",
+    "dead",
+    "cancelled",
+    "discarded",
+)
+#: The predicate of ``ix_jobs_finished_by_resource`` (migration 0009), spelt as the index
+#: spells it: SQLite uses a partial index only for a query that states its predicate.
+_FINISHED_BY_RESOURCE = (
+    "status IN ('succeeded', 'dead', 'cancelled', 'discarded') AND resource_key IS NOT NULL"
+)
+#: The same for the partial indexes of unfinished jobs by resource (tables.py). Literals,
+#: not parameters: PostgreSQL's generic plan for a parameter cannot use a partial index.
+_UNFINISHED_BY_RESOURCE = {
+    "pending": "status = 'pending' AND resource_key IS NOT NULL",
+    "running": "status = 'running'",
+}
+
+
+async def job_kinds(conn: AsyncConnection, *, limit: int = 1000) -> list[str]:
+    """The kinds of jobs in the table, by a loose index scan of ``ix_jobs_kind_status``:
+    one index probe per kind, however many jobs each has."""
+    rows = await conn.execute(
+        text(
+            "WITH RECURSIVE k(kind) AS ("
+            " SELECT (SELECT min(kind) FROM jobs)"
+            " UNION ALL"
+            " SELECT (SELECT min(kind) FROM jobs WHERE kind > k.kind) FROM k"
+            " WHERE k.kind IS NOT NULL"
+            ") SELECT kind FROM k WHERE kind IS NOT NULL LIMIT :limit"
+        ),
+        {"limit": limit},
+    )
+    return [str(k) for (k,) in rows]
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    kind: str | None = None
+    status: str | None = None
+    resource_key: str | None = None
+    created_since: datetime | None = None
+    created_until: datetime | None = None
+
+
+def _job_select(
+    flt: JobFilter,
+    before_id: int | None,
+    floor: int | None,
+    size: int,
+    *extra: Any,
+    kind: Any = jobs.c.kind,
+) -> Any:
+    c = jobs.c
+    stmt = _INFO.where(*extra).order_by(c.id.desc()).limit(size + 1)
+    if flt.kind:
+        stmt = stmt.where(kind == flt.kind)
+    if flt.status:
+        stmt = stmt.where(c.status == flt.status)
+    if flt.resource_key:
+        stmt = stmt.where(c.resource_key == flt.resource_key)
+    if flt.created_since:
+        stmt = stmt.where(c.created_at >= flt.created_since)
+    if flt.created_until:
+        stmt = stmt.where(c.created_at < flt.created_until)
+    if before_id is not None:
+        stmt = stmt.where(c.id < before_id)
+    if floor is not None:
+        stmt = stmt.where(c.id >= floor)
+    return stmt
+
+
+async def _parts(conn: AsyncConnection, flt: JobFilter) -> list[list[Any]]:
+    """The ways in: one statement's extra conditions per index that serves ``flt``.
+
+    * a tenant's (resource's) jobs: its pending, running and finished jobs, each under
+      the partial predicate of its index, which a query must state;
+    * on SQLite, a state without a kind, or a kind without a state: ``(kind, status)``
+      pair by pair (the kinds found by :func:`job_kinds`), each walked newest first.
+      Without statistics SQLite would sort every job of a kind, or read the whole table
+      for a rare state. PostgreSQL plans the one statement from its statistics (a walk
+      back from the newest id, or ``(kind, status)`` read by its second column for a rare
+      state), which measured faster than the pairs there;
+    * anything else: one statement.
+    """
+    if flt.resource_key:
+        wanted = [flt.status] if flt.status else list(JOB_STATUSES)
+        parts: list[list[Any]] = [
+            [text(_UNFINISHED_BY_RESOURCE[s])] for s in ("pending", "running") if s in wanted
+        ]
+        if any(s in FINISHED for s in wanted):
+            parts.append([text(_FINISHED_BY_RESOURCE)])
+        return parts
+    if conn.dialect.name == "sqlite" and flt.status and not flt.kind:
+        return [[jobs.c.kind == k] for k in await job_kinds(conn)]
+    if conn.dialect.name == "sqlite" and flt.kind and not flt.status:
+        return [[jobs.c.status == s] for s in JOB_STATUSES]
+    return [[]]
+
+
+async def _rows(
+    conn: AsyncConnection, flt: JobFilter, before_id: int | None, floor: int | None, size: int
+) -> list[Any]:
+    """The newest ``size + 1`` rows matching ``flt`` below ``before_id`` (and from
+    ``floor``), each part read through its index and the parts merged."""
+    # A tenant's jobs are reached by resource: a kind given too must not lead SQLite
+    # to (kind, status) and every pending job of that kind.
+    kind = off_index(conn, jobs.c.kind) if flt.resource_key else jobs.c.kind
+    found: list[Any] = []
+    for extra in await _parts(conn, flt):
+        stmt = _job_select(flt, before_id, floor, size, *extra, kind=kind)
+        found += list(await conn.execute(stmt))
+    found.sort(key=lambda r: -int(r.id))
+    return found[: size + 1]
+
+
+async def job_page(
+    db: Database, flt: JobFilter, *, before_id: int | None = None, limit: int = 50
+) -> Page[JobInfo]:
+    """Jobs matching ``flt``, newest first, with ids below ``before_id``.
+
+    Each filter is served by an index: kind and state by ``(kind, status)``, a tenant's
+    jobs by the indexes of its pending, running and finished jobs (see :func:`_parts`).
+    Creation time has none: a page filtered by it reads at most :data:`SCAN_WINDOW` jobs
+    below the cursor, and when that ends the page before it is full, ``searched`` says
+    which ids were read and the next page goes on below them.
+    """
+    size = page_size(limit)
+    async with db.read() as conn:
+        floor, top = None, 0
+        if flt.created_since or flt.created_until:
+            floor, top = await scan_window(conn, jobs, before_id)
+        raw = await _rows(conn, flt, before_id, floor, size)
+    rows = [JobInfo.from_row(r, full=False) for r in raw]
+    return paged(rows, size, lambda j: j.id, floor, top)
+
+
+async def poll_jobs(
+    db: Database, resource_key: str, tenant: str, *, kind: str, limit: int = 10
+) -> list[JobInfo]:
+    """The tenant's most recent poll cycles (its resource's jobs of ``kind``, the poll
+    kind, whose unique key names the tenant), through the indexes of the resource's jobs."""
+    flt = JobFilter(kind=kind, resource_key=resource_key)
+    mine = jobs.c.unique_key.startswith(f"poll:{tenant}:", autoescape=True)
+    async with db.read() as conn:
+        found: list[Any] = []
+        kind_column = off_index(conn, jobs.c.kind)
+        for extra in await _parts(conn, flt):
+            stmt = _job_select(flt, None, None, limit - 1, *extra, mine, kind=kind_column)
+            found += list(await conn.execute(stmt))
+    found.sort(key=lambda r: -int(r.id))
+    return [JobInfo.from_row(r, full=True) for r in found[:limit]]
+
+
+async def running_counts(db: Database, resource_keys: Sequence[str]) -> dict[str, int]:
+    """Running jobs per resource key (the in-flight count a limit applies to)."""
+    if not resource_keys:
+        return {}
+    c = jobs.c
+    async with db.read() as conn:
+        rows = await conn.execute(
+            select(c.resource_key, func.count())
+            .where(
+                text(_UNFINISHED_BY_RESOURCE["running"]), c.resource_key.in_(list(resource_keys))
+            )
+            .group_by(c.resource_key)
+        )
+        return {k: int(n) for k, n in rows}
+
+
 __all__ = [
     "FINISHED",
+    "JOB_STATUSES",
     "NOTIFY_CHANNEL",
     "ClaimedJob",
     "Enqueued",
+    "JobFilter",
     "JobInfo",
     "JobSpec",
     "PayloadError",
@@ -2261,12 +2440,16 @@ __all__ = [
     "enqueue_new",
     "enqueue_new_sync",
     "get_job",
+    "job_kinds",
+    "job_page",
     "list_jobs",
+    "poll_jobs",
     "prune",
     "replace_payload",
     "reschedule_job",
     "rescue_expired",
     "retry_job",
+    "running_counts",
     "set_priority",
     "start_many",
     "start_many_sync",

@@ -2,8 +2,9 @@
 
 Server-rendered with Starlette and Jinja2, live parts polled by htmx (vendored in
 ``static/``, no build step), served by uvicorn; install with the ``web`` extra. It reads
-and changes the database only through the storage modules' named operations (and the
-few reads of :mod:`synckit.web.queries`), exactly as the CLI does.
+and changes the database only through the storage modules' named operations, the CLI's
+where the CLI has the read (the console's own bounded counts and pages are
+:mod:`synckit.store.console`'s and :mod:`synckit.store.pages`').
 """
 
 from synckit.web.app import WebConfig, create_app

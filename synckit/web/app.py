@@ -40,14 +40,18 @@ from synckit.clock import utcnow
 from synckit.connectors import tenants as tenant_store
 from synckit.errors.exceptions import JobNotFound, SynckitError
 from synckit.runtime import outbox as outbox_store
+from synckit.runtime.alerts import recent_alerts
+from synckit.runtime.audit import window_start
+from synckit.runtime.budget import BudgetPolicy, BudgetStatus
 from synckit.runtime.logging import redact, redact_text
-from synckit.runtime.poll import list_checkpoints
+from synckit.runtime.poll import POLL_KIND, list_checkpoints
+from synckit.store import console, pages
 from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
+from synckit.store.audit import Totals
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter
 from synckit.store.resources import get_resource, reset_resource
-from synckit.web import queries
 from synckit.web.explain import duration_text, tenant_why
 from synckit.web.security import csrf_valid, origin_allowed, safe_next, token_valid
 
@@ -60,7 +64,7 @@ HERE = Path(__file__).parent
 CSRF_COOKIE = "synckit_csrf"
 TOKEN_COOKIE = "synckit_token"
 FLASH_COOKIE = "synckit_flash"
-JOB_STATUSES = queries.JOB_STATUSES
+JOB_STATUSES = job_store.JOB_STATUSES
 OUTBOX_STATUSES = ("pending", "failed", "published")
 log = structlog.get_logger("synckit.web")
 
@@ -323,24 +327,33 @@ async def overview_live(request: Request) -> Response:
     return render(request, "_overview_live.html", **await _overview_values(request))
 
 
-async def _overview_values(request: Request) -> dict[str, Any]:
-    """The overview's figures, each read at a bounded cost (see :mod:`.queries`): it is
-    refreshed every few seconds by every open page, on tables of any size."""
-    from synckit.runtime.budget import BudgetPolicy
+def _budget_burners(
+    tenants: list[tuple[str, Totals]], policy: BudgetPolicy, limit: int = 10
+) -> list[tuple[str, BudgetStatus]]:
+    """The ``limit`` tenants burning their error budget fastest, each with its status."""
+    burning = [(t, policy.status(totals)) for t, totals in tenants]
+    burning.sort(key=lambda x: (-x[1].burn, x[0]))
+    return burning[:limit]
 
+
+async def _overview_values(request: Request) -> dict[str, Any]:
+    """The overview's figures, each read at a bounded cost (see
+    :mod:`synckit.store.console`): it is
+    refreshed every few seconds by every open page, on tables of any size."""
     db = _state(request).database
     now = utcnow()
-    cap = queries.COUNT_CAP
+    cap = pages.COUNT_CAP
     async with db.read() as conn:
-        jobs_by_state = await queries.job_counts(conn, cap=cap)
-        per_minute = await queries.throughput(conn, now=now)
-        growth = await queries.dlq_growth(conn, now=now, cap=cap)
-        dlq_open = await queries.dlq_open(conn, cap=cap)
-        outbox_pending = await queries.outbox_pending(conn, cap=cap)
-        tenant_states = await queries.tenant_counts(conn)
-        breakers, breaker_count = await queries.open_breakers(conn, cap=cap)
-        burning = await queries.budget_burners(conn, now=now, policy=BudgetPolicy())
-        alerts = await queries.fired_alerts(conn, since=now - timedelta(hours=1))
+        jobs_by_state = await console.job_counts(conn, cap=cap)
+        per_minute = await console.throughput(conn, now=now)
+        growth = await console.dlq_growth(conn, now=now, cap=cap)
+        dlq_open = await console.dlq_open(conn, cap=cap)
+        outbox_pending = await console.outbox_pending(conn, cap=cap)
+        tenant_states = await console.tenant_counts(conn)
+        breakers, breaker_count = await console.open_breakers(conn, cap=cap)
+        burning = _budget_burners(await console.burning_tenants(conn, now=now), BudgetPolicy())
+        # A quiet hour costs an index probe of ix_alerts_fired_at.
+        alerts = await recent_alerts(conn, since=now - timedelta(hours=1), limit=20)
     peak = max([ok + failed for _m, ok, failed in per_minute] + [1])
     return {
         "per_minute": per_minute,
@@ -367,13 +380,13 @@ async def _overview_values(request: Request) -> dict[str, Any]:
 async def tenants_page(request: Request) -> Response:
     db = _state(request).database
     q = request.query_params
-    page = await queries.tenant_page(
+    page = await console.tenant_page(
         db,
         status=q.get("status") or None,
         connector=q.get("connector") or None,
         after=q.get("after") or None,
     )
-    running = await queries.running_counts(db, [t.resource_key for t in page.rows])
+    running = await job_store.running_counts(db, [t.resource_key for t in page.rows])
     now = utcnow()
     rows = [
         (
@@ -420,8 +433,8 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
         resource = await get_resource(db, t.resource_key)
     except LookupError:
         resource = None
-    row = await queries.tenant_row(db, t.tenant)
-    running = (await queries.running_counts(db, [t.resource_key])).get(t.resource_key, 0)
+    row = await console.tenant_row(db, t.tenant)
+    running = (await job_store.running_counts(db, [t.resource_key])).get(t.resource_key, 0)
     why = tenant_why(
         status=t.status,
         status_reason=_red(t.status_reason) or None,
@@ -434,15 +447,11 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
         now=now,
     )
     checkpoints = await list_checkpoints(db, t.tenant)
-    cycles = await queries.poll_jobs(db, t.resource_key, t.tenant)
+    cycles = await job_store.poll_jobs(db, t.resource_key, t.tenant, kind=POLL_KIND)
     dlq = await tenant_store.dead_letter_counts(db, t.tenant)
-    from synckit.runtime.audit import window_start
-    from synckit.runtime.budget import BudgetPolicy
-
     policy = BudgetPolicy()
-    budget = await queries.tenant_budget(
-        db, t.tenant, since=window_start(now, policy.window), policy=policy
-    )
+    totals = await console.tenant_totals(db, t.tenant, since=window_start(now, policy.window))
+    budget = policy.status(totals) if totals.operations else None
     return {
         "t": t,
         "config": shown_config(t, st.config.app),
@@ -575,7 +584,7 @@ async def oauth_callback(request: Request) -> Response:
     client = request.client.host if request.client else "?"
     who = f"oauth-callback@{client}"
     state = request.query_params.get("state") or ""
-    tenant = await queries.authorization_tenant(db, state[:200]) if state else None
+    tenant = await console.authorization_tenant(db, state[:200]) if state else None
     if tenant is None:
         log.warning("web.action_refused", path=CALLBACK_PATH, reason="unknown state", who=who)
         return render(
@@ -615,10 +624,10 @@ async def oauth_callback(request: Request) -> Response:
 # --- jobs -------------------------------------------------------------------------------
 
 
-def _job_filter(request: Request) -> queries.JobFilter:
+def _job_filter(request: Request) -> job_store.JobFilter:
     q = request.query_params
     resource_key = q.get("resource") or None
-    return queries.JobFilter(
+    return job_store.JobFilter(
         kind=q.get("kind") or None,
         status=q.get("status") or None,
         resource_key=resource_key,
@@ -636,20 +645,20 @@ async def jobs_page(request: Request) -> Response:
     if q.get("tenant") and not flt.resource_key:
         try:
             t = await tenant_store.get_tenant(db, q["tenant"], reveal=False)
-            flt = queries.JobFilter(
+            flt = job_store.JobFilter(
                 kind=flt.kind,
                 status=flt.status,
                 resource_key=t.resource_key,
                 created_since=flt.created_since,
             )
         except tenant_store.TenantNotFound:
-            flt = queries.JobFilter(resource_key="\x00no such tenant")
-    page = await queries.job_page(db, flt, before_id=_int(q.get("before")))
+            flt = job_store.JobFilter(resource_key="\x00no such tenant")
+    page = await job_store.job_page(db, flt, before_id=_int(q.get("before")))
     return render(
         request,
         "jobs.html",
         page=page,
-        scan_window=queries.SCAN_WINDOW,
+        scan_window=pages.SCAN_WINDOW,
         statuses=JOB_STATUSES,
         filters={k: q.get(k, "") for k in ("kind", "status", "tenant", "resource", "since")},
         next_query=_next_query(request, "before", page.next_cursor),
@@ -754,7 +763,7 @@ def _dlq_filter(params: Any) -> DlqFilter:
 def _refused_filter(request: Request, template: str, exc: BadFilter, **values: Any) -> Response:
     """The page with nothing listed and the unreadable filter named, answered 400."""
     q = request.query_params
-    empty: queries.Page[Any] = queries.Page([], None)
+    empty: pages.Page[Any] = pages.Page([], None)
     return render(
         request,
         template,
@@ -765,7 +774,7 @@ def _refused_filter(request: Request, template: str, exc: BadFilter, **values: A
         groups_next=None,
         next_query=None,
         export_query="",
-        scan_window=queries.SCAN_WINDOW,
+        scan_window=pages.SCAN_WINDOW,
         filters={
             k: q.get(k, "") for k in ("kind", "status", "tenant", "resource", "since", "class")
         },
@@ -781,17 +790,17 @@ async def dlq_page(request: Request) -> Response:
     except BadFilter as exc:
         return _refused_filter(request, "dlq.html", exc, statuses=dlq_store.STATUSES, here="/dlq")
     open_flt = flt if flt.statuses else flt.narrowed(("pending", "review"))
-    groups = await queries.dlq_groups(
+    groups = await dlq_store.dlq_groups(
         db,
         open_flt,
         after=q.get("groups_after") or None,
         recent_since=utcnow() - timedelta(hours=24),
     )
-    page = await queries.dlq_page(db, flt, before_id=_int(q.get("before")))
+    page = await dlq_store.dlq_page(db, flt, before_id=_int(q.get("before")))
     return render(
         request,
         "dlq.html",
-        scan_window=queries.SCAN_WINDOW,
+        scan_window=pages.SCAN_WINDOW,
         groups=groups,
         groups_next=_next_query(request, "groups_after", groups.next_cursor),
         page=page,
@@ -893,7 +902,7 @@ async def dlq_export(request: Request) -> Response:
 async def outbox_page(request: Request) -> Response:
     db = _state(request).database
     q = request.query_params
-    page = await queries.outbox_page(
+    page = await console.outbox_page(
         db,
         status=q.get("status") or None,
         topic=q.get("topic") or None,
@@ -904,7 +913,7 @@ async def outbox_page(request: Request) -> Response:
         request,
         "outbox.html",
         page=page,
-        topics=await queries.outbox_topics(db),
+        topics=await console.outbox_topics(db),
         counts=await outbox_store.count_by_status(db),
         statuses=OUTBOX_STATUSES,
         filters={k: q.get(k, "") for k in ("status", "topic", "key")},

@@ -16,12 +16,14 @@ from starlette.testclient import TestClient
 from web_app import SECRET, app, seed
 
 from synckit.connectors.tenants import get_tenant
+from synckit.store import console as console_store
 from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
+from synckit.store import pages
 from synckit.store.db import Database
 from synckit.store.dead_letters import DlqFilter
 from synckit.store.resources import get_resource
-from synckit.web import WebConfig, create_app, queries
+from synckit.web import WebConfig, create_app
 from synckit.web.app import CSRF_COOKIE
 
 TOKEN = "a-long-enough-access-token"
@@ -405,7 +407,7 @@ async def _jobs_in_every_state(db: Database) -> list[Any]:
     ]
     await job_store.enqueue_many(db, specs)
     async with db.begin() as conn:
-        for i, status in enumerate(queries.JOB_STATUSES):
+        for i, status in enumerate(job_store.JOB_STATUSES):
             await conn.execute(
                 update(jobs).where(jobs.c.id % 6 == i, jobs.c.id > 12).values(status=status)
             )
@@ -441,7 +443,7 @@ async def test_a_job_page_by_index_lists_every_match_newest_first(
     seen: list[int] = []
     cursor = None
     for _ in range(50):
-        page = await queries.job_page(db, queries.JobFilter(**flt), before_id=cursor, limit=7)
+        page = await job_store.job_page(db, job_store.JobFilter(**flt), before_id=cursor, limit=7)
         seen += [j.id for j in page.rows]
         if page.next_cursor is None:
             break
@@ -459,14 +461,14 @@ async def test_a_time_filter_reads_a_window_and_says_what_it_searched(
 
     from synckit.clock import utcnow
 
-    monkeypatch.setattr(queries, "SCAN_WINDOW", 10)
+    monkeypatch.setattr(pages, "SCAN_WINDOW", 10)
     every = await _jobs_in_every_state(db)
-    flt = queries.JobFilter(status="dead", created_since=utcnow() - timedelta(hours=1))
+    flt = job_store.JobFilter(status="dead", created_since=utcnow() - timedelta(hours=1))
     seen: list[int] = []
     searched: list[tuple[int, int]] = []
     cursor = None
     for _ in range(50):
-        page = await queries.job_page(db, flt, before_id=cursor, limit=50)
+        page = await job_store.job_page(db, flt, before_id=cursor, limit=50)
         seen += [j.id for j in page.rows]
         if page.searched:
             searched.append(page.searched)
@@ -485,18 +487,18 @@ async def test_overview_counts_stop_at_the_cap_and_say_so(
     estimate once the table is analysed), and never a figure that was not read."""
     await job_store.enqueue_many(db, [job_store.JobSpec(k, {}) for k in ["x", "y", "z"] * 10])
     async with db.begin() as conn:
-        counts = await queries.job_counts(conn, cap=12)
-        exact = await queries.job_counts(conn, cap=30)
-    assert counts["pending"] == queries.Count(12, True, None)
+        counts = await console_store.job_counts(conn, cap=12)
+        exact = await console_store.job_counts(conn, cap=30)
+    assert counts["pending"] == pages.Count(12, True, None)
     assert counts["pending"].text == "12+" and counts["dead"].text == "0"
-    assert exact["pending"] == queries.Count(30) and exact["pending"].text == "30"
+    assert exact["pending"] == pages.Count(30) and exact["pending"].text == "30"
     if db.is_postgres:
         async with db.autocommit() as conn:
             await conn.exec_driver_sql("ANALYZE jobs")
         async with db.begin() as conn:
-            estimated = (await queries.job_counts(conn, cap=12))["pending"]
+            estimated = (await console_store.job_counts(conn, cap=12))["pending"]
         assert estimated.estimate == 30 and estimated.text == "12+ (~30 estimated)"
-    monkeypatch.setattr(queries, "COUNT_CAP", 25)
+    monkeypatch.setattr(pages, "COUNT_CAP", 25)
     with console(migrated_url) as client:
         page = client.get("/").text
     assert re.search(r'id="queue-depth">25\+', page)
@@ -563,10 +565,10 @@ async def test_dead_letter_groups_come_a_page_of_tenants_at_a_time(
                 now=now - timedelta(days=2) if t % 3 == 0 else now,
             )
     open_ = DlqFilter(statuses=("pending", "review"))
-    first = await queries.dlq_groups(db, open_, recent_since=now - timedelta(hours=24))
+    first = await dlq_store.dlq_groups(db, open_, recent_since=now - timedelta(hours=24))
     assert [g.tenant for g in first.rows][:3] == ["t00", "t01", "t01"]
     assert first.next_cursor == "t24"
-    second = await queries.dlq_groups(
+    second = await dlq_store.dlq_groups(
         db, open_, after=first.next_cursor, recent_since=now - timedelta(hours=24)
     )
     assert {g.tenant for g in second.rows} == {f"t{t}" for t in range(25, 30)}
@@ -579,7 +581,7 @@ async def test_dead_letter_groups_come_a_page_of_tenants_at_a_time(
         html = client.get("/dlq").text
         assert 'rel="next-groups"' in html and "groups_after=t24" in html
         assert "t29" in client.get("/dlq?groups_after=t24").text
-        monkeypatch.setattr(queries, "SCAN_WINDOW", 10)
+        monkeypatch.setattr(pages, "SCAN_WINDOW", 10)
         seen: list[int] = []
         query = "class=timeout"
         for _ in range(20):

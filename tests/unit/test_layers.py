@@ -35,7 +35,6 @@ STILL_BUILDING_SQL = {
     "synckit.runtime.status",
     "synckit.runtime.worker",
     "synckit.sync_cli",
-    "synckit.web.queries",
 }
 
 
