@@ -19,7 +19,6 @@ Handlers get no database from the queue, so the App holds one: the one given to
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 import weakref
@@ -30,9 +29,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import String, select, text
-from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
 
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector
@@ -57,7 +53,6 @@ from synckit.runtime.poll import (
     SCHEDULE_KIND,
     CycleResult,
     CycleStart,
-    cycle_start_columns,
     cycle_start_of,
     record_id_of,
     record_kind,
@@ -66,9 +61,9 @@ from synckit.runtime.poll import (
     stream_of_kind,
 )
 from synckit.runtime.worker import Worker
-from synckit.store.db import ENV_URL, Database, open_database
+from synckit.store import checkpoints
+from synckit.store.db import ENV_URL, Database, SyncConn, is_driver_error, open_database
 from synckit.store.jobs import ClaimedJob
-from synckit.store.tables import connections, resources
 
 __all__ = ["App"]
 
@@ -396,63 +391,16 @@ PollStart = tuple[Any, CycleStart | None, PaceView | None]
 _GONE: PollStart = (None, None, None)
 
 
-def _start_statement(wanted: Any) -> Any:
-    v = wanted.subquery("wanted")
-    res = resources.alias("pace_resource")
-    parent = resources.alias("pace_parent")
-    return select(
-        v.c.tenant.label("want_tenant"),
-        v.c.connector.label("want_connector"),
-        v.c.stream.label("want_stream"),
-        *_COLUMNS,
-        *cycle_start_columns(v.c.tenant, v.c.connector, v.c.stream, v.c.kind),
-        res.c.next_available_at,
-        res.c.quota_limit,
-        res.c.quota_remaining,
-        res.c.quota_reset_at,
-        res.c.quota_at,
-        parent.c.next_available_at.label("parent_available_at"),
-    ).select_from(
-        v.join(connections, connections.c.tenant == v.c.tenant)
-        .outerjoin(res, res.c.resource_key == connections.c.resource_key)
-        .outerjoin(parent, parent.c.resource_key == res.c.parent_key)
-    )
+# Built once, for the columns get_tenant reads.
+_POLL_STARTS = checkpoints.PollStartReads(_COLUMNS)
 
 
-_WANTED_COLUMNS = {n: String for n in ("tenant", "connector", "stream", "kind")}
-_POLL_STARTS = {
-    # The keys as one JSON array of [tenant, connector, stream, kind] (SQLite) or four
-    # arrays (PostgreSQL).
-    "sqlite": _start_statement(
-        text(
-            "SELECT json_extract(value, '$[0]') AS tenant, json_extract(value, '$[1]')"
-            " AS connector, json_extract(value, '$[2]') AS stream,"
-            " json_extract(value, '$[3]') AS kind FROM json_each(:wanted)"
-        ).columns(**_WANTED_COLUMNS)
-    ),
-    "postgresql": _start_statement(
-        text(
-            "SELECT tenant, connector, stream, kind FROM unnest(CAST(:tenants AS text[]),"
-            " CAST(:connectors AS text[]), CAST(:streams AS text[]), CAST(:kinds AS text[]))"
-            " AS w(tenant, connector, stream, kind)"
-        ).columns(**_WANTED_COLUMNS)
-    ),
-}
-
-
-def _poll_starts(conn: Connection, keys: Sequence[StartKey]) -> dict[StartKey, PollStart]:
+def _poll_starts(conn: SyncConn, keys: Sequence[StartKey]) -> dict[StartKey, PollStart]:
     """What each poll job of ``keys`` reads first (see above), in one statement; a key
     whose tenant is gone has no entry."""
     wanted = [(t, c, s, record_kind(s)) for t, c, s in keys]
-    if conn.dialect.name == "postgresql":
-        params: dict[str, Any] = {
-            name: [w[i] for w in wanted]
-            for i, name in enumerate(("tenants", "connectors", "streams", "kinds"))
-        }
-    else:
-        params = {"wanted": json.dumps(wanted)}
     out: dict[StartKey, PollStart] = {}
-    for row in conn.execute(_POLL_STARTS[conn.dialect.name], params):
+    for row in _POLL_STARTS.rows(conn, wanted):
         start = cycle_start_of(row.start_cursor, row.start_open_dead_letters)
         available = pacing._later(row.next_available_at, row.parent_available_at)
         pace = PaceView(available, pacing._quota_of(row))
@@ -460,7 +408,7 @@ def _poll_starts(conn: Connection, keys: Sequence[StartKey]) -> dict[StartKey, P
     return out
 
 
-def _poll_start(conn: Connection, tenant: str, connector: str, stream: str) -> PollStart:
+def _poll_start(conn: SyncConn, tenant: str, connector: str, stream: str) -> PollStart:
     """The tenant's row (None when it is gone), its stream's :class:`CycleStart` and its
     resource's pacing, in the caller's transaction."""
     return _poll_starts(conn, [(tenant, connector, stream)]).get((tenant, connector, stream), _GONE)
@@ -506,7 +454,7 @@ class _StartReads:
             raise found
         return found
 
-    def _take(self, conn: Connection, batch: _StartBatch) -> dict[StartKey, PollStart | Exception]:
+    def _take(self, conn: SyncConn, batch: _StartBatch) -> dict[StartKey, PollStart | Exception]:
         with self._lock:
             batch.taken = True
             keys = sorted(batch.keys)
@@ -528,7 +476,7 @@ class _StartReads:
                 if conn.invalidated or conn.closed:
                     raise
                 # As Database.write would raise it, had the job read alone.
-                found[key] = self.db.translate(exc) if isinstance(exc, DBAPIError) else exc
+                found[key] = self.db.translate(exc) if is_driver_error(exc) else exc
         return found
 
     async def _run(self, batch: _StartBatch) -> None:

@@ -42,7 +42,6 @@ import asyncio
 import functools
 import hashlib
 import json
-import re
 import traceback as tb
 import weakref
 from collections import Counter
@@ -52,10 +51,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from sqlalchemy import bindparam, delete, select, text
-from sqlalchemy.dialects import sqlite
-from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector, Page
@@ -71,15 +66,28 @@ from synckit.runtime.audit import record_audit_sync
 from synckit.runtime.handlers import Cancel
 from synckit.runtime.instruments import record_records
 from synckit.runtime.logging import redact_text
+from synckit.store import checkpoints, ticks
 from synckit.store import dead_letters as dlq_store
-from synckit.store.db import Database
+from synckit.store.checkpoints import (
+    NUL_SAFE_KEY,
+    CycleStart,
+    cycle_start_of,
+    delete_checkpoints,
+    list_checkpoints,
+    load_checkpoint,
+    read_cursor,
+    save_checkpoint,
+    stored_cursor,
+)
+from synckit.store.db import Conn, Database, SyncConn
 from synckit.store.jobs import ClaimedJob, JobSpec, enqueue_new
-from synckit.store.tables import UNSCHEDULED, checkpoints, dead_letters, jobs, poll_ticks
+from synckit.store.ticks import delete_poll_ticks
 
 if TYPE_CHECKING:
     from synckit.connectors.context import SyncContext
 
 __all__ = [
+    "NUL_SAFE_KEY",
     "POLL_KIND",
     "SCHEDULE_BATCH",
     "SCHEDULE_KIND",
@@ -88,9 +96,7 @@ __all__ = [
     "RecordFailure",
     "ScheduleRun",
     "TickPlan",
-    "cycle_start_columns",
     "cycle_start_of",
-    "cycle_start_params",
     "dead_letter_records",
     "delete_checkpoints",
     "delete_poll_ticks",
@@ -99,6 +105,7 @@ __all__ = [
     "marker_of",
     "plan_ticks",
     "poll_key",
+    "read_cursor",
     "read_cycle_start",
     "record_id_of",
     "record_kind",
@@ -107,6 +114,7 @@ __all__ = [
     "save_checkpoint",
     "schedule_polls",
     "schedule_run",
+    "stored_cursor",
     "stream_of_kind",
 ]
 
@@ -142,222 +150,13 @@ def poll_key(tenant: str, stream: str) -> str:
 
 # --- checkpoints ------------------------------------------------------------------------
 
-# The hot statements of a cycle, built once. SQLAlchemy never caches a dialect's
-# ``insert().on_conflict_do_update()`` (its cache key is None: it was compiled at every
-# page), so the upserts are text with typed parameters; ``INSERT ... ON CONFLICT (...) DO
-# UPDATE`` is spelt the same on SQLite (>= 3.24) and PostgreSQL.
-_CHECKPOINT_OF = select(checkpoints.c.cursor).where(
-    checkpoints.c.tenant == bindparam("tenant"),
-    checkpoints.c.connector == bindparam("connector"),
-    checkpoints.c.stream == bindparam("stream"),
-)
-_OPEN = ("pending", "review")
-_HAS_OPEN = (
-    select(dead_letters.c.id)
-    .where(
-        dead_letters.c.tenant == bindparam("tenant"),
-        dead_letters.c.connector == bindparam("connector"),
-        dead_letters.c.kind == bindparam("kind"),
-        dead_letters.c.status.in_(_OPEN),
-    )
-    .limit(1)
-)
-# One round trip for what a cycle reads before its first page.
-_CYCLE_START = select(_CHECKPOINT_OF.scalar_subquery(), _HAS_OPEN.exists())
-_SAVE_CHECKPOINT = text(
-    "INSERT INTO checkpoints (tenant, connector, stream, cursor, updated_at)"
-    " VALUES (:tenant, :connector, :stream, :cursor, :updated_at)"
-    " ON CONFLICT (tenant, connector, stream)"
-    " DO UPDATE SET cursor = excluded.cursor, updated_at = excluded.updated_at"
-).bindparams(
-    bindparam("cursor", type_=checkpoints.c.cursor.type),
-    bindparam("updated_at", type_=checkpoints.c.updated_at.type),
-)
+# What a cycle reads and writes of its stream's checkpoint: synckit.store.checkpoints
+# (statements built once; the page's checkpoint and its claim check in one statement).
 
 
-# The page's checkpoint and the check that its job still holds the claim, in one
-# statement: nothing is written (rowcount 0) when it does not, and on PostgreSQL the job's
-# row stays locked until the page commits, so a rescue cannot slip in between.
-def _save_checkpoint_held(lock: str) -> Any:
-    return text(
-        "INSERT INTO checkpoints (tenant, connector, stream, cursor, updated_at)"
-        " SELECT :tenant, :connector, :stream, :cursor, :updated_at WHERE EXISTS"
-        " (SELECT 1 FROM jobs WHERE id = :id AND claim_token = :token"
-        f" AND status = 'running'{lock})"
-        " ON CONFLICT (tenant, connector, stream)"
-        " DO UPDATE SET cursor = excluded.cursor, updated_at = excluded.updated_at"
-    ).bindparams(
-        bindparam("cursor", type_=checkpoints.c.cursor.type),
-        bindparam("updated_at", type_=checkpoints.c.updated_at.type),
-    )
-
-
-_SAVE_CHECKPOINT_HELD = {
-    "postgresql": _save_checkpoint_held(" FOR UPDATE"),
-    "sqlite": _save_checkpoint_held(""),
-}
-# The claim check of a page that keeps the checkpoint as it is (locking as above).
-_HOLDS = (
-    select(jobs.c.id)
-    .where(
-        jobs.c.id == bindparam("id"),
-        jobs.c.claim_token == bindparam("token"),
-        jobs.c.status == "running",
-    )
-    .with_for_update()
-)
-
-
-@dataclass(frozen=True)
-class CycleStart:
-    """What a cycle reads before its first page: the stream's stored checkpoint (None
-    before its first page) and whether the stream has open (pending or review) dead
-    letters of records, which succeeding records then resolve."""
-
-    checkpoint: Any
-    open_dead_letters: bool
-
-
-#: The stored form of a checkpoint holding a NUL character (see :func:`stored_cursor`).
-NUL_SAFE_KEY = "$synckit_json"
-
-
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-def _has_nul(value: Any) -> bool:
-    """Whether a string in ``value`` holds NUL or a lone surrogate (no engine stores it)."""
-    if isinstance(value, str):
-        return _UNSTORABLE.search(value) is not None
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
-    return False
-
-
-def stored_cursor(cursor: Any) -> Any:
-    """The checkpoint as stored. A cursor whose strings hold NUL (which PostgreSQL's
-    JSON types refuse, failing the page's commit on every retry) or a lone surrogate
-    (which no driver encodes) is stored as its JSON
-    text under :data:`NUL_SAFE_KEY`, where the NUL is the six characters of its escape;
-    :func:`read_cursor` restores it exactly, on both engines."""
-    # A cursor that looks like the stored form is wrapped too, so that it reads back as
-    # itself.
-    if _has_nul(cursor) or (isinstance(cursor, dict) and list(cursor) == [NUL_SAFE_KEY]):
-        return {NUL_SAFE_KEY: json.dumps(cursor)}
-    return cursor
-
-
-def read_cursor(stored: Any) -> Any:
-    """The connector's checkpoint from its stored form (:func:`stored_cursor`)."""
-    if isinstance(stored, dict) and len(stored) == 1 and isinstance(stored.get(NUL_SAFE_KEY), str):
-        try:
-            return json.loads(stored[NUL_SAFE_KEY])
-        except ValueError:
-            return stored
-    return stored
-
-
-def read_cycle_start(conn: Connection, tenant: str, connector: str, stream: str) -> CycleStart:
+def read_cycle_start(conn: SyncConn, tenant: str, connector: str, stream: str) -> CycleStart:
     """:class:`CycleStart` of the stream, in the caller's transaction (one statement)."""
-    row = conn.execute(_CYCLE_START, cycle_start_params(tenant, connector, stream)).one()
-    return cycle_start_of(row[0], row[1])
-
-
-def cycle_start_columns(
-    tenant: Any = None, connector: Any = None, stream: Any = None, kind: Any = None
-) -> tuple[Any, Any]:
-    """The two columns :func:`read_cycle_start` reads, for a statement that reads them
-    with other things (the poll jobs read them with their tenants); :func:`cycle_start_of`
-    makes the result. Of the stream given by the column expressions ``tenant``,
-    ``connector``, ``stream`` and ``kind`` (its :func:`record_kind`), else by the
-    parameters of :func:`cycle_start_params`."""
-    tenant = bindparam("tenant") if tenant is None else tenant
-    connector = bindparam("connector") if connector is None else connector
-    stream = bindparam("stream") if stream is None else stream
-    kind = bindparam("kind") if kind is None else kind
-    cursor = select(checkpoints.c.cursor).where(
-        checkpoints.c.tenant == tenant,
-        checkpoints.c.connector == connector,
-        checkpoints.c.stream == stream,
-    )
-    has_open = (
-        select(dead_letters.c.id)
-        .where(
-            dead_letters.c.tenant == tenant,
-            dead_letters.c.connector == connector,
-            dead_letters.c.kind == kind,
-            dead_letters.c.status.in_(_OPEN),
-        )
-        .limit(1)
-    )
-    return (
-        cursor.scalar_subquery().label("start_cursor"),
-        has_open.exists().label("start_open_dead_letters"),
-    )
-
-
-def cycle_start_params(tenant: str, connector: str, stream: str) -> dict[str, str]:
-    return {
-        "tenant": tenant,
-        "connector": connector,
-        "stream": stream,
-        "kind": record_kind(stream),
-    }
-
-
-def cycle_start_of(stored_cursor: Any, open_dead_letters: Any) -> CycleStart:
-    """The :class:`CycleStart` of the values of :func:`cycle_start_columns`."""
-    return CycleStart(read_cursor(stored_cursor), bool(open_dead_letters))
-
-
-async def load_checkpoint(
-    target: Database | AsyncConnection, tenant: str, connector: str, stream: str
-) -> Any:
-    """The stored checkpoint of the stream, or None before its first page."""
-    params = {"tenant": tenant, "connector": connector, "stream": stream}
-    if isinstance(target, Database):
-        async with target.read() as conn:
-            return read_cursor((await conn.execute(_CHECKPOINT_OF, params)).scalar())
-    return read_cursor((await target.execute(_CHECKPOINT_OF, params)).scalar())
-
-
-def save_checkpoint(
-    conn: Connection, tenant: str, connector: str, stream: str, cursor: Any, now: datetime
-) -> None:
-    """Store the stream's checkpoint, in the caller's transaction (a synchronous
-    connection: :meth:`Database.write`)."""
-    conn.execute(
-        _SAVE_CHECKPOINT,
-        {
-            "tenant": tenant,
-            "connector": connector,
-            "stream": stream,
-            "cursor": stored_cursor(cursor),
-            "updated_at": now,
-        },
-    )
-
-
-async def list_checkpoints(db: Database, tenant: str) -> list[tuple[str, str, Any, datetime]]:
-    """``(connector, stream, cursor, updated_at)`` of every stream of ``tenant``."""
-    async with db.read() as conn:
-        rows = await conn.execute(
-            select(
-                checkpoints.c.connector,
-                checkpoints.c.stream,
-                checkpoints.c.cursor,
-                checkpoints.c.updated_at,
-            )
-            .where(checkpoints.c.tenant == tenant)
-            .order_by(checkpoints.c.connector, checkpoints.c.stream)
-        )
-        return [(r.connector, r.stream, read_cursor(r.cursor), r.updated_at) for r in rows]
-
-
-async def delete_checkpoints(conn: AsyncConnection, tenant: str) -> None:
-    await conn.execute(delete(checkpoints).where(checkpoints.c.tenant == tenant))
+    return checkpoints.read_cycle_start(conn, tenant, connector, stream, record_kind(stream))
 
 
 # --- dead letters of records ------------------------------------------------------------
@@ -375,7 +174,7 @@ class RecordFailure:
 
 
 def dead_letter_records(
-    conn: Connection,
+    conn: SyncConn,
     *,
     tenant: str,
     connector: str,
@@ -412,13 +211,8 @@ def dead_letter_records(
     )
 
 
-# Only test_poll's cache-key test reads this alias: the statement lives in store/dead_letters.py
-# with every other statement on dead_letters (and is checked there too).
-_RESOLVE = {postgres: dlq_store._SQL[postgres].resolve for postgres in (True, False)}
-
-
 def resolve_records(
-    conn: Connection,
+    conn: SyncConn,
     *,
     tenant: str,
     connector: str,
@@ -437,10 +231,6 @@ def resolve_records(
         now=now,
         reason="succeeded in a later poll cycle",
     )
-
-
-def _still_holds(conn: Connection, job: ClaimedJob) -> bool:
-    return conn.execute(_HOLDS, {"id": job.id, "token": job.claim_token}).first() is not None
 
 
 @dataclass(frozen=True)
@@ -462,25 +252,22 @@ class _PageCommit:
     now: datetime
 
 
-def _commit_page(conn: Connection, p: _PageCommit) -> bool:
+def _commit_page(conn: SyncConn, p: _PageCommit) -> bool:
     """The page's one transaction (:meth:`Database.write`); False, with nothing written,
     when the job no longer holds its claim."""
     if p.job is not None and p.cursor is not _KEEP:
-        saved = conn.execute(
-            _SAVE_CHECKPOINT_HELD[conn.dialect.name],
-            {
-                "tenant": p.tenant,
-                "connector": p.connector,
-                "stream": p.stream,
-                "cursor": stored_cursor(p.cursor),
-                "updated_at": p.now,
-                "id": p.job.id,
-                "token": p.job.claim_token,
-            },
-        )
-        if saved.rowcount == 0:
+        if not checkpoints.save_checkpoint_held(
+            conn,
+            p.tenant,
+            p.connector,
+            p.stream,
+            p.cursor,
+            p.now,
+            job_id=p.job.id,
+            token=p.job.claim_token,
+        ):
             return False
-    elif p.job is not None and not _still_holds(conn, p.job):
+    elif p.job is not None and not checkpoints.holds_claim(conn, p.job.id, p.job.claim_token):
         return False
     elif p.cursor is not _KEEP:
         save_checkpoint(conn, p.tenant, p.connector, p.stream, p.cursor, p.now)
@@ -856,96 +643,6 @@ def _stream_schedules(
     return out
 
 
-_SQLITE = sqlite.dialect()
-# The text SQLite stores for a timestamp (json_each hands values over as they are).
-_SQLITE_TS: Any = poll_ticks.c.next_tick_at.type.dialect_impl(_SQLITE).bind_processor(_SQLITE)
-
-
-class _Sql:
-    """The scheduler's statements for one engine. Lists travel as arrays (PostgreSQL)
-    or one JSON array (SQLite): the text and the parameter count never depend on how
-    many rows a run handles, so each statement is prepared once."""
-
-    def __init__(self, postgres: bool) -> None:
-        self.postgres = postgres
-        lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
-        lock_t = " FOR UPDATE OF t SKIP LOCKED" if postgres else ""
-        ours = (
-            "= ANY(CAST(:connectors AS text[]))"
-            if postgres
-            else "IN (SELECT value FROM json_each(:connectors))"
-        )
-        self.changed = text(
-            "SELECT tenant, connector, schedule, status, poll_spec FROM connections"
-            f" WHERE connector {ours} AND ({UNSCHEDULED}) LIMIT :limit{lock}"
-        )
-        self.due = text(
-            "SELECT t.tenant, t.stream, t.connector, t.next_tick_at, c.status, c.schedule,"
-            " c.resource_key FROM poll_ticks t JOIN connections c ON c.tenant = t.tenant"
-            f" WHERE t.next_tick_at <= :now AND t.connector {ours}"
-            f" ORDER BY t.next_tick_at LIMIT :limit{lock_t}"
-        ).bindparams(bindparam("now", type_=poll_ticks.c.next_tick_at.type))
-        ticks = self._rows(
-            ("tenant", "text"), ("stream", "text"), ("connector", "text"), ("at", "timestamptz")
-        )
-        self.upsert = text(
-            "INSERT INTO poll_ticks (tenant, stream, connector, next_tick_at)"
-            f" SELECT tenant, stream, connector, at FROM {ticks} WHERE true"
-            " ON CONFLICT (tenant, stream) DO UPDATE SET next_tick_at = excluded.next_tick_at,"
-            " connector = excluded.connector"
-        )
-        marks = self._rows(("tenant", "text"), ("marker", "text"))
-        self.mark = text(
-            f"UPDATE connections SET poll_spec = v.marker FROM {marks}"
-            " WHERE connections.tenant = v.tenant"
-        )
-        moves = self._rows(
-            ("tenant", "text"), ("stream", "text"), ("old", "timestamptz"), ("nxt", "timestamptz")
-        )
-        # The compare-and-set on the old tick keeps a tick fired once even if two
-        # schedulers read it (SKIP LOCKED already keeps them apart on PostgreSQL).
-        self.advance = text(
-            "UPDATE poll_ticks SET last_tick_at = poll_ticks.next_tick_at, next_tick_at = v.nxt"
-            f" FROM {moves} WHERE poll_ticks.tenant = v.tenant AND poll_ticks.stream = v.stream"
-            " AND poll_ticks.next_tick_at = v.old RETURNING poll_ticks.tenant, poll_ticks.stream"
-        )
-        gone = self._rows(("tenant", "text"), ("stream", "text"))
-        self.drop = text(
-            f"DELETE FROM poll_ticks WHERE (tenant, stream) IN (SELECT tenant, stream FROM {gone})"
-        )
-        # Tenants without a tick for a stream (a stream added to a connector since they
-        # were scheduled): one set-based statement per stream, once per process.
-        self.missing = text(
-            "INSERT INTO poll_ticks (tenant, stream, connector, next_tick_at)"
-            " SELECT c.tenant, CAST(:stream AS varchar), c.connector, :now FROM connections c"
-            " WHERE c.connector = :connector AND c.poll_spec IS NOT NULL AND NOT EXISTS"
-            " (SELECT 1 FROM poll_ticks t WHERE t.tenant = c.tenant"
-            " AND t.stream = CAST(:stream AS varchar))"
-            " ON CONFLICT (tenant, stream) DO NOTHING"
-        ).bindparams(bindparam("now", type_=poll_ticks.c.next_tick_at.type))
-
-    def _rows(self, *cols: tuple[str, str]) -> str:
-        names = ", ".join(n for n, _ in cols)
-        if self.postgres:
-            arrays = ", ".join(f"CAST(:{n} AS {t}[])" for n, t in cols)
-            return f"unnest({arrays}) AS v({names})"
-        picks = ", ".join(f"json_extract(value, '$[{i}]') AS {n}" for i, (n, _) in enumerate(cols))
-        return f"(SELECT {picks} FROM json_each(:rows)) AS v"
-
-    def rows(self, names: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
-        if self.postgres:
-            return {n: [r[i] for r in rows] for i, n in enumerate(names)}
-        return {
-            "rows": json.dumps(
-                [[_SQLITE_TS(v) if isinstance(v, datetime) else v for v in r] for r in rows]
-            )
-        }
-
-    def names(self, connectors: Sequence[str]) -> Any:
-        return list(connectors) if self.postgres else json.dumps(list(connectors))
-
-
-_SQL = {True: _Sql(True), False: _Sql(False)}
 # (connector, stream) pairs whose missing ticks this process has created, per database.
 _reconciled: weakref.WeakKeyDictionary[Database, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
 
@@ -1004,25 +701,25 @@ async def schedule_run(
     """One bounded run in one transaction: bring up to ``batch`` added, paused, resumed
     or rescheduled tenants' ticks up to date, then fire up to ``batch`` due ticks (the
     earliest first): advance them and enqueue the cycles of active tenants."""
-    sql = _SQL[db.is_postgres]
+    sql = ticks.poll_ticks_of(db)
     names = sql.names(sorted(connectors))
     async with db.begin() as conn:
-        changed = list(await conn.execute(sql.changed, {"connectors": names, "limit": batch}))
+        changed = await sql.changed(conn, names, batch)
         if changed:
             await _apply_changes(conn, sql, connectors, changed, now)
-        due = list(await conn.execute(sql.due, {"connectors": names, "now": now, "limit": batch}))
+        due = await sql.due(conn, names, now, batch)
         fired = await _fire(conn, sql, connectors, due, now) if due else []
     return ScheduleRun(fired, len(due), len(changed), len(due) >= batch or len(changed) >= batch)
 
 
 async def _apply_changes(
-    conn: AsyncConnection,
-    sql: _Sql,
+    conn: Conn,
+    sql: ticks.PollTicks,
     connectors: Mapping[str, type[Connector[Any]]],
     changed: Sequence[Any],
     now: datetime,
 ) -> None:
-    ticks: list[tuple[str, str, str, datetime]] = []
+    new_ticks: list[tuple[str, str, str, datetime]] = []
     marks: list[tuple[str, str]] = []
     for r in changed:
         streams = _stream_schedules(connectors[r.connector], r.tenant, r.schedule)
@@ -1035,15 +732,15 @@ async def _apply_changes(
             now=now,
         )
         marks.append((r.tenant, plan.marker))
-        ticks.extend((r.tenant, stream, r.connector, at) for stream, at in plan.ticks)
-    if ticks:
-        await conn.execute(sql.upsert, sql.rows(("tenant", "stream", "connector", "at"), ticks))
-    await conn.execute(sql.mark, sql.rows(("tenant", "marker"), marks))
+        new_ticks.extend((r.tenant, stream, r.connector, at) for stream, at in plan.ticks)
+    if new_ticks:
+        await sql.upsert(conn, new_ticks)
+    await sql.mark(conn, marks)
 
 
 async def _fire(
-    conn: AsyncConnection,
-    sql: _Sql,
+    conn: Conn,
+    sql: ticks.PollTicks,
     connectors: Mapping[str, type[Connector[Any]]],
     due: Sequence[Any],
     now: datetime,
@@ -1072,10 +769,10 @@ async def _fire(
         if r.status == "active":
             wanted[(r.tenant, r.stream)] = r
     if gone:
-        await conn.execute(sql.drop, sql.rows(("tenant", "stream"), gone))
+        await sql.drop(conn, gone)
     if not moves:
         return []
-    won = await conn.execute(sql.advance, sql.rows(("tenant", "stream", "old", "nxt"), moves))
+    won = await sql.advance(conn, moves)
     specs: list[JobSpec] = []
     for tenant, stream in won:
         r = wanted.get((tenant, stream))
@@ -1105,13 +802,8 @@ async def _create_missing_ticks(
     ]
     if not todo:
         return
-    sql = _SQL[db.is_postgres]
+    sql = ticks.poll_ticks_of(db)
     async with db.begin() as conn:
         for name, stream in todo:
-            await conn.execute(sql.missing, {"connector": name, "stream": stream, "now": now})
+            await sql.create_missing(conn, name, stream, now)
     done.update(todo)
-
-
-async def delete_poll_ticks(conn: AsyncConnection, tenant: str) -> None:
-    """Forget the schedule ticks of ``tenant`` (its row's removal also deletes them)."""
-    await conn.execute(delete(poll_ticks).where(poll_ticks.c.tenant == tenant))

@@ -34,7 +34,13 @@ from typing import Any, TypeAlias, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    InterfaceError,
+    NoSuchModuleError,
+    OperationalError,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -681,6 +687,22 @@ def translate_db_error(exc: BaseException, url: URL | str) -> DatabaseError:
     ):
         return DatabaseUnavailable(f"cannot reach database {shown}: {message}")
     return DatabaseError(f"database {shown}: {message}")
+
+
+def is_driver_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a driver error as SQLAlchemy raises it (:meth:`Database.translate`
+    makes it the one-line :class:`DatabaseError`)."""
+    return isinstance(exc, DBAPIError)
+
+
+def connection_lost(conn: Connection, exc: BaseException) -> bool:
+    """Whether ``exc``, raised on ``conn``, means the connection (not this one statement)
+    failed."""
+    if conn.invalidated or conn.closed:
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, OperationalError | InterfaceError)
 
 
 def schema_revisions() -> list[str]:

@@ -498,16 +498,18 @@ async def test_read_cycle_start_sees_the_checkpoint_and_open_dead_letters(db: Da
 def test_the_page_statements_are_cacheable() -> None:
     """The statements of every page carry a cache key (a dialect's on_conflict upsert has
     none and is compiled each time it runs)."""
-    from synckit.runtime import audit, poll
+    from synckit.runtime import audit
+    from synckit.store import checkpoints
+    from synckit.store import dead_letters as dlq_store
 
     for stmt in (
-        poll._SAVE_CHECKPOINT,
-        poll._HOLDS,
-        poll._SAVE_CHECKPOINT_HELD["postgresql"],
-        poll._SAVE_CHECKPOINT_HELD["sqlite"],
-        poll._CYCLE_START,
-        poll._RESOLVE[True],
-        poll._RESOLVE[False],
+        checkpoints._SAVE_CHECKPOINT,
+        checkpoints._HOLDS,
+        checkpoints._SAVE_CHECKPOINT_HELD["postgresql"],
+        checkpoints._SAVE_CHECKPOINT_HELD["sqlite"],
+        checkpoints._CYCLE_START,
+        dlq_store._SQL[True].resolve,
+        dlq_store._SQL[False].resolve,
         audit._UPSERT,
         audit._SET_CLASSES,
     ):

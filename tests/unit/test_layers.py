@@ -17,7 +17,6 @@ ROOT = Path(synckit.__file__).parent
 
 # Modules outside synckit.store that still build SQL themselves (issue 18 item 1).
 STILL_BUILDING_SQL = {
-    "synckit.app",
     "synckit.cli_options",
     "synckit.connectors.authorize",
     "synckit.connectors.bulk",
@@ -31,7 +30,6 @@ STILL_BUILDING_SQL = {
     "synckit.examples.graph_mail.connector",
     "synckit.runtime.outbox",
     "synckit.runtime.pacing",
-    "synckit.runtime.poll",
     "synckit.runtime.status",
     "synckit.runtime.worker",
     "synckit.sync_cli",
