@@ -28,10 +28,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_, select, update
-from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from synckit.clock import utcnow
 from synckit.errors.classify import Classification
 from synckit.errors.headers import RateLimitInfo
@@ -42,9 +38,15 @@ from synckit.errors.pace import (
     reserve_slot,
     reserve_slots,
 )
-from synckit.store.db import Database
-from synckit.store.jobs import _ensure_resources, _ensure_resources_sync
-from synckit.store.tables import resources
+from synckit.store.db import Conn, Database, SyncConn
+from synckit.store.resources import (
+    configure_pacing,
+    defer_resource_sync,
+    lock_resource_sync,
+    next_available_sync,
+    read_resource_sync,
+    write_resource_sync,
+)
 
 __all__ = [
     "PaceView",
@@ -112,12 +114,10 @@ def _quota_of(row: Any) -> Quota | None:
     return Quota(row.quota_limit, row.quota_remaining, row.quota_reset_at, row.quota_at)
 
 
-def _parent_available_sync(conn: Connection, parent_key: str | None) -> datetime | None:
+def _parent_available_sync(conn: SyncConn, parent_key: str | None) -> datetime | None:
     if not parent_key:
         return None
-    return conn.execute(
-        select(resources.c.next_available_at).where(resources.c.resource_key == parent_key)
-    ).scalar()
+    return next_available_sync(conn, parent_key)
 
 
 def _later(*moments: datetime | None) -> datetime | None:
@@ -125,18 +125,8 @@ def _later(*moments: datetime | None) -> datetime | None:
     return max(known) if known else None
 
 
-def _locked_row(conn: Connection, key: str, now: datetime) -> Any:
-    stmt = select(resources).where(resources.c.resource_key == key).with_for_update()
-    row = conn.execute(stmt).first()
-    if row is None:
-        _ensure_resources_sync(conn, [key], now)
-        row = conn.execute(stmt).first()
-    assert row is not None
-    return row
-
-
 def record_rate_limit_sync(
-    conn: Connection,
+    conn: SyncConn,
     key: str,
     classification: Classification,
     *,
@@ -156,7 +146,7 @@ def record_rate_limit_sync(
     resource's ``next_available_at`` afterwards (possibly in the past), or None when the
     classification is no rate limit.
     """
-    row = _locked_row(conn, key, now)
+    row = lock_resource_sync(conn, key, now)
     decision = pace_decision(
         classification,
         now,
@@ -170,24 +160,24 @@ def record_rate_limit_sync(
         return None
     until = _later(row.next_available_at, decision.until)
     if decision.new_event:
-        conn.execute(
-            update(resources)
-            .where(resources.c.resource_key == key)
-            .values(
-                next_available_at=until,
-                rate_limit_streak=decision.streak,
-                rate_limited_at=decision.event_started_at,
-                paced_reason=decision.reason[:_REASON_LIMIT],
-                last_error_class="rate_limited",
-                last_error=classification.reason[:500],
-                updated_at=now,
-            )
+        write_resource_sync(
+            conn,
+            key,
+            {
+                "next_available_at": until,
+                "rate_limit_streak": decision.streak,
+                "rate_limited_at": decision.event_started_at,
+                "paced_reason": decision.reason[:_REASON_LIMIT],
+                "last_error_class": "rate_limited",
+                "last_error": classification.reason[:500],
+                "updated_at": now,
+            },
         )
     return until
 
 
 async def record_rate_limit(
-    target: Database | AsyncConnection,
+    target: Database | Conn,
     key: str,
     classification: Classification,
     *,
@@ -209,7 +199,7 @@ async def record_rate_limit(
 
 
 def _record_kw(
-    conn: Connection,
+    conn: SyncConn,
     key: str,
     classification: Classification,
     sent_at: datetime | None,
@@ -222,7 +212,7 @@ def _record_kw(
 
 
 def take_slot_sync(
-    conn: Connection,
+    conn: SyncConn,
     key: str,
     *,
     declared_rate: float | None,
@@ -246,7 +236,7 @@ def take_slot_sync(
     (:func:`~synckit.errors.pace.reserve_slots`, returned in ``more``): one transaction
     then serves several requests of a busy tenant instead of one.
     """
-    row = _locked_row(conn, key, now)
+    row = lock_resource_sync(conn, key, now)
     quota = _quota_of(row)
     values: dict[str, Any] = {}
     if observed is not None and (quota is None or observed.at > quota.at):
@@ -298,13 +288,13 @@ def take_slot_sync(
                 else:
                     result = SlotResult(slot.wait, "rate", False, view)
     if values:
-        conn.execute(update(resources).where(resources.c.resource_key == key).values(**values))
+        write_resource_sync(conn, key, values)
     return result
 
 
-def read_pace_sync(conn: Connection, key: str) -> PaceView:
+def read_pace_sync(conn: SyncConn, key: str) -> PaceView:
     """:func:`read_pace` in the caller's transaction (a poll job reads it with the tenant)."""
-    row = conn.execute(select(resources).where(resources.c.resource_key == key)).first()
+    row = read_resource_sync(conn, key)
     if row is None:
         return PaceView(None, None)
     available = _later(row.next_available_at, _parent_available_sync(conn, row.parent_key))
@@ -324,31 +314,8 @@ async def resource_wait(db: Database, key: str, now: datetime) -> float:
     return max(0.0, (view.available_at - now).total_seconds())
 
 
-def defer_resource_sync(
-    conn: Connection, key: str, until: datetime, reason: str, *, now: datetime
-) -> bool:
-    """No call to ``key`` before ``until`` (by any worker); True if that moved the limit."""
-    _ensure_resources_sync(conn, [key], now)
-    res = conn.execute(
-        update(resources)
-        .where(
-            resources.c.resource_key == key,
-            or_(resources.c.next_available_at.is_(None), resources.c.next_available_at < until),
-        )
-        .values(
-            next_available_at=until,
-            paced_reason=reason[:_REASON_LIMIT],
-            last_error_class="rate_limited",
-            last_error=reason[:500],
-            updated_at=now,
-        )
-        .returning(resources.c.resource_key)
-    )
-    return res.first() is not None
-
-
 async def defer_resource(
-    target: Database | AsyncConnection,
+    target: Database | Conn,
     key: str,
     until: datetime,
     reason: str,
@@ -362,27 +329,5 @@ async def defer_resource(
     return await target.run_sync(_defer_kw, key, until, reason, now)
 
 
-def _defer_kw(conn: Connection, key: str, until: datetime, reason: str, now: datetime) -> bool:
+def _defer_kw(conn: SyncConn, key: str, until: datetime, reason: str, now: datetime) -> bool:
     return defer_resource_sync(conn, key, until, reason, now=now)
-
-
-async def configure_pacing(
-    conn: AsyncConnection,
-    key: str,
-    *,
-    parent_key: str | None,
-    max_in_flight: int | None,
-    rate: float | None,
-    burst: int | None,
-    now: datetime,
-) -> None:
-    """Create ``key`` (and its parent) and record its limits, in the caller's transaction."""
-    await _ensure_resources(conn, [key] + ([parent_key] if parent_key else []), now)
-    values: dict[str, Any] = {
-        "parent_key": parent_key,
-        "max_in_flight": max_in_flight,
-        "rate_per_s": rate,
-        "burst": burst,
-        "updated_at": now,
-    }
-    await conn.execute(update(resources).where(resources.c.resource_key == key).values(**values))

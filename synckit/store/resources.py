@@ -7,12 +7,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, select, update
+from sqlalchemy import Column, or_, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.clock import utcnow
 from synckit.errors.breaker import BreakerState
 from synckit.store.db import Database
-from synckit.store.jobs import _ensure_resources, guarded_moment, read_moment
+from synckit.store.jobs import (
+    _ensure_resources,
+    _ensure_resources_sync,
+    guarded_moment,
+    read_moment,
+)
 from synckit.store.tables import UTCDateTime, resources
 
 _UNSET: Any = object()
@@ -169,3 +176,86 @@ async def reset_resource(db: Database, resource_key: str) -> ResourceInfo:
             )
         )
     return await get_resource(db, resource_key)
+
+
+# --- the runtime's operations: pacing (synckit.runtime.pacing) and breakers (the worker) --
+#
+# Synchronous: they run in the caller's transaction inside ``Database.write`` (the
+# recorder's batch, a request's slot), as the rest of the hot path does.
+
+_REASON_LIMIT = 300
+
+
+def write_resource_sync(conn: Connection, key: str, values: Mapping[str, Any]) -> None:
+    """Set ``values`` (column -> value) on the resource ``key``."""
+    conn.execute(update(resources).where(resources.c.resource_key == key).values(**values))
+
+
+def read_resource_sync(conn: Connection, key: str) -> Any:
+    """The resource's row as stored (None when there is none)."""
+    return conn.execute(select(resources).where(resources.c.resource_key == key)).first()
+
+
+def lock_resource_sync(conn: Connection, key: str, now: datetime) -> Any:
+    """The resource's row, created if needed, locked until the caller commits (on
+    PostgreSQL; SQLite's write transaction holds the file's lock already)."""
+    stmt = select(resources).where(resources.c.resource_key == key).with_for_update()
+    row = conn.execute(stmt).first()
+    if row is None:
+        _ensure_resources_sync(conn, [key], now)
+        row = conn.execute(stmt).first()
+    assert row is not None
+    return row
+
+
+def next_available_sync(conn: Connection, key: str) -> datetime | None:
+    """The resource's ``next_available_at`` (None: unpaced, or no such resource)."""
+    value: datetime | None = conn.execute(
+        select(resources.c.next_available_at).where(resources.c.resource_key == key)
+    ).scalar()
+    return value
+
+
+def defer_resource_sync(
+    conn: Connection, key: str, until: datetime, reason: str, *, now: datetime
+) -> bool:
+    """No call to ``key`` before ``until`` (by any worker); True if that moved the limit."""
+    _ensure_resources_sync(conn, [key], now)
+    res = conn.execute(
+        update(resources)
+        .where(
+            resources.c.resource_key == key,
+            or_(resources.c.next_available_at.is_(None), resources.c.next_available_at < until),
+        )
+        .values(
+            next_available_at=until,
+            paced_reason=reason[:_REASON_LIMIT],
+            last_error_class="rate_limited",
+            last_error=reason[:500],
+            updated_at=now,
+        )
+        .returning(resources.c.resource_key)
+    )
+    return res.first() is not None
+
+
+async def configure_pacing(
+    conn: AsyncConnection,
+    key: str,
+    *,
+    parent_key: str | None,
+    max_in_flight: int | None,
+    rate: float | None,
+    burst: int | None,
+    now: datetime,
+) -> None:
+    """Create ``key`` (and its parent) and record its limits, in the caller's transaction."""
+    await _ensure_resources(conn, [key] + ([parent_key] if parent_key else []), now)
+    values: dict[str, Any] = {
+        "parent_key": parent_key,
+        "max_in_flight": max_in_flight,
+        "rate_per_s": rate,
+        "burst": burst,
+        "updated_at": now,
+    }
+    await conn.execute(update(resources).where(resources.c.resource_key == key).values(**values))

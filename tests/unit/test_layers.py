@@ -29,7 +29,6 @@ STILL_BUILDING_SQL = {
     "synckit.dlq.replay",
     "synckit.examples.graph_mail.connector",
     "synckit.runtime.outbox",
-    "synckit.runtime.pacing",
     "synckit.runtime.status",
     "synckit.runtime.worker",
     "synckit.sync_cli",
