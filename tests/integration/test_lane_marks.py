@@ -284,6 +284,7 @@ async def test_migration_0008_marks_the_lanes_that_have_work(db_url: str) -> Non
 # keep emptying while jobs arrive in them. Each runs for the seconds given.
 _RACER = """
 import asyncio, random, sys, time
+from synckit.clock import utcnow
 from synckit.store import jobs as store
 from synckit.store.db import open_database
 from synckit.store.jobs import JobSpec
