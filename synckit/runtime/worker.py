@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import signal
@@ -41,10 +40,6 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 import structlog
-from sqlalchemy import Text, bindparam, func, literal_column, select, update
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from synckit.clock import utcnow
 from synckit.connectors.http import shared_connections
@@ -63,6 +58,7 @@ from synckit.errors import (
     global_breaker_trips,
     retry_delay,
 )
+from synckit.errors.backoff import backoff_delay
 from synckit.errors.exceptions import DatabaseError, NeedsReauth, PermanentError, SynckitError
 from synckit.errors.pace import PacePolicy
 from synckit.errors.waits import DEFAULT_MAX_WAIT, moment_after
@@ -71,9 +67,10 @@ from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snoo
 from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
 from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
 from synckit.store import jobs as store
-from synckit.store.db import Database
+from synckit.store import resources
+from synckit.store.connections import mark_needs_reauth_sync
+from synckit.store.db import Database, SyncConn, connection_lost
 from synckit.store.jobs import ClaimedJob, JobSpec
-from synckit.store.tables import UTCDateTime, connections, resources
 
 log = structlog.get_logger("synckit.worker")
 
@@ -114,14 +111,9 @@ class RecordedOutcome:
 
 #: Called inside the transaction that records a batch of outcomes, so what an observer
 #: writes (audit counts, say) commits atomically with the outcomes themselves.
-OutcomeObserver = Callable[[Connection, list[RecordedOutcome], datetime], None]
+OutcomeObserver = Callable[[SyncConn, list[RecordedOutcome], datetime], None]
 
 
-# ``resources`` rows as the recorder reads them: timestamps guarded and parsed per row
-# (Worker._snapshot), so that a corrupt row reads as closed instead of failing the batch.
-_RESOURCES: Any = select(
-    *(store.guarded_moment(c) if isinstance(c.type, UTCDateTime) else c for c in resources.c)
-)
 _RESOURCE_MOMENTS = (
     "opened_at",
     "cooldown_until",
@@ -129,37 +121,6 @@ _RESOURCE_MOMENTS = (
     "window_start",
     "next_available_at",
 )
-
-
-def _among_keys(postgres: bool) -> Any:
-    # The keys travel as one parameter (an array; a JSON array on SQLite): the statement
-    # is the same for every batch, prepared once, its parameter count fixed.
-    if postgres:
-        return resources.c.resource_key == func.any(bindparam("keys", type_=ARRAY(Text)))
-    return resources.c.resource_key.in_(
-        select(literal_column("value")).select_from(func.json_each(bindparam("keys")))
-    )
-
-
-def _key_list(postgres: bool, keys: list[str]) -> Any:
-    return keys if postgres else json.dumps(keys)
-
-
-# The resources among ``keys`` whose breaker a success changes: not closed, failures
-# counted, or a failure-rate window open (successes count in it too). A clean resource,
-# the common case, costs no write.
-_DIRTY = {
-    pg: _RESOURCES.where(
-        _among_keys(pg),
-        (resources.c.state != "closed")
-        | (resources.c.consecutive_failures > 0)
-        | resources.c.window_start.is_not(None),
-    )
-    for pg in (True, False)
-}
-_NOT_CLOSED = {
-    pg: _RESOURCES.where(_among_keys(pg), resources.c.state != "closed") for pg in (True, False)
-}
 
 
 def _moment_or_none(value: object) -> datetime | None:
@@ -733,7 +694,7 @@ class Worker:
         return started
 
     def _record_sync(
-        self, conn: Connection, batch: list[_Outcome], marks: list[tuple[int, int]], now: datetime
+        self, conn: SyncConn, batch: list[_Outcome], marks: list[tuple[int, int]], now: datetime
     ) -> tuple[set[int], list[tuple[_Outcome, str | None]], bool, bool, set[int]]:
         """Record a batch of outcomes and start marks in one transaction (run whole by
         Database.write). With marks, PostgreSQL commits it without waiting for the WAL
@@ -772,7 +733,7 @@ class Worker:
                 observe(conn, recorded, now)
         return held, results, bool(followups), bool(messages), started
 
-    def _record_guarded(self, conn: Connection, o: _Outcome, now: datetime) -> str | None:
+    def _record_guarded(self, conn: SyncConn, o: _Outcome, now: datetime) -> str | None:
         """Record one outcome in a savepoint; one that cannot be recorded (a bug, a value
         the database refuses) is recorded as a failure with its reason instead, so the
         batch's other outcomes commit. A lost connection fails the whole batch, which the
@@ -781,7 +742,7 @@ class Worker:
             with conn.begin_nested():
                 return self._record_other(conn, o, now)
         except Exception as exc:  # any failure of this one outcome, bug or refusal
-            if _connection_lost(conn, exc):
+            if connection_lost(conn, exc):
                 raise
             problem = exc
         reason = redact_text(
@@ -794,14 +755,14 @@ class Worker:
             with conn.begin_nested():
                 return self._record_unrecordable(conn, o, now, reason)
         except Exception as exc:  # even the plain failure would not go in
-            if _connection_lost(conn, exc):
+            if connection_lost(conn, exc):
                 raise
             # Left running: its lease expires and the rescue retries it.
             self._log.error("job.outcome_dropped", job_id=o.job.id, error=repr(exc)[:300])
             return None
 
     def _record_unrecordable(
-        self, conn: Connection, o: _Outcome, now: datetime, reason: str
+        self, conn: SyncConn, o: _Outcome, now: datetime, reason: str
     ) -> str | None:
         job = o.job
         o.error_class = ErrorClass.TRANSIENT.value
@@ -830,7 +791,7 @@ class Worker:
         chosen = choose(job) if choose is not None else None
         return chosen if chosen is not None else self.retry_policy
 
-    def _record_other(self, conn: Connection, o: _Outcome, now: datetime) -> str | None:
+    def _record_other(self, conn: SyncConn, o: _Outcome, now: datetime) -> str | None:
         job = o.job
         if o.kind == "snooze":
             assert o.snooze_until is not None
@@ -848,15 +809,7 @@ class Worker:
         message = redact_text(c.reason)
         o.tb = redact_text(o.tb) if o.tb else None
         if isinstance(o.exc, NeedsReauth) and job.resource_key:
-            conn.execute(
-                update(connections)
-                .where(connections.c.resource_key == job.resource_key)
-                .values(
-                    status="needs_reauth",
-                    status_reason=redact_text(str(o.exc))[:500],
-                    updated_at=now,
-                )
-            )
+            mark_needs_reauth_sync(conn, job.resource_key, redact_text(str(o.exc)), now=now)
             # The job waits for re-authorisation without spending an attempt.
             return store.fail_sync(
                 conn,
@@ -946,9 +899,10 @@ class Worker:
     # --- per-resource state -------------------------------------------------------------
 
     def _snapshot(self, r: Any) -> BreakerSnapshot:
-        """The breaker of a row read through ``_RESOURCES``. What cannot be read (an unknown
-        state, a timestamp no datetime holds) reads as closed or unset, with a warning:
-        one corrupt row must not fail the batch, and writing the snapshot back repairs it."""
+        """The breaker of a row read with its timestamps guarded (``store.resources``'s
+        breaker reads). What cannot be read (an unknown state, a timestamp no datetime
+        holds) reads as closed or unset, with a warning: one corrupt row must not fail
+        the batch, and writing the snapshot back repairs it."""
         moments: dict[str, datetime | None] = {}
         bad: list[str] = []
         for name in _RESOURCE_MOMENTS:
@@ -981,7 +935,7 @@ class Worker:
 
     def _store_snapshot(
         self,
-        conn: Connection,
+        conn: SyncConn,
         key: str,
         before: BreakerSnapshot,
         after: BreakerSnapshot,
@@ -1003,7 +957,7 @@ class Worker:
         if not after.probe_in_flight:
             values["probe_job_id"] = None
             values["probe_expires_at"] = None
-        conn.execute(update(resources).where(resources.c.resource_key == key).values(**values))
+        resources.write_resource_sync(conn, key, values)
         if after.state != before.state:
             event = {
                 "open": "breaker.opened",
@@ -1017,9 +971,8 @@ class Worker:
                 cooldown_until=after.cooldown_until,
             )
 
-    def _breaker_success(self, conn: Connection, keys: Counter[str], now: datetime) -> None:
-        postgres = conn.dialect.name == "postgresql"
-        rows = conn.execute(_DIRTY[postgres], {"keys": _key_list(postgres, sorted(keys))})
+    def _breaker_success(self, conn: SyncConn, keys: Counter[str], now: datetime) -> None:
+        rows = resources.dirty_breakers_sync(conn, sorted(keys))
         parents: set[str] = set()
         for r in rows:
             before = after = self._snapshot(r)
@@ -1030,16 +983,14 @@ class Worker:
                 parents.add(r.parent_key)
         if parents:
             # A tenant call that succeeds once the API-wide cool-down is over is its probe.
-            for p in conn.execute(
-                _NOT_CLOSED[postgres], {"keys": _key_list(postgres, sorted(parents))}
-            ):
+            for p in resources.unclosed_breakers_sync(conn, sorted(parents)):
                 before = self._snapshot(p)
                 after = breaker_transition(before, BreakerOutcome.SUCCESS, now, self.breaker_policy)
                 self._store_snapshot(conn, p.resource_key, before, after, now)
 
     def _resource_failure(
         self,
-        conn: Connection,
+        conn: SyncConn,
         job: ClaimedJob,
         c: Classification,
         now: datetime,
@@ -1050,7 +1001,7 @@ class Worker:
         """Fold a failure into the resource's breaker and, for a rate limit, its pace;
         returns when the resource is next available (None: not paced)."""
         key = job.resource_key
-        r = (conn.execute(_RESOURCES.where(resources.c.resource_key == key))).first()
+        r = resources.breaker_row_sync(conn, key)
         if r is None:
             return None
         extra: dict[str, Any] = {
@@ -1076,7 +1027,7 @@ class Worker:
 
     def _pace(
         self,
-        conn: Connection,
+        conn: SyncConn,
         key: str,
         c: Classification,
         now: datetime,
@@ -1091,15 +1042,13 @@ class Worker:
         )
         return until if until is not None else current
 
-    def _maybe_open_parent(self, conn: Connection, parent_key: str, now: datetime) -> None:
+    def _maybe_open_parent(self, conn: SyncConn, parent_key: str, now: datetime) -> None:
         """Open the API-wide breaker when many of its tenants' breakers are open together."""
-        children = list(
-            conn.execute(select(resources.c.state).where(resources.c.parent_key == parent_key))
-        )
-        open_children = sum(1 for c in children if c.state != "closed")
+        children = resources.child_states_sync(conn, parent_key)
+        open_children = sum(1 for state in children if state != "closed")
         if not global_breaker_trips(open_children, len(children), self.breaker_policy):
             return
-        p = (conn.execute(_RESOURCES.where(resources.c.resource_key == parent_key))).first()
+        p = resources.breaker_row_sync(conn, parent_key)
         if p is None or p.state == "open":
             return
         before = self._snapshot(p)
@@ -1232,15 +1181,6 @@ class Worker:
         await asyncio.sleep(delay)
 
 
-def _connection_lost(conn: Connection, exc: BaseException) -> bool:
-    """Whether ``exc`` means the connection (not this one statement) failed."""
-    if conn.invalidated or conn.closed:
-        return True
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(exc, OperationalError | InterfaceError)
-
-
 def claim_plan(
     concurrency: int, avg_run_seconds: float | None, claim_batch: int | None = None
 ) -> tuple[int, int]:
@@ -1259,16 +1199,30 @@ def claim_plan(
     return concurrency, min(batch, concurrency)
 
 
-class _Backoff:
-    """Exponential backoff for database trouble: 0.1 s doubling to 5 s, with jitter."""
+#: The worker's backoff after database trouble: 0.2 s doubling to 5 s, less up to half
+#: of it (``errors.backoff.backoff_delay``, the one formula).
+DB_BACKOFF_BASE = timedelta(seconds=0.2)
+DB_BACKOFF_CAP = timedelta(seconds=5)
+DB_BACKOFF_JITTER = 0.5
 
-    def __init__(self) -> None:
+
+class _Backoff:
+    """Consecutive waits after database trouble (:data:`DB_BACKOFF_BASE` doubling to
+    :data:`DB_BACKOFF_CAP`, jittered); ``reset`` after a step that worked."""
+
+    def __init__(self, draw: Callable[[], float] = random.random) -> None:
         self.n = 0
+        self._draw = draw
 
     def reset(self) -> None:
         self.n = 0
 
     def next(self) -> float:
         self.n += 1
-        delay: float = min(5.0, 0.1 * 2 ** min(self.n, 10)) * random.uniform(0.5, 1.0)
-        return delay
+        return backoff_delay(
+            self.n,
+            self._draw(),
+            base=DB_BACKOFF_BASE,
+            cap=DB_BACKOFF_CAP,
+            jitter=DB_BACKOFF_JITTER,
+        ).total_seconds()

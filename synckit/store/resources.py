@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, or_, select, update
+from sqlalchemy import Column, Text, bindparam, func, literal_column, or_, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -259,3 +261,66 @@ async def configure_pacing(
         "updated_at": now,
     }
     await conn.execute(update(resources).where(resources.c.resource_key == key).values(**values))
+
+
+# ``resources`` rows as the worker's recorder reads them: timestamps guarded
+# (:func:`readable`) and parsed per row by the caller, so that a corrupt row reads as
+# closed instead of failing the batch.
+_BREAKERS: Any = select(*readable(resources.c))
+
+
+def _among_keys(postgres: bool) -> Any:
+    # The keys travel as one parameter (an array; a JSON array on SQLite): the statement
+    # is the same for every batch, prepared once, its parameter count fixed.
+    if postgres:
+        return resources.c.resource_key == func.any(bindparam("keys", type_=ARRAY(Text)))
+    return resources.c.resource_key.in_(
+        select(literal_column("value")).select_from(func.json_each(bindparam("keys")))
+    )
+
+
+def _key_list(postgres: bool, keys: list[str]) -> Any:
+    return keys if postgres else json.dumps(keys)
+
+
+# The resources among ``keys`` whose breaker a success changes: not closed, failures
+# counted, or a failure-rate window open (successes count in it too). A clean resource,
+# the common case, costs no write.
+_DIRTY = {
+    pg: _BREAKERS.where(
+        _among_keys(pg),
+        (resources.c.state != "closed")
+        | (resources.c.consecutive_failures > 0)
+        | resources.c.window_start.is_not(None),
+    )
+    for pg in (True, False)
+}
+_NOT_CLOSED = {
+    pg: _BREAKERS.where(_among_keys(pg), resources.c.state != "closed") for pg in (True, False)
+}
+
+
+def breaker_row_sync(conn: Connection, key: str | None) -> Any:
+    """The resource's row, timestamps guarded (None when there is none)."""
+    return conn.execute(_BREAKERS.where(resources.c.resource_key == key)).first()
+
+
+def dirty_breakers_sync(conn: Connection, keys: list[str]) -> Any:
+    """The rows (guarded) of the resources among ``keys`` whose breaker a success changes:
+    not closed, failures counted, or a failure-rate window open."""
+    postgres = conn.dialect.name == "postgresql"
+    return conn.execute(_DIRTY[postgres], {"keys": _key_list(postgres, keys)})
+
+
+def unclosed_breakers_sync(conn: Connection, keys: list[str]) -> Any:
+    """The rows (guarded) of the resources among ``keys`` whose breaker is not closed."""
+    postgres = conn.dialect.name == "postgresql"
+    return conn.execute(_NOT_CLOSED[postgres], {"keys": _key_list(postgres, keys)})
+
+
+def child_states_sync(conn: Connection, parent_key: str) -> list[str]:
+    """The breaker state of each resource whose parent is ``parent_key``."""
+    return [
+        r.state
+        for r in conn.execute(select(resources.c.state).where(resources.c.parent_key == parent_key))
+    ]

@@ -482,3 +482,24 @@ def test_dead_letter_replays_back_off_by_the_one_formula(
     assert next_retry_delay(attempt, Fixed(), jitter=jitter) == backoff_delay(
         attempt + 1, draw, base=BASE_DELAY, cap=MAX_DELAY, jitter=jitter
     )
+
+
+@given(draws=st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=1, max_size=20))
+def test_the_workers_database_backoff_is_the_one_formula(draws: list[float]) -> None:
+    """The worker's waits after database trouble are backoff_delay from 0.2 s doubling to
+    5 s less up to half, counted from 1 again after a reset."""
+    from synckit.runtime.worker import _Backoff
+
+    source = iter(draws * 2)
+    backoff = _Backoff(lambda: next(source))
+    for _ in range(2):
+        waits = [backoff.next() for _ in draws]
+        expected = [
+            backoff_delay(
+                n, d, base=timedelta(seconds=0.2), cap=timedelta(seconds=5), jitter=0.5
+            ).total_seconds()
+            for n, d in enumerate(draws, 1)
+        ]
+        assert waits == expected
+        backoff.reset()
+    assert 0.1 <= _Backoff().next() <= 0.2

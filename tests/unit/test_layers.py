@@ -30,7 +30,6 @@ STILL_BUILDING_SQL = {
     "synckit.examples.graph_mail.connector",
     "synckit.runtime.outbox",
     "synckit.runtime.status",
-    "synckit.runtime.worker",
     "synckit.sync_cli",
 }
 
