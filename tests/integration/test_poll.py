@@ -498,8 +498,7 @@ async def test_read_cycle_start_sees_the_checkpoint_and_open_dead_letters(db: Da
 def test_the_page_statements_are_cacheable() -> None:
     """The statements of every page carry a cache key (a dialect's on_conflict upsert has
     none and is compiled each time it runs)."""
-    from synckit.runtime import audit
-    from synckit.store import checkpoints
+    from synckit.store import audit, checkpoints
     from synckit.store import dead_letters as dlq_store
 
     for stmt in (
