@@ -47,8 +47,6 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
 
 import structlog
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.clock import utcnow
 from synckit.errors.classify import classify
@@ -57,10 +55,10 @@ from synckit.errors.exceptions import JobNotFound, JobStateError
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.store import dead_letters as store
 from synckit.store import jobs
-from synckit.store.db import Database
+from synckit.store.db import Conn, Database
 from synckit.store.dead_letters import DeadLetter, DlqError, DlqFilter, ReplayError
 from synckit.store.jobs import PayloadError
-from synckit.store.tables import dead_letters
+from synckit.store.leases import new_lease
 
 __all__ = [
     "DLQ_REPLAY_KIND",
@@ -329,23 +327,19 @@ class ReplayProcessor:
         first = True
         while total.claimed < limit:
             now = self.clock()
-            marker = store.new_lease_marker()
+            lease = new_lease(self.lease, now=now)
             async with self.db.begin() as conn:
                 if first:
                     await store.schedule_unscheduled(conn, now)
                     first = False
                 rows = await store.claim_due(
-                    conn,
-                    now=now,
-                    limit=min(self.batch, limit - total.claimed),
-                    lease_until=now + self.lease,
-                    marker=marker,
+                    conn, now=now, limit=min(self.batch, limit - total.claimed), lease=lease
                 )
                 claimed = len(rows)
-                rows, deferred = await self._defer_waiting(conn, rows, marker, now)
+                rows, deferred = await self._defer_waiting(conn, rows, lease.token, now)
             if not claimed:
                 break
-            total += _summary_of(deferred) + await self._process(rows, marker, automatic=True)
+            total += _summary_of(deferred) + await self._process(rows, lease.token, automatic=True)
         self._alert(total)
         return total
 
@@ -388,12 +382,10 @@ class ReplayProcessor:
         self, listed: list[DeadLetter], progress: Callable[[ReplayResult], None] | None
     ) -> ReplaySummary:
         now = self.clock()
-        marker = store.new_lease_marker()
+        lease = new_lease(self.lease, now=now)
         async with self.db.begin() as conn:
-            claimed = await store.claim_ids(
-                conn, [r.id for r in listed], now=now, lease_until=now + self.lease, marker=marker
-            )
-            rows, deferred = await self._defer_waiting(conn, claimed, marker, now)
+            claimed = await store.claim_ids(conn, [r.id for r in listed], now=now, lease=lease)
+            rows, deferred = await self._defer_waiting(conn, claimed, lease.token, now)
         got = {r.id for r in claimed}
         missed = [
             _result(r, "skipped", "held by another replay, or no longer pending or in review")
@@ -401,7 +393,7 @@ class ReplayProcessor:
             if r.id not in got
         ]
         summary = self._report([*missed, *deferred], progress)
-        return summary + await self._process(rows, marker, automatic=False, progress=progress)
+        return summary + await self._process(rows, lease.token, automatic=False, progress=progress)
 
     @staticmethod
     def _report(
@@ -413,7 +405,7 @@ class ReplayProcessor:
         return _summary_of(results)
 
     async def _defer_waiting(
-        self, conn: AsyncConnection, rows: list[DeadLetter], marker: str, now: datetime
+        self, conn: Conn, rows: list[DeadLetter], token: str, now: datetime
     ) -> tuple[list[DeadLetter], list[ReplayResult]]:
         """Push rows whose resource waits to when it is available, without spending an
         attempt; return the rows to replay and the deferred ones' results."""
@@ -435,7 +427,7 @@ class ReplayProcessor:
             reason = f"waiting: {why} until {until.isoformat(timespec='seconds')}"
             hit = set(
                 await store.defer(
-                    conn, [r.id for r in group], until=until, reason=reason, marker=marker
+                    conn, [r.id for r in group], until=until, reason=reason, token=token
                 )
             )
             deferred += [_result(r, "deferred", f"waiting: {why}") for r in group if r.id in hit]
@@ -444,7 +436,7 @@ class ReplayProcessor:
     async def _process(
         self,
         rows: list[DeadLetter],
-        marker: str,
+        token: str,
         *,
         automatic: bool,
         progress: Callable[[ReplayResult], None] | None = None,
@@ -458,7 +450,7 @@ class ReplayProcessor:
                 return await self._replay_one(row, automatic=automatic)
 
         done = await asyncio.gather(*(one(r) for r in rows))
-        results = await self._record(list(done), marker)
+        results = await self._record(list(done), token)
         if progress is not None:
             for r in results:
                 progress(r)
@@ -541,7 +533,7 @@ class ReplayProcessor:
 
     # --- recording ----------------------------------------------------------------------
 
-    async def _record(self, done: list[_Done], marker: str) -> list[ReplayResult]:
+    async def _record(self, done: list[_Done], token: str) -> list[ReplayResult]:
         now = self.clock()
         results: list[ReplayResult] = []
 
@@ -573,7 +565,7 @@ class ReplayProcessor:
                         [d.row.id for d in group],
                         now=now,
                         reason=reason,
-                        marker=marker,
+                        token=token,
                         replayed=True,
                     )
                 )
@@ -590,18 +582,18 @@ class ReplayProcessor:
                             [row.id],
                             now=now,
                             reason=d.reason,
-                            marker=marker,
+                            token=token,
                             replayed=True,
                             next_retry_at=d.next_retry_at,
                         )
                     )
                     result(d, "resolved") if ok else fenced(d)
                 elif d.action == "enqueue":
-                    await self._record_enqueue(conn, d, marker, now, result, fenced)
+                    await self._record_enqueue(conn, d, token, now, result, fenced)
                 elif d.action == "retry":
                     assert d.next_retry_at is not None
                     ok = await store.schedule_retry(
-                        conn, row, d.next_retry_at, now=now, error=d.error, marker=marker
+                        conn, row, d.next_retry_at, now=now, error=d.error, token=token
                     )
                     result(d, "retry") if ok else fenced(d)
                 elif d.action == "review":
@@ -611,7 +603,7 @@ class ReplayProcessor:
                         d.reason,
                         now=now,
                         error=d.error,
-                        marker=marker,
+                        token=token,
                         replayed=d.replayed,
                     )
                     if ok:
@@ -629,39 +621,28 @@ class ReplayProcessor:
                         fenced(d)
                 elif d.action == "ignore":
                     ok = bool(
-                        await store.mark_ignored(conn, [row.id], d.reason, now=now, marker=marker)
+                        await store.mark_ignored(conn, [row.id], d.reason, now=now, token=token)
                     )
                     result(d, "ignored") if ok else fenced(d)
                 else:  # skip: leave it for later without spending an attempt
                     assert d.next_retry_at is not None
                     ok = await store.schedule_retry(
-                        conn, row, d.next_retry_at, now=now, marker=marker, replayed=False
+                        conn, row, d.next_retry_at, now=now, token=token, replayed=False
                     )
                     result(d, "deferred", d.reason) if ok else fenced(d)
         return results
 
     async def _record_enqueue(
         self,
-        conn: AsyncConnection,
+        conn: Conn,
         d: _Done,
-        marker: str,
+        token: str,
         now: datetime,
         result: Callable[..., None],
         fenced: Callable[[_Done], None],
     ) -> None:
         row = d.row
-        held = (
-            await conn.execute(
-                select(dead_letters.c.id)
-                .where(
-                    dead_letters.c.id == row.id,
-                    dead_letters.c.status == "pending",
-                    dead_letters.c.status_reason == marker,
-                )
-                .with_for_update()
-            )
-        ).first()
-        if held is None:
+        if not await store.still_held(conn, row.id, token):
             fenced(d)
             return
         try:
@@ -674,12 +655,12 @@ class ReplayProcessor:
                 now=now,
             )
         except PayloadError as exc:
-            await store.mark_ignored(conn, [row.id], str(exc), now=now, marker=marker)
+            await store.mark_ignored(conn, [row.id], str(exc), now=now, token=token)
             result(d, "ignored", str(exc))
             return
         reason = f"re-enqueued as job {new.id}"
         await store.mark_resolved(
-            conn, [row.id], now=now, reason=reason, marker=marker, replayed=True
+            conn, [row.id], now=now, reason=reason, token=token, replayed=True
         )
         result(d, "resolved", reason)
 

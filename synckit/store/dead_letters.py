@@ -17,15 +17,16 @@ history shape (``at``, ``source``, ``error_class``, ``message``, ``attempt``,
 number of failures. Text PostgreSQL cannot store (NUL, lone surrogates) is stored as
 U+FFFD on both engines (:func:`storable_text`).
 
-**Leases.** A replay processor claims due rows by pushing ``next_retry_at`` forward to
-the end of a lease and writing a lease marker (``replaying:<token>``) into
-``status_reason``, in one short transaction (``FOR UPDATE SKIP LOCKED`` on PostgreSQL;
-SQLite serialises writers). The row stays ``pending``, so nothing else sees a state it
-does not know, and is no longer due, so no other processor takes it. Every outcome is
-written only where the marker still matches (fencing): a row re-captured, resolved or
-ignored meanwhile keeps its newer state. A processor that dies leaves rows that simply
-come due again when the lease ends. No transaction is held while a replay runs, so a
-replay may itself write to the database, on SQLite too.
+**Leases.** A replay processor claims due rows under the one lease
+(:mod:`synckit.store.leases`: ``lease_token``, ``lease_expires_at``) and pushes
+``next_retry_at`` forward to the lease's end, in one short transaction (``FOR UPDATE SKIP
+LOCKED`` on PostgreSQL; SQLite serialises writers). The row stays ``pending``, so nothing
+else sees a state it does not know, and is no longer due, so no other processor takes it
+(and the due-row index walk never steps over held rows). Every outcome is written only
+where the token still holds (fencing): a re-capture, a resolution or an operator's
+change releases the lease, so such a row keeps its newer state. A processor that dies
+leaves rows that simply come due again when the lease ends. No transaction is held while
+a replay runs, so a replay may itself write to the database, on SQLite too.
 
 **Streaming.** Listing and bulk operations walk the table by keyset pagination on ``id``
 (pages of ``batch`` rows, each page its own short read), so 100,000 matching rows are
@@ -42,7 +43,6 @@ shows up as :attr:`DeadLetter.payload_error`; a history or timestamp that cannot
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from dataclasses import replace as dataclass_replace
@@ -79,8 +79,10 @@ from synckit.errors.dlq_policy import (
 )
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime.logging import redact_text
+from synckit.store import leases
 from synckit.store.db import Database
 from synckit.store.jobs import guarded_moment, read_moment
+from synckit.store.leases import Lease
 from synckit.store.pages import Page, off_index, page_size, paged, scan_window
 from synckit.store.tables import connections, dead_letters, resources
 
@@ -88,7 +90,6 @@ __all__ = [
     "CAPTURE_CHUNK",
     "HISTORY_LIMIT",
     "INACTIVE_WAIT",
-    "LEASE_PREFIX",
     "REPLACEMENT",
     "STATUSES",
     "Captured",
@@ -119,13 +120,13 @@ __all__ = [
     "mark_ignored",
     "mark_resolved",
     "mark_review",
-    "new_lease_marker",
     "purge",
     "resolve_matching",
     "resolve_records",
     "resource_waits",
     "schedule_retry",
     "schedule_unscheduled",
+    "still_held",
     "storable_text",
 ]
 
@@ -133,8 +134,6 @@ Status = Literal["pending", "resolved", "ignored", "review"]
 STATUSES: tuple[Status, ...] = ("pending", "resolved", "ignored", "review")
 #: History keeps the most recent entries only, so a record failing for months stays small.
 HISTORY_LIMIT = 20
-#: ``status_reason`` of a pending row a replay processor holds: ``replaying:<token>``.
-LEASE_PREFIX = "replaying:"
 #: How long rows of a tenant whose connection is not active (needs re-auth, paused) wait
 #: before their connection is looked at again.
 INACTIVE_WAIT = timedelta(minutes=15)
@@ -215,6 +214,9 @@ class DeadLetter:
     payload_error: str | None = None
     payload_raw: str | None = None
     unreadable: dict[str, str] = field(default_factory=dict)
+    #: The replay lease on the row (:mod:`synckit.store.leases`), if one holds it.
+    lease_token: str | None = None
+    lease_expires_at: datetime | None = None
 
     @property
     def is_job(self) -> bool:
@@ -224,7 +226,7 @@ class DeadLetter:
     @property
     def leased(self) -> bool:
         """Held by a replay processor right now (as of the time the row was read)."""
-        return self.status == "pending" and (self.status_reason or "").startswith(LEASE_PREFIX)
+        return self.status == "pending" and self.lease_token is not None
 
     @classmethod
     def from_row(cls, r: Row[Any]) -> DeadLetter:
@@ -267,6 +269,7 @@ class DeadLetter:
             payload_error=payload_error,
             payload_raw=m["payload_text"] if payload_error is not None else None,
             unreadable=bad,
+            lease_token=m["lease_token"],
             **moments,
         )
 
@@ -283,7 +286,13 @@ class DeadLetter:
         return data
 
 
-_MOMENTS = ("first_failed_at", "last_attempt_at", "next_retry_at", "resolved_at")
+_MOMENTS = (
+    "first_failed_at",
+    "last_attempt_at",
+    "next_retry_at",
+    "resolved_at",
+    "lease_expires_at",
+)
 
 
 _BASE_COLUMNS: list[Any] = [
@@ -306,6 +315,7 @@ _BASE_COLUMNS: list[Any] = [
     dead_letters.c.replay_attempts,
     dead_letters.c.status,
     dead_letters.c.status_reason,
+    dead_letters.c.lease_token,
     # Guarded, parsed by DeadLetter.from_row: a value no datetime holds would fail the
     # whole fetch (the drivers raise while reading it), every listing and replay claim.
     *(guarded_moment(dead_letters.c[name]) for name in _MOMENTS),
@@ -672,6 +682,9 @@ class _CaptureSql:
             " resource_key = COALESCE(v.resource_key, dead_letters.resource_key),"
             " status = v.status,"
             " status_reason = CASE WHEN v.reopen THEN NULL ELSE dead_letters.status_reason END,"
+            " lease_token = CASE WHEN v.reopen THEN NULL ELSE dead_letters.lease_token END,"
+            " lease_expires_at = CASE WHEN v.reopen THEN NULL"
+            " ELSE dead_letters.lease_expires_at END,"
             " next_retry_at = CASE WHEN v.reopen THEN v.next_retry_at"
             " ELSE dead_letters.next_retry_at END,"
             " resolved_at = CASE WHEN v.reopen THEN NULL ELSE dead_letters.resolved_at END,"
@@ -692,7 +705,8 @@ class _CaptureSql:
         )
         self.resolve = text(
             "UPDATE dead_letters SET status = 'resolved', status_reason = :reason,"
-            " resolved_at = :now, next_retry_at = NULL"
+            " resolved_at = :now, next_retry_at = NULL, lease_token = NULL,"
+            " lease_expires_at = NULL"
             " WHERE tenant = :tenant AND connector = :connector AND kind = :kind"
             f" AND status IN ('pending', 'review') AND {ids}"
         ).bindparams(bindparam("now", type_=dead_letters.c.resolved_at.type))
@@ -1018,11 +1032,6 @@ def resolve_records(
 # --- due rows and leases ------------------------------------------------------------------
 
 
-def new_lease_marker() -> str:
-    """A fresh lease marker for one claim (``replaying:<random token>``)."""
-    return f"{LEASE_PREFIX}{secrets.token_hex(8)}"
-
-
 def _soonest_pending(limit: int, max_attempts: int | None = None) -> Any:
     """The ids of the ``limit`` pending rows with the soonest ``next_retry_at``.
 
@@ -1066,21 +1075,23 @@ async def due_rows(
 
 
 async def claim_due(
-    conn: AsyncConnection, *, now: datetime, limit: int, lease_until: datetime, marker: str
+    conn: AsyncConnection, *, now: datetime, limit: int, lease: Lease
 ) -> list[DeadLetter]:
-    """Lease up to ``limit`` due pending rows (soonest first) to the holder of ``marker``.
+    """Lease up to ``limit`` due pending rows (soonest first) under ``lease``.
 
-    Leased rows stay ``pending`` with ``next_retry_at = lease_until`` (so no one else
-    finds them due) and ``status_reason = marker``. Concurrent claimers never get the same
-    row: PostgreSQL skips rows another claim has locked, SQLite runs claims one at a time.
+    Leased rows stay ``pending`` with ``next_retry_at`` at the lease's end (so no one else
+    finds them due) and the lease's token. Concurrent claimers never get the same row:
+    PostgreSQL skips rows another claim has locked, SQLite runs claims one at a time.
     """
     picked = _soonest_pending(limit).with_for_update(skip_locked=True)
-    stmt = (
-        update(dead_letters)
-        .where(dead_letters.c.id.in_(picked.scalar_subquery()), dead_letters.c.next_retry_at <= now)
-        .values(next_retry_at=lease_until, status_reason=marker)
-        .returning(*_returned(conn))
-    )
+    stmt = leases.claim(
+        dead_letters,
+        lease,
+        dead_letters.c.id.in_(picked.scalar_subquery()),
+        dead_letters.c.next_retry_at <= now,
+        now=now,
+        values={"next_retry_at": lease.expires_at},
+    ).returning(*_returned(conn))
     rows = [DeadLetter.from_row(r) for r in await conn.execute(stmt)]
     return sorted(rows, key=lambda r: r.id)
 
@@ -1090,8 +1101,7 @@ async def claim_ids(
     ids: Sequence[int],
     *,
     now: datetime,
-    lease_until: datetime,
-    marker: str,
+    lease: Lease,
     statuses: Sequence[str] = ("pending", "review"),
 ) -> list[DeadLetter]:
     """Lease the rows ``ids`` now, whenever they were due (an operator's replay).
@@ -1103,21 +1113,27 @@ async def claim_ids(
     if not ids:
         return []
     c = dead_letters.c
-    not_leased = or_(
-        c.status != "pending",
-        c.status_reason.is_(None),
-        ~c.status_reason.startswith(LEASE_PREFIX),
-        c.next_retry_at.is_(None),
-        c.next_retry_at <= now,
-    )
-    stmt = (
-        update(dead_letters)
-        .where(c.id.in_(list(ids)), c.status.in_(list(statuses)), not_leased)
-        .values(status="pending", next_retry_at=lease_until, status_reason=marker)
-        .returning(*_returned(conn))
-    )
+    stmt = leases.claim(
+        dead_letters,
+        lease,
+        c.id.in_(list(ids)),
+        c.status.in_(list(statuses)),
+        now=now,
+        values={"status": "pending", "next_retry_at": lease.expires_at},
+    ).returning(*_returned(conn))
     rows = [DeadLetter.from_row(r) for r in await conn.execute(stmt)]
     return sorted(rows, key=lambda r: r.id)
+
+
+async def still_held(conn: AsyncConnection, row_id: int, token: str) -> bool:
+    """Lock row ``row_id`` for the caller's transaction if ``token`` still holds it."""
+    c = dead_letters.c
+    stmt = (
+        select(c.id)
+        .where(c.id == row_id, c.status == "pending", leases.held(dead_letters, token))
+        .with_for_update()
+    )
+    return (await conn.execute(stmt)).first() is not None
 
 
 async def schedule_unscheduled(conn: AsyncConnection, now: datetime) -> int:
@@ -1136,19 +1152,24 @@ async def schedule_unscheduled(conn: AsyncConnection, now: datetime) -> int:
     return res.rowcount or 0
 
 
-def _fenced(ids: Sequence[int], marker: str | None) -> list[ColumnElement[bool]]:
+def _fenced(ids: Sequence[int], token: str | None) -> list[ColumnElement[bool]]:
     c = dead_letters.c
     cond: list[ColumnElement[bool]] = [c.id.in_(list(ids))]
-    if marker is not None:
-        cond += [c.status == "pending", c.status_reason == marker]
+    if token is not None:
+        cond += [c.status == "pending", leases.held(dead_letters, token)]
     return cond
 
 
 async def _update_returning_ids(
     conn: AsyncConnection, cond: list[ColumnElement[bool]], values: dict[str, Any]
 ) -> list[int]:
+    """Write ``values`` where ``cond`` holds; every such write ends a replay lease on the
+    row (a replay's own outcome, or an operator's change that fences the replay off)."""
     res = await conn.execute(
-        update(dead_letters).where(*cond).values(**values).returning(dead_letters.c.id)
+        update(dead_letters)
+        .where(*cond)
+        .values(**values, **leases.RELEASED)
+        .returning(dead_letters.c.id)
     )
     return [int(r[0]) for r in res]
 
@@ -1159,13 +1180,13 @@ async def defer(
     *,
     until: datetime,
     reason: str,
-    marker: str | None = None,
+    token: str | None = None,
 ) -> list[int]:
     """Push pending rows to ``until`` without spending a replay attempt (resource waits)."""
     if not ids:
         return []
-    cond = _fenced(ids, marker)
-    if marker is None:
+    cond = _fenced(ids, token)
+    if token is None:
         cond.append(dead_letters.c.status == "pending")
     return await _update_returning_ids(
         conn, cond, {"next_retry_at": until, "status_reason": _clean(reason, _REASON_LIMIT)}
@@ -1178,13 +1199,13 @@ async def mark_resolved(
     *,
     now: datetime,
     reason: str | None = None,
-    marker: str | None = None,
+    token: str | None = None,
     replayed: bool = False,
     next_retry_at: datetime | None = None,
 ) -> list[int]:
     """Mark rows resolved; return the ids changed.
 
-    With ``marker``, only rows still held under that lease change (fencing). ``replayed``
+    With ``token``, only rows still held under that lease change (fencing). ``replayed``
     counts the successful replay as an attempt. ``next_retry_at`` is kept on the row for
     a job that was re-run: should it die again, the worker reopens this row and its next
     replay waits until then.
@@ -1200,8 +1221,8 @@ async def mark_resolved(
     if replayed:
         values["replay_attempts"] = dead_letters.c.replay_attempts + 1
         values["last_attempt_at"] = now
-    cond = _fenced(ids, marker)
-    if marker is None:
+    cond = _fenced(ids, token)
+    if token is None:
         cond.append(dead_letters.c.status != "resolved")
     return await _update_returning_ids(conn, cond, values)
 
@@ -1212,14 +1233,14 @@ async def mark_ignored(
     reason: str,
     *,
     now: datetime,
-    marker: str | None = None,
+    token: str | None = None,
     from_statuses: Sequence[str] = ("pending", "review"),
 ) -> list[int]:
     """Mark rows ignored with ``reason`` (kept in ``status_reason``); return the ids changed."""
     if not ids:
         return []
-    cond = _fenced(ids, marker)
-    if marker is None:
+    cond = _fenced(ids, token)
+    if token is None:
         cond.append(dead_letters.c.status.in_(list(from_statuses)))
     return await _update_returning_ids(
         conn,
@@ -1266,7 +1287,7 @@ async def schedule_retry(
     *,
     now: datetime,
     error: ReplayError | None = None,
-    marker: str | None = None,
+    token: str | None = None,
     replayed: bool = True,
 ) -> bool:
     """Keep ``row`` pending until ``next_retry_at``; with ``error``, record the failed
@@ -1277,7 +1298,7 @@ async def schedule_retry(
         "next_retry_at": next_retry_at,
         **_failure_values(row, error, now, replayed),
     }
-    return bool(await _update_returning_ids(conn, _fenced([row.id], marker), values))
+    return bool(await _update_returning_ids(conn, _fenced([row.id], token), values))
 
 
 async def mark_review(
@@ -1287,7 +1308,7 @@ async def mark_review(
     *,
     now: datetime,
     error: ReplayError | None = None,
-    marker: str | None = None,
+    token: str | None = None,
     replayed: bool = True,
 ) -> bool:
     """Send ``row`` to manual review with ``reason``; with ``error``, record the failed
@@ -1298,7 +1319,7 @@ async def mark_review(
         "next_retry_at": None,
         **_failure_values(row, error, now, replayed),
     }
-    return bool(await _update_returning_ids(conn, _fenced([row.id], marker), values))
+    return bool(await _update_returning_ids(conn, _fenced([row.id], token), values))
 
 
 # --- resources --------------------------------------------------------------------------

@@ -215,6 +215,9 @@ dead_letters = Table(
     _ts("last_attempt_at", nullable=False),
     _ts("next_retry_at"),
     _ts("resolved_at"),
+    # The lease (migration 0011, synckit.store.leases): who holds the row, until when.
+    Column("lease_token", String(100)),
+    _ts("lease_expires_at"),
     UniqueConstraint("tenant", "connector", "kind", "record_id", name="uq_dead_letters_record"),
     Index(
         "ix_dead_letters_due",
@@ -309,6 +312,9 @@ intents = Table(
     Column("attempts", Integer, nullable=False, server_default="0"),
     _ts("created_at", nullable=False),
     _ts("updated_at", nullable=False),
+    # The lease (migration 0011, synckit.store.leases): who holds the row, until when.
+    Column("lease_token", String(100)),
+    _ts("lease_expires_at"),
     UniqueConstraint("tenant", "connector", "intent_key", name="uq_intents_key"),
 )
 
@@ -399,6 +405,9 @@ outbox = Table(
     _ts("next_attempt_at", nullable=False),
     _ts("created_at", nullable=False),
     _ts("published_at"),
+    # The lease (migration 0011, synckit.store.leases): who holds the row, until when.
+    Column("lease_token", String(100)),
+    _ts("lease_expires_at"),
     Index(
         "ix_outbox_pending",
         "next_attempt_at",

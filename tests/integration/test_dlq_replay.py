@@ -112,7 +112,8 @@ async def test_a_failed_replay_is_retried_with_backoff(db: Database) -> None:
     assert row.next_retry_at == T0 + timedelta(minutes=2)
     assert row.error_class == "transient" and "503 again" in row.error_message
     assert row.history[-1]["source"] == "replay" and row.traceback
-    assert row.status_reason is None  # the lease marker is gone
+    assert row.status_reason is None
+    assert (row.lease_token, row.lease_expires_at, row.leased) == (None, None, False)  # released
 
 
 async def test_the_backoff_sequence_across_replays_and_the_retry_after_floor(db: Database) -> None:

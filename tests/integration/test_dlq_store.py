@@ -11,9 +11,11 @@ from sqlalchemy import select, text, update
 from synckit.store import dead_letters as store
 from synckit.store.db import Database
 from synckit.store.dead_letters import DlqFilter
+from synckit.store.leases import Lease
 from synckit.store.tables import dead_letters
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+FIVE = timedelta(minutes=5)
 
 
 async def cap(db: Database, record_id: str = "r1", **kw: Any) -> store.Captured:
@@ -145,42 +147,29 @@ async def test_claims_lease_due_rows_once_and_skip_leased_ones(db: Database) -> 
     await cap(db, "future", retry_at=NOW + timedelta(hours=1))
     later = NOW + timedelta(minutes=1)
     async with db.begin() as conn:
-        got = await store.claim_due(
-            conn, now=later, limit=3, lease_until=later + timedelta(minutes=5), marker="replaying:a"
-        )
+        got = await store.claim_due(conn, now=later, limit=3, lease=Lease("a", later + FIVE))
     assert [r.record_id for r in got] == ["r0", "r1", "r2"]
-    assert all(r.status_reason == "replaying:a" for r in got)
+    assert all(r.lease_token == "a" and r.leased for r in got)
+    assert all(r.lease_expires_at == later + FIVE for r in got)
     async with db.begin() as conn:
-        rest = await store.claim_due(
-            conn,
-            now=later,
-            limit=10,
-            lease_until=later + timedelta(minutes=5),
-            marker="replaying:b",
-        )
+        rest = await store.claim_due(conn, now=later, limit=10, lease=Lease("b", later + FIVE))
         # A manual claim does not take rows another processor holds.
         manual = await store.claim_ids(
-            conn,
-            [r.id for r in got],
-            now=later,
-            lease_until=later + timedelta(minutes=5),
-            marker="replaying:c",
+            conn, [r.id for r in got], now=later, lease=Lease("c", later + FIVE)
         )
     assert [r.record_id for r in rest] == ["r3", "r4"]
     assert manual == []
 
 
-async def test_outcomes_are_fenced_by_the_lease_marker(db: Database) -> None:
+async def test_outcomes_are_fenced_by_the_lease_token(db: Database) -> None:
     """A row re-captured during its replay keeps the newer failure; the stale outcome is dropped."""
     c = await cap(db)
     later = NOW + timedelta(minutes=2)
     async with db.begin() as conn:
-        [_row] = await store.claim_due(
-            conn, now=later, limit=1, lease_until=later + timedelta(minutes=5), marker="replaying:x"
-        )
+        [_row] = await store.claim_due(conn, now=later, limit=1, lease=Lease("x", later + FIVE))
     await cap(db, message="failed again meanwhile", now=later)
     async with db.begin() as conn:
-        assert await store.mark_resolved(conn, [c.id], now=later, marker="replaying:x") == []
+        assert await store.mark_resolved(conn, [c.id], now=later, token="x") == []
     fresh = await store.get(db, c.id)
     assert fresh.status == "pending" and fresh.error_message == "failed again meanwhile"
 
@@ -373,12 +362,10 @@ async def test_unreadable_times_and_json_are_named_on_every_read(db: Database) -
     later = NOW + timedelta(minutes=5)
     async with db.begin() as conn:
         due = {r.record_id for r in await store.due_rows(conn, later, 10)}
-        claimed = await store.claim_due(
-            conn, now=later, limit=10, lease_until=later + timedelta(minutes=5), marker="m"
-        )
+        claimed = await store.claim_due(conn, now=later, limit=10, lease=Lease("m", later + FIVE))
     # "resolved" has a next_retry_at no one can read: never due, never claimed.
     assert due == {r.record_id for r in claimed} == {"first", "last", "json", "ok"}
     first = next(r for r in claimed if r.record_id == "first")
-    assert set(first.unreadable) == {"first_failed_at"} and first.status_reason == "m"
+    assert set(first.unreadable) == {"first_failed_at"} and first.lease_token == "m"
     assert all(r.next_retry_at == later + timedelta(minutes=5) for r in claimed)
     assert next(r for r in claimed if r.record_id == "ok").unreadable == {}

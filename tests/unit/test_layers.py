@@ -26,7 +26,6 @@ STILL_BUILDING_SQL = {
     "synckit.connectors.tenant_pages",
     "synckit.connectors.tenants",
     "synckit.demo",
-    "synckit.dlq.replay",
     "synckit.examples.graph_mail.connector",
     "synckit.runtime.outbox",
     "synckit.runtime.status",

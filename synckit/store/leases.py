@@ -1,0 +1,105 @@
+"""The one lease: a row held by one process while it works outside any transaction.
+
+``dead_letters`` (a replay), ``intents`` (a create on a remote API) and ``outbox`` (a
+publish to a broker) carry the same two columns (migration 0011): ``lease_token``, who
+holds the row, and ``lease_expires_at``, until when. The work they cover is network I/O,
+so no transaction may stay open across it; the lease is what keeps other processes off
+the row meanwhile. Three operations, all of them single statements:
+
+* **claim** (:func:`claim`): take rows that are *free* (no token, or its lease ended)
+  and write a fresh token and expiry, in the claimer's short transaction. On PostgreSQL
+  the statement re-checks ``free`` on a row another transaction changed meanwhile (READ
+  COMMITTED re-reads a row it waited for), and callers pick candidates with ``FOR UPDATE
+  SKIP LOCKED``; SQLite runs write transactions one at a time (``BEGIN IMMEDIATE``). Two
+  claimers therefore never both get a row, on either engine.
+* **fence** (:func:`fenced`): a write that applies only while the row still carries the
+  holder's token. A lease that ended but that nobody took over still holds: the late
+  holder's outcome is the truth and is kept. Once another claim took the row, or an
+  operator or a new failure released it (:data:`RELEASED`), the stale write changes
+  nothing and the caller learns so from the rows it returns.
+* **release**: a fenced write of :data:`RELEASED` (plus whatever outcome goes with it).
+
+A process that dies holding a lease leaves the row to be claimed again once the lease
+ends: work covered by a lease runs at least once, and each table says what makes a
+second run harmless (the DLQ's fencing, an intent's ``find``, an outbox message's id).
+Expiry is judged by the claimer's clock, so hosts' clocks must agree to within the
+margin a caller adds to its lease.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Table, Update, or_, update
+
+from synckit.clock import utcnow
+
+__all__ = ["RELEASED", "Lease", "claim", "fenced", "free", "held", "new_lease", "taken"]
+
+#: The values of a row no lease holds.
+RELEASED: Mapping[str, Any] = {"lease_token": None, "lease_expires_at": None}
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One claim's token and the end of its lease."""
+
+    token: str
+    expires_at: datetime
+
+    def values(self) -> dict[str, Any]:
+        """The column values that hold a row under this lease."""
+        return {"lease_token": self.token, "lease_expires_at": self.expires_at}
+
+
+def new_lease(duration: timedelta, *, now: datetime | None = None) -> Lease:
+    """A fresh lease (a random token) ending ``duration`` after ``now``."""
+    return Lease(secrets.token_hex(16), (now or utcnow()) + duration)
+
+
+def free(table: Table, now: datetime) -> ColumnElement[bool]:
+    """Rows of ``table`` no lease holds at ``now``: no token, or a lease that ended."""
+    c = table.c
+    return or_(c.lease_token.is_(None), c.lease_expires_at.is_(None), c.lease_expires_at <= now)
+
+
+def held(table: Table, token: str) -> ColumnElement[bool]:
+    """Rows of ``table`` still held under ``token`` (the fence)."""
+    return table.c.lease_token == token
+
+
+def taken(table: Table, now: datetime) -> ColumnElement[bool]:
+    """Rows of ``table`` held at ``now`` under a lease that has not ended."""
+    return ~free(table, now)
+
+
+def claim(
+    table: Table,
+    lease: Lease,
+    *where: ColumnElement[bool],
+    now: datetime,
+    values: Mapping[str, Any] | None = None,
+) -> Update:
+    """``UPDATE table`` that takes the free rows matching ``where`` under ``lease``.
+
+    ``values`` are written with the lease (a DLQ row's next replay time, say). Callers
+    add ``RETURNING`` and execute it in a short transaction they commit before the work.
+    """
+    return update(table).where(*where, free(table, now)).values(**lease.values(), **(values or {}))
+
+
+def fenced(
+    table: Table,
+    token: str,
+    *where: ColumnElement[bool],
+    values: Mapping[str, Any],
+    release: bool = True,
+) -> Update:
+    """``UPDATE table`` writing ``values`` to the rows matching ``where`` that ``token``
+    still holds; with ``release`` (the default) the lease ends with the write."""
+    changes = {**(RELEASED if release else {}), **values}
+    return update(table).where(*where, held(table, token)).values(**changes)
