@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from synckit.connectors.base import BearerToken, Connector, Page, RateLimit, Stream
     from synckit.connectors.context import SyncContext
     from synckit.connectors.incremental import Incremental, Watermark
-    from synckit.connectors.intents import IntentConflict, IntentResult, RemoteRecord, run_intent
     from synckit.connectors.oauth import OAuth2Auth, OAuth2Config, reauth
     from synckit.connectors.paging import (
         CursorPaginator,
@@ -55,6 +54,7 @@ if TYPE_CHECKING:
         set_testing,
     )
     from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
+    from synckit.runtime.intents import IntentConflict, IntentResult, RemoteRecord, run_intent
     from synckit.runtime.outbox import add as outbox_add
     from synckit.runtime.worker import Worker
     from synckit.store.db import Database, open_database
@@ -86,8 +86,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "DatabaseUnavailable": ("synckit.errors", "DatabaseUnavailable"),
     "Discard": ("synckit.runtime.handlers", "Discard"),
     "ErrorClass": ("synckit.errors", "ErrorClass"),
-    "IntentConflict": ("synckit.connectors.intents", "IntentConflict"),
-    "IntentResult": ("synckit.connectors.intents", "IntentResult"),
+    "IntentConflict": ("synckit.runtime.intents", "IntentConflict"),
+    "IntentResult": ("synckit.runtime.intents", "IntentResult"),
     "JobContext": ("synckit.runtime.handlers", "JobContext"),
     "JobSpec": ("synckit.store.jobs", "JobSpec"),
     "NeedsReauth": ("synckit.errors", "NeedsReauth"),
@@ -98,7 +98,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "RateLimit": ("synckit.connectors.base", "RateLimit"),
     "RateLimited": ("synckit.errors", "RateLimited"),
     "Registry": ("synckit.runtime.handlers", "Registry"),
-    "RemoteRecord": ("synckit.connectors.intents", "RemoteRecord"),
+    "RemoteRecord": ("synckit.runtime.intents", "RemoteRecord"),
     "RetryPolicy": ("synckit.errors", "RetryPolicy"),
     "RetryableError": ("synckit.errors", "RetryableError"),
     "Snooze": ("synckit.runtime.handlers", "Snooze"),
@@ -124,7 +124,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "remove_tenant": ("synckit.connectors.tenants", "remove_tenant"),
     "resume_tenant": ("synckit.connectors.tenants", "resume_tenant"),
     "retry_delay": ("synckit.errors", "retry_delay"),
-    "run_intent": ("synckit.connectors.intents", "run_intent"),
+    "run_intent": ("synckit.runtime.intents", "run_intent"),
     "set_testing": ("synckit.errors", "set_testing"),
     "update_tenant": ("synckit.connectors.tenants", "update_tenant"),
 }

@@ -35,7 +35,7 @@ from synckit.runtime.pacing import PaceView
 from synckit.store.db import Database
 
 if TYPE_CHECKING:
-    from synckit.connectors.intents import Create, Find, IntentResult
+    from synckit.runtime.intents import Create, Find, IntentResult
 
 __all__ = ["SendTimeAuth", "SyncContext", "open_context"]
 
@@ -117,14 +117,14 @@ class SyncContext:
     ) -> IntentResult:
         """Create something on the API at most once per ``key`` for this tenant.
 
-        Delegates to :func:`synckit.connectors.intents.run_intent` (the intent is stored
+        Delegates to :func:`synckit.runtime.intents.run_intent` (the intent is stored
         before ``create`` runs; a finished one returns its stored result; an unfinished
         one asks ``find`` first). ``request`` is what the create sends: its fingerprint
         detects a key reused for a different request.
         """
         # Imported here: intents depends on the runtime, and a connector that never
         # creates anything should not pay for it.
-        from synckit.connectors.intents import run_intent
+        from synckit.runtime.intents import run_intent
 
         return await run_intent(
             self.db,
@@ -141,7 +141,7 @@ class SyncContext:
 async def _idempotency_hook(request: httpx.Request) -> None:
     # Inside ctx.intent(..., idempotency_header=...), the create's POST/PUT/PATCH requests
     # carry the intent's idempotency key.
-    from synckit.connectors.intents import idempotency_request_hook
+    from synckit.runtime.intents import idempotency_request_hook
 
     await idempotency_request_hook(request)
 

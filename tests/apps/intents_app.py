@@ -16,14 +16,14 @@ from typing import Any
 
 import httpx
 
-from synckit.connectors.intents import (
+from synckit.errors import set_testing
+from synckit.runtime.handlers import Registry
+from synckit.runtime.intents import (
     WRITE_KIND,
     RemoteRecord,
     Writer,
     write_job_handler,
 )
-from synckit.errors import set_testing
-from synckit.runtime.handlers import Registry
 from synckit.store.db import open_database
 
 # Retry at once (attempt limits still apply): the test is about effects, not pacing.

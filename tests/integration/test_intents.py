@@ -12,7 +12,10 @@ import pytest
 import structlog
 from sqlalchemy import select
 
-from synckit.connectors.intents import (
+from synckit.errors import RetryPolicy, set_testing
+from synckit.errors.exceptions import PermanentError
+from synckit.runtime.handlers import Registry
+from synckit.runtime.intents import (
     WRITE_KIND,
     IntentConflict,
     RemoteRecord,
@@ -26,9 +29,6 @@ from synckit.connectors.intents import (
     write_job,
     write_job_handler,
 )
-from synckit.errors import RetryPolicy, set_testing
-from synckit.errors.exceptions import PermanentError
-from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
 from synckit.store.db import Database, open_database
@@ -132,7 +132,7 @@ async def test_the_intent_is_pending_before_the_call_and_done_before_the_return(
     (during,) = seen
     assert during.status == "pending" and during.attempts == 1
     assert during.fingerprint == fingerprint({"ref": "a"})
-    assert "_lease" in during.result
+    assert during.lease_token is not None and during.lease_expires_at is not None
     row = await intent_row(db, "k1")
     assert (row.status, row.remote_id) == ("done", "r1")
     assert row.result == {"ref": "a", "at": "2024-01-01 00:00:00+00:00"}
@@ -166,7 +166,7 @@ async def test_a_lost_response_is_found_on_the_retry_not_created_again(db: Datab
         await run_intent(db, **ids(), **kw)
     pending = await intent_row(db, "k1")
     assert pending.status == "pending" and pending.attempts == 1
-    assert "_lease" not in pending.result  # released at once: the retry need not wait
+    assert pending.lease_token is None  # released at once: the retry need not wait
     assert "RemoteProtocolError" in pending.result["_last_error"]
     result = await run_intent(db, **ids(), **kw)
     assert (result.outcome, result.remote_id, result.attempts) == ("found", "r1", 2)
@@ -273,7 +273,7 @@ async def test_a_dead_workers_lease_is_waited_out_then_find_runs(db: Database) -
     with pytest.raises(asyncio.CancelledError):
         await victim
     remote.items = {"a": ["r-landed"]}  # the killed call had reached the API
-    assert "_lease" in (await intent_row(db, "k1")).result
+    assert (await intent_row(db, "k1")).lease_token is not None
     loop = asyncio.get_running_loop()
     started = loop.time()
     remote.delay = 0
@@ -292,7 +292,7 @@ async def test_a_timed_out_call_keeps_its_lease(db: Database) -> None:
             db, **ids(), create=remote.create_for("a"), request={"ref": "a"}, call_timeout=0.1
         )
     row = await intent_row(db, "k1")
-    assert row.status == "pending" and "_lease" in row.result
+    assert row.status == "pending" and row.lease_token is not None
     later = datetime.now(UTC) + timedelta(hours=1)  # a run after the lease expired
     remote.delay = 0
     result = await run_intent(

@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from sqlalchemy import select
 
-from synckit.connectors.intents import write_job
+from synckit.runtime.intents import write_job
 from synckit.store import jobs as store
 from synckit.store.db import Database
 from synckit.store.tables import intents, jobs

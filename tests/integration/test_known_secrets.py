@@ -18,8 +18,8 @@ from sqlalchemy import select
 
 from synckit import App, Connector, Page, Stream, SyncContext
 from synckit.connectors.context import open_context
-from synckit.connectors.intents import RemoteRecord, run_intent
 from synckit.errors import Classification, RetryPolicy
+from synckit.runtime.intents import RemoteRecord, run_intent
 from synckit.runtime.logging import configure_logging
 from synckit.store.db import Database
 from synckit.store.jobs import enqueue_many

@@ -154,23 +154,80 @@ async def test_processes_replaying_the_same_dead_letters_win_each_once(
 
 
 def _claimers(url: str, ids: list[int], n: int) -> list[int]:
+    lines = _run_all([_CLAIMER, url, json.dumps(ids)], n)
+    return [i for line in lines for i in json.loads(line)]
+
+
+# Each process runs the same intent at once; its create appends a line to a file, slowly.
+_INTENT_RUNNER = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from synckit.runtime.intents import RemoteRecord, run_intent
+    from synckit.store.db import open_database
+
+    async def main(url, path, start):
+        db = open_database(url)
+
+        async def create(idem):
+            with open(path, "a") as f:
+                f.write(idem + "\\n")
+            await asyncio.sleep(0.5)
+            return RemoteRecord("remote-1")
+
+        try:
+            while time.time() < start:
+                await asyncio.sleep(0.001)
+            result = await run_intent(
+                db, tenant="acme", connector="demo", key="k", create=create, request={"a": 1}
+            )
+        finally:
+            await db.dispose()
+        print(result.outcome, result.remote_id)
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+    """
+)
+
+
+async def test_processes_running_one_intent_create_it_once(
+    db: Database, migrated_url: str, tmp_path: Any
+) -> None:
+    """Four processes run one intent at once: one creates (under the lease), the others
+    wait for it and get the stored result."""
+    calls = tmp_path / "creates.txt"
+    outs = await asyncio.to_thread(_run_all, [_INTENT_RUNNER, migrated_url, str(calls)], 4)
+    outcomes = sorted(line.split()[0] for line in outs)
+    assert outcomes == ["created", "stored", "stored", "stored"]
+    assert len(calls.read_text().splitlines()) == 1
+    async with db.read() as conn:
+        row = (await conn.execute(select(intents))).one()
+    assert (row.status, row.remote_id, row.attempts, row.lease_token) == (
+        "done",
+        "remote-1",
+        1,
+        None,
+    )
+
+
+def _run_all(args: list[str], n: int) -> list[str]:
+    """Run ``python -c *args <start>`` in ``n`` processes; their last stdout lines."""
     start = time.time() + 3.0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _CLAIMER, url, json.dumps(ids), str(start)],
+            [sys.executable, "-c", *args, str(start)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
         )
         for _ in range(n)
     ]
-    won: list[int] = []
+    lines = []
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err.decode()[-2000:]
-        won += json.loads(out.decode().strip().splitlines()[-1])
-    return won
+        lines.append(out.decode().strip().splitlines()[-1])
+    return lines
 
 
 # --- the migration ------------------------------------------------------------------------

@@ -25,10 +25,10 @@ from sqlalchemy import text as sa_text
 
 from synckit import App, BearerToken, Connector, Page, RateLimit, Stream, SyncContext
 from synckit.clock import utcnow
-from synckit.connectors.intents import RemoteRecord
 from synckit.dlq.replay import Unreplayable
 from synckit.errors import NeedsReauth, RateLimited, RetryPolicy
 from synckit.runtime.handlers import Cancel
+from synckit.runtime.intents import RemoteRecord
 from synckit.runtime.poll import load_checkpoint, run_cycle, save_checkpoint
 from synckit.store import jobs as store
 from synckit.store.db import Database

@@ -20,7 +20,6 @@ STILL_BUILDING_SQL = {
     "synckit.cli_options",
     "synckit.connectors.authorize",
     "synckit.connectors.bulk",
-    "synckit.connectors.intents",
     "synckit.connectors.keys",
     "synckit.connectors.secrets",
     "synckit.connectors.tenant_pages",

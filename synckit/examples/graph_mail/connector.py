@@ -42,9 +42,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.schema import CreateTable
 
 from synckit import Connector, NextUrlPaginator, Page, RateLimit, Stream, SyncContext
-from synckit.connectors.intents import IntentResult, RemoteRecord
 from synckit.connectors.oauth import OAuth2Auth, OAuth2Config
 from synckit.errors import ErrorClass, PermanentError
+from synckit.runtime.intents import IntentResult, RemoteRecord
 from synckit.store.db import Database
 from synckit.store.tables import UTCDateTime
 

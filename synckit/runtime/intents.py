@@ -17,13 +17,11 @@ and :func:`idempotency_request_hook`), and the API itself deduplicates retries t
 
 Serialising one intent across processes
 ---------------------------------------
-Two workers running the same intent must not both create. Each run takes the intent's
-row under the per-intent lock (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite
-transactions are ``BEGIN IMMEDIATE``) only for two short transactions: one that claims a
-*lease* on the intent and one that records the outcome. The lease lives in the pending
-intent's ``result`` JSON as ``{"_lease": {"owner": ..., "until": ...}}`` (the schema has
-no lease column), and a run that finds a live lease of another owner waits for the
-intent to finish or the lease to expire. The API call itself runs outside any
+Two workers running the same intent must not both create. Each run touches the intent's
+row only in two short transactions (:mod:`synckit.store.intents`): one that claims the
+one lease on it (:mod:`synckit.store.leases`: ``lease_token``, ``lease_expires_at``) and
+one that records the outcome. A run that finds the intent under another live lease waits
+for the intent to finish or the lease to expire. The API call itself runs outside any
 transaction: on SQLite a transaction held across a slow create would hold the one write
 lock of the whole database and stall every worker; on PostgreSQL it would pin a pooled
 connection idle-in-transaction per in-flight create. The lease is ``call_timeout`` plus a
@@ -50,8 +48,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
-import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -63,22 +59,19 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import httpx
 import structlog
-from sqlalchemy import Row, select, update
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.clock import utcnow
 from synckit.errors.exceptions import (
     DatabaseError,
     PermanentError,
     RetryableError,
-    SynckitError,
 )
 from synckit.runtime.handlers import Handler, JobContext
 from synckit.runtime.logging import redact_text
+from synckit.store import intents as intent_store
 from synckit.store.db import Database
 from synckit.store.jobs import JobSpec
-from synckit.store.tables import intents
+from synckit.store.leases import new_lease
 
 log = structlog.get_logger("synckit.intents")
 
@@ -206,24 +199,6 @@ def _json_safe(data: Mapping[str, Any] | None) -> Any:
     return json.loads(json.dumps(dict(data), default=str))
 
 
-@dataclass(frozen=True)
-class _Lease:
-    owner: str
-    until: datetime
-
-
-def _lease_of(result: Any) -> _Lease | None:
-    if not isinstance(result, Mapping):
-        return None
-    raw = result.get("_lease")
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        return _Lease(str(raw["owner"]), datetime.fromisoformat(str(raw["until"])))
-    except (KeyError, ValueError):
-        return None
-
-
 def _describe(exc: BaseException) -> str:
     """The failure kept in ``result._last_error``: redacted before it is cut (a secret cut
     in half would escape the patterns), NULs dropped (PostgreSQL refuses them in JSON)."""
@@ -235,15 +210,12 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-# --- persistence (every SQL statement on intents) -----------------------------------------
-
-
-def _insert(conn: AsyncConnection) -> Any:
-    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+# --- persistence (the statements are synckit.store.intents') -----------------------------
 
 
 @dataclass(frozen=True)
 class _Claimed:
+    token: str
     attempts: int
     find_first: bool
 
@@ -253,25 +225,8 @@ class _Wait:
     until: datetime
 
 
-def _where(tenant: str, connector: str, key: str) -> Any:
-    return (
-        (intents.c.tenant == tenant)
-        & (intents.c.connector == connector)
-        & (intents.c.intent_key == key)
-    )
-
-
-async def _lock_intent(conn: AsyncConnection, tenant: str, connector: str, key: str) -> Row[Any]:
-    row = (
-        await conn.execute(select(intents).where(_where(tenant, connector, key)).with_for_update())
-    ).first()
-    if row is None:
-        raise SynckitError(f"intent {key!r} of tenant {tenant!r} disappeared while in use")
-    return row
-
-
-def _stored(row: Row[Any]) -> IntentResult:
-    return IntentResult(row.intent_key, row.remote_id, row.result, "stored", row.attempts)
+def _stored(row: intent_store.IntentRow) -> IntentResult:
+    return IntentResult(row.key, row.remote_id or "", row.result, "stored", row.attempts)
 
 
 async def _claim(
@@ -281,63 +236,24 @@ async def _claim(
     connector: str,
     key: str,
     fp: str,
-    owner: str,
     now: datetime,
     lease: timedelta,
 ) -> IntentResult | _Claimed | _Wait:
-    """Insert the intent if new, then: its stored result, a lease to wait out, or ours."""
-    async with db.begin() as conn:
-        await conn.execute(
-            _insert(conn)(intents)
-            .values(
-                tenant=tenant,
-                connector=connector,
-                intent_key=key,
-                status="pending",
-                fingerprint=fp,
-                attempts=0,
-                result=None,
-                created_at=now,
-                updated_at=now,
-            )
-            .on_conflict_do_nothing(index_elements=["tenant", "connector", "intent_key"])
+    """The stored result, a lease to wait out, or the intent under a lease of ours."""
+    mine = new_lease(lease, now=now)
+    row, taken = await intent_store.claim(
+        db, tenant=tenant, connector=connector, key=key, fingerprint=fp, lease=mine, now=now
+    )
+    if row.fingerprint != fp:
+        raise IntentConflict(
+            f"intent {key!r} of tenant {tenant!r} ({connector}) was first used with a "
+            "different request; use a new key for a different create"
         )
-        row = await _lock_intent(conn, tenant, connector, key)
-        if row.fingerprint != fp:
-            raise IntentConflict(
-                f"intent {key!r} of tenant {tenant!r} ({connector}) was first used with a "
-                "different request; use a new key for a different create"
-            )
-        if row.status == "done":
-            return _stored(row)
-        held = _lease_of(row.result)
-        if held is not None and held.owner != owner and held.until > now:
-            return _Wait(held.until)
-        meta = dict(row.result) if isinstance(row.result, Mapping) else {}
-        meta["_lease"] = {"owner": owner, "until": (now + lease).isoformat()}
-        attempts = row.attempts + 1
-        await conn.execute(
-            update(intents)
-            .where(intents.c.id == row.id)
-            .values(attempts=attempts, result=meta, updated_at=now)
-        )
-        return _Claimed(attempts=attempts, find_first=row.attempts > 0)
-
-
-async def _release(
-    db: Database, *, tenant: str, connector: str, key: str, owner: str, error: str, now: datetime
-) -> None:
-    """Give up our lease after a failed call, keeping the error for whoever looks."""
-    async with db.begin() as conn:
-        row = await _lock_intent(conn, tenant, connector, key)
-        held = _lease_of(row.result)
-        if row.status != "pending" or held is None or held.owner != owner:
-            return
-        meta = {k: v for k, v in dict(row.result).items() if k != "_lease"}
-        meta["_last_error"] = error
-        await conn.execute(
-            update(intents).where(intents.c.id == row.id).values(result=meta, updated_at=now)
-        )
+    if taken:
+        return _Claimed(mine.token, attempts=row.attempts, find_first=row.attempts > 1)
+    if row.status == "done":
+        return _stored(row)
+    return _Wait(row.lease_expires_at or now)
 
 
 async def _finish(
@@ -352,33 +268,31 @@ async def _finish(
 ) -> IntentResult:
     """Record the remote id; if another run recorded one meanwhile, that one stands."""
     data = _json_safe(record.data)
-    async with db.begin() as conn:
-        row = await _lock_intent(conn, tenant, connector, key)
-        if row.status == "done":
-            if row.remote_id != record.remote_id:
-                # Our lease expired mid-call and another run created it as well.
-                log.warning(
-                    "intent.duplicate_suspected",
-                    tenant=tenant,
-                    connector=connector,
-                    intent_key=key,
-                    remote_id=row.remote_id,
-                    duplicate_remote_id=record.remote_id,
-                )
-            return _stored(row)
-        await conn.execute(
-            update(intents)
-            .where(intents.c.id == row.id)
-            .values(status="done", remote_id=record.remote_id, result=data, updated_at=now)
-        )
+    row, recorded = await intent_store.finish(
+        db,
+        tenant=tenant,
+        connector=connector,
+        key=key,
+        remote_id=record.remote_id,
+        result=data,
+        now=now,
+    )
+    if not recorded:
+        if row.remote_id != record.remote_id:
+            # Our lease expired mid-call and another run created it as well.
+            log.warning(
+                "intent.duplicate_suspected",
+                tenant=tenant,
+                connector=connector,
+                intent_key=key,
+                remote_id=row.remote_id,
+                duplicate_remote_id=record.remote_id,
+            )
+        return _stored(row)
     return IntentResult(key, record.remote_id, data, outcome, row.attempts)
 
 
 # --- running an intent -------------------------------------------------------------------
-
-
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 async def run_intent(
@@ -412,13 +326,12 @@ async def run_intent(
     if not key:
         raise PermanentError("an intent needs a non-empty key")
     fp = fingerprint(request)
-    owner = _owner()
     lease = timedelta(seconds=call_timeout) + lease_margin
     deadline = time.monotonic() + 2 * lease.total_seconds()
     ids = {"tenant": tenant, "connector": connector, "key": key}
     pause = 0.05
     while True:
-        state = await _claim(db, **ids, fp=fp, owner=owner, now=clock(), lease=lease)
+        state = await _claim(db, **ids, fp=fp, now=clock(), lease=lease)
         if isinstance(state, IntentResult):
             return state
         if isinstance(state, _Claimed):
@@ -467,7 +380,9 @@ async def run_intent(
         raise
     except Exception as exc:
         with contextlib.suppress(DatabaseError):
-            await _release(db, **ids, owner=owner, error=_describe(exc), now=clock())
+            await intent_store.release(
+                db, **ids, token=state.token, error=_describe(exc), now=clock()
+            )
         raise
     result = await _finish(db, **ids, record=record, outcome=outcome, now=clock())
     event = f"intent.{result.outcome}"
