@@ -37,7 +37,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import structlog
 
@@ -71,6 +71,7 @@ from synckit.store import resources
 from synckit.store.connections import mark_needs_reauth_sync
 from synckit.store.db import Database, SyncConn, connection_lost
 from synckit.store.jobs import ClaimedJob, JobSpec
+from synckit.store.resources import BreakerStore
 
 log = structlog.get_logger("synckit.worker")
 
@@ -198,6 +199,10 @@ class Worker:
     queue's full speed, but a crash charges the jobs claimed ahead that never ran. The
     default, ``"start"``, charges a job only when it starts.
     """
+
+    #: Where the recorder reads and writes breakers: :mod:`synckit.store.resources`
+    #: (unit tests of the breaker decisions give an in-memory fake).
+    breakers: ClassVar[BreakerStore] = resources
 
     def __init__(
         self,
@@ -957,7 +962,7 @@ class Worker:
         if not after.probe_in_flight:
             values["probe_job_id"] = None
             values["probe_expires_at"] = None
-        resources.write_resource_sync(conn, key, values)
+        self.breakers.write_resource_sync(conn, key, values)
         if after.state != before.state:
             event = {
                 "open": "breaker.opened",
@@ -972,7 +977,7 @@ class Worker:
             )
 
     def _breaker_success(self, conn: SyncConn, keys: Counter[str], now: datetime) -> None:
-        rows = resources.dirty_breakers_sync(conn, sorted(keys))
+        rows = self.breakers.dirty_breakers_sync(conn, sorted(keys))
         parents: set[str] = set()
         for r in rows:
             before = after = self._snapshot(r)
@@ -983,7 +988,7 @@ class Worker:
                 parents.add(r.parent_key)
         if parents:
             # A tenant call that succeeds once the API-wide cool-down is over is its probe.
-            for p in resources.unclosed_breakers_sync(conn, sorted(parents)):
+            for p in self.breakers.unclosed_breakers_sync(conn, sorted(parents)):
                 before = self._snapshot(p)
                 after = breaker_transition(before, BreakerOutcome.SUCCESS, now, self.breaker_policy)
                 self._store_snapshot(conn, p.resource_key, before, after, now)
@@ -1001,7 +1006,7 @@ class Worker:
         """Fold a failure into the resource's breaker and, for a rate limit, its pace;
         returns when the resource is next available (None: not paced)."""
         key = job.resource_key
-        r = resources.breaker_row_sync(conn, key)
+        r = self.breakers.breaker_row_sync(conn, key)
         if r is None:
             return None
         extra: dict[str, Any] = {
@@ -1044,11 +1049,11 @@ class Worker:
 
     def _maybe_open_parent(self, conn: SyncConn, parent_key: str, now: datetime) -> None:
         """Open the API-wide breaker when many of its tenants' breakers are open together."""
-        children = resources.child_states_sync(conn, parent_key)
+        children = self.breakers.child_states_sync(conn, parent_key)
         open_children = sum(1 for state in children if state != "closed")
         if not global_breaker_trips(open_children, len(children), self.breaker_policy):
             return
-        p = resources.breaker_row_sync(conn, parent_key)
+        p = self.breakers.breaker_row_sync(conn, parent_key)
         if p is None or p.state == "open":
             return
         before = self._snapshot(p)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Column, Text, bindparam, func, literal_column, or_, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -324,3 +324,20 @@ def child_states_sync(conn: Connection, parent_key: str) -> list[str]:
         r.state
         for r in conn.execute(select(resources.c.state).where(resources.c.parent_key == parent_key))
     ]
+
+
+class BreakerStore(Protocol):
+    """The operations the worker's recorder folds outcomes into breakers with: this
+    module is one; a unit test's in-memory fake is another."""
+
+    def breaker_row_sync(self, conn: Connection, key: str | None) -> Any: ...
+
+    def dirty_breakers_sync(self, conn: Connection, keys: list[str]) -> Any: ...
+
+    def unclosed_breakers_sync(self, conn: Connection, keys: list[str]) -> Any: ...
+
+    def child_states_sync(self, conn: Connection, parent_key: str) -> list[str]: ...
+
+    def write_resource_sync(
+        self, conn: Connection, key: str, values: Mapping[str, Any]
+    ) -> None: ...
