@@ -4,7 +4,8 @@ Issue 16's promise, end to end on both engines: a job whose payload or run time 
 read, a resource in an unknown state or paced until a time no datetime holds, a tenant in
 an unknown status and a tenant whose checkpoint is not JSON all sit in the database while
 the canary tenant syncs through the workers at its declared rate; the workers stay up and
-the unreadable jobs are quarantined with a reason.
+the unreadable jobs are quarantined with a reason. A tenant whose stored config cannot be
+read (not JSON, a JSON array) fails its own poll jobs only, while another tenant syncs.
 """
 
 from __future__ import annotations
@@ -117,3 +118,55 @@ async def test_a_canary_syncs_at_its_rate_beside_every_poison_row(
     for job_id in bad_jobs:
         status, error = quarantined[job_id]
         assert status == "dead" and error.startswith("unreadable row"), (job_id, status, error)
+
+
+#: A tenant's stored config that no connector can read: not JSON at all (PostgreSQL's
+#: jsonb holds only JSON: there, a JSON string of the same text), and a JSON array.
+BAD_CONFIGS = {
+    "sqlite": {"p-config-text": "'{not json'", "p-config-array": "'[1, 2]'"},
+    "postgresql": {
+        "p-config-text": "'\"{not json\"'::jsonb",
+        "p-config-array": "'[1, 2]'::jsonb",
+    },
+}
+
+
+async def test_a_tenant_whose_config_cannot_be_read_fails_only_its_own_polls(
+    db: Database, engine_name: str
+) -> None:
+    """A corrupt ``connections.config`` (not JSON, a JSON array) fails that tenant's poll
+    job, with a reason naming it, while another tenant syncs every page in the same run."""
+    from synckit.errors import RetryPolicy
+
+    api = HostileAPI(Behaviour(pages=5, records=3, latency=0.0))
+    with api.serve_in_thread() as url:
+        app = flow_app.make_app(url)
+        bad = BAD_CONFIGS[engine_name]
+        for t in [*bad, "canary"]:
+            await app.add_tenant(db, t, flow_app.CONNECTOR, {}, schedule="every 1d")
+        async with db.begin() as conn:
+            for t, value in bad.items():
+                await conn.execute(
+                    text(f"UPDATE connections SET config = {value} WHERE tenant = '{t}'")
+                )
+        try:
+            await app.schedule(db)
+            worker = app.worker(db, poll_interval=0.05, retry_policy=RetryPolicy.deterministic())
+            await asyncio.wait_for(worker.run_until_idle(), 60)
+        finally:
+            await app.aclose()
+        stats = api.snapshot()
+
+    assert stats.tenants["canary"].pages_done == 5
+    assert not set(bad) & set(stats.tenants), "a tenant whose config is unreadable polled"
+    async with db.read() as conn:
+        rows = await conn.execute(
+            select(jobs.c.unique_key, jobs.c.status, jobs.c.last_error).where(
+                jobs.c.kind == POLL_KIND
+            )
+        )
+        polls = {r.unique_key.split(":")[1]: (r.status, r.last_error or "") for r in rows}
+    assert polls["canary"] == ("succeeded", ""), polls
+    for t in bad:
+        status, error = polls[t]
+        assert status == "dead" and t in error and "config" in error, (t, status, error)
