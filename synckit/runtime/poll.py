@@ -14,7 +14,7 @@ to SQLite's writer thread, ``run_sync`` on PostgreSQL, statements built once):
 * ``resolved`` on the dead letters of records that succeeded this time (so a replay
   never overwrites newer data with an old payload); skipped while the stream has no open
   dead letter (looked up once, when the cycle reads its checkpoint),
-* the audit counts of the page (:func:`synckit.runtime.audit.record_audit_sync`),
+* the audit counts of the page (:func:`synckit.store.audit.record_audit_sync`),
 * and, for a cycle run as a job, a check that the job still holds its claim (a cycle
   whose lease was rescued must not move a checkpoint another cycle now owns).
 
@@ -62,12 +62,12 @@ from synckit.errors.exceptions import (
     NeedsReauth,
     RateLimited,
 )
-from synckit.runtime.audit import record_audit_sync
 from synckit.runtime.handlers import Cancel
 from synckit.runtime.instruments import record_records
 from synckit.runtime.logging import redact_text
 from synckit.store import checkpoints, ticks
 from synckit.store import dead_letters as dlq_store
+from synckit.store.audit import record_audit_sync
 from synckit.store.checkpoints import (
     NUL_SAFE_KEY,
     CycleStart,
