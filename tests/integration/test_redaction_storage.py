@@ -39,9 +39,7 @@ async def test_worker_recording_and_dlq_capture_store_no_secret(db: Database) ->
     out = io.StringIO()
     configure_logging(json_lines=True, stream=out)
     try:
-        specs = [
-            JobSpec("leaky", {"n": n}, resource_key=f"leaky:{n}") for n in range(len(names))
-        ]
+        specs = [JobSpec("leaky", {"n": n}, resource_key=f"leaky:{n}") for n in range(len(names))]
         await store.enqueue_many(db, specs)
         worker = Worker(db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05)
         stats = await worker.run_until_idle()
