@@ -3,7 +3,7 @@
 Per size and engine (PostgreSQL; SQLite up to 10,000), with a trivial connector (one GET
 answered at once with one empty page, ``flow_app`` on ``synckit.testing.hostile``):
 
-* ``add_s``: adding every tenant with :func:`synckit.connectors.bulk.add_tenants`;
+* ``add_s``: adding every tenant with :func:`synckit.runtime.bulk.add_tenants`;
 * ``scheduler_all_due_s`` / ``scheduler_all_due_ok``: the first scheduler call after
   that (every tenant due), in bounded runs, and whether it enqueued them all;
 * ``scheduler_none_due_ms``: a scheduler call with nothing due (median of 5);
@@ -43,7 +43,7 @@ from sqlalchemy import delete, func, select
 
 from bench.sync import ROOT, fresh_database
 from synckit.clock import utcnow
-from synckit.connectors.bulk import add_tenants
+from synckit.runtime.bulk import add_tenants
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
 from synckit.runtime.status import read_status, render_status

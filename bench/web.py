@@ -39,8 +39,8 @@ from sqlalchemy import func, select, update
 
 from synckit import Connector, Page
 from synckit.clock import utcnow
-from synckit.connectors.secrets import mark_needs_reauth
-from synckit.connectors.tenants import add_tenant, pause_tenant
+from synckit.runtime.secrets import mark_needs_reauth
+from synckit.runtime.tenants import add_tenant, pause_tenant
 from synckit.runtime import outbox
 from synckit.runtime.alerts import Alert, record_alerts
 from synckit.runtime.pacing import defer_resource

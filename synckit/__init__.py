@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from synckit.app import App
-    from synckit.connectors.authorize import begin_authorization, complete_authorization
-    from synckit.connectors.base import BearerToken, Connector, Page, RateLimit, Stream
+    from synckit.runtime.authorize import begin_authorization, complete_authorization
+    from synckit.connectors.auth import BearerToken, OAuth2, OAuth2Config
+    from synckit.connectors.base import Connector, Page, RateLimit, Stream
     from synckit.connectors.context import SyncContext
     from synckit.connectors.incremental import Incremental, Watermark
-    from synckit.connectors.oauth import OAuth2Auth, OAuth2Config, reauth
+    from synckit.runtime.oauth import OAuth2Auth, reauth
     from synckit.connectors.paging import (
         CursorPaginator,
         LinkHeaderPaginator,
@@ -24,8 +25,8 @@ if TYPE_CHECKING:
         PageNumberPaginator,
         Paginator,
     )
-    from synckit.connectors.secrets import TokenSet
-    from synckit.connectors.tenants import (
+    from synckit.runtime.secrets import TokenSet
+    from synckit.runtime.tenants import (
         Tenant,
         add_tenant,
         get_tenant,
@@ -74,7 +75,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Incremental": ("synckit.connectors.incremental", "Incremental"),
     "CursorPaginator": ("synckit.connectors.paging", "CursorPaginator"),
     "App": ("synckit.app", "App"),
-    "BearerToken": ("synckit.connectors.base", "BearerToken"),
+    "BearerToken": ("synckit.connectors.auth", "BearerToken"),
     "BreakerPolicy": ("synckit.errors", "BreakerPolicy"),
     "Cancel": ("synckit.runtime.handlers", "Cancel"),
     "Classification": ("synckit.errors", "Classification"),
@@ -91,8 +92,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "JobContext": ("synckit.runtime.handlers", "JobContext"),
     "JobSpec": ("synckit.store.jobs", "JobSpec"),
     "NeedsReauth": ("synckit.errors", "NeedsReauth"),
-    "OAuth2Auth": ("synckit.connectors.oauth", "OAuth2Auth"),
-    "OAuth2Config": ("synckit.connectors.oauth", "OAuth2Config"),
+    "OAuth2Auth": ("synckit.runtime.oauth", "OAuth2Auth"),
+    "OAuth2": ("synckit.connectors.auth", "OAuth2"),
+    "OAuth2Config": ("synckit.connectors.auth", "OAuth2Config"),
     "Page": ("synckit.connectors.base", "Page"),
     "PermanentError": ("synckit.errors", "PermanentError"),
     "RateLimit": ("synckit.connectors.base", "RateLimit"),
@@ -105,28 +107,28 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Stream": ("synckit.connectors.base", "Stream"),
     "SyncContext": ("synckit.connectors.context", "SyncContext"),
     "SynckitError": ("synckit.errors", "SynckitError"),
-    "Tenant": ("synckit.connectors.tenants", "Tenant"),
-    "TokenSet": ("synckit.connectors.secrets", "TokenSet"),
+    "Tenant": ("synckit.runtime.tenants", "Tenant"),
+    "TokenSet": ("synckit.runtime.secrets", "TokenSet"),
     "Worker": ("synckit.runtime.worker", "Worker"),
-    "add_tenant": ("synckit.connectors.tenants", "add_tenant"),
-    "begin_authorization": ("synckit.connectors.authorize", "begin_authorization"),
-    "complete_authorization": ("synckit.connectors.authorize", "complete_authorization"),
+    "add_tenant": ("synckit.runtime.tenants", "add_tenant"),
+    "begin_authorization": ("synckit.runtime.authorize", "begin_authorization"),
+    "complete_authorization": ("synckit.runtime.authorize", "complete_authorization"),
     "classify": ("synckit.errors", "classify"),
     "enqueue": ("synckit.store.jobs", "enqueue"),
     "enqueue_many": ("synckit.store.jobs", "enqueue_many"),
-    "get_tenant": ("synckit.connectors.tenants", "get_tenant"),
-    "list_tenants": ("synckit.connectors.tenants", "list_tenants"),
+    "get_tenant": ("synckit.runtime.tenants", "get_tenant"),
+    "list_tenants": ("synckit.runtime.tenants", "list_tenants"),
     "migrate_database": ("synckit.store.migrate", "upgrade"),
     "open_database": ("synckit.store.db", "open_database"),
     "outbox_add": ("synckit.runtime.outbox", "add"),
-    "pause_tenant": ("synckit.connectors.tenants", "pause_tenant"),
-    "reauth": ("synckit.connectors.oauth", "reauth"),
-    "remove_tenant": ("synckit.connectors.tenants", "remove_tenant"),
-    "resume_tenant": ("synckit.connectors.tenants", "resume_tenant"),
+    "pause_tenant": ("synckit.runtime.tenants", "pause_tenant"),
+    "reauth": ("synckit.runtime.oauth", "reauth"),
+    "remove_tenant": ("synckit.runtime.tenants", "remove_tenant"),
+    "resume_tenant": ("synckit.runtime.tenants", "resume_tenant"),
     "retry_delay": ("synckit.errors", "retry_delay"),
     "run_intent": ("synckit.runtime.intents", "run_intent"),
     "set_testing": ("synckit.errors", "set_testing"),
-    "update_tenant": ("synckit.connectors.tenants", "update_tenant"),
+    "update_tenant": ("synckit.runtime.tenants", "update_tenant"),
 }
 
 __all__ = [
@@ -152,6 +154,7 @@ __all__ = [
     "LinkHeaderPaginator",
     "NeedsReauth",
     "NextUrlPaginator",
+    "OAuth2",
     "OAuth2Auth",
     "OAuth2Config",
     "OffsetPaginator",

@@ -32,8 +32,9 @@ import httpx
 
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector
-from synckit.connectors.context import SyncContext, open_context
-from synckit.connectors.tenants import (
+from synckit.connectors.context import SyncContext
+from synckit.runtime.context import open_context
+from synckit.runtime.tenants import (
     _COLUMNS,
     Tenant,
     TenantNotFound,
@@ -203,7 +204,7 @@ class App:
     async def add_tenant(
         self, db: Database, tenant: str, connector: str, config: Any = None, **options: Any
     ) -> Tenant:
-        """:func:`synckit.connectors.tenants.add_tenant` with this App's connectors."""
+        """:func:`synckit.runtime.tenants.add_tenant` with this App's connectors."""
         return await add_tenant(db, tenant, connector, config, app=self, **options)
 
     def instance(self, tenant: Tenant) -> Connector[Any]:
@@ -274,9 +275,9 @@ class App:
         classified like a poll cycle's. Rows that can never be replayed (the tenant or
         connector is gone, the kind is not a record kind) raise
         :class:`synckit.dlq.replay.Unreplayable`; a paused tenant raises
-        :class:`~synckit.connectors.tenants.TenantError` (replay it once resumed).
+        :class:`~synckit.runtime.tenants.TenantError` (replay it once resumed).
         """
-        from synckit.connectors.tenants import TenantError
+        from synckit.runtime.tenants import TenantError
         from synckit.dlq.replay import Unreplayable
 
         try:

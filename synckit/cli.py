@@ -334,7 +334,7 @@ def worker_cmd(
         raise CliError(f"--lease {lease!r} is shorter than 1s")
 
     async def go(d: Database) -> WorkerStats:
-        from synckit.connectors.keys import require_openable_secrets
+        from synckit.runtime.keys import require_openable_secrets
 
         await require_openable_secrets(d)  # refuse to start rather than fail every cycle
         observers: list[OutcomeObserver] = [audit_observer()]

@@ -88,7 +88,7 @@ async def enqueue_cycles(
     Returns the connector's name and one :class:`CycleProgress` per stream; a cycle
     already queued or running is reported (``created`` False) rather than doubled.
     """
-    from synckit.connectors.tenants import get_tenant
+    from synckit.runtime.tenants import get_tenant
 
     t = await get_tenant(db, tenant)
     cls = app.connector(t.connector)

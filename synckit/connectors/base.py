@@ -41,6 +41,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 from typing_extensions import TypeVar
 
+from synckit.connectors.auth import AuthFactory, BearerToken, OAuth2
 from synckit.connectors.schedule import parse_schedule
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.classify import Classification, ClassifyRules, classify
@@ -52,10 +53,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_STREAM",
+    "AuthFactory",
     "BearerToken",
     "CheckpointPolicy",
     "Connector",
     "NoConfig",
+    "OAuth2",
     "Page",
     "RateLimit",
     "Stream",
@@ -152,46 +155,6 @@ class Page:
             )
 
 
-class BearerToken:
-    """An ``auth`` factory: ``Authorization: Bearer <config.<field>>`` on every request.
-
-    >>> class Api(Connector[ApiConfig]):
-    ...     auth = BearerToken("api_token")
-    """
-
-    def __init__(self, field: str = "api_token") -> None:
-        self.field = field
-
-    def __call__(self, connector: Connector[Any]) -> httpx.Auth:
-        value = getattr(connector.config, self.field, None)
-        secret = getattr(value, "get_secret_value", None)
-        token = secret() if callable(secret) else value
-        if not isinstance(token, str) or not token:
-            raise ConfigurationError(
-                f"connector {connector.name!r}: config field {self.field!r} holds no token"
-            )
-        return _Bearer(token)
-
-
-class _Bearer(httpx.Auth):
-    def __init__(self, token: str) -> None:
-        self._header = f"Bearer {token}"
-
-    def auth_flow(self, request: httpx.Request) -> typing.Generator[httpx.Request, Any, None]:
-        request.headers["Authorization"] = self._header
-        yield request
-
-
-class AuthFactory(typing.Protocol):
-    """``auth``: a callable that builds the :class:`httpx.Auth` of a connector instance.
-
-    A Protocol rather than a ``Callable`` alias: mypy takes a ``Callable`` class
-    attribute for a method and refuses ``auth = BearerToken("api_token")`` in a subclass.
-    """
-
-    def __call__(self, connector: Connector[Any], /) -> httpx.Auth: ...
-
-
 # Methods whose behaviour the runtime relies on; a subclass that redefines one is refused.
 _FINAL = ("__init__", "validate_config", "declared_streams", "stream", "polls")
 
@@ -206,7 +169,8 @@ class Connector(typing.Generic[ConfigT]):
     ``base_url``
         prefix of relative URLs given to ``ctx.http``.
     ``auth``
-        an :class:`httpx.Auth`, or a callable building one from the connector instance
+        a declaration the runtime fulfils (:class:`~synckit.connectors.auth.OAuth2`), an
+        :class:`httpx.Auth`, or a callable building one from the connector instance
         (e.g. :class:`BearerToken`); override :meth:`build_auth` for more.
     ``rate_limit``
         a :class:`RateLimit` per tenant, enforced before every request.
@@ -237,7 +201,7 @@ class Connector(typing.Generic[ConfigT]):
 
     name: ClassVar[str] = ""
     base_url: ClassVar[str] = ""
-    auth: ClassVar[AuthFactory | httpx.Auth | None] = None
+    auth: ClassVar[OAuth2 | AuthFactory | httpx.Auth | None] = None
     rate_limit: ClassVar[RateLimit | None] = None
     timeout: ClassVar[httpx.Timeout] = httpx.Timeout(30.0, connect=10.0)
     config_model: ClassVar[type[BaseModel]] = NoConfig
@@ -313,6 +277,9 @@ class Connector(typing.Generic[ConfigT]):
             factory = factory.__get__(self, type(self))
         if factory is None or isinstance(factory, httpx.Auth):
             return factory
+        if isinstance(factory, OAuth2):
+            # A declaration: the runtime behind the context fulfils it.
+            return ctx.auth_for(factory)
         if callable(factory):
             built = factory(self)
             if built is not None and not isinstance(built, httpx.Auth):

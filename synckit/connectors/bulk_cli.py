@@ -48,7 +48,7 @@ def import_command(
     `tenants add`; errors name the line. Progress goes to stderr.
     """
     from synckit.cli import CliError, run
-    from synckit.connectors.bulk import add_tenants, read_rows
+    from synckit.runtime.bulk import add_tenants, read_rows
 
     app = load_app(app_spec)
     started = time.monotonic()

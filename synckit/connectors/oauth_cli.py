@@ -4,7 +4,7 @@ The ``tenants`` group owns the command line of tenants; it attaches these comman
 
 ``connect`` runs the authorization-code flow with PKCE: it listens on a loopback port,
 prints the provider's consent URL, and completes the flow when the browser comes back
-(:mod:`synckit.connectors.authorize`); the connector's ``OAuth2Config`` comes from the
+(:mod:`synckit.runtime.authorize`); the connector's ``OAuth2Config`` comes from the
 auth it builds for the tenant.
 
 ``reauth`` stores tokens obtained elsewhere. A refresh token alone is enough (the first
@@ -24,7 +24,7 @@ from synckit.cli_options import database_option
 
 if TYPE_CHECKING:
     from synckit.app import App
-    from synckit.connectors.oauth import OAuth2Config, ReauthResult
+    from synckit.runtime.oauth import OAuth2Config, ReauthResult
 from synckit.store.db import Database
 
 
@@ -79,8 +79,8 @@ def reauth_command(
         raise CliError("give --refresh-token or --access-token (neither may be empty)")
     # Imported here: authlib is heavy, and every `synckit` command loads this module.
     from synckit.clock import utcnow
-    from synckit.connectors.oauth import reauth
-    from synckit.connectors.secrets import TokenSet
+    from synckit.runtime.oauth import reauth
+    from synckit.runtime.secrets import TokenSet
 
     now = utcnow()
     token_set = TokenSet(
@@ -106,8 +106,8 @@ def reauth_command(
 
 async def oauth_config_for(app: App, db: Database, tenant: str) -> OAuth2Config:
     """The ``OAuth2Config`` of ``tenant``'s connector, as its auth builds it."""
-    from synckit.connectors.oauth import OAuth2Auth
     from synckit.errors.exceptions import ConfigurationError
+    from synckit.runtime.oauth import OAuth2Auth
 
     async with app.context(db, tenant) as ctx:
         auth = ctx.http.auth
@@ -152,12 +152,12 @@ def connect_command(
     the tokens are stored sealed and the tenant's connection becomes active.
     """
     from synckit.cli import CliError, run
-    from synckit.connectors.authorize import (
+    from synckit.connectors.tenants_cli import load_app
+    from synckit.runtime.authorize import (
         begin_authorization,
         complete_authorization,
         receive_callback,
     )
-    from synckit.connectors.tenants_cli import load_app
 
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise CliError(f"--host {host!r}: the callback listener must be a loopback address")

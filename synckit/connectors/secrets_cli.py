@@ -11,8 +11,8 @@ import json
 import click
 
 from synckit.cli_options import app_option, database_option
-from synckit.connectors import keys
-from synckit.connectors.secrets import ENV_KEY, TokenCipher
+from synckit.runtime import keys
+from synckit.runtime.secrets import ENV_KEY, TokenCipher
 from synckit.store.db import Database
 
 

@@ -22,17 +22,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from synckit.cli_options import cell, database_option
-from synckit.connectors import tenants as store
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
-from synckit.connectors.tenant_pages import (
+from synckit.errors.exceptions import ConfigurationError
+from synckit.runtime import tenants as store
+from synckit.runtime.logging import redact
+from synckit.runtime.tenant_pages import (
     Checkpoint,
     TenantPage,
     page_tenants,
     read_checkpoints,
     read_tenant,
 )
-from synckit.errors.exceptions import ConfigurationError
-from synckit.runtime.logging import redact
 from synckit.store.db import Database
 
 if TYPE_CHECKING:

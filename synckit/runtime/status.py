@@ -27,7 +27,6 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.clock import utcnow
-from synckit.connectors.tenants import CONNECTION_STATUSES
 from synckit.runtime.alerts import (
     Alert,
     ConnectionState,
@@ -39,6 +38,7 @@ from synckit.runtime.alerts import (
 )
 from synckit.runtime.audit import Totals, totals_by_tenant, window_start
 from synckit.runtime.budget import BudgetPolicy
+from synckit.runtime.tenants import CONNECTION_STATUSES
 from synckit.runtime.unreadable_jobs import (
     StuckJob,
     count_unreadable_run_at,

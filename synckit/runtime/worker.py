@@ -42,7 +42,6 @@ from typing import Any, ClassVar, Literal
 import structlog
 
 from synckit.clock import utcnow
-from synckit.connectors.http import shared_connections
 from synckit.errors import (
     BreakerOutcome,
     BreakerPolicy,
@@ -64,6 +63,7 @@ from synckit.errors.pace import PacePolicy
 from synckit.errors.waits import DEFAULT_MAX_WAIT, moment_after
 from synckit.runtime import cron, outbox, pacing
 from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
+from synckit.runtime.http import shared_connections
 from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
 from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
 from synckit.store import jobs as store

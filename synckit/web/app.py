@@ -37,7 +37,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from synckit.clock import utcnow
-from synckit.connectors import tenants as tenant_store
+from synckit.runtime import tenants as tenant_store
 from synckit.errors.exceptions import JobNotFound, SynckitError
 from synckit.runtime import outbox as outbox_store
 from synckit.runtime.alerts import recent_alerts
@@ -538,7 +538,7 @@ async def tenant_reauthorize(request: Request) -> Response:
     form = await request.form()
     redirect_uri = str(request.base_url).rstrip("/") + CALLBACK_PATH
     try:
-        from synckit.connectors.authorize import DEFAULT_TTL, begin_authorization
+        from synckit.runtime.authorize import DEFAULT_TTL, begin_authorization
         from synckit.connectors.oauth_cli import oauth_config_for
 
         t = await tenant_store.get_tenant(db, name, reveal=False)
@@ -596,7 +596,7 @@ async def oauth_callback(request: Request) -> Response:
             "start again with Re-authorise on the tenant's page",
         )
     try:
-        from synckit.connectors.authorize import complete_authorization
+        from synckit.runtime.authorize import complete_authorization
         from synckit.connectors.oauth_cli import oauth_config_for
 
         if st.config.read_only:

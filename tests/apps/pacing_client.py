@@ -13,8 +13,8 @@ import sys
 from datetime import timedelta
 
 from synckit import Connector
-from synckit.connectors.context import open_context
 from synckit.errors import RateLimited
+from synckit.runtime.context import open_context
 from synckit.store.db import open_database
 
 

@@ -61,10 +61,10 @@ async def seed(db: Database) -> dict[str, Any]:
         )
     # globex: rate limited by Retry-After, paced for ten minutes.
     await defer_resource(db, "shop:globex", now + timedelta(minutes=10), "Retry-After")
-    from synckit.connectors.tenants import pause_tenant
+    from synckit.runtime.tenants import pause_tenant
 
     await pause_tenant(db, "initech", "paused for the migration")
-    from synckit.connectors.secrets import mark_needs_reauth
+    from synckit.runtime.secrets import mark_needs_reauth
 
     async with db.begin() as conn:
         await mark_needs_reauth(

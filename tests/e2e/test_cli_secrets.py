@@ -17,8 +17,8 @@ from cryptography.fernet import Fernet
 from secrets_app import Vault
 from sqlalchemy import update
 
-from synckit.connectors.secrets import TokenCipher, key_id
-from synckit.connectors.tenants import add_tenant
+from synckit.runtime.secrets import TokenCipher, key_id
+from synckit.runtime.tenants import add_tenant
 from synckit.store.db import Database, open_database
 from synckit.store.tables import connections
 

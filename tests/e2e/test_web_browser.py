@@ -261,7 +261,7 @@ def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
     consent page as a link; following it, the provider redirects to the console, which
     stores the tokens; the tenant's page then says nothing holds it back."""
     from synckit.clock import utcnow
-    from synckit.connectors.secrets import mark_needs_reauth
+    from synckit.runtime.secrets import mark_needs_reauth
     from synckit.testing.oauth_server import OAuthTestServer
 
     url = f"sqlite:///{tmp_path / 'oauth.db'}"
@@ -327,7 +327,7 @@ def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
             proc.wait(20)
 
     async def status(db: Any) -> str:
-        from synckit.connectors.tenants import get_tenant
+        from synckit.runtime.tenants import get_tenant
 
         return (await get_tenant(db, "acme", reveal=False)).status
 

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from synckit import Connector
-from synckit.connectors.context import open_context
-from synckit.connectors.http import ERROR_BODY_LIMIT
 from synckit.errors import ClassifyRules, ErrorClass, classify
+from synckit.runtime.context import open_context
+from synckit.runtime.http import ERROR_BODY_LIMIT
 from synckit.store import dead_letters as store
 from synckit.store.db import Database
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, SecretStr
 from sqlalchemy import select
 
 from synckit import App, Connector, Page, Stream, SyncContext
-from synckit.connectors.context import open_context
+from synckit.runtime.context import open_context
 from synckit.errors import Classification, RetryPolicy
 from synckit.runtime.intents import RemoteRecord, run_intent
 from synckit.runtime.logging import configure_logging

@@ -1,4 +1,4 @@
-"""ctx.http's network backend (synckit.connectors.network) against httpx's own, over real
+"""ctx.http's network backend (synckit.runtime.network) against httpx's own, over real
 sockets: every test runs on both and expects the same answers and the same exceptions."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from synckit.connectors.network import new_transport
+from synckit.runtime.network import new_transport
 from synckit.testing import FakeAPI, Fault, Reply
 
 TIMEOUT = httpx.Timeout(2.0, read=0.3)

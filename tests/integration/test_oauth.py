@@ -17,14 +17,15 @@ from click.testing import CliRunner
 from cryptography.fernet import Fernet
 from sqlalchemy import insert, select
 
-from synckit.connectors.oauth import (
+from synckit.connectors.oauth_cli import reauth_command
+from synckit.errors.exceptions import ConfigurationError, NeedsReauth, RetryableError
+from synckit.runtime.oauth import (
     OAuth2Auth,
     OAuth2Config,
     TokenEndpointUnavailable,
     reauth,
 )
-from synckit.connectors.oauth_cli import reauth_command
-from synckit.connectors.secrets import (
+from synckit.runtime.secrets import (
     FERNET_MARKER,
     PLAINTEXT_MARKER,
     ConnectionNotFound,
@@ -32,7 +33,6 @@ from synckit.connectors.secrets import (
     TokenCipher,
     TokenSet,
 )
-from synckit.errors.exceptions import ConfigurationError, NeedsReauth, RetryableError
 from synckit.store.db import Database, open_database
 from synckit.store.tables import connections
 from synckit.testing.oauth_server import OAuthTestServer

@@ -20,14 +20,14 @@ import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import select
 
-from synckit.connectors.authorize import (
+from synckit.runtime.authorize import (
     AuthorizationRefused,
     begin_authorization,
     complete_authorization,
 )
-from synckit.connectors.oauth import OAuth2Config
-from synckit.connectors.secrets import TokenCipher
+from synckit.runtime.oauth import OAuth2Config
 from synckit.runtime.poll import load_checkpoint
+from synckit.runtime.secrets import TokenCipher
 from synckit.store.db import Database, open_database
 from synckit.store.tables import connections, pending_authorizations
 from synckit.testing.oauth_server import OAuthTestServer

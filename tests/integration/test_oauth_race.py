@@ -21,8 +21,8 @@ import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import insert, select
 
-from synckit.connectors.oauth import OAuth2Auth, OAuth2Config, reauth
-from synckit.connectors.secrets import TokenCipher, TokenSet
+from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, reauth
+from synckit.runtime.secrets import TokenCipher, TokenSet
 from synckit.store.db import open_database
 from synckit.store.tables import connections
 from synckit.testing.oauth_server import OAuthTestServer

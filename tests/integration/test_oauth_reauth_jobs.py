@@ -11,10 +11,10 @@ import structlog
 from cryptography.fernet import Fernet
 from sqlalchemy import insert, select
 
-from synckit.connectors.oauth import OAuth2Auth, OAuth2Config, reauth
-from synckit.connectors.secrets import TokenSet
 from synckit.errors import RetryPolicy
 from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, reauth
+from synckit.runtime.secrets import TokenSet
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
 from synckit.store.db import Database

@@ -21,10 +21,10 @@ from sqlalchemy import select
 
 from synckit import Connector
 from synckit.clock import utcnow
-from synckit.connectors.context import open_context
 from synckit.errors import RateLimited, classify
 from synckit.errors.pace import PacePolicy
 from synckit.runtime import pacing
+from synckit.runtime.context import open_context
 from synckit.store.db import Database, open_database
 from synckit.store.resources import configure_resource, get_resource
 from synckit.store.tables import resources

@@ -593,7 +593,7 @@ async def test_a_borrowed_transport_given_back_busy_is_closed(api: FakeApi) -> N
     """A transport comes back to the free list only with every connection idle: one
     holding a response nobody closed is closed, and the next borrower gets a new one. An
     idle one is lent again; all close when the last holder leaves."""
-    from synckit.connectors.http import (
+    from synckit.runtime.http import (
         borrow_transport,
         give_back_transport,
         shared_connections,
@@ -630,9 +630,9 @@ async def test_poll_start_reads_what_get_tenant_read_cycle_start_and_read_pace_r
     start as read_cycle_start and the pacing as read_pace_sync (the resource's own
     next_available_at or its parent's, whichever is later, and the stored quota)."""
     from synckit.app import _poll_start
-    from synckit.connectors.tenants import _tenant, get_tenant
     from synckit.runtime.pacing import read_pace_sync
     from synckit.runtime.poll import RecordFailure, dead_letter_records, read_cycle_start
+    from synckit.runtime.tenants import _tenant, get_tenant
     from synckit.store.tables import resources
 
     await setup(db, make(api), "acme", "globex")
@@ -1099,7 +1099,7 @@ async def test_a_cycle_reads_its_pacing_with_its_tenant_not_per_request(
     assert reads == []
     # The view the job read is honoured from the first request: a pace in it is waited
     # out without any read of its own.
-    from synckit.connectors.context import open_context
+    from synckit.runtime.context import open_context
 
     api.requests.clear()
     seeded = pacing.PaceView(utcnow() + timedelta(seconds=0.6), None)

@@ -14,10 +14,10 @@ from sqlalchemy import func, select
 
 from synckit import App, Connector, Page, Stream, SyncContext
 from synckit.clock import utcnow
-from synckit.connectors.bulk import RowError, add_tenants, read_rows
-from synckit.connectors.tenants import add_tenant, pause_tenant, remove_tenant, resume_tenant
 from synckit.runtime import poll
+from synckit.runtime.bulk import RowError, add_tenants, read_rows
 from synckit.runtime.poll import schedule_polls, schedule_run
+from synckit.runtime.tenants import add_tenant, pause_tenant, remove_tenant, resume_tenant
 from synckit.store.db import Database
 from synckit.store.tables import connections, jobs, poll_ticks, resources
 

@@ -8,9 +8,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from synckit import App, Connector, Page, SyncContext
-from synckit.connectors.bulk import add_tenants
-from synckit.connectors.tenant_pages import page_tenants
-from synckit.connectors.tenants import pause_tenant
+from synckit.runtime.bulk import add_tenants
+from synckit.runtime.tenant_pages import page_tenants
+from synckit.runtime.tenants import pause_tenant
 from synckit.store.db import Database
 
 

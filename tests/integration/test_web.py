@@ -15,7 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 from web_app import SECRET, app, seed
 
-from synckit.connectors.tenants import get_tenant
+from synckit.runtime.tenants import get_tenant
 from synckit.store import console as console_store
 from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
@@ -320,7 +320,7 @@ async def test_reauthorise_runs_the_connect_flow_and_the_callback_completes_it(
     from oauth_worker_app import app as oauth_app
 
     from synckit.clock import utcnow
-    from synckit.connectors.secrets import TokenCipher, mark_needs_reauth, read_connection
+    from synckit.runtime.secrets import TokenCipher, mark_needs_reauth, read_connection
 
     await oauth_app.add_tenant(db, "acme", "me")
     async with db.begin() as conn:

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, SecretStr
 from secrets_app import VaultConfig
 
-from synckit.connectors.config_secrets import (
+from synckit.errors.exceptions import ConfigurationError
+from synckit.runtime.config_secrets import (
     MASK,
     dotted,
     mask_config,
@@ -22,8 +23,8 @@ from synckit.connectors.config_secrets import (
     seal_config,
     secret_paths,
 )
-from synckit.connectors.keys import Unopenable, describe_unopenable
-from synckit.connectors.secrets import (
+from synckit.runtime.keys import Unopenable, describe_unopenable
+from synckit.runtime.secrets import (
     FERNET_V1_MARKER,
     InsecureTokenStorageWarning,
     SecretUnavailable,
@@ -31,7 +32,6 @@ from synckit.connectors.secrets import (
     TokenSet,
     key_id,
 )
-from synckit.errors.exceptions import ConfigurationError
 
 K1, K2 = Fernet.generate_key().decode(), Fernet.generate_key().decode()
 

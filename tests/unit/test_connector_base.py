@@ -231,14 +231,74 @@ def test_auth_defaults_to_none_and_accepts_factories() -> None:
     assert request.headers["Authorization"] == "Bearer tok"
 
 
+class _Fulfils:
+    """A context that records the auth declarations handed to it (the runtime's part)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[Any, Any]] = []
+        self.auth = httpx.BasicAuth("runtime", "made")
+
+    def auth_for(self, declaration: Any) -> httpx.Auth:
+        self.asked.append((declaration, declaration.config_for(self.connector)))
+        return self.auth
+
+    connector: Any = None
+
+
+def test_an_oauth2_declaration_is_fulfilled_by_the_context() -> None:
+    """auth = OAuth2(...) is a plain value; build_auth hands it to ctx.auth_for, which
+    builds the httpx.Auth with the config of this tenant's connector."""
+    from synckit.connectors.auth import OAuth2, OAuth2Config
+
+    fixed = OAuth2(token_url="https://idp/token", client_id="id", client_secret="s")
+
+    class Fixed(Items):
+        auth = fixed
+
+    ctx = _Fulfils()
+    ctx.connector = Fixed("acme")
+    assert Fixed("acme").build_auth(typing.cast(SyncContext, ctx)) is ctx.auth
+    [(declaration, config)] = ctx.asked
+    assert declaration is fixed
+    assert config == OAuth2Config(token_url="https://idp/token", client_id="id", client_secret="s")
+
+    class PerTenant(Mail):
+        auth = OAuth2(
+            lambda c: OAuth2Config(
+                token_url=f"https://idp/{c.config.mailbox}/token", client_id=c.tenant,
+                auth_method="none",
+            )
+        )  # fmt: skip
+
+    ctx = _Fulfils()
+    ctx.connector = PerTenant("acme", {"mailbox": "box", "api_token": "t"})
+    assert ctx.connector.build_auth(typing.cast(SyncContext, ctx)) is ctx.auth
+    [(_, config)] = ctx.asked
+    assert (config.token_url, config.client_id) == ("https://idp/box/token", "acme")
+
+
+def test_an_oauth2_declaration_is_checked_when_written() -> None:
+    from synckit.connectors.auth import OAuth2, OAuth2Config
+
+    with pytest.raises(ConfigurationError, match="needs a client_secret"):
+        OAuth2(token_url="https://idp/token", client_id="id")
+    with pytest.raises(ConfigurationError, match="not both"):
+        OAuth2(OAuth2Config("https://idp/token", "id", "s"), client_id="other")
+    with pytest.raises(ConfigurationError, match="expected an OAuth2Config"):
+        OAuth2("https://idp/token")  # type: ignore[arg-type]
+    bad = OAuth2(lambda c: "https://idp/token")  # type: ignore[arg-type,return-value]
+    with pytest.raises(ConfigurationError, match="not an OAuth2Config"):
+        bad.config_for(Items("t"))
+
+
 def test_a_records_log_is_bound_to_its_record_when_used() -> None:
     import structlog
     from structlog.testing import capture_logs
 
-    from synckit.connectors.context import SyncContext
+    from synckit.runtime.context import RuntimeContext
 
     base = structlog.get_logger("t").bind(tenant="acme")
-    ctx = SyncContext(
+    ctx = RuntimeContext(
         db=None,  # type: ignore[arg-type]
         connector=None,  # type: ignore[arg-type]
         tenant="acme",

@@ -18,12 +18,12 @@ ROOT = Path(synckit.__file__).parent
 # Modules outside synckit.store that still build SQL themselves (issue 18 item 1).
 STILL_BUILDING_SQL = {
     "synckit.cli_options",
-    "synckit.connectors.authorize",
-    "synckit.connectors.bulk",
-    "synckit.connectors.keys",
-    "synckit.connectors.secrets",
-    "synckit.connectors.tenant_pages",
-    "synckit.connectors.tenants",
+    "synckit.runtime.authorize",
+    "synckit.runtime.bulk",
+    "synckit.runtime.keys",
+    "synckit.runtime.secrets",
+    "synckit.runtime.tenant_pages",
+    "synckit.runtime.tenants",
     "synckit.demo",
     "synckit.examples.graph_mail.connector",
     "synckit.runtime.outbox",
@@ -76,3 +76,148 @@ def test_the_store_does_not_import_the_layers_above_it() -> None:
         if name.startswith("synckit.store"):
             bad = {i for i in imported if i.startswith(above)}
             assert bad == set(), f"{name} imports {sorted(bad)}"
+
+
+# --- layers between packages (issue 18 item 4) ----------------------------------------------
+
+#: The packages whose graph must have no cycles (``synckit.app`` is a module, a node too).
+PACKAGES = ("app", "connectors", "dlq", "errors", "runtime", "store", "testing", "web")
+
+#: Modules of synckit.connectors that still import synckit.runtime or synckit.store, and
+#: why. The list may only shrink.
+CONNECTORS_STILL_BELOW = {
+    # Command-line modules, moving to synckit/cli/ (issue 18, the CLI move).
+    "synckit.connectors.bulk_cli": "CLI, moving to synckit.cli",
+    "synckit.connectors.oauth_cli": "CLI, moving to synckit.cli",
+    "synckit.connectors.secrets_cli": "CLI, moving to synckit.cli",
+    "synckit.connectors.tenants_cli": "CLI, moving to synckit.cli",
+}
+
+#: Package edges that still close a cycle, and why. The set may only shrink.
+CYCLES_LEFT = {
+    # connectors -> runtime and -> store only through CONNECTORS_STILL_BELOW.
+    ("connectors", "runtime"),
+    ("connectors", "store"),
+    ("runtime", "connectors"),
+    # store.dead_letters redacts stored error texts with runtime.logging.redact_text.
+    ("runtime", "store"),
+    ("store", "runtime"),
+}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _synckit_imports(tree: ast.AST, *, in_functions: bool) -> set[str]:
+    """The ``synckit`` modules ``tree`` imports when it runs: at module level (class
+    bodies included) and, with ``in_functions``, inside functions too. Imports under
+    ``if TYPE_CHECKING:`` never run and are not counted."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for other in node.orelse:
+                visit(other)
+            return
+        functions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        if isinstance(node, functions) and not in_functions:
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("synckit"):
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("synckit"))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _runtime_imports(*, in_functions: bool) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        tree = ast.parse(path.read_text(), str(path))
+        out[name] = _synckit_imports(tree, in_functions=in_functions)
+    return out
+
+
+def _package(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) < 2 or parts[0] != "synckit":
+        return None
+    return parts[1] if parts[1] in PACKAGES else None
+
+
+def test_connectors_import_neither_the_runtime_nor_the_store() -> None:
+    """``synckit.connectors`` is what authors subclass and import; the runtime implements
+    its interfaces and fulfils its declarations, so nothing in it imports
+    ``synckit.runtime`` or ``synckit.store`` (at module level or in a function; only
+    ``TYPE_CHECKING`` imports, which never run, are exempt)."""
+    below = ("synckit.runtime", "synckit.store")
+    offenders = {
+        name: sorted(i for i in imported if i == below[0] or i == below[1] or i.startswith(
+            tuple(f"{b}." for b in below)))
+        for name, imported in _runtime_imports(in_functions=True).items()
+        if name.startswith("synckit.connectors")
+    }  # fmt: skip
+    offenders = {name: found for name, found in offenders.items() if found}
+    new = {name: found for name, found in offenders.items() if name not in CONNECTORS_STILL_BELOW}
+    assert new == {}, "synckit.connectors may not import the runtime or the store"
+    done = set(CONNECTORS_STILL_BELOW) - set(offenders)
+    assert done == set(), f"no longer import them, strike them from the list: {sorted(done)}"
+
+
+def test_no_import_cycles_between_the_packages() -> None:
+    """The package graph, from the imports that run when a module is imported (module
+    level; ``TYPE_CHECKING`` imports and imports inside functions are exempt), has no
+    cycle but the listed remainder."""
+    edges: dict[tuple[str, str], set[str]] = {}
+    for name, imported in _runtime_imports(in_functions=False).items():
+        source = _package(name)
+        for target_module in imported:
+            target = _package(target_module)
+            if source and target and source != target:
+                edges.setdefault((source, target), set()).add(f"{name} -> {target_module}")
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = {start}, [start]
+        while todo:
+            node = todo.pop()
+            if node == goal:
+                return True
+            for a, b in edges:
+                if a == node and b not in seen:
+                    seen.add(b)
+                    todo.append(b)
+        return False
+
+    cyclic = {(a, b) for a, b in edges if reaches(b, a)}
+    new = {edge: sorted(edges[edge]) for edge in cyclic - CYCLES_LEFT}
+    assert new == {}, "an import cycle between packages"
+    gone = CYCLES_LEFT - cyclic
+    assert gone == set(), f"no longer in a cycle, strike them from CYCLES_LEFT: {sorted(gone)}"
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    """The rule's own parts find what they must: a module-level import counts, one under
+    ``TYPE_CHECKING`` or in a function does not (unless asked), an ``else`` does."""
+    tree = ast.parse(
+        "from synckit.store import db\n"
+        "if TYPE_CHECKING:\n    from synckit.runtime import worker\n"
+        "else:\n    import synckit.web\n"
+        "def f():\n    from synckit.dlq import replay\n"
+    )
+    assert _synckit_imports(tree, in_functions=False) == {
+        "synckit.store", "synckit.store.db", "synckit.web"
+    }  # fmt: skip
+    assert "synckit.dlq.replay" in _synckit_imports(tree, in_functions=True)
+    assert _package("synckit.runtime.worker") == "runtime"
+    assert _package("synckit.app") == "app"
+    assert _package("synckit.cli") is None

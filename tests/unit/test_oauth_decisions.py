@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from synckit.connectors.oauth import (
+from synckit.runtime.oauth import (
     MAX_401_RETRIES,
     reauth_reason,
     refresh_due,
@@ -16,7 +16,7 @@ from synckit.connectors.oauth import (
     refresh_step,
     unauthorized_verdict,
 )
-from synckit.connectors.secrets import TokenSet
+from synckit.runtime.secrets import TokenSet
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LEEWAY = timedelta(seconds=60)

@@ -8,15 +8,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from cryptography.fernet import Fernet
 
-from synckit.connectors.oauth import OAuth2Config
-from synckit.connectors.secrets import (
+from synckit.errors.exceptions import ConfigurationError
+from synckit.runtime.oauth import OAuth2Config
+from synckit.runtime.secrets import (
     FERNET_MARKER,
     PLAINTEXT_MARKER,
     InsecureTokenStorageWarning,
     TokenCipher,
     TokenSet,
 )
-from synckit.errors.exceptions import ConfigurationError
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 ACCESS = "at-SECRET-access-1234567890"

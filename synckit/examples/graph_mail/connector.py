@@ -4,10 +4,11 @@ Read it top to bottom; each part teaches one thing synckit expects of a connecto
 
 1. **Config** (:class:`GraphMailConfig`): what each tenant provides, as a pydantic model.
    It is validated when the tenant is added; secrets are ``SecretStr``.
-2. **Auth** (:meth:`GraphMail.build_auth`): OAuth2 against Azure AD, whose refresh tokens
-   rotate. synckit's :class:`~synckit.connectors.oauth.OAuth2Auth` keeps the tokens
-   encrypted in the database, refreshes them once across every worker, and marks the
-   tenant ``needs_reauth`` when Azure AD refuses (``invalid_grant``).
+2. **Auth** (``GraphMail.auth``): OAuth2 against Azure AD, whose refresh tokens rotate,
+   declared with :class:`~synckit.connectors.auth.OAuth2`. The runtime fulfils it
+   (:class:`~synckit.runtime.oauth.OAuth2Auth`): it keeps the tokens encrypted in the
+   database, refreshes them once across every worker, and marks the tenant
+   ``needs_reauth`` when Azure AD refuses (``invalid_grant``).
 3. **Reading** (:meth:`GraphMail.poll`): delta sync of one mail folder. Pages follow
    ``@odata.nextLink``; the checkpoint stored after each page is the link to the next one,
    and after the last page the ``@odata.deltaLink``, so the next cycle asks only for what
@@ -34,15 +35,22 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from sqlalchemy import Boolean, Column, MetaData, String, Table, Text, delete
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.schema import CreateTable
 
-from synckit import Connector, NextUrlPaginator, Page, RateLimit, Stream, SyncContext
-from synckit.connectors.oauth import OAuth2Auth, OAuth2Config
+from synckit import (
+    Connector,
+    NextUrlPaginator,
+    OAuth2,
+    OAuth2Config,
+    Page,
+    RateLimit,
+    Stream,
+    SyncContext,
+)
 from synckit.errors import ErrorClass, PermanentError
 from synckit.runtime.intents import IntentResult, RemoteRecord
 from synckit.store.db import Database
@@ -194,20 +202,19 @@ class GraphMail(Connector[GraphMailConfig]):
 
     # --- 2. auth ------------------------------------------------------------------------
 
-    def build_auth(self, ctx: SyncContext) -> httpx.Auth:
-        # The tokens themselves are not in the config: they were stored for the tenant
-        # when its admin consented (see synckit.examples.graph_mail.app.connect_tenant).
-        return OAuth2Auth(
-            ctx.db,
-            self.tenant,
-            OAuth2Config(
-                token_url=self.config.token_endpoint,
-                client_id=self.config.client_id,
-                client_secret=self.config.client_secret.get_secret_value(),
-                auth_method="client_secret_post",  # what Azure AD documents
-                scope=GRAPH_SCOPE,
-            ),
+    # A declaration, fulfilled by the runtime: the tokens themselves are not in the
+    # config; they were stored for the tenant when its admin consented (see
+    # synckit.examples.graph_mail.app.connect_tenant), and the runtime attaches, refreshes
+    # and stores them. The OAuth2Config is built per tenant, from its config.
+    auth = OAuth2(
+        lambda graph: OAuth2Config(
+            token_url=graph.config.token_endpoint,
+            client_id=graph.config.client_id,
+            client_secret=graph.config.client_secret.get_secret_value(),
+            auth_method="client_secret_post",  # what Azure AD documents
+            scope=GRAPH_SCOPE,
         )
+    )
 
     # --- 3. reading -----------------------------------------------------------------------
 

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from sqlalchemy import Text, cast, select
 
-from synckit.connectors.config_secrets import open_config
-from synckit.connectors.secrets import (
+from synckit.errors.exceptions import ConfigurationError
+from synckit.runtime.config_secrets import open_config
+from synckit.runtime.secrets import (
     ENV_KEY,
     SecretUnavailable,
     TokenCipher,
     reseal_token_sets,
 )
-from synckit.errors.exceptions import ConfigurationError
 from synckit.store.db import Database
 from synckit.store.tables import connections
 
@@ -190,8 +190,8 @@ async def rotate_secrets(
     stored in plaintext for development. ``models`` (connector name to config model)
     lets it seal plaintext config secrets of rows written before configs were sealed.
     """
-    from synckit.connectors.authorize import reseal_verifiers
-    from synckit.connectors.tenants import reseal_configs
+    from synckit.runtime.authorize import reseal_verifiers
+    from synckit.runtime.tenants import reseal_configs
 
     if not cipher.encrypts or cipher.primary_key_id is None:
         raise ConfigurationError(f"rotating secrets needs a key: set {ENV_KEY}")

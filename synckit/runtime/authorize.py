@@ -13,7 +13,7 @@ the URL the provider redirected to: it refuses a ``state`` that is unknown, expi
 another tenant's or already used (a replayed callback), marks it used in one
 compare-and-set before anything else, exchanges the code (with the verifier) with no
 transaction open, then stores the sealed token set and makes the connection active
-(:func:`synckit.connectors.oauth.reauth`), so the tenant's jobs resume.
+(:func:`synckit.runtime.oauth.reauth`), so the tenant's jobs resume.
 
 ``synckit tenants connect TENANT`` runs the same flow from a shell with a loopback
 listener as the redirect URI (:func:`receive_callback`), the way cloud CLIs log in.
@@ -36,7 +36,8 @@ from authlib.integrations.base_client import OAuthError
 from sqlalchemy import and_, delete, select, update
 
 from synckit.clock import utcnow
-from synckit.connectors.oauth import (
+from synckit.errors.exceptions import ConfigurationError, SynckitError
+from synckit.runtime.oauth import (
     OAuth2Config,
     ReauthResult,
     TokenEndpointUnavailable,
@@ -45,8 +46,7 @@ from synckit.connectors.oauth import (
     token_client,
     token_endpoint_error,
 )
-from synckit.connectors.secrets import TokenCipher, TokenSet, read_connection
-from synckit.errors.exceptions import ConfigurationError, SynckitError
+from synckit.runtime.secrets import TokenCipher, TokenSet, read_connection
 from synckit.store.db import Database
 from synckit.store.tables import pending_authorizations
 
@@ -115,7 +115,7 @@ async def begin_authorization(
 
     Raises :class:`~synckit.errors.ConfigurationError` when ``config`` has no
     ``authorize_url`` or tokens cannot be stored securely, and
-    :class:`~synckit.connectors.secrets.ConnectionNotFound` for an unknown tenant.
+    :class:`~synckit.runtime.secrets.ConnectionNotFound` for an unknown tenant.
     """
     if not config.authorize_url:
         raise ConfigurationError(
@@ -241,7 +241,7 @@ async def complete_authorization(
 
     Stores the sealed token set and makes the connection active. Raises
     :class:`AuthorizationRefused` for a wrong, expired or replayed ``state``, a refused
-    consent or a refused code; :class:`~synckit.connectors.oauth.TokenEndpointUnavailable`
+    consent or a refused code; :class:`~synckit.runtime.oauth.TokenEndpointUnavailable`
     when the provider could not answer (the consent must then be started again: its
     state is spent).
     """

@@ -10,7 +10,7 @@ the type open, a value that any member types as a secret is one: sealing too muc
 costs nothing, sealing too little leaks.
 
 :func:`seal_config` replaces each of those values by the object
-:meth:`~synckit.connectors.secrets.TokenCipher.seal_value` makes; :func:`open_config`
+:meth:`~synckit.runtime.secrets.TokenCipher.seal_value` makes; :func:`open_config`
 undoes it without the model (the stored object says what it is), and :func:`mask_config`
 puts ``***`` in their place for display. All are pure: no I/O, the cipher is an argument.
 """
@@ -27,8 +27,8 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic import types as pydantic_types
 
-from synckit.connectors.secrets import SecretUnavailable, TokenCipher, is_sealed_value
 from synckit.errors.exceptions import ConfigurationError
+from synckit.runtime.secrets import SecretUnavailable, TokenCipher, is_sealed_value
 
 __all__ = [
     "MASK",
@@ -207,7 +207,7 @@ def open_config(
 
     Raises :class:`~synckit.errors.ConfigurationError` for a config that is not a JSON
     object or a sealed value that cannot be opened
-    (:class:`~synckit.connectors.secrets.SecretUnavailable` when the key is missing),
+    (:class:`~synckit.runtime.secrets.SecretUnavailable` when the key is missing),
     naming the field.
     """
     if stored is None:

@@ -9,7 +9,7 @@ checkpoints. A corrupt row is shown, never fatal: timestamps come back guarded
 the driver's fetch), configs and cursors as text, each parsed per row and named in
 ``unreadable`` when it does not read.
 
-Rows are turned into :class:`~synckit.connectors.tenants.Tenant` by the tenants module
+Rows are turned into :class:`~synckit.runtime.tenants.Tenant` by the tenants module
 itself, with secrets masked (``reveal=False``): no key is needed to list tenants.
 """
 
@@ -25,9 +25,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 # The tenants module's own column list and row reader (config, secrets, status,
 # timestamps), so that a tenant reads the same here as everywhere else.
-from synckit.connectors.tenants import _COLUMNS as _TENANT_COLUMNS
-from synckit.connectors.tenants import Tenant, TenantNotFound
-from synckit.connectors.tenants import _tenant as _read_tenant
+from synckit.runtime.tenants import _COLUMNS as _TENANT_COLUMNS
+from synckit.runtime.tenants import Tenant, TenantNotFound
+from synckit.runtime.tenants import _tenant as _read_tenant
 from synckit.store.db import Database
 from synckit.store.jobs import guarded_moment, read_moment
 from synckit.store.tables import checkpoints, connections

@@ -1,6 +1,6 @@
 """Bulk tenant operations: many tenants added in a few set-based statements.
 
-:func:`add_tenants` validates every row as :func:`~synckit.connectors.tenants.add_tenant`
+:func:`add_tenants` validates every row as :func:`~synckit.runtime.tenants.add_tenant`
 does (name, connector, config against the connector's model, schedule, keys), names
 each bad row by its line, and writes valid rows in batches: one statement for their
 resources (limits as the connector declares them), one for their parents and one for
@@ -27,13 +27,13 @@ from sqlalchemy import bindparam, text
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
-from synckit.connectors.tenants import (
+from synckit.errors.exceptions import ConfigurationError, SynckitError
+from synckit.runtime.tenants import (
     ConnectorSource,
     _check_schedule,
     _plain_config,
     check_tenant_name,
 )
-from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.store.db import Database
 from synckit.store.tables import connections
 
@@ -287,7 +287,7 @@ async def add_tenants(
 ) -> BulkResult:
     """Add many tenants of ``app``'s connectors.
 
-    ``rows`` are mappings with the fields of :func:`~synckit.connectors.tenants.add_tenant`
+    ``rows`` are mappings with the fields of :func:`~synckit.runtime.tenants.add_tenant`
     (``tenant``, ``connector`` (default ``connector``), ``config``, ``schedule`` (default
     ``schedule``), ``resource_key``, ``parent_key``), or ``(line, mapping)`` pairs and
     :class:`RowError` as :func:`read_rows` yields them. Every row is validated first;

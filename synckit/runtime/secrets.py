@@ -9,7 +9,7 @@ so it cannot be splatted into a log event by accident.
 turns a token set into the bytes stored in ``connections.token_set`` and back, and one
 secret config value into the JSON object stored in its place
 (``{"$sealed": "<fernet token>", "$key": "<key id>"}``, see
-:mod:`synckit.connectors.tenants`). The key comes from ``$SYNCKIT_SECRET_KEY``: a Fernet
+:mod:`synckit.runtime.tenants`). The key comes from ``$SYNCKIT_SECRET_KEY``: a Fernet
 key, or several separated by commas to rotate keys (the first encrypts; every one of
 them decrypts; ``synckit secrets rotate`` re-seals old rows under the first). Every
 sealed value names its key by a short id (a hash of the key, never the key), so an

@@ -52,7 +52,6 @@ import structlog
 
 from synckit.clock import Waiter
 from synckit.connectors.base import Connector, RateLimit
-from synckit.connectors.network import new_transport
 from synckit.errors.classify import Classification, ClassifyRules, ErrorClass
 from synckit.errors.exceptions import HandlerOutcome, RateLimited
 from synckit.errors.headers import parse_rate_limit, server_wait
@@ -61,6 +60,7 @@ from synckit.errors.raising import exception_for
 from synckit.errors.waits import clamp_wait
 from synckit.runtime import pacing
 from synckit.runtime.instruments import record_api_latency
+from synckit.runtime.network import new_transport
 from synckit.store.db import Database
 
 __all__ = [

@@ -9,7 +9,7 @@ refused).
 
 A config's secrets (the values its model types as ``SecretStr`` and the like, at any
 depth) are sealed at rest with the cipher of token sets (``$SYNCKIT_SECRET_KEY``, see
-:mod:`synckit.connectors.config_secrets`): the stored JSON holds
+:mod:`synckit.runtime.config_secrets`): the stored JSON holds
 ``{"$sealed": ..., "$key": ...}`` in their place, and reading opens them. Rows written
 before that still read, their secrets in plaintext until the next write or ``synckit
 secrets rotate``.
@@ -32,7 +32,10 @@ from sqlalchemy.exc import IntegrityError
 
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector
-from synckit.connectors.config_secrets import (
+from synckit.connectors.schedule import DEFAULT_SCHEDULE, parse_schedule
+from synckit.errors.exceptions import ConfigurationError, SynckitError
+from synckit.runtime import pacing
+from synckit.runtime.config_secrets import (
     ConfigPath,
     mask_config,
     open_config,
@@ -40,11 +43,8 @@ from synckit.connectors.config_secrets import (
     seal_config,
     secret_paths,
 )
-from synckit.connectors.schedule import DEFAULT_SCHEDULE, parse_schedule
-from synckit.connectors.secrets import TokenCipher
-from synckit.errors.exceptions import ConfigurationError, SynckitError
-from synckit.runtime import pacing
 from synckit.runtime.poll import delete_checkpoints, delete_poll_ticks
+from synckit.runtime.secrets import TokenCipher
 from synckit.store import jobs as job_store
 from synckit.store.db import Database
 from synckit.store.resources import read_moments, readable

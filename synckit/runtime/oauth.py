@@ -49,7 +49,7 @@ import uuid
 import warnings
 import weakref
 from collections.abc import AsyncGenerator, Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, NoReturn
 
@@ -58,7 +58,11 @@ import structlog
 from authlib.deprecate import AuthlibDeprecationWarning
 
 from synckit.clock import utcnow
-from synckit.connectors.secrets import (
+from synckit.connectors.auth import ClientAuthMethod, GrantType, OAuth2Config
+from synckit.errors.exceptions import NeedsReauth, RetryableError
+from synckit.errors.headers import server_wait
+from synckit.runtime import pacing
+from synckit.runtime.secrets import (
     REASON_CHARS,
     TokenCipher,
     TokenSet,
@@ -69,9 +73,6 @@ from synckit.connectors.secrets import (
     take_refresh_lease,
     write_token_set,
 )
-from synckit.errors.exceptions import ConfigurationError, NeedsReauth, RetryableError
-from synckit.errors.headers import server_wait
-from synckit.runtime import pacing
 from synckit.store import jobs as job_store
 from synckit.store.db import Database
 
@@ -86,9 +87,6 @@ with warnings.catch_warnings():
 
 log = structlog.get_logger("synckit.oauth")
 
-GrantType = Literal["refresh_token", "client_credentials"]
-ClientAuthMethod = Literal["client_secret_basic", "client_secret_post", "none"]
-_AUTH_METHODS = ("client_secret_basic", "client_secret_post", "none")
 
 #: OAuth error codes that say "not now" rather than "no": retried, not a refusal.
 _TRANSIENT_ERRORS = frozenset({"temporarily_unavailable", "server_error", "slow_down"})
@@ -116,65 +114,6 @@ class TokenEndpointUnavailable(RetryableError):
 class UnprovenUnauthorized(RetryableError):
     """The API kept answering 401, but never to a token minted for the request: no proof
     that the grant is gone, so the request is retried later instead."""
-
-
-@dataclass(frozen=True)
-class OAuth2Config:
-    """How to get tokens for one connector's API (the same for all its tenants).
-
-    ``grant`` is ``refresh_token`` (tenants authorised once, then refreshed) or
-    ``client_credentials`` (the client's own credentials, no user). ``auth_method`` is how
-    the client authenticates at the token endpoint: ``client_secret_basic`` and
-    ``client_secret_post`` need ``client_secret``; ``none`` (a public client, which proves
-    itself with PKCE in the connect flow) must have none. ``authorize_url`` is the
-    provider's consent page, needed only by the connect flow
-    (:mod:`synckit.connectors.authorize`). A contradictory config raises
-    :class:`~synckit.errors.ConfigurationError`.
-    """
-
-    token_url: str
-    client_id: str
-    client_secret: str | None = field(default=None, repr=False)
-    grant: GrantType = "refresh_token"
-    auth_method: ClientAuthMethod = "client_secret_basic"
-    scope: str | None = None
-    #: The most a token is refreshed ahead of its expiry (short-lived tokens: a quarter
-    #: of their lifetime, see :func:`refresh_margin`).
-    leeway: timedelta = timedelta(seconds=60)
-    #: Bound on one token request, all of it.
-    timeout: float = 10.0
-    authorize_url: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.grant not in ("refresh_token", "client_credentials"):
-            raise ConfigurationError(f"unsupported grant {self.grant!r}")
-        if self.auth_method not in _AUTH_METHODS:
-            raise ConfigurationError(
-                f"unsupported client auth method {self.auth_method!r} "
-                f"(use one of {', '.join(_AUTH_METHODS)})"
-            )
-        if self.auth_method == "none":
-            if self.client_secret:
-                raise ConfigurationError(
-                    "auth_method 'none' is for public clients: give no client_secret "
-                    "(or choose client_secret_basic / client_secret_post)"
-                )
-            if self.grant == "client_credentials":
-                raise ConfigurationError(
-                    "the client_credentials grant needs client authentication, not 'none'"
-                )
-        elif not self.client_secret:
-            raise ConfigurationError(
-                f"auth_method {self.auth_method!r} needs a client_secret; a public client "
-                "says auth_method='none'"
-            )
-        if self.timeout <= 0:
-            raise ConfigurationError("timeout must be positive")
-
-    @property
-    def lease_time(self) -> timedelta:
-        """How long a refresher holds the lease: past any bounded provider call."""
-        return timedelta(seconds=2 * self.timeout + 5)
 
 
 # --- decisions (pure) ---------------------------------------------------------------------
@@ -741,7 +680,7 @@ async def reauth(
 
     A token set with only a refresh token is refreshed by the first request. The
     tenant's waiting jobs are claimed again from now on (workers are woken). Raises
-    :class:`~synckit.connectors.secrets.ConnectionNotFound` for an unknown tenant and
+    :class:`~synckit.runtime.secrets.ConnectionNotFound` for an unknown tenant and
     :class:`~synckit.errors.ConfigurationError` when tokens cannot be stored securely.
     """
     cipher = cipher or TokenCipher.from_env()
