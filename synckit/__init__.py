@@ -11,12 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from synckit.app import App
-    from synckit.runtime.authorize import begin_authorization, complete_authorization
     from synckit.connectors.auth import BearerToken, OAuth2, OAuth2Config
     from synckit.connectors.base import Connector, Page, RateLimit, Stream
     from synckit.connectors.context import SyncContext
     from synckit.connectors.incremental import Incremental, Watermark
-    from synckit.runtime.oauth import OAuth2Auth, reauth
     from synckit.connectors.paging import (
         CursorPaginator,
         LinkHeaderPaginator,
@@ -24,17 +22,6 @@ if TYPE_CHECKING:
         OffsetPaginator,
         PageNumberPaginator,
         Paginator,
-    )
-    from synckit.runtime.secrets import TokenSet
-    from synckit.runtime.tenants import (
-        Tenant,
-        add_tenant,
-        get_tenant,
-        list_tenants,
-        pause_tenant,
-        remove_tenant,
-        resume_tenant,
-        update_tenant,
     )
     from synckit.errors import (
         BreakerPolicy,
@@ -54,9 +41,22 @@ if TYPE_CHECKING:
         retry_delay,
         set_testing,
     )
+    from synckit.runtime.authorize import begin_authorization, complete_authorization
     from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
     from synckit.runtime.intents import IntentConflict, IntentResult, RemoteRecord, run_intent
+    from synckit.runtime.oauth import OAuth2Auth, reauth
     from synckit.runtime.outbox import add as outbox_add
+    from synckit.runtime.secrets import TokenSet
+    from synckit.runtime.tenants import (
+        Tenant,
+        add_tenant,
+        get_tenant,
+        list_tenants,
+        pause_tenant,
+        remove_tenant,
+        resume_tenant,
+        update_tenant,
+    )
     from synckit.runtime.worker import Worker
     from synckit.store.db import Database, open_database
     from synckit.store.jobs import JobSpec, enqueue, enqueue_many

@@ -33,20 +33,12 @@ import httpx
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector
 from synckit.connectors.context import SyncContext
-from synckit.runtime.context import open_context
-from synckit.runtime.tenants import (
-    _COLUMNS,
-    Tenant,
-    TenantNotFound,
-    _tenant,
-    add_tenant,
-    get_tenant,
-)
 from synckit.dlq.replay import ReplayProcessor, register_dlq_replay, replayers_from_app
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.exceptions import ConfigurationError, PermanentError
 from synckit.runtime import pacing
 from synckit.runtime.alerts import get_alert_router, register_alerts
+from synckit.runtime.context import open_context
 from synckit.runtime.handlers import Discard, JobContext, Registry
 from synckit.runtime.pacing import PaceView
 from synckit.runtime.poll import (
@@ -60,6 +52,14 @@ from synckit.runtime.poll import (
     run_cycle,
     schedule_polls,
     stream_of_kind,
+)
+from synckit.runtime.tenants import (
+    _COLUMNS,
+    Tenant,
+    TenantNotFound,
+    _tenant,
+    add_tenant,
+    get_tenant,
 )
 from synckit.runtime.worker import Worker
 from synckit.store import checkpoints
@@ -277,8 +277,8 @@ class App:
         :class:`synckit.dlq.replay.Unreplayable`; a paused tenant raises
         :class:`~synckit.runtime.tenants.TenantError` (replay it once resumed).
         """
-        from synckit.runtime.tenants import TenantError
         from synckit.dlq.replay import Unreplayable
+        from synckit.runtime.tenants import TenantError
 
         try:
             stream = stream_of_kind(kind)

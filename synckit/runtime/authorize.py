@@ -33,7 +33,6 @@ import httpx
 import structlog
 from authlib.common.security import generate_token
 from authlib.integrations.base_client import OAuthError
-from sqlalchemy import and_, delete, select, update
 
 from synckit.clock import utcnow
 from synckit.errors.exceptions import ConfigurationError, SynckitError
@@ -47,8 +46,8 @@ from synckit.runtime.oauth import (
     token_endpoint_error,
 )
 from synckit.runtime.secrets import TokenCipher, TokenSet, read_connection
+from synckit.store import connections as connection_store
 from synckit.store.db import Database
-from synckit.store.tables import pending_authorizations
 
 log = structlog.get_logger("synckit.oauth")
 
@@ -138,18 +137,14 @@ async def begin_authorization(
     async with db.begin() as conn:
         await read_connection(conn, tenant)  # an unknown tenant is refused here
         # Expired, never completed consents of any tenant are no longer worth keeping.
-        await conn.execute(
-            delete(pending_authorizations).where(pending_authorizations.c.expires_at < now)
-        )
-        await conn.execute(
-            pending_authorizations.insert().values(
-                state=state,
-                tenant=tenant,
-                verifier=_seal_verifier(cipher, verifier),
-                redirect_uri=redirect_uri,
-                expires_at=now + ttl,
-                created_at=now,
-            )
+        await connection_store.add_pending_authorization(
+            conn,
+            state=state,
+            tenant=tenant,
+            sealed_verifier=_seal_verifier(cipher, verifier),
+            redirect_uri=redirect_uri,
+            expires_at=now + ttl,
+            now=now,
         )
     log.info("connection.authorization_started", tenant=tenant, expires_at=now + ttl)
     return str(url)
@@ -160,23 +155,16 @@ async def reseal_verifiers(db: Database, cipher: TokenCipher) -> int:
     how many were re-sealed. Expired consents are deleted instead: they can never
     complete. A verifier that cannot be opened is left as it is (its consent fails at
     the callback, and expires within minutes)."""
-    p = pending_authorizations.c
     resealed = 0
-    now = utcnow()
     async with db.begin() as conn:
-        await conn.execute(delete(pending_authorizations).where(p.expires_at < now))
-        rows = (
-            await conn.execute(select(p.state, p.verifier).order_by(p.state).with_for_update())
-        ).all()
+        rows = await connection_store.live_verifiers(conn, now=utcnow())
         for r in rows:
             try:
                 new = cipher.reseal(r.verifier)
             except ConfigurationError:
                 continue
             if new is not None:
-                await conn.execute(
-                    update(pending_authorizations).where(p.state == r.state).values(verifier=new)
-                )
+                await connection_store.replace_verifier(conn, r.state, new)
                 resealed += 1
     return resealed
 
@@ -189,29 +177,12 @@ async def _claim_state(
     db: Database, tenant: str, state: str, now: datetime, cipher: TokenCipher
 ) -> _Pending:
     """Mark ``state`` used, once; or say precisely why it cannot be."""
-    p = pending_authorizations.c
     async with db.begin() as conn:
-        row = (
-            await conn.execute(
-                update(pending_authorizations)
-                .where(
-                    and_(
-                        p.state == state,
-                        p.tenant == tenant,
-                        p.used_at.is_(None),
-                        p.expires_at > now,
-                    )
-                )
-                .values(used_at=now)
-                .returning(p.state, p.tenant, p.verifier, p.redirect_uri)
-            )
-        ).first()
+        row = await connection_store.claim_pending_authorization(
+            conn, state=state, tenant=tenant, now=now
+        )
         if row is None:
-            found = (
-                await conn.execute(
-                    select(p.tenant, p.used_at, p.expires_at).where(p.state == state)
-                )
-            ).first()
+            found = await connection_store.read_pending_authorization(conn, state)
     if row is not None:
         return _Pending(
             row.state, row.tenant, _open_verifier(cipher, row.verifier), row.redirect_uri

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-from sqlalchemy import bindparam, text
 
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector
@@ -34,8 +31,8 @@ from synckit.runtime.tenants import (
     _plain_config,
     check_tenant_name,
 )
+from synckit.store import connections as connection_store
 from synckit.store.db import Database
-from synckit.store.tables import connections
 
 __all__ = ["BulkResult", "NewTenant", "RowError", "add_tenants", "read_rows"]
 
@@ -194,84 +191,20 @@ def _validate(
 
 # --- writing ------------------------------------------------------------------------------
 
-_COLS = (
-    "tenant",
-    "connector",
-    "config",
-    "schedule",
-    "resource_key",
-    "parent_key",
-    "max_in_flight",
-    "rate",
-    "burst",
-)
-_TYPES = ("text", "text", "text", "text", "text", "text", "int", "float8", "int")
 
-
-def _source(postgres: bool) -> str:
-    if postgres:
-        arrays = ", ".join(f"CAST(:{c} AS {t}[])" for c, t in zip(_COLS, _TYPES, strict=True))
-        return f"unnest({arrays}) AS v({', '.join(_COLS)})"
-    picks = ", ".join(f"json_extract(value, '$[{i}]') AS {c}" for i, c in enumerate(_COLS))
-    return f"(SELECT {picks} FROM json_each(:rows)) AS v"
-
-
-def _statements(postgres: bool) -> tuple[Any, Any, Any, Any]:
-    src = _source(postgres)
-    config = "CAST(v.config AS jsonb)" if postgres else "v.config"
-    names = (
-        "unnest(CAST(:names AS text[])) AS n(name)"
-        if postgres
-        else "(SELECT value AS name FROM json_each(:names)) AS n"
+def _values(t: NewTenant) -> tuple[Any, ...]:
+    # In the order of synckit.store.connections.BULK_FIELDS.
+    return (
+        t.tenant,
+        t.connector,
+        t.config_json,
+        t.schedule,
+        t.resource_key,
+        t.parent_key,
+        t.max_in_flight,
+        t.rate,
+        t.burst,
     )
-    stamp = bindparam("now", type_=connections.c.created_at.type)
-    existing = text(f"SELECT tenant FROM connections WHERE tenant IN (SELECT name FROM {names})")
-    # As pacing.configure_pacing: the resource exists, with the connector's limits.
-    lanes = text(
-        "INSERT INTO resources (resource_key, parent_key, state, max_in_flight, rate_per_s,"
-        f" burst, updated_at) SELECT resource_key, parent_key, 'closed', max_in_flight, rate,"
-        f" burst, :now FROM {src} WHERE true ON CONFLICT (resource_key) DO UPDATE SET"
-        " parent_key = excluded.parent_key, max_in_flight = excluded.max_in_flight,"
-        " rate_per_s = excluded.rate_per_s, burst = excluded.burst,"
-        " updated_at = excluded.updated_at"
-    ).bindparams(stamp)
-    parents = text(
-        "INSERT INTO resources (resource_key, state, updated_at)"
-        f" SELECT DISTINCT parent_key, 'closed', :now FROM {src} WHERE true"
-        " ON CONFLICT (resource_key) DO NOTHING"
-    ).bindparams(stamp)
-    insert = text(
-        "INSERT INTO connections (tenant, connector, resource_key, config, schedule, status,"
-        f" created_at, updated_at) SELECT tenant, connector, resource_key, {config}, schedule,"
-        f" 'active', :now, :now FROM {src} WHERE true ON CONFLICT (tenant) DO NOTHING"
-        " RETURNING tenant"
-    ).bindparams(stamp)
-    return existing, lanes, parents, insert
-
-
-_SQL = {True: _statements(True), False: _statements(False)}
-
-
-def _params(postgres: bool, batch: Sequence[NewTenant], now: datetime) -> dict[str, Any]:
-    values = [
-        (
-            t.tenant,
-            t.connector,
-            t.config_json,
-            t.schedule,
-            t.resource_key,
-            t.parent_key,
-            t.max_in_flight,
-            t.rate,
-            t.burst,
-        )
-        for t in batch
-    ]
-    if postgres:
-        out: dict[str, Any] = {c: [v[i] for v in values] for i, c in enumerate(_COLS)}
-        out["now"] = now
-        return out
-    return {"rows": json.dumps(values), "now": now}
 
 
 async def add_tenants(
@@ -318,13 +251,10 @@ async def add_tenants(
             errors.append(RowError(line, f"tenant {t.tenant!r} is also on line {first}"))
             continue
         valid.append(t)
-    postgres = db.is_postgres
-    existing_sql, lanes, parents, insert = _SQL[postgres]
     for start in range(0, len(valid), batch):
         batch_names = [t.tenant for t in valid[start : start + batch]]
-        names: Any = batch_names if postgres else json.dumps(batch_names)
         async with db.begin() as conn:
-            present = {r[0] for r in await conn.execute(existing_sql, {"names": names})}
+            present = await connection_store.existing_tenants(conn, batch_names)
         errors.extend(
             RowError(t.line, f"tenant {t.tenant!r} exists already")
             for t in valid[start : start + batch]
@@ -338,14 +268,10 @@ async def add_tenants(
     added = 0
     for start in range(0, len(todo), batch):
         chunk = todo[start : start + batch]
-        now = utcnow()
-        params = _params(postgres, chunk, now)
-        # One row per resource key: an upsert may not touch a row twice in one statement.
-        per_lane = _params(postgres, list({t.resource_key: t for t in chunk}.values()), now)
         async with db.begin() as conn:
-            await conn.execute(lanes, per_lane)
-            await conn.execute(parents, per_lane)
-            created = {r[0] for r in await conn.execute(insert, params)}
+            created = await connection_store.insert_connections(
+                conn, [_values(t) for t in chunk], now=utcnow()
+            )
         added += len(created)
         errors.extend(
             RowError(t.line, f"tenant {t.tenant!r} exists already")

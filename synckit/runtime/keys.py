@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
-from sqlalchemy import Text, cast, select
 
 from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.config_secrets import open_config
@@ -25,8 +24,8 @@ from synckit.runtime.secrets import (
     TokenCipher,
     reseal_token_sets,
 )
+from synckit.store import connections as connection_store
 from synckit.store.db import Database
-from synckit.store.tables import connections
 
 if TYPE_CHECKING:
     from synckit.app import App
@@ -63,18 +62,7 @@ async def find_unopenable(
     after = ""
     while True:
         async with db.begin() as conn:
-            rows = (
-                await conn.execute(
-                    select(
-                        connections.c.tenant,
-                        connections.c.token_set,
-                        cast(connections.c.config, Text).label("config_text"),
-                    )
-                    .where(connections.c.tenant > after, connections.c.status == "active")
-                    .order_by(connections.c.tenant)
-                    .limit(page)
-                )
-            ).all()
+            rows = await connection_store.active_secrets_page(conn, after=after, limit=page)
         for r in rows:
             found.extend(_check_row(r.tenant, r.token_set, r.config_text, cipher))
         if len(rows) < page:

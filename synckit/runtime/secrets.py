@@ -18,7 +18,9 @@ error can say which key is missing. Without a key, storing secrets is refused wi
 development: they are then stored in plaintext behind a recognisable marker, and a
 warning says so each time.
 
-The named operations at the bottom are the only SQL that touches ``token_set``.
+The statements on ``connections.token_set`` are :mod:`synckit.store.connections`'; the
+operations at the bottom seal and open around them (the ones that take no secret are
+re-exported from there).
 """
 
 from __future__ import annotations
@@ -34,12 +36,18 @@ from typing import Any
 
 import structlog
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
-from sqlalchemy import Row, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.errors.exceptions import ConfigurationError
-from synckit.store.db import Database
-from synckit.store.tables import connections
+from synckit.store import connections as connection_store
+from synckit.store.connections import (
+    REASON_CHARS,
+    ConnectionNotFound,
+    hand_back_refresh_lease,
+    mark_needs_reauth,
+    read_connection,
+    take_refresh_lease,
+)
+from synckit.store.db import Conn, Database
 
 ENV_KEY = "SYNCKIT_SECRET_KEY"
 ENV_INSECURE_DEV = "SYNCKIT_INSECURE_DEV_TOKENS"
@@ -58,9 +66,6 @@ SEALED_KEY = "$key"
 INSECURE = "$insecure"
 
 _MASK = "***"
-
-#: The longest reason stored in ``connections.status_reason``.
-REASON_CHARS = 500
 
 log = structlog.get_logger("synckit.secrets")
 
@@ -407,41 +412,12 @@ class TokenCipher:
         )
 
 
-# --- the named operations on connections.token_set --------------------------------------
-
-
-class ConnectionNotFound(ConfigurationError):
-    """No connection row for the tenant (create the tenant first)."""
-
-
-async def read_connection(conn: AsyncConnection, tenant: str, *, lock: bool = False) -> Row[Any]:
-    """The tenant's connection row (tenant, connector, resource_key, status, token_set...).
-
-    ``lock=True`` takes the per-connection lock until the transaction ends: a row lock
-    (``FOR UPDATE``) on PostgreSQL; on SQLite the transaction is ``BEGIN IMMEDIATE``,
-    which already holds the database's write lock.
-    """
-    stmt = select(
-        connections.c.tenant,
-        connections.c.connector,
-        connections.c.resource_key,
-        connections.c.status,
-        connections.c.status_reason,
-        connections.c.token_set,
-        connections.c.token_expires_at,
-        connections.c.refresh_owner,
-        connections.c.refresh_until,
-    ).where(connections.c.tenant == tenant)
-    if lock:
-        stmt = stmt.with_for_update()
-    row = (await conn.execute(stmt)).first()
-    if row is None:
-        raise ConnectionNotFound(f"no connection for tenant {tenant!r}")
-    return row
+# --- token sets in the store ---------------------------------------------------------------
+# The statements are synckit.store.connections'; these seal and open around them.
 
 
 async def write_token_set(
-    conn: AsyncConnection,
+    conn: Conn,
     tenant: str,
     token_set: TokenSet,
     *,
@@ -450,72 +426,18 @@ async def write_token_set(
     activate: bool = False,
 ) -> None:
     """Store ``token_set`` (sealed) for the tenant; ``activate`` also sets status active."""
-    values: dict[str, Any] = {
-        "token_set": cipher.seal(token_set),
-        "token_expires_at": token_set.expires_at,
-        "updated_at": now,
-    }
-    if activate:
-        # New credentials from a human: whatever refresh was under way is moot.
-        values.update(status="active", status_reason=None, refresh_owner=None, refresh_until=None)
-    res = await conn.execute(
-        update(connections)
-        .where(connections.c.tenant == tenant)
-        .values(**values)
-        .returning(connections.c.tenant)
+    await connection_store.write_token_set(
+        conn,
+        tenant,
+        sealed=cipher.seal(token_set),
+        expires_at=token_set.expires_at,
+        now=now,
+        activate=activate,
     )
-    if res.first() is None:
-        raise ConnectionNotFound(f"no connection for tenant {tenant!r}")
-
-
-async def mark_needs_reauth(
-    conn: AsyncConnection, tenant: str, *, reason: str, now: datetime
-) -> None:
-    """Set the tenant's connection to ``needs_reauth`` with ``reason`` (no secrets in it).
-
-    Any refresh lease is dropped with it: nobody may refresh a refused grant.
-    """
-    await conn.execute(
-        update(connections)
-        .where(connections.c.tenant == tenant)
-        .values(
-            status="needs_reauth",
-            status_reason=reason[:REASON_CHARS],
-            refresh_owner=None,
-            refresh_until=None,
-            updated_at=now,
-        )
-    )
-
-
-# --- the refresh lease ------------------------------------------------------------------
-# Who refreshes a tenant's token set, until when (connections.refresh_owner/_until). The
-# lease is taken and given back in short transactions; the call to the provider runs
-# between them with no transaction open.
-
-
-async def take_refresh_lease(
-    conn: AsyncConnection, tenant: str, *, owner: str, until: datetime, now: datetime
-) -> bool:
-    """Take the lease if it is free or expired (compare-and-set); True if taken."""
-    res = await conn.execute(
-        update(connections)
-        .where(
-            connections.c.tenant == tenant,
-            or_(
-                connections.c.refresh_owner.is_(None),
-                connections.c.refresh_until.is_(None),
-                connections.c.refresh_until <= now,
-            ),
-        )
-        .values(refresh_owner=owner, refresh_until=until)
-        .returning(connections.c.tenant)
-    )
-    return res.first() is not None
 
 
 async def save_refreshed_token_set(
-    conn: AsyncConnection,
+    conn: Conn,
     tenant: str,
     token_set: TokenSet,
     *,
@@ -524,38 +446,14 @@ async def save_refreshed_token_set(
     now: datetime,
 ) -> bool:
     """Store the refreshed set and end the lease, only if ``owner`` still holds it."""
-    res = await conn.execute(
-        update(connections)
-        .where(connections.c.tenant == tenant, connections.c.refresh_owner == owner)
-        .values(
-            token_set=cipher.seal(token_set),
-            token_expires_at=token_set.expires_at,
-            refresh_owner=None,
-            refresh_until=None,
-            updated_at=now,
-        )
-        .returning(connections.c.tenant)
+    return await connection_store.save_refreshed_token_set(
+        conn,
+        tenant,
+        sealed=cipher.seal(token_set),
+        expires_at=token_set.expires_at,
+        owner=owner,
+        now=now,
     )
-    return res.first() is not None
-
-
-async def hand_back_refresh_lease(
-    conn: AsyncConnection,
-    tenant: str,
-    *,
-    owner: str,
-    hold_as: str | None = None,
-    until: datetime | None = None,
-) -> bool:
-    """End ``owner``'s lease; or, with ``hold_as``/``until``, keep it held under another
-    name until then (a token endpoint that asked for a wait is not called before it)."""
-    res = await conn.execute(
-        update(connections)
-        .where(connections.c.tenant == tenant, connections.c.refresh_owner == owner)
-        .values(refresh_owner=hold_as, refresh_until=until if hold_as else None)
-        .returning(connections.c.tenant)
-    )
-    return res.first() is not None
 
 
 async def reseal_token_sets(
@@ -572,15 +470,7 @@ async def reseal_token_sets(
     after = ""
     while True:
         async with db.begin() as conn:
-            rows = (
-                await conn.execute(
-                    select(connections.c.tenant, connections.c.token_set)
-                    .where(connections.c.tenant > after, connections.c.token_set.is_not(None))
-                    .order_by(connections.c.tenant)
-                    .limit(page)
-                    .with_for_update()
-                )
-            ).all()
+            rows = await connection_store.token_sets_page(conn, after=after, limit=page)
             for r in rows:
                 try:
                     new = cipher.reseal(r.token_set)
@@ -588,11 +478,7 @@ async def reseal_token_sets(
                     failed.append((r.tenant, str(exc)))
                     continue
                 if new is not None:
-                    await conn.execute(
-                        update(connections)
-                        .where(connections.c.tenant == r.tenant)
-                        .values(token_set=new)
-                    )
+                    await connection_store.replace_token_set(conn, r.tenant, new)
                     resealed += 1
         if len(rows) < page:
             return resealed, tuple(failed)

@@ -20,26 +20,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Text, cast, func, select
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-# The tenants module's own column list and row reader (config, secrets, status,
-# timestamps), so that a tenant reads the same here as everywhere else.
-from synckit.runtime.tenants import _COLUMNS as _TENANT_COLUMNS
 from synckit.runtime.tenants import Tenant, TenantNotFound
+
+# The tenants module's own row reader (config, secrets, status, timestamps), so that a
+# tenant reads the same here as everywhere else.
 from synckit.runtime.tenants import _tenant as _read_tenant
-from synckit.store.db import Database
-from synckit.store.jobs import guarded_moment, read_moment
-from synckit.store.tables import checkpoints, connections
+from synckit.store import connections as connection_store
+from synckit.store.db import Conn, Database
+from synckit.store.jobs import read_moment
 
 __all__ = ["Checkpoint", "TenantPage", "page_tenants", "read_checkpoints", "read_tenant"]
-
-_GUARDED = ("created_at", "updated_at")
-# The tenants module's columns with the timestamps guarded in SQL as well: read as text
-# alone, a PostgreSQL year 20000 still fails the fetch in the driver.
-_COLUMNS = tuple(
-    guarded_moment(connections.c[c.name]) if c.name in _GUARDED else c for c in _TENANT_COLUMNS
-)
 
 
 @dataclass(frozen=True)
@@ -57,27 +47,18 @@ class TenantPage:
         return sum(self.by_status.values())
 
 
-def _filtered(stmt: Any, connector: str | None, status: str | None) -> Any:
-    if connector:
-        stmt = stmt.where(connections.c.connector == connector)
-    if status:
-        stmt = stmt.where(connections.c.status == status)
-    return stmt
-
-
 async def _page(
-    conn: AsyncConnection,
+    conn: Conn,
     *,
     limit: int,
     after: str | None,
     connector: str | None,
     status: str | None,
 ) -> tuple[list[Tenant], str | None]:
-    stmt = _filtered(select(*_COLUMNS), connector, status).order_by(connections.c.tenant)
-    if after is not None:
-        stmt = stmt.where(connections.c.tenant > after)
     # One row past the page says whether there is a next one.
-    rows = list(await conn.execute(stmt.limit(limit + 1)))
+    rows = await connection_store.tenant_page_rows(
+        conn, limit=limit + 1, after=after, connector=connector, status=status
+    )
     found = [_read_tenant(r, reveal=False, cipher=None) for r in rows[:limit]]
     return found, found[-1].tenant if len(rows) > limit else None
 
@@ -96,12 +77,9 @@ async def page_tenants(
     if limit < 1:
         raise ValueError("a page holds at least one tenant")
     async with db.begin() as conn:
-        counts = _filtered(
-            select(connections.c.status, func.count()).group_by(connections.c.status),
-            connector,
-            status,
+        by_status = await connection_store.count_tenants_by_status(
+            conn, connector=connector, status=status
         )
-        by_status = {str(s): int(n) for s, n in await conn.execute(counts)}
         found, next_after = await _page(
             conn, limit=limit, after=after, connector=connector, status=status
         )
@@ -111,7 +89,7 @@ async def page_tenants(
 async def read_tenant(db: Database, tenant: str) -> Tenant:
     """One tenant, secrets masked, or :class:`TenantNotFound`; a corrupt row reads."""
     async with db.begin() as conn:
-        row = (await conn.execute(select(*_COLUMNS).where(connections.c.tenant == tenant))).first()
+        row = await connection_store.read_tenant_row(conn, tenant, guarded=True)
     if row is None:
         raise TenantNotFound(f"no tenant {tenant!r}")
     return _read_tenant(row, reveal=False, cipher=None)
@@ -159,15 +137,5 @@ def _checkpoint(r: Any) -> Checkpoint:
 async def read_checkpoints(db: Database, tenant: str) -> list[Checkpoint]:
     """Every stream's checkpoint of ``tenant``, by connector and stream."""
     async with db.begin() as conn:
-        rows = await conn.execute(
-            select(
-                checkpoints.c.connector,
-                checkpoints.c.stream,
-                # As text, parsed per row: the driver's JSON decoding would fail the read.
-                cast(checkpoints.c.cursor, Text).label("cursor"),
-                guarded_moment(checkpoints.c.updated_at),
-            )
-            .where(checkpoints.c.tenant == tenant)
-            .order_by(checkpoints.c.connector, checkpoints.c.stream)
-        )
-        return [_checkpoint(r) for r in rows]
+        rows = await connection_store.checkpoint_rows(conn, tenant)
+    return [_checkpoint(r) for r in rows]

@@ -14,7 +14,8 @@ depth) are sealed at rest with the cipher of token sets (``$SYNCKIT_SECRET_KEY``
 before that still read, their secrets in plaintext until the next write or ``synckit
 secrets rotate``.
 
-Every SQL statement on ``connections`` that is not about tokens lives here, named.
+The statements are :mod:`synckit.store.connections`'; this module validates, seals and
+reads rows into :class:`Tenant`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Secret, SecretBytes, SecretStr
-from sqlalchemy import Text, cast, delete, func, select, update
-from sqlalchemy.exc import IntegrityError
 
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector
@@ -45,10 +44,10 @@ from synckit.runtime.config_secrets import (
 )
 from synckit.runtime.poll import delete_checkpoints, delete_poll_ticks
 from synckit.runtime.secrets import TokenCipher
+from synckit.store import connections as connection_store
 from synckit.store import jobs as job_store
 from synckit.store.db import Database
-from synckit.store.resources import read_moments, readable
-from synckit.store.tables import connections, dead_letters
+from synckit.store.resources import read_moments
 
 __all__ = [
     "CONNECTION_STATUSES",
@@ -72,6 +71,10 @@ __all__ = [
 #: The statuses the runtime writes in ``connections.status``; a row holding anything else
 #: is shown with its value marked unknown.
 CONNECTION_STATUSES = frozenset({"active", "paused", "needs_reauth"})
+
+#: The columns a tenant is read from (the store's; named here for the readers that
+#: parse rows with :func:`_tenant` too).
+_COLUMNS = connection_store.TENANT_COLUMNS
 
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+\-]{0,99}", re.ASCII)
 _MAX_SCHEDULE = 100
@@ -270,20 +273,6 @@ def shown_config(t: Tenant, model: type[BaseModel] | None = None) -> dict[str, A
     return shown
 
 
-_COLUMNS = (
-    connections.c.tenant,
-    connections.c.connector,
-    connections.c.resource_key,
-    cast(connections.c.config, Text).label("config_text"),
-    connections.c.schedule,
-    connections.c.status,
-    connections.c.status_reason,
-    # As the driver has them, parsed by _tenant: a corrupt one is named, not fatal.
-    *readable((connections.c.created_at, connections.c.updated_at)),
-    connections.c.token_set.is_not(None).label("has_tokens"),
-)
-
-
 async def add_tenant(
     db: Database,
     tenant: str,
@@ -314,15 +303,9 @@ async def add_tenant(
     now = utcnow()
     try:
         async with db.begin() as conn:
-            existing = (
-                await conn.execute(
-                    select(connections.c.connector).where(connections.c.tenant == tenant)
-                )
-            ).first()
+            existing = await connection_store.connector_of(conn, tenant)
             if existing is not None:
-                raise TenantError(
-                    f"tenant {tenant!r} exists already (connector {existing.connector!r})"
-                )
+                raise TenantError(f"tenant {tenant!r} exists already (connector {existing!r})")
             rate = cls.rate_limit
             await pacing.configure_pacing(
                 conn,
@@ -333,19 +316,16 @@ async def add_tenant(
                 burst=rate.burst if rate else None,
                 now=now,
             )
-            await conn.execute(
-                connections.insert().values(
-                    tenant=tenant,
-                    connector=cls.name,
-                    resource_key=resource_key,
-                    config=plain,
-                    schedule=schedule,
-                    status="active",
-                    created_at=now,
-                    updated_at=now,
-                )
+            await connection_store.insert_connection(
+                conn,
+                tenant=tenant,
+                connector=cls.name,
+                resource_key=resource_key,
+                config=plain,
+                schedule=schedule,
+                now=now,
             )
-    except IntegrityError as exc:  # a concurrent add of the same tenant
+    except connection_store.ConnectionExists as exc:  # a concurrent add of the same tenant
         raise TenantError(f"tenant {tenant!r} exists already") from exc
     return await get_tenant(db, tenant)
 
@@ -360,7 +340,7 @@ async def get_tenant(
     tenant and the field. With ``reveal=False`` they are ``***`` and no key is needed.
     """
     async with db.begin() as conn:
-        row = (await conn.execute(select(*_COLUMNS).where(connections.c.tenant == tenant))).first()
+        row = await connection_store.read_tenant_row(conn, tenant)
     if row is None:
         raise TenantNotFound(f"no tenant {tenant!r}")
     return _tenant(row, reveal=reveal, cipher=cipher)
@@ -376,15 +356,11 @@ async def list_tenants(
 ) -> list[Tenant]:
     """Tenants by name, optionally of one connector and/or in one status (``reveal``
     and ``cipher`` as for :func:`get_tenant`)."""
-    stmt = select(*_COLUMNS).order_by(connections.c.tenant)
-    if connector:
-        stmt = stmt.where(connections.c.connector == connector)
-    if status:
-        stmt = stmt.where(connections.c.status == status)
     if reveal and cipher is None:
         cipher = TokenCipher.from_env()
     async with db.begin() as conn:
-        return [_tenant(r, reveal=reveal, cipher=cipher) for r in await conn.execute(stmt)]
+        rows = await connection_store.tenant_rows(conn, connector=connector, status=status)
+        return [_tenant(r, reveal=reveal, cipher=cipher) for r in rows]
 
 
 async def update_tenant(
@@ -403,22 +379,19 @@ async def update_tenant(
     its waiting jobs are claimed at once.
     """
     current = await get_tenant(db, tenant)
-    values: dict[str, Any] = {"updated_at": utcnow()}
+    plain: dict[str, Any] | None = None
     resumes = False
     if config is not None:
         cls = connector or _resolve(current.connector, app)
-        values["config"] = _plain_config(cls, tenant, config)
+        plain = _plain_config(cls, tenant, config)
         resumes = current.status == "needs_reauth"
-        if resumes:
-            values.update(status="active", status_reason=None)
-    if schedule is not None:
-        values["schedule"] = _check_schedule(schedule)
+    checked = _check_schedule(schedule) if schedule is not None else None
     async with db.begin() as conn:
-        await conn.execute(
-            update(connections).where(connections.c.tenant == tenant).values(**values)
+        await connection_store.update_connection(
+            conn, tenant, now=utcnow(), config=plain, schedule=checked, reactivate=resumes
         )
-        if resumes and db.is_postgres:
-            await conn.exec_driver_sql(f"NOTIFY {job_store.NOTIFY_CHANNEL}")
+        if resumes:
+            await connection_store.notify_workers(conn)
     if resumes:
         job_store.target_wake(db)
     return await get_tenant(db, tenant)
@@ -451,11 +424,7 @@ async def pause_tenant(db: Database, tenant: str, reason: str = "paused by opera
     """
     await get_tenant(db, tenant)
     async with db.begin() as conn:
-        await conn.execute(
-            update(connections)
-            .where(connections.c.tenant == tenant)
-            .values(status="paused", status_reason=reason[:500], updated_at=utcnow())
-        )
+        await connection_store.set_status(conn, tenant, "paused", reason=reason, now=utcnow())
     return await get_tenant(db, tenant)
 
 
@@ -474,11 +443,7 @@ async def resume_tenant(db: Database, tenant: str) -> Tenant:
             "or `synckit tenants set-config` (credentials in its config)"
         )
     async with db.begin() as conn:
-        await conn.execute(
-            update(connections)
-            .where(connections.c.tenant == tenant)
-            .values(status="active", status_reason=None, updated_at=utcnow())
-        )
+        await connection_store.set_status(conn, tenant, "active", reason=None, now=utcnow())
     return await get_tenant(db, tenant)
 
 
@@ -492,19 +457,14 @@ async def remove_tenant(db: Database, tenant: str) -> Tenant:
     async with db.begin() as conn:
         await delete_checkpoints(conn, tenant)
         await delete_poll_ticks(conn, tenant)
-        await conn.execute(delete(connections).where(connections.c.tenant == tenant))
+        await connection_store.delete_connection(conn, tenant)
     return current
 
 
 async def dead_letter_counts(db: Database, tenant: str) -> dict[str, int]:
     """The tenant's dead letters by status."""
     async with db.begin() as conn:
-        rows = await conn.execute(
-            select(dead_letters.c.status, func.count())
-            .where(dead_letters.c.tenant == tenant)
-            .group_by(dead_letters.c.status)
-        )
-        return {status: count for status, count in rows}
+        return await connection_store.tenant_dead_letter_counts(conn, tenant)
 
 
 @dataclass(frozen=True)
@@ -541,19 +501,7 @@ async def reseal_configs(
     after = ""
     while True:
         async with db.begin() as conn:
-            rows = (
-                await conn.execute(
-                    select(
-                        connections.c.tenant,
-                        connections.c.connector,
-                        cast(connections.c.config, Text).label("config_text"),
-                    )
-                    .where(connections.c.tenant > after)
-                    .order_by(connections.c.tenant)
-                    .limit(page)
-                    .with_for_update()
-                )
-            ).all()
+            rows = await connection_store.configs_page(conn, after=after, limit=page)
             for r in rows:
                 model = models.get(r.connector)
                 unchecked += model is None
@@ -568,11 +516,7 @@ async def reseal_configs(
                     unreadable.append((r.tenant, str(exc)))
                     continue
                 if new is not None:
-                    await conn.execute(
-                        update(connections)
-                        .where(connections.c.tenant == r.tenant)
-                        .values(config=new)
-                    )
+                    await connection_store.replace_config(conn, r.tenant, new)
                     resealed += 1
         if len(rows) < page:
             return ResealResult(resealed, tuple(unreadable), unchecked)

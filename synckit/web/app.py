@@ -37,9 +37,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from synckit.clock import utcnow
-from synckit.runtime import tenants as tenant_store
 from synckit.errors.exceptions import JobNotFound, SynckitError
 from synckit.runtime import outbox as outbox_store
+from synckit.runtime import tenants as tenant_store
 from synckit.runtime.alerts import recent_alerts
 from synckit.runtime.audit import window_start
 from synckit.runtime.budget import BudgetPolicy, BudgetStatus
@@ -538,8 +538,8 @@ async def tenant_reauthorize(request: Request) -> Response:
     form = await request.form()
     redirect_uri = str(request.base_url).rstrip("/") + CALLBACK_PATH
     try:
-        from synckit.runtime.authorize import DEFAULT_TTL, begin_authorization
         from synckit.connectors.oauth_cli import oauth_config_for
+        from synckit.runtime.authorize import DEFAULT_TTL, begin_authorization
 
         t = await tenant_store.get_tenant(db, name, reveal=False)
         if st.config.app is None:
@@ -596,8 +596,8 @@ async def oauth_callback(request: Request) -> Response:
             "start again with Re-authorise on the tenant's page",
         )
     try:
-        from synckit.runtime.authorize import complete_authorization
         from synckit.connectors.oauth_cli import oauth_config_for
+        from synckit.runtime.authorize import complete_authorization
 
         if st.config.read_only:
             raise ValueError("the console runs read-only (--read-only)")

@@ -18,12 +18,6 @@ ROOT = Path(synckit.__file__).parent
 # Modules outside synckit.store that still build SQL themselves (issue 18 item 1).
 STILL_BUILDING_SQL = {
     "synckit.cli_options",
-    "synckit.runtime.authorize",
-    "synckit.runtime.bulk",
-    "synckit.runtime.keys",
-    "synckit.runtime.secrets",
-    "synckit.runtime.tenant_pages",
-    "synckit.runtime.tenants",
     "synckit.demo",
     "synckit.examples.graph_mail.connector",
     "synckit.runtime.outbox",
