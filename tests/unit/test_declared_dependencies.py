@@ -124,7 +124,7 @@ def test_the_reader_sees_lazy_and_guarded_imports_as_such() -> None:
 
 def test_every_third_party_import_is_a_declared_requirement() -> None:
     core, extras = declared()
-    assert "cryptography" in core  # connectors/secrets seals configs and tokens with it
+    assert "cryptography" in core  # runtime/secrets seals configs and tokens with it
     everything = core.union(*extras.values())
     distributions = packages_distributions()
     found = third_party_imports()
