@@ -39,12 +39,12 @@ from sqlalchemy import func, select, update
 
 from synckit import Connector, Page
 from synckit.clock import utcnow
-from synckit.runtime.secrets import mark_needs_reauth
-from synckit.runtime.tenants import add_tenant, pause_tenant
 from synckit.runtime import outbox
 from synckit.runtime.alerts import Alert, record_alerts
 from synckit.runtime.pacing import defer_resource
 from synckit.runtime.poll import POLL_KIND
+from synckit.runtime.secrets import mark_needs_reauth
+from synckit.runtime.tenants import add_tenant, pause_tenant
 from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store import migrate

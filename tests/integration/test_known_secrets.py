@@ -17,8 +17,8 @@ from pydantic import BaseModel, SecretStr
 from sqlalchemy import select
 
 from synckit import App, Connector, Page, Stream, SyncContext
-from synckit.runtime.context import open_context
 from synckit.errors import Classification, RetryPolicy
+from synckit.runtime.context import open_context
 from synckit.runtime.intents import RemoteRecord, run_intent
 from synckit.runtime.logging import configure_logging
 from synckit.store.db import Database

@@ -30,9 +30,9 @@ from cryptography.fernet import Fernet
 from procs import spawn_worker, stop_all  # type: ignore[import-not-found]
 from sqlalchemy import func, select
 
+from synckit.runtime import pacing
 from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, reauth
 from synckit.runtime.secrets import TokenSet
-from synckit.runtime import pacing
 from synckit.store import jobs as store
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
