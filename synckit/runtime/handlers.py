@@ -18,9 +18,9 @@ from croniter import croniter
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.breaker import BreakerPolicy
 from synckit.errors.exceptions import ConfigurationError, HandlerOutcome
-from synckit.runtime.outbox import NewMessage, _new_row
 from synckit.store.db import Database
 from synckit.store.jobs import ClaimedJob, JobSpec
+from synckit.store.outbox import NewMessage, _new_row
 
 Handler = Callable[["JobContext"], Awaitable[None]]
 

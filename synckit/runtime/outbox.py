@@ -23,58 +23,43 @@ each one ``published`` only after the broker confirmed it. What callers may rely
   for review (connector ``"outbox"``, kind ``"outbox:<topic>"``, record id = message id);
   the other messages flow on. ``synckit outbox retry`` puts it back to pending.
 
-Claiming. A batch is claimed, published and recorded in **one transaction** that holds
-the claimed rows while the broker confirms them: with the existing columns (no lease
-column) this is what makes "a row is published by one relay at a time" hold without a
-lease to expire under a slow broker.
+Claiming. No transaction is open while a broker confirms. A batch is claimed under the
+one lease (:mod:`synckit.store.leases`) in a short transaction that commits before the
+first publish; the messages are published and their confirms awaited with no
+transaction open; the outcomes are written in a second short transaction, fenced by the
+lease (:func:`synckit.store.outbox.record`). A relay that dies between the publish and
+that write leaves its messages to come due when the lease ends: they are published again
+with the same ``message_id`` (at least once). Publishing stops starting new messages
+halfway through the lease, and the batch's publishes are cut off before the lease ends,
+so a slow broker cannot make two relays hold one message.
 
-* PostgreSQL: rows are locked with ``FOR UPDATE SKIP LOCKED``, so any number of relay
-  processes share the backlog and never publish one message concurrently. Per-key order
-  across relays: a claimed message is only published when every pending message of its
-  key with a smaller id is in the same claim (a smaller one held by another relay, or
-  waiting for its retry, blocks it).
-* SQLite: every transaction starts with ``BEGIN IMMEDIATE`` (see :mod:`synckit.store.db`),
-  so concurrent relays are serialised and safe, and one relay is what is expected. The
-  price: the write lock is held while a batch is published, so an :func:`add` from another
-  connection waits for that batch's confirms (milliseconds on a healthy broker, at most
-  the publisher's confirm timeout on a hung one). The relay connects to the broker
-  *before* opening the transaction, so a broker that is down costs writers nothing.
+* PostgreSQL: candidates are locked ``FOR UPDATE SKIP LOCKED`` for the claim's short
+  transaction, so any number of relay processes share the backlog and never publish one
+  message concurrently. Per-key order across relays: a message is only claimed when
+  every pending message of its key with a smaller id is due and in the same claim (a
+  smaller one held by another relay, whose lease moved it out of due, or waiting for its
+  retry, blocks it).
+* SQLite: write transactions are serialised (``BEGIN IMMEDIATE``), and each of the
+  relay's is a few statements long, so an :func:`add` from another connection never
+  waits for a broker.
 
-Every SQL statement on ``outbox`` lives in this module, named; the CLI
-(:mod:`synckit.runtime.outbox_cli`) and the worker call these operations.
+Every SQL statement on ``outbox`` lives in :mod:`synckit.store.outbox`, named; this
+module re-exports the operations the CLI (:mod:`synckit.runtime.outbox_cli`), the
+console and the worker call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import re
-import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
-from sqlalchemy import (
-    Row,
-    Text,
-    bindparam,
-    cast,
-    delete,
-    func,
-    literal,
-    literal_column,
-    or_,
-    select,
-    text,
-    update,
-)
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection as SyncConnection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from synckit.clock import utcnow
 from synckit.errors import Classification, ErrorClass, RetryPolicy, retry_delay
@@ -82,12 +67,35 @@ from synckit.errors.exceptions import (
     DatabaseError,
     PermanentError,
     RetryableError,
-    SynckitError,
 )
-from synckit.runtime.logging import redact_text
+from synckit.store import notify
+from synckit.store import outbox as store
 from synckit.store.db import Database
-from synckit.store.jobs import guarded_moment, read_moment, read_payload
-from synckit.store.tables import UTCDateTime, dead_letters, outbox
+from synckit.store.leases import new_lease
+from synckit.store.outbox import (
+    NOTIFY_CHANNEL,
+    NewMessage,
+    OutboxError,
+    OutboxInfo,
+    OutboxMessage,
+    OutboxMessageNotFound,
+    OutboxPayloadError,
+    OutboxStateError,
+    add,
+    add_many,
+    add_many_sync,
+    claim_batch,
+    count_by_status,
+    list_messages,
+    mark_failed,
+    mark_published,
+    pending_count,
+    prune,
+    retry_failed,
+    retry_messages,
+    schedule_retries,
+    wake_local_relays,
+)
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
@@ -115,6 +123,7 @@ __all__ = [
     "RelayStats",
     "add",
     "add_many",
+    "add_many_sync",
     "claim_batch",
     "count_by_status",
     "list_messages",
@@ -125,25 +134,12 @@ __all__ = [
     "retry_failed",
     "retry_messages",
     "schedule_retries",
+    "wake_local_relays",
 ]
 
 log = structlog.get_logger("synckit.outbox")
 
-OutboxStatus = Literal["pending", "published", "failed"]
-NOTIFY_CHANNEL = "synckit_outbox"
 DEFAULT_EXCHANGE = "synckit.outbox"
-#: AMQP limits a routing key (the topic) to 255 bytes; refusing longer topics in
-#: :func:`add` beats a message that can never be published.
-MAX_TOPIC_BYTES = 255
-MAX_KEY_CHARS = 300
-MAX_MESSAGE_ID_CHARS = 100
-# Rows per INSERT statement: well under the bound-parameter limits of both engines.
-_INSERT_CHUNK = 1000
-# Literal, not a bound parameter: both planners only use the partial index
-# ``ix_outbox_pending`` when the predicate visibly implies it.
-_PENDING: Any = literal_column("'pending'")
-# An unescaped NUL in the serialised JSON: an odd run of backslashes before ``u0000``.
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 # A transient publish failure as the pure backoff function sees it. The outbox never
 # gives up on a transient failure (the policy's attempt limits are dropped below), so
@@ -168,22 +164,6 @@ DEFAULT_RETRY_POLICY = RetryPolicy(
 # --- errors ---------------------------------------------------------------------------
 
 
-class OutboxError(SynckitError):
-    """An outbox operation was refused."""
-
-
-class OutboxPayloadError(OutboxError):
-    """A message that cannot be stored: payload not JSON-serialisable, bad topic, key or id."""
-
-
-class OutboxMessageNotFound(OutboxError):
-    """No outbox message has the given id."""
-
-
-class OutboxStateError(OutboxError):
-    """The message's status does not allow the operation (retrying a published message)."""
-
-
 class PublishFailed(RetryableError):
     """Publishing failed for now (broker down, connection lost, timeout): retry later."""
 
@@ -194,385 +174,6 @@ class PublisherUnavailable(PublishFailed):
 
 class PublishRejected(PermanentError):
     """The broker refused this message for good (unroutable, too large, nacked)."""
-
-
-# --- messages -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OutboxMessage:
-    """A message the relay hands to a :class:`Publisher`.
-
-    ``attempts`` counts the earlier publish attempts (0 on the first).
-    """
-
-    id: int
-    topic: str
-    key: str | None
-    payload: Any
-    message_id: str
-    attempts: int
-    created_at: datetime
-
-    def body(self) -> bytes:
-        """The payload as compact UTF-8 JSON: what goes on the wire."""
-        return json.dumps(self.payload, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-@dataclass(frozen=True)
-class NewMessage:
-    """One message for :func:`add_many`."""
-
-    topic: str
-    payload: Any
-    key: str | None = None
-    message_id: str | None = None
-
-
-def _new_row(m: NewMessage, now: datetime) -> dict[str, Any]:
-    topic, key = m.topic, m.key
-    if not isinstance(topic, str) or not topic:
-        raise OutboxPayloadError(f"an outbox message needs a topic (a non-empty string): {topic!r}")
-    if len(topic.encode()) > MAX_TOPIC_BYTES:
-        raise OutboxPayloadError(
-            f"outbox topic {topic[:40]!r}... is {len(topic.encode())} bytes; "
-            f"a routing key holds at most {MAX_TOPIC_BYTES}"
-        )
-    if key is not None and (not isinstance(key, str) or len(key) > MAX_KEY_CHARS):
-        raise OutboxPayloadError(
-            f"outbox key must be a string of at most {MAX_KEY_CHARS} characters: {key!r:.60}"
-        )
-    message_id = m.message_id if m.message_id is not None else str(uuid.uuid4())
-    if not isinstance(message_id, str) or not message_id or len(message_id) > MAX_MESSAGE_ID_CHARS:
-        raise OutboxPayloadError(
-            "message_id must be a non-empty string of at most "
-            f"{MAX_MESSAGE_ID_CHARS} characters: {message_id!r:.60}"
-        )
-    try:
-        text = json.dumps(m.payload, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise OutboxPayloadError(
-            f"payload of outbox message {topic!r} is not JSON-serialisable: {exc}"
-        ) from exc
-    if _NUL_ESCAPE.search(text):
-        # PostgreSQL's JSONB cannot hold U+0000; refusing it on every engine keeps an
-        # application portable instead of failing only in production.
-        raise OutboxPayloadError(
-            f"payload of outbox message {topic!r} contains a NUL character (U+0000), "
-            "which PostgreSQL cannot store in JSON"
-        )
-    return {
-        "topic": topic,
-        "key": key,
-        "payload": m.payload,
-        "message_id": message_id,
-        "attempts": 0,
-        "status": "pending",
-        "next_attempt_at": now,
-        "created_at": now,
-    }
-
-
-# --- writing messages (in the caller's transaction) ------------------------------------
-
-
-def _insert(conn: AsyncConnection | SyncConnection) -> Any:
-    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-
-
-async def _connection(target: AsyncConnection | AsyncSession) -> AsyncConnection:
-    if isinstance(target, AsyncSession):
-        return await target.connection()
-    if isinstance(target, AsyncConnection):
-        return target
-    raise OutboxError(
-        "outbox.add needs the caller's AsyncConnection or AsyncSession, not "
-        f"{type(target).__name__} (the message must commit or roll back with the caller's writes)"
-    )
-
-
-async def add_many(
-    connection: AsyncConnection | AsyncSession,
-    messages: Iterable[NewMessage],
-    *,
-    now: datetime | None = None,
-) -> list[str]:
-    """Write several messages in the caller's transaction; return their message ids.
-
-    The messages are published only if that transaction commits. Every message is
-    validated before anything is written (:class:`OutboxPayloadError`). A ``message_id``
-    already in the outbox is not written again: the first message with an id wins, so a
-    message id doubles as an idempotency key.
-    """
-    now = now or utcnow()
-    batch = list(messages)
-    if not batch:
-        return []
-    conn = await _connection(connection)
-    ids = await conn.run_sync(lambda c: add_many_sync(c, batch, now=now))
-    _wake_after_commit(conn)
-    return ids
-
-
-def add_many_sync(
-    conn: SyncConnection, messages: Iterable[NewMessage], *, now: datetime
-) -> list[str]:
-    """:func:`add_many` on a synchronous connection, for code already running inside a
-    transaction there (the worker records a job's messages this way). The caller wakes
-    local relays after commit with :func:`wake_local_relays`."""
-    rows = [_new_row(m, now) for m in messages]
-    for start in range(0, len(rows), _INSERT_CHUNK):
-        ins = _insert(conn)(outbox).values(rows[start : start + _INSERT_CHUNK])
-        conn.execute(ins.on_conflict_do_nothing(index_elements=["message_id"]))
-    if rows and conn.dialect.name == "postgresql":
-        # Delivered at commit and dropped on rollback, which is exactly when a relay
-        # should (and should not) wake up.
-        conn.exec_driver_sql(f"NOTIFY {NOTIFY_CHANNEL}")
-    return [r["message_id"] for r in rows]
-
-
-def wake_local_relays(db: Database) -> None:
-    """Wake this process's relays of ``db`` (call on the event loop, after commit)."""
-    for ev in list(_wakers.get(str(db.url), ())):
-        ev.set()
-
-
-async def add(
-    connection: AsyncConnection | AsyncSession,
-    topic: str,
-    payload: Any,
-    *,
-    key: str | None = None,
-    message_id: str | None = None,
-) -> str:
-    """Write one message in the caller's transaction; return its message id.
-
-    ``connection`` is the caller's ``AsyncConnection`` or ``AsyncSession``: the message is
-    published only if that transaction commits. ``topic`` becomes the routing key;
-    messages sharing a ``key`` are published in order. ``message_id`` (default: a new
-    uuid4 string) travels with the message so consumers can de-duplicate. A payload that
-    is not JSON-serialisable raises :class:`OutboxPayloadError` and writes nothing.
-    """
-    ids = await add_many(
-        connection, [NewMessage(topic=topic, payload=payload, key=key, message_id=message_id)]
-    )
-    return ids[0]
-
-
-# In-process wake-ups: relays of this process register an event per database URL; an
-# add() sets it once its transaction commits (SQLite has no LISTEN/NOTIFY).
-_wakers: dict[str, set[asyncio.Event]] = {}
-
-
-def _wake_after_commit(conn: AsyncConnection) -> None:
-    from sqlalchemy import event
-
-    key = str(conn.engine.url)
-    sync_conn = conn.sync_connection
-    if not _wakers.get(key) or sync_conn is None:
-        return
-
-    def on_commit(_conn: Any) -> None:
-        for ev in list(_wakers.get(key, ())):
-            ev.set()
-
-    if not event.contains(sync_conn, "commit", on_commit):
-        event.listen(sync_conn, "commit", on_commit, once=True)
-
-
-# --- the relay's named operations ------------------------------------------------------
-
-
-def _message(r: Row[Any]) -> OutboxMessage:
-    return OutboxMessage(
-        id=r.id,
-        topic=r.topic,
-        key=r.key,
-        payload=r.payload,
-        message_id=r.message_id,
-        attempts=r.attempts,
-        created_at=r.created_at,
-    )
-
-
-_BLOCKERS = {
-    "postgresql": text(
-        "SELECT k.key, (SELECT o.id FROM outbox o WHERE o.status = 'pending'"
-        " AND o.key = k.key AND o.id <> ALL(CAST(:ids AS bigint[])) ORDER BY o.id LIMIT 1)"
-        " FROM unnest(CAST(:keys AS varchar[])) AS k(key)"
-    ),
-    "sqlite": text(
-        "SELECT k.value, (SELECT o.id FROM outbox o WHERE o.status = 'pending'"
-        " AND o.key = k.value AND o.id NOT IN (SELECT value FROM json_each(:ids))"
-        " ORDER BY o.id LIMIT 1) FROM json_each(:keys) AS k"
-    ),
-}
-
-
-def _claim_statement(now: datetime, limit: int) -> Any:
-    """Due pending messages, oldest first, minus those a waiting key holds back."""
-    # Keys whose head waits for a retry, and from which id on they are held back.
-    # key || '' is the key, but no index on key can serve it: SQLite then finds the few
-    # waiting messages through next_attempt_at (ix_outbox_pending) instead of walking
-    # every keyed pending message in key order (ix_outbox_pending_key) for the GROUP BY.
-    unindexed_key = outbox.c.key + literal("")
-    waiting = (
-        select(unindexed_key.label("key"), func.min(outbox.c.id).label("first_id"))
-        .where(
-            outbox.c.status == _PENDING,
-            outbox.c.next_attempt_at > now,
-            unindexed_key.is_not(None),
-        )
-        .group_by(unindexed_key)
-        .subquery("waiting")
-    )
-    stmt = (
-        select(
-            outbox.c.id,
-            outbox.c.topic,
-            outbox.c.key,
-            outbox.c.payload,
-            outbox.c.message_id,
-            outbox.c.attempts,
-            outbox.c.created_at,
-        )
-        .select_from(outbox.outerjoin(waiting, waiting.c.key == outbox.c.key))
-        .where(
-            outbox.c.status == _PENDING,
-            outbox.c.next_attempt_at <= now,
-            # Held-back messages are left out before the LIMIT: otherwise the followers
-            # of one stuck key could fill every batch and starve all the other keys.
-            or_(waiting.c.first_id.is_(None), outbox.c.id < waiting.c.first_id),
-        )
-        # Oldest first, so a key's head always comes before its followers. The partial
-        # index ix_outbox_pending_id holds pending rows only, in id order: the claim
-        # reads about `limit` rows of it, whatever the backlog or published history.
-        .order_by(outbox.c.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True, of=outbox)
-    )
-    return stmt
-
-
-async def claim_batch(conn: AsyncConnection, *, now: datetime, limit: int) -> list[OutboxMessage]:
-    """Lock up to ``limit`` due pending messages and return those that may be published now.
-
-    Must run in the transaction that will record their outcome: the row locks (on
-    PostgreSQL; the write lock on SQLite) are what keep other relays off them. A keyed
-    message is returned only if every pending message of its key with a smaller id is in
-    this claim too, so the returned messages of each key are the head of its queue.
-    Returned in id order.
-    """
-    rows = list(await conn.execute(_claim_statement(now, limit)))
-    keys = {r.key for r in rows if r.key is not None}
-    if not keys:
-        return [_message(r) for r in rows]
-    # The first pending message of each key that this claim does not hold (locked by
-    # another relay, or just added): nothing after it may go. A plain read, so that it
-    # sees the rows other relays hold instead of skipping them. One index probe per key
-    # (ix_outbox_pending_key), not a scan of every pending message of the keys.
-    held = [r.id for r in rows]
-    if conn.dialect.name == "postgresql":
-        params: dict[str, Any] = {"keys": sorted(keys), "ids": held}
-    else:
-        params = {"keys": json.dumps(sorted(keys)), "ids": json.dumps(held)}
-    first_blocker: dict[str, int] = {
-        k: int(i)
-        for k, i in await conn.execute(_BLOCKERS[conn.dialect.name], params)
-        if i is not None
-    }
-    return [
-        _message(r)
-        for r in rows
-        if r.key is None or r.key not in first_blocker or r.id < first_blocker[r.key]
-    ]
-
-
-async def mark_published(conn: AsyncConnection, ids: Sequence[int], *, now: datetime) -> None:
-    """The broker confirmed these messages."""
-    if ids:
-        await conn.execute(
-            update(outbox)
-            .where(outbox.c.id.in_(list(ids)))
-            .values(status="published", published_at=now, attempts=outbox.c.attempts + 1)
-        )
-
-
-async def schedule_retries(
-    conn: AsyncConnection, retries: Sequence[tuple[int, str, datetime]]
-) -> None:
-    """Transient failures ``(id, error, next_attempt_at)``: count the attempt, try again later."""
-    if retries:
-        stmt = (
-            update(outbox)
-            .where(outbox.c.id == bindparam("b_id"))
-            .values(
-                attempts=outbox.c.attempts + 1,
-                last_error=bindparam("b_error"),
-                next_attempt_at=bindparam("b_at"),
-            )
-        )
-        await conn.execute(
-            stmt, [{"b_id": i, "b_error": e[:4000], "b_at": at} for i, e, at in retries]
-        )
-
-
-async def mark_failed(
-    conn: AsyncConnection, rejected: Sequence[tuple[OutboxMessage, str]], *, now: datetime
-) -> None:
-    """Messages the broker refused for good: ``failed`` here, and each captured in the DLQ
-    (:func:`synckit.store.dead_letters.capture_many`: a ``review`` row, since a refusal is a
-    validation error; a message an operator ignored there stays ignored)."""
-    # Imported here: the DLQ's package imports the runtime (handlers import this module).
-    from synckit.store.dead_letters import Failure, capture_many, storable_text
-
-    if not rejected:
-        return
-    stmt = (
-        update(outbox)
-        .where(outbox.c.id == bindparam("b_id"))
-        .values(attempts=outbox.c.attempts + 1, status="failed", last_error=bindparam("b_error"))
-    )
-    # The broker's reason is untrusted text: redacted, and a NUL in it (which PostgreSQL
-    # refuses) must not fail the batch on every retry; stored as the DLQ stores it.
-    await conn.execute(
-        stmt,
-        [
-            {"b_id": m.id, "b_error": storable_text(redact_text(reason))[:4000]}
-            for m, reason in rejected
-        ],
-    )
-    failures = [
-        Failure(
-            tenant="",
-            connector="outbox",
-            kind=f"outbox:{m.topic}"[:200],
-            record_id=m.message_id,
-            # The whole message, so that the dead letter can be read without the outbox.
-            payload={
-                "outbox_id": m.id,
-                "topic": m.topic,
-                "key": m.key,
-                "message_id": m.message_id,
-                "payload": m.payload,
-            },
-            error_class=ErrorClass.VALIDATION.value,
-            message=reason,
-            attempts=m.attempts + 1,
-            source="outbox",
-        )
-        for m, reason in rejected
-    ]
-    await capture_many(conn, failures, now=now)
-
-
-async def pending_count(db: Database) -> int:
-    """Messages not yet published nor failed (due now or waiting for a retry)."""
-    async with db.begin() as conn:
-        n = await conn.execute(
-            select(func.count()).select_from(outbox).where(outbox.c.status == _PENDING)
-        )
-        return int(n.scalar_one())
 
 
 # --- publishers -----------------------------------------------------------------------
@@ -601,8 +202,8 @@ class CallbackPublisher:
 
     The callback may raise :class:`PublishRejected` or :class:`PublishFailed`; any other
     exception counts as a transient failure (the message is retried), because this is
-    the seam where arbitrary user code meets the relay. On SQLite the callback runs while
-    the relay holds the write lock, so it must not write to the same database.
+    the seam where arbitrary user code meets the relay. No transaction is open while it
+    runs, so it may write to the same database, on SQLite too.
     """
 
     def __init__(self, callback: Callable[[OutboxMessage], Awaitable[None]]) -> None:
@@ -862,7 +463,10 @@ class OutboxRelay:
     messages of one key one after the other); ``retry_policy`` spaces both the retries of
     a message that failed transiently and the relay's reconnects (attempt limits do not
     apply: the outbox never gives up on a transient failure). ``idle_interval`` is how
-    often an idle relay looks for work when nothing wakes it.
+    often an idle relay looks for work when nothing wakes it. ``lease`` is how long a
+    claimed batch is held: new publishes start in its first half only, and publishes
+    still unconfirmed at three quarters of it are cut off (those messages are retried
+    without spending an attempt), so the outcome is written while the lease holds.
     """
 
     def __init__(
@@ -875,9 +479,13 @@ class OutboxRelay:
         idle_interval: float = 0.5,
         listen: bool = True,
         rng: random.Random | None = None,
+        lease: timedelta = timedelta(minutes=2),
     ) -> None:
         if batch <= 0:
             raise OutboxError(f"batch must be positive, not {batch}")
+        if lease <= timedelta(0):
+            raise OutboxError(f"lease must be positive, not {lease}")
+        self.lease = lease
         self.db = db
         self.publisher = publisher
         self.batch = batch
@@ -899,22 +507,37 @@ class OutboxRelay:
 
     async def relay_batch(self) -> BatchResult:
         """Like :meth:`relay_once`, with the whole tally of the batch."""
-        # Connect before the transaction opens: a broker that is down must not hold
-        # row locks (or, on SQLite, the write lock) while it refuses us.
+        # Connect before claiming: a broker that is down must not leave messages leased
+        # (held back for the lease) while it refuses us.
         await self.publisher.connect()
         outcomes = _Outcomes()
-        async with self.db.begin() as conn:
-            messages = await claim_batch(conn, now=utcnow(), limit=self.batch)
-            if not messages:
-                return BatchResult()
-            await self._publish(messages, outcomes)
-            now = utcnow()
-            await mark_published(conn, outcomes.published, now=now)
-            await schedule_retries(
-                conn,
-                [(m.id, error, now + self._delay(m.attempts + 1)) for m, error in outcomes.retries],
-            )
-            await mark_failed(conn, outcomes.rejected, now=now)
+        started = asyncio.get_running_loop().time()
+        lease = new_lease(self.lease)
+        messages = await store.claim(self.db, now=utcnow(), limit=self.batch, lease=lease)
+        if not messages:
+            return BatchResult()
+        # No transaction is open from here until the outcomes are written.
+        window = self.lease.total_seconds()
+        await self._publish(messages, outcomes, stop_starting=started + window / 2)
+        if asyncio.get_running_loop().time() - started > window * 0.75:
+            log.warning("outbox.slow_batch", claimed=len(messages), lease=window)
+        now = utcnow()
+        done = {*outcomes.published, *(m.id for m, _ in outcomes.rejected)}
+        done.update(m.id for m, _ in outcomes.retries)
+        recorded = await store.record(
+            self.db,
+            lease.token,
+            published=outcomes.published,
+            retries=[
+                (m.id, error, now + self._delay(m.attempts + 1)) for m, error in outcomes.retries
+            ],
+            rejected=outcomes.rejected,
+            released=[m.id for m in messages if m.id not in done],
+            now=now,
+        )
+        if recorded.lost:
+            # Taken over after our lease ended: the new holder publishes them again.
+            log.warning("outbox.lease_lost", count=len(recorded.lost))
         result = BatchResult(
             claimed=len(messages),
             published=len(outcomes.published),
@@ -942,7 +565,14 @@ class OutboxRelay:
             )
         return result
 
-    async def _publish(self, messages: Sequence[OutboxMessage], out: _Outcomes) -> None:
+    async def _publish(
+        self, messages: Sequence[OutboxMessage], out: _Outcomes, *, stop_starting: float
+    ) -> None:
+        """Publish ``messages`` (keys in order), starting none after ``stop_starting``
+        (event loop time); publishes still running at twice that are cut off and their
+        messages left out of ``out``, to be released."""
+        loop = asyncio.get_running_loop()
+        cut_off = stop_starting + (stop_starting - loop.time()) / 2
         chains: dict[str, list[OutboxMessage]] = {}
         singles: list[OutboxMessage] = []
         for m in messages:
@@ -952,6 +582,8 @@ class OutboxRelay:
                 chains.setdefault(m.key, []).append(m)
 
         async def one(m: OutboxMessage) -> bool:
+            if loop.time() > stop_starting:
+                return False  # left for the next claim, not attempted
             try:
                 await self.publisher.publish(m)
             except PublishRejected as exc:
@@ -970,13 +602,14 @@ class OutboxRelay:
                 if not await one(m):
                     return
 
-        # A TaskGroup, so that a bug in one publish cancels the others before the
-        # transaction rolls back, rather than leaving them running.
-        async with asyncio.TaskGroup() as tg:
-            for ms in chains.values():
-                tg.create_task(chain(ms))
-            for m in singles:
-                tg.create_task(one(m))
+        # A TaskGroup, so that a bug in one publish cancels the others rather than
+        # leaving them running past the batch.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(cut_off), asyncio.TaskGroup() as tg:
+                for ms in chains.values():
+                    tg.create_task(chain(ms))
+                for m in singles:
+                    tg.create_task(one(m))
 
     def _delay(self, attempt: int) -> timedelta:
         decision = retry_delay(_TRANSIENT, max(1, attempt), self.retry_policy, rng=self._rng)
@@ -990,10 +623,18 @@ class OutboxRelay:
         failure is logged and retried with backoff; this coroutine only returns when
         stopped (or is cancelled).
         """
-        key = str(self.db.url)
-        _wakers.setdefault(key, set()).add(self._wake)
+        notify.register(self.db, NOTIFY_CHANNEL, self._wake)
         listener = (
-            asyncio.create_task(self._listen(), name="synckit-outbox-listen")
+            asyncio.create_task(
+                notify.listen(
+                    self.db,
+                    NOTIFY_CHANNEL,
+                    self._wake.set,
+                    delay=lambda n: self._delay(n).total_seconds(),
+                    on_failure=lambda exc: log.warning("outbox.listen_failed", error=str(exc)),
+                ),
+                name="synckit-outbox-listen",
+            )
             if self.listen and self.db.is_postgres
             else None
         )
@@ -1006,7 +647,7 @@ class OutboxRelay:
                 elif result.claimed == 0:
                     await self._idle(stop)
         finally:
-            _wakers.get(key, set()).discard(self._wake)
+            notify.unregister(self.db, NOTIFY_CHANNEL, self._wake)
             if listener is not None:
                 listener.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -1077,230 +718,3 @@ class OutboxRelay:
         finally:
             stop_wait.cancel()
             wake_wait.cancel()
-
-    async def _listen(self) -> None:
-        """Wake on NOTIFY from other processes' add(); reconnect with backoff when dropped."""
-        import asyncpg
-
-        url = self.db.url.set(drivername="postgresql")
-        dsn = url.render_as_string(hide_password=False)
-        failures = 0
-        while True:
-            conn = None
-            try:
-                conn = await asyncpg.connect(dsn, timeout=10)
-                lost = asyncio.Event()
-                conn.add_termination_listener(lambda _c, ev=lost: ev.set())
-                await conn.add_listener(NOTIFY_CHANNEL, lambda *_a: self._wake.set())
-                failures = 0
-                self._wake.set()  # anything added while we were not listening
-                await lost.wait()
-            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-                failures += 1
-                log.warning("outbox.listen_failed", error=str(exc))
-                await asyncio.sleep(self._delay(failures).total_seconds())
-            finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-
-
-# --- looking at and repairing the outbox (the CLI) --------------------------------------
-
-
-@dataclass(frozen=True)
-class OutboxInfo:
-    """One outbox row as the CLI shows it."""
-
-    id: int
-    topic: str
-    key: str | None
-    message_id: str
-    status: str
-    attempts: int
-    last_error: str | None
-    next_attempt_at: datetime | None
-    created_at: datetime | None
-    published_at: datetime | None
-    payload: Any = None
-    #: ``{column: reason}`` of what a corrupt row holds instead of a value (then None).
-    unreadable: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        def ts(v: datetime | None) -> str | None:
-            return v.isoformat() if v is not None else None
-
-        return {
-            "id": self.id,
-            "topic": self.topic,
-            "key": self.key,
-            "message_id": self.message_id,
-            "status": self.status,
-            "attempts": self.attempts,
-            "last_error": self.last_error,
-            "next_attempt_at": ts(self.next_attempt_at),
-            "created_at": ts(self.created_at),
-            "published_at": ts(self.published_at),
-            "payload": self.payload,
-            **({"unreadable": dict(self.unreadable)} if self.unreadable else {}),
-        }
-
-
-def _info(r: Row[Any]) -> OutboxInfo:
-    """A row as read by :data:`_LISTED` (or typed, as a plain ``select(outbox)`` gives
-    it): each value parsed here, so one corrupt row is named instead of fatal."""
-    bad: dict[str, str] = {}
-    moments: dict[str, datetime | None] = {}
-    for name in ("next_attempt_at", "created_at", "published_at"):
-        try:
-            moments[name] = read_moment(getattr(r, name))
-        except ValueError as exc:
-            moments[name], bad[name] = None, str(exc)
-    try:
-        payload = read_payload(r.payload)
-    except ValueError as exc:
-        payload, bad["payload"] = None, str(exc)
-    return OutboxInfo(
-        id=r.id,
-        topic=r.topic,
-        key=r.key,
-        message_id=r.message_id,
-        status=r.status,
-        attempts=r.attempts,
-        last_error=r.last_error,
-        payload=payload,
-        unreadable=bad,
-        **moments,
-    )
-
-
-# ``outbox`` as the views read it: timestamps guarded and the payload as text, parsed
-# per row by _info (the drivers would fail the whole fetch on one corrupt value).
-_LISTED: Any = select(
-    *(
-        cast(c, Text).label(c.name)
-        if c.name == "payload"
-        else guarded_moment(c)
-        if isinstance(c.type, UTCDateTime)
-        else c
-        for c in outbox.c
-    )
-)
-
-
-async def list_messages(
-    db: Database,
-    *,
-    status: str | None = None,
-    topic: str | None = None,
-    key: str | None = None,
-    limit: int = 50,
-) -> list[OutboxInfo]:
-    """Messages matching every filter given, newest first."""
-    stmt = _LISTED.order_by(outbox.c.id.desc()).limit(limit)
-    if status:
-        stmt = stmt.where(outbox.c.status == status)
-    if topic:
-        stmt = stmt.where(outbox.c.topic == topic)
-    if key:
-        stmt = stmt.where(outbox.c.key == key)
-    async with db.begin() as conn:
-        return [_info(r) for r in await conn.execute(stmt)]
-
-
-async def count_by_status(db: Database) -> dict[str, int]:
-    async with db.begin() as conn:
-        rows = await conn.execute(select(outbox.c.status, func.count()).group_by(outbox.c.status))
-        return {s: int(c) for s, c in rows}
-
-
-async def _requeue(conn: AsyncConnection, where: Any, now: datetime) -> list[str]:
-    """Back to pending, due now, with a fresh backoff; return the message ids."""
-    res = await conn.execute(
-        update(outbox)
-        .where(where)
-        .values(status="pending", next_attempt_at=now, attempts=0)
-        .returning(outbox.c.message_id)
-    )
-    message_ids = [r[0] for r in res]
-    # Their dead letters are being handled: close them, so the DLQ shows what is open.
-    for start in range(0, len(message_ids), _INSERT_CHUNK):
-        await conn.execute(
-            update(dead_letters)
-            .where(
-                dead_letters.c.tenant == "",
-                dead_letters.c.connector == "outbox",
-                dead_letters.c.record_id.in_(message_ids[start : start + _INSERT_CHUNK]),
-                dead_letters.c.status == "review",
-            )
-            .values(status="resolved", status_reason="outbox message retried", resolved_at=now)
-        )
-    if message_ids and conn.dialect.name == "postgresql":
-        await conn.exec_driver_sql(f"NOTIFY {NOTIFY_CHANNEL}")
-    return message_ids
-
-
-async def retry_messages(db: Database, ids: Sequence[int]) -> int:
-    """Put the given messages (failed, or pending in backoff) back to pending now.
-
-    All or nothing: an unknown id raises :class:`OutboxMessageNotFound`, a published
-    message :class:`OutboxStateError`.
-    """
-    wanted = sorted(set(ids))
-    if not wanted:
-        return 0
-    now = utcnow()
-    async with db.begin() as conn:
-        found = {
-            r.id: r.status
-            for r in await conn.execute(
-                select(outbox.c.id, outbox.c.status)
-                .where(outbox.c.id.in_(wanted))
-                .with_for_update()
-            )
-        }
-        if missing := [i for i in wanted if i not in found]:
-            raise OutboxMessageNotFound(f"no outbox message with id {', '.join(map(str, missing))}")
-        if published := [i for i in wanted if found[i] == "published"]:
-            raise OutboxStateError(
-                f"outbox message {', '.join(map(str, published))} is already published"
-            )
-        requeued = await _requeue(conn, outbox.c.id.in_(wanted), now)
-    return len(requeued)
-
-
-async def retry_failed(db: Database, *, topic: str | None = None) -> int:
-    """Put every failed message (of ``topic``, if given) back to pending; return how many."""
-    now = utcnow()
-    where = outbox.c.status == "failed"
-    if topic:
-        where = where & (outbox.c.topic == topic)
-    async with db.begin() as conn:
-        return len(await _requeue(conn, where, now))
-
-
-async def prune(
-    db: Database,
-    *,
-    older_than: timedelta = timedelta(days=7),
-    batch: int = 5000,
-    now: datetime | None = None,
-) -> int:
-    """Delete messages published more than ``older_than`` ago, ``batch`` rows per
-    transaction; return how many. Failed messages stay until an operator deals with them."""
-    cutoff = (now or utcnow()) - older_than
-    total = 0
-    while True:
-        async with db.begin() as conn:
-            victims = (
-                select(outbox.c.id)
-                .where(outbox.c.status == "published", outbox.c.published_at < cutoff)
-                .limit(batch)
-            )
-            res = await conn.execute(
-                delete(outbox).where(outbox.c.id.in_(victims.scalar_subquery()))
-            )
-            n = res.rowcount or 0
-        total += n
-        if n < batch:
-            return total

@@ -71,6 +71,7 @@ from synckit.store import resources
 from synckit.store.connections import mark_needs_reauth_sync
 from synckit.store.db import Database, SyncConn, connection_lost
 from synckit.store.jobs import ClaimedJob, JobSpec
+from synckit.store.notify import listen
 from synckit.store.resources import BreakerStore
 
 log = structlog.get_logger("synckit.worker")
@@ -1143,28 +1144,13 @@ class Worker:
 
     async def _listen(self) -> None:
         """Wake the claimer on NOTIFY; reconnect with backoff when the connection drops."""
-        import asyncpg
-
-        backoff = _Backoff()
-        url = self.db.url.set(drivername="postgresql")
-        dsn = url.render_as_string(hide_password=False)
-        while True:
-            conn = None
-            try:
-                conn = await asyncpg.connect(dsn, timeout=10)
-                lost = asyncio.Event()
-                conn.add_termination_listener(lambda _c, ev=lost: ev.set())
-                await conn.add_listener(store.NOTIFY_CHANNEL, lambda *_a: self._wake.set())
-                backoff.reset()
-                self._wake.set()  # anything enqueued while we were away
-                await lost.wait()
-            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-                self._log.warning("worker.listen_failed", error=str(exc))
-                await asyncio.sleep(backoff.next())
-            finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
+        await listen(
+            self.db,
+            store.NOTIFY_CHANNEL,
+            self._wake.set,
+            delay=_db_backoff,
+            on_failure=lambda exc: self._log.warning("worker.listen_failed", error=str(exc)),
+        )
 
     async def _db_trouble(self, where: str, exc: Exception, backoff: _Backoff) -> None:
         """Log a failed step and wait before the caller retries it.
@@ -1209,6 +1195,17 @@ def claim_plan(
 DB_BACKOFF_BASE = timedelta(seconds=0.2)
 DB_BACKOFF_CAP = timedelta(seconds=5)
 DB_BACKOFF_JITTER = 0.5
+
+
+def _db_backoff(failures: int) -> float:
+    """The wait after ``failures`` consecutive failures, as :class:`_Backoff` counts them."""
+    return backoff_delay(
+        failures,
+        random.random(),
+        base=DB_BACKOFF_BASE,
+        cap=DB_BACKOFF_CAP,
+        jitter=DB_BACKOFF_JITTER,
+    ).total_seconds()
 
 
 class _Backoff:

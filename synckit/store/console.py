@@ -37,7 +37,7 @@ from synckit.store.tables import (
 )
 
 if TYPE_CHECKING:
-    from synckit.runtime.outbox import OutboxInfo
+    from synckit.store.outbox import OutboxInfo
 
 
 __all__ = [
@@ -355,9 +355,8 @@ async def outbox_page(
     limit: int = 50,
 ) -> Page[OutboxInfo]:
     """Outbox messages matching every filter given, newest first, ids below ``before_id``."""
-    # The rows are read as the CLI's listing reads them (runtime.outbox._info) until the
-    # outbox's reads move into the store beside its other operations.
-    from synckit.runtime.outbox import _info
+    # The rows are read as the CLI's listing reads them (store.outbox._info).
+    from synckit.store.outbox import _info
 
     size = page_size(limit)
     o = outbox.c

@@ -23,6 +23,7 @@ with its attempts unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import secrets
@@ -67,6 +68,7 @@ from synckit.errors.breaker import (
     breaker_claim_probe,
 )
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
+from synckit.store import notify
 from synckit.store.db import Database, _Busy
 from synckit.store.pages import Page, off_index, page_size, paged, scan_window
 from synckit.store.tables import UTCDateTime, connections, jobs, resources
@@ -663,40 +665,25 @@ async def enqueue_new(
     return created
 
 
-# In-process wake-ups (SQLite has no LISTEN/NOTIFY): workers of this process register an
-# event per database URL; an enqueue sets it once its transaction commits.
-_wakers: dict[str, set[Any]] = {}
+# In-process wake-ups (SQLite has no LISTEN/NOTIFY), through the one waker registry
+# (synckit.store.notify): workers of this process register an event for the job channel;
+# an enqueue sets it once its transaction commits.
 
 
-def register_waker(db: Database, event: Any) -> None:
-    _wakers.setdefault(str(db.url), set()).add(event)
+def register_waker(db: Database, event: asyncio.Event) -> None:
+    notify.register(db, NOTIFY_CHANNEL, event)
 
 
-def unregister_waker(db: Database, event: Any) -> None:
-    _wakers.get(str(db.url), set()).discard(event)
+def unregister_waker(db: Database, event: asyncio.Event) -> None:
+    notify.unregister(db, NOTIFY_CHANNEL, event)
 
 
 def target_wake(db: Database) -> None:
-    for ev in list(_wakers.get(str(db.url), ())):
-        ev.set()
+    notify.wake(db, NOTIFY_CHANNEL)
 
 
 def _wake_after_commit(conn: AsyncConnection) -> None:
-    from sqlalchemy import event
-
-    key = str(conn.engine.url)
-    if not _wakers.get(key):
-        return
-    sync_conn = conn.sync_connection
-    if sync_conn is None:
-        return
-
-    def on_commit(_conn: Any) -> None:
-        for ev in list(_wakers.get(key, ())):
-            ev.set()
-
-    if not event.contains(sync_conn, "commit", on_commit):
-        event.listen(sync_conn, "commit", on_commit, once=True)
+    notify.wake_after_commit(conn, NOTIFY_CHANNEL)
 
 
 # --- claiming -----------------------------------------------------------------------

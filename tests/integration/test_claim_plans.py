@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.runtime import outbox
 from synckit.store import jobs as store
+from synckit.store import outbox
 from synckit.store.db import Database
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)

@@ -39,12 +39,15 @@ from synckit.runtime.outbox import (
     PublisherUnavailable,
     PublishRejected,
 )
+from synckit.store import outbox as outbox_store
 from synckit.store.db import Database, open_database
+from synckit.store.leases import new_lease
 from synckit.store.tables import dead_letters
 from synckit.store.tables import outbox as outbox_table
 
 REPO = Path(__file__).resolve().parents[2]
 NO_WAIT = RetryPolicy.deterministic()
+LEASE = timedelta(minutes=2)
 
 
 class Recorder:
@@ -462,11 +465,11 @@ async def test_second_relay_skips_held_rows_and_respects_key_order(
         )
     now = datetime.now(UTC)
     async with db.begin() as first:
-        held = await outbox.claim_batch(first, now=now, limit=1)
+        held = await outbox.claim_batch(first, now=now, limit=1, lease=new_lease(LEASE))
         assert [m.message_id for m in held] == ["k-0"]
         async with db.begin() as second:
             # k-1 and k-2 are due and unlocked, but k-0 is ahead of them in another relay.
-            other = await outbox.claim_batch(second, now=now, limit=10)
+            other = await outbox.claim_batch(second, now=now, limit=10, lease=new_lease(LEASE))
             assert [m.message_id for m in other] == ["free"]
 
 
@@ -571,3 +574,90 @@ async def _counts(url: str) -> dict[str, int]:
         return await outbox.count_by_status(d)
     finally:
         await d.dispose()
+
+
+async def test_no_transaction_is_open_while_the_broker_confirms(db: Database) -> None:
+    """While a confirm is held back, another connection rewrites the message being
+    published and commits a new one: the relay holds no lock (no row lock on PostgreSQL,
+    not SQLite's write lock) across the broker call."""
+    async with db.begin() as conn:
+        await outbox.add(conn, "t", {"n": 1}, key="k", message_id="held")
+    confirming, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_confirm(m: OutboxMessage) -> None:
+        confirming.set()
+        await release.wait()
+
+    relay = OutboxRelay(db, CallbackPublisher(slow_confirm), retry_policy=NO_WAIT)
+    task = asyncio.create_task(relay.relay_batch())
+    await asyncio.wait_for(confirming.wait(), 10)
+    try:
+        async with asyncio.timeout(5), db.begin() as conn:
+            if db.is_postgres:
+                # Fail at once on a row lock instead of waiting for it.
+                await conn.exec_driver_sql("SET LOCAL lock_timeout = '1s'")
+            await conn.execute(
+                outbox_table.update()
+                .where(outbox_table.c.message_id == "held")
+                .values(attempts=outbox_table.c.attempts)
+            )
+            await outbox.add(conn, "t", {"n": 2}, message_id="meanwhile")
+    finally:
+        release.set()
+    result = await asyncio.wait_for(task, 10)
+    assert (result.claimed, result.published) == (1, 1)
+    by_id = {r.message_id: r for r in await rows(db)}
+    assert by_id["held"].status == "published" and by_id["held"].lease_token is None
+    assert by_id["meanwhile"].status == "pending"
+
+
+async def test_a_batch_whose_relay_died_after_publishing_is_published_again(
+    db: Database,
+) -> None:
+    """A relay that published but died before recording leaves its messages leased; once
+    the lease ends another relay publishes them again, same message id, and the dead
+    relay's late outcome is refused by the fence."""
+    async with db.begin() as conn:
+        await outbox.add_many(
+            conn, [NewMessage("t", {"i": i}, key="k", message_id=f"m{i}") for i in range(2)]
+        )
+    dead = new_lease(timedelta(seconds=0.5))
+    claimed = await outbox_store.claim(db, now=datetime.now(UTC), limit=10, lease=dead)
+    assert [m.message_id for m in claimed] == ["m0", "m1"]
+    rec = Recorder()
+    # Held: not due while the lease lasts, so nothing is published twice at once.
+    assert await relay_for(db, rec).relay_once() == 0
+    await asyncio.sleep(0.6)
+    assert await relay_for(db, rec).relay_once() == 2
+    assert rec.ids == ["m0", "m1"]
+    late = await outbox_store.record(
+        db,
+        dead.token,
+        published=[],
+        retries=[(claimed[0].id, "late", datetime.now(UTC))],
+        rejected=[],
+        released=[claimed[1].id],
+        now=datetime.now(UTC),
+    )
+    assert late.held == frozenset() and late.lost == {m.id for m in claimed}
+    assert [(r.status, r.attempts, r.last_error) for r in await rows(db)] == [
+        ("published", 1, None),
+        ("published", 1, None),
+    ]
+
+
+async def test_messages_not_started_within_the_lease_window_are_released(db: Database) -> None:
+    """With a short lease, a slow key stops starting publishes halfway through it; the
+    messages it did not attempt are due again at once, no attempt spent."""
+    async with db.begin() as conn:
+        await outbox.add_many(
+            conn, [NewMessage("t", {"i": i}, key="k", message_id=f"m{i}") for i in range(5)]
+        )
+    rec = Recorder(delay=0.3)
+    result = await relay_for(db, rec, lease=timedelta(seconds=1)).relay_batch()
+    assert result.claimed == 5 and 1 <= result.published < 5
+    left = [r for r in await rows(db) if r.status == "pending"]
+    assert left and all(r.attempts == 0 and r.lease_token is None for r in left)
+    assert all(r.next_attempt_at <= datetime.now(UTC) for r in left)
+    assert await relay_for(db, rec).run_until_empty() == len(left)
+    assert rec.ids == [f"m{i}" for i in range(5)]

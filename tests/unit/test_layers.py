@@ -20,7 +20,6 @@ STILL_BUILDING_SQL = {
     "synckit.cli_options",
     "synckit.demo",
     "synckit.examples.graph_mail.connector",
-    "synckit.runtime.outbox",
     "synckit.runtime.status",
     "synckit.sync_cli",
 }
@@ -215,3 +214,18 @@ def test_the_cycle_check_sees_a_cycle() -> None:
     assert _package("synckit.runtime.worker") == "runtime"
     assert _package("synckit.app") == "app"
     assert _package("synckit.cli") is None
+
+
+def test_one_waker_and_one_listen_loop() -> None:
+    """Wake-ups go through ``synckit.store.notify``: no other module keeps a waker
+    registry or opens a LISTEN connection (asyncpg is the store's: notify and db)."""
+    modules = _modules()
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if name in ("synckit.store.notify", "synckit.store.db"):
+            continue
+        source = path.read_text()
+        assert "add_listener(" not in source, f"{name} opens its own LISTEN loop"
+        assert "_wakers" not in source, f"{name} keeps its own waker registry"
+        assert not any(i.split(".")[0] == "asyncpg" for i in modules[name]), name

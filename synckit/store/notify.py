@@ -1,0 +1,102 @@
+"""Wake-ups: the one waker registry and the one LISTEN loop (the job queue and the outbox).
+
+A writer wakes whoever waits for its rows once its transaction commits, never before (a
+woken reader must find the rows) and never after a rollback:
+
+* **in this process** (every engine; SQLite has no LISTEN/NOTIFY): waiters register an
+  :class:`asyncio.Event` per database and channel (:func:`register`); a writer sets them
+  after its commit (:func:`wake_after_commit`) or, when it knows the commit happened,
+  at once (:func:`wake`);
+* **across processes** (PostgreSQL): the writer's transaction sends ``NOTIFY <channel>``
+  (delivered at commit, dropped on rollback) and :func:`listen` keeps one LISTEN
+  connection per waiter open, reconnecting with backoff when it drops, and wakes the
+  waiter on every notification and on every (re)connect, since notifications sent while
+  it was away are lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from synckit.store.db import Database
+
+__all__ = ["listen", "register", "unregister", "wake", "wake_after_commit"]
+
+# (database URL, channel) -> the events of this process's waiters.
+_wakers: dict[tuple[str, str], set[asyncio.Event]] = {}
+
+
+def register(db: Database, channel: str, waker: asyncio.Event) -> None:
+    """Set ``waker`` whenever a write on ``channel`` of ``db`` commits in this process."""
+    _wakers.setdefault((str(db.url), channel), set()).add(waker)
+
+
+def unregister(db: Database, channel: str, waker: asyncio.Event) -> None:
+    _wakers.get((str(db.url), channel), set()).discard(waker)
+
+
+def wake(db: Database, channel: str) -> None:
+    """Wake this process's waiters on ``channel`` of ``db`` (on the event loop, after the
+    commit that made their work)."""
+    for ev in list(_wakers.get((str(db.url), channel), ())):
+        ev.set()
+
+
+def wake_after_commit(conn: AsyncConnection, channel: str) -> None:
+    """Wake this process's waiters on ``channel`` when ``conn``'s transaction commits."""
+    key = (str(conn.engine.url), channel)
+    sync_conn = conn.sync_connection
+    if not _wakers.get(key) or sync_conn is None:
+        return
+
+    def on_commit(_conn: Any) -> None:
+        for ev in list(_wakers.get(key, ())):
+            ev.set()
+
+    # One listener per channel and connection: a second write before the commit adds none.
+    listeners = sync_conn.info.setdefault("synckit_wake_on_commit", {})
+    if channel in listeners and event.contains(sync_conn, "commit", listeners[channel]):
+        return
+    listeners[channel] = on_commit
+    event.listen(sync_conn, "commit", on_commit, once=True)
+
+
+async def listen(
+    db: Database,
+    channel: str,
+    on_notify: Callable[[], object],
+    *,
+    delay: Callable[[int], float],
+    on_failure: Callable[[BaseException], object] = lambda _exc: None,
+) -> None:
+    """LISTEN on ``channel`` of ``db`` (PostgreSQL) until cancelled, calling ``on_notify``
+    for each notification and after each (re)connect; a failed or dropped connection is
+    reported to ``on_failure`` and retried after ``delay(consecutive failures)`` seconds."""
+    import asyncpg
+
+    dsn = db.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    failures = 0
+    while True:
+        conn = None
+        try:
+            conn = await asyncpg.connect(dsn, timeout=10)
+            lost = asyncio.Event()
+            conn.add_termination_listener(lambda _c, ev=lost: ev.set())
+            await conn.add_listener(channel, lambda *_a: on_notify())
+            failures = 0
+            on_notify()  # anything written while we were not listening
+            await lost.wait()
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            failures += 1
+            on_failure(exc)
+            await asyncio.sleep(delay(failures))
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
