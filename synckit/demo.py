@@ -41,22 +41,13 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import Engine, create_engine, func, select
 
 from synckit.errors import BreakerPolicy, RetryPolicy, SynckitError
 from synckit.runtime.audit import RETRIED_PREFIX, audit_observer
 from synckit.runtime.logging import configure_logging
 from synckit.store import migrate
 from synckit.store.db import open_database
-from synckit.store.tables import (
-    audit_buckets,
-    checkpoints,
-    connections,
-    dead_letters,
-    intents,
-    jobs,
-    resources,
-)
+from synckit.store.demo import DemoReader, snapshot_rows, summary_rows
 
 if TYPE_CHECKING:
     from synckit.examples.graph_mail.simulator import GraphSimulator
@@ -245,39 +236,29 @@ def _resource_tenant(key: str) -> str:
     return key.split(":", 1)[1] if ":" in key else key
 
 
-def read_snapshot(engine: Engine, mail_messages: Any) -> Snapshot:
+def read_snapshot(reader: DemoReader, synced_ids: Callable[[Any], dict[str, set[str]]]) -> Snapshot:
     """The tables the live display shows, read while the worker runs (by a plain SQLite
-    reader: in WAL mode it never blocks the worker's writes)."""
+    reader: in WAL mode it never blocks the worker's writes); ``synced_ids`` reads the
+    example's messages on the same connection."""
+    rows, synced = reader.read(lambda c: (snapshot_rows(c), synced_ids(c)))
     s = Snapshot()
-    with engine.connect() as c:
-        for r in c.execute(
-            select(connections.c.tenant, connections.c.status, connections.c.status_reason)
-        ):
-            s.status[r.tenant] = (r.status, r.status_reason)
-        for r in c.execute(
-            select(resources.c.resource_key, resources.c.state, resources.c.opened_at)
-        ):
-            if not r.resource_key.startswith("api:"):
-                s.breaker[_resource_tenant(r.resource_key)] = (r.state, r.opened_at)
-        for r in c.execute(select(checkpoints.c.tenant, checkpoints.c.cursor)):
-            s.cursor[r.tenant] = r.cursor
-        for r in c.execute(select(mail_messages.c.tenant, mail_messages.c.id)):
-            s.synced.setdefault(r.tenant, set()).add(r.id)
-        for r in c.execute(
-            select(dead_letters.c.tenant, func.count()).group_by(dead_letters.c.tenant)
-        ):
-            s.dlq[r[0]] = int(r[1])
-        for r in c.execute(
-            select(intents.c.tenant, func.count())
-            .where(intents.c.status == "done")
-            .group_by(intents.c.tenant)
-        ):
-            s.sends_done[r[0]] = int(r[1])
-        for r in c.execute(select(audit_buckets.c.tenant, audit_buckets.c.failed_by_class)):
-            counts = s.retried.setdefault(r.tenant, Counter())
-            for k, v in (r.failed_by_class or {}).items():
-                if k.startswith(RETRIED_PREFIX):
-                    counts[k[len(RETRIED_PREFIX) :]] += int(v)
+    for r in rows.connections:
+        s.status[r.tenant] = (r.status, r.status_reason)
+    for r in rows.resources:
+        if not r.resource_key.startswith("api:"):
+            s.breaker[_resource_tenant(r.resource_key)] = (r.state, r.opened_at)
+    for r in rows.checkpoints:
+        s.cursor[r.tenant] = r.cursor
+    s.synced = synced
+    for tenant, n in rows.dead_letters:
+        s.dlq[tenant] = n
+    for tenant, n in rows.sends_done:
+        s.sends_done[tenant] = n
+    for r in rows.audit:
+        counts = s.retried.setdefault(r.tenant, Counter())
+        for k, v in (r.failed_by_class or {}).items():
+            if k.startswith(RETRIED_PREFIX):
+                counts[k[len(RETRIED_PREFIX) :]] += int(v)
     return s
 
 
@@ -347,7 +328,7 @@ async def run_demo(
     wire = _Wire(tenant_of)
     story = _Story()
     db = open_database(f"sqlite:///{db_path}")
-    reader = create_engine(f"sqlite:///{db_path}", connect_args={"timeout": 30})
+    reader = DemoReader(db_path)
     try:
         with sim.serve_in_thread() as base_url:
             _intro(out, base_url, db_path, ephemeral_key)
@@ -400,7 +381,7 @@ async def run_demo(
                     out,
                     story,
                     sim,
-                    lambda: read_snapshot(reader, example.mail_messages),
+                    lambda: read_snapshot(reader, example.mailbox.synced_ids),
                     enqueued,
                     runner,
                     converge_within=converge_within,
@@ -416,7 +397,7 @@ async def run_demo(
     finally:
         await wire.inner.aclose()
         await db.dispose()
-        reader.dispose()
+        reader.close()
     return DemoResult(summary, converged=not unmet)
 
 
@@ -656,7 +637,7 @@ def _short(text: str, limit: int = 90) -> str:
 
 
 def _summary(
-    engine: Engine,
+    reader: DemoReader,
     example: ModuleType,
     sim: GraphSimulator,
     wire: _Wire,
@@ -666,59 +647,17 @@ def _summary(
     unmet: list[str],
     db_path: Path,
 ) -> dict[str, Any]:
-    mail_messages = example.mail_messages
-    final = read_snapshot(engine, mail_messages)
-    with engine.connect() as c:
-        audit: dict[str, dict[str, int]] = defaultdict(lambda: {"ok": 0, "failed": 0})
-        for r in c.execute(
-            select(audit_buckets.c.tenant, audit_buckets.c.ok, audit_buckets.c.failed)
-        ):
-            audit[r.tenant]["ok"] += int(r.ok)
-            audit[r.tenant]["failed"] += int(r.failed)
-        job_rows = list(
-            c.execute(
-                select(jobs.c.kind, jobs.c.payload, jobs.c.status, jobs.c.attempts, jobs.c.errors)
-            )
-        )
-        dlq_rows = list(
-            c.execute(
-                select(
-                    dead_letters.c.tenant,
-                    dead_letters.c.kind,
-                    dead_letters.c.record_id,
-                    dead_letters.c.error_class,
-                    dead_letters.c.status,
-                    dead_letters.c.error_message,
-                    dead_letters.c.attempt_count,
-                ).order_by(dead_letters.c.tenant, dead_letters.c.record_id)
-            )
-        )
-        intent_rows = {
-            (r.tenant, r.intent_key): r
-            for r in c.execute(
-                select(
-                    intents.c.tenant,
-                    intents.c.intent_key,
-                    intents.c.status,
-                    intents.c.attempts,
-                    intents.c.remote_id,
-                    intents.c.result,
-                )
-            )
-        }
-        breaker_rows = list(
-            c.execute(
-                select(resources.c.resource_key, resources.c.state, resources.c.last_error_class)
-                .where(resources.c.resource_key.not_like("api:%"))
-                .order_by(resources.c.resource_key)
-            )
-        )
-        pending_by_resource = Counter(
-            r[0]
-            for r in c.execute(
-                select(jobs.c.resource_key).where(jobs.c.status.in_(["pending", "running"]))
-            )
-        )
+    final = read_snapshot(reader, example.mailbox.synced_ids)
+    rows = reader.read(summary_rows)
+    audit: dict[str, dict[str, int]] = defaultdict(lambda: {"ok": 0, "failed": 0})
+    for r in rows.audit:
+        audit[r.tenant]["ok"] += int(r.ok)
+        audit[r.tenant]["failed"] += int(r.failed)
+    job_rows = rows.jobs
+    dlq_rows = rows.dead_letters
+    intent_rows = {(r.tenant, r.intent_key): r for r in rows.intents}
+    breaker_rows = rows.breakers
+    pending_by_resource = Counter(rows.unfinished_resources)
 
     jobs_ok: Counter[str] = Counter()
     reasons: Counter[tuple[str, str, str]] = Counter()

@@ -15,8 +15,9 @@ Read it top to bottom; each part teaches one thing synckit expects of a connecto
    changed. A dead delta token (410 Gone) starts a full resync.
 4. **Records** (:meth:`GraphMail.handle`): validate each message with a pydantic model; a
    malformed one fails alone, as a validation error, and waits in the dead-letter queue
-   for review. Good ones land in the ``mail_messages`` table (created by this module, in
-   the same database; it is not part of synckit's schema).
+   for review. Good ones land in the ``mail_messages`` table (the example's own, in the
+   same database; not part of synckit's schema), through the named operations of
+   :mod:`synckit.examples.graph_mail.mailbox`: the connector builds no SQL.
 5. **Writing** (:meth:`GraphMail.send_mail`): ``sendMail`` answers ``202`` with no id and
    is not idempotent. The send runs as an *intent*: we stamp the message with our own
    ``internetMessageId``, and a retry whose earlier attempt lost its answer first looks
@@ -30,16 +31,11 @@ refresh on a 401), and the runtime does it.
 from __future__ import annotations
 
 import uuid
-import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SecretStr, ValidationError
-from sqlalchemy import Boolean, Column, MetaData, String, Table, Text, delete
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.schema import CreateTable
 
 from synckit import (
     Connector,
@@ -52,9 +48,9 @@ from synckit import (
     SyncContext,
 )
 from synckit.errors import ErrorClass, PermanentError
+from synckit.examples.graph_mail import mailbox
+from synckit.examples.graph_mail.mailbox import create_tables, mail_messages
 from synckit.runtime.intents import IntentResult, RemoteRecord
-from synckit.store.db import Database
-from synckit.store.tables import UTCDateTime
 
 __all__ = [
     "GRAPH_SCOPE",
@@ -128,44 +124,6 @@ class Message(BaseModel):
     sender: Recipient = Field(alias="from")
     internet_message_id: str = Field(alias="internetMessageId")
     is_read: bool = Field(default=False, alias="isRead")
-
-
-metadata = MetaData()
-
-#: The synced messages: one row per (tenant, message id).
-mail_messages = Table(
-    "mail_messages",
-    metadata,
-    Column("tenant", String(200), primary_key=True),
-    Column("id", String(500), primary_key=True),
-    Column("folder", String(200), nullable=False),
-    Column("internet_message_id", String(1000), nullable=False),
-    Column("subject", Text, nullable=False),
-    Column("sender", String(320), nullable=False),
-    Column("received_at", UTCDateTime(), nullable=False),
-    Column("is_read", Boolean, nullable=False),
-    # When this row was last written by a cycle; a full resync removes older rows.
-    Column("synced_at", UTCDateTime(), nullable=False),
-)
-
-_created: weakref.WeakSet[AsyncEngine] = weakref.WeakSet()
-
-
-async def create_tables(db: Database) -> None:
-    """Create ``mail_messages`` if it does not exist (once per process and database)."""
-    if db.engine in _created:
-        return
-    async with db.begin() as conn:
-        # IF NOT EXISTS: several workers may start at once on a fresh database.
-        await conn.execute(CreateTable(mail_messages, if_not_exists=True))
-    _created.add(db.engine)
-
-
-def _upsert(conn: AsyncConnection, row: Mapping[str, Any]) -> Any:
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    stmt = insert(mail_messages).values(**row)
-    changed = {k: stmt.excluded[k] for k in row if k not in ("tenant", "id")}
-    return stmt.on_conflict_do_update(index_elements=["tenant", "id"], set_=changed)
 
 
 # --- writing: what a send looks like --------------------------------------------------------
@@ -267,16 +225,9 @@ class GraphMail(Connector[GraphMailConfig]):
     async def _forget_unseen(self, ctx: SyncContext, since: datetime) -> None:
         # A full sync lists what exists; it does not report what was deleted while the
         # delta token was dead. Rows it did not touch are gone from the mailbox.
-        async with ctx.db.begin() as conn:
-            result = await conn.execute(
-                delete(mail_messages).where(
-                    mail_messages.c.tenant == self.tenant,
-                    mail_messages.c.folder == self.config.folder,
-                    mail_messages.c.synced_at < since,
-                )
-            )
-        if result.rowcount:
-            ctx.log.info("graph.unseen_forgotten", messages=result.rowcount)
+        forgotten = await mailbox.forget_unseen(ctx.db, self.tenant, self.config.folder, since)
+        if forgotten:
+            ctx.log.info("graph.unseen_forgotten", messages=forgotten)
 
     # --- 4. records -----------------------------------------------------------------------
 
@@ -284,13 +235,7 @@ class GraphMail(Connector[GraphMailConfig]):
         """Store one message (or forget a deleted one). Raising fails this message only."""
         await create_tables(ctx.db)
         if isinstance(record, dict) and "@removed" in record:
-            async with ctx.db.begin() as conn:
-                await conn.execute(
-                    delete(mail_messages).where(
-                        mail_messages.c.tenant == self.tenant,
-                        mail_messages.c.id == str(record.get("id")),
-                    )
-                )
+            await mailbox.forget_message(ctx.db, self.tenant, str(record.get("id")))
             return
         try:
             message = Message.model_validate(record)
@@ -309,8 +254,7 @@ class GraphMail(Connector[GraphMailConfig]):
             "is_read": message.is_read,
             "synced_at": datetime.now(UTC),
         }
-        async with ctx.db.begin() as conn:
-            await conn.execute(_upsert(conn, row))
+        await mailbox.upsert_message(ctx.db, row)
 
     # --- 5. writing -----------------------------------------------------------------------
 
