@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -187,7 +187,7 @@ async def rotate_secrets(
     configs = await reseal_configs(db, cipher, models=models)
     verifiers = await reseal_verifiers(db, cipher)
     if not db.is_postgres:
-        await _compact_sqlite(db)
+        await connection_store.compact_sqlite(db)
     failures: list[tuple[str, str]] = [
         *((t, f"tokens: {r}") for t, r in token_failures),
         *((t, f"config: {r}") for t, r in configs.unreadable),
@@ -200,19 +200,6 @@ async def rotate_secrets(
         unreadable=tuple(sorted(failures)),
         unchecked=configs.unchecked,
     )
-
-
-async def _compact_sqlite(db: Database) -> None:
-    # SQLite keeps freed pages (the rows' old bytes: plaintext secrets, ciphertext under
-    # the old key) in the file and its WAL until they are reused: rewrite both, so a key
-    # dropped after rotation opens nothing left on disk.
-    # The driver's connection: SQLAlchemy's would open a transaction first (the begin
-    # event), and SQLite refuses VACUUM inside one.
-    async with db.engine.connect() as conn:
-        raw = await conn.get_raw_connection()
-        driver: Any = raw.driver_connection
-        for statement in ("VACUUM", "PRAGMA wal_checkpoint(TRUNCATE)"):
-            await (await driver.execute(statement)).close()
 
 
 def models_of(app: App) -> dict[str, type[BaseModel]]:

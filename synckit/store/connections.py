@@ -19,7 +19,7 @@ from sqlalchemy import Row, Text, and_, bindparam, cast, delete, func, or_, sele
 from sqlalchemy.exc import IntegrityError
 
 from synckit.errors.exceptions import ConfigurationError
-from synckit.store.db import Conn, SyncConn
+from synckit.store.db import Conn, Database, SyncConn
 from synckit.store.jobs import NOTIFY_CHANNEL, guarded_moment
 from synckit.store.resources import readable
 from synckit.store.tables import checkpoints, connections, dead_letters, pending_authorizations
@@ -292,6 +292,25 @@ async def read_pending_authorization(conn: Conn, state: str) -> Row[Any] | None:
     return (
         await conn.execute(select(p.tenant, p.used_at, p.expires_at).where(p.state == state))
     ).first()
+
+
+# --- after key rotation ---------------------------------------------------------------------
+
+
+async def compact_sqlite(db: Database) -> None:
+    """Rewrite a SQLite file and its WAL so that freed pages keep nothing.
+
+    SQLite keeps freed pages (the rows' old bytes: plaintext secrets, ciphertext under
+    the old key) in the file and its WAL until they are reused: after a rotation both are
+    rewritten, so a key dropped after rotation opens nothing left on disk.
+    """
+    # The driver's connection: SQLAlchemy's would open a transaction first (the begin
+    # event), and SQLite refuses VACUUM inside one.
+    async with db.engine.connect() as conn:
+        raw = await conn.get_raw_connection()
+        driver: Any = raw.driver_connection
+        for statement in ("VACUUM", "PRAGMA wal_checkpoint(TRUNCATE)"):
+            await (await driver.execute(statement)).close()
 
 
 # --- tenants -------------------------------------------------------------------------------
