@@ -125,6 +125,15 @@ _RESOURCE_MOMENTS = (
 )
 
 
+def _full_text(exc: BaseException) -> str:
+    """``Type: message``, whole (classification keeps one line of 200 characters)."""
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ must not break recording
+        text = "<unprintable>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _moment_or_none(value: object) -> datetime | None:
     try:
         return store.read_moment(value)
@@ -813,6 +822,7 @@ class Worker:
         o.error_class = c.error_class.value
         # Error texts are stored and shown to operators: no token may survive into them.
         message = redact_text(c.reason)
+        detail = redact_text(_full_text(o.exc))  # the reason is one line of 200 at most
         o.tb = redact_text(o.tb) if o.tb else None
         if isinstance(o.exc, NeedsReauth) and job.resource_key:
             mark_needs_reauth_sync(conn, job.resource_key, redact_text(str(o.exc)), now=now)
@@ -825,6 +835,7 @@ class Worker:
                 message=message,
                 retry_at=now,
                 traceback=o.tb,
+                detail=detail,
                 count_attempt=False,
             )
         if c.error_class is ErrorClass.RATE_LIMITED:
@@ -844,6 +855,7 @@ class Worker:
                 message=message,
                 retry_at=retry_at,
                 traceback=o.tb,
+                detail=detail,
                 count_attempt=False,
             )
             return "paced" if recorded == "pending" else recorded
@@ -864,6 +876,7 @@ class Worker:
             message=message,
             retry_at=retry_at,
             traceback=o.tb,
+            detail=detail,
             # Work committed in this attempt is progress: only attempts that committed
             # nothing count toward giving up.
             count_attempt=not o.progress,

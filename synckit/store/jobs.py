@@ -1533,7 +1533,11 @@ _UNCHARGED: Any = jobs.c.attempts - case((jobs.c.started_at.is_(None), 0), else_
 
 def _append_error(conn: Connection, job_id: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
     current = (conn.execute(select(jobs.c.errors).where(jobs.c.id == job_id))).scalar()
-    history = list(current or [])
+    # Only the newest attempt keeps its traceback: a history of 20 stays a few KiB each.
+    history = [
+        {k: v for k, v in e.items() if k != "traceback"} if isinstance(e, dict) else e
+        for e in list(current or [])
+    ]
     history.append(entry)
     return history[-20:]  # a job that failed 10,000 times keeps its recent story
 
@@ -1548,11 +1552,15 @@ def fail_sync(
     retry_at: datetime | None,
     traceback: str | None = None,
     count_attempt: bool = True,
+    detail: str | None = None,
 ) -> str | None:
     """Record a failed attempt: back to pending at ``retry_at``, or dead when it is None.
 
-    A dead job is written to ``dead_letters`` in the same transaction. Returns the new
-    status, or None when the claim no longer held (the job was rescued or cancelled).
+    ``message`` is the one-line reason (``last_error``); the attempt's entry in ``errors``
+    also keeps ``detail``, the error's full text, and ``traceback`` (the newest entry
+    only), both as given (the caller redacts them). A dead job is written to
+    ``dead_letters`` in the same transaction. Returns the new status, or None when the
+    claim no longer held (the job was rescued or cancelled).
     """
     entry = {
         "attempt": job.attempts,
@@ -1560,6 +1568,10 @@ def fail_sync(
         "error_class": error_class,
         "message": message[:2000],
     }
+    if detail and detail != message:
+        entry["detail"] = detail[:4000]
+    if traceback:
+        entry["traceback"] = traceback[-4000:]
     history = _append_error(conn, job.id, entry)
     status = "pending" if retry_at is not None else "dead"
     values: dict[str, Any] = {

@@ -7,6 +7,7 @@ traceback, redacted."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -19,9 +20,13 @@ from typing import Any
 
 from sqlalchemy import insert, select
 from starlette.testclient import TestClient
-from web_app import app, seed
+from web_app import SECRET, app, seed
 
 from synckit.clock import utcnow
+from synckit.errors import RetryPolicy
+from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.worker import Worker
+from synckit.store import jobs as job_store
 from synckit.store.audit import record_audit
 from synckit.store.db import Database
 from synckit.store.tables import dead_letters
@@ -171,3 +176,50 @@ async def test_overview_throughput_per_minute_and_dlq_growth_match_the_seeded_ro
             page = text_of(html)
             assert f"Last hour {sum(o + f for o, f in expected.values()):,} operations" in page
             assert "4 new in the last hour (2 the hour before)" in page, page[:2000]
+
+
+class Upstream(RuntimeError):
+    pass
+
+
+def _deep_in_the_client(n: int) -> None:
+    # ~1,850 characters: whole in the job's history (2,000 a message) and its last error.
+    body = " ".join(f"field-{i} is invalid;" for i in range(80))
+    raise Upstream(
+        f"attempt {n}: 400 from https://api.example/v1/orders?api_key={SECRET} "
+        f"(Authorization: Bearer {SECRET}): {body} END-OF-ERROR-{n}"
+    )
+
+
+async def test_the_job_page_shows_every_error_in_full_and_the_traceback_redacted(
+    db: Database, migrated_url: str
+) -> None:
+    reg = Registry()
+    calls: list[int] = []
+
+    @reg.handler("sync.orders")
+    async def sync_orders(ctx: JobContext) -> None:
+        calls.append(1)
+        _deep_in_the_client(len(calls))
+
+    made = await job_store.enqueue(db, "sync.orders", {"tenant": "acme"}, max_attempts=2)
+    worker = Worker(db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05)
+    await worker.run_until_idle()
+    info = await job_store.get_job(db, made.id)
+    assert info.status == "dead" and len(info.errors) == 2
+    assert SECRET not in json.dumps(info.errors)  # stored redacted, not only shown so
+
+    with console(migrated_url) as client:
+        html = client.get(f"/jobs/{made.id}").text
+    assert SECRET not in html
+    page = text_of(html)
+    for n in (1, 2):
+        # Each attempt's error, whole: its start, every field of the body, its end.
+        assert f"attempt {n}: 400 from https://api.example/v1/orders?api_key=" in page
+        assert "field-0 is invalid; field-1 is invalid;" in page
+        assert f"field-79 is invalid; END-OF-ERROR-{n}" in page, n
+    # The traceback of the last attempt, down to the frame that raised.
+    assert "Traceback (most recent call last)" in page
+    assert "in _deep_in_the_client" in page and "in sync_orders" in page
+    assert "Upstream: attempt 2" in page
+    assert "***" in page  # the secret was there to leak: redacted where it was
