@@ -1399,7 +1399,7 @@ def _why(state: str | None) -> str:
 
 async def get(db: Database, row_id: int) -> DeadLetter:
     """One row with its traceback; :class:`DeadLetterNotFound` if there is none."""
-    async with db.begin() as conn:
+    async with db.read() as conn:
         row = (
             await conn.execute(select(*_FULL_COLUMNS).where(dead_letters.c.id == row_id))
         ).first()
@@ -1437,7 +1437,7 @@ async def iter_rows(
         if last is not None:
             stmt = stmt.where(c.id < last if newest_first else c.id > last)
         stmt = stmt.order_by(c.id.desc() if newest_first else c.id).limit(size)
-        async with db.begin() as conn:
+        async with db.read() as conn:
             page = [DeadLetter.from_row(r) for r in await conn.execute(stmt)]
         for row in page:
             yield row
@@ -1456,7 +1456,7 @@ async def iter_ids(
     last = 0
     while True:
         stmt = select(c.id).where(*clauses, c.id > last).order_by(c.id).limit(batch)
-        async with db.begin() as conn:
+        async with db.read() as conn:
             page = [int(r[0]) for r in await conn.execute(stmt)]
         if page:
             yield page
@@ -1467,7 +1467,7 @@ async def iter_ids(
 
 async def count(db: Database, flt: DlqFilter = DlqFilter()) -> int:
     """How many rows match."""
-    async with db.begin() as conn:
+    async with db.read() as conn:
         stmt = select(func.count()).select_from(dead_letters).where(*flt.clauses())
         return int((await conn.execute(stmt)).scalar_one())
 
@@ -1497,7 +1497,7 @@ async def group_counts(
     cols = [_GROUP_COLUMNS[g] for g in group_by]
     n = func.count().label("n")
     stmt = select(*cols, n).where(*flt.clauses()).group_by(*cols).order_by(n.desc(), *cols)
-    async with db.begin() as conn:
+    async with db.read() as conn:
         return [
             GroupCount(tuple(str(v) for v in r[:-1]), int(r[-1])) for r in await conn.execute(stmt)
         ]

@@ -661,3 +661,20 @@ async def test_messages_not_started_within_the_lease_window_are_released(db: Dat
     assert all(r.next_attempt_at <= datetime.now(UTC) for r in left)
     assert await relay_for(db, rec).run_until_empty() == len(left)
     assert rec.ids == [f"m{i}" for i in range(5)]
+
+
+async def test_a_key_held_under_another_relays_lease_waits_behind_it(db: Database) -> None:
+    """Once a relay's claim has committed (its messages leased, nothing locked), another
+    relay takes other work but none of the held key's later messages, on both engines."""
+    async with db.begin() as conn:
+        await outbox.add_many(
+            conn,
+            [NewMessage("t", {}, key="k", message_id=f"k-{i}") for i in range(3)]
+            + [NewMessage("t", {}, message_id="free")],
+        )
+    now = datetime.now(UTC)
+    held = await outbox_store.claim(db, now=now, limit=1, lease=new_lease(LEASE, now=now))
+    assert [m.message_id for m in held] == ["k-0"]
+    other = await outbox_store.claim(db, now=now, limit=10, lease=new_lease(LEASE, now=now))
+    assert [m.message_id for m in other] == ["free"]
+    assert await outbox_store.claim(db, now=now, limit=10, lease=new_lease(LEASE, now=now)) == []
