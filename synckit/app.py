@@ -19,7 +19,6 @@ Handlers get no database from the queue, so the App holds one: the one given to
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -63,7 +62,7 @@ from synckit.runtime.tenants import (
 )
 from synckit.runtime.worker import Worker
 from synckit.store import checkpoints
-from synckit.store.db import ENV_URL, Database, SyncConn, is_driver_error, open_database
+from synckit.store.db import Database, SyncConn, is_driver_error, open_database
 from synckit.store.jobs import ClaimedJob
 
 __all__ = ["App"]
@@ -160,17 +159,16 @@ class App:
         """Make the App's handlers use ``db`` (:meth:`worker` does this)."""
         self._db = db
 
-    def use_database_url(self, url: str | None) -> None:
-        """Called by ``synckit worker``: the handlers use the worker's database.
-
-        Without a URL from the command line or the environment, the App's own
-        ``database_url`` becomes the worker's too (set in ``$SYNCKIT_DATABASE_URL`` for
-        this process), so that handlers and worker never use different databases.
+    def use_database_url(self, url: str | None) -> str | None:
+        """Called by ``synckit worker`` and ``synckit web`` with the URL of their command
+        line (or ``$SYNCKIT_DATABASE_URL``): the App's handlers use that database. Returns
+        the URL the command is to open: the one given, else the App's own
+        ``database_url`` (None: the default), so that handlers and worker never use
+        different databases. The process's environment is left alone.
         """
         if url:
             self.database_url = url
-        elif self.database_url and not os.environ.get(ENV_URL):
-            os.environ[ENV_URL] = self.database_url
+        return self.database_url
 
     async def database(self) -> Database:
         """The database the App's handlers use (see the module docstring)."""

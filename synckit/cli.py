@@ -328,7 +328,7 @@ def worker_cmd(
     from synckit.runtime.audit import audit_observer
     from synckit.runtime.worker import Worker
 
-    registry = load_registry(app)
+    registry, database_url = load_registry(app, database_url)
     lease_time = parse_duration(lease)
     if lease_time < timedelta(seconds=1):
         raise CliError(f"--lease {lease!r} is shorter than 1s")

@@ -189,20 +189,19 @@ def load_app(spec: str | None) -> App:
     return value
 
 
-def load_registry(spec: str | None) -> Registry:
-    """The job :class:`~synckit.Registry` of ``--app``: an App's, or a Registry itself."""
+def load_registry(spec: str | None, database_url: str | None) -> tuple[Registry, str | None]:
+    """The job :class:`~synckit.Registry` of ``--app`` (an App's, or a Registry itself) and
+    the database URL to open: ``database_url``, else an App's own ``database_url``."""
     from synckit.app import App
     from synckit.runtime.handlers import Registry
 
     value = import_app_attribute(spec)
     if isinstance(value, App):
         # The App's handlers must use the database this worker claims from.
-        ctx = click.get_current_context(silent=True)
-        value.use_database_url(ctx.params.get("database_url") if ctx else None)
-        return value.registry
+        return value.registry, value.use_database_url(database_url)
     if not isinstance(value, Registry):
         raise CliError(f"--app {spec!r}: {_what(value)} is not a synckit App or Registry")
-    return value
+    return value, database_url
 
 
 def _what(value: object) -> str:
