@@ -78,7 +78,7 @@ from synckit.errors.dlq_policy import (
     decide_capture,
 )
 from synckit.errors.exceptions import SynckitError
-from synckit.runtime.logging import redact_text
+from synckit.redaction import redact_text
 from synckit.store import leases
 from synckit.store.db import Database
 from synckit.store.jobs import guarded_moment, read_moment

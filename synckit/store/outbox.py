@@ -43,7 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from synckit.clock import utcnow
 from synckit.errors import ErrorClass
 from synckit.errors.exceptions import SynckitError
-from synckit.runtime.logging import redact_text
+from synckit.redaction import redact_text
 from synckit.store import leases, notify
 from synckit.store.db import Database
 from synckit.store.jobs import guarded_moment, read_moment, read_payload
