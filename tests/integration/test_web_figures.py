@@ -183,7 +183,7 @@ class Upstream(RuntimeError):
 
 
 def _deep_in_the_client(n: int) -> None:
-    # ~1,850 characters: whole in the job's history (2,000 a message) and its last error.
+    # ~1,850 characters: far more than the one-line reason (200) that last_error keeps.
     body = " ".join(f"field-{i} is invalid;" for i in range(80))
     raise Upstream(
         f"attempt {n}: 400 from https://api.example/v1/orders?api_key={SECRET} "
