@@ -42,11 +42,12 @@ import psutil
 from sqlalchemy import delete, func, select
 
 from bench.sync import ROOT, fresh_database
+from synckit.cli.status import render_status
 from synckit.clock import utcnow
 from synckit.runtime.bulk import add_tenants
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
-from synckit.runtime.status import read_status, render_status
+from synckit.runtime.status import read_status
 from synckit.store import jobs as store
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import JobSpec, enqueue_new

@@ -44,7 +44,7 @@ so a slow broker cannot make two relays hold one message.
   waits for a broker.
 
 Every SQL statement on ``outbox`` lives in :mod:`synckit.store.outbox`, named; this
-module re-exports the operations the CLI (:mod:`synckit.runtime.outbox_cli`), the
+module re-exports the operations the CLI (:mod:`synckit.cli.outbox`), the
 console and the worker call.
 """
 

@@ -78,6 +78,18 @@ def mask_url(url: str | URL) -> str:
         return re.sub(r"//([^:/@]*):[^@]*@", r"//\1:***@", str(url))
 
 
+def url_problem(url: str) -> str | None:
+    """What is wrong with ``url`` before anything opens (it does not parse, or names a
+    port no socket has), in a line; None when nothing is."""
+    try:
+        port = make_url(url).port
+    except (ArgumentError, ValueError) as exc:
+        return f"cannot read the URL: {str(exc).splitlines()[0][:200]}"
+    if port is not None and not 0 < port < 65536:
+        return f"port {port} is not between 1 and 65535"
+    return None
+
+
 def normalize_url(url: str) -> URL:
     """Map a user's URL onto the async driver synckit uses for its engine.
 

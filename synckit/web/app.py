@@ -307,8 +307,7 @@ def _since(text: str | None) -> datetime | None:
     """``since=10m`` as the moment it names; :class:`BadFilter` when it names none."""
     if not text:
         return None
-    from synckit.cli import parse_duration
-    from synckit.cli_options import CliError
+    from synckit.cli.options import CliError, parse_duration
 
     try:
         return utcnow() - parse_duration(text)
@@ -502,7 +501,7 @@ async def tenant_action(request: Request) -> Response:
     async def sync() -> str:
         if st.config.app is None:
             raise ValueError("sync now needs the App: start the console with --app")
-        from synckit.sync_cli import enqueue_cycles
+        from synckit.cli.sync import enqueue_cycles
 
         _connector, cycles = await enqueue_cycles(db, st.config.app, name)
         return "; ".join(
@@ -538,7 +537,7 @@ async def tenant_reauthorize(request: Request) -> Response:
     form = await request.form()
     redirect_uri = str(request.base_url).rstrip("/") + CALLBACK_PATH
     try:
-        from synckit.connectors.oauth_cli import oauth_config_for
+        from synckit.cli.oauth import oauth_config_for
         from synckit.runtime.authorize import DEFAULT_TTL, begin_authorization
 
         t = await tenant_store.get_tenant(db, name, reveal=False)
@@ -596,7 +595,7 @@ async def oauth_callback(request: Request) -> Response:
             "start again with Re-authorise on the tenant's page",
         )
     try:
-        from synckit.connectors.oauth_cli import oauth_config_for
+        from synckit.cli.oauth import oauth_config_for
         from synckit.runtime.authorize import complete_authorization
 
         if st.config.read_only:
@@ -714,7 +713,7 @@ async def jobs_action(request: Request) -> Response:
                 db, i, f"cancelled in the console by {_who(request)}"
             )
         elif action == "reschedule":
-            from synckit.cli import parse_duration
+            from synckit.cli.options import parse_duration
 
             delay = parse_duration(str(form.get("delay") or "0"))
             when = utcnow() + delay
@@ -863,7 +862,7 @@ async def dlq_action(request: Request) -> Response:
 async def _replay(st: _State, db: Database, flt: DlqFilter) -> Any:
     """What ``synckit dlq replay`` does: with the App, its replayers; without, dead jobs
     are re-run and record rows are skipped as needing the App."""
-    from synckit.dlq.cli import NO_APP_REASON
+    from synckit.cli.dlq import NO_APP_REASON
     from synckit.dlq.replay import ReplayProcessor, replayers_from_app
 
     if st.config.app is None:

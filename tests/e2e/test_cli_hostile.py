@@ -87,9 +87,11 @@ def test_read_commands_render_markup_literally_and_print_no_secret(
     API echoed, in any shape, appears in no table, JSON, export or show output."""
     from rich.console import Console
 
-    import synckit.cli
+    from synckit.cli import breakers, dlq, jobs, outbox, status, tenants
 
-    monkeypatch.setattr(synckit.cli, "console", Console(width=400))
+    wide = Console(width=400)  # every command module that prints tables
+    for module in (breakers, dlq, jobs, outbox, status, tenants):
+        monkeypatch.setattr(module, "console", wide)
     ids = seed(migrated_url)
     db = ["--database-url", migrated_url]
     outputs = {}

@@ -139,9 +139,11 @@ def test_tenants_ls_and_show_mask_every_secret_by_type_and_print_text_as_data(
     a reason with `[/v1/users]` renders as it is."""
     from rich.console import Console
 
-    import synckit.cli
+    from synckit.cli import breakers, dlq, jobs, outbox, status, tenants
 
-    monkeypatch.setattr(synckit.cli, "console", Console(width=400))
+    wide = Console(width=400)  # every command module that prints tables
+    for module in (breakers, dlq, jobs, outbox, status, tenants):
+        monkeypatch.setattr(module, "console", wide)
     seed(migrated_url, "acme", "legacy")
 
     async def go(db: Database) -> None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, SecretStr
 from sqlalchemy import select
 
 from synckit import App, Connector, Page, Stream, SyncContext
+from synckit.cli.sync import poll_job_spec
 from synckit.errors import Classification, RetryPolicy
 from synckit.runtime.context import open_context
 from synckit.runtime.intents import RemoteRecord, run_intent
@@ -24,7 +25,6 @@ from synckit.runtime.logging import configure_logging
 from synckit.store.db import Database
 from synckit.store.jobs import enqueue_many
 from synckit.store.tables import connections, dead_letters, intents, jobs
-from synckit.sync_cli import poll_job_spec
 
 # Plain opaque values: no vendor prefix, no key=value around them in the API's answers.
 KEY_A = "Pq7Lm2Xv9Rt4Kw8Zs3Nb"

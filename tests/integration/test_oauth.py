@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from cryptography.fernet import Fernet
 from sqlalchemy import insert, select
 
-from synckit.connectors.oauth_cli import reauth_command
+from synckit.cli.oauth import reauth_command
 from synckit.errors.exceptions import ConfigurationError, NeedsReauth, RetryableError
 from synckit.runtime.oauth import (
     OAuth2Auth,

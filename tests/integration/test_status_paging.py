@@ -10,8 +10,9 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from synckit import App, Connector, Page, SyncContext
+from synckit.cli.status import render_status
 from synckit.runtime.bulk import add_tenants
-from synckit.runtime.status import read_status, render_status
+from synckit.runtime.status import read_status
 from synckit.runtime.tenants import pause_tenant
 from synckit.store.db import Database
 

@@ -17,9 +17,8 @@ ROOT = Path(synckit.__file__).parent
 
 # Modules outside synckit.store that still build SQL themselves (issue 18 item 1).
 STILL_BUILDING_SQL = {
-    "synckit.cli_options",
+    "synckit.cli.sync",
     "synckit.runtime.status",
-    "synckit.sync_cli",
 }
 
 # Example code that keeps its records in tables of its own, as a user's connector would:
@@ -89,20 +88,10 @@ PACKAGES = ("app", "connectors", "dlq", "errors", "runtime", "store", "testing",
 
 #: Modules of synckit.connectors that still import synckit.runtime or synckit.store, and
 #: why. The list may only shrink.
-CONNECTORS_STILL_BELOW = {
-    # Command-line modules, moving to synckit/cli/ (issue 18, the CLI move).
-    "synckit.connectors.bulk_cli": "CLI, moving to synckit.cli",
-    "synckit.connectors.oauth_cli": "CLI, moving to synckit.cli",
-    "synckit.connectors.secrets_cli": "CLI, moving to synckit.cli",
-    "synckit.connectors.tenants_cli": "CLI, moving to synckit.cli",
-}
+CONNECTORS_STILL_BELOW: dict[str, str] = {}
 
 #: Package edges that still close a cycle, and why. The set may only shrink.
-CYCLES_LEFT = {
-    # connectors -> runtime and -> store only through CONNECTORS_STILL_BELOW.
-    ("connectors", "runtime"),
-    ("runtime", "connectors"),
-}
+CYCLES_LEFT: set[tuple[str, str]] = set()
 
 
 def _is_type_checking(test: ast.expr) -> bool:

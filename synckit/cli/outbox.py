@@ -1,10 +1,4 @@
-"""``synckit outbox ...``: look at the outbox and put failed messages back in line.
-
-``synckit.cli`` loads this module when its command runs. It must not import
-``synckit.cli`` at import time (under ``python -m synckit.cli`` that would run the CLI
-module a second time), so the CLI's helpers are imported inside the commands; shared
-options come from :mod:`synckit.cli_options`.
-"""
+"""``synckit outbox ...``: look at the outbox and put failed messages back in line."""
 
 from __future__ import annotations
 
@@ -12,8 +6,9 @@ import json
 from datetime import datetime
 
 import click
+from rich.table import Table
 
-from synckit.cli_options import ROW_ID, cell, database_option
+from synckit.cli.options import ROW_ID, CliError, cell, console, database_option, run
 from synckit.runtime import outbox as store
 from synckit.runtime.logging import redact
 from synckit.store.db import Database
@@ -46,9 +41,6 @@ def ls(
     database_url: str | None,
 ) -> None:
     """List outbox messages, newest first."""
-    from rich.table import Table
-
-    from synckit.cli import console, run
 
     async def go(d: Database) -> tuple[list[store.OutboxInfo], dict[str, int]]:
         rows = await store.list_messages(d, status=status, topic=topic, key=key, limit=limit)
@@ -96,8 +88,6 @@ def retry(
     ids: tuple[int, ...], all_failed: bool, topic: str | None, database_url: str | None
 ) -> None:
     """Put messages back to pending, due now: the IDS given, or --failed for all failed."""
-    from synckit.cli import CliError, run
-
     if bool(ids) == all_failed:
         raise CliError("give message ids or --failed (not both)")
     if topic and not all_failed:

@@ -1,16 +1,14 @@
-"""``synckit secrets keygen|check|rotate``: the key that seals tokens and config secrets.
-
-``synckit.cli`` loads this module when its command runs; it must not import
-``synckit.cli`` at import time (see :mod:`synckit.connectors.tenants_cli`).
-"""
+"""``synckit secrets keygen|check|rotate``: the key that seals tokens and config secrets."""
 
 from __future__ import annotations
 
 import json
 
 import click
+from cryptography.fernet import Fernet
 
-from synckit.cli_options import app_option, database_option
+from synckit.cli.app_loader import app_option, load_app
+from synckit.cli.options import CliError, database_option, run
 from synckit.runtime import keys
 from synckit.runtime.secrets import ENV_KEY, TokenCipher
 from synckit.store.db import Database
@@ -29,8 +27,6 @@ def secrets_group() -> None:
 @secrets_group.command("keygen")
 def secrets_keygen() -> None:
     """Print a new key for SYNCKIT_SECRET_KEY."""
-    from cryptography.fernet import Fernet
-
     click.echo(Fernet.generate_key().decode())
 
 
@@ -40,8 +36,6 @@ def secrets_check(database_url: str | None) -> None:
     """Exit non-zero, naming the missing key and the tenants, unless every active
     tenant's tokens and config open with $SYNCKIT_SECRET_KEY (what a worker checks
     at start)."""
-    from synckit.cli import CliError, run
-
     cipher = TokenCipher.from_env()
 
     async def go(d: Database) -> str | None:
@@ -65,9 +59,6 @@ def secrets_rotate(app_spec: str | None, as_json: bool, database_url: str | None
     With --app, plaintext secrets in configs stored before synckit sealed them are
     sealed too (the connectors' models say which fields are secrets).
     """
-    from synckit.cli import CliError, run
-    from synckit.cli_options import load_app
-
     models = keys.models_of(load_app(app_spec)) if app_spec else None
     cipher = TokenCipher.from_env()
     if not cipher.encrypts:

@@ -16,15 +16,21 @@ of shell history and process listings), or from a hidden prompt; they are never 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import click
 
-from synckit.cli_options import database_option
-
-if TYPE_CHECKING:
-    from synckit.app import App
-    from synckit.runtime.oauth import OAuth2Config, ReauthResult
+from synckit.app import App
+from synckit.cli.app_loader import app_option, load_app
+from synckit.cli.options import CliError, database_option, run
+from synckit.clock import utcnow
+from synckit.errors.exceptions import ConfigurationError
+from synckit.runtime.authorize import (
+    begin_authorization,
+    complete_authorization,
+    receive_callback,
+)
+from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, ReauthResult, reauth
+from synckit.runtime.secrets import TokenSet
 from synckit.store.db import Database
 
 
@@ -64,9 +70,6 @@ def reauth_command(
     (hidden; leave one empty). Jobs the connection held back while it needed
     re-authorisation are claimed again at once.
     """
-    # synckit.cli imports the command groups that attach this command: import it late.
-    from synckit.cli import CliError, run
-
     if access_token is None and refresh_token is None:
         refresh_token = click.prompt(
             "Refresh token (empty if none)", default="", hide_input=True, show_default=False
@@ -77,11 +80,6 @@ def reauth_command(
     refresh = (refresh_token or "").strip() or None
     if access is None and refresh is None:
         raise CliError("give --refresh-token or --access-token (neither may be empty)")
-    # Imported here: authlib is heavy, and every `synckit` command loads this module.
-    from synckit.clock import utcnow
-    from synckit.runtime.oauth import reauth
-    from synckit.runtime.secrets import TokenSet
-
     now = utcnow()
     token_set = TokenSet(
         access_token=access,
@@ -106,9 +104,6 @@ def reauth_command(
 
 async def oauth_config_for(app: App, db: Database, tenant: str) -> OAuth2Config:
     """The ``OAuth2Config`` of ``tenant``'s connector, as its auth builds it."""
-    from synckit.errors.exceptions import ConfigurationError
-    from synckit.runtime.oauth import OAuth2Auth
-
     async with app.context(db, tenant) as ctx:
         auth = ctx.http.auth
     if not isinstance(auth, OAuth2Auth):
@@ -121,7 +116,7 @@ async def oauth_config_for(app: App, db: Database, tenant: str) -> OAuth2Config:
 
 @click.command("connect")
 @click.argument("tenant")
-@click.option("--app", "app_spec", envvar="SYNCKIT_APP", default=None, help="module:attribute.")
+@app_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback address.")
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=0, help="Listener port (default: free)."
@@ -151,14 +146,6 @@ def connect_command(
     Prints the provider's consent URL and listens on a loopback port for the redirect;
     the tokens are stored sealed and the tenant's connection becomes active.
     """
-    from synckit.cli import CliError, run
-    from synckit.connectors.tenants_cli import load_app
-    from synckit.runtime.authorize import (
-        begin_authorization,
-        complete_authorization,
-        receive_callback,
-    )
-
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise CliError(f"--host {host!r}: the callback listener must be a loopback address")
     app = load_app(app_spec)

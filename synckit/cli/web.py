@@ -1,4 +1,4 @@
-"""The ``synckit web`` command (loaded lazily by ``synckit.cli``)."""
+"""``synckit web``: serve the operator console (:mod:`synckit.web`, the ``web`` extra)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import os
 
 import click
 
-from synckit.cli_options import CliError, app_option, database_option
-from synckit.web.security import bind_refusal
+from synckit.cli.app_loader import app_option, load_app
+from synckit.cli.options import CliError, database_option, run
+from synckit.store.db import database_url_from_env, mask_url
 
 TOKEN_ENV = "SYNCKIT_WEB_TOKEN"
 
@@ -49,19 +50,20 @@ def web_command(
     With --app, "sync now", re-authorising (the OAuth connect flow, back to
     /oauth/callback), record replays and the connectors' secret fields are known.
     """
-    refusal = bind_refusal(host, token or None)
-    if refusal is not None:
-        raise CliError(refusal)
+    # The console is the web extra (Starlette, Jinja2, uvicorn; synckit.web's package
+    # imports them): imported here, so that every other command works without it.
     try:
         import uvicorn
+
+        from synckit.web.app import WebConfig, create_app
+        from synckit.web.security import bind_refusal
     except ImportError as exc:
         raise CliError(
             f"synckit web needs the web extra: pip install 'synckit[web]' ({exc.name} missing)"
         ) from None
-    from synckit.cli_options import load_app
-    from synckit.store.db import database_url_from_env, mask_url
-    from synckit.web.app import WebConfig, create_app
-
+    refusal = bind_refusal(host, token or None)
+    if refusal is not None:
+        raise CliError(refusal)
     app = load_app(app_spec) if app_spec else None
     if app is not None:
         app.use_database_url(database_url)
@@ -73,7 +75,6 @@ def web_command(
         read_only=read_only,
         refresh_seconds=refresh,
     )
-    from synckit.cli import run
 
     async def ready(_db: object) -> None:
         return None

@@ -2,11 +2,6 @@
 
 Every command that walks rows streams them (keyset pages, see :mod:`synckit.store.dead_letters`),
 so a filter matching 100,000 rows never holds them all in memory.
-
-``synckit.cli`` loads this module when its command runs. It must not import
-``synckit.cli`` at import time (under ``python -m synckit.cli`` that would run the CLI
-module a second time), so the CLI's helpers are imported inside the commands; shared
-options come from :mod:`synckit.cli_options`.
 """
 
 from __future__ import annotations
@@ -19,9 +14,22 @@ from datetime import datetime
 from typing import IO, Any
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.syntax import Syntax
+from rich.table import Table
 from rich.text import Text
 
-from synckit.cli_options import ROW_ID, cell, database_option
+from synckit.cli.app_loader import app_option_saying, load_replay_target
+from synckit.cli.options import (
+    ROW_ID,
+    CliError,
+    cell,
+    console,
+    database_option,
+    parse_duration,
+    run,
+)
 from synckit.clock import utcnow
 from synckit.dlq.replay import ReplayProcessor, ReplayResult, ReplaySummary, replayers_from_app
 from synckit.runtime.logging import redact
@@ -61,8 +69,6 @@ def filter_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def build_filter(ids: Iterable[int] = (), **kw: Any) -> DlqFilter:
-    from synckit.cli import CliError, parse_duration
-
     statuses = _split(kw.get("statuses") or ())
     unknown = [s for s in statuses if s not in STATUSES]
     if unknown:
@@ -81,8 +87,6 @@ def build_filter(ids: Iterable[int] = (), **kw: Any) -> DlqFilter:
 
 def _selection(ids: tuple[int, ...], all_rows: bool, filters: dict[str, Any]) -> DlqFilter:
     """The rows a changing command applies to: ids and/or filters, or --all explicitly."""
-    from synckit.cli import CliError
-
     flt = build_filter(ids, **filters)
     if flt.is_empty and not all_rows:
         raise CliError("give dead letter ids, a filter (e.g. --tenant acme), or --all")
@@ -143,10 +147,6 @@ def ls(
 ) -> None:
     """List dead letters, newest first, or count them per group; a page that is cut short
     says how to ask for the next (``--before`` the last id shown)."""
-    from rich.table import Table
-
-    from synckit.cli import CliError, console, run
-
     flt = build_filter(**filters)
     if group_by:
         columns = list(_split([group_by]))
@@ -251,11 +251,6 @@ def ls(
 @database_option
 def show(row_id: int, as_json: bool, database_url: str | None) -> None:
     """Show one dead letter: its payload, error history and traceback."""
-    from rich.syntax import Syntax
-    from rich.table import Table
-
-    from synckit.cli import console, run
-
     row = run(lambda d: store.get(d, row_id), database_url)
     if as_json:
         click.echo(json.dumps(redact(row.to_json()), indent=2, sort_keys=True, default=str))
@@ -311,33 +306,7 @@ def show(row_id: int, as_json: bool, database_url: str | None) -> None:
 # --- replay ---------------------------------------------------------------------------------
 
 
-def load_app(spec: str) -> object:
-    """The object ``module:attribute`` names: an App, a job Registry, Replayers, or an
-    object offering ``replay_record``/``replayers``/``registry``; never called."""
-    import inspect
-
-    from synckit.cli_options import CliError, import_app_attribute
-    from synckit.dlq.replay import Replayers
-    from synckit.runtime.handlers import Registry
-
-    value = import_app_attribute(spec)
-    offers = any(hasattr(value, a) for a in ("replay_record", "replayers", "registry"))
-    if (
-        inspect.isroutine(value)
-        or inspect.isclass(value)
-        or inspect.ismodule(value)
-        or not (isinstance(value, Replayers | Registry) or offers)
-    ):
-        raise CliError(
-            f"--app {spec!r}: a {type(value).__name__} is not a synckit App, Registry or "
-            "Replayers (loaded, not called)"
-        )
-    return value
-
-
 def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:
-    from rich.table import Table
-
     outcomes = Table(title=title)
     outcomes.add_column("outcome")
     outcomes.add_column("rows", justify="right")
@@ -368,11 +337,9 @@ def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:
 @filter_options
 @click.option("--all", "all_rows", is_flag=True, help="Every pending and review row.")
 @click.option("--dry-run", is_flag=True, help="Say what would be done; change nothing.")
-@click.option(
-    "--app",
-    envvar="SYNCKIT_APP",
-    help="module:attribute of the application (or $SYNCKIT_APP); without it, dead jobs are "
-    "re-run as jobs and record rows are reported as needing --app.",
+@app_option_saying(
+    "A job Registry or Replayers will do too. Without it, dead jobs are re-run as jobs "
+    "and record rows are reported as needing --app."
 )
 @click.option("--max-attempts", default=10, show_default=True, help="Replays before review.")
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds per replay.")
@@ -382,7 +349,7 @@ def replay(
     ids: tuple[int, ...],
     all_rows: bool,
     dry_run: bool,
-    app: str | None,
+    app_spec: str | None,
     max_attempts: int,
     timeout: float,
     as_json: bool,
@@ -391,13 +358,8 @@ def replay(
 ) -> None:
     """Replay dead letters now, whenever they were due: the IDS given, or those matching
     the filters (pending and review rows only)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from synckit.cli import console, run
-
     flt = _selection(ids, all_rows, filters)
-    target = load_app(app) if app else None
+    target = load_replay_target(app_spec) if app_spec else None
 
     def processor(d: Database) -> ReplayProcessor:
         if target is None:
@@ -436,8 +398,6 @@ def replay(
                 )
             )
             return
-        from rich.table import Table
-
         table = Table(title=f"Dry run: {total} dead letters would be replayed")
         for col in ("plan", "kind", "rows"):
             table.add_column(col, justify="right" if col == "rows" else "left")
@@ -500,8 +460,6 @@ def resolve(
     ids: tuple[int, ...], all_rows: bool, reason: str, database_url: str | None, **filters: Any
 ) -> None:
     """Mark dead letters resolved (fixed by hand): the IDS given, or those matching."""
-    from synckit.cli import run
-
     flt = _selection(ids, all_rows, filters)
     n = run(lambda d: store.resolve_matching(d, flt, reason=reason, now=utcnow()), database_url)
     click.echo(f"{n} dead letter{'s' if n != 1 else ''} resolved")
@@ -517,8 +475,6 @@ def ignore(
     ids: tuple[int, ...], all_rows: bool, reason: str, database_url: str | None, **filters: Any
 ) -> None:
     """Mark pending and review dead letters ignored, with a reason."""
-    from synckit.cli import run
-
     flt = _selection(ids, all_rows, filters)
     n = run(lambda d: store.ignore_matching(d, flt, reason=reason, now=utcnow()), database_url)
     click.echo(f"{n} dead letter{'s' if n != 1 else ''} ignored")
@@ -530,8 +486,6 @@ def ignore(
 def purge(older_than: str, database_url: str | None) -> None:
     """Delete resolved and ignored dead letters closed before --older-than (never pending or
     review ones), in batches."""
-    from synckit.cli import parse_duration, run
-
     age = parse_duration(older_than)
     n = run(lambda d: store.purge(d, older_than=age, now=utcnow()), database_url)
     click.echo(f"{n} resolved or ignored dead letter{'s' if n != 1 else ''} purged")
@@ -544,8 +498,6 @@ def purge(older_than: str, database_url: str | None) -> None:
 def export(output: str, database_url: str | None, **filters: Any) -> None:
     """Write matching dead letters as JSON lines (payload, history and traceback included),
     streamed in id order."""
-    from synckit.cli import CliError, run
-
     flt = build_filter(**filters)
     try:
         out: IO[str] = sys.stdout if output == "-" else open(output, "w", encoding="utf-8")  # noqa: SIM115

@@ -16,22 +16,22 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from sqlalchemy import func, select
 
-from synckit.cli_options import CliError, app_option, database_option, load_app
+from synckit.app import App
+from synckit.cli.app_loader import app_option, load_app
+from synckit.cli.options import CliError, database_option, run
 from synckit.clock import utcnow
 from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
+from synckit.runtime.tenants import get_tenant
 from synckit.store.db import Database
 from synckit.store.jobs import JobSpec, enqueue_many, get_job
 from synckit.store.tables import audit_buckets, checkpoints, dead_letters, jobs
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-    from synckit.app import App
 
 __all__ = ["CycleProgress", "enqueue_cycles", "poll_job_spec", "sync_command"]
 
@@ -88,8 +88,6 @@ async def enqueue_cycles(
     Returns the connector's name and one :class:`CycleProgress` per stream; a cycle
     already queued or running is reported (``created`` False) rather than doubled.
     """
-    from synckit.runtime.tenants import get_tenant
-
     t = await get_tenant(db, tenant)
     cls = app.connector(t.connector)
     if t.status != "active":
@@ -187,8 +185,6 @@ async def follow(
     progress = None
     tasks: dict[str, Any] = {}
     if out is not None and out.is_terminal:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
         progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out
         )
@@ -272,10 +268,6 @@ def sync_command(
     breaker and pacing apply. With --wait, show its pages, records and dead letters
     until it ends; the exit code is 1 if a cycle did not succeed.
     """
-    from rich.console import Console
-
-    from synckit.cli import run
-
     app = load_app(app_spec)
     out = Console(stderr=True)
 

@@ -3,25 +3,32 @@
 Commands that need the connector classes (``add`` validates the config with the
 connector's model) take ``--app module:attribute`` naming a :class:`synckit.App`
 (or ``$SYNCKIT_APP``).
-
-``synckit.cli`` loads this module when its command runs. It must not import
-``synckit.cli`` at import time (under ``python -m synckit.cli`` that would run the CLI
-module a second time), so the CLI's helpers are imported inside the functions; shared
-options come from :mod:`synckit.cli_options`.
+``connect`` and ``reauth`` are :mod:`synckit.cli.oauth`, ``import`` is
+:mod:`synckit.cli.bulk`.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 from pydantic import BaseModel
 from rich.markup import escape
 from rich.table import Table
 
-from synckit.cli_options import cell, database_option
+from synckit.app import App
+from synckit.cli.app_loader import app_option, app_option_saying, load_app
+from synckit.cli.options import (
+    CliError,
+    LazyGroup,
+    cell,
+    console,
+    database_option,
+    read_json_file,
+    run,
+)
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
 from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime import tenants as store
@@ -35,29 +42,8 @@ from synckit.runtime.tenant_pages import (
 )
 from synckit.store.db import Database
 
-if TYPE_CHECKING:
-    from synckit.app import App
-
-
-app_option = click.option(
-    "--app",
-    "app_spec",
-    envvar="SYNCKIT_APP",
-    default=None,
-    help="module:attribute of the synckit App (or $SYNCKIT_APP).",
-)
-
-
-def load_app(spec: str | None) -> App:
-    """Import ``module:attribute`` and return the :class:`App` it names."""
-    from synckit.cli_options import load_app as load
-
-    return load(spec)
-
 
 def _parse_config(config: str | None, config_file: str | None, sets: tuple[str, ...]) -> Any:
-    from synckit.cli_options import CliError, read_json_file
-
     data: Any = {}
     if config is not None and config_file is not None:
         raise CliError("give --config or --config-file, not both")
@@ -83,8 +69,6 @@ def _parse_config(config: str | None, config_file: str | None, sets: tuple[str, 
 
 def _json_text(text: str, what: str) -> Any:
     """``text`` as JSON, or a one-line error naming ``what`` (as read_json_file words it)."""
-    from synckit.cli_options import CliError
-
     try:
         return json.loads(text)
     except RecursionError:
@@ -137,7 +121,16 @@ def _status(t: store.Tenant) -> str:
     return f"{t.status} (unknown)" if "status" in dict(t.unreadable) else t.status
 
 
-@click.group()
+@click.group(
+    cls=LazyGroup,
+    lazy={
+        # New tokens for a connection, which resumes it (authlib: loaded when used).
+        "connect": "synckit.cli.oauth:connect_command",
+        "reauth": "synckit.cli.oauth:reauth_command",
+        # Many tenants at once.
+        "import": "synckit.cli.bulk:import_command",
+    },
+)
 def tenants() -> None:
     """Add, list, inspect, pause, resume and remove tenants."""
 
@@ -181,8 +174,6 @@ def tenants_add(
             app=app,
         )
 
-    from synckit.cli import run
-
     t = run(go, database_url)
     click.echo(
         f"tenant {t.tenant} added: connector {t.connector}, schedule {t.schedule!r}, "
@@ -207,13 +198,8 @@ _ALL_PAGE = 1000
 )
 @click.option("--after", help="Start the page after this tenant (the previous page's last).")
 @click.option("--all", "every", is_flag=True, help="Every tenant, a page at a time.")
-@click.option(
-    "--app",
-    "app_spec",
-    envvar="SYNCKIT_APP",
-    default=None,
-    help="module:attribute of the App (or $SYNCKIT_APP): also masks secrets of configs "
-    "stored before synckit sealed them, by their model's types.",
+@app_option_saying(
+    "Also masks secrets of configs stored before synckit sealed them, by their model's types."
 )
 @database_option
 def tenants_ls(
@@ -231,8 +217,6 @@ def tenants_ls(
     Tenants are counted by status over every page; the next page starts with
     --after NAME, the last tenant shown (as the table's caption or stderr says).
     """
-    from synckit.cli import console, run
-
     app = load_app(app_spec) if app_spec else None
 
     async def go(d: Database) -> tuple[list[store.Tenant], TenantPage]:
@@ -321,8 +305,6 @@ def tenants_show(tenant: str, app_spec: str | None, database_url: str | None) ->
         data["dead_letters"] = await store.dead_letter_counts(d, tenant)
         return data
 
-    from synckit.cli import run
-
     shown = redact(run(go, database_url))
     click.echo(json.dumps(shown, indent=2, sort_keys=True, default=str))
 
@@ -357,8 +339,6 @@ def tenants_set_config(
         before = await store.get_tenant(d, tenant)
         return await store.set_config(d, tenant, changes, app=app), before.status
 
-    from synckit.cli import run
-
     t, was = run(go, database_url)
     resumed = " (resumed: it needed re-authorisation)" if was == "needs_reauth" else ""
     click.echo(f"tenant {t.tenant}: config updated, {t.status}{resumed}")
@@ -371,8 +351,6 @@ def tenants_set_config(
 @database_option
 def tenants_pause(tenant: str, reason: str, database_url: str | None) -> None:
     """Pause TENANT: its jobs are not claimed and no cycle is scheduled."""
-    from synckit.cli import run
-
     t = run(lambda d: store.pause_tenant(d, tenant, reason), database_url)
     click.echo(f"tenant {t.tenant}: {t.status} ({t.status_reason})")
 
@@ -382,8 +360,6 @@ def tenants_pause(tenant: str, reason: str, database_url: str | None) -> None:
 @database_option
 def tenants_resume(tenant: str, database_url: str | None) -> None:
     """Resume a paused TENANT; overdue cycles run at once."""
-    from synckit.cli import run
-
     t = run(lambda d: store.resume_tenant(d, tenant), database_url)
     click.echo(f"tenant {t.tenant}: {t.status}")
 
@@ -394,17 +370,7 @@ def tenants_resume(tenant: str, database_url: str | None) -> None:
 @database_option
 def tenants_remove(tenant: str, yes: bool, database_url: str | None) -> None:
     """Remove TENANT with its checkpoints (its dead letters and audit counts stay)."""
-    from synckit.cli import run
-
     if not yes:
         click.confirm(f"Remove tenant {tenant} and its checkpoints?", abort=True)
     t = run(lambda d: store.remove_tenant(d, tenant), database_url)
     click.echo(f"tenant {t.tenant} removed")
-
-
-# `synckit tenants reauth|connect TENANT`: new tokens for a connection, which resumes it.
-from synckit.connectors.oauth_cli import connect_command, reauth_command  # noqa: E402
-
-tenants.add_command(reauth_command)
-tenants.add_command(connect_command)
-from synckit.connectors import bulk_cli  # noqa: E402, F401  (registers `tenants import`)

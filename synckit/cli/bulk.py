@@ -1,8 +1,6 @@
 """``synckit tenants import FILE``: add many tenants from JSON lines or CSV.
 
-Registered on the ``tenants`` group by the one import at the end of
-:mod:`synckit.connectors.tenants_cli`; like that module, it imports ``synckit.cli``'s
-helpers inside the command.
+:mod:`synckit.cli.tenants` adds it to the ``tenants`` group.
 """
 
 from __future__ import annotations
@@ -13,16 +11,17 @@ from typing import Any
 
 import click
 
-from synckit.cli_options import database_option
+from synckit.cli.app_loader import app_option, load_app
+from synckit.cli.options import CliError, database_option, run
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
-from synckit.connectors.tenants_cli import app_option, load_app, tenants
+from synckit.runtime.bulk import add_tenants, read_rows
 from synckit.store.db import Database
 
 #: Errors printed one per line; the rest are counted.
 _SHOWN_ERRORS = 50
 
 
-@tenants.command("import")
+@click.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--connector", help="Connector of rows that name none.")
 @click.option("--schedule", default=DEFAULT_SCHEDULE, show_default=True, help="Default schedule.")
@@ -47,9 +46,6 @@ def import_command(
     columns), schedule, resource_key, parent_key. Every row is validated as by
     `tenants add`; errors name the line. Progress goes to stderr.
     """
-    from synckit.cli import CliError, run
-    from synckit.runtime.bulk import add_tenants, read_rows
-
     app = load_app(app_spec)
     started = time.monotonic()
     shown = [0.0]

@@ -8,7 +8,7 @@ from datetime import datetime
 import click
 from rich.table import Table
 
-from synckit.cli_options import cell, database_option
+from synckit.cli.options import CliError, cell, console, database_option, run
 from synckit.runtime.logging import redact
 from synckit.store.resources import ResourceInfo, list_resources, reset_resource
 
@@ -35,8 +35,6 @@ def breakers() -> None:
 @database_option
 def breakers_ls(only_open: bool, as_json: bool, database_url: str | None) -> None:
     """List resources with their breaker state, failures and next available time."""
-    from synckit.cli import console, run
-
     found = run(list_resources, database_url)
     if only_open:
         found = [r for r in found if r.state != "closed"]
@@ -75,8 +73,6 @@ def breakers_ls(only_open: bool, as_json: bool, database_url: str | None) -> Non
 @database_option
 def breakers_reset(resource_key: str, database_url: str | None) -> None:
     """Close RESOURCE_KEY's breaker and clear its pacing, so its jobs run again."""
-    from synckit.cli import CliError, run
-
     try:
         info = run(lambda db: reset_resource(db, resource_key), database_url)
     except LookupError as exc:

@@ -1,0 +1,218 @@
+"""What every ``synckit`` command shares: the one-line error, the database option and
+:func:`run` (the one entry into the async core), id types, durations and times, reading
+JSON files, and untrusted text for rich output. The ``--app`` option and its loader are
+:mod:`synckit.cli.app_loader`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import re
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+from synckit.errors.exceptions import SynckitError
+from synckit.runtime.logging import redact_text
+from synckit.store.db import ENV_URL, Database, open_database, url_problem
+
+__all__ = [
+    "JOB_ID",
+    "MAX_DURATION",
+    "PRIORITY",
+    "ROW_ID",
+    "CliError",
+    "LazyGroup",
+    "cell",
+    "console",
+    "database_option",
+    "err_console",
+    "parse_duration",
+    "parse_moment",
+    "read_json_file",
+    "run",
+]
+
+T = TypeVar("T")
+
+
+class LazyGroup(click.Group):
+    """A command group whose listed subcommands are imported only when used.
+
+    Each command module imports what it needs at its top; the group defers which
+    modules load, so that ``synckit jobs ls`` does not pay for the worker, Alembic,
+    authlib or the demo (every invocation pays for what it imports).
+    """
+
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        spec = self.lazy.get(cmd_name)
+        if spec is None:
+            return super().get_command(ctx, cmd_name)
+        module_name, _, attr = spec.partition(":")
+        command = getattr(importlib.import_module(module_name), attr)
+        assert isinstance(command, click.Command), spec
+        return command
+
+
+#: Where commands print their tables (stdout) and what is not their output (stderr).
+console = Console()
+err_console = Console(stderr=True)
+
+# What the database's columns hold: a 64-bit id, a 32-bit priority. A value past them is
+# one line from click, not a driver's overflow traceback.
+ROW_ID = click.IntRange(1, 2**63 - 1)
+JOB_ID = ROW_ID
+PRIORITY = click.IntRange(-(2**31), 2**31 - 1)
+
+
+def _check_database_url(
+    _ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
+    """An empty URL is a mistake (an unset variable in a script), not "the default"; a URL
+    that does not parse or names an impossible port is refused before anything opens."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter(
+            f"is empty: give a database URL or leave it (and ${ENV_URL}) unset", param=param
+        )
+    problem = url_problem(value)
+    if problem is not None:
+        raise click.BadParameter(problem, param=param)
+    return value
+
+
+database_option = click.option(
+    "--database-url",
+    "database_url",
+    envvar=ENV_URL,
+    default=None,
+    callback=_check_database_url,
+    help=f"Database URL (default: ${ENV_URL}, else sqlite:///synckit.db).",
+)
+
+#: Files of config or payload read by commands: bigger is a mistake, not a config.
+JSON_FILE_LIMIT = 10 * 1024 * 1024
+
+
+def read_json_file(path: str, what: str = "file") -> Any:
+    """The JSON document in ``path``, or one :class:`CliError` line saying what is wrong
+    (missing, too big, not UTF-8, not JSON, nested too deeply)."""
+    try:
+        p = Path(path)
+        if p.stat().st_size > JSON_FILE_LIMIT:
+            raise CliError(f"{what} {path!r} is larger than {JSON_FILE_LIMIT // 2**20} MiB")
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read {what} {path!r}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{what} {path!r} is not UTF-8 (byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise CliError(f"{what} {path!r} is nested too deeply") from None
+    except ValueError as exc:
+        raise CliError(f"{what} {path!r} is not JSON: {exc}") from None
+
+
+def cell(value: object, width: int | None = None) -> Any:
+    """Untrusted text (error messages, API bodies, stored values) for a rich table or
+    line: redacted, on one line, cut to ``width``, and never read as markup, so
+    ``Invalid path [/v1/users]`` prints as it is instead of crashing the command."""
+    if value is None or value == "":
+        return Text("-")
+    text = redact_text(str(value))
+    if width is not None:
+        text = " ".join(text.split())
+        text = text if len(text) <= width else text[: width - 1] + "…"
+    return Text(text)
+
+
+class CliError(click.ClickException):
+    """A one-line error, printed as ``error: ...`` with exit code 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def run(
+    make: Callable[[Database], Awaitable[T]],
+    url: str | None,
+    *,
+    check: bool = True,
+    schema: bool = True,
+) -> T:
+    """Open the database, run ``make(db)`` in the async core, and dispose of the engine.
+
+    ``schema``: first require the schema at this synckit's revision (every command but
+    ``db ...``), so a fresh database says to run ``synckit db upgrade`` and is not created.
+    Every :class:`SynckitError` becomes one :class:`CliError` line.
+    """
+
+    async def main() -> T:
+        db = open_database(url)
+        try:
+            if schema:
+                await db.check_schema()
+            if check:
+                await db.check()
+            return await make(db)
+        finally:
+            await db.dispose()
+
+    try:
+        return asyncio.run(main())
+    except SynckitError as exc:
+        raise CliError(str(exc)) from exc
+
+
+#: The longest duration a command takes: past it, a date computed from now leaves the
+#: calendar (or the database's range), so it is a typo, not an intent.
+MAX_DURATION = timedelta(days=100 * 366)
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``10m``, ``2h``, ``7d`` or a plain number of seconds, up to 100 years."""
+    m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise CliError(f"cannot read duration {text!r}: use forms like 90s, 10m, 2h, 7d")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    seconds = float(m.group(1)) * unit
+    if seconds > MAX_DURATION.total_seconds():
+        raise CliError(f"duration {text.strip()!r} is longer than 100 years")
+    return timedelta(seconds=seconds)
+
+
+def parse_moment(text: str, option: str = "--at") -> datetime:
+    """An ISO 8601 time with a zone, as UTC, within years 1..9998 (both engines hold it)."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"{option} {text!r} is not an ISO 8601 time") from None
+    if when.tzinfo is None:
+        raise CliError(f"{option} {text!r} needs a time zone, e.g. {text}+00:00")
+    try:
+        when = when.astimezone(UTC)
+    except OverflowError:
+        raise CliError(f"{option} {text!r} is outside the calendar once in UTC") from None
+    if not 1 < when.year < 9999:
+        raise CliError(f"{option} {text!r} is out of range (years 2..9998)")
+    return when
