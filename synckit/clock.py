@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-__all__ = ["SleepingClock", "Waiter"]
+__all__ = ["MAX_DURATION", "SleepingClock", "Waiter", "parse_duration"]
 
 
 @runtime_checkable
@@ -68,3 +69,22 @@ class Waiter:
 def utcnow() -> datetime:
     """The wall clock, timezone-aware: the default wherever synckit takes a clock."""
     return datetime.now(UTC)
+
+
+#: The longest duration an operator gives (``synckit dlq purge --older-than``, the
+#: console's "since"): past it, a date computed from now leaves the calendar (or the
+#: database's range), so it is a typo, not an intent.
+MAX_DURATION = timedelta(days=100 * 366)
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``10m``, ``2h``, ``7d`` or a plain number of seconds, up to 100 years;
+    :class:`ValueError` with a one-line reason otherwise."""
+    m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise ValueError(f"cannot read duration {text!r}: use forms like 90s, 10m, 2h, 7d")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    seconds = float(m.group(1)) * unit
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValueError(f"duration {text.strip()!r} is longer than 100 years")
+    return timedelta(seconds=seconds)

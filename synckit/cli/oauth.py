@@ -19,17 +19,16 @@ from datetime import timedelta
 
 import click
 
-from synckit.app import App
 from synckit.cli.app_loader import app_option, load_app
 from synckit.cli.options import CliError, database_option, run
 from synckit.clock import utcnow
-from synckit.errors.exceptions import ConfigurationError
+from synckit.runtime.actions import oauth_config_for
 from synckit.runtime.authorize import (
     begin_authorization,
     complete_authorization,
     receive_callback,
 )
-from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, ReauthResult, reauth
+from synckit.runtime.oauth import ReauthResult, reauth
 from synckit.runtime.secrets import TokenSet
 from synckit.store.db import Database
 
@@ -102,18 +101,6 @@ def reauth_command(
     )
 
 
-async def oauth_config_for(app: App, db: Database, tenant: str) -> OAuth2Config:
-    """The ``OAuth2Config`` of ``tenant``'s connector, as its auth builds it."""
-    async with app.context(db, tenant) as ctx:
-        auth = ctx.http.auth
-    if not isinstance(auth, OAuth2Auth):
-        raise ConfigurationError(
-            f"tenant {tenant!r}: its connector does not authenticate with OAuth2Auth; "
-            "change static credentials with `synckit tenants set-config`"
-        )
-    return auth.config
-
-
 @click.command("connect")
 @click.argument("tenant")
 @app_option
@@ -176,4 +163,4 @@ def connect_command(
     )
 
 
-__all__ = ["connect_command", "oauth_config_for", "reauth_command"]
+__all__ = ["connect_command", "reauth_command"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,13 +18,13 @@ import click
 from rich.console import Console
 from rich.text import Text
 
+from synckit import clock
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime.logging import redact_text
 from synckit.store.db import ENV_URL, Database, open_database, url_problem
 
 __all__ = [
     "JOB_ID",
-    "MAX_DURATION",
     "PRIORITY",
     "ROW_ID",
     "CliError",
@@ -184,21 +183,13 @@ def run(
         raise CliError(str(exc)) from exc
 
 
-#: The longest duration a command takes: past it, a date computed from now leaves the
-#: calendar (or the database's range), so it is a typo, not an intent.
-MAX_DURATION = timedelta(days=100 * 366)
-
-
 def parse_duration(text: str) -> timedelta:
-    """``90s``, ``10m``, ``2h``, ``7d`` or a plain number of seconds, up to 100 years."""
-    m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([smhd]?)\s*", text)
-    if not m:
-        raise CliError(f"cannot read duration {text!r}: use forms like 90s, 10m, 2h, 7d")
-    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    seconds = float(m.group(1)) * unit
-    if seconds > MAX_DURATION.total_seconds():
-        raise CliError(f"duration {text.strip()!r} is longer than 100 years")
-    return timedelta(seconds=seconds)
+    """``90s``, ``10m``, ``2h``, ``7d`` or a plain number of seconds, up to 100 years
+    (:func:`synckit.clock.parse_duration`), or one CliError line."""
+    try:
+        return clock.parse_duration(text)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def parse_moment(text: str, option: str = "--at") -> datetime:

@@ -11,8 +11,10 @@ kind and status, and alerts: those the rules call for right now (evaluated on th
 without delivering anything) and those fired recently (the ``alerts`` table, see
 :mod:`synckit.runtime.alerts`).
 
-The small named reads (:func:`queue_depth`, :func:`dead_letter_counts`,
-:func:`breaker_states`) are shared with the metrics collector.
+It builds no SQL: the counts are named reads of :mod:`synckit.store.views` (shared with
+the metrics collector, and re-exported here), the alert data and connections those of
+:mod:`synckit.runtime.alerts`. ``synckit status`` prints a :class:`Status` with
+:func:`synckit.cli.status.render_status`.
 """
 
 from __future__ import annotations
@@ -23,15 +25,11 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from synckit.clock import utcnow
 from synckit.runtime.alerts import (
     Alert,
     ConnectionState,
     RuleSet,
-    among,
     load_alert_data,
     load_connections,
     recent_alerts,
@@ -44,16 +42,17 @@ from synckit.runtime.unreadable_jobs import (
     count_unreadable_run_at,
     unreadable_run_at,
 )
-from synckit.store.db import Database
-from synckit.store.jobs import guarded_moment
-from synckit.store.resources import BREAKER_STATES, read_moments
-from synckit.store.tables import (
-    audit_buckets,
-    connections,
-    dead_letters,
-    jobs,
-    outbox,
-    resources,
+from synckit.store.db import Conn, Database
+from synckit.store.views import (
+    BreakerInfo,
+    audit_totals_of,
+    breaker_states,
+    breakers_by_state,
+    dead_letter_counts,
+    dead_letter_totals,
+    outbox_pending,
+    queue_depth,
+    tenants_by_status,
 )
 
 
@@ -135,85 +134,6 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-# --- named reads ------------------------------------------------------------------------
-
-
-async def queue_depth(
-    conn: AsyncConnection, *, statuses: tuple[str, ...] | None = None
-) -> dict[str, dict[str, int]]:
-    """Job counts by kind, then status."""
-    stmt = select(jobs.c.kind, jobs.c.status, func.count()).group_by(jobs.c.kind, jobs.c.status)
-    if statuses is not None:
-        stmt = stmt.where(jobs.c.status.in_(statuses))
-    out: dict[str, dict[str, int]] = {}
-    for kind, status, count in await conn.execute(stmt):
-        out.setdefault(kind, {})[status] = int(count)
-    return out
-
-
-async def dead_letter_counts(
-    conn: AsyncConnection, *, tenants: Sequence[str] | None = None
-) -> dict[tuple[str, str, str], int]:
-    """Dead letters by ``(tenant, connector, status)`` (of ``tenants`` only, if given)."""
-    stmt = select(
-        dead_letters.c.tenant, dead_letters.c.connector, dead_letters.c.status, func.count()
-    ).group_by(dead_letters.c.tenant, dead_letters.c.connector, dead_letters.c.status)
-    if tenants is not None:
-        stmt = stmt.where(among(conn, dead_letters.c.tenant, tenants))
-    rows = await conn.execute(stmt)
-    return {(t, c, s): int(n) for t, c, s, n in rows}
-
-
-async def dead_letter_totals(conn: AsyncConnection) -> dict[str, int]:
-    """Dead letters by status."""
-    rows = await conn.execute(
-        select(dead_letters.c.status, func.count()).group_by(dead_letters.c.status)
-    )
-    return {s: int(n) for s, n in rows}
-
-
-@dataclass(frozen=True)
-class BreakerInfo:
-    resource_key: str
-    state: str
-    next_available_at: datetime | None
-    consecutive_failures: int
-    last_error_class: str | None
-    #: ``(column, reason)`` of what a corrupt row holds (see ResourceInfo.unreadable).
-    unreadable: tuple[tuple[str, str], ...] = ()
-
-
-async def breaker_states(
-    conn: AsyncConnection, *, keys: Sequence[str] | None = None
-) -> dict[str, BreakerInfo]:
-    """Every resource's breaker (of ``keys`` only, if given), by resource key."""
-    stmt = select(
-        resources.c.resource_key,
-        resources.c.state,
-        # Guarded in SQL: a value no datetime holds fails the driver's fetch otherwise.
-        guarded_moment(resources.c.next_available_at),
-        resources.c.consecutive_failures,
-        resources.c.last_error_class,
-    )
-    if keys is not None:
-        stmt = stmt.where(among(conn, resources.c.resource_key, keys))
-    out: dict[str, BreakerInfo] = {}
-    for r in await conn.execute(stmt):
-        # Read as text and parsed here: one corrupt row must not fail the whole report.
-        moments, bad = read_moments(r._mapping, ("next_available_at",))
-        if r.state not in BREAKER_STATES:
-            bad += (("state", f"unknown state {str(r.state)[:60]!r}"),)
-        out[r.resource_key] = BreakerInfo(
-            r.resource_key,
-            r.state,
-            moments["next_available_at"],
-            r.consecutive_failures,
-            r.last_error_class,
-            bad,
-        )
-    return out
-
-
 # --- the snapshot -----------------------------------------------------------------------
 
 
@@ -245,23 +165,9 @@ async def read_status(
     async with db.begin() as conn:
         queue = await queue_depth(conn)
         dlq = await dead_letter_totals(conn)
-        outbox_pending = (
-            await conn.execute(
-                select(func.count()).select_from(outbox).where(outbox.c.status == "pending")
-            )
-        ).scalar_one()
-        by_status = {
-            st: int(n)
-            for st, n in await conn.execute(
-                select(connections.c.status, func.count()).group_by(connections.c.status)
-            )
-        }
-        by_state = {
-            st: int(n)
-            for st, n in await conn.execute(
-                select(resources.c.state, func.count()).group_by(resources.c.state)
-            )
-        }
+        pending_messages = await outbox_pending(conn)
+        by_status = await tenants_by_status(conn)
+        by_state = await breakers_by_state(conn)
         evaluate = sum(by_status.values()) <= ALERTS_ON_THE_SPOT
         data = await load_alert_data(conn, now=now, rules=rules) if evaluate else None
         since = window_start(now, budget.window)
@@ -284,7 +190,7 @@ async def read_status(
             breakers = await breaker_states(
                 conn, keys=[st.resource_key or st.tenant for st in states]
             )
-            totals = await _totals(conn, names, since)
+            totals = await audit_totals_of(conn, names, since=since)
         recent = await recent_alerts(conn, since=now - alerts_since)
         stuck_count = await count_unreadable_run_at(conn)
         stuck = await unreadable_run_at(conn, limit=STUCK_SHOWN) if stuck_count else []
@@ -293,7 +199,7 @@ async def read_status(
         database=db.display_url,
         queue=queue,
         dead_letters=dlq,
-        outbox_pending=int(outbox_pending),
+        outbox_pending=pending_messages,
         tenants=tenants,
         generated_at=now,
         budget=budget.budget,
@@ -309,27 +215,10 @@ async def read_status(
     )
 
 
-async def _page(conn: AsyncConnection, *, limit: int, after: str | None) -> list[ConnectionState]:
+async def _page(conn: Conn, *, limit: int, after: str | None) -> list[ConnectionState]:
     """One page of tenants by name with their last successful poll, as the alert rules
     see it."""
     return await load_connections(conn, limit=limit, after=after)
-
-
-async def _totals(
-    conn: AsyncConnection, tenants: Sequence[str], since: datetime
-) -> dict[str, Totals]:
-    if not tenants:
-        return {}
-    rows = await conn.execute(
-        select(
-            audit_buckets.c.tenant,
-            func.coalesce(func.sum(audit_buckets.c.ok), 0),
-            func.coalesce(func.sum(audit_buckets.c.failed), 0),
-        )
-        .where(audit_buckets.c.minute >= since, among(conn, audit_buckets.c.tenant, tenants))
-        .group_by(audit_buckets.c.tenant)
-    )
-    return {t: Totals(int(ok), int(failed)) for t, ok, failed in rows}
 
 
 def _tenants(

@@ -36,7 +36,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from synckit.clock import utcnow
+from synckit.clock import parse_duration, utcnow
 from synckit.errors.exceptions import JobNotFound, SynckitError
 from synckit.runtime import outbox as outbox_store
 from synckit.runtime import tenants as tenant_store
@@ -272,13 +272,6 @@ async def _act(
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         log.warning("web.action_failed", action=action, target=target, who=who, error=text)
         return _back(request, form, f"{action} {target}: {text}", default)
-    except Exception as exc:
-        import click
-
-        if not isinstance(exc, click.ClickException):
-            raise
-        log.warning("web.action_failed", action=action, target=target, who=who, error=exc.message)
-        return _back(request, form, f"{action} {target}: {exc.message}", default)
     log.info("web.action", action=action, target=target, who=who, outcome=message)
     return _back(request, form, message, default)
 
@@ -307,12 +300,10 @@ def _since(text: str | None) -> datetime | None:
     """``since=10m`` as the moment it names; :class:`BadFilter` when it names none."""
     if not text:
         return None
-    from synckit.cli.options import CliError, parse_duration
-
     try:
         return utcnow() - parse_duration(text)
-    except CliError as exc:
-        raise BadFilter(f"within {text[:40]!r}: {exc.message}") from None
+    except ValueError as exc:
+        raise BadFilter(f"within {text[:40]!r}: {exc}") from None
 
 
 # --- overview ---------------------------------------------------------------------------
@@ -501,7 +492,7 @@ async def tenant_action(request: Request) -> Response:
     async def sync() -> str:
         if st.config.app is None:
             raise ValueError("sync now needs the App: start the console with --app")
-        from synckit.cli.sync import enqueue_cycles
+        from synckit.runtime.actions import enqueue_cycles
 
         _connector, cycles = await enqueue_cycles(db, st.config.app, name)
         return "; ".join(
@@ -537,7 +528,7 @@ async def tenant_reauthorize(request: Request) -> Response:
     form = await request.form()
     redirect_uri = str(request.base_url).rstrip("/") + CALLBACK_PATH
     try:
-        from synckit.cli.oauth import oauth_config_for
+        from synckit.runtime.actions import oauth_config_for
         from synckit.runtime.authorize import DEFAULT_TTL, begin_authorization
 
         t = await tenant_store.get_tenant(db, name, reveal=False)
@@ -595,7 +586,7 @@ async def oauth_callback(request: Request) -> Response:
             "start again with Re-authorise on the tenant's page",
         )
     try:
-        from synckit.cli.oauth import oauth_config_for
+        from synckit.runtime.actions import oauth_config_for
         from synckit.runtime.authorize import complete_authorization
 
         if st.config.read_only:
@@ -713,8 +704,6 @@ async def jobs_action(request: Request) -> Response:
                 db, i, f"cancelled in the console by {_who(request)}"
             )
         elif action == "reschedule":
-            from synckit.cli.options import parse_duration
-
             delay = parse_duration(str(form.get("delay") or "0"))
             when = utcnow() + delay
             change = lambda i: job_store.reschedule_job(db, i, when)  # noqa: E731
@@ -862,8 +851,8 @@ async def dlq_action(request: Request) -> Response:
 async def _replay(st: _State, db: Database, flt: DlqFilter) -> Any:
     """What ``synckit dlq replay`` does: with the App, its replayers; without, dead jobs
     are re-run and record rows are skipped as needing the App."""
-    from synckit.cli.dlq import NO_APP_REASON
     from synckit.dlq.replay import ReplayProcessor, replayers_from_app
+    from synckit.runtime.actions import NO_APP_REASON
 
     if st.config.app is None:
         processor = ReplayProcessor(

@@ -17,8 +17,8 @@ from pydantic import BaseModel, SecretStr
 from sqlalchemy import select
 
 from synckit import App, Connector, Page, Stream, SyncContext
-from synckit.cli.sync import poll_job_spec
 from synckit.errors import Classification, RetryPolicy
+from synckit.runtime.actions import poll_job_spec
 from synckit.runtime.context import open_context
 from synckit.runtime.intents import RemoteRecord, run_intent
 from synckit.runtime.logging import configure_logging

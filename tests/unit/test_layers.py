@@ -16,10 +16,7 @@ import synckit
 ROOT = Path(synckit.__file__).parent
 
 # Modules outside synckit.store that still build SQL themselves (issue 18 item 1).
-STILL_BUILDING_SQL = {
-    "synckit.cli.sync",
-    "synckit.runtime.status",
-}
+STILL_BUILDING_SQL: set[str] = set()
 
 # Example code that keeps its records in tables of its own, as a user's connector would:
 # it may build SQL on those (with SQLAlchemy), never on synckit's tables.
@@ -251,3 +248,56 @@ def test_the_pure_bottom_imports_nothing_above_it() -> None:
             own = name if name in ("synckit.clock", "synckit.redaction") else "synckit.errors"
             bad = {i for i in imported if i.startswith("synckit") and not i.startswith(own)}
             assert bad == set(), f"{name} imports {sorted(bad)}"
+
+
+# Modules outside synckit.cli that import click or rich, and why (issue 18 item 4).
+CLI_OUTSIDE_THE_CLI = {
+    # `synckit demo` is a program of its own: a live rich display of the simulated run
+    # and its summary, and the click command the group loads (synckit.demo:demo_command).
+    "synckit.demo",
+}
+
+
+def _prints(imported: set[str]) -> bool:
+    return any(
+        name.split(".")[0] in ("click", "rich") or name.startswith("synckit.cli")
+        for name in imported
+    )
+
+
+def test_only_the_cli_imports_click_and_rich() -> None:
+    """Commands live in ``synckit.cli``: nothing else imports click, rich (tables, consoles,
+    progress) or the CLI itself, so the core returns data and the CLI prints it."""
+    modules = _modules()
+    offenders = {
+        name
+        for name, imported in modules.items()
+        if not (name == "synckit.cli" or name.startswith("synckit.cli.")) and _prints(imported)
+    }
+    assert offenders - CLI_OUTSIDE_THE_CLI == set(), "click or rich outside synckit.cli"
+    stale = CLI_OUTSIDE_THE_CLI - offenders
+    assert stale == set(), f"no longer import click or rich, strike them: {sorted(stale)}"
+
+
+def test_the_cli_imports_at_module_level() -> None:
+    """A command module imports what it needs at its top. A function-local import is
+    listed here with its reason; anything else is a cycle or a cost to look at."""
+    allowed = {
+        # The web extra (Starlette, Jinja2, uvicorn): only `synckit web` needs it.
+        ("synckit.cli.web", "uvicorn"),
+        ("synckit.cli.web", "synckit.web.app"),
+        ("synckit.cli.web", "synckit.web.security"),
+    }
+    found = set()
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        name = "synckit.cli" + ("" if path.stem == "__init__" else f".{path.stem}")
+        tree = ast.parse(path.read_text(), str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    found.add((name, node.module))
+                elif isinstance(node, ast.Import):
+                    found.update((name, a.name) for a in node.names)
+    assert found - allowed == set(), "function-local imports in synckit.cli"
