@@ -24,11 +24,11 @@ from synckit.cli.options import (
 )
 from synckit.clock import utcnow
 from synckit.runtime.logging import redact
-from synckit.runtime.status import queue_depth
 from synckit.runtime.unreadable_jobs import count_unreadable_run_at, unreadable_run_at
 from synckit.store import jobs as store
 from synckit.store.db import Database
 from synckit.store.jobs import JobInfo
+from synckit.store.views import queue_depth
 
 __all__ = ["jobs"]
 
