@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 
 from synckit.cli.options import CliError, cell, console, database_option, run
-from synckit.runtime.logging import redact
+from synckit.redaction import redact
 from synckit.store.resources import ResourceInfo, list_resources, reset_resource
 
 

@@ -32,8 +32,8 @@ from synckit.cli.options import (
 )
 from synckit.clock import utcnow
 from synckit.dlq.replay import ReplayProcessor, ReplayResult, ReplaySummary, replayers_from_app
+from synckit.redaction import redact
 from synckit.runtime.actions import NO_APP_REASON
-from synckit.runtime.logging import redact
 from synckit.store import dead_letters as store
 from synckit.store.db import Database
 from synckit.store.dead_letters import STATUSES, DeadLetter, DlqFilter

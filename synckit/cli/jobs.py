@@ -23,7 +23,7 @@ from synckit.cli.options import (
     run,
 )
 from synckit.clock import utcnow
-from synckit.runtime.logging import redact
+from synckit.redaction import redact
 from synckit.runtime.unreadable_jobs import count_unreadable_run_at, unreadable_run_at
 from synckit.store import jobs as store
 from synckit.store.db import Database

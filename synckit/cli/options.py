@@ -20,7 +20,7 @@ from rich.text import Text
 
 from synckit import clock
 from synckit.errors.exceptions import SynckitError
-from synckit.runtime.logging import redact_text
+from synckit.redaction import redact_text
 from synckit.store.db import ENV_URL, Database, open_database, url_problem
 
 __all__ = [

@@ -9,8 +9,8 @@ import click
 from rich.table import Table
 
 from synckit.cli.options import ROW_ID, CliError, cell, console, database_option, run
+from synckit.redaction import redact
 from synckit.runtime import outbox as store
-from synckit.runtime.logging import redact
 from synckit.store.db import Database
 
 STATUSES = ("pending", "published", "failed")

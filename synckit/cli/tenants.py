@@ -31,8 +31,8 @@ from synckit.cli.options import (
 )
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
 from synckit.errors.exceptions import ConfigurationError
+from synckit.redaction import redact
 from synckit.runtime import tenants as store
-from synckit.runtime.logging import redact
 from synckit.runtime.tenant_pages import (
     Checkpoint,
     TenantPage,
