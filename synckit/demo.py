@@ -16,26 +16,24 @@ It runs the worker until everything has converged, then reports what happened. E
 figure comes from the database the worker wrote (``audit_buckets``, ``dead_letters``,
 ``connections``, ``resources``, ``jobs``, ``intents``, the example's ``mail_messages``)
 or from the simulator's own counters and the requests seen on the wire; none is
-written into this file.
+written into this file. The command itself is :mod:`synckit.cli.demo`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-import click
 import httpx
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -44,7 +42,6 @@ from rich.text import Text
 
 from synckit.errors import BreakerPolicy, RetryPolicy, SynckitError
 from synckit.runtime.audit import RETRIED_PREFIX, audit_observer
-from synckit.runtime.logging import configure_logging
 from synckit.store import migrate
 from synckit.store.db import open_database
 from synckit.store.demo import DemoReader, snapshot_rows, summary_rows
@@ -52,7 +49,7 @@ from synckit.store.demo import DemoReader, snapshot_rows, summary_rows
 if TYPE_CHECKING:
     from synckit.examples.graph_mail.simulator import GraphSimulator
 
-__all__ = ["DB_FILE", "DemoResult", "demo_command", "run_demo"]
+__all__ = ["DB_FILE", "LOG_FILE", "DemoResult", "render_summary", "run_demo"]
 
 DB_FILE = "synckit-demo.db"
 LOG_FILE = "synckit-demo.log"
@@ -447,7 +444,7 @@ async def _watch(
         while True:
             if runner.done():
                 exc = runner.exception()
-                raise click.ClickException(f"the worker stopped unexpectedly: {exc!r}")
+                raise SynckitError(f"the worker stopped unexpectedly: {exc!r}")
             snapshot = await asyncio.to_thread(read)
             _advance(story, sim, snapshot, enqueued)
             unmet = _unmet(story, sim, snapshot, enqueued)
@@ -925,58 +922,3 @@ def render_summary(summary: dict[str, Any], out: Console) -> None:
     out.print("See for yourself:")
     for command in summary["next_commands"]:
         out.print(f"  {command}", highlight=False)
-
-
-# --- the command -------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _log_to(path: Path) -> Iterator[IO[str]]:
-    try:
-        with path.open("w", encoding="utf-8") as stream:
-            configure_logging(json_lines=True, stream=stream)
-            yield stream
-    finally:
-        # A run that failed before logging anything leaves no empty file behind.
-        with contextlib.suppress(OSError):
-            if path.stat().st_size == 0:
-                path.unlink()
-
-
-@click.command("demo")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
-@click.option(
-    "--timeout",
-    default=50.0,
-    show_default=True,
-    help="Give up (exit 1) if the sync has not converged after this many seconds.",
-)
-def demo_command(as_json: bool, timeout: float) -> None:
-    """Sync three Graph mail tenants against a simulated Graph, and show what happened.
-
-    Creates synckit-demo.db (and synckit-demo.log) in the working directory.
-    """
-    workdir = Path.cwd()
-    out = Console(stderr=as_json)
-    if not out.is_terminal and "COLUMNS" not in os.environ:
-        out = Console(stderr=as_json, width=120)  # a log or a pipe: no need to squeeze
-    hard_limit = timeout + 30.0
-
-    async def main() -> DemoResult:
-        async with asyncio.timeout(hard_limit):
-            return await run_demo(workdir, out=out, converge_within=timeout)
-
-    with _log_to(workdir / LOG_FILE):
-        try:
-            result = asyncio.run(main())
-        except TimeoutError:
-            raise click.ClickException(
-                f"the demo did not finish within {hard_limit:g}s; see {LOG_FILE}"
-            ) from None
-        except SynckitError as exc:  # a bad SYNCKIT_SECRET_KEY, an unwritable directory
-            raise click.ClickException(str(exc)) from exc
-    render_summary(result.summary, out)
-    if as_json:
-        click.echo(json.dumps(result.summary, indent=2, default=str))
-    if not result.converged:
-        raise SystemExit(1)

@@ -6,7 +6,7 @@ enters the core through :func:`synckit.cli.options.run` (one ``asyncio.run``). E
 code 2, never a traceback.
 
 Each command group is a module of this package (``jobs``, ``dlq``, ``tenants`` with
-``oauth`` and ``bulk``, ``secrets``, ``breakers``, ``outbox``, ``status``, ``sync``,
+``oauth`` and ``bulk``, ``secrets``, ``demo``, ``breakers``, ``outbox``, ``status``, ``sync``,
 ``worker``, ``db``, ``web``); ``options`` holds what they share and ``app_loader`` the
 one ``--app`` loader. Nothing outside this package imports click or prints tables.
 The group imports a command's module when that command runs (:class:`LazyGroup`).
@@ -31,7 +31,7 @@ __all__ = ["CliError", "cli", "main"]
     lazy={
         "breakers": "synckit.cli.breakers:breakers",
         "db": "synckit.cli.db:db",
-        "demo": "synckit.demo:demo_command",
+        "demo": "synckit.cli.demo:demo_command",
         "dlq": "synckit.cli.dlq:dlq",
         "jobs": "synckit.cli.jobs:jobs",
         "outbox": "synckit.cli.outbox:outbox",
