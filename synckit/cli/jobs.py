@@ -88,7 +88,7 @@ def jobs_ls(
     created_after = utcnow() - parse_duration(created_since) if created_since else None
 
     async def go(d: Database) -> tuple[list[JobInfo], dict[str, dict[str, int]], int]:
-        async with d.begin() as conn:
+        async with d.read() as conn:
             queue = await queue_depth(conn)
             unreadable = await count_unreadable_run_at(conn)
             ids = [j.id for j in await unreadable_run_at(conn, limit=limit)] if stuck else []

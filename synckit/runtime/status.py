@@ -162,7 +162,7 @@ async def read_status(
     now = now or utcnow()
     budget = budget or BudgetPolicy()
     rules = rules or RuleSet()
-    async with db.begin() as conn:
+    async with db.read() as conn:  # a snapshot: no write lock held while it counts
         queue = await queue_depth(conn)
         dlq = await dead_letter_totals(conn)
         pending_messages = await outbox_pending(conn)

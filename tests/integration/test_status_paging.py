@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
+import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -63,3 +65,20 @@ async def test_stored_text_is_never_rich_markup(db: Database) -> None:
     text = out.getvalue()
     assert "[red]boom[/red]" in text
     assert "Tenants: 1 (1 paused)" in text
+
+
+async def test_status_reads_while_another_process_holds_the_write_lock(db: Database) -> None:
+    """`synckit status` reads a snapshot: on SQLite it takes no write lock, so a writer
+    holding one (a worker's long transaction) does not make it wait out busy_timeout."""
+    if db.engine.dialect.name != "sqlite":
+        return  # PostgreSQL readers never wait for a writer's lock
+    await add_tenants(db, [{"tenant": "t1", "connector": "quiet"}], app=App([Quiet]))
+    writer = sqlite3.connect(str(db.engine.url.database), isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        status = await asyncio.wait_for(read_status(db, limit=10), timeout=10)
+        assert [t.tenant for t in status.tenants] == ["t1"]
+        assert status.tenants_by_status == {"active": 1}
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
