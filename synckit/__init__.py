@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from synckit.connectors.base import Connector, Page, RateLimit, Stream
     from synckit.connectors.context import SyncContext
     from synckit.connectors.incremental import Incremental, Watermark
+    from synckit.connectors.intents import IntentConflict, IntentResult, RemoteRecord
     from synckit.connectors.paging import (
         CursorPaginator,
         LinkHeaderPaginator,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     )
     from synckit.runtime.authorize import begin_authorization, complete_authorization
     from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
-    from synckit.runtime.intents import IntentConflict, IntentResult, RemoteRecord, run_intent
+    from synckit.runtime.intents import run_intent
     from synckit.runtime.oauth import OAuth2Auth, reauth
     from synckit.runtime.outbox import add as outbox_add
     from synckit.runtime.secrets import TokenSet
@@ -87,8 +88,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "DatabaseUnavailable": ("synckit.errors", "DatabaseUnavailable"),
     "Discard": ("synckit.runtime.handlers", "Discard"),
     "ErrorClass": ("synckit.errors", "ErrorClass"),
-    "IntentConflict": ("synckit.runtime.intents", "IntentConflict"),
-    "IntentResult": ("synckit.runtime.intents", "IntentResult"),
+    "IntentConflict": ("synckit.connectors.intents", "IntentConflict"),
+    "IntentResult": ("synckit.connectors.intents", "IntentResult"),
     "JobContext": ("synckit.runtime.handlers", "JobContext"),
     "JobSpec": ("synckit.store.jobs", "JobSpec"),
     "NeedsReauth": ("synckit.errors", "NeedsReauth"),
@@ -100,7 +101,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "RateLimit": ("synckit.connectors.base", "RateLimit"),
     "RateLimited": ("synckit.errors", "RateLimited"),
     "Registry": ("synckit.runtime.handlers", "Registry"),
-    "RemoteRecord": ("synckit.runtime.intents", "RemoteRecord"),
+    "RemoteRecord": ("synckit.connectors.intents", "RemoteRecord"),
     "RetryPolicy": ("synckit.errors", "RetryPolicy"),
     "RetryableError": ("synckit.errors", "RetryableError"),
     "Snooze": ("synckit.runtime.handlers", "Snooze"),

@@ -21,7 +21,7 @@ import httpx
 if TYPE_CHECKING:
     from synckit.connectors.auth import OAuth2
     from synckit.connectors.base import Connector
-    from synckit.runtime.intents import Create, Find, IntentResult
+    from synckit.connectors.intents import Create, Find, IntentResult
 
 __all__ = ["SyncContext"]
 

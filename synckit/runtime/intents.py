@@ -55,16 +55,24 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 import structlog
 
 from synckit.clock import utcnow
+from synckit.connectors.intents import (
+    Create,
+    Find,
+    IntentBusy,
+    IntentConflict,
+    IntentOutcome,
+    IntentResult,
+    RemoteRecord,
+)
 from synckit.errors.exceptions import (
     DatabaseError,
     PermanentError,
-    RetryableError,
 )
 from synckit.runtime.handlers import Handler, JobContext
 from synckit.runtime.logging import redact_text
@@ -81,48 +89,8 @@ DEFAULT_IDEMPOTENCY_HEADER = "Idempotency-Key"
 LEASE_MARGIN = timedelta(seconds=5)
 WRITE_KIND = "synckit.write"
 
-IntentOutcome = Literal["created", "found", "stored"]
 _IDEMPOTENT_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _NAMESPACE = uuid.UUID("8a0f7c1e-56b4-4c36-9d0b-6a1d2f3e4b5c")
-
-
-class IntentConflict(PermanentError):
-    """The intent key was used before with a different request."""
-
-
-class IntentBusy(RetryableError):
-    """Another worker has held the intent for longer than this run could wait."""
-
-
-@dataclass(frozen=True)
-class RemoteRecord:
-    """What ``create`` made (or ``find`` found): the remote id and what to keep of it."""
-
-    remote_id: str
-    data: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class IntentResult:
-    """The outcome of :func:`run_intent`.
-
-    ``outcome`` is ``created`` (this run created it), ``found`` (``find`` found the
-    resource an earlier attempt had created) or ``stored`` (it was already done).
-    """
-
-    key: str
-    remote_id: str
-    result: Any
-    outcome: IntentOutcome
-    attempts: int
-
-    @property
-    def created(self) -> bool:
-        return self.outcome == "created"
-
-
-Create = Callable[[str], Awaitable[RemoteRecord]]
-Find = Callable[[], Awaitable["RemoteRecord | None"]]
 
 
 # --- pure helpers ------------------------------------------------------------------------

@@ -47,10 +47,10 @@ from synckit import (
     Stream,
     SyncContext,
 )
+from synckit.connectors.intents import IntentResult, RemoteRecord
 from synckit.errors import ErrorClass, PermanentError
 from synckit.examples.graph_mail import mailbox
 from synckit.examples.graph_mail.mailbox import create_tables, mail_messages
-from synckit.runtime.intents import IntentResult, RemoteRecord
 
 __all__ = [
     "GRAPH_SCOPE",
