@@ -1,5 +1,6 @@
-"""``synckit demo``: run :func:`synckit.demo.run_demo` in the working directory and
-print its summary (:func:`synckit.demo.render_summary`), or the summary as JSON."""
+"""``synckit demo``: run the Graph mail example's demo
+(:func:`synckit.examples.graph_mail.demo.run_demo`) in the working directory and print its
+summary (:func:`~synckit.examples.graph_mail.demo.render_summary`), or the summary as JSON."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from typing import IO
 import click
 from rich.console import Console
 
-from synckit.demo import LOG_FILE, DemoResult, render_summary, run_demo
 from synckit.errors import SynckitError
+from synckit.examples.graph_mail.demo import LOG_FILE, DemoResult, render_summary, run_demo
 from synckit.runtime.logging import configure_logging
 
 __all__ = ["demo_command"]

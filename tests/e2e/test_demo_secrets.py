@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from synckit.demo import DB_FILE
+from synckit.examples.graph_mail.demo import DB_FILE
 from synckit.examples.graph_mail.simulator import GraphSimulator
 
-#: ``run_demo`` seeds its simulator with this (synckit/demo.py).
+#: ``run_demo`` seeds its simulator with this (synckit/examples/graph_mail/demo.py).
 DEMO_SEED = 2024
 #: ``GraphSimulator._opaque``: ``prefix + urlsafe_b64(sha256(seed:prefix:counter))``.
 OPAQUE = re.compile(rb"(?:at|rt)[A-Za-z0-9_-]{43}")

@@ -254,7 +254,7 @@ def test_the_pure_bottom_imports_nothing_above_it() -> None:
 CLI_OUTSIDE_THE_CLI = {
     # `synckit demo` is a program of its own: its output is a live rich display of the
     # simulated run as it converges, and the summary (the command is synckit.cli.demo).
-    "synckit.demo",
+    "synckit.examples.graph_mail.demo",
 }
 
 
