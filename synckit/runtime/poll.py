@@ -327,7 +327,12 @@ class _PageOutcome:
     abort: BaseException | None = None
 
 
-def _jsonable(value: Any) -> Any:
+def _storable_or_described(value: Any) -> Any:
+    """The record as stored in a dead letter: itself when JSON can hold it, else its repr.
+
+    Not a conversion (status's ``_to_json_values`` turns datetimes into text): the stored
+    payload and a record's hashed id stay exactly what the connector gave.
+    """
     try:
         json.dumps(value, allow_nan=False)
         return value
@@ -343,7 +348,7 @@ def record_id_of(connector: Connector[Any], record: Any) -> str:
             return rid[:500]
     except Exception:  # connector code; a record without an id still gets a stable one
         pass
-    text = json.dumps(_jsonable(record), sort_keys=True, default=str)
+    text = json.dumps(_storable_or_described(record), sort_keys=True, default=str)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
@@ -365,7 +370,7 @@ def _failure(
     trace = redact_text("".join(tb.format_exception(exc, limit=30)))
     return RecordFailure(
         record_id=rid,
-        payload=_jsonable(record),
+        payload=_storable_or_described(record),
         error_class=c.error_class.value,
         message=message,
         traceback=trace[-20_000:],

@@ -118,19 +118,19 @@ class Status:
                 t["unreadable"] = dict(t["unreadable"])
             else:
                 del t["unreadable"]
-        jsonable: dict[str, Any] = _jsonable(data)
+        jsonable: dict[str, Any] = _to_json_values(data)
         return jsonable
 
 
-def _jsonable(value: Any) -> Any:
+def _to_json_values(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: _to_json_values(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [_to_json_values(v) for v in value]
     return value
 
 
