@@ -59,16 +59,16 @@ from synckit.runtime.instruments import (
     record_records,
     status_class,
 )
-from synckit.runtime.status import (
+from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
+from synckit.store.checkpoints import oldest_active_checkpoints
+from synckit.store.db import Conn, Database, SyncConn
+from synckit.store.jobs import read_moment
+from synckit.store.views import (
     BreakerInfo,
     breaker_states,
     dead_letter_counts,
     queue_depth,
 )
-from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
-from synckit.store.checkpoints import oldest_active_checkpoints
-from synckit.store.db import Conn, Database, SyncConn
-from synckit.store.jobs import read_moment
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

@@ -12,7 +12,7 @@ without delivering anything) and those fired recently (the ``alerts`` table, see
 :mod:`synckit.runtime.alerts`).
 
 It builds no SQL: the counts are named reads of :mod:`synckit.store.views` (shared with
-the metrics collector, and re-exported here), the alert data and connections those of
+the metrics collector), the alert data and connections those of
 :mod:`synckit.runtime.alerts`. ``synckit status`` prints a :class:`Status` with
 :func:`synckit.cli.status.render_status`.
 """
@@ -289,12 +289,7 @@ def _unreadable(s: ConnectionState | None, b: BreakerInfo | None) -> tuple[tuple
 
 __all__ = [
     "ALERTS_ON_THE_SPOT",
-    "BreakerInfo",
     "Status",
     "TenantStatus",
-    "breaker_states",
-    "dead_letter_counts",
-    "dead_letter_totals",
-    "queue_depth",
     "read_status",
 ]

@@ -7,3 +7,9 @@ module per table family (``jobs``, ``resources``, ``connections``, ``dead_letter
 operators' reads (``views``, ``console``, ``pages``). ``tests/unit/test_layers.py`` holds
 every other module to it.
 """
+
+# The one column type of the store's that code outside it may use on tables of its own
+# (the Graph mail example's mail_messages): timezone-aware UTC on both engines.
+from synckit.store.tables import UTCDateTime
+
+__all__ = ["UTCDateTime"]
