@@ -67,6 +67,7 @@ from synckit.clock import utcnow
 from synckit.connectors.schedule import cached_schedule
 from synckit.errors.backoff import backoff_delay
 from synckit.errors.exceptions import ConfigurationError, SynckitError
+from synckit.errors.headers import server_wait
 from synckit.runtime.audit import window_start
 from synckit.runtime.budget import BudgetLevel, BudgetPolicy, pause_tenants
 from synckit.runtime.handlers import JobContext, Registry
@@ -910,7 +911,9 @@ class WebhookSink:
 
     Transport errors, 5xx and 429 are retried up to ``attempts`` times in all, waiting
     ``backoff`` seconds doubling, capped at ``max_backoff``, less up to a fifth in jitter
-    (:func:`~synckit.errors.backoff.backoff_delay`); any other non-2xx answer fails at
+    (:func:`~synckit.errors.backoff.backoff_delay`), and never less than the wait the
+    server asks for (``Retry-After``); a wait longer than ``max_backoff`` ends the
+    delivery at once (the next evaluation tries again). Any other non-2xx answer fails at
     once. Failing raises :class:`AlertDeliveryError`. ``sleep`` is what waits and ``rng``
     the jitter's draw in [0, 1) (a test passes a fixed draw and a sleep that records).
     """
@@ -969,6 +972,7 @@ class WebhookSink:
             timeout=self.timeout, transport=self.transport, follow_redirects=False
         ) as client:
             for attempt in range(1, self.attempts + 1):
+                asked: timedelta | None = None
                 try:
                     response = await client.post(self.url, json=body, headers=self.headers)
                 except httpx.TransportError as exc:
@@ -980,6 +984,13 @@ class WebhookSink:
                     problem = f"HTTP {response.status_code}"
                     if response.status_code != 429 and response.status_code < 500:
                         break
+                    asked = server_wait(response.headers, utcnow())
+                if asked is not None and asked > self._waits[1]:
+                    # Longer than this delivery may wait: retrying sooner would only be
+                    # refused again. The alert stays undelivered to this sink and the next
+                    # evaluation tries again.
+                    problem += f" (Retry-After {asked.total_seconds():g} s)"
+                    break
                 if attempt < self.attempts:
                     delay = backoff_delay(
                         attempt,
@@ -988,6 +999,8 @@ class WebhookSink:
                         cap=self._waits[1],
                         jitter=_WEBHOOK_JITTER,
                     )
+                    if asked is not None:
+                        delay = max(delay, asked)  # the server's wait, never less
                     log.info("alert.webhook_retry", rule=alert.rule, attempt=attempt, error=problem)
                     await self.sleep(delay.total_seconds())
         raise AlertDeliveryError(f"webhook {self.where} refused alert {alert.key}: {problem}")
