@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 
 from bench.sync import ROOT, fresh_database
 from synckit.cli.status import render_status
@@ -51,7 +51,7 @@ from synckit.runtime.status import read_status
 from synckit.store import jobs as store
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import JobSpec, enqueue_new
-from synckit.store.tables import checkpoints, jobs
+from synckit.store.tables import checkpoints, jobs, resources
 from synckit.testing.hostile import Behaviour, HostileProcess
 
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "apps")]
@@ -87,6 +87,15 @@ async def _clear_cycles(db: Database) -> None:
     async with db.begin() as conn:
         await conn.execute(delete(jobs).where(jobs.c.kind == POLL_KIND))
         await conn.execute(delete(checkpoints).where(checkpoints.c.connector == flow_app.CONNECTOR))
+        # The deleted jobs' lanes lose their has-work marks too, as the store's own
+        # operations would leave them: a raw delete of the 100,000 cycles the scheduler
+        # enqueued left 100,000 marks, and the first run's claims walked 90,000 empty lanes
+        # (each look corrects one mark), which held one worker at 27 polls/s.
+        await conn.execute(
+            update(resources)
+            .where(resources.c.resource_key.like(f"{flow_app.CONNECTOR}:%"))
+            .values(due_at=None)
+        )
 
 
 async def _enqueue_cycles(db: Database, names: list[str]) -> None:
