@@ -37,7 +37,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import structlog
 
@@ -70,7 +70,7 @@ from synckit.store import jobs as store
 from synckit.store import resources
 from synckit.store.connections import mark_needs_reauth_sync
 from synckit.store.db import Database, SyncConn, connection_lost
-from synckit.store.jobs import ClaimedJob, JobSpec
+from synckit.store.jobs import ClaimedJob, JobSpec, OutcomeStore
 from synckit.store.notify import listen
 from synckit.store.resources import BreakerStore
 
@@ -213,6 +213,10 @@ class Worker:
     #: Where the recorder reads and writes breakers: :mod:`synckit.store.resources`
     #: (unit tests of the breaker decisions give an in-memory fake).
     breakers: ClassVar[BreakerStore] = resources
+    #: Where the recorder writes a job's failure, snooze, cancel or discard:
+    #: :mod:`synckit.store.jobs` (unit tests of the outcome routing give a fake).
+    #: (mypy does not take this module for the protocol, as it does store.resources.)
+    outcomes: ClassVar[OutcomeStore] = cast(OutcomeStore, store)
 
     def __init__(
         self,
@@ -786,7 +790,7 @@ class Worker:
         retry_at = None
         if job.attempts < self._limit_of(job):
             retry_at = moment_after(now, self._retry_policy_of(job).base, self.max_wait)
-        return store.fail_sync(
+        return self.outcomes.fail_sync(
             conn,
             job,
             now=now,
@@ -811,11 +815,13 @@ class Worker:
         if o.kind == "snooze":
             assert o.snooze_until is not None
             return (
-                "snoozed" if store.snooze_sync(conn, job, now=now, until=o.snooze_until) else None
+                "snoozed"
+                if self.outcomes.snooze_sync(conn, job, now=now, until=o.snooze_until)
+                else None
             )
         if o.kind in ("cancel", "discard"):
             status = "cancelled" if o.kind == "cancel" else "discarded"
-            ok = store.finish_sync(conn, job, now=now, status=status, reason=o.reason)  # type: ignore[arg-type]
+            ok = self.outcomes.finish_sync(conn, job, now=now, status=status, reason=o.reason)  # type: ignore[arg-type]
             return status if ok else None
         assert o.exc is not None
         c = classify(exc=o.exc, now=now)
@@ -827,7 +833,7 @@ class Worker:
         if isinstance(o.exc, NeedsReauth) and job.resource_key:
             mark_needs_reauth_sync(conn, job.resource_key, redact_text(str(o.exc)), now=now)
             # The job waits for re-authorisation without spending an attempt.
-            return store.fail_sync(
+            return self.outcomes.fail_sync(
                 conn,
                 job,
                 now=now,
@@ -847,7 +853,7 @@ class Worker:
             if job.resource_key:
                 paced = self._resource_failure(conn, job, c, now, retry_at, sent_at=o.started_at)
                 retry_at = paced or retry_at
-            recorded = store.fail_sync(
+            recorded = self.outcomes.fail_sync(
                 conn,
                 job,
                 now=now,
@@ -868,7 +874,7 @@ class Worker:
                 retry_at = moment_after(now, decision.delay, self.max_wait)
         if job.resource_key:
             self._resource_failure(conn, job, c, now, retry_at)
-        return store.fail_sync(
+        return self.outcomes.fail_sync(
             conn,
             job,
             now=now,

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import structlog
 from sqlalchemy import (
@@ -1663,6 +1663,39 @@ def dead_letter_job_sync(
         now=now,
         keep_replay_count=True,
     )
+
+
+class OutcomeStore(Protocol):
+    """The operations the worker's recorder writes a job's non-success outcome with: this
+    module is one; a unit test's in-memory fake is another."""
+
+    def fail_sync(
+        self,
+        conn: Connection,
+        job: ClaimedJob,
+        *,
+        now: datetime,
+        error_class: str,
+        message: str,
+        retry_at: datetime | None,
+        traceback: str | None = None,
+        count_attempt: bool = True,
+        detail: str | None = None,
+    ) -> str | None: ...
+
+    def snooze_sync(
+        self, conn: Connection, job: ClaimedJob, *, now: datetime, until: datetime
+    ) -> bool: ...
+
+    def finish_sync(
+        self,
+        conn: Connection,
+        job: ClaimedJob,
+        *,
+        now: datetime,
+        status: Literal["cancelled", "discarded"],
+        reason: str,
+    ) -> bool: ...
 
 
 def snooze_sync(conn: Connection, job: ClaimedJob, *, now: datetime, until: datetime) -> bool:
