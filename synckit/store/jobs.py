@@ -740,6 +740,22 @@ def guarded_moment(col: Any) -> Any:
     ).label(col.name)
 
 
+def guarded_columns(columns: Iterable[Any], *, as_text: Iterable[str] = ()) -> list[Any]:
+    """``columns`` for a read that must survive a corrupt row: timestamps guarded
+    (:func:`guarded_moment`) and the columns named in ``as_text`` (JSON) cast to text, each
+    parsed per row by the reader, since the drivers would fail the whole fetch on one
+    corrupt value."""
+    text_names = frozenset(as_text)
+    return [
+        cast(c, Text).label(c.name)
+        if c.name in text_names
+        else guarded_moment(c)
+        if isinstance(c.type, UTCDateTime)
+        else c
+        for c in columns
+    ]
+
+
 def read_moment(value: object) -> datetime | None:
     """A timestamp read through :func:`guarded_moment`: UTC aware, or ``ValueError``
     naming what is stored instead."""
@@ -2083,16 +2099,7 @@ class JobInfo:
 
 # ``jobs`` as the operator's views read it: JSON as text and timestamps guarded, parsed
 # per row (:meth:`JobInfo.from_row`), so that one corrupt row cannot fail the listing.
-_INFO: Any = select(
-    *(
-        cast(c, Text).label(c.name)
-        if c.name in ("payload", "errors")
-        else guarded_moment(c)
-        if isinstance(c.type, UTCDateTime)
-        else c
-        for c in jobs.c
-    )
-)
+_INFO: Any = select(*guarded_columns(jobs.c, as_text=("payload", "errors")))
 
 
 async def list_jobs(

@@ -24,9 +24,7 @@ from typing import Any, Literal
 
 from sqlalchemy import (
     Row,
-    Text,
     bindparam,
-    cast,
     delete,
     func,
     literal,
@@ -46,9 +44,9 @@ from synckit.errors.exceptions import SynckitError
 from synckit.redaction import redact_text
 from synckit.store import leases, notify
 from synckit.store.db import Database
-from synckit.store.jobs import guarded_moment, read_moment, read_payload
+from synckit.store.jobs import guarded_columns, read_moment, read_payload
 from synckit.store.leases import Lease
-from synckit.store.tables import UTCDateTime, dead_letters, outbox
+from synckit.store.tables import dead_letters, outbox
 
 __all__ = [
     "MAX_KEY_CHARS",
@@ -639,16 +637,7 @@ def _info(r: Row[Any]) -> OutboxInfo:
 
 # ``outbox`` as the views read it: timestamps guarded and the payload as text, parsed
 # per row by _info (the drivers would fail the whole fetch on one corrupt value).
-_LISTED: Any = select(
-    *(
-        cast(c, Text).label(c.name)
-        if c.name == "payload"
-        else guarded_moment(c)
-        if isinstance(c.type, UTCDateTime)
-        else c
-        for c in outbox.c
-    )
-)
+_LISTED: Any = select(*guarded_columns(outbox.c, as_text=("payload",)))
 
 
 async def list_messages(

@@ -19,7 +19,7 @@ from synckit.store.db import Database
 from synckit.store.jobs import (
     _ensure_resources,
     _ensure_resources_sync,
-    guarded_moment,
+    guarded_columns,
     read_moment,
 )
 from synckit.store.tables import UTCDateTime, resources
@@ -42,7 +42,7 @@ def readable(columns: Iterable[Column[Any]]) -> list[Any]:
     guarded (:func:`~synckit.store.jobs.guarded_moment`: as the driver has them, or a
     marker where no datetime holds the value, which PostgreSQL's driver would fail the
     whole fetch on), for :func:`stored_moment`."""
-    return [guarded_moment(c) if isinstance(c.type, UTCDateTime) else c for c in columns]
+    return guarded_columns(columns)
 
 
 def read_moments(
