@@ -100,6 +100,10 @@ class _Shared:
     in_flight: int = 0
     #: Slots of the declared rate this process reserved ahead (when each may go).
     slots: collections.deque[datetime] = dataclasses.field(default_factory=collections.deque)
+    #: Rate-limited answers being recorded now: until they are, this process's requests
+    #: to the resource wait (a request let through meanwhile would ignore the pace).
+    recording: int = 0
+    recorded: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
 _shared_views: weakref.WeakValueDictionary[tuple[int, str, str], _Shared] = (
@@ -307,6 +311,8 @@ class Pacer:
         started = self.waiter.mark()
         st = self.state
         while True:
+            while st.recording:
+                await st.recorded.wait()
             now = self.clock()
             budget = self.max_wait - self.waiter.elapsed(started)
             if self._wants_slot(now):
@@ -383,10 +389,19 @@ class Pacer:
         self, c: Classification, sent_at: datetime | None, policy: PacePolicy
     ) -> datetime | None:
         """Record a rate-limited answer (one event per burst); when the resource is paced
-        until, for every worker."""
-        until = await pacing.record_rate_limit(
-            self.db, self.resource_key, c, sent_at=sent_at, now=self.clock(), policy=policy
-        )
+        until, for every worker. Until it is recorded, this process's requests to the
+        resource wait: one let through meanwhile would not see the pace."""
+        st = self.state
+        st.recording += 1
+        st.recorded.clear()
+        try:
+            until = await pacing.record_rate_limit(
+                self.db, self.resource_key, c, sent_at=sent_at, now=self.clock(), policy=policy
+            )
+        finally:
+            st.recording -= 1
+            if not st.recording:
+                st.recorded.set()
         if until is not None:
             self.paced_until(until)
         return until

@@ -5,6 +5,7 @@ loader's errors.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -108,8 +109,17 @@ def test_the_documented_connector_and_commands_sync_a_tenant_with_sync_wait(
     assert result.returncode == 0, result.stderr[-3000:]
     err = result.stderr
     assert "acme/default: succeeded" in err, err[-3000:]
-    assert f"{TICKETS} records handled, 0 failed, 0 dead letters" in err, err[-3000:]
-    assert sorted(e["ticket"] for e in Helpdesk.exports) == list(range(1, TICKETS + 1))
+    # The worker's scheduler may run the new tenant's first cycle too (before or after
+    # the one `sync` asked for): a later cycle reads the last page again, as documented,
+    # so its tickets may be handled twice. Every ticket is handled, none failed, and
+    # only the last page's tickets twice.
+    handled = re.search(r"(\d+) records handled, 0 failed, 0 dead letters", err)
+    assert handled is not None, err[-3000:]
+    exported = collections.Counter(e["ticket"] for e in Helpdesk.exports)
+    assert 1 <= int(handled.group(1)) <= exported.total(), err[-3000:]
+    assert set(exported) == set(range(1, TICKETS + 1))
+    last_page = set(range(1, TICKETS + 1)[(TICKETS - 1) // 3 * 3 :])
+    assert {t for t, n in exported.items() if n > 1} <= last_page, exported
     assert Helpdesk.auth == {"Bearer ..."}
 
 

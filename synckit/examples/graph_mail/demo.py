@@ -29,7 +29,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -40,8 +40,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from synckit.clock import utcnow
 from synckit.errors import BreakerPolicy, RetryPolicy, SynckitError
 from synckit.runtime.audit import RETRIED_PREFIX, audit_observer
+from synckit.runtime.http import SENT_AT
 from synckit.store import migrate
 from synckit.store.db import open_database
 from synckit.store.demo import DemoReader, snapshot_rows, summary_rows
@@ -126,7 +128,8 @@ def _example() -> ModuleType:
 @dataclass(frozen=True)
 class _Call:
     tenant: str
-    sent: float
+    #: When the request passed pacing (time.monotonic()); it left on the wire later.
+    paced: float
     answered: float
     status: int | None
     retry_after: float | None
@@ -144,13 +147,17 @@ class _Wire(httpx.AsyncBaseTransport):
         header = request.headers.get("authorization", "")
         tenant = self._tenant_of(header.removeprefix("Bearer ") or None)
         sent = time.monotonic()
+        # The runtime stamps when the request passed pacing: under load it may reach the
+        # wire a while later, and it is the pacing that must have waited.
+        passed = request.extensions.get(SENT_AT)
+        paced = sent - (utcnow() - passed).total_seconds() if isinstance(passed, datetime) else sent
         try:
             response = await self.inner.handle_async_request(request)
         except httpx.TransportError:
-            self.calls.append(_Call(tenant, sent, time.monotonic(), None, None))
+            self.calls.append(_Call(tenant, paced, time.monotonic(), None, None))
             raise
         wait = _seconds(response.headers.get("retry-after"))
-        self.calls.append(_Call(tenant, sent, time.monotonic(), response.status_code, wait))
+        self.calls.append(_Call(tenant, paced, time.monotonic(), response.status_code, wait))
         return response
 
     async def aclose(self) -> None:
@@ -167,9 +174,10 @@ def _seconds(value: str | None) -> float | None:
 def retry_after_report(calls: list[_Call], grace: float = 0.25) -> dict[str, Any]:
     """For each 429 with ``Retry-After``: did the tenant's next request wait that long?
 
-    A request sent within ``grace`` of the 429's arrival was already on its way (it
-    passed pacing before the 429 was known), so it is counted as in flight, not as a
-    failure to wait.
+    A request that passed pacing within ``grace`` of the 429's arrival was already on its
+    way (the 429 was not yet classified and recorded), so it is counted as in flight, not
+    as a failure to wait. Times are when a request passed pacing, not when it reached
+    the wire: under load the two can be far apart.
     """
     by_tenant: dict[str, list[_Call]] = defaultdict(list)
     for c in calls:
@@ -178,13 +186,13 @@ def retry_after_report(calls: list[_Call], grace: float = 0.25) -> dict[str, Any
     asked: set[float] = set()
     gaps: list[float] = []
     for tenant_calls in by_tenant.values():
-        tenant_calls.sort(key=lambda c: c.sent)
+        tenant_calls.sort(key=lambda c: c.paced)
         for c in tenant_calls:
             if c.status != 429 or c.retry_after is None:
                 continue
             answers += 1
             asked.add(c.retry_after)
-            later = [d.sent - c.answered for d in tenant_calls if d.sent > c.answered]
+            later = [d.paced - c.answered for d in tenant_calls if d.paced > c.answered]
             if not later:
                 unfollowed += 1
                 continue
