@@ -83,6 +83,42 @@ async def test_a_burst_of_in_flight_429s_is_one_pacing_event(
     assert len(resent) == 6 and min(resent) - min(refused) >= 0.9
 
 
+async def test_a_request_waits_while_a_429_is_being_recorded(
+    db: Database, server: LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request of the same process that reaches pacing while a 429 is still being
+    recorded (a slow database write) waits for the record, then honours its pace: it is
+    not let through on the pace known before the 429."""
+    answered: list[tuple[str, float]] = []
+
+    def respond(r: Request) -> tuple[int, dict[str, str], bytes]:
+        first = not answered
+        answered.append((r.path, time.monotonic()))
+        return (429, {"Retry-After": "1"}, b"") if first else (200, {}, b"{}")
+
+    server.responder = respond
+    recording = asyncio.Event()
+    record = pacing.record_rate_limit
+
+    async def slow_record(*args: Any, **kwargs: Any) -> Any:
+        recording.set()
+        await asyncio.sleep(0.3)
+        return await record(*args, **kwargs)
+
+    monkeypatch.setattr(pacing, "record_rate_limit", slow_record)
+    async with open_context(db, connector(server.url), resource_key="api:acme") as ctx:
+
+        async def second() -> Any:
+            await recording.wait()
+            return await ctx.http.get("/second")
+
+        first, other = await asyncio.gather(ctx.http.get("/first"), second())
+    assert first.status_code == other.status_code == 200
+    refused_at = answered[0][1]
+    later = [at for path, at in answered if path == "/second"]
+    assert later and later[0] - refused_at >= 0.95, answered
+
+
 async def test_retry_after_wins_over_the_ratelimit_reset(
     db: Database, server: LoopbackServer
 ) -> None:
