@@ -74,6 +74,7 @@ from synckit.runtime.secrets import (
     write_token_set,
 )
 from synckit.store import jobs as job_store
+from synckit.store.connections import notify_workers
 from synckit.store.db import Database
 
 with warnings.catch_warnings():
@@ -688,8 +689,7 @@ async def reauth(
     async with db.begin() as conn:
         row = await read_connection(conn, tenant, lock=True)
         await write_token_set(conn, tenant, token_set, cipher=cipher, now=now, activate=True)
-        if db.is_postgres:
-            await conn.exec_driver_sql(f"NOTIFY {job_store.NOTIFY_CHANNEL}")
+        await notify_workers(conn)
     job_store.target_wake(db)
     log.info(
         "connection.reauthorised",

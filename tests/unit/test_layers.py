@@ -60,6 +60,29 @@ def test_only_the_store_imports_the_tables_and_sqlalchemy() -> None:
     assert moved == set(), f"no longer build SQL, strike them from the list: {sorted(moved)}"
 
 
+def test_only_the_store_sends_sql_text() -> None:
+    """Outside ``synckit.store`` no module sends SQL text of its own (``exec_driver_sql``,
+    or a string that reads as a statement) on a connection it was lent."""
+    statement = ("SELECT ", "INSERT ", "UPDATE ", "DELETE ", "NOTIFY ", "LISTEN ", "PRAGMA ")
+    offenders: set[str] = set()
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if name.startswith("synckit.store") or name in OWN_TABLES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            sends = isinstance(node, ast.Attribute) and node.attr == "exec_driver_sql"
+            reads_as_sql = isinstance(node, ast.JoinedStr | ast.Constant) and any(
+                isinstance(v, ast.Constant)
+                and isinstance(v.value, str)
+                and v.value.lstrip().startswith(statement)
+                for v in (node.values if isinstance(node, ast.JoinedStr) else [node])
+            )
+            if sends or reads_as_sql:
+                offenders.add(f"{name}:{node.lineno}")
+    assert offenders == set(), "SQL sent outside synckit.store"
+
+
 #: What the store may build on: itself and the pure modules below everything.
 STORE_BUILDS_ON = ("synckit.store", "synckit.errors", "synckit.clock", "synckit.redaction")
 
