@@ -32,7 +32,6 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 import structlog
 from authlib.common.security import generate_token
-from authlib.integrations.base_client import OAuthError
 
 from synckit.clock import utcnow
 from synckit.errors.exceptions import ConfigurationError, SynckitError
@@ -41,6 +40,7 @@ from synckit.runtime.oauth import (
     ReauthResult,
     TokenEndpointUnavailable,
     _Refused,
+    authlib_client,
     reauth,
     token_client,
     token_endpoint_error,
@@ -253,7 +253,7 @@ async def complete_authorization(
                 code_verifier=pending.verifier,
             )
         token_set = TokenSet.from_token_response(raw, now=utcnow())
-    except OAuthError as exc:
+    except authlib_client()[1] as exc:
         outcome = token_endpoint_error(
             exc,
             answered[-1] if answered else None,

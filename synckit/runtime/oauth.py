@@ -45,13 +45,14 @@ Tokens and client secrets appear in no log event and no exception message.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 import warnings
 import weakref
 from collections.abc import AsyncGenerator, Callable, Generator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import httpx
 import structlog
@@ -77,14 +78,26 @@ from synckit.store import jobs as job_store
 from synckit.store.connections import notify_workers
 from synckit.store.db import Database
 
-with warnings.catch_warnings():
-    # authlib prefers the httpx2 fork and warns when it falls back to httpx; httpx is
-    # synckit's HTTP client, so the warning is noise for every synckit user. (authlib's
-    # own "always" filter is installed by the import above, outside this block, so that
-    # leaving the block does not undo it.)
-    warnings.filterwarnings("ignore", "The httpx module", AuthlibDeprecationWarning)
+if TYPE_CHECKING:
     from authlib.integrations.base_client import OAuthError
     from authlib.integrations.httpx_client import AsyncOAuth2Client
+
+
+@functools.cache
+def authlib_client() -> tuple[type[AsyncOAuth2Client], type[OAuthError]]:
+    """authlib's token client and its error class, imported when first needed: the
+    import costs ~90 ms of CPU, which every CLI command and every worker without an
+    OAuth tenant would otherwise pay at start."""
+    with warnings.catch_warnings():
+        # authlib prefers the httpx2 fork and warns when it falls back to httpx; httpx is
+        # synckit's HTTP client, so the warning is noise for every synckit user.
+        # (authlib's own "always" filter is installed by the module-level import of
+        # authlib.deprecate, outside this block, so that leaving it does not undo it.)
+        warnings.filterwarnings("ignore", "The httpx module", AuthlibDeprecationWarning)
+        from authlib.integrations.base_client import OAuthError
+        from authlib.integrations.httpx_client import AsyncOAuth2Client
+    return AsyncOAuth2Client, OAuthError
+
 
 log = structlog.get_logger("synckit.oauth")
 
@@ -572,7 +585,7 @@ class OAuth2Auth(httpx.Auth):
             return TokenSet.from_token_response(
                 raw, now=now, previous_refresh_token=previous_refresh
             )
-        except OAuthError as exc:
+        except authlib_client()[1] as exc:
             raise token_endpoint_error(
                 exc, answered[-1] if answered else None, cfg.grant, now, secrets
             ) from None
@@ -628,7 +641,8 @@ def token_client(
     """authlib's client for ``cfg``'s token endpoint, authenticating as ``cfg`` says."""
     if transport is not None:
         kwargs["transport"] = transport
-    return AsyncOAuth2Client(
+    client_class, _ = authlib_client()
+    return client_class(
         client_id=cfg.client_id,
         client_secret=cfg.client_secret,
         token_endpoint_auth_method=cfg.auth_method,

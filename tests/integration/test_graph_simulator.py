@@ -12,11 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
-from authlib.integrations.httpx_client import AsyncOAuth2Client, OAuthError
 
 from synckit.errors import ErrorClass, classify
 from synckit.examples.graph_mail.simulator import REQUIRED_FIELDS, GraphSimulator
+from synckit.runtime.oauth import authlib_client
 from synckit.testing import FakeClock
+
+# authlib's httpx client as synckit imports it (without its warning about httpx2).
+AsyncOAuth2Client, OAuthError = authlib_client()
 
 GRAPH = "https://graph.microsoft.com"
 DELTA = "/v1.0/me/mailFolders/inbox/messages/delta"
