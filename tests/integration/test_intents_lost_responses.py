@@ -2,7 +2,7 @@
 
 A fake API on loopback commits each create and then, 30% of the time (at most three
 times per item), closes the connection without answering. Three `synckit worker`
-processes run 200 write jobs while workers are killed with SIGKILL and replaced. With
+processes run 100 write jobs while workers are killed with SIGKILL and replaced. With
 ``find``, every intended item exists exactly once; the very same run with blind retries
 (no ``find``) makes duplicates, which shows that find-first is what prevents them.
 """
@@ -34,10 +34,10 @@ from synckit.store.db import Database
 from synckit.store.tables import intents, jobs
 
 APPS = Path(__file__).parent.parent / "apps"
-INTENDED = 200
+INTENDED = 100
 DROP_RATE = 0.3
 WORKERS = 3
-KILLS = 4
+KILLS = 3
 MAX_DROPS = 3
 
 
@@ -177,7 +177,7 @@ async def unfinished(db: Database) -> int:
 async def chaos_run(
     db: Database, url: str, api: FakeApi, tmp_path: Path, *, find: bool
 ) -> dict[str, Any]:
-    """Run the 200 writes with lost responses and killed workers; what happened."""
+    """Run the writes with lost responses and killed workers; what happened."""
     await store.enqueue_many(
         db,
         [
@@ -237,10 +237,10 @@ async def chaos_run(
 async def test_with_find_every_resource_is_created_exactly_once(
     db: Database, migrated_url: str, api: FakeApi, tmp_path: Path
 ) -> None:
-    """30% lost responses + kill -9: 0 duplicates, all 200 created once, ids recorded."""
+    """30% lost responses + kill -9: 0 duplicates, every item created once, ids recorded."""
     run = await chaos_run(db, migrated_url, api, tmp_path, find=True)
     # The chaos happened: responses were lost, and kills caught jobs mid-flight.
-    assert run["killed"] == KILLS and run["rescued"] > 0 and run["dropped"] >= 30
+    assert run["killed"] == KILLS and run["rescued"] > 0 and run["dropped"] >= 15
     assert run["statuses"] == {"succeeded": INTENDED}
     assert run["duplicates"] == 0
     assert run["per_ref"] == {f"item-{i}": 1 for i in range(INTENDED)}
@@ -249,7 +249,7 @@ async def test_with_find_every_resource_is_created_exactly_once(
     assert {r.intent_key: r.remote_id for r in rows} == {
         ref: str(item_id) for ref, item_id in run["items"].items()
     }
-    assert sum(r.attempts > 1 for r in rows) >= 30  # that many lost outcomes were found
+    assert sum(r.attempts > 1 for r in rows) >= 15  # that many lost outcomes were found
 
 
 async def test_without_find_blind_retries_duplicate(
@@ -257,7 +257,7 @@ async def test_without_find_blind_retries_duplicate(
 ) -> None:
     """The same run with blind retries: duplicates, so find-first is what prevents them."""
     run = await chaos_run(db, migrated_url, api, tmp_path, find=False)
-    assert run["dropped"] >= 30
+    assert run["dropped"] >= 15
     assert run["statuses"] == {"succeeded": INTENDED}
     assert set(run["per_ref"]) == {f"item-{i}" for i in range(INTENDED)}
     # Each lost response left an item the retry did not know of: one duplicate apiece.
