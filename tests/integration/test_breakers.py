@@ -79,8 +79,9 @@ async def test_three_processes_share_one_breaker_and_one_probe(
     before_probe = [t for t in times if t < burst_end]
     gap_before_probe = burst_end - before_probe[-1]
     # The cool-down is 2 s from the opening; a call already in flight when it opened may
-    # land a little after it, hence the margin.
-    assert gap_before_probe >= 1.6, f"a call during the first cool-down ({gap_before_probe:.2f}s)"
+    # land after it (up to a second under a loaded CI machine), hence the margin: without
+    # the breaker the calls come every 0.05 s.
+    assert gap_before_probe >= 1.0, f"a call during the first cool-down ({gap_before_probe:.2f}s)"
     in_second_cooldown = [t for t in times if first_open + 0.3 < t < first_open + 3.9]
     assert in_second_cooldown == [], "a call during the doubled cool-down"
     after = [t for t in times if t >= first_open + 3.9]
