@@ -15,6 +15,7 @@ from typing import IO
 import click
 from rich.console import Console
 
+from synckit.cli.options import Seconds
 from synckit.errors import SynckitError
 from synckit.examples.graph_mail.demo import LOG_FILE, DemoResult, render_summary, run_demo
 from synckit.runtime.logging import configure_logging
@@ -39,6 +40,7 @@ def _log_to(path: Path) -> Iterator[IO[str]]:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @click.option(
     "--timeout",
+    type=Seconds(1, 3600),
     default=50.0,
     show_default=True,
     help="Give up (exit 1) if the sync has not converged after this many seconds.",

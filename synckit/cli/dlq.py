@@ -24,6 +24,7 @@ from synckit.cli.app_loader import app_option_saying, load_replay_target
 from synckit.cli.options import (
     ROW_ID,
     CliError,
+    Seconds,
     cell,
     console,
     database_option,
@@ -131,7 +132,7 @@ def dlq() -> None:
 )
 @click.option(
     "--limit",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, 100_000),
     help="At most this many rows (default: 50 in the table, all with --json; 0: all).",
 )
 @click.option("--before", type=ROW_ID, help="Rows older than this id (the last one shown).")
@@ -341,8 +342,20 @@ def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:
     "A job Registry or Replayers will do too. Without it, dead jobs are re-run as jobs "
     "and record rows are reported as needing --app."
 )
-@click.option("--max-attempts", default=10, show_default=True, help="Replays before review.")
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds per replay.")
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1, 10_000),
+    default=10,
+    show_default=True,
+    help="Replays before review.",
+)
+@click.option(
+    "--timeout",
+    type=Seconds(0, 86_400, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds per replay.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @database_option
 def replay(

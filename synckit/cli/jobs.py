@@ -14,6 +14,7 @@ from rich.table import Table
 from synckit.cli.options import (
     JOB_ID,
     PRIORITY,
+    ROWS_SHOWN,
     CliError,
     cell,
     console,
@@ -63,7 +64,7 @@ def _job_json(info: JobInfo) -> dict[str, Any]:
     is_flag=True,
     help="Only pending jobs whose run_at cannot be read (they never run), oldest first.",
 )
-@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@click.option("--limit", type=ROWS_SHOWN, default=50, show_default=True)
 @click.option("--before", type=JOB_ID, help="Jobs older than this id (the last one shown).")
 @click.option("--json", "as_json", is_flag=True)
 @database_option

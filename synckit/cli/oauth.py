@@ -20,7 +20,7 @@ from datetime import timedelta
 import click
 
 from synckit.cli.app_loader import app_option, load_app
-from synckit.cli.options import CliError, database_option, run
+from synckit.cli.options import CliError, Seconds, database_option, run
 from synckit.clock import utcnow
 from synckit.runtime.actions import oauth_config_for
 from synckit.runtime.authorize import (
@@ -49,7 +49,7 @@ from synckit.store.db import Database
 )
 @click.option(
     "--expires-in",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, 100 * 366 * 86_400),
     default=None,
     help="Seconds until the access token expires (unknown if omitted: a 401 will tell).",
 )
@@ -112,7 +112,7 @@ def reauth_command(
 @click.option("--scope", default=None, help="Scope to ask for (default: the connector's).")
 @click.option(
     "--wait",
-    type=click.FloatRange(min=1),
+    type=Seconds(1, 86_400),
     default=300,
     show_default=True,
     help="Seconds to wait for the browser to come back.",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import math
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,9 +27,11 @@ from synckit.store.db import ENV_URL, Database, open_database, url_problem
 __all__ = [
     "JOB_ID",
     "PRIORITY",
+    "ROWS_SHOWN",
     "ROW_ID",
     "CliError",
     "LazyGroup",
+    "Seconds",
     "cell",
     "console",
     "database_option",
@@ -76,6 +79,24 @@ err_console = Console(stderr=True)
 ROW_ID = click.IntRange(1, 2**63 - 1)
 JOB_ID = ROW_ID
 PRIORITY = click.IntRange(-(2**31), 2**31 - 1)
+#: How many rows a listing prints at most (``--limit``): a count, not a number past the
+#: driver's integers.
+ROWS_SHOWN = click.IntRange(1, 100_000)
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds within bounds, finite: ``nan`` passes a plain FloatRange (every
+    comparison with it is false) and ``inf`` one without a maximum; both are one line here,
+    not a traceback from a timedelta or a sleep."""
+
+    def __init__(self, low: float, high: float, *, min_open: bool = False) -> None:
+        super().__init__(low, high, min_open=min_open)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return rv
 
 
 def _check_database_url(

@@ -8,7 +8,7 @@ from datetime import datetime
 import click
 from rich.table import Table
 
-from synckit.cli.options import ROW_ID, CliError, cell, console, database_option, run
+from synckit.cli.options import ROW_ID, ROWS_SHOWN, CliError, cell, console, database_option, run
 from synckit.redaction import redact
 from synckit.runtime import outbox as store
 from synckit.store.db import Database
@@ -29,7 +29,7 @@ def outbox() -> None:
 @click.option("--status", type=click.Choice(STATUSES), help="Only messages in this status.")
 @click.option("--topic", help="Only messages of this topic.")
 @click.option("--key", help="Only messages with this ordering key.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--limit", type=ROWS_SHOWN, default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array (payloads included).")
 @database_option
 def ls(

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from synckit.cli.app_loader import app_option, load_app
-from synckit.cli.options import CliError, database_option, run
+from synckit.cli.options import CliError, Seconds, database_option, run
 from synckit.clock import utcnow
 from synckit.runtime.actions import CycleProgress, enqueue_cycles
 from synckit.store.db import Database
@@ -136,7 +136,10 @@ async def follow(
 @click.option("--stream", "streams", multiple=True, help="Only this stream (repeatable).")
 @click.option("--wait", is_flag=True, help="Follow the cycle until it ends.")
 @click.option(
-    "--timeout", type=float, default=None, help="With --wait: give up after this many seconds."
+    "--timeout",
+    type=Seconds(0, 86_400, min_open=True),
+    default=None,
+    help="With --wait: give up after this many seconds.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 @app_option

@@ -7,7 +7,7 @@ import os
 import click
 
 from synckit.cli.app_loader import app_option, load_app
-from synckit.cli.options import CliError, database_option, run
+from synckit.cli.options import CliError, Seconds, database_option, run
 from synckit.store.db import database_url_from_env, mask_url
 
 TOKEN_ENV = "SYNCKIT_WEB_TOKEN"
@@ -29,7 +29,7 @@ TOKEN_ENV = "SYNCKIT_WEB_TOKEN"
     "--refresh",
     default=2.0,
     show_default=True,
-    type=click.FloatRange(0.5, 60.0),
+    type=Seconds(0.5, 60.0),
     help="Seconds between live updates of a page.",
 )
 @database_option

@@ -11,7 +11,7 @@ import click
 import structlog
 
 from synckit.cli.app_loader import app_option_saying, load_registry
-from synckit.cli.options import CliError, database_option, parse_duration, run
+from synckit.cli.options import CliError, Seconds, database_option, parse_duration, run
 from synckit.runtime.audit import audit_observer
 from synckit.runtime.keys import require_openable_secrets
 from synckit.runtime.metrics import metrics_observer, start_metrics_server
@@ -33,14 +33,14 @@ __all__ = ["worker_cmd"]
 @click.option("--lease", default="60s", show_default=True, help="Lease of a claimed job.")
 @click.option(
     "--poll-interval",
-    type=click.FloatRange(0.01, 3600),
+    type=Seconds(0.01, 3600),
     default=1.0,
     show_default=True,
     help="Fallback polling (s).",
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(0, 86400),
+    type=Seconds(0, 86400),
     default=30.0,
     show_default=True,
     help="Shutdown grace period (s).",
