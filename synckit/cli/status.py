@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from synckit.cli.options import console, database_option, run
+from synckit.cli.options import cell, console, database_option, run
 from synckit.runtime.status import ALERTS_ON_THE_SPOT, Status, read_status
 from synckit.runtime.tenants import CONNECTION_STATUSES
 from synckit.store.resources import BREAKER_STATES
@@ -177,7 +177,7 @@ def render_status(status: Status, console: Console) -> None:
         alerts.add_column(col)
     for a in status.alerts_firing:
         alerts.add_row(
-            "firing", a.severity.value, escape(a.rule), escape(a.subject), "now", escape(a.message)
+            "firing", a.severity.value, escape(a.rule), escape(a.subject), "now", cell(a.message)
         )
     for a in status.alerts_recent:
         alerts.add_row(
@@ -186,7 +186,7 @@ def render_status(status: Status, console: Console) -> None:
             escape(a.rule),
             escape(a.subject),
             _when(a.fired_at),
-            escape(a.message),
+            cell(a.message),
         )
     if not status.alerts_evaluated:
         alerts.caption = (

@@ -26,6 +26,7 @@ from enum import Enum
 from typing import Any
 
 from synckit.clock import utcnow
+from synckit.redaction import redact_text
 from synckit.runtime.alerts import (
     Alert,
     ConnectionState,
@@ -259,7 +260,8 @@ def _tenants(
                 next_available_at=b.next_available_at if b else None,
                 dlq_pending=dl.get("pending", 0),
                 dlq_review=dl.get("review", 0),
-                status_reason=s.status_reason if s else None,
+                # Stored before redaction, or by a path that missed it: shown masked.
+                status_reason=redact_text(s.status_reason) if s and s.status_reason else None,
                 schedule=s.schedule if s else None,
                 last_success_at=last,
                 lag_seconds=round((now - last).total_seconds(), 3) if last else None,
