@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY, generate_latest
 from pydantic import BaseModel
 from secret_shapes import SHAPES
 from sqlalchemy import select
@@ -199,6 +200,10 @@ async def test_generated_secrets_in_every_shape_are_stored_and_logged_nowhere(
 
     assert leaked(secrets, await dump(db)) == []
     assert leaked(secrets, out.getvalue()) == []
+    # The metrics this process exposes (what `synckit worker --metrics-port` serves).
+    exposition = generate_latest(REGISTRY).decode()
+    assert "synckit_" in exposition and '"leaky"' in exposition  # this run's series
+    assert leaked(secrets, exposition) == []
 
 
 @settings(max_examples=25, deadline=None)
