@@ -22,7 +22,11 @@ from typing import Any
 
 import pytest
 
+from synckit.errors import RetryPolicy
+from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.worker import Worker
 from synckit.store import dead_letters as dlq_store
+from synckit.store import jobs as job_store
 from synckit.store import migrate
 from synckit.store.db import open_database
 
@@ -80,6 +84,25 @@ async def _with_db(url: str, fn: Any) -> Any:
         await db.dispose()
 
 
+async def failed_job(db: Any) -> int:
+    """A job that failed twice against an API that echoed the secret: its page shows each
+    attempt's error and the traceback, redacted."""
+    reg = Registry()
+
+    @reg.handler("sync.orders")
+    async def sync_orders(ctx: JobContext) -> None:
+        raise RuntimeError(
+            f"400 from https://api.example/v1/orders?api_key={SECRET}: "
+            "field 'total' must be positive; field 'currency' is not ISO 4217"
+        )
+
+    made = await job_store.enqueue(db, "sync.orders", {"tenant": "acme"}, max_attempts=2)
+    await Worker(
+        db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05
+    ).run_until_idle()
+    return made.id
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("web")
@@ -87,7 +110,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
     async def prepare(db: Any) -> Any:
         await migrate.upgrade(db)
-        return await seed(db)
+        failed = await failed_job(db)  # before the seed: this worker runs only it
+        return {**await seed(db), "failed_job": failed}
 
     seeded = _run(_with_db(url, prepare))
     port = _free_port()
@@ -155,7 +179,7 @@ def test_every_page_renders_without_a_secret_and_is_photographed(
 ) -> None:
     """Overview, tenants (a throttled one says paced until ... (Retry-After)), a tenant,
     jobs, a job, dead letters, a dead letter, the outbox: none holds the seeded secret."""
-    job_id = site["seeded"]["jobs"][0]
+    job_id = site["seeded"]["failed_job"]
     letter = site["seeded"]["dead_letters"][0]
     pages = [
         ("overview", "/"),
@@ -171,6 +195,12 @@ def test_every_page_renders_without_a_secret_and_is_photographed(
         response = page.goto(path)
         assert response is not None and response.status == 200, path
         assert SECRET not in page.content(), path
+        if name == "job":
+            page.click("summary:has-text('traceback')")  # open, for the screenshot too
+            text = page.inner_text("body")
+            assert "attempt 2 · " in text
+            assert "RuntimeError: 400 from https://api.example/v1/orders?api_key=***" in text
+            assert "Traceback (most recent call last)" in text and "in sync_orders" in text
         if name == "tenants":
             text = page.inner_text("#tenants")
             assert re.search(r"paced until .+ UTC \(in \d+m \d\ds\) \(Retry-After\)", text)
