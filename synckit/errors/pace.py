@@ -131,10 +131,13 @@ def pace_decision(
     when the answered request left (None: unknown, taken as ``now``).
 
     A request sent before the current event's pace ended (in flight when the limit hit,
-    or sent on a stale view while paced) belongs to that event: the decision keeps the
-    event's own ``until`` and streak. Otherwise this is a new event: the streak grows by
-    one, or restarts at 1 when the previous pace ended ``forget_after`` ago or more, and
-    the resource is paced by the server's wait, else by :func:`default_pace`.
+    or sent on a stale view while paced) belongs to that event: the streak stays, and so
+    does the event's ``until``, unless the answer names a wait of its own that ends
+    later, which is honoured from this answer (the server asked it; a burst answered
+    together adds nothing, one answered later waits its own Retry-After). Otherwise this
+    is a new event: the streak grows by one, or restarts at 1 when the previous pace
+    ended ``forget_after`` ago or more, and the resource is paced by the server's wait,
+    else by :func:`default_pace`.
     """
     if classification.error_class is not ErrorClass.RATE_LIMITED:
         return None
@@ -142,9 +145,11 @@ def pace_decision(
     sent = _utc(sent_at) if sent_at is not None else now
     started = _utc(event_started_at) if event_started_at is not None else None
     until = _utc(event_until) if event_until is not None else None
+    wait = clamp_wait(classification.retry_after, policy.max_wait)
     if until is not None and (sent < until or (started is not None and sent < started)):
+        own = moment_after(now, wait, policy.max_wait) if wait is not None else None
         return PaceDecision(
-            until=until,
+            until=own if own is not None and own > until else until,
             streak=max(streak, 1),
             event_started_at=started or now,
             reason="in flight when the limit hit: same event",
@@ -152,7 +157,6 @@ def pace_decision(
         )
     fresh = until is None or streak <= 0 or now - until >= policy.forget_after
     new_streak = 1 if fresh else streak + 1
-    wait = clamp_wait(classification.retry_after, policy.max_wait)
     if wait is not None:
         reason = classification.wait_source or "server wait"
     else:

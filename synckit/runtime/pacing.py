@@ -140,7 +140,8 @@ def record_rate_limit_sync(
     ``sent_at`` is when the answered request was sent (None: unknown, taken as ``now``;
     a worker recording a handler's own ``RateLimited`` passes the moment the handler
     started). The decision is :func:`synckit.errors.pace.pace_decision`: a request sent
-    before the current event's pace ended belongs to that event and writes nothing;
+    before the current event's pace ended belongs to that event (its streak and start
+    stay; only a wait of its own that ends later pushes ``next_available_at`` out);
     otherwise ``next_available_at`` moves to the pace's end (never earlier than it was),
     and the streak, ``rate_limited_at`` and ``paced_reason`` are stored. Returns the
     resource's ``next_available_at`` afterwards (possibly in the past), or None when the
@@ -173,6 +174,10 @@ def record_rate_limit_sync(
                 "updated_at": now,
             },
         )
+    elif row.next_available_at is None or until > row.next_available_at:
+        # An answer of the same event naming a wait that ends later: the event's other
+        # columns stay, its pace is pushed out to that wait.
+        write_resource_sync(conn, key, {"next_available_at": until, "updated_at": now})
     return until
 
 

@@ -78,7 +78,10 @@ async def test_a_burst_of_in_flight_429s_is_one_pacing_event(
     r = await row(db)
     assert r.rate_limit_streak == 1 and r.paced_reason == "Retry-After"
     assert r.rate_limited_at is not None and r.next_available_at is not None
-    assert r.next_available_at - r.rate_limited_at == timedelta(seconds=1)
+    # One event: 1 s from the first answer, pushed out only by how far apart the six
+    # answers came (each waits its own Retry-After from its answer).
+    paced = r.next_available_at - r.rate_limited_at
+    assert timedelta(seconds=1) <= paced < timedelta(seconds=1.5)
     resent = [q.at for q in server.requests[6:]]
     assert len(resent) == 6 and min(resent) - min(refused) >= 0.9
 
@@ -221,7 +224,8 @@ async def test_record_rate_limit_is_one_event_per_burst_and_only_pushes_out(
     db: Database,
 ) -> None:
     """record_rate_limit: the first answer paces; answers of requests sent before it keep
-    the pace; a later event grows the streak; a pace never pulls next_available_at in."""
+    the event (streak, start) and push the pace out only to their own wait from their
+    answer; a later event grows the streak; a pace never pulls next_available_at in."""
     c = classify(exc=RateLimited("x", retry_after=timedelta(seconds=30)), now=NOW)
     policy = PacePolicy()
     first = await pacing.record_rate_limit(
@@ -232,7 +236,10 @@ async def test_record_rate_limit_is_one_event_per_burst_and_only_pushes_out(
         db, "api:t", c, sent_at=NOW - timedelta(seconds=2), now=NOW + timedelta(seconds=1),
         policy=policy,
     )  # fmt: skip
-    assert same == first and (await row(db, "api:t")).rate_limit_streak == 1
+    # Answered a second later with the same 30 s: the pace ends 30 s after that answer.
+    assert same == first + timedelta(seconds=1)
+    r = await row(db, "api:t")
+    assert (r.rate_limit_streak, r.rate_limited_at, r.next_available_at) == (1, NOW, same)
     no_wait = classify(exc=RateLimited("x"), now=NOW)
     later = NOW + timedelta(seconds=40)
     again = await pacing.record_rate_limit(

@@ -45,13 +45,18 @@ def decide(c: object, now: datetime = NOW, **state: object) -> object:
 
 
 def test_a_burst_of_in_flight_429s_is_one_event() -> None:
-    """The first 429 starts an event; 429s of requests sent before it keep its pace and
-    streak (no growth, no push), even when they name a longer wait."""
+    """The first 429 starts an event; 429s of requests sent before it keep its streak
+    (no growth) and its pace, unless their own wait, counted from their answer, ends
+    later: that wait is the server's and is honoured."""
     first = decide(limited({"Retry-After": "1"}), sent_at=NOW - timedelta(seconds=0.2))
     assert first.new_event and first.streak == 1
     assert first.until == NOW + timedelta(seconds=1) and first.reason == "Retry-After"
     later = NOW + timedelta(seconds=0.05)
-    for wait in ("1", "5", "30"):
+    for wait, until in (
+        ("0", first.until),  # ends sooner: the event's pace stays
+        ("1", later + timedelta(seconds=1)),  # answered 50 ms later: 50 ms more
+        ("30", later + timedelta(seconds=30)),
+    ):
         again = decide(
             limited({"Retry-After": wait}),
             later,
@@ -61,7 +66,21 @@ def test_a_burst_of_in_flight_429s_is_one_event() -> None:
             event_until=first.until,
         )
         assert not again.new_event
-        assert (again.until, again.streak) == (first.until, 1)
+        assert (again.until, again.streak, again.event_started_at) == (
+            until,
+            1,
+            first.event_started_at,
+        )
+    # A 429 of the burst that names no wait never pushes the pace out.
+    bare = decide(
+        limited(),
+        later,
+        streak=1,
+        sent_at=NOW - timedelta(seconds=0.1),
+        event_started_at=first.event_started_at,
+        event_until=first.until,
+    )
+    assert (bare.until, bare.streak, bare.new_event) == (first.until, 1, False)
 
 
 def test_a_request_sent_after_the_pace_ended_is_a_new_event_and_grows_the_streak() -> None:
