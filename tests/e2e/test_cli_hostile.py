@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 from click.testing import CliRunner
+from engines import sqlite_only  # tests/
 from sqlalchemy import update
 
 from synckit.cli import cli
@@ -131,6 +132,7 @@ def test_dead_letter_texts_are_stored_redacted(migrated_url: str) -> None:
     assert KEY not in stored and "[/v1/users]" in stored
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -182,6 +184,7 @@ def test_bad_database_urls_are_refused_before_opening(tmp_path: Any, url: str, s
     assert list(tmp_path.iterdir()) == []
 
 
+@sqlite_only
 def test_app_names_a_function_it_is_never_called(tmp_path: Any, migrated_url: str) -> None:
     """`--app mod:func` refuses a function without calling it (json:dumps, or a function
     with side effects)."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from engines import sqlite_only  # tests/
+
 APPS = Path(__file__).parent.parent / "apps"
 
 
@@ -77,6 +79,7 @@ def test_jobs_lifecycle_through_the_cli(migrated_url: str, tmp_path: Path) -> No
     assert len(done) == 2
 
 
+@sqlite_only
 def test_job_cli_errors_are_one_line(migrated_url: str) -> None:
     """Unknown ids, bad payloads and bad apps: one line, exit code 2."""
     for args, expected in [

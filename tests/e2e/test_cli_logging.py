@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from engines import sqlite_only  # tests/
+
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 NOISY_APP = """
 import structlog
@@ -42,6 +44,7 @@ def synckit(cwd: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]
     )  # fmt: skip
 
 
+@sqlite_only
 def test_logs_go_to_stderr_redacted_and_json_output_stays_json(
     tmp_path: Path, migrated_url: str
 ) -> None:
@@ -69,6 +72,7 @@ def test_logs_go_to_stderr_redacted_and_json_output_stays_json(
     json.loads(quiet.stdout)
 
 
+@sqlite_only
 def test_the_worker_acknowledges_each_signal_in_its_log(tmp_path: Path, migrated_url: str) -> None:
     (tmp_path / "noisy_app.py").write_text(NOISY_APP)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCKIT_")}

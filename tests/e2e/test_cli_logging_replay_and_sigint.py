@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from engines import sqlite_only  # tests/
 
 from synckit.clock import utcnow
 from synckit.store import dead_letters as dlq_store
@@ -52,6 +53,7 @@ def environment() -> dict[str, str]:
     return {**env, "SYNCKIT_SECRET_KEY": os.environ["SYNCKIT_SECRET_KEY"]}
 
 
+@sqlite_only
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_the_worker_acknowledges_sigint_and_sigterm_and_exits_cleanly(
     tmp_path: Path, migrated_url: str, sig: signal.Signals
@@ -109,6 +111,7 @@ def _seed_dead_letters(url: str, n: int) -> None:
     asyncio.run(go())
 
 
+@sqlite_only
 def test_dlq_replay_json_stays_json_while_the_connector_logs_a_secret(
     tmp_path: Path, migrated_url: str
 ) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from click.testing import CliRunner
+from engines import sqlite_only  # tests/
 from sqlalchemy import func, select, update
 
 from synckit.cli import cli
@@ -179,6 +180,7 @@ def test_tenants_ls_and_show_survive_a_garbage_created_at(migrated_url: str) -> 
     assert "globex" in table.output
 
 
+@sqlite_only
 def test_config_files_that_cannot_be_read_are_one_line_errors(
     migrated_url: str, tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engines import sqlite_only  # tests/
 
 from synckit.runtime.poll import load_checkpoint
 from synckit.store.db import open_database
@@ -85,6 +86,7 @@ def test_add_list_show_pause_resume_remove(migrated_url: str) -> None:
     assert gone.returncode == 2 and "no tenant 'acme'" in gone.stderr
 
 
+@sqlite_only
 def test_invalid_config_is_refused_naming_the_field(migrated_url: str) -> None:
     """A config the connector's model refuses: exit 2, one line naming the fields."""
     bad = tenants(migrated_url, "add", "bad", "demo", "--set", "page_size=lots", "--app", APP)
@@ -96,6 +98,7 @@ def test_invalid_config_is_refused_naming_the_field(migrated_url: str) -> None:
     assert ls(migrated_url) == []
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -214,6 +217,7 @@ def test_worker_runs_an_apps_poll_cycles(migrated_url: str, api_url: str, tmp_pa
     assert worker.returncode == 0, log.read_text()[-3000:]
 
 
+@sqlite_only
 def test_an_unknown_config_field_is_refused_by_name(migrated_url: str) -> None:
     """A misspelt field is not stored silently: add and set-config refuse it by name."""
     typo = tenants(

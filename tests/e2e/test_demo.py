@@ -1,24 +1,31 @@
 """`synckit demo`, run as a newcomer runs it: a subprocess in an empty directory.
 
 The summary it prints must be what its database holds: every figure is checked against
-the SQLite file the demo leaves behind.
+the SQLite file the demo leaves behind. The same run shows that file and its write-ahead
+log hold none of the demo's secrets (one run of the demo serves every test here).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
+import re
+import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from sqlalchemy import create_engine, func, select
 
 from synckit.examples.graph_mail import internet_message_id, mail_messages
+from synckit.examples.graph_mail.demo import DB_FILE
+from synckit.examples.graph_mail.simulator import GraphSimulator
 from synckit.runtime.audit import RETRIED_PREFIX
 from synckit.store.tables import (
     audit_buckets,
@@ -28,6 +35,22 @@ from synckit.store.tables import (
     jobs,
     resources,
 )
+
+#: ``run_demo`` seeds its simulator with this (synckit/examples/graph_mail/demo.py).
+DEMO_SEED = 2024
+#: ``GraphSimulator._opaque``: ``prefix + urlsafe_b64(sha256(seed:prefix:counter))``.
+OPAQUE = re.compile(rb"(?:at|rt)[A-Za-z0-9_-]{43}")
+
+
+def issued_tokens(seed: int, up_to: int = 20_000) -> set[bytes]:
+    """Every access and refresh token the seeded simulator can issue in a demo's run."""
+    out = set()
+    for prefix in ("at", "rt"):
+        for n in range(1, up_to + 1):
+            raw = hashlib.sha256(f"{seed}:{prefix}:{n}".encode()).digest()
+            out.add((prefix + base64.urlsafe_b64encode(raw).decode().rstrip("=")).encode())
+    return out
+
 
 SECTIONS = (
     "What happened",
@@ -43,28 +66,71 @@ SECTIONS = (
 )
 
 
+class DemoRun(NamedTuple):
+    summary: dict[str, Any]
+    human: str
+    db: Path
+    elapsed: float
+    #: Which of the demo's secrets were found in its SQLite file or WAL (during or after).
+    leaks: set[str]
+    #: The most WAL bytes one scan read while the demo ran (0: the scan saw nothing).
+    wal_seen: int
+
+
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path, float]:
-    """One run of ``synckit demo --json``: (summary, human output, database, seconds)."""
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """One run of ``synckit demo --json`` as a newcomer runs it (no ``SYNCKIT_*`` variable
+    set, so it makes an ephemeral key), its database and write-ahead log scanned for the
+    demo's secrets while it runs and once more after it."""
     workdir = tmp_path_factory.mktemp("demo")
     (workdir / "synckit-demo.db").write_text("an old demo database, to be replaced")
-    env = {**os.environ, "COLUMNS": "200"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCKIT_")}
+    env["COLUMNS"] = "200"
+    client_secret = GraphSimulator(seed=DEMO_SEED).client_secret.encode()
+    assert client_secret.startswith(b"sim-secret-")
+    tokens = issued_tokens(DEMO_SEED)
+    db, wal = workdir / DB_FILE, workdir / f"{DB_FILE}-wal"
+    leaks: set[str] = set()
+
+    def scan(path: Path) -> int:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return 0
+        if client_secret in data:
+            leaks.add(f"{path.name}: the client secret")
+        if leaked := set(OPAQUE.findall(data)) & tokens:
+            leaks.add(f"{path.name}: {len(leaked)} issued token(s)")
+        return len(data)
+
+    out, err = workdir.parent / "demo.stdout", workdir.parent / "demo.stderr"
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "synckit.cli", "demo", "--json"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=env,
-    )
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:  # pipes unread would block it
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "synckit.cli", "demo", "--json"],
+            cwd=workdir, env=env, stdout=stdout, stderr=stderr,
+        )  # fmt: skip
+    wal_seen = 0
+    try:
+        deadline = started + 90
+        while proc.poll() is None and time.monotonic() < deadline:
+            wal_seen = max(wal_seen, scan(wal))
+            time.sleep(0.3)
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     elapsed = time.monotonic() - started
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout), proc.stderr, workdir / "synckit-demo.db", elapsed
+    stdout_text, stderr_text = out.read_text(), err.read_text()
+    assert proc.returncode == 0, f"stdout:\n{stdout_text[-2000:]}\nstderr:\n{stderr_text[-4000:]}"
+    scan(wal)
+    assert scan(db) > 0
+    return DemoRun(json.loads(stdout_text), stderr_text, db, elapsed, leaks, wal_seen)
 
 
 @pytest.fixture(scope="module")
-def tables(demo: tuple[dict[str, Any], str, Path, float]) -> dict[str, list[Any]]:
+def tables(demo: DemoRun) -> dict[str, list[Any]]:
     """The rows of the demo's database the summary speaks of."""
     engine = create_engine(f"sqlite:///{demo[2]}")
     try:
@@ -93,9 +159,9 @@ def by_tenant(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_the_demo_converges_within_a_minute_and_prints_every_section(
-    demo: tuple[dict[str, Any], str, Path, float],
+    demo: DemoRun,
 ) -> None:
-    summary, human, db_path, elapsed = demo
+    summary, human, db_path, elapsed = demo[:4]
     assert summary["converged"] and summary["unmet"] == []
     assert elapsed < 60 and summary["elapsed_seconds"] < 60
     for section in SECTIONS:
@@ -104,7 +170,7 @@ def test_the_demo_converges_within_a_minute_and_prints_every_section(
 
 
 def test_records_synced_per_tenant_are_the_rows_of_the_example_table_and_the_audit(
-    demo: tuple[dict[str, Any], str, Path, float], tables: dict[str, list[Any]]
+    demo: DemoRun, tables: dict[str, list[Any]]
 ) -> None:
     tenants = by_tenant(demo[0])
     assert {t: n for t, n in tables["synced"]} == {t: r["synced"] for t, r in tenants.items()}
@@ -140,7 +206,7 @@ def test_records_synced_per_tenant_are_the_rows_of_the_example_table_and_the_aud
 
 
 def test_dead_letters_are_the_malformed_messages_waiting_for_review(
-    demo: tuple[dict[str, Any], str, Path, float], tables: dict[str, list[Any]]
+    demo: DemoRun, tables: dict[str, list[Any]]
 ) -> None:
     summary = demo[0]
     rows = {
@@ -166,7 +232,7 @@ def test_dead_letters_are_the_malformed_messages_waiting_for_review(
 
 
 def test_the_revoked_tenant_needs_reauth_and_the_others_are_active(
-    demo: tuple[dict[str, Any], str, Path, float], tables: dict[str, list[Any]]
+    demo: DemoRun, tables: dict[str, list[Any]]
 ) -> None:
     summary = demo[0]
     status = {c.tenant: (c.status, c.status_reason) for c in tables["connections"]}
@@ -187,7 +253,7 @@ def test_the_revoked_tenant_needs_reauth_and_the_others_are_active(
 
 
 def test_every_mail_was_sent_exactly_once_despite_lost_answers(
-    demo: tuple[dict[str, Any], str, Path, float], tables: dict[str, list[Any]]
+    demo: DemoRun, tables: dict[str, list[Any]]
 ) -> None:
     summary = demo[0]
     done = {(i.tenant, i.intent_key): i for i in tables["intents"] if i.status == "done"}
@@ -208,7 +274,7 @@ def test_every_mail_was_sent_exactly_once_despite_lost_answers(
 
 
 def test_a_breaker_opened_and_closed_again_and_retry_after_was_honoured(
-    demo: tuple[dict[str, Any], str, Path, float], tables: dict[str, list[Any]]
+    demo: DemoRun, tables: dict[str, list[Any]]
 ) -> None:
     summary = demo[0]
     states = {
@@ -224,3 +290,15 @@ def test_a_breaker_opened_and_closed_again_and_retry_after_was_honoured(
     assert retry_after["answers"] == by_tenant(summary)["fabrikam"]["throttled_429"] >= 1
     assert retry_after["not_honoured"] == 0
     assert retry_after["honoured"] + retry_after["no_later_request"] == retry_after["answers"]
+
+
+def test_the_demo_database_and_its_wal_hold_no_client_secret_or_token(demo: DemoRun) -> None:
+    """Issue 16, "the demo's too": the seeded simulator's client secret (in every tenant's
+    config) and every token it can issue are in neither the SQLite file nor its WAL, read
+    while the demo ran and after it."""
+    assert demo.wal_seen > 0, "the WAL was never seen: the scan read nothing of it"
+    # The demo did store configs and tokens (sealed), so there was something to leak.
+    with sqlite3.connect(demo.db) as conn:
+        rows = conn.execute("SELECT config, token_set FROM connections").fetchall()
+    assert rows and all(config and tokens for config, tokens in rows)
+    assert not demo.leaks, sorted(demo.leaks)

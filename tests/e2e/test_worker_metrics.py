@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from engines import sqlite_only  # tests/
 from loopback import LoopbackServer, Request
 from sqlalchemy import func, select
 
@@ -83,6 +84,7 @@ def refused(host: str, port: int) -> bool:
         return True
 
 
+@sqlite_only
 def test_metrics_listen_on_loopback_by_default(migrated_url: str, tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     proc = start_worker(migrated_url, log)
@@ -95,6 +97,7 @@ def test_metrics_listen_on_loopback_by_default(migrated_url: str, tmp_path: Path
         stop(proc)
 
 
+@sqlite_only
 def test_metrics_listen_on_the_host_given(migrated_url: str, tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     proc = start_worker(migrated_url, log, "--metrics-host", "127.0.0.2")
