@@ -20,7 +20,7 @@ import threading
 
 import click
 
-from synckit.cli.options import CliError, LazyGroup
+from synckit.cli.options import LOG_SETTINGS, CliError, LazyGroup, LogSettings
 from synckit.runtime.logging import configure_logging
 
 __all__ = ["CliError", "cli", "main"]
@@ -67,11 +67,11 @@ def cli(log_level: str, log_format: str) -> None:
     Every command logs the same way: structured events on stderr, secrets redacted,
     so that stdout carries only the command's output (--json stays valid JSON).
     """
-    configure_logging(
-        json_lines={"auto": None, "json": True, "console": False}[log_format.lower()],
-        level=logging.getLevelName(log_level.upper()),
-        stream=sys.stderr,
-    )
+    json_lines = {"auto": None, "json": True, "console": False}[log_format.lower()]
+    level = logging.getLevelName(log_level.upper())
+    configure_logging(json_lines=json_lines, level=level, stream=sys.stderr)
+    # A command that logs elsewhere (the demo, to its log file) logs the same way.
+    click.get_current_context().meta[LOG_SETTINGS] = LogSettings(json_lines, level)
 
 
 def _quiet_thread_error(args: threading.ExceptHookArgs) -> None:

@@ -15,7 +15,7 @@ from typing import IO
 import click
 from rich.console import Console
 
-from synckit.cli.options import Seconds
+from synckit.cli.options import Seconds, log_settings
 from synckit.errors import SynckitError
 from synckit.examples.graph_mail.demo import LOG_FILE, DemoResult, render_summary, run_demo
 from synckit.runtime.logging import configure_logging
@@ -25,11 +25,16 @@ __all__ = ["demo_command"]
 
 @contextlib.contextmanager
 def _log_to(path: Path) -> Iterator[IO[str]]:
+    """Log to ``path`` as every command logs (redacted; ``--log-level`` and ``--log-format``
+    apply), so that the summary on the terminal stays readable."""
+    settings = log_settings()
     try:
         with path.open("w", encoding="utf-8") as stream:
-            configure_logging(json_lines=True, stream=stream)
+            configure_logging(json_lines=settings.json_lines, level=settings.level, stream=stream)
             yield stream
     finally:
+        # Nothing may log to the closed file afterwards.
+        configure_logging(json_lines=settings.json_lines, level=settings.level)
         # A run that failed before logging anything leaves no empty file behind.
         with contextlib.suppress(OSError):
             if path.stat().st_size == 0:
@@ -48,7 +53,8 @@ def _log_to(path: Path) -> Iterator[IO[str]]:
 def demo_command(as_json: bool, timeout: float) -> None:
     """Sync three Graph mail tenants against a simulated Graph, and show what happened.
 
-    Creates synckit-demo.db (and synckit-demo.log) in the working directory.
+    Creates synckit-demo.db in the working directory, and logs to synckit-demo.log there
+    (not stderr, so the summary stays readable; --log-level and --log-format apply).
     """
     workdir = Path.cwd()
     out = Console(stderr=as_json)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,6 +45,25 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+#: Where the group's ``--log-level`` and ``--log-format`` land in ``click.Context.meta``.
+LOG_SETTINGS = "synckit.log_settings"
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """The group's logging options, for a command that logs somewhere other than stderr."""
+
+    json_lines: bool | None  # None: JSON unless the stream is a terminal
+    level: int
+
+
+def log_settings() -> LogSettings:
+    """The running command's logging options (INFO, format by stream outside a command)."""
+    ctx = click.get_current_context(silent=True)
+    found = ctx.meta.get(LOG_SETTINGS) if ctx is not None else None
+    return found if isinstance(found, LogSettings) else LogSettings(None, logging.INFO)
 
 
 class LazyGroup(click.Group):
