@@ -62,6 +62,7 @@ from synckit.clock import utcnow
 from synckit.connectors.auth import ClientAuthMethod, GrantType, OAuth2Config
 from synckit.errors.exceptions import NeedsReauth, RetryableError
 from synckit.errors.headers import server_wait
+from synckit.redaction import redact_text
 from synckit.runtime import pacing
 from synckit.runtime.secrets import (
     REASON_CHARS,
@@ -228,10 +229,15 @@ def unauthorized_verdict(
 
 
 def reauth_reason(cause: str, tenant: str) -> str:
-    """The stored reason: the cause first (bounded), then what a human does, once."""
-    cause = " ".join(cause.split())[:_CAUSE_CHARS] or "credentials refused"
+    """The stored reason: the cause first (redacted, bounded), then what a human does, once.
+
+    The provider's words are untrusted text (an ``error_description`` may quote a token
+    or the client secret), so they pass the redaction step before anything stores them.
+    A ``;`` ends the cause: a masked value never runs into the hint.
+    """
+    cause = redact_text(" ".join(cause.split()))[:_CAUSE_CHARS] or "credentials refused"
     hint = (
-        f" -- tenant {tenant!r} needs re-authorisation: run `synckit tenants connect {tenant}` "
+        f"; tenant {tenant!r} needs re-authorisation: run `synckit tenants connect {tenant}` "
         f"or `synckit tenants reauth {tenant}`"
     )
     return (cause + hint)[:REASON_CHARS]
@@ -666,12 +672,15 @@ def token_endpoint_error(
             f"token endpoint is unavailable ({code})",
             retry_after=server_wait(response.headers, now) if response is not None else None,
         )
-    # The provider refused: only a new authorisation helps. Its description is server
-    # text, scrubbed of our secrets and not chained.
+    # The provider refused: only a new authorisation helps. Its code and description are
+    # server text, scrubbed of our secrets, redacted (it may quote any token) and not
+    # chained.
     description = _scrub(str(exc.description or ""), *secrets)[:200]
     return _Refused(
-        f"the token endpoint refused the {grant} grant: {code}"
-        + (f" ({description})" if description else "")
+        redact_text(
+            f"the token endpoint refused the {grant} grant: {_scrub(code, *secrets)[:100]}"
+            + (f" ({description})" if description else "")
+        )
     )
 
 

@@ -19,7 +19,9 @@ from sqlalchemy import Row, Text, and_, bindparam, cast, delete, func, or_, sele
 from sqlalchemy.exc import IntegrityError
 
 from synckit.errors.exceptions import ConfigurationError
+from synckit.redaction import redact_text
 from synckit.store.db import Conn, Database, SyncConn
+from synckit.store.dead_letters import storable_text
 from synckit.store.jobs import NOTIFY_CHANNEL, guarded_moment
 from synckit.store.resources import readable
 from synckit.store.tables import checkpoints, connections, dead_letters, pending_authorizations
@@ -90,7 +92,8 @@ async def write_token_set(
 
 
 async def mark_needs_reauth(conn: Conn, tenant: str, *, reason: str, now: datetime) -> None:
-    """Set the tenant's connection to ``needs_reauth`` with ``reason`` (no secrets in it).
+    """Set the tenant's connection to ``needs_reauth`` with ``reason`` (redacted here too,
+    and cut to 500 characters).
 
     Any refresh lease is dropped with it: nobody may refresh a refused grant.
     """
@@ -99,7 +102,7 @@ async def mark_needs_reauth(conn: Conn, tenant: str, *, reason: str, now: dateti
         .where(connections.c.tenant == tenant)
         .values(
             status="needs_reauth",
-            status_reason=reason[:REASON_CHARS],
+            status_reason=_stored_reason(reason),
             refresh_owner=None,
             refresh_until=None,
             updated_at=now,
@@ -648,10 +651,15 @@ async def pause_active(
 def mark_needs_reauth_sync(
     conn: SyncConn, resource_key: str, reason: str, *, now: datetime
 ) -> None:
-    """The connection of ``resource_key`` waits for re-authorisation (``reason``, already
-    redacted, is cut to 500 characters), in the caller's transaction."""
+    """The connection of ``resource_key`` waits for re-authorisation (``reason`` redacted
+    and cut to 500 characters), in the caller's transaction."""
     conn.execute(
         update(connections)
         .where(connections.c.resource_key == resource_key)
-        .values(status="needs_reauth", status_reason=reason[:REASON_CHARS], updated_at=now)
+        .values(status="needs_reauth", status_reason=_stored_reason(reason), updated_at=now)
     )
+
+
+def _stored_reason(reason: str) -> str:
+    """A ``needs_reauth`` reason as stored: redacted (whoever wrote it), storable, bounded."""
+    return storable_text(redact_text(reason))[:REASON_CHARS]

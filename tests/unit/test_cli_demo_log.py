@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,9 @@ from synckit.errors import SynckitError
 
 
 @pytest.fixture
-def logging_demo(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A demo that logs one event at each level, then stops with a one-line error."""
+def logging_demo(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A demo that logs one event at each level, then stops with a one-line error. The
+    logging it configures (a level of WARNING, say) is undone afterwards."""
 
     async def run_demo(workdir: Path, **_: Any) -> None:
         log = structlog.get_logger("demo")
@@ -27,6 +30,12 @@ def logging_demo(monkeypatch: pytest.MonkeyPatch) -> None:
         raise SynckitError("stopped here")
 
     monkeypatch.setattr(demo_cli, "run_demo", run_demo)
+    saved, root = structlog.get_config(), logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    structlog.configure(**saved)
+    root.setLevel(level)
+    root.handlers[:] = handlers
 
 
 def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *options: str) -> str:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
+from synckit.redaction import redact_text
 from synckit.runtime.oauth import (
     MAX_401_RETRIES,
     reauth_reason,
@@ -120,6 +121,32 @@ def test_the_reason_is_the_cause_first_bounded_with_one_hint(cause: str, tenant:
     """Within the column, the cause first, the hint once."""
     reason = reauth_reason(cause, tenant)
     assert len(reason) <= 500
-    words = " ".join(cause.split())
+    words = redact_text(" ".join(cause.split()))
     assert reason.startswith(words[:300] or "credentials refused")
     assert reason.count(f"tenant {tenant!r} needs re-authorisation") == 1 or len(words) >= 300
+
+
+def test_a_refusal_quoting_tokens_is_stored_redacted_with_its_hint_whole() -> None:
+    """A provider's error code and description are untrusted text: a bearer token, another
+    client's secret or a token in a URL never reach the stored reason, and the masked
+    value does not run into the hint after it."""
+    from authlib.integrations.base_client import OAuthError
+
+    from synckit.runtime.oauth import token_endpoint_error
+
+    leaky = OAuthError(
+        error="invalid_grant",
+        description="Bearer ghp_abcdefghijklmnopqrstuvwxyz0123456789 and "
+        "client_secret=other-client-s3cr3t, see https://idp/x?access_token=tok_SEEKRIT_4242",
+    )
+    refused = token_endpoint_error(leaky, None, "refresh_token", T0, secrets=("mine",))
+    reason = reauth_reason(str(refused), "acme")
+    for secret in ("ghp_abcdefghijklmnopqrstuvwxyz0123456789", "other-client-s3cr3t",
+                   "tok_SEEKRIT_4242"):  # fmt: skip
+        assert secret not in reason
+    assert reason.startswith("the token endpoint refused the refresh_token grant: invalid_grant")
+    assert reason.endswith(
+        "; tenant 'acme' needs re-authorisation: run `synckit tenants connect acme` "
+        "or `synckit tenants reauth acme`"
+    )
+    assert redact_text(reason) == reason  # stored again by the store: unchanged
