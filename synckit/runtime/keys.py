@@ -61,7 +61,7 @@ async def find_unopenable(
     found: list[Unopenable] = []
     after = ""
     while True:
-        async with db.begin() as conn:
+        async with db.read() as conn:
             rows = await connection_store.active_secrets_page(conn, after=after, limit=page)
         for r in rows:
             found.extend(_check_row(r.tenant, r.token_set, r.config_text, cipher))

@@ -137,7 +137,7 @@ async def read_snapshot(
 ) -> DatabaseSnapshot:
     """What the gauges show, read in one transaction."""
     now = now or utcnow()
-    async with db.begin() as conn:
+    async with db.read() as conn:
         return DatabaseSnapshot(
             up=True,
             queue=await queue_depth(conn, statuses=("pending", "running")),

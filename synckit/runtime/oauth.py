@@ -404,7 +404,7 @@ class OAuth2Auth(httpx.Auth):
             return RefreshResult(token, False)
 
     async def _load(self) -> TokenSet | None:
-        async with self.db.begin() as conn:
+        async with self.db.read() as conn:
             row = await read_connection(conn, self.tenant)
         if row.status == "needs_reauth":
             raise NeedsReauth(self._stored_reason(row.status_reason))

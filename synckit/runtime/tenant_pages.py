@@ -76,7 +76,7 @@ async def page_tenants(
     by status."""
     if limit < 1:
         raise ValueError("a page holds at least one tenant")
-    async with db.begin() as conn:
+    async with db.read() as conn:
         by_status = await connection_store.count_tenants_by_status(
             conn, connector=connector, status=status
         )
@@ -88,7 +88,7 @@ async def page_tenants(
 
 async def read_tenant(db: Database, tenant: str) -> Tenant:
     """One tenant, secrets masked, or :class:`TenantNotFound`; a corrupt row reads."""
-    async with db.begin() as conn:
+    async with db.read() as conn:
         row = await connection_store.read_tenant_row(conn, tenant, guarded=True)
     if row is None:
         raise TenantNotFound(f"no tenant {tenant!r}")
@@ -136,6 +136,6 @@ def _checkpoint(r: Any) -> Checkpoint:
 
 async def read_checkpoints(db: Database, tenant: str) -> list[Checkpoint]:
     """Every stream's checkpoint of ``tenant``, by connector and stream."""
-    async with db.begin() as conn:
+    async with db.read() as conn:
         rows = await connection_store.checkpoint_rows(conn, tenant)
     return [_checkpoint(r) for r in rows]

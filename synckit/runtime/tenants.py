@@ -339,7 +339,7 @@ async def get_tenant(
     config that cannot be opened or read raises :class:`ConfigurationError` naming the
     tenant and the field. With ``reveal=False`` they are ``***`` and no key is needed.
     """
-    async with db.begin() as conn:
+    async with db.read() as conn:
         row = await connection_store.read_tenant_row(conn, tenant)
     if row is None:
         raise TenantNotFound(f"no tenant {tenant!r}")
@@ -358,7 +358,7 @@ async def list_tenants(
     and ``cipher`` as for :func:`get_tenant`)."""
     if reveal and cipher is None:
         cipher = TokenCipher.from_env()
-    async with db.begin() as conn:
+    async with db.read() as conn:
         rows = await connection_store.tenant_rows(conn, connector=connector, status=status)
         return [_tenant(r, reveal=reveal, cipher=cipher) for r in rows]
 
@@ -463,7 +463,7 @@ async def remove_tenant(db: Database, tenant: str) -> Tenant:
 
 async def dead_letter_counts(db: Database, tenant: str) -> dict[str, int]:
     """The tenant's dead letters by status."""
-    async with db.begin() as conn:
+    async with db.read() as conn:
         return await connection_store.tenant_dead_letter_counts(conn, tenant)
 
 

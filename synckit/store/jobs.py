@@ -2128,13 +2128,13 @@ async def list_jobs(
         stmt = stmt.where(jobs.c.created_at >= created_since)
     if updated_since:
         stmt = stmt.where(jobs.c.updated_at >= updated_since)
-    async with db.begin() as conn:
+    async with db.read() as conn:
         return [JobInfo.from_row(r, full=False) for r in await conn.execute(stmt)]
 
 
 async def get_job(db: Database, job_id: int) -> JobInfo:
     """One job with its payload and error history; :class:`JobNotFound` if absent."""
-    async with db.begin() as conn:
+    async with db.read() as conn:
         row = (await conn.execute(_INFO.where(jobs.c.id == job_id))).first()
     if row is None:
         raise JobNotFound(f"no job with id {job_id}")
@@ -2216,7 +2216,7 @@ async def replace_payload(db: Database, job_id: int, payload: Any) -> JobInfo:
 
 
 async def count_by_status(db: Database) -> dict[str, int]:
-    async with db.begin() as conn:
+    async with db.read() as conn:
         rows = await conn.execute(select(jobs.c.status, func.count()).group_by(jobs.c.status))
         return {s: c for s, c in rows}
 

@@ -134,7 +134,7 @@ def _info(row: Any) -> ResourceInfo:
 
 
 async def get_resource(db: Database, resource_key: str) -> ResourceInfo:
-    async with db.begin() as conn:
+    async with db.read() as conn:
         row = (await conn.execute(_READ.where(resources.c.resource_key == resource_key))).first()
     if row is None:
         raise LookupError(f"no resource {resource_key!r}")
@@ -143,7 +143,7 @@ async def get_resource(db: Database, resource_key: str) -> ResourceInfo:
 
 async def list_resources(db: Database) -> list[ResourceInfo]:
     """Every resource by key; a corrupt row is listed with what is unreadable in it."""
-    async with db.begin() as conn:
+    async with db.read() as conn:
         rows = await conn.execute(_READ.order_by(resources.c.resource_key))
         return [_info(r) for r in rows]
 
