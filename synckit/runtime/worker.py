@@ -70,7 +70,7 @@ from synckit.store import jobs as store
 from synckit.store import resources
 from synckit.store.connections import mark_needs_reauth_sync
 from synckit.store.db import Database, SyncConn, connection_lost
-from synckit.store.jobs import ClaimedJob, JobSpec, OutcomeStore
+from synckit.store.jobs import ClaimedJob, ClaimStore, JobSpec, OutcomeStore
 from synckit.store.notify import listen
 from synckit.store.resources import BreakerStore
 
@@ -217,6 +217,9 @@ class Worker:
     #: :mod:`synckit.store.jobs` (unit tests of the outcome routing give a fake).
     #: (mypy does not take this module for the protocol, as it does store.resources.)
     outcomes: ClassVar[OutcomeStore] = cast(OutcomeStore, store)
+    #: Where the claim loop takes jobs: :mod:`synckit.store.jobs` (unit tests of what the
+    #: loop asks for, and when, give an in-memory fake).
+    claims: ClassVar[ClaimStore] = cast(ClaimStore, store)
 
     def __init__(
         self,
@@ -393,7 +396,7 @@ class Worker:
             self._wake.clear()
             seq = self._record_seq
             try:
-                batch = await store.claim(
+                batch = await self.claims.claim(
                     self.db,
                     self.worker_id,
                     min(free, batch_size),

@@ -1681,6 +1681,24 @@ def dead_letter_job_sync(
     )
 
 
+class ClaimStore(Protocol):
+    """The operation the worker's claim loop takes jobs with: this module is one
+    (:func:`claim`); a unit test's in-memory fake is another."""
+
+    async def claim(
+        self,
+        db: Database,
+        worker_id: str,
+        limit: int,
+        *,
+        now: datetime | None = None,
+        lease: timedelta = ...,
+        start: int | None = None,
+        start_lease: timedelta = ...,
+        breaker_policy: BreakerPolicy | None = None,
+    ) -> list[ClaimedJob]: ...
+
+
 class OutcomeStore(Protocol):
     """The operations the worker's recorder writes a job's non-success outcome with: this
     module is one; a unit test's in-memory fake is another."""
