@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from engines import sqlite_only  # tests/
 from sqlalchemy import update
 
 from synckit.store import dead_letters as store
@@ -127,6 +128,7 @@ def seed(url: str) -> dict[str, int]:
     return with_db(url, go)
 
 
+@sqlite_only
 def test_ls_lists_filters_and_groups(migrated_url: str) -> None:
     """ls: newest first as JSON lines, filters combine, --group-by counts, a table by default."""
     ids = seed(migrated_url)
@@ -186,6 +188,7 @@ def test_show_prints_payload_history_and_traceback(migrated_url: str) -> None:
     assert missing.returncode == 2 and "no dead letter with id 999999" in missing.stderr
 
 
+@sqlite_only
 def test_replay_dry_run_changes_nothing(migrated_url: str) -> None:
     """--dry-run says, per plan and kind, what a replay would do, and writes nothing."""
     seed(migrated_url)
@@ -276,6 +279,7 @@ def test_replay_with_the_app_by_ids_and_by_filter(migrated_url: str, tmp_path: P
     assert nothing.returncode == 2 and "--all" in nothing.stderr
 
 
+@sqlite_only
 def test_resolve_and_ignore_by_id_and_filter(migrated_url: str) -> None:
     """resolve/ignore change open rows by id or by filter and keep the reason."""
     ids = seed(migrated_url)
@@ -310,6 +314,7 @@ def test_resolve_and_ignore_by_id_and_filter(migrated_url: str) -> None:
     assert rows["new-resolved"]["status"] == "resolved"  # closed rows are not re-ignored
 
 
+@sqlite_only
 def test_purge_deletes_old_resolved_and_ignored_only(migrated_url: str) -> None:
     """purge --older-than 30d removes the two 60-day-old closed rows and nothing else."""
     seed(migrated_url)
@@ -322,6 +327,7 @@ def test_purge_deletes_old_resolved_and_ignored_only(migrated_url: str) -> None:
     assert {"a1", "bad", "new-resolved"} <= left and len(left) == 7
 
 
+@sqlite_only
 def test_export_writes_json_lines(migrated_url: str, tmp_path: Path) -> None:
     """export: every matching row with payload, history and traceback, to stdout or a file."""
     seed(migrated_url)
@@ -373,6 +379,7 @@ def test_ls_and_export_stream_five_thousand_rows(migrated_url: str, tmp_path: Pa
     assert pending.count("\n") == 2_500
 
 
+@sqlite_only
 def test_ls_pages_by_before_with_a_next_page_hint(migrated_url: str) -> None:
     """ls --limit N says `next page: --before ID` (stderr with --json, the caption in a
     table) only when more rows follow; --before ID walks on, with filters too, and the

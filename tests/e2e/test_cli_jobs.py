@@ -36,6 +36,7 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout
 
 
+@sqlite_only
 def test_jobs_lifecycle_through_the_cli(migrated_url: str, tmp_path: Path) -> None:
     """Enqueue, list, show, reschedule, re-prioritise, cancel, retry and run jobs."""
     first = ok(synckit(migrated_url, "jobs", "enqueue", "record", "--payload", '{"n": 1}'))
@@ -96,6 +97,7 @@ def test_job_cli_errors_are_one_line(migrated_url: str) -> None:
         assert len(lines) == 1 and expected in lines[0], (args, result.stderr)
 
 
+@sqlite_only
 def test_breakers_ls_and_reset(migrated_url: str) -> None:
     """`breakers ls` shows a resource's state; `reset` closes it."""
     ok(synckit(migrated_url, "jobs", "enqueue", "record", "--resource-key", "tenant-1"))

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import Any
 
+from engines import sqlite_only  # tests/
+
 from synckit.runtime import outbox
 from synckit.runtime.outbox import CallbackPublisher, NewMessage, OutboxMessage, PublishRejected
 from synckit.store.db import open_database
@@ -74,6 +76,7 @@ def test_ls_lists_and_filters_messages(migrated_url: str) -> None:
     assert "pending 0, published 3, failed 2" in table.stdout
 
 
+@sqlite_only
 def test_retry_puts_failed_messages_back_to_pending(migrated_url: str) -> None:
     """retry ID re-queues one failed message; retry --failed re-queues all the rest."""
     seed(migrated_url)

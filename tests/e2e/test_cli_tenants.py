@@ -50,6 +50,7 @@ def ls(url: str, *args: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+@sqlite_only
 def test_add_list_show_pause_resume_remove(migrated_url: str) -> None:
     """The tenant lifecycle from the shell: every command, its output and its effect."""
     add = tenants(
@@ -121,6 +122,7 @@ def test_refusals_are_one_line_with_exit_code_2(
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@sqlite_only
 def test_adding_a_tenant_twice_is_refused(migrated_url: str) -> None:
     first = tenants(migrated_url, "add", "acme", "demo", "--set", "api_token=x", "--app", APP)
     assert first.returncode == 0, first.stderr
