@@ -747,7 +747,10 @@ async def main(url, out, me, n):
         try:
             for r in range(8):
                 (here / f"round-{r}-{me}").touch()
+                deadline = time.monotonic() + 60  # a peer that died never arrives
                 while len(list(here.glob(f"round-{r}-*"))) < n:
+                    if time.monotonic() > deadline:
+                        sys.exit(f"round {r}: a peer never arrived (its error says why)")
                     time.sleep(0.005)
                 current[0] = r
                 await router.emit_many(fresh, now=base + timedelta(minutes=10 * r))
