@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel
+from quiet_app import Quiet  # tests/apps
 from sqlalchemy import update
 
-from synckit import App, Connector, Page, SyncContext
+from synckit import App
 from synckit.runtime.bulk import add_tenants
 from synckit.runtime.keys import find_unopenable
 from synckit.runtime.metrics import read_snapshot
@@ -29,22 +29,6 @@ from synckit.store import jobs as job_store
 from synckit.store import resources as resource_store
 from synckit.store.db import Database, open_database
 from synckit.store.tables import connections, jobs
-
-
-class Cfg(BaseModel):
-    token: str = "x"
-
-
-class Quiet(Connector[Cfg]):
-    name = "quiet"
-    base_url = "http://127.0.0.1:9"
-    config_model = Cfg
-
-    async def poll(self, ctx: SyncContext, checkpoint: Any) -> AsyncIterator[Page]:
-        yield Page([], checkpoint)
-
-    async def handle(self, ctx: SyncContext, record: Any) -> None:
-        return None
 
 
 async def test_every_read_runs_while_another_connection_holds_the_write_lock(db: Database) -> None:

@@ -5,34 +5,16 @@ from __future__ import annotations
 import asyncio
 import io
 import sqlite3
-from collections.abc import AsyncIterator
-from typing import Any
 
-from pydantic import BaseModel
+from quiet_app import Quiet  # tests/apps
 from rich.console import Console
 
-from synckit import App, Connector, Page, SyncContext
+from synckit import App
 from synckit.cli.status import render_status
 from synckit.runtime.bulk import add_tenants
 from synckit.runtime.status import read_status
 from synckit.runtime.tenants import pause_tenant
 from synckit.store.db import Database
-
-
-class Cfg(BaseModel):
-    token: str = "x"
-
-
-class Quiet(Connector[Cfg]):
-    name = "quiet"
-    base_url = "http://127.0.0.1:9"
-    config_model = Cfg
-
-    async def poll(self, ctx: SyncContext, checkpoint: Any) -> AsyncIterator[Page]:
-        yield Page([], checkpoint)
-
-    async def handle(self, ctx: SyncContext, record: Any) -> None:
-        return None
 
 
 async def test_status_pages_tenants_and_sums_them_in_sql(db: Database) -> None:

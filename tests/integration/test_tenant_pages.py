@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel
+from quiet_app import Quiet  # tests/apps
 
-from synckit import App, Connector, Page, SyncContext
+from synckit import App
 from synckit.runtime.bulk import add_tenants
 from synckit.runtime.tenant_pages import page_tenants
 from synckit.runtime.tenants import pause_tenant
 from synckit.store.db import Database
-
-
-class Cfg(BaseModel):
-    token: str = "x"
-
-
-class Quiet(Connector[Cfg]):
-    name = "quiet"
-    base_url = "http://127.0.0.1:9"
-    config_model = Cfg
-
-    async def poll(self, ctx: SyncContext, checkpoint: Any) -> AsyncIterator[Page]:
-        yield Page([], checkpoint)
-
-    async def handle(self, ctx: SyncContext, record: Any) -> None:
-        return None
 
 
 class Other(Quiet):
