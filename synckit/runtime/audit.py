@@ -18,6 +18,7 @@ from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
 from synckit.store.audit import (
     ENV_APP_VERSION,
     RETRIED_PREFIX,
+    AuditCounts,
     AuditRow,
     ClassCounts,
     Totals,
@@ -27,6 +28,7 @@ from synckit.store.audit import (
     minute_of,
     read_audit,
     record_audit,
+    record_audit_many_sync,
     record_audit_sync,
     totals_by_tenant,
     totals_by_version,
@@ -82,17 +84,15 @@ def audit_observer(app_version: str | None = None) -> OutcomeObserver:
 
     def observe(conn: SyncConn, outcomes: list[RecordedOutcome], now: datetime) -> None:
         tallies = tally_outcomes(outcomes)
-        for (tenant, connector), t in sorted(tallies.items()):
-            record_audit_sync(
-                conn,
-                tenant,
-                connector,
-                now,
-                t.ok,
-                t.failed,
-                app_version=version,
-                retried_by_class=t.retried,
-            )
+        record_audit_many_sync(
+            conn,
+            [
+                AuditCounts(tenant, connector, t.ok, t.failed, t.retried)
+                for (tenant, connector), t in tallies.items()
+            ],
+            now,
+            app_version=version,
+        )
 
     return observe
 

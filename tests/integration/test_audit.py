@@ -16,10 +16,12 @@ from structlog.testing import capture_logs
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PermanentError, RetryableError
 from synckit.runtime.audit import (
+    AuditCounts,
     AuditRow,
     audit_observer,
     read_audit,
     record_audit,
+    record_audit_many_sync,
     totals_by_version,
 )
 from synckit.runtime.budget import BudgetLevel, BudgetPolicy, enforce_budgets, tenant_budgets
@@ -92,6 +94,41 @@ async def test_concurrent_writers_lose_no_count(db: Database) -> None:
     [r] = await rows(db)
     assert (r.ok, r.failed) == (24, 48)
     assert r.failed_by_class == {"transient": 24, "c0": 8, "c1": 8, "c2": 8}
+
+
+async def test_many_buckets_add_in_one_call_plain_and_classed_alike(db: Database) -> None:
+    """record_audit_many_sync: plain successes (one statement for all) and buckets with
+    classes add to what is there exactly as one record_audit each would."""
+    async with db.begin() as conn:
+        await record_audit(conn, "b", "graph", NOW, 2, {"validation": 1}, app_version="v1")
+    counts = [
+        AuditCounts("c", "graph", 4),
+        AuditCounts("a", "graph", 1),
+        AuditCounts("b", "graph", 3, {"validation": 1}, {"transient": 2}),
+        AuditCounts("d", "graph", 0),  # nothing to count: no row
+        AuditCounts("a", "crm", 5),
+    ]
+    async with db.begin() as conn:
+        await conn.run_sync(lambda c: record_audit_many_sync(c, counts, NOW, app_version="v1"))
+        await conn.run_sync(
+            lambda c: record_audit_many_sync(
+                c, [AuditCounts("c", "graph", 1)], NOW, app_version="v1"
+            )
+        )
+    got = {(r.tenant, r.connector): r for r in await rows(db)}
+    assert {k: (r.ok, r.failed) for k, r in got.items()} == {
+        ("a", "crm"): (5, 0),
+        ("a", "graph"): (1, 0),
+        ("b", "graph"): (5, 2),
+        ("c", "graph"): (5, 0),
+    }
+    assert got[("b", "graph")].failed_by_class == {"validation": 2, "retried:transient": 2}
+    assert got[("c", "graph")].failed_by_class == {}
+    async with db.begin() as conn:
+        with pytest.raises(ValueError, match="negative"):
+            await conn.run_sync(
+                lambda c: record_audit_many_sync(c, [AuditCounts("e", "graph", -1)], NOW)
+            )
 
 
 async def test_version_totals_merge_classes_per_version(db: Database) -> None:
