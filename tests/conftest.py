@@ -10,6 +10,7 @@ Where PostgreSQL cannot be reached its cases are skipped with the reason, unless
 from __future__ import annotations
 
 import asyncio
+import compileall
 import os
 import shutil
 import socket
@@ -31,6 +32,22 @@ sys.path.insert(0, str(Path(__file__).parent / "apps"))
 # Tenant configs' secrets and tokens are sealed with this key (commands run as
 # subprocesses inherit it); tests of the keyless refusal remove it.
 os.environ.setdefault("SYNCKIT_SECRET_KEY", "c3luY2tpdC10ZXN0cy1vbmx5LWtleS0zMi1ieXRlcyE=")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compiled once: the CLI and worker processes the tests start import synckit from
+    this checkout, and where ``$PYTHONDONTWRITEBYTECODE`` is set (this machine sets it)
+    none of them could cache its bytecode, so every one compiled every module it imported
+    again (~0.1 s of CPU per process, hundreds of processes). Bytecode is written, as
+    Python does by default, beside the sources, in ``__pycache__`` (git ignores it); it is
+    only read where the variable is set. Done by the controller, before the workers start.
+    """
+    if hasattr(config, "workerinput"):
+        return
+    root = Path(__file__).parent
+    for tree in (root.parent / "synckit", root / "apps"):
+        compileall.compile_dir(tree, quiet=1)
+
 
 PG_URL = os.environ.get("SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REQUIRE_SERVICES = os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1"

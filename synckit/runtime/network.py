@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import httpcore
 import httpx
@@ -51,8 +51,8 @@ class _Protocol(asyncio.Protocol):
     # -- asyncio's callbacks ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (uvloop's are not asyncio.Transport subclasses).
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -168,7 +168,6 @@ class _Stream(AsyncNetworkStream):
             raise httpcore.ConnectError(_reason(exc)) from exc
         if transport is None:  # the connection was lost during the handshake
             raise httpcore.ConnectError("the connection closed during the TLS handshake")
-        assert isinstance(transport, asyncio.Transport)
         self._protocol.transport = transport
         return _Stream(self._protocol, transport)
 
@@ -214,7 +213,7 @@ class AsyncioBackend(AsyncNetworkBackend):
                     host,
                     port,
                     local_addr=(local_address, 0) if local_address else None,
-                    happy_eyeballs_delay=_HAPPY_EYEBALLS_DELAY,
+                    **_happy_eyeballs(loop),
                 )
         except TimeoutError as exc:
             raise httpcore.ConnectTimeout(f"timed out connecting to {host}:{port}") from exc
@@ -242,12 +241,20 @@ class AsyncioBackend(AsyncNetworkBackend):
         await asyncio.sleep(seconds)
 
 
+def _happy_eyeballs(loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+    # asyncio's own loop races IPv6 and IPv4 addresses; uvloop's create_connection has no
+    # such argument (it tries the addresses in turn).
+    if isinstance(loop, asyncio.BaseEventLoop):
+        return {"happy_eyeballs_delay": _HAPPY_EYEBALLS_DELAY}
+    return {}
+
+
 def _opened(
     transport: asyncio.BaseTransport,
     protocol: _Protocol,
     socket_options: Iterable[SOCKET_OPTION] | None,
 ) -> _Stream:
-    assert isinstance(transport, asyncio.Transport)
+    transport = cast(asyncio.Transport, transport)
     sock = transport.get_extra_info("socket")
     if sock is not None:
         try:

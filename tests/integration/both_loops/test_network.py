@@ -1,5 +1,7 @@
 """ctx.http's network backend (synckit.runtime.network) against httpx's own, over real
-sockets: every test runs on both and expects the same answers and the same exceptions."""
+sockets: every test runs on both and expects the same answers and the same exceptions,
+on asyncio's own event loop and on uvloop's (whose transports are not asyncio's classes
+and whose create_connection takes no happy_eyeballs_delay)."""
 
 from __future__ import annotations
 
