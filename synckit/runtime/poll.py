@@ -506,8 +506,9 @@ async def run_cycle(
             succeeded = [rid for rid in outcome.ok_ids if rid not in failed_ids]
             # One synchronous transaction, one hop to the database (SQLite's writer
             # thread, run_sync on PostgreSQL): the write lock is held for the statements
-            # only, not for a thread round trip per statement.
-            committed = await db.write(
+            # only, not for a thread round trip per statement. Pages of cycles committing
+            # together share a transaction on either engine (Database.write_grouped).
+            committed = await db.write_grouped(
                 _commit_page,
                 _PageCommit(
                     tenant=tenant,

@@ -25,12 +25,13 @@ import os
 import re
 import sqlite3
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar, cast
 
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, Connection, make_url
@@ -289,6 +290,15 @@ def _deliver(item: _Write, ok: bool, value: Any) -> None:
         item.loop.call_soon_threadsafe(settle)
 
 
+#: :meth:`Database.write_grouped`'s answer to a caller whose write must run alone.
+_ALONE: Any = object()
+
+
+def _settle(item: _Write, value: Any) -> None:
+    if not item.future.done():
+        item.future.set_result(value)
+
+
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     text_ = str(exc).lower()
     return "locked" in text_ or "busy" in text_
@@ -311,6 +321,11 @@ class Database:
     _writer_state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: Writes waiting for the writer thread (group commit, :class:`_WriteQueue`).
     _queue: _WriteQueue = field(default_factory=_WriteQueue, repr=False, compare=False)
+    #: PostgreSQL: :meth:`write_grouped`'s waiting writes, per event loop.
+    _grouped: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _WriteQueue] = field(
+        default_factory=weakref.WeakKeyDictionary, repr=False, compare=False
+    )
+    _group_tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False, compare=False)
     #: SQLite only: the thread that runs :meth:`run_read`'s functions, and its connection.
     _reader: ThreadPoolExecutor | None = field(default=None, repr=False)
     _reader_state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -515,6 +530,70 @@ class Database:
         if self._queue.put(item):
             self._writer.submit(self._drain)
         return await future
+
+    async def write_grouped(self, fn: Callable[..., T], *args: Any) -> T:
+        """:meth:`write`, for short writes that many tasks make at once and that rarely
+        fail (a poll page's commit). On SQLite it is :meth:`write` (whose group commit
+        already takes them together). On PostgreSQL the writes that queue while a group
+        runs share the next transaction, one after another with no savepoint between
+        them (a savepoint costs the client as much as a transaction of its own; without
+        one a write costs a quarter of that). When any write of a group raises, the group
+        is rolled back whole and each of its writes runs again alone through
+        :meth:`write`, in its caller's task: every caller then gets its own write's
+        result or error, as if it had had a transaction of its own. So ``fn`` must do
+        nothing but its statements (it may run twice, the first time rolled back).
+        Each ``fn`` sees its caller's context variables. A caller cancelled before its
+        group began does not write; one cancelled later may find its write committed.
+        """
+        if not self.is_postgres:
+            return await self.write(fn, *args)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        queue = self._grouped.get(loop)
+        if queue is None:
+            queue = self._grouped[loop] = _WriteQueue()
+        if queue.put(_Write(fn, args, contextvars.copy_context(), loop, future)):
+            task = loop.create_task(self._run_groups(queue))
+            self._group_tasks.add(task)
+            task.add_done_callback(self._group_tasks.discard)
+        value = await future
+        if value is _ALONE:
+            return await self.write(fn, *args)
+        return cast(T, value)
+
+    async def _run_groups(self, queue: _WriteQueue) -> None:
+        try:
+            await self._run_queued_groups(queue)
+        except BaseException:  # cancelled (the loop closing): the waiting write alone
+            with queue.lock:
+                rest, queue.items, queue.draining = queue.items, [], False
+            for item in rest:
+                _settle(item, _ALONE)
+            raise
+
+    async def _run_queued_groups(self, queue: _WriteQueue) -> None:
+        while group := queue.take():
+            group = [item for item in group if not item.future.done()]
+            if not group:
+                continue
+            if len(group) == 1:  # as write() would run it, in its caller's task
+                _settle(group[0], _ALONE)
+                continue
+
+            def run(conn: Connection, items: list[_Write] = group) -> list[Any]:
+                return [item.context.run(item.fn, conn, *item.args) for item in items]
+
+            try:
+                async with self.engine.begin() as conn:
+                    values = await conn.run_sync(run)
+            except BaseException as exc:  # which write failed, and how, each learns alone
+                for item in group:
+                    _settle(item, _ALONE)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for item, value in zip(group, values, strict=True):
+                _settle(item, value)
 
     def _drain(self) -> None:
         """The writer thread: run queued writes, a group per transaction, until none wait."""

@@ -3,12 +3,15 @@
 On SQLite writes that queue for the writer thread share one transaction (group commit),
 each in a savepoint: these tests hold that grouping to the promise of one transaction per
 write (a write that raises leaves nothing and fails alone; the others commit) and show
-that grouping happens at all. On PostgreSQL the same promises hold write by write.
+that grouping happens at all. On PostgreSQL the same promises hold write by write, and
+for ``write_grouped`` (a group's transaction without savepoints, redone write by write
+when one of them fails).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 import pytest
@@ -109,6 +112,57 @@ async def test_a_write_cancelled_before_it_starts_does_not_run(
     with pytest.raises(asyncio.CancelledError):
         await queued
     assert await _keys(db) == set()
+
+
+# --- write_grouped: PostgreSQL's group commit for short writes made together --------------
+
+_caller: contextvars.ContextVar[str] = contextvars.ContextVar("caller", default="?")
+
+
+def _insert_seen(conn: Connection, key: str, fail_after: bool) -> tuple[str, str, int | None]:
+    """Like _insert, and returns what the caller's context holds and the transaction id
+    (PostgreSQL's; None on SQLite)."""
+    _insert(conn, key, fail_after)
+    txid = None
+    if conn.dialect.name == "postgresql":
+        txid = conn.execute(text("SELECT txid_current()")).scalar_one()
+    return key, _caller.get(), txid
+
+
+async def _grouped(db: Database, key: str, fail_after: bool) -> tuple[str, str, int | None]:
+    _caller.set(f"caller-{key}")
+    return await db.write_grouped(_insert_seen, key, fail_after)
+
+
+async def test_grouped_writes_share_transactions_and_each_sees_its_callers_context(
+    db: Database, engine_name: str
+) -> None:
+    await _table(db)
+    results = await asyncio.gather(*(_grouped(db, f"w{i}", False) for i in range(100)))
+    assert [(k, c) for k, c, _ in results] == [(f"w{i}", f"caller-w{i}") for i in range(100)]
+    assert await _keys(db) == {f"w{i}" for i in range(100)}
+    if engine_name == "postgresql":
+        # 100 writes made at once: the first runs alone, the rest share transactions.
+        transactions = {txid for _, _, txid in results}
+        assert 2 <= len(transactions) <= 20, len(transactions)
+
+
+async def test_a_failing_grouped_write_fails_alone_and_the_others_commit(db: Database) -> None:
+    await _table(db)
+    await db.write(_insert, "taken", False)
+    keys = [f"f{i}" for i in range(40)]
+    keys[17] = "taken"  # breaks the primary key: the database's error, for that write only
+    writes = [_grouped(db, k, i % 9 == 4) for i, k in enumerate(keys)]
+    results = await asyncio.gather(*writes, return_exceptions=True)
+    raised = {i for i, r in enumerate(results) if isinstance(r, Exception)}
+    assert raised == {i for i in range(40) if i % 9 == 4} | {17}
+    assert isinstance(results[17], DatabaseError)
+    assert all(isinstance(results[i], ValueError) for i in raised - {17})
+    committed = {keys[i] for i in range(40) if i not in raised}
+    assert [r[:2] for r in results if not isinstance(r, BaseException)] == [
+        (k, f"caller-{k}") for k in keys if k in committed
+    ]
+    assert await _keys(db) == committed | {"taken"}
 
 
 async def test_a_read_neither_waits_for_a_writer_nor_blocks_one(
