@@ -412,7 +412,12 @@ async def handle_page(
             else:
                 out.ok_ids.append(rid)
 
-    tasks = [asyncio.create_task(lane()) for _ in range(max(1, min(concurrency, len(records))))]
+    lanes = min(concurrency, len(records))
+    if lanes <= 1:  # nothing to run side by side: no task (an empty page has no lane)
+        if records:
+            await lane()
+        return out
+    tasks = [asyncio.create_task(lane()) for _ in range(lanes)]
     try:
         await asyncio.gather(*tasks)
     except BaseException:
