@@ -265,6 +265,25 @@ def redact_text(text: str, known: Iterable[str] = ()) -> str:
         text = scrub_values(text, (*known, *bound))
     if not _ANY_HINT.search(text):
         return text  # most log fields ("job.succeeded", "acme"): nothing to look at
+    if len(text) > _CACHED_LENGTH:
+        return _apply_rules(text)
+    # Short texts with a hint repeat: a worker's id, a resource key, a kind with a colon
+    # are in every line of their job; the rules are pure, so their answer is kept.
+    done = _rules_cache.get(text)
+    if done is None:
+        if len(_rules_cache) >= _CACHED_TEXTS:
+            _rules_cache.clear()
+        done = _rules_cache[text] = _apply_rules(text)
+    return done
+
+
+#: redact_text keeps the rules' answer for texts up to this long, this many of them.
+_CACHED_LENGTH = 200
+_CACHED_TEXTS = 4096
+_rules_cache: dict[str, str] = {}
+
+
+def _apply_rules(text: str) -> str:
     for pattern, replacement in _TEXT_RULES:
         text = pattern.sub(replacement, text)
     if _KEY_HINT.search(text):

@@ -15,6 +15,7 @@ same pipeline.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
@@ -38,10 +39,19 @@ from synckit.redaction import (
 def redact_secrets(
     _logger: Any, _name: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    """structlog processor: :func:`redact` every field of the event, the event name too."""
+    """structlog processor: :func:`redact` every field of the event, the event name too.
+
+    A ``timestamp`` that is nothing but an ISO time (what the pipeline's TimeStamper
+    writes, overwriting any given) is left as it is: its colons would otherwise send every
+    line's clock reading through every rule."""
     for key, value in list(event.items()):
+        if key == "timestamp" and isinstance(value, str) and _ISO_TIME.fullmatch(value):
+            continue
         event[key] = redact(value, key)
     return event
+
+
+_ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")
 
 
 def shared_processors() -> list[Processor]:

@@ -20,6 +20,7 @@ from synckit.runtime.logging import (
     bind_job_context,
     configure_logging,
     redact,
+    redact_secrets,
     redact_text,
     shared_processors,
 )
@@ -220,3 +221,12 @@ def test_bind_claimed_job_reads_the_payload() -> None:
     with capture_logs(processors=shared_processors()) as logs, bind_claimed_job(bare):
         structlog.get_logger().info("x.y")
     assert (logs[0]["tenant"], logs[0]["connector"]) == ("graph:acme", None)
+
+
+def test_the_clock_timestamp_is_left_alone_and_any_other_is_redacted() -> None:
+    """The TimeStamper's ISO time skips the rules (its colons would run them all on every
+    line); a ``timestamp`` field that is not just a time is redacted like any other."""
+    clock = "2026-11-27T05:14:02.477666Z"
+    assert redact_secrets(None, "info", {"timestamp": clock, "event": "x"})["timestamp"] == clock
+    given = {"timestamp": "token=Zq1234567890abc", "event": "x"}
+    assert redact_secrets(None, "info", given)["timestamp"] == "token=***"

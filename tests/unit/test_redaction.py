@@ -83,6 +83,19 @@ def test_known_values_are_bound_per_context_only() -> None:
     assert scrub_values("a cat", ["cat"]) == "a cat"
 
 
+def test_a_repeated_text_is_redacted_alike_and_bound_secrets_still_apply() -> None:
+    """Short texts with a hint are answered from a cache of the rules' results: the same
+    answer every time, and a value bound later is still scrubbed (before the cache)."""
+    text = "url=https://u:Zqpassword1234@h/x"
+    first = redact_text(text)
+    assert "Zqpassword1234" not in first
+    assert redact_text(text) == first
+    assert redact_text("at: Opaque-Value-123") == "at: Opaque-Value-123"
+    with bind_known_secrets(["Opaque-Value-123"]):
+        assert redact_text("at: Opaque-Value-123") == "at: ***"
+    assert redact_text("at: Opaque-Value-123") == "at: Opaque-Value-123"
+
+
 def test_secret_values_reads_nested_secret_fields() -> None:
     """secret_values finds SecretStr fields at any depth of a config model."""
 
