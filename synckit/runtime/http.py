@@ -98,8 +98,9 @@ class _Shared:
     read_at: float = -1e18  # time.monotonic() of the last read
     observed: pacing.Quota | None = None  # the freshest quota this process saw
     in_flight: int = 0
-    #: Slots of the declared rate this process reserved ahead (when each may go).
+    #: Slots this process reserved ahead (when each may go), ``slot_interval`` apart.
     slots: collections.deque[datetime] = dataclasses.field(default_factory=collections.deque)
+    slot_interval: float = 0.0
     #: Rate-limited answers being recorded now: until they are, this process's requests
     #: to the resource wait (a request let through meanwhile would ignore the pace).
     recording: int = 0
@@ -282,13 +283,13 @@ class Pacer:
         that passed unused is a request not sent, never part of a later burst.
         """
         st = self.state
-        if not st.slots or self.rate_limit is None:
+        if not st.slots:
             return None
         available = st.view.available_at if st.view else None
         if available is not None and available > now:
             st.slots.clear()
             return None
-        interval = 1.0 / self.rate_limit.per_second
+        interval = st.slot_interval
         while st.slots:
             wait = (st.slots.popleft() - now).total_seconds()
             if wait >= -interval:
@@ -339,6 +340,8 @@ class Pacer:
                 # API sees.
                 back = self.clock()
                 st.slots.extend(back + timedelta(seconds=w) for w in result.more)
+                if result.more:
+                    st.slot_interval = result.interval
                 if result.wait <= 0:
                     return
                 if result.wait > budget:

@@ -32,6 +32,8 @@ from synckit.clock import utcnow
 from synckit.errors.classify import Classification
 from synckit.errors.headers import RateLimitInfo
 from synckit.errors.pace import (
+    RESERVE_HORIZON,
+    RESERVE_MAX,
     PacePolicy,
     pace_decision,
     quota_rate,
@@ -106,6 +108,8 @@ class SlotResult:
     #: Further slots reserved for this process's next requests (waits from the same
     #: ``now``, in order): see ``ahead`` in :func:`take_slot_sync`.
     more: tuple[float, ...] = ()
+    #: Seconds between the reserved slots (the rate they were reserved at); 0: none.
+    interval: float = 0.0
 
 
 def _quota_of(row: Any) -> Quota | None:
@@ -236,10 +240,12 @@ def take_slot_sync(
     (:func:`~synckit.errors.pace.quota_rate`, ``in_flight`` requests reserved out of it);
     with a rate, the request's slot on the shared schedule is reserved when its wait is at
     most ``max_wait`` seconds (a longer one reserves nothing: the caller defers). With
-    ``ahead``, when the declared rate is the one that applies, the slots of the next
-    requests within :data:`~synckit.errors.pace.RESERVE_HORIZON` are reserved too
-    (:func:`~synckit.errors.pace.reserve_slots`, returned in ``more``): one transaction
-    then serves several requests of a busy tenant instead of one.
+    ``ahead``, the slots of the next requests within
+    :data:`~synckit.errors.pace.RESERVE_HORIZON` are reserved too
+    (:func:`~synckit.errors.pace.reserve_slots`, returned in ``more``, ``interval``
+    apart): one transaction then serves several requests of a busy tenant instead of one.
+    When the rate is the reported quota's, those slots also end at its reset and number
+    at most its remaining requests (those in flight reserved out of it).
     """
     row = lock_resource_sync(conn, key, now)
     quota = _quota_of(row)
@@ -270,18 +276,35 @@ def take_slot_sync(
             result = SlotResult((quota.reset_at - now).total_seconds(), "quota", False, view)
         else:
             # A declared burst is the connector's; an adaptive rate sends one at a time.
-            # Only a declared rate is reserved ahead: an adaptive one follows the quota
-            # each answer reports.
-            if ahead and declared_rate is not None and rate == declared_rate:
+            # Reserved ahead, a declared rate's slots reach RESERVE_HORIZON; an adaptive
+            # rate's stop at the quota's reset and at its remaining requests (those in
+            # flight reserved), so they never spend more than the quota the API reported.
+            declared = declared_rate is not None and rate == declared_rate
+            reach: tuple[float, int] | None = None
+            if ahead and declared:
+                reach = (RESERVE_HORIZON, RESERVE_MAX)
+            elif ahead and quota is not None and quota.reset_at is not None:
+                left = quota.remaining - max(in_flight, 0) if quota.remaining is not None else 0
+                until_reset = (quota.reset_at - now).total_seconds()
+                reach = (min(RESERVE_HORIZON, until_reset), min(RESERVE_MAX, left))
+            if reach is not None and reach[1] >= 1:
                 waits, tat = reserve_slots(
-                    row.tokens_at, now, rate=rate, burst=burst, max_wait=max_wait
+                    row.tokens_at,
+                    now,
+                    rate=rate,
+                    burst=burst if declared else 1,
+                    max_wait=max_wait,
+                    horizon=reach[0],
+                    most=reach[1],
                 )
                 if tat is not None:
                     values["tokens_at"] = tat
                     why = "rate" if waits[0] > 0 else ""
-                    result = SlotResult(waits[0], why, True, view, tuple(waits[1:]))
+                    result = SlotResult(waits[0], why, True, view, tuple(waits[1:]), 1 / rate)
                 else:
-                    slot = reserve_slot(row.tokens_at, now, rate=rate, burst=burst)
+                    slot = reserve_slot(
+                        row.tokens_at, now, rate=rate, burst=burst if declared else 1
+                    )
                     result = SlotResult(slot.wait, "rate", False, view)
             else:
                 slot = reserve_slot(

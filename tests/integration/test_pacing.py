@@ -310,6 +310,37 @@ async def test_an_observed_quota_is_stored_and_spread_until_its_reset(db: Databa
     assert (third.why, third.reserved) == ("quota", False) and third.wait == pytest.approx(9)
 
 
+def _ahead(conn: Any, key: str, now: datetime, observed: Any, in_flight: int = 0) -> Any:
+    return pacing.take_slot_sync(
+        conn, key, declared_rate=None, burst=5, in_flight=in_flight, observed=observed,
+        now=now, max_wait=30.0, ahead=True,
+    )  # fmt: skip
+
+
+async def test_a_reported_quota_reserves_slots_ahead_within_its_remaining_and_reset(
+    db: Database,
+) -> None:
+    """Nothing declared: a quota of 10 left for 1 s is 10/s, and one transaction reserves
+    the next 0.5 s of it (five slots, 0.1 s apart, one at a time whatever the burst); 3
+    left with one in flight, for 0.4 s, reserve the 2 left; a reset 0.2 s away ends them
+    there."""
+    q = pacing.Quota(limit=10, remaining=10, reset_at=NOW + timedelta(seconds=1), at=NOW)
+    first = await db.write(_ahead, "a", NOW, q)
+    assert first.reserved and first.wait == 0.0
+    assert [round(w, 6) for w in first.more] == [0.1, 0.2, 0.3, 0.4]
+    assert first.interval == pytest.approx(0.1)
+    few = pacing.Quota(limit=10, remaining=3, reset_at=NOW + timedelta(seconds=0.4), at=NOW)
+    second = await db.write(_ahead, "b", NOW, few, 1)  # 2 left for 0.4 s: two, 0.2 s apart
+    assert second.reserved and second.wait == 0.0
+    assert [round(w, 6) for w in second.more] == [0.2]
+    soon = pacing.Quota(limit=10, remaining=10, reset_at=NOW + timedelta(seconds=0.2), at=NOW)
+    third = await db.write(_ahead, "c", NOW, soon)
+    assert third.reserved and all(w < 0.2 for w in third.more)
+    # The next taker of "a" (another process) starts after the five slots reserved.
+    nxt = await db.write(_ahead, "a", NOW, None)
+    assert nxt.wait == pytest.approx(0.5)
+
+
 # --- adaptive pacing across OS processes -----------------------------------------------------
 
 
