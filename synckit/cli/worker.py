@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import signal
 from datetime import timedelta
@@ -116,9 +117,29 @@ def worker_cmd(
             if server is not None:
                 await server.close()
 
+    tune_gc()
     stats = run(go, database_url)
     if burst:
         click.echo(json.dumps(vars(stats), sort_keys=True))
+
+
+#: The worker process's collector thresholds (Python's defaults: 700, 10, 10).
+GC_THRESHOLDS = (10_000, 50, 100)
+
+
+def tune_gc() -> None:
+    """Tune the collector for a long-running worker process, once its code is loaded.
+
+    What is loaded now (modules, the app, its connectors) lives as long as the process:
+    frozen, no collection traverses it again. A poll cycle allocates thousands of
+    objects, so at Python's default thresholds the youngest generation was collected
+    several times per cycle; at these, cyclic garbage (exceptions and their tracebacks,
+    finished futures) waits at most 10,000 allocations. A trivial poll's CPU fell ~6%
+    (0.96-0.98 -> 0.91-0.92 ms, ``bench.tenants``' connector on PostgreSQL).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _acknowledge(
