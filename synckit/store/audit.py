@@ -117,27 +117,22 @@ class AuditRow:
 # was compiled at every poll page and recording batch). The same text runs on SQLite and
 # PostgreSQL; failed_by_class starts as SQL NULL, not JSON null, so "rows with failures"
 # is a plain IS NOT NULL.
-_UPSERT = (
-    text(
-        "INSERT INTO audit_buckets"
-        " (tenant, connector, minute, app_version, ok, failed, failed_by_class)"
-        " VALUES (:tenant, :connector, :minute, :app_version, :ok, :failed, NULL)"
-        " ON CONFLICT (tenant, connector, minute, app_version) DO UPDATE SET"
-        " ok = audit_buckets.ok + excluded.ok, failed = audit_buckets.failed + excluded.failed"
-        " RETURNING failed_by_class"
-    )
-    .bindparams(bindparam("minute", type_=audit_buckets.c.minute.type))
-    .columns(audit_buckets.c.failed_by_class)
-)
-# The same upsert without RETURNING, run as one executemany for every bucket of a batch
-# whose counts carry no classes (a batch of successes: the common case).
-_ADD_COUNTS = text(
+_ADD_SQL = (
     "INSERT INTO audit_buckets"
     " (tenant, connector, minute, app_version, ok, failed, failed_by_class)"
     " VALUES (:tenant, :connector, :minute, :app_version, :ok, :failed, NULL)"
     " ON CONFLICT (tenant, connector, minute, app_version) DO UPDATE SET"
     " ok = audit_buckets.ok + excluded.ok, failed = audit_buckets.failed + excluded.failed"
-).bindparams(bindparam("minute", type_=audit_buckets.c.minute.type))
+)
+_MINUTE = bindparam("minute", type_=audit_buckets.c.minute.type)
+_UPSERT = (
+    text(_ADD_SQL + " RETURNING failed_by_class")
+    .bindparams(_MINUTE)
+    .columns(audit_buckets.c.failed_by_class)
+)
+# The same upsert without RETURNING, run as one executemany for every bucket of a batch
+# whose counts carry no classes (a batch of successes: the common case).
+_ADD_COUNTS = text(_ADD_SQL).bindparams(_MINUTE)
 _SET_CLASSES = (
     update(audit_buckets)
     .where(
