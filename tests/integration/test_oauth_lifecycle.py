@@ -276,7 +276,11 @@ async def test_a_slow_token_endpoint_does_not_delay_another_tenants_enqueue_on_s
             f"\nenqueue during a 2 s token request on SQLite: max {worst:.1f} ms, "
             f"median {median:.1f} ms over {len(delays)} enqueues"
         )
-        assert worst < 50
+        # Held across the provider's 2 s, the write lock would make an enqueue wait ~2 s.
+        # The worst of 30 on a loaded 2-core machine reached 93 ms once (a scheduling
+        # pause, CI), so it is held to half the provider's time, the typical one to 50 ms.
+        assert worst < 1000
+        assert median < 50
         async with db.begin() as conn:
             assert (await conn.execute(select(func.count()).select_from(jobs))).scalar() == 30
     finally:
