@@ -653,8 +653,10 @@ async def test_messages_not_started_within_the_lease_window_are_released(db: Dat
         await outbox.add_many(
             conn, [NewMessage("t", {"i": i}, key="k", message_id=f"m{i}") for i in range(5)]
         )
-    rec = Recorder(delay=0.3)
-    result = await relay_for(db, rec, lease=timedelta(seconds=1)).relay_batch()
+    # Publishes start until 1.5 s after the claim began: 0.6 s each leaves room for a
+    # claim slowed by a loaded machine (up to ~0.9 s) before the first publish starts.
+    rec = Recorder(delay=0.6)
+    result = await relay_for(db, rec, lease=timedelta(seconds=3)).relay_batch()
     assert result.claimed == 5 and 1 <= result.published < 5
     left = [r for r in await rows(db) if r.status == "pending"]
     assert left and all(r.attempts == 0 and r.lease_token is None for r in left)

@@ -4,6 +4,7 @@ events, inline waits, the shared schedule and adaptive pacing across OS processe
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import math
 import subprocess
@@ -397,6 +398,16 @@ def test_adaptive_pacing_across_two_processes_keeps_429s_near_zero(migrated_url:
     refused = quota.statuses.count(429)
     # Timed at the server: starting two interpreters is no part of it.
     span = quota.server.times()[-1] - quota.server.times()[0]
-    print(f"429s: {refused} of {len(quota.statuses)}; {span:.2f}s for 60 at 20/s")
+    times = quota.server.times()
+    windows = collections.Counter(math.floor(t) for t in times)
+    print(
+        f"429s: {refused} of {len(quota.statuses)}; {span:.2f}s for 60 at 20/s;"
+        f" a window each: {[windows[w] for w in range(min(windows), max(windows) + 1)]};"
+        f" first at .{times[0] % 1 * 100:02.0f}"
+    )
     assert refused <= 3, quota.statuses
-    assert span < 60 / 20 + 2
+    # Three windows of 20 are 2-3 s; a window's requests left unsent (a spread quota
+    # waits out round trips to the database) cost up to a second more, and a loaded
+    # machine (the suite on two cores) more again. A pace that over-waits (the default
+    # minute of a limit that gives no wait) is far past this.
+    assert span < 60 / 20 * 2 + 2
