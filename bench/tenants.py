@@ -14,7 +14,9 @@ answered at once with one empty page, ``flow_app`` on ``synckit.testing.hostile`
   ``polls_per_s_<n>w`` the rate of each; ``polls_per_s_per_worker`` from the 1-worker
   run; ``worker_cpu_ms_per_poll_<n>w`` the worker processes' CPU time (user + system,
   all of them together) per finished cycle: what a worker costs per poll whatever else
-  shares the machine's cores;
+  shares the machine's cores; ``api_cpu_ms_per_poll_<n>w`` and (PostgreSQL)
+  ``db_cpu_ms_per_poll_<n>w`` the same for the fake API's process and the database
+  server's processes, which share this machine's cores with the workers;
 * ``status_s``: ``read_status`` of one page and its rendering (what ``synckit status``
   does);
 * ``peak_rss_mb``: the largest worker RSS seen during the runs.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -114,12 +117,37 @@ async def _enqueue_cycles(db: Database, names: list[str]) -> None:
             await enqueue_new(conn, specs, now=utcnow())
 
 
+@dataclasses.dataclass
+class _CycleRun:
+    wall: float
+    done: int
+    peak_rss_mb: float
+    #: CPU seconds (user + system) from the enqueue to the last cycle, of the worker
+    #: processes (idle polling included, startup not), of the fake API's process, and of
+    #: PostgreSQL's server processes (None on SQLite, whose work is the workers').
+    cpu: float
+    api_cpu: float
+    db_cpu: float | None
+
+
+def _postgres_cpu_seconds() -> float:
+    """CPU seconds of every PostgreSQL server process alive now (a backend that exited
+    meanwhile is not counted: the workers keep theirs open through a run)."""
+    total = 0.0
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in ("postgres", "postmaster"):
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                total += t.user + t.system
+    return total
+
+
 async def _cycle(
     url: str, db: Database, api: HostileProcess, names: list[str], workers: int, logs: Path
-) -> tuple[float, int, float, float]:
-    """Seconds for one cycle of ``names`` with ``workers`` processes, how many finished,
-    the largest worker RSS (MB), and the workers' CPU seconds (user + system) spent from
-    the enqueue to the last cycle (idle polling included, startup not)."""
+) -> _CycleRun:
+    """One cycle of ``names`` with ``workers`` processes: its seconds, how many finished,
+    the largest worker RSS and the CPU spent by the workers, the fake API and the
+    database server."""
     env = flow_app.env_for(api.url)
     await _clear_cycles(db)
     procs = [
@@ -131,7 +159,10 @@ async def _cycle(
     peak = 0.0
     try:
         await asyncio.sleep(1.5)  # imports and first connections, off the clock
-        cpu0 = _cpu_seconds(procs)
+        postgres = url.startswith("postgresql")
+        api_procs = [psutil.Process(api.pid)] if api.pid is not None else []
+        cpu0, api0 = _cpu_seconds(procs), _cpu_seconds(api_procs)
+        db0 = _postgres_cpu_seconds() if postgres else 0.0
         await _enqueue_cycles(db, names)
         t0 = time.time()
         deadline = time.monotonic() + 600
@@ -146,9 +177,11 @@ async def _cycle(
             await asyncio.sleep(0.2)
         wall = (last.timestamp() - t0) if last is not None else 600.0
         cpu = _cpu_seconds(procs) - cpu0
+        api_cpu = _cpu_seconds(api_procs) - api0
+        db_cpu = _postgres_cpu_seconds() - db0 if postgres else None
     finally:
         stop_all(procs, timeout=15)
-    return wall, done, peak, cpu
+    return _CycleRun(wall, done, peak, cpu, api_cpu, db_cpu)
 
 
 def _cpu_seconds(procs: list[Any]) -> float:
@@ -194,10 +227,15 @@ async def measure(
                     sample = names[: min(size, cycle_limit)]
                     peak = 0.0
                     for w in workers:
-                        wall, done, rss, cpu = await _cycle(url, db, api, sample, w, tmp)
-                        peak = max(peak, rss)
+                        run = await _cycle(url, db, api, sample, w, tmp)
+                        wall, done = run.wall, run.done
+                        peak = max(peak, run.peak_rss_mb)
                         rate = done / wall if wall > 0 else 0.0
-                        out[f"worker_cpu_ms_per_poll_{w}w"] = cpu * 1000 / done if done else None
+                        per_poll = 1000 / done if done else None
+                        out[f"worker_cpu_ms_per_poll_{w}w"] = per_poll and run.cpu * per_poll
+                        out[f"api_cpu_ms_per_poll_{w}w"] = per_poll and run.api_cpu * per_poll
+                        if run.db_cpu is not None:
+                            out[f"db_cpu_ms_per_poll_{w}w"] = per_poll and run.db_cpu * per_poll
                         out[f"cycle_all_s_{w}w"] = size / rate if rate else None
                         out[f"polls_per_s_{w}w"] = rate
                     if "polls_per_s_1w" in out:

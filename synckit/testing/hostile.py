@@ -430,6 +430,11 @@ class HostileProcess:
             self._proc.wait()
         self._proc = None
 
+    @property
+    def pid(self) -> int | None:
+        """The serving process's id (None outside the ``with`` block)."""
+        return self._proc.pid if self._proc is not None else None
+
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         response = httpx.request(method, self.url + path, json=body, timeout=60)
         response.raise_for_status()

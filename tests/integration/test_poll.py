@@ -25,11 +25,12 @@ from sqlalchemy import text as sa_text
 
 from synckit import App, BearerToken, Connector, Page, RateLimit, Stream, SyncContext
 from synckit.clock import utcnow
+from synckit.connectors.schedule import parse_schedule
 from synckit.dlq.replay import Unreplayable
 from synckit.errors import NeedsReauth, RateLimited, RetryPolicy
 from synckit.runtime.handlers import Cancel
 from synckit.runtime.intents import RemoteRecord
-from synckit.runtime.poll import load_checkpoint, run_cycle, save_checkpoint
+from synckit.runtime.poll import load_checkpoint, poll_key, run_cycle, save_checkpoint
 from synckit.store import jobs as store
 from synckit.store.db import Database
 from synckit.store.jobs import ClaimedJob, reschedule_job
@@ -920,8 +921,10 @@ async def test_scheduler_fires_again_after_the_interval(db: Database, api: FakeA
     assert await app.schedule(db, now=now) == ["poll:acme:default"]
     await run_worker(app, db)
     assert [r.status for r in await job_rows(db)] == ["succeeded"]
-    assert await app.schedule(db, now=now + timedelta(seconds=1)) == []
-    assert await app.schedule(db, now=now + timedelta(minutes=6)) == ["poll:acme:default"]
+    # The next tick is on the key's phase of five minutes: anywhere in the next five.
+    tick = parse_schedule("every 5m").next_after(now, poll_key("acme", "default"))
+    assert await app.schedule(db, now=tick - timedelta(milliseconds=1)) == []
+    assert await app.schedule(db, now=tick) == ["poll:acme:default"]
 
 
 async def test_paused_tenants_are_not_polled(db: Database, api: FakeApi) -> None:
