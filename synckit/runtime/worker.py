@@ -162,11 +162,14 @@ class _Slots:
     def __init__(self, n: int) -> None:
         self.free = n
         self._waiters: deque[asyncio.Future[None]] = deque()
+        # Waiters not yet handed a slot nor cancelled (counted, not summed: a worker
+        # claimed far ahead has hundreds of them, and this is read for every job).
+        self._waiting = 0
 
     @property
     def startable(self) -> int:
         """How many jobs could take a slot right now without waiting."""
-        return max(0, self.free - sum(1 for w in self._waiters if not w.done()))
+        return max(0, self.free - self._waiting)
 
     def try_take(self) -> bool:
         if self.startable > 0:
@@ -179,17 +182,21 @@ class _Slots:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        self._waiting += 1
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.give()  # handed a slot in the same moment it was cancelled
+            else:
+                self._waiting -= 1  # gave up waiting: give() will pass it over
             raise
 
     def give(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
+                self._waiting -= 1
                 waiter.set_result(None)
                 return
         self.free += 1
