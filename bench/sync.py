@@ -118,6 +118,19 @@ class FlowRun:
     attempts: list[tuple[str, str, int]]
     worker_cpu_s: float
     logs: list[Path] = field(default_factory=list)
+    #: CPU seconds of the fake API's process (None: served in this process) and of
+    #: PostgreSQL's server processes (None on SQLite, whose work is the workers'), over
+    #: the same span as ``worker_cpu_s``: with the workers', what the run asked of the
+    #: machine's cores.
+    api_cpu_s: float | None = None
+    db_cpu_s: float | None = None
+
+    @property
+    def cores_busy(self) -> float:
+        """The workers', the fake API's and the database server's CPU over the wall time:
+        how many of the machine's cores the run kept busy."""
+        total = self.worker_cpu_s + (self.api_cpu_s or 0.0) + (self.db_cpu_s or 0.0)
+        return total / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def done(self) -> bool:
@@ -249,7 +262,11 @@ async def run_workers(
         logs = await asyncio.to_thread(_wait_started, logs_dir, workers)
         for name in names:
             await app.add_tenant(db, name, flow_app.CONNECTOR, {"sink": sink}, schedule="every 1d")
+        api_pid: int | None = getattr(server, "pid", None)
+        postgres = url.startswith("postgresql")
         cpu_before = sum(_cpu(p.pid) for p in procs)
+        api_before = _cpu(api_pid) if api_pid is not None else 0.0
+        db_before = postgres_cpu_seconds() if postgres else 0.0
         server.reset(behaviour)
         if on_started is not None:
             on_started()
@@ -266,6 +283,8 @@ async def run_workers(
             await asyncio.sleep(0.1)
         wall = (last.timestamp() - t0) if finished >= tenants and last else within
         cpu = sum(_cpu(p.pid) for p in procs) - cpu_before
+        api_cpu = _cpu(api_pid) - api_before if api_pid is not None else None
+        db_cpu = postgres_cpu_seconds() - db_before if postgres else None
         stats = server.snapshot()
         attempts = await _poll_attempts(db)
     finally:
@@ -284,7 +303,21 @@ async def run_workers(
         attempts=attempts,
         worker_cpu_s=cpu,
         logs=logs,
+        api_cpu_s=api_cpu,
+        db_cpu_s=db_cpu,
     )
+
+
+def postgres_cpu_seconds() -> float:
+    """CPU seconds (user + system) of every PostgreSQL server process alive now; a
+    backend that exited meanwhile is not counted (workers keep theirs through a run)."""
+    total = 0.0
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in ("postgres", "postmaster"):
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                total += t.user + t.system
+    return total
 
 
 def _cpu(pid: int) -> float:
@@ -458,6 +491,9 @@ def details(s: Settings, run: FlowRun) -> dict[str, Any]:
         "breaker_opens": run.breaker_opens,
         "failed_attempts": run.failed_attempts,
         "worker_cpu_s": round(run.worker_cpu_s, 2),
+        "api_cpu_s": None if run.api_cpu_s is None else round(run.api_cpu_s, 2),
+        "db_cpu_s": None if run.db_cpu_s is None else round(run.db_cpu_s, 2),
+        "cores_busy": round(run.cores_busy, 2),
     }
 
 
@@ -547,9 +583,21 @@ def render(result: dict[str, Any]) -> str:
                 f"{'':<22}   {engine}: wall {d['wall_s']:.2f}s, {d['finished_tenants']}/"
                 f"{s['tenants']} tenants done, {d['requests']} requests, {d['http_429']} x 429, "
                 f"{d['breaker_opens']} breaker opens, {d['failed_attempts']} attempts spent, "
-                f"worker CPU {d['worker_cpu_s']}s"
+                f"worker CPU {d['worker_cpu_s']}s{_other_cpu(d)}"
             )
     return "\n".join(lines)
+
+
+def _other_cpu(d: dict[str, Any]) -> str:
+    """``, API CPU 2.1s, database CPU 3.0s, 1.85 cores busy`` (what is known of them)."""
+    parts = [
+        f"{label} CPU {d[key]}s"
+        for key, label in (("api_cpu_s", "API"), ("db_cpu_s", "database"))
+        if d.get(key) is not None
+    ]
+    if "cores_busy" in d:
+        parts.append(f"{d['cores_busy']} cores busy")
+    return "".join(f", {p}" for p in parts)
 
 
 def _cell(value: Any) -> str:

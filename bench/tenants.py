@@ -44,7 +44,7 @@ from typing import Any
 import psutil
 from sqlalchemy import delete, func, select, update
 
-from bench.sync import ROOT, fresh_database
+from bench.sync import ROOT, fresh_database, postgres_cpu_seconds
 from synckit.cli.status import render_status
 from synckit.clock import utcnow
 from synckit.runtime.bulk import add_tenants
@@ -130,18 +130,6 @@ class _CycleRun:
     db_cpu: float | None
 
 
-def _postgres_cpu_seconds() -> float:
-    """CPU seconds of every PostgreSQL server process alive now (a backend that exited
-    meanwhile is not counted: the workers keep theirs open through a run)."""
-    total = 0.0
-    for proc in psutil.process_iter(["name"]):
-        if proc.info["name"] in ("postgres", "postmaster"):
-            with contextlib.suppress(psutil.Error):
-                t = proc.cpu_times()
-                total += t.user + t.system
-    return total
-
-
 async def _cycle(
     url: str, db: Database, api: HostileProcess, names: list[str], workers: int, logs: Path
 ) -> _CycleRun:
@@ -162,7 +150,7 @@ async def _cycle(
         postgres = url.startswith("postgresql")
         api_procs = [psutil.Process(api.pid)] if api.pid is not None else []
         cpu0, api0 = _cpu_seconds(procs), _cpu_seconds(api_procs)
-        db0 = _postgres_cpu_seconds() if postgres else 0.0
+        db0 = postgres_cpu_seconds() if postgres else 0.0
         await _enqueue_cycles(db, names)
         t0 = time.time()
         deadline = time.monotonic() + 600
@@ -178,7 +166,7 @@ async def _cycle(
         wall = (last.timestamp() - t0) if last is not None else 600.0
         cpu = _cpu_seconds(procs) - cpu0
         api_cpu = _cpu_seconds(api_procs) - api0
-        db_cpu = _postgres_cpu_seconds() - db0 if postgres else None
+        db_cpu = postgres_cpu_seconds() - db0 if postgres else None
     finally:
         stop_all(procs, timeout=15)
     return _CycleRun(wall, done, peak, cpu, api_cpu, db_cpu)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-from bench.sync import SCENARIOS, Settings, render, scenario_setup
+from bench.sync import SCENARIOS, FlowRun, Settings, details, render, scenario_setup
+from synckit.testing.hostile import Stats
 
 
 @pytest.mark.parametrize("name", ["declared", "undeclared", "random_429"])
@@ -63,3 +66,40 @@ def test_the_table_prints_each_scenarios_latency() -> None:
     lines = render(result).splitlines()
     assert any(line.startswith("declared") and "20 ms" in line for line in lines)
     assert any(line.startswith("outage") and "100 ms" in line for line in lines)
+
+
+def test_a_run_reports_the_cores_it_kept_busy_and_the_table_prints_them() -> None:
+    """The workers', the fake API's and the database's CPU over the wall: whether a run
+    was bound by the machine's cores rather than by pacing."""
+    run = FlowRun(
+        tenants=1,
+        finished=1,
+        wall_s=10.0,
+        stats=Stats(),
+        events=Counter(),
+        breaker_opens=0,
+        failed_attempts=0,
+        attempts=[],
+        worker_cpu_s=12.0,
+        api_cpu_s=3.0,
+        db_cpu_s=4.5,
+    )
+    assert run.cores_busy == pytest.approx(1.95)
+    d = details(Settings(tenants=1, pages=1), run)
+    assert (d["api_cpu_s"], d["db_cpu_s"], d["cores_busy"]) == (3.0, 4.5, 1.95)
+    on_sqlite = details(Settings(tenants=1, pages=1), FlowRun(**{**run.__dict__, "db_cpu_s": None}))
+    assert on_sqlite["db_cpu_s"] is None and on_sqlite["cores_busy"] == 1.5
+    result = {
+        "settings": {"tenants": 1, "pages": 1, "records": 5, "limit": 10, "workers": 2}
+        | {"ideal_s": 1.0},
+        "declared": {
+            "latency_ms": 20.0,
+            "wall_over_ideal": {"sqlite": 1.5, "postgresql": 1.95},
+            "details": {"sqlite": on_sqlite, "postgresql": d},
+            "baseline_wall_s": 1.0,
+            "baseline_http_429": 0,
+        },
+    }
+    text = render(result)
+    assert "worker CPU 12.0s, API CPU 3.0s, 1.5 cores busy" in text
+    assert "worker CPU 12.0s, API CPU 3.0s, database CPU 4.5s, 1.95 cores busy" in text
