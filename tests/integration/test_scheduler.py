@@ -142,7 +142,9 @@ async def test_ticks_go_with_the_tenant_and_follow_pause_resume_and_reschedule(
     async with db.begin() as conn:
         await conn.execute(jobs.delete())
         await conn.execute(connections.update().values(schedule="every 1d"))
-    soon = later + timedelta(minutes=1)
+    # A moment after `later`, before any tick could come round (stream b's hourly tick
+    # may be a minute after `later`, on its key's phase).
+    soon = later + timedelta(milliseconds=1)
     assert await schedule_polls(db, CONNECTORS, now=soon) == []
     async with db.begin() as conn:
         a = (
