@@ -219,11 +219,11 @@ async def measure(
                         wall, done = run.wall, run.done
                         peak = max(peak, run.peak_rss_mb)
                         rate = done / wall if wall > 0 else 0.0
-                        per_poll = 1000 / done if done else None
-                        out[f"worker_cpu_ms_per_poll_{w}w"] = per_poll and run.cpu * per_poll
-                        out[f"api_cpu_ms_per_poll_{w}w"] = per_poll and run.api_cpu * per_poll
-                        if run.db_cpu is not None:
-                            out[f"db_cpu_ms_per_poll_{w}w"] = per_poll and run.db_cpu * per_poll
+                        cpus = {"worker": run.cpu, "api": run.api_cpu, "db": run.db_cpu}
+                        for who, seconds in cpus.items():
+                            if seconds is not None:
+                                per_poll = seconds * 1000 / done if done else None
+                                out[f"{who}_cpu_ms_per_poll_{w}w"] = per_poll
                         out[f"cycle_all_s_{w}w"] = size / rate if rate else None
                         out[f"polls_per_s_{w}w"] = rate
                     if "polls_per_s_1w" in out:
