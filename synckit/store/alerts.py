@@ -366,17 +366,45 @@ async def claim_deliveries(
 
     Safe under concurrent evaluators on either engine: the unique key decides which
     insert records an alert, and a retry takes only rows no other transaction holds
-    (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite has one writer)."""
+    (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite has one writer).
+
+    The inserts come first, before this transaction locks any row. On PostgreSQL an
+    insert whose key is on a row another transaction has updated and not committed
+    waits for that transaction. Inserting after taking the retries let two evaluators
+    each wait for the other: each held the leases of its half of the owed alerts (the
+    same alerts fire again every evaluation, so their keys are among those inserted)
+    and waited on the other's half (``deadlock detected``). Inserting first, a
+    transaction holds only rows nobody else can see while it may wait; the statements
+    after the inserts never wait (``SKIP LOCKED``), so no cycle can form."""
     c = alerts_table.c
+    out = Claimed()
+    # In key order, so that two evaluators inserting the same new alerts wait for each
+    # other in one order.
+    keys = sorted(new)
+    for start in range(0, len(keys), _INSERT_BATCH):
+        batch = keys[start : start + _INSERT_BATCH]
+        inserted = await conn.execute(
+            _insert_new(conn)
+            .values([_new_row(k, new[k], now=now, lease=lease) for k in batch])
+            .returning(c.id, c.dedupe_key)
+        )
+        out.new.extend((int(rid), str(key)) for rid, key in sorted(inserted.all()))
     unfinished = c.finished_at.is_(None)
+    # A row another evaluator holds is given up at the next evaluation.
+    overdue = (
+        select(c.id)
+        .where(unfinished, c.recorded_at < now - give_up_after)
+        .with_for_update(skip_locked=True)
+    )
     stale = await conn.execute(
         update(alerts_table)
-        .where(unfinished, c.recorded_at < now - give_up_after)
+        .where(c.id.in_(overdue.scalar_subquery()))
         .values(finished_at=now, lease_expires_at=None)
         .returning(c.dedupe_key, c.last_error)
     )
     for key, error in stale:
         log.error("alert.delivery_given_up", record=key, error=error)
+    # The alerts inserted above are leased until now + lease: not taken again here.
     free = or_(c.lease_expires_at.is_(None), c.lease_expires_at <= now)
     due = (
         select(c.id)
@@ -391,7 +419,6 @@ async def claim_deliveries(
         .values(lease_expires_at=now + lease)
         .returning(*_ROW)
     )
-    out = Claimed()
     for row in sorted(taken.all(), key=lambda r: int(r.id)):
         try:
             alert, done = _read_row(row)
@@ -405,17 +432,6 @@ async def claim_deliveries(
             )
             continue
         out.owed.append(StoredAlert(int(row.id), alert, done))
-    # In key order, so that two evaluators inserting the same alerts wait for each other
-    # in one order instead of deadlocking.
-    keys = sorted(new)
-    for start in range(0, len(keys), _INSERT_BATCH):
-        batch = keys[start : start + _INSERT_BATCH]
-        inserted = await conn.execute(
-            _insert_new(conn)
-            .values([_new_row(k, new[k], now=now, lease=lease) for k in batch])
-            .returning(c.id, c.dedupe_key)
-        )
-        out.new.extend((int(rid), str(key)) for rid, key in sorted(inserted.all()))
     return out
 
 

@@ -29,6 +29,7 @@ from synckit.runtime.alerts import (
     RuleSet,
     Severity,
     WebhookSink,
+    claim_deliveries,
     load_alert_data,
     recent_alerts,
     record_alerts,
@@ -799,3 +800,43 @@ async def test_evaluating_processes_deliver_each_alert_once(
     for spans in down.values():  # a delivery in progress is never taken by another
         spans.sort()
         assert all(b[0] >= a[1] for a, b in itertools.pairwise(spans))
+
+
+class _AtInsertBarrier:
+    """An AsyncConnection whose INSERTs wait until every party has reached its own."""
+
+    def __init__(self, conn: Any, barrier: asyncio.Barrier) -> None:
+        self._conn, self._barrier = conn, barrier
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    async def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(statement, "is_insert", False):
+            await self._barrier.wait()
+        return await self._conn.execute(statement, *args, **kwargs)
+
+
+async def test_two_evaluators_retrying_the_same_alerts_do_not_deadlock(db: Database) -> None:
+    """Two evaluations at once whose retries are more than one batch (so each leases a
+    half) and which fire the same alerts again (so each inserts keys on the other's
+    half): each waits on the other only where no cycle can form. Taking the retries
+    before the inserts failed one of them here with ``deadlock detected``."""
+    if not db.is_postgres:
+        pytest.skip("SQLite has one writer: a transaction never waits on another's rows")
+    earlier = NOW - timedelta(minutes=10)  # leased until NOW - 5 min: due again at NOW
+    again = [Alert("race", f"a-{i:04}", "m", earlier, "w") for i in range(800)]
+    async with db.begin() as conn:
+        await record_alerts(conn, again, now=earlier)
+    barrier = asyncio.Barrier(2)
+
+    async def evaluate() -> list[int]:
+        async with db.begin() as conn:
+            held = _AtInsertBarrier(conn, barrier)
+            todo = await claim_deliveries(held, again, now=NOW, sinks=["up"])
+        assert not any(d.new for d in todo)
+        return [d.record_id for d in todo if d.record_id is not None]
+
+    first, second = await asyncio.wait_for(asyncio.gather(evaluate(), evaluate()), 30)
+    assert len(first) + len(second) == 800 and not set(first) & set(second)
+    assert {len(first), len(second)} == {500, 300}  # one batch each, oldest first
