@@ -803,16 +803,17 @@ async def test_evaluating_processes_deliver_each_alert_once(
 
 
 class _AtInsertBarrier:
-    """An AsyncConnection whose INSERTs wait until every party has reached its own."""
+    """An AsyncConnection whose first INSERT waits until every party has reached its own."""
 
     def __init__(self, conn: Any, barrier: asyncio.Barrier) -> None:
-        self._conn, self._barrier = conn, barrier
+        self._conn, self._barrier, self._waited = conn, barrier, False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
 
     async def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(statement, "is_insert", False):
+        if getattr(statement, "is_insert", False) and not self._waited:
+            self._waited = True
             await self._barrier.wait()
         return await self._conn.execute(statement, *args, **kwargs)
 
