@@ -398,6 +398,38 @@ async def test_cancelled_running_job_is_stopped_at_heartbeat(db: Database) -> No
     assert (await store.get_job(db, job.id)).status == "cancelled"
 
 
+async def test_a_heartbeat_never_waits_for_a_row_another_transaction_holds(db: Database) -> None:
+    """While another transaction holds one of a worker's job rows (its own page commit
+    or completion, on PostgreSQL), the heartbeat extends the others at once, counts
+    that one still held, and extends it at the next beat. Waiting for it instead made a
+    cycle with such transactions ('deadlock detected', a second of both's time)."""
+    a, b = await store.enqueue(db, "k", {}), await store.enqueue(db, "k", {})
+    claimed = await store.claim(db, "w", 2)
+    held = [(j.id, j.claim_token) for j in claimed]
+    assert {i for i, _ in held} == {a.id, b.id}
+    now = datetime.now(UTC)
+    if db.is_postgres:
+        async with db.engine.connect() as other:
+            await other.execute(select(jobs.c.id).where(jobs.c.id == b.id).with_for_update())
+            alive = await asyncio.wait_for(
+                store.heartbeat(db, "w", held, lease=timedelta(minutes=5), now=now), 5
+            )
+            assert alive == {a.id, b.id}
+            async with db.begin() as conn:
+                leases = dict(
+                    (await conn.execute(select(jobs.c.id, jobs.c.lease_expires_at))).all()
+                )
+            assert leases[a.id] == now + timedelta(minutes=5)
+            assert leases[b.id] < now + timedelta(minutes=5)  # held: not extended this beat
+            await other.rollback()
+    later = now + timedelta(seconds=1)
+    alive = await store.heartbeat(db, "w", held, lease=timedelta(minutes=5), now=later)
+    assert alive == {a.id, b.id}
+    async with db.begin() as conn:
+        leases = dict((await conn.execute(select(jobs.c.id, jobs.c.lease_expires_at))).all())
+    assert leases == {a.id: later + timedelta(minutes=5), b.id: later + timedelta(minutes=5)}
+
+
 async def test_fairness_backlog_does_not_hold_back_another_tenant(db: Database) -> None:
     """10 jobs of tenant B, enqueued after 100,000 of tenant A, are claimed in the first batches."""
     now = datetime.now(UTC)
