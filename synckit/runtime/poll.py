@@ -530,6 +530,8 @@ async def run_cycle(
                     resource_key=ctx.resource_key,
                     now=clock(),
                 ),
+                # Every group locks the tenants' audit buckets in one order.
+                order=(tenant, name),
             )
             if not committed:
                 assert job is not None

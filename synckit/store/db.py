@@ -236,6 +236,8 @@ class _Write:
     context: contextvars.Context
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
+    #: :meth:`Database.write_grouped`'s ``order``: a group runs its writes sorted by it.
+    order: tuple[str, ...] = ()
 
 
 class _WriteQueue:
@@ -531,7 +533,9 @@ class Database:
             self._writer.submit(self._drain)
         return await future
 
-    async def write_grouped(self, fn: Callable[..., T], *args: Any) -> T:
+    async def write_grouped(
+        self, fn: Callable[..., T], *args: Any, order: tuple[str, ...] = ()
+    ) -> T:
         """:meth:`write`, for short writes that many tasks make at once and that rarely
         fail (a poll page's commit). On SQLite it is :meth:`write` (whose group commit
         already takes them together). On PostgreSQL the writes that queue while a group
@@ -544,6 +548,12 @@ class Database:
         nothing but its statements (it may run twice, the first time rolled back).
         Each ``fn`` sees its caller's context variables. A caller cancelled before its
         group began does not write; one cancelled later may find its write committed.
+
+        ``order``: a group runs its writes sorted by it (equal ones in the order they
+        came), so that writes locking rows other groups may lock too (a tenant's audit
+        bucket of the minute) take them in one order in every group. Two workers' groups
+        taking two tenants' buckets in opposite orders deadlocked on PostgreSQL (each
+        then waits ``deadlock_timeout``, and the cancelled group re-runs write by write).
         """
         if not self.is_postgres:
             return await self.write(fn, *args)
@@ -552,7 +562,7 @@ class Database:
         queue = self._grouped.get(loop)
         if queue is None:
             queue = self._grouped[loop] = _WriteQueue()
-        if queue.put(_Write(fn, args, contextvars.copy_context(), loop, future)):
+        if queue.put(_Write(fn, args, contextvars.copy_context(), loop, future, order)):
             task = loop.create_task(self._run_groups(queue))
             self._group_tasks.add(task)
             task.add_done_callback(self._group_tasks.discard)
@@ -579,6 +589,7 @@ class Database:
             if len(group) == 1:  # as write() would run it, in its caller's task
                 _settle(group[0], _ALONE)
                 continue
+            group.sort(key=lambda item: item.order)
 
             def run(conn: Connection, items: list[_Write] = group) -> list[Any]:
                 return [item.context.run(item.fn, conn, *item.args) for item in items]

@@ -147,6 +147,31 @@ async def test_grouped_writes_share_transactions_and_each_sees_its_callers_conte
         assert 2 <= len(transactions) <= 20, len(transactions)
 
 
+async def test_a_group_runs_its_writes_in_their_order(db: Database, engine_name: str) -> None:
+    """Writes given an ``order`` run sorted by it within each shared transaction (so that
+    every group locks shared rows, such as a tenant's audit bucket, in one order)."""
+    if engine_name != "postgresql":
+        pytest.skip("SQLite's write_grouped is write(): one writer, no lock order")
+    await _table(db)
+    ran: list[tuple[int, str]] = []
+
+    def insert_noting(conn: Connection, key: str) -> None:
+        _insert(conn, key, False)
+        ran.append((conn.execute(text("SELECT txid_current()")).scalar_one(), key))
+
+    # Made in key order, ordered the other way round.
+    await asyncio.gather(
+        *(db.write_grouped(insert_noting, f"k{i:02}", order=(f"{99 - i:02}",)) for i in range(100))
+    )
+    by_transaction: dict[int, list[str]] = {}
+    for txid, key in ran:
+        by_transaction.setdefault(txid, []).append(key)
+    shared = [keys for keys in by_transaction.values() if len(keys) > 1]
+    assert shared, by_transaction
+    assert all(keys == sorted(keys, reverse=True) for keys in shared), shared
+    assert await _keys(db) == {f"k{i:02}" for i in range(100)}
+
+
 async def test_a_failing_grouped_write_fails_alone_and_the_others_commit(db: Database) -> None:
     await _table(db)
     await db.write(_insert, "taken", False)
