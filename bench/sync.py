@@ -21,6 +21,9 @@ Scenarios (``--scenarios``):
 * ``zero_latency``: no latency, no limit: ``framework_us_per_record``, the CPU time of
   the worker processes per record handled.
 
+On PostgreSQL each run also reports ``db_deadlocks``, the deadlocks the server detected
+during it (``pg_stat_database``; each costs two transactions ``deadlock_timeout``, 1 s).
+
 ``ideal = requests / (tenants x limit)``. Each key maps an engine to its figure; the
 baseline's figures (``baseline_wall_s``, ``baseline_http_429``) are engine-free. A run
 that does not finish by ``--timeout`` reports the timeout as its wall time and the
@@ -124,6 +127,9 @@ class FlowRun:
     #: machine's cores.
     api_cpu_s: float | None = None
     db_cpu_s: float | None = None
+    #: Deadlocks PostgreSQL detected during the run (None on SQLite): each costs two
+    #: transactions ``deadlock_timeout`` (1 s) and one of them its work.
+    db_deadlocks: int | None = None
 
     @property
     def cores_busy(self) -> float:
@@ -267,6 +273,7 @@ async def run_workers(
         cpu_before = sum(_cpu(p.pid) for p in procs)
         api_before = _cpu(api_pid) if api_pid is not None else 0.0
         db_before = postgres_cpu_seconds() if postgres else 0.0
+        deadlocks_before = await postgres_deadlocks(db) if postgres else 0
         server.reset(behaviour)
         if on_started is not None:
             on_started()
@@ -289,8 +296,11 @@ async def run_workers(
         attempts = await _poll_attempts(db)
     finally:
         stop_all(procs, timeout=15)
-        await db.dispose()
         await app.aclose()
+    try:
+        deadlocks = await postgres_deadlocks(db) - deadlocks_before if postgres else None
+    finally:
+        await db.dispose()
     events = Counter(str(e.get("event")) for e in _read_events(logs))
     return FlowRun(
         tenants=tenants,
@@ -305,7 +315,19 @@ async def run_workers(
         logs=logs,
         api_cpu_s=api_cpu,
         db_cpu_s=db_cpu,
+        db_deadlocks=deadlocks,
     )
+
+
+async def postgres_deadlocks(db: Database, *, settle: float = 0.5) -> int:
+    """The deadlocks PostgreSQL has detected in every database of the server
+    (``pg_stat_database.deadlocks``). A server process reports its counts when it ends
+    and between transactions at most once a second, so a run reads this after its
+    workers stopped, ``settle`` seconds later."""
+    await asyncio.sleep(settle)
+    async with db.read() as conn:
+        query = text("SELECT coalesce(sum(deadlocks), 0) FROM pg_stat_database")
+        return int((await conn.execute(query)).scalar_one())
 
 
 def postgres_cpu_seconds() -> float:
@@ -494,6 +516,7 @@ def details(s: Settings, run: FlowRun) -> dict[str, Any]:
         "api_cpu_s": None if run.api_cpu_s is None else round(run.api_cpu_s, 2),
         "db_cpu_s": None if run.db_cpu_s is None else round(run.db_cpu_s, 2),
         "cores_busy": round(run.cores_busy, 2),
+        "db_deadlocks": run.db_deadlocks,
     }
 
 
@@ -597,6 +620,8 @@ def _other_cpu(d: dict[str, Any]) -> str:
     ]
     if "cores_busy" in d:
         parts.append(f"{d['cores_busy']} cores busy")
+    if d.get("db_deadlocks") is not None:
+        parts.append(f"{d['db_deadlocks']} deadlocks")
     return "".join(f", {p}" for p in parts)
 
 

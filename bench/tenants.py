@@ -17,6 +17,8 @@ answered at once with one empty page, ``flow_app`` on ``synckit.testing.hostile`
   shares the machine's cores; ``api_cpu_ms_per_poll_<n>w`` and (PostgreSQL)
   ``db_cpu_ms_per_poll_<n>w`` the same for the fake API's process and the database
   server's processes, which share this machine's cores with the workers;
+  ``db_deadlocks_<n>w`` (PostgreSQL) the deadlocks the server detected meanwhile (each
+  costs two transactions ``deadlock_timeout``, 1 s);
 * ``status_s``: ``read_status`` of one page and its rendering (what ``synckit status``
   does);
 * ``peak_rss_mb``: the largest worker RSS seen during the runs.
@@ -44,7 +46,7 @@ from typing import Any
 import psutil
 from sqlalchemy import delete, func, select, update
 
-from bench.sync import ROOT, fresh_database, postgres_cpu_seconds
+from bench.sync import ROOT, fresh_database, postgres_cpu_seconds, postgres_deadlocks
 from synckit.cli.status import render_status
 from synckit.clock import utcnow
 from synckit.runtime.bulk import add_tenants
@@ -128,6 +130,8 @@ class _CycleRun:
     cpu: float
     api_cpu: float
     db_cpu: float | None
+    #: Deadlocks PostgreSQL detected from the enqueue to the workers' exit (None on SQLite).
+    deadlocks: int | None
 
 
 async def _cycle(
@@ -151,6 +155,7 @@ async def _cycle(
         api_procs = [psutil.Process(api.pid)] if api.pid is not None else []
         cpu0, api0 = _cpu_seconds(procs), _cpu_seconds(api_procs)
         db0 = postgres_cpu_seconds() if postgres else 0.0
+        deadlocks0 = await postgres_deadlocks(db) if postgres else 0
         await _enqueue_cycles(db, names)
         t0 = time.time()
         deadline = time.monotonic() + 600
@@ -169,7 +174,8 @@ async def _cycle(
         db_cpu = postgres_cpu_seconds() - db0 if postgres else None
     finally:
         stop_all(procs, timeout=15)
-    return _CycleRun(wall, done, peak, cpu, api_cpu, db_cpu)
+    deadlocks = await postgres_deadlocks(db) - deadlocks0 if postgres else None
+    return _CycleRun(wall, done, peak, cpu, api_cpu, db_cpu, deadlocks)
 
 
 def _cpu_seconds(procs: list[Any]) -> float:
@@ -224,6 +230,8 @@ async def measure(
                             if seconds is not None:
                                 per_poll = seconds * 1000 / done if done else None
                                 out[f"{who}_cpu_ms_per_poll_{w}w"] = per_poll
+                        if run.deadlocks is not None:
+                            out[f"db_deadlocks_{w}w"] = run.deadlocks
                         out[f"cycle_all_s_{w}w"] = size / rate if rate else None
                         out[f"polls_per_s_{w}w"] = rate
                     if "polls_per_s_1w" in out:
