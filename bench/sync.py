@@ -264,6 +264,9 @@ async def run_workers(
     ]
     db = open_database(url)
     app = flow_app.make_app(server.url, rate_limit=rate_limit, burst=burst, token_url=token_url)
+    # Deadlocks counted before the run (PostgreSQL only), and during it.
+    deadlocks_before: int | None = None
+    deadlocks: int | None = None
     try:
         logs = await asyncio.to_thread(_wait_started, logs_dir, workers)
         for name in names:
@@ -273,7 +276,8 @@ async def run_workers(
         cpu_before = sum(_cpu(p.pid) for p in procs)
         api_before = _cpu(api_pid) if api_pid is not None else 0.0
         db_before = postgres_cpu_seconds() if postgres else 0.0
-        deadlocks_before = await postgres_deadlocks(db) if postgres else 0
+        if postgres:
+            deadlocks_before = await postgres_deadlocks(db)
         server.reset(behaviour)
         if on_started is not None:
             on_started()
@@ -297,10 +301,12 @@ async def run_workers(
     finally:
         stop_all(procs, timeout=15)
         await app.aclose()
-    try:
-        deadlocks = await postgres_deadlocks(db) - deadlocks_before if postgres else None
-    finally:
-        await db.dispose()
+        try:
+            # Read once the workers exited: their server processes report on exit.
+            if deadlocks_before is not None:
+                deadlocks = await postgres_deadlocks(db) - deadlocks_before
+        finally:
+            await db.dispose()
     events = Counter(str(e.get("event")) for e in _read_events(logs))
     return FlowRun(
         tenants=tenants,
