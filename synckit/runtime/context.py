@@ -33,8 +33,8 @@ from synckit.runtime.http import (
     borrow_transport,
     tls_context,
 )
+from synckit.runtime.http1 import new_transport
 from synckit.runtime.logging import bind_known_secrets, scrub_values, secret_values
-from synckit.runtime.network import new_transport
 from synckit.runtime.pacing import PaceView
 from synckit.store.db import Database
 

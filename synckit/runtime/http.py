@@ -59,8 +59,8 @@ from synckit.errors.pace import PacePolicy
 from synckit.errors.raising import exception_for
 from synckit.errors.waits import clamp_wait
 from synckit.runtime import pacing
+from synckit.runtime.http1 import Http11Transport, new_transport
 from synckit.runtime.instruments import record_api_latency
-from synckit.runtime.network import new_transport
 from synckit.store.db import Database
 
 __all__ = [
@@ -148,7 +148,7 @@ IDLE_TRANSPORTS = 256
 @dataclasses.dataclass(eq=False)
 class _Lending:
     holders: int = 0
-    idle: dict[str, list[httpx.AsyncHTTPTransport]] = dataclasses.field(default_factory=dict)
+    idle: dict[str, list[httpx.AsyncBaseTransport]] = dataclasses.field(default_factory=dict)
 
 
 _lending: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Lending] = (
@@ -174,7 +174,7 @@ async def shared_connections() -> AsyncIterator[None]:
                     await _close_quietly(transport)
 
 
-def borrow_transport(connector: str) -> httpx.AsyncHTTPTransport | None:
+def borrow_transport(connector: str) -> httpx.AsyncBaseTransport | None:
     """A transport for one context of ``connector``, with the connections a previous
     context left open, or None when no worker lends transports on this event loop
     (:func:`shared_connections`). Its connections carry no credential: auth is the
@@ -188,7 +188,7 @@ def borrow_transport(connector: str) -> httpx.AsyncHTTPTransport | None:
     return new_transport(tls_context())
 
 
-async def give_back_transport(connector: str, transport: httpx.AsyncHTTPTransport) -> None:
+async def give_back_transport(connector: str, transport: httpx.AsyncBaseTransport) -> None:
     """Return a borrowed transport to the free list, or close it: when nobody lends any
     more, when the list is full, or when a connection of it is still busy (a response
     the connector never closed must not hold a connection of the next cycle)."""
@@ -201,7 +201,9 @@ async def give_back_transport(connector: str, transport: httpx.AsyncHTTPTranspor
     await _close_quietly(transport)
 
 
-def _all_idle(transport: httpx.AsyncHTTPTransport) -> bool:
+def _all_idle(transport: httpx.AsyncBaseTransport) -> bool:
+    if isinstance(transport, Http11Transport):
+        return transport.all_idle()
     # httpx keeps its httpcore pool in ``_pool`` (every 0.2x release); unknown: not idle.
     connections = getattr(getattr(transport, "_pool", None), "connections", None)
     if connections is None:
@@ -502,7 +504,7 @@ class PacedTransport(httpx.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
-        if self.borrowed and isinstance(self.inner, httpx.AsyncHTTPTransport):
+        if self.borrowed:
             await give_back_transport(self.connector or "", self.inner)
         else:
             await self.inner.aclose()

@@ -1,4 +1,8 @@
-"""The network under ``ctx.http``: httpcore's connections on asyncio's own transports.
+"""Connections on asyncio's own transports: the protocol under ``ctx.http``.
+
+:mod:`synckit.runtime.http1` speaks HTTP/1.1 over :class:`_Protocol` directly; the
+httpcore transport built here (:func:`new_httpcore_transport`) is what it falls back to
+while a mock (respx) patches httpx's or httpcore's transports.
 
 httpx reaches the network through httpcore, whose default backend goes through anyio:
 every read and every write of a connection opens a cancel scope with a deadline, maps
@@ -28,7 +32,7 @@ import httpx
 from httpcore._backends.base import SOCKET_OPTION, AsyncNetworkBackend, AsyncNetworkStream
 from httpcore._utils import is_socket_readable
 
-__all__ = ["AsyncioBackend", "new_transport"]
+__all__ = ["AsyncioBackend", "new_httpcore_transport"]
 
 # Reading pauses while this much is buffered and not yet read (as asyncio's streams do).
 _HIGH_WATER = 256 * 1024
@@ -43,6 +47,8 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.eof = False
+        #: Whether any byte arrived since this was last cleared (a request's start).
+        self.received_any = False
         self.error: BaseException | None = None
         self.reading_paused = False
         self.writing_paused = False
@@ -55,6 +61,7 @@ class _Protocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self.received_any = True
         self.buffer += data
         if len(self.buffer) > _HIGH_WATER and not self.reading_paused and self.transport:
             self.transport.pause_reading()
@@ -266,7 +273,7 @@ def _opened(
     return _Stream(protocol, transport)
 
 
-def new_transport(ssl_context: ssl.SSLContext) -> httpx.AsyncHTTPTransport:
+def new_httpcore_transport(ssl_context: ssl.SSLContext) -> httpx.AsyncHTTPTransport:
     """An ``httpx.AsyncHTTPTransport`` (httpx's defaults: 100 connections, 20 kept alive
     for 5 s, HTTP/1.1) whose connections go through :class:`AsyncioBackend`."""
     transport = httpx.AsyncHTTPTransport(verify=ssl_context)

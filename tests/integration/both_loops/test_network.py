@@ -1,5 +1,6 @@
-"""ctx.http's network backend (synckit.runtime.network) against httpx's own, over real
-sockets: every test runs on both and expects the same answers and the same exceptions,
+"""ctx.http's transport (synckit.runtime.http1, and the httpcore one of
+synckit.runtime.network it falls back to under a mock) against httpx's own, over real
+sockets: every test runs on each and expects the same answers and the same exceptions,
 on asyncio's own event loop and on uvloop's (whose transports are not asyncio's classes
 and whose create_connection takes no happy_eyeballs_delay)."""
 
@@ -20,19 +21,24 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from synckit.runtime.network import new_transport
+from synckit.runtime.http1 import new_transport
+from synckit.runtime.network import new_httpcore_transport
 from synckit.testing import FakeAPI, Fault, Reply
 
 TIMEOUT = httpx.Timeout(2.0, read=0.3)
 BIG = 3 * 1024 * 1024  # past the backend's read buffer limit (it pauses reading)
 
 
-@pytest.fixture(params=["httpx", "synckit"])
+@pytest.fixture(params=["httpx", "synckit", "synckit-httpcore"])
 def make_transport(
     request: pytest.FixtureRequest,
-) -> Callable[[ssl.SSLContext], httpx.AsyncHTTPTransport]:
+) -> Callable[[ssl.SSLContext], httpx.AsyncBaseTransport]:
+    """httpx's own transport, synckit's (h11, :mod:`synckit.runtime.http1`), and the
+    httpcore one synckit falls back to under a mock: one contract."""
     if request.param == "httpx":
         return lambda tls: httpx.AsyncHTTPTransport(verify=tls)
+    if request.param == "synckit-httpcore":
+        return new_httpcore_transport
     return new_transport
 
 
@@ -47,7 +53,7 @@ def api() -> FakeAPI:
 
 @pytest.fixture
 async def http(
-    api: FakeAPI, make_transport: Callable[[ssl.SSLContext], httpx.AsyncHTTPTransport]
+    api: FakeAPI, make_transport: Callable[[ssl.SSLContext], httpx.AsyncBaseTransport]
 ) -> AsyncIterator[httpx.AsyncClient]:
     transport = make_transport(ssl.create_default_context())
     async with (
@@ -90,7 +96,7 @@ async def test_a_close_without_an_answer_is_a_protocol_error(
 
 
 async def test_nothing_listening_is_a_connect_error(
-    make_transport: Callable[[ssl.SSLContext], httpx.AsyncHTTPTransport],
+    make_transport: Callable[[ssl.SSLContext], httpx.AsyncBaseTransport],
 ) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,7 +108,7 @@ async def test_nothing_listening_is_a_connect_error(
 
 
 async def test_a_connection_the_server_closed_while_idle_is_not_reused(
-    make_transport: Callable[[ssl.SSLContext], httpx.AsyncHTTPTransport],
+    make_transport: Callable[[ssl.SSLContext], httpx.AsyncBaseTransport],
 ) -> None:
     """A keep-alive connection the server closed between requests is noticed (its end of
     stream), so the next request goes on a new connection instead of failing."""
@@ -193,7 +199,7 @@ async def tls_server(tmp_path: Path) -> AsyncIterator[tuple[int, bytes]]:
 
 async def test_tls_to_a_trusted_server(
     tls_server: tuple[int, bytes],
-    make_transport: Callable[[ssl.SSLContext], httpx.AsyncHTTPTransport],
+    make_transport: Callable[[ssl.SSLContext], httpx.AsyncBaseTransport],
 ) -> None:
     port, pem = tls_server
     trusting = ssl.create_default_context(cadata=pem.decode())
@@ -204,10 +210,108 @@ async def test_tls_to_a_trusted_server(
 
 async def test_tls_to_an_untrusted_server_is_a_connect_error(
     tls_server: tuple[int, bytes],
-    make_transport: Callable[[ssl.SSLContext], httpx.AsyncHTTPTransport],
+    make_transport: Callable[[ssl.SSLContext], httpx.AsyncBaseTransport],
 ) -> None:
     port, _ = tls_server
     default = ssl.create_default_context()  # does not trust the test's certificate
     async with httpx.AsyncClient(transport=make_transport(default), timeout=TIMEOUT) as c:
         with pytest.raises(httpx.ConnectError):
             await c.get(f"https://localhost:{port}/")
+
+
+# --- synckit's own transport (synckit.runtime.http1) ------------------------------------------
+
+
+async def _serve(handler: Callable[..., object]) -> tuple[asyncio.Server, int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)  # type: ignore[arg-type]
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_a_kept_alive_connection_dropped_without_an_answer_resends_a_get_not_a_post() -> None:
+    """The server drops a kept-alive connection just as a request arrives on it, with no
+    answer: a GET is sent once more on a new connection, a POST is not (the server may
+    have acted on it), and a request on a new connection is never sent twice."""
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")  # the next request on it: dropped
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server, port = await _serve(serve)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        async with httpx.AsyncClient(
+            transport=new_transport(ssl.create_default_context()), timeout=TIMEOUT
+        ) as c:
+            assert (await c.get(url)).text == "ok"
+            assert (await c.get(url)).text == "ok"  # dropped on the first, sent again
+            assert connections == 2
+            with pytest.raises(httpx.RemoteProtocolError):
+                await c.post(url, content=b"x")  # dropped on the second: not again
+            assert connections == 2
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_full_pool_waits_for_a_connection_then_times_out(api: FakeAPI) -> None:
+    from synckit.runtime.http1 import Http11Transport
+
+    transport = Http11Transport(ssl.create_default_context(), max_connections=1)
+    async with (
+        api.serve() as base_url,
+        httpx.AsyncClient(
+            base_url=base_url, timeout=httpx.Timeout(2.0, pool=0.2), transport=transport
+        ) as c,
+    ):
+        held = await c.send(c.build_request("GET", "/items"), stream=True)
+        assert not transport.all_idle()
+        with pytest.raises(httpx.PoolTimeout):
+            await c.get("/items")
+        waiting = asyncio.create_task(c.get("/items", timeout=2.0))
+        await asyncio.sleep(0.05)
+        await held.aread()
+        await held.aclose()  # its connection goes to the waiting request
+        assert (await waiting).json() == {"items": [1, 2, 3]}
+        assert transport.all_idle()
+
+
+async def test_an_answer_sent_while_the_body_is_still_going_out_is_read() -> None:
+    """A server refusing a large upload answers at once (413) and closes: the answer is
+    what the client sees, not the failed write."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 3\r\n\r\nbig")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.close()
+
+    server, port = await _serve(serve)
+    try:
+        async with httpx.AsyncClient(
+            transport=new_transport(ssl.create_default_context()), timeout=TIMEOUT
+        ) as c:
+            response = await c.post(f"http://127.0.0.1:{port}/", content=b"y" * (16 * BIG))
+            assert (response.status_code, response.text) == (413, "big")
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_mock_router_sees_the_requests_of_synckits_transport(api: FakeAPI) -> None:
+    """respx patches httpx's and httpcore's transports: while it does, synckit's sends its
+    requests through httpcore, so the mock answers them (no server listens here)."""
+    base = "https://api.invalid"
+    transport = new_transport(ssl.create_default_context())
+    with api.mock_router(base_url=base):
+        async with httpx.AsyncClient(transport=transport, base_url=base, timeout=TIMEOUT) as c:
+            assert (await c.get("/items")).json() == {"items": [1, 2, 3]}
