@@ -46,7 +46,7 @@ from synckit.store.resources import (
     defer_resource_sync,
     lock_resource_sync,
     next_available_sync,
-    read_resource_sync,
+    read_pace_row_sync,
     write_resource_sync,
 )
 
@@ -322,11 +322,10 @@ def take_slot_sync(
 
 def read_pace_sync(conn: SyncConn, key: str) -> PaceView:
     """:func:`read_pace` in the caller's transaction (a poll job reads it with the tenant)."""
-    row = read_resource_sync(conn, key)
+    row = read_pace_row_sync(conn, key)
     if row is None:
         return PaceView(None, None)
-    available = _later(row.next_available_at, _parent_available_sync(conn, row.parent_key))
-    return PaceView(available, _quota_of(row))
+    return PaceView(_later(row.next_available_at, row.parent_available_at), _quota_of(row))
 
 
 async def read_pace(db: Database, key: str) -> PaceView:

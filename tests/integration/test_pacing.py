@@ -272,6 +272,11 @@ async def test_wait_includes_the_parent_resource(db: Database) -> None:
     await pacing.defer_resource(db, "api:demo", NOW + timedelta(seconds=30), "x", now=NOW)
     assert await pacing.resource_wait(db, "demo:t3", NOW) == 30.0
     assert await pacing.resource_wait(db, "unknown", NOW) == 0.0
+    # The later of the two wins; a parent that has no row yet paces nothing.
+    await pacing.defer_resource(db, "demo:t3", NOW + timedelta(seconds=60), "x", now=NOW)
+    assert await pacing.resource_wait(db, "demo:t3", NOW) == 60.0
+    await configure_resource(db, "demo:t4", parent_key="api:none")
+    assert await pacing.read_pace(db, "demo:t4") == pacing.PaceView(None, None)
 
 
 def _slot(conn: Any, key: str, rate: float | None, now: datetime, observed: Any = None) -> Any:
