@@ -451,6 +451,8 @@ class Settings:
     limit: int = 10
     workers: int = 2
     timeout: float = 300.0
+    #: Run the plain httpx + tenacity loop beside each scenario (``--no-baseline``: not).
+    baseline: bool = True
 
     @property
     def requests(self) -> int:
@@ -561,10 +563,13 @@ async def bench(
                         out.setdefault(key, {})[engine] = _round(value)
                     out["details"][engine] = details(s, run)
                     _progress(f"{name} {engine}: {out['details'][engine]}")
-                wall, st = await run_baseline(server, behaviour, tenants=s.tenants, limit=declared)
-                out["baseline_wall_s"] = round(wall, 3)
-                out["baseline_http_429"] = st.rate_limited
-                _progress(f"{name} baseline: {wall:.2f}s, {st.rate_limited} x 429")
+                if s.baseline:
+                    wall, st = await run_baseline(
+                        server, behaviour, tenants=s.tenants, limit=declared
+                    )
+                    out["baseline_wall_s"] = round(wall, 3)
+                    out["baseline_http_429"] = st.rate_limited
+                    _progress(f"{name} baseline: {wall:.2f}s, {st.rate_limited} x 429")
                 result[name] = out
     if "zero_latency" in result:
         result["framework_us_per_record"] = result["zero_latency"]["framework_us_per_record"]
@@ -602,9 +607,9 @@ def render(result: dict[str, Any]) -> str:
                 continue
             cells = [_cell(per_engine.get(e)) for e in ENGINES]
             head = f"{name:<13} {out['latency_ms']:>5g} ms" if first else f"{'':<22}"
-            tail = (
-                f"{out['baseline_wall_s']:>13.2f}s {out['baseline_http_429']:>13}" if first else ""
-            )
+            tail = ""
+            if first and "baseline_wall_s" in out:
+                tail = f"{out['baseline_wall_s']:>13.2f}s {out['baseline_http_429']:>13}"
             lines.append(f"{head} {key:<24} {cells[0]:>10} {cells[1]:>11} {tail}")
             first = False
         for engine, d in out["details"].items():
@@ -653,6 +658,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--limit", type=int, default=10, help="Requests per second per tenant.")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--timeout", type=float, default=300.0, help="Seconds allowed per run.")
+    p.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="Leave out the plain httpx + tenacity runs (their keys are then absent).",
+    )
     p.add_argument("--engines", default=",".join(ENGINES))
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--keep-logs", type=Path, help="Keep the worker logs in this directory.")
@@ -673,6 +683,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         limit=a.limit,
         workers=a.workers,
         timeout=a.timeout,
+        baseline=not a.no_baseline,
     )
     # This process's own log lines (the App's, adding tenants) stay off stdout.
     configure_logging(json_lines=False, level=logging.WARNING)
