@@ -809,6 +809,59 @@ async def test_committed_pages_are_progress_a_later_failure_spends_no_attempt(
     assert await load_checkpoint(db, "acme", "items", "default") == {"page": 1}
 
 
+async def test_the_next_page_is_fetched_while_the_last_one_commits(
+    db: Database, api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page's commit (which waits its turn at the database) overlaps the fetch of the
+    next page; that page's records are handled only once the commit is done, and a fetch
+    that fails meanwhile leaves the page committed (progress)."""
+    moments: list[tuple[str, int, float]] = []
+    real = Database.write_grouped
+
+    async def slow_turn(self: Database, fn: Any, commit: Any, **kwargs: Any) -> Any:
+        # Waiting its turn at a busy database (the event loop stays free meanwhile).
+        page = commit.cursor["page"]
+        moments.append(("commit", page, time.monotonic()))
+        await asyncio.sleep(0.3)
+        try:
+            return await real(self, fn, commit, **kwargs)
+        finally:
+            moments.append(("committed", page, time.monotonic()))
+
+    monkeypatch.setattr(Database, "write_grouped", slow_turn)
+    answer = api.override
+    api.override = lambda r: (
+        moments.append(("fetch", r.page, time.monotonic())) or (answer(r) if answer else None)
+    )
+    cls = make(api)
+    app = await setup(db, cls)
+    result = await app.poll(db, "acme")
+    assert (result.pages, result.ok) == (3, 9)
+    at = {(what, page): when for what, page, when in moments}
+    # Page 2 was asked for before page 1's commit ended, and page 3 before page 2's (one
+    # after the other, each would have waited the commit's 0.3 s).
+    assert at[("fetch", 2)] < at[("committed", 1)]
+    assert at[("fetch", 3)] < at[("committed", 2)]
+    # Handling still follows the commit before it (the checkpoint each record saw).
+    seen_during = dict(zip(cls.knobs.seen, cls.knobs.checkpoints_seen, strict=True))
+    assert [seen_during[f"i{p}-0"] for p in (2, 3)] == [{"page": 1}, {"page": 2}]
+
+    # Page 2 fails to come while page 1 commits: page 1 is committed all the same.
+    moments.clear()
+    at.clear()
+    api.override = lambda r: (
+        moments.append(("fetch", r.page, time.monotonic()))
+        or ((503, {}, {}) if r.page == 2 else None)
+    )
+    cls2 = make(api, name="items2")
+    app2 = await setup(db, cls2, "beta")
+    with pytest.raises(Exception, match="503"):
+        await app2.poll(db, "beta")
+    assert await load_checkpoint(db, "beta", "items2", "default") == {"page": 1}
+    at = {(what, page): when for what, page, when in moments}
+    assert at[("fetch", 2)] < at[("committed", 1)]
+
+
 async def test_rate_limit_in_handle_aborts_without_dead_lettering(
     db: Database, api: FakeApi
 ) -> None:
