@@ -217,9 +217,7 @@ _READ_PACE = (
         resources.c.quota_reset_at,
         resources.c.quota_at,
     )
-    .select_from(
-        resources.outerjoin(_parent, _parent.c.resource_key == resources.c.parent_key)
-    )
+    .select_from(resources.outerjoin(_parent, _parent.c.resource_key == resources.c.parent_key))
     .where(resources.c.resource_key == bindparam("key"))
 )
 
