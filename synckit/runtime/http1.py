@@ -50,6 +50,8 @@ _POOL_HANDLE = httpcore.AsyncConnectionPool.__dict__["handle_async_request"]
 _HTTPX_HANDLE = httpx.AsyncHTTPTransport.__dict__["handle_async_request"]
 _BODY_ENDS = (h11.EndOfMessage, h11.ConnectionClosed)
 _RESENDABLE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+_READ_ERRORS = (httpx.ReadError, httpx.ReadTimeout)
+_WRITE_ERRORS = (httpx.WriteError, httpx.WriteTimeout)
 _IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
 
 
@@ -89,21 +91,8 @@ class _Conn:
         self.transport.close()
 
     async def write(self, data: bytes | None, timeout: float | None) -> None:  # noqa: ASYNC109
-        if not data:
-            return
-        p = self.protocol
-        if p.error is not None:
-            raise httpx.WriteError(_reason(p.error))
-        if self.transport.is_closing():
-            raise httpx.WriteError("the connection is closed")
-        self.transport.write(data)
-        while p.writing_paused and not p.eof:
-            try:
-                await p.wait(timeout)
-            except TimeoutError as exc:
-                raise httpx.WriteTimeout("timed out sending the request") from exc
-        if p.error is not None:
-            raise httpx.WriteError(_reason(p.error))
+        if data:
+            await self.protocol.send(data, timeout, _WRITE_ERRORS)
 
     async def next_event(self, timeout: float | None) -> Any:  # noqa: ASYNC109
         """The next h11 event from the server, reading as needed."""
@@ -115,26 +104,9 @@ class _Conn:
                 raise httpx.RemoteProtocolError(str(exc)) from exc
             if event is not h11.NEED_DATA:
                 return event
-            p = self.protocol
-            while not p.buffer and not p.eof:
-                try:
-                    await p.wait(timeout)
-                except TimeoutError as exc:
-                    raise httpx.ReadTimeout("timed out reading the response") from exc
-            if p.buffer:
-                data = bytes(p.buffer)
-                p.buffer.clear()
-                if p.reading_paused:
-                    p.reading_paused = False
-                    self.transport.resume_reading()
-            else:
-                if p.error is not None:
-                    raise httpx.ReadError(_reason(p.error))
-                if h.their_state is h11.SEND_RESPONSE:
-                    raise httpx.RemoteProtocolError(
-                        "Server disconnected without sending a response."
-                    )
-                data = b""
+            data = await self.protocol.receive(None, timeout, _READ_ERRORS)
+            if not data and h.their_state is h11.SEND_RESPONSE:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
             h.receive_data(data)
 
 

@@ -40,6 +40,12 @@ _HIGH_WATER = 256 * 1024
 _HAPPY_EYEBALLS_DELAY = 0.25
 
 
+#: The (error, timeout) exception classes a read or a write raises.
+_Errors = tuple[type[Exception], type[Exception]]
+_READ_ERRORS: _Errors = (httpcore.ReadError, httpcore.ReadTimeout)
+_WRITE_ERRORS: _Errors = (httpcore.WriteError, httpcore.WriteTimeout)
+
+
 class _Protocol(asyncio.Protocol):
     """One connection's buffer and the waits of the stream reading and writing it."""
 
@@ -111,6 +117,48 @@ class _Protocol(asyncio.Protocol):
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
 
+    # -- reading and writing, with the caller's exception classes (httpcore's, httpx's) --
+
+    async def receive(self, max_bytes: int | None, limit: float | None, errors: _Errors) -> bytes:
+        """Up to ``max_bytes`` (None: all) of what arrived, waiting for some; ``b""`` at
+        the end of the stream. ``errors``: the (error, timeout) classes to raise."""
+        while not self.buffer and not self.eof:
+            try:
+                await self.wait(limit)
+            except TimeoutError as exc:
+                raise errors[1]("timed out reading the response") from exc
+        if self.buffer:
+            if max_bytes is None or max_bytes >= len(self.buffer):
+                data = bytes(self.buffer)
+                self.buffer.clear()
+            else:
+                data = bytes(self.buffer[:max_bytes])
+                del self.buffer[:max_bytes]
+            if self.reading_paused and len(self.buffer) <= _HIGH_WATER // 4 and self.transport:
+                self.reading_paused = False
+                self.transport.resume_reading()
+            return data
+        if self.error is not None:
+            raise errors[0](_reason(self.error)) from self.error
+        return b""
+
+    async def send(self, data: bytes, limit: float | None, errors: _Errors) -> None:
+        """Write ``data``, waiting while the transport's buffer is full. ``errors``: the
+        (error, timeout) classes to raise."""
+        if self.error is not None:
+            raise errors[0](_reason(self.error)) from self.error
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise errors[0]("the connection is closed")
+        transport.write(data)
+        while self.writing_paused and not self.eof:
+            try:
+                await self.wait(limit)
+            except TimeoutError as exc:
+                raise errors[1]("timed out sending the request") from exc
+        if self.error is not None:
+            raise errors[0](_reason(self.error)) from self.error
+
 
 class _Stream(AsyncNetworkStream):
     def __init__(self, protocol: _Protocol, transport: asyncio.Transport) -> None:
@@ -118,39 +166,11 @@ class _Stream(AsyncNetworkStream):
         self._transport = transport
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 (httpcore's interface)
-        p = self._protocol
-        while not p.buffer and not p.eof:
-            try:
-                await p.wait(timeout)
-            except TimeoutError as exc:
-                raise httpcore.ReadTimeout("timed out reading the response") from exc
-        if p.buffer:
-            data = bytes(p.buffer[:max_bytes])
-            del p.buffer[:max_bytes]
-            if p.reading_paused and len(p.buffer) <= _HIGH_WATER // 4:
-                p.reading_paused = False
-                self._transport.resume_reading()
-            return data
-        if p.error is not None:
-            raise httpcore.ReadError(_reason(p.error)) from p.error
-        return b""
+        return await self._protocol.receive(max_bytes, timeout, _READ_ERRORS)
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109 (httpcore's interface)
-        if not buffer:
-            return
-        p = self._protocol
-        if p.error is not None:
-            raise httpcore.WriteError(_reason(p.error)) from p.error
-        if self._transport.is_closing():
-            raise httpcore.WriteError("the connection is closed")
-        self._transport.write(buffer)
-        while p.writing_paused and not p.eof:
-            try:
-                await p.wait(timeout)
-            except TimeoutError as exc:
-                raise httpcore.WriteTimeout("timed out sending the request") from exc
-        if p.error is not None:
-            raise httpcore.WriteError(_reason(p.error)) from p.error
+        if buffer:
+            await self._protocol.send(buffer, timeout, _WRITE_ERRORS)
 
     async def aclose(self) -> None:
         self._transport.close()
