@@ -59,7 +59,7 @@ from synckit.errors.pace import PacePolicy
 from synckit.errors.raising import exception_for
 from synckit.errors.waits import clamp_wait
 from synckit.runtime import pacing
-from synckit.runtime.http1 import Http11Transport, new_transport
+from synckit.runtime.http1 import IDEMPOTENT, Http11Transport, new_transport
 from synckit.runtime.instruments import record_api_latency
 from synckit.store.db import Database
 
@@ -86,8 +86,6 @@ MAX_INLINE_RETRIES = 3
 REFRESH_SECONDS = 0.5
 #: ``request.extensions`` key holding when the request left (after its pacing wait).
 SENT_AT = "synckit.sent_at"
-
-_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 
 
 @dataclasses.dataclass(eq=False)
@@ -571,8 +569,8 @@ class OneParseClient(httpx.AsyncClient):
             and "?" not in url
             and not self.params
         ):
-            query = str(httpx.QueryParams(params))
-            if query:
+            query = httpx.QueryParams(params)
+            if query:  # any key, even one with no values: httpx then writes "?"
                 url = f"{url}?{query}"
             params = None
         return super().build_request(method, url, params=params, **kwargs)
@@ -722,6 +720,6 @@ def _may_resend(request: httpx.Request, status: int) -> bool:
     0``), never after a 503, which a proxy may send after the origin acted; and only a
     request whose body is in memory (a streamed one cannot be replayed).
     """
-    if request.method.upper() not in _IDEMPOTENT and status not in _REFUSALS:
+    if request.method.upper() not in IDEMPOTENT and status not in _REFUSALS:
         return False
     return isinstance(request.stream, httpx.ByteStream)

@@ -52,7 +52,9 @@ _BODY_ENDS = (h11.EndOfMessage, h11.ConnectionClosed)
 _RESENDABLE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 _READ_ERRORS = (httpx.ReadError, httpx.ReadTimeout)
 _WRITE_ERRORS = (httpx.WriteError, httpx.WriteTimeout)
-_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
+#: Methods RFC 9110 calls idempotent: safe to send twice (ctx.http's inline resend
+#: after a rate limit uses it too).
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 
 
 def _patched() -> bool:
@@ -206,7 +208,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
                     and isinstance(exc, _RESENDABLE)
                     and conn.h11.their_state is h11.SEND_RESPONSE
                     and not conn.protocol.received_any
-                    and request.method.encode() in _IDEMPOTENT
+                    and request.method in IDEMPOTENT
                     and isinstance(request.stream, httpx.ByteStream)
                 ):
                     retried = True

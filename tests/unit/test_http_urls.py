@@ -74,7 +74,8 @@ def test_the_url_is_the_one_httpx_builds(base: str, path: str, query: str, param
     ],
 )
 @pytest.mark.parametrize(
-    "params", [None, {}, {"page": 2, "q": "a b&c=d/é"}, [("k", "1"), ("k", "2")]]
+    "params",
+    [None, {}, {"": []}, {"k": []}, {"page": 2, "q": "a b&c=d/é"}, [("k", "1"), ("k", "2")]],
 )
 def test_edge_urls_match_httpx(url: str, params: Any) -> None:
     for base in BASES:
