@@ -283,12 +283,29 @@ _CACHED_TEXTS = 4096
 _rules_cache: dict[str, str] = {}
 
 
+def _scoped(pattern: re.Pattern[str]) -> str:
+    """``pattern``'s text with its flags scoped to it, for an alternation of patterns."""
+    flags = "".join(
+        letter for flag, letter in ((re.I, "i"), (re.M, "m"), (re.S, "s")) if pattern.flags & flag
+    )
+    text = re.sub(r"^\(\?[aiLmsux]+\)", "", pattern.pattern)
+    return f"(?{flags}:{text})" if flags else f"(?:{text})"
+
+
+# Any of the rules at all: when none matches the text, none rewrites it (each rule sees
+# the text unchanged by the ones before), and one search replaces ten substitutions.
+_ANY_RULE = re.compile("|".join(_scoped(pattern) for pattern, _ in _TEXT_RULES))
+
+
 def _apply_rules(text: str) -> str:
-    for pattern, replacement in _TEXT_RULES:
-        text = pattern.sub(replacement, text)
-    if _KEY_HINT.search(text):
-        text = _mask_pairs(text)
-    return text
+    if _ANY_RULE.search(text) is not None:
+        for pattern, replacement in _TEXT_RULES:
+            text = pattern.sub(replacement, text)
+    return _mask_pairs_if_hinted(text)
+
+
+def _mask_pairs_if_hinted(text: str) -> str:
+    return _mask_pairs(text) if _KEY_HINT.search(text) else text
 
 
 def _mask_pairs(text: str) -> str:

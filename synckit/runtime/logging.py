@@ -45,10 +45,23 @@ def redact_secrets(
     writes, overwriting any given) is left as it is: its colons would otherwise send every
     line's clock reading through every rule."""
     for key, value in list(event.items()):
-        if key == "timestamp" and isinstance(value, str) and _ISO_TIME.fullmatch(value):
+        kind = type(value)
+        if kind is str:
+            if key == "timestamp" and _ISO_TIME.fullmatch(value):
+                continue
+            if not is_secret_key(key) or not value:
+                event[key] = redact_text(value)
+                continue
+        elif kind in _SCALARS:  # most fields: counts, ids, flags
+            if value is not None and kind is not bool and is_secret_key(key):
+                event[key] = REDACTED
             continue
         event[key] = redact(value, key)
     return event
+
+
+#: Field types redacted by their key alone (a bool never is).
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 _ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")

@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, SecretStr
 from secret_shapes import SHAPES
 
+from synckit import redaction
 from synckit.runtime.logging import (
     bind_known_secrets,
     is_secret_key,
     redact,
+    redact_secrets,
     redact_text,
     scrub_values,
     secret_values,
@@ -166,3 +168,81 @@ def test_deep_values_do_not_overflow() -> None:
     for _ in range(5000):
         deep = [deep]
     assert "abcdefgh" not in repr(redact(deep))
+
+
+def _every_rule(text: str) -> str:
+    """The text rules applied one after another, unconditionally (what the one search
+    before them must agree with)."""
+    for pattern, replacement in redaction._TEXT_RULES:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+# Texts made of the rules' own pieces, so that near-misses and matches are both common.
+_RULE_PIECES = st.lists(
+    st.sampled_from(
+        [
+            "-----BEGIN RSA PRIVATE KEY-----",
+            "-----END RSA PRIVATE KEY-----",
+            "\n",
+            "Set-Cookie: ",
+            "cookie:",
+            "Bearer ",
+            "basic\t",
+            "?api_key=",
+            "&SIG=",
+            "#code=",
+            "https://",
+            "user:",
+            "pw@",
+            "@",
+            "/bot",
+            "123:",
+            "hooks.slack.com/services/",
+            "/api/webhooks/9/",
+            "ghp_",
+            "sk_live_",
+            "xoxb-",
+            "AKIA",
+            "SG.",
+            "eyJ",
+            ".",
+            "abcdefgh12",
+            "ABC",
+            " ",
+            "=",
+            "***",
+            "ü",
+            "-",
+        ]
+    ),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=st.one_of(_RULE_PIECES, st.text(max_size=40)))
+def test_the_search_before_the_rules_skips_only_texts_no_rule_changes(text: str) -> None:
+    assert redaction._apply_rules(text) == redaction._mask_pairs_if_hinted(_every_rule(text))
+    if redaction._ANY_RULE.search(text) is None:
+        assert _every_rule(text) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    event=st.dictionaries(
+        st.sampled_from(["event", "token", "api_key", "count", "resource_key", "timestamp"]),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(),
+            st.floats(allow_nan=False),
+            _RULE_PIECES,
+            st.lists(_RULE_PIECES, max_size=2),
+            st.dictionaries(st.sampled_from(["password", "n"]), _RULE_PIECES, max_size=2),
+        ),
+    )
+)
+def test_the_log_processor_redacts_each_field_as_redact_does(event: dict[str, object]) -> None:
+    expected = {k: redact(v, k) for k, v in event.items()}
+    assert redact_secrets(None, "info", dict(event)) == expected
