@@ -62,7 +62,7 @@ from synckit.runtime.tenants import (
 )
 from synckit.runtime.worker import Worker
 from synckit.store import checkpoints
-from synckit.store.db import Database, SyncConn, is_driver_error, open_database
+from synckit.store.db import Database, SyncConn, is_driver_error, open_database, savepoint
 from synckit.store.jobs import ClaimedJob
 
 __all__ = ["App"]
@@ -459,7 +459,7 @@ class _StartReads:
             keys = sorted(batch.keys)
         if len(keys) > 1:
             try:
-                with conn.begin_nested():
+                with savepoint(conn):
                     return dict(_poll_starts(conn, keys))
             except Exception:  # a row one of them cannot read: each reads alone below
                 if conn.invalidated or conn.closed:
@@ -469,7 +469,7 @@ class _StartReads:
         found: dict[StartKey, PollStart | Exception] = {}
         for key in keys:
             try:
-                with conn.begin_nested():
+                with savepoint(conn):
                     found[key] = _poll_start(conn, *key)
             except Exception as exc:
                 if conn.invalidated or conn.closed:

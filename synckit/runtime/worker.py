@@ -69,7 +69,7 @@ from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
 from synckit.store import jobs as store
 from synckit.store import resources
 from synckit.store.connections import mark_needs_reauth_sync
-from synckit.store.db import Database, SyncConn, connection_lost
+from synckit.store.db import Database, SyncConn, connection_lost, savepoint
 from synckit.store.jobs import ClaimedJob, ClaimStore, JobSpec, OutcomeStore
 from synckit.store.notify import listen
 from synckit.store.resources import BreakerStore
@@ -768,7 +768,7 @@ class Worker:
         batch's other outcomes commit. A lost connection fails the whole batch, which the
         recorder retries."""
         try:
-            with conn.begin_nested():
+            with savepoint(conn):
                 return self._record_other(conn, o, now)
         except Exception as exc:  # any failure of this one outcome, bug or refusal
             if connection_lost(conn, exc):
@@ -781,7 +781,7 @@ class Worker:
             "job.outcome_unrecordable", job_id=o.job.id, kind=o.job.kind, error=reason[:300]
         )
         try:
-            with conn.begin_nested():
+            with savepoint(conn):
                 return self._record_unrecordable(conn, o, now, reason)
         except Exception as exc:  # even the plain failure would not go in
             if connection_lost(conn, exc):

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from synckit.errors.exceptions import DatabaseError
-from synckit.store.db import Database
+from synckit.store.db import Database, savepoint
 
 
 async def _table(db: Database) -> None:
@@ -232,3 +233,48 @@ async def test_run_read_reads_in_one_hop_without_waiting_for_a_writer(
     with pytest.raises(DatabaseError):
         await db.run_read(lambda conn: conn.execute(text("SELECT nope FROM gc_probe")).all())
     assert (await db.run_read(_read_keys))[0] == {"before", "uncommitted"}
+
+
+# --- savepoint(): a block rolled back alone, cheaper than begin_nested -------------------
+
+
+def _savepoints_in_use(conn: Connection) -> list[str]:
+    """Inserts in nested savepoint blocks, some failing; what the transaction keeps."""
+    _insert(conn, "outer", False)
+    with savepoint(conn):
+        _insert(conn, "kept", False)
+        with pytest.raises(ValueError), savepoint(conn):
+            _insert(conn, "inner-failed", True)
+        with pytest.raises(DBAPIError), savepoint(conn):
+            _insert(conn, "kept", False)  # a statement error: PostgreSQL's transaction
+        _insert(conn, "after-errors", False)  # goes on after the rollback to the savepoint
+    with pytest.raises(ValueError), savepoint(conn):
+        _insert(conn, "block-failed", False)
+        with savepoint(conn):
+            _insert(conn, "nested-in-failed", False)
+        raise ValueError("the outer block fails after its nested one was released")
+    _insert(conn, "end", False)
+    assert conn.info.get("synckit_savepoints", 0) == 0
+    return sorted(r[0] for r in conn.execute(text("SELECT k FROM gc_probe")))
+
+
+async def test_a_savepoint_block_rolls_back_alone_and_the_transaction_goes_on(
+    db: Database,
+) -> None:
+    await _table(db)
+    names: list[str] = []
+
+    def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "SAVEPOINT" in statement.upper():
+            names.append(statement.split()[-1])
+
+    engine = db.sync_engine if db.sync_engine is not None else db.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        kept = await db.write(_savepoints_in_use)
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    assert kept == ["after-errors", "end", "kept", "outer"]
+    assert await _keys(db) == set(kept)
+    # Names fixed per depth (asyncpg prepares a statement once per text).
+    assert set(names) == {"synckit_sp1", "synckit_sp2"}, names
