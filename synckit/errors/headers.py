@@ -203,6 +203,17 @@ def _reset_from_x_header(value: float | None, now: datetime) -> datetime | None:
     return _shift(now_utc, timedelta(seconds=delta))
 
 
+def _names_a_rate_limit(headers: HeadersLike) -> bool:
+    """Whether any header's name has ``ratelimit`` or ``rate-limit`` in it, as every
+    header :func:`parse_rate_limit` reads does."""
+    for key in headers.keys():
+        if isinstance(key, str):
+            name = key.lower()
+            if "ratelimit" in name or "rate-limit" in name:
+                return True
+    return False
+
+
 def _x_rate_limit(headers: HeadersLike, now: datetime) -> RateLimitInfo | None:
     # "X-Rate-Limit-*" is the spelling of Twitter/X and a few others.
     for prefix in ("x-ratelimit-", "x-rate-limit-"):
@@ -324,6 +335,8 @@ def parse_rate_limit(headers: HeadersLike, now: datetime) -> RateLimitInfo | Non
     When both families are present, the more restrictive report wins: the one with
     fewer requests remaining, then the one with the later reset.
     """
+    if not _names_a_rate_limit(headers):
+        return None  # most answers: ten header lookups saved
     candidates = [
         info
         for info in (_ietf_rate_limit(headers, now), _x_rate_limit(headers, now))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from unittest import mock
 
 import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from synckit.errors import headers as headers_module
 from synckit.errors.headers import (
     MAX_WAIT,
     RateLimitInfo,
@@ -333,3 +335,28 @@ def test_header_parsers_never_raise(headers: dict[str, str], now: datetime) -> N
     parse_rate_limit(headers, now)
     wait = server_wait(headers, now)
     assert wait is None or wait >= timedelta(0)
+
+
+_CASED_NAMES = st.one_of(
+    _HEADER_NAMES,
+    st.sampled_from(["X-Rate-Limit-Remaining", "X-RateLimit-Reset", "RateLimit", "Date", "ETag"]),
+).flatmap(lambda n: st.sampled_from([n, n.upper(), n.title()]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.dictionaries(_CASED_NAMES, _HEADER_VALUES, max_size=6),
+    st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1)),
+    st.booleans(),
+)
+def test_the_name_check_before_the_parse_changes_no_answer(
+    headers: dict[str, str], now: datetime, as_httpx: bool
+) -> None:
+    """parse_rate_limit skips the parse when no header names a rate limit: its answer is
+    the one the full parse gives, for plain mappings and httpx headers alike."""
+    given_headers: httpx.Headers | dict[str, str] = headers
+    if as_httpx:  # as a response's headers arrive: bytes, whatever they hold
+        given_headers = httpx.Headers([(k.encode(), v.encode()) for k, v in headers.items()])
+    with mock.patch.object(headers_module, "_names_a_rate_limit", lambda _headers: True):
+        expected = parse_rate_limit(given_headers, now)
+    assert parse_rate_limit(given_headers, now) == expected
