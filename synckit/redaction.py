@@ -263,17 +263,18 @@ def redact_text(text: str, known: Iterable[str] = ()) -> str:
     bound = _KNOWN.get()
     if known or bound:
         text = scrub_values(text, (*known, *bound))
-    if not _ANY_HINT.search(text):
-        return text  # most log fields ("job.succeeded", "acme"): nothing to look at
     if len(text) > _CACHED_LENGTH:
-        return _apply_rules(text)
-    # Short texts with a hint repeat: a worker's id, a resource key, a kind with a colon
-    # are in every line of their job; the rules are pure, so their answer is kept.
+        return _apply_rules(text) if _ANY_HINT.search(text) else text
+    # Short texts repeat: event names, levels, a worker's id, a resource key, a kind are
+    # in every line of their job; the rules are pure, so their answer is kept (a hit
+    # costs less than the hint search itself).
     done = _rules_cache.get(text)
     if done is None:
         if len(_rules_cache) >= _CACHED_TEXTS:
             _rules_cache.clear()
-        done = _rules_cache[text] = _apply_rules(text)
+        # Most log fields ("job.succeeded", "acme") have no hint: nothing to look at.
+        done = _apply_rules(text) if _ANY_HINT.search(text) else text
+        _rules_cache[text] = done
     return done
 
 

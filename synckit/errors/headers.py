@@ -206,7 +206,7 @@ def _reset_from_x_header(value: float | None, now: datetime) -> datetime | None:
 def _names_a_rate_limit(headers: HeadersLike) -> bool:
     """Whether any header's name has ``ratelimit`` or ``rate-limit`` in it, as every
     header :func:`parse_rate_limit` reads does."""
-    for key in headers.keys():
+    for key in headers:
         if isinstance(key, str):
             name = key.lower()
             if "ratelimit" in name or "rate-limit" in name:
