@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
 from synckit.store.audit import (
     ENV_APP_VERSION,
     RETRIED_PREFIX,
@@ -34,6 +33,9 @@ from synckit.store.audit import (
     totals_by_version,
 )
 from synckit.store.db import SyncConn
+
+if TYPE_CHECKING:  # the worker imports this module's observer, not the other way round
+    from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
 
 
 @dataclass
