@@ -38,6 +38,7 @@ __all__ = [
     "quota_rate",
     "reserve_slot",
     "reserve_slots",
+    "schedule_opens_at",
 ]
 
 _ZERO = timedelta(0)
@@ -220,17 +221,35 @@ def reserve_slot(
     clamped to ``cap``; a non-positive or non-finite rate paces by the cap.
     """
     now = _utc(now)
-    interval = seconds_wait(1.0 / rate, cap) if rate > 0 else cap  # NaN fails rate > 0
+    interval = _interval(rate, cap)
+    start = now if tat is None or _utc(tat) < now else _utc(tat)
+    allowed_at = _allowed_at(start, interval, burst, cap)
+    wait = max((allowed_at - now).total_seconds(), 0.0) if allowed_at is not None else 0.0
+    return Slot(wait=wait, tat=moment_after(start, interval, cap))
+
+
+def _interval(rate: float, cap: timedelta) -> timedelta:
+    return seconds_wait(1.0 / rate, cap) if rate > 0 else cap  # NaN fails rate > 0
+
+
+def _allowed_at(tat: datetime, interval: timedelta, burst: int, cap: timedelta) -> datetime | None:
+    """When a request may go on a schedule at ``tat`` (None: at any time)."""
     extra = max(burst - 1, 0)
     # Compared before multiplying: interval * burst may not fit a timedelta.
     tolerance = cap if interval > _ZERO and extra >= cap / interval else interval * extra
-    start = now if tat is None or _utc(tat) < now else _utc(tat)
     try:
-        allowed_at = start - tolerance
+        return tat - tolerance
     except OverflowError:  # a tat near datetime.min: nothing to wait for
-        allowed_at = now
-    wait = max((allowed_at - now).total_seconds(), 0.0)
-    return Slot(wait=wait, tat=moment_after(start, interval, cap))
+        return None
+
+
+def schedule_opens_at(
+    tat: datetime, *, rate: float, burst: int = 1, cap: timedelta = DEFAULT_MAX_WAIT
+) -> datetime | None:
+    """The earliest moment any further request may go on a schedule stored at ``tat``
+    (:func:`reserve_slot`'s schedule): ``burst - 1`` intervals before it. None: no bound
+    (a schedule so far in the past that every request may go)."""
+    return _allowed_at(_utc(tat), _interval(rate, cap), burst, cap)
 
 
 #: How far ahead one process reserves a declared rate's slots (:func:`reserve_slots`).

@@ -99,6 +99,9 @@ class _Shared:
     #: Slots this process reserved ahead (when each may go), ``slot_interval`` apart.
     slots: collections.deque[datetime] = dataclasses.field(default_factory=collections.deque)
     slot_interval: float = 0.0
+    #: The declared rate's shared schedule lets no request go before this (the latest
+    #: ``SlotResult.opens_at`` this process saw; the schedule never moves back).
+    schedule_opens_at: datetime | None = None
     #: Rate-limited answers being recorded now: until they are, this process's requests
     #: to the resource wait (a request let through meanwhile would ignore the pace).
     recording: int = 0
@@ -287,8 +290,7 @@ class Pacer:
             return None
         available = st.view.available_at if st.view else None
         if available is not None and available > now:
-            st.slots.clear()
-            return None
+            _drop_slots_before(st.slots, available)
         interval = st.slot_interval
         while st.slots:
             wait = (st.slots.popleft() - now).total_seconds()
@@ -342,6 +344,11 @@ class Pacer:
                 st.slots.extend(back + timedelta(seconds=w) for w in result.more)
                 if result.more:
                     st.slot_interval = result.interval
+                opens = result.opens_at
+                if opens is not None and (
+                    st.schedule_opens_at is None or opens > st.schedule_opens_at
+                ):
+                    st.schedule_opens_at = opens
                 if result.wait <= 0:
                     return
                 if result.wait > budget:
@@ -373,12 +380,13 @@ class Pacer:
             st.view, st.read_at = view, time.monotonic()
 
     def paced_until(self, until: datetime) -> None:
-        """This process learnt the resource is paced until ``until`` (no read needed)."""
+        """This process learnt the resource is paced until ``until`` (no read needed): its
+        reserved slots before then are dropped; those after it stay reserved."""
         st = self.state
         current = st.view.available_at if st.view else None
         if current is None or until > current:
             st.view = pacing.PaceView(until, st.view.quota if st.view else None)
-        st.slots.clear()
+        _drop_slots_before(st.slots, until)
 
     async def defer(self, until: datetime, reason: str) -> None:
         """No request to the resource before ``until``, by any worker."""
@@ -428,8 +436,23 @@ class Pacer:
         ):
             current = st.view.available_at if st.view else None
             if current is None or current < quota.reset_at:
+                opens = st.schedule_opens_at
+                if self.rate_limit is not None and opens is not None and opens >= quota.reset_at:
+                    # Every request goes by the declared rate's shared schedule, which
+                    # lets none go before the reset: only this process's own reserved
+                    # slots could, and they are dropped. No write: at a quota spent each
+                    # window, a write and a new reservation per tenant per window stalled
+                    # a worker's tenants together at every window's end.
+                    self.paced_until(quota.reset_at)
+                    return
                 source = "X-RateLimit-Reset" if quota.source == "X-RateLimit" else "RateLimit"
                 await self.defer(quota.reset_at, f"HTTP {response.status_code}: {source}")
+
+
+def _drop_slots_before(slots: collections.deque[datetime], moment: datetime) -> None:
+    """Drop the reserved slots (in time order) earlier than ``moment``."""
+    while slots and slots[0] < moment:
+        slots.popleft()
 
 
 def _take_slot(

@@ -39,6 +39,7 @@ from synckit.errors.pace import (
     quota_rate,
     reserve_slot,
     reserve_slots,
+    schedule_opens_at,
 )
 from synckit.store.db import Conn, Database, SyncConn
 from synckit.store.resources import (
@@ -110,6 +111,11 @@ class SlotResult:
     more: tuple[float, ...] = ()
     #: Seconds between the reserved slots (the rate they were reserved at); 0: none.
     interval: float = 0.0
+    #: When the declared rate's shared schedule, as this transaction stored it, lets the
+    #: next request of any process go (:func:`~synckit.errors.pace.schedule_opens_at`);
+    #: None when no declared schedule was stored. The schedule only moves on, so no
+    #: process's next slot comes before it.
+    opens_at: datetime | None = None
 
 
 def _quota_of(row: Any) -> Quota | None:
@@ -300,7 +306,16 @@ def take_slot_sync(
                 if tat is not None:
                     values["tokens_at"] = tat
                     why = "rate" if waits[0] > 0 else ""
-                    result = SlotResult(waits[0], why, True, view, tuple(waits[1:]), 1 / rate)
+                    # Whichever rate reserved, a later slot by the declared rate (the
+                    # fastest any process may send) goes no earlier than this.
+                    opens = (
+                        schedule_opens_at(tat, rate=declared_rate, burst=burst)
+                        if declared_rate is not None
+                        else None
+                    )
+                    result = SlotResult(
+                        waits[0], why, True, view, tuple(waits[1:]), 1 / rate, opens
+                    )
                 else:
                     slot = reserve_slot(
                         row.tokens_at, now, rate=rate, burst=burst if declared else 1

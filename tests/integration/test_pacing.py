@@ -20,12 +20,13 @@ import pytest
 from loopback import LoopbackServer, Request
 from sqlalchemy import select
 
-from synckit import Connector
+from synckit import Connector, RateLimit
 from synckit.clock import utcnow
 from synckit.errors import RateLimited, classify
 from synckit.errors.pace import PacePolicy
 from synckit.runtime import pacing
 from synckit.runtime.context import open_context
+from synckit.runtime.http import Pacer
 from synckit.store.db import Database, open_database
 from synckit.store.resources import configure_resource, get_resource
 from synckit.store.tables import resources
@@ -216,6 +217,62 @@ async def test_a_success_with_an_exhausted_quota_defers_until_the_reset(
     assert r.paced_reason == "HTTP 200: X-RateLimit-Reset"
     assert r.next_available_at is not None
     assert r.next_available_at > utcnow() + timedelta(seconds=50)
+
+
+async def test_an_exhausted_quota_the_declared_schedule_already_covers_writes_no_pace(
+    db: Database, server: LoopbackServer
+) -> None:
+    """A declared 0.5/s: the request's reservation moves the shared schedule 2 s on. A
+    success reporting its quota spent until a reset 1 s away then writes nothing: no
+    process's next request can go before the reset anyway (at a quota spent each window,
+    that write and the new reservation it forced stalled every tenant of a worker together
+    at each window's end). A reset past the schedule is still written for every worker."""
+    reset = {"value": "1"}
+
+    def spent(r: Request) -> tuple[int, dict[str, str], bytes]:
+        quota = {"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "0"}
+        return 200, quota | {"X-RateLimit-Reset": reset["value"]}, b"{}"
+
+    server.responder = spent
+    slow = connector(server.url, rate_limit=RateLimit(per_second=0.5))
+    async with open_context(db, slow, resource_key="api:acme") as ctx:
+        await ctx.http.get("/items")
+        sent = utcnow()
+    r = await row(db)
+    assert r.paced_reason is None and r.next_available_at is None
+    assert r.tokens_at is not None and r.tokens_at >= sent + timedelta(seconds=1.5)
+    reset["value"] = "60"
+    await db.write(
+        lambda conn: conn.execute(
+            resources.update().where(resources.c.resource_key == "api:acme").values(tokens_at=None)
+        )
+    )
+    async with open_context(db, slow, resource_key="api:acme") as ctx:
+        await ctx.http.get("/items")
+    r = await row(db)
+    assert r.paced_reason == "HTTP 200: X-RateLimit-Reset"
+    assert r.next_available_at > utcnow() + timedelta(seconds=50)
+
+
+async def test_a_pace_drops_only_the_reserved_slots_before_its_end(db: Database) -> None:
+    """A declared 10/s reserves five slots 0.1 s apart in one transaction. Paced until
+    0.25 s on, the process drops the slots before then and sends the next request in the
+    slot after it, still reserved: no new reservation (the stored schedule is unmoved)."""
+    pacer = Pacer(
+        db, "api:paced", rate_limit=RateLimit(per_second=10.0), max_wait=timedelta(seconds=5),
+        clock=utcnow,
+    )  # fmt: skip
+    await pacer.before_request()
+    start = utcnow()
+    stored = (await row(db, "api:paced")).tokens_at
+    assert len(pacer.state.slots) == 4
+    pacer.paced_until(start + timedelta(seconds=0.25))
+    assert len(pacer.state.slots) == 2
+    await pacer.before_request()
+    waited = (utcnow() - start).total_seconds()
+    assert 0.25 <= waited < 0.6
+    assert len(pacer.state.slots) == 1
+    assert (await row(db, "api:paced")).tokens_at == stored
 
 
 # --- the named operations ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from synckit.errors.pace import (
     quota_rate,
     reserve_slot,
     reserve_slots,
+    schedule_opens_at,
 )
 from synckit.errors.waits import DEFAULT_MAX_WAIT
 
@@ -279,6 +280,30 @@ def test_slots_are_spaced_one_interval_apart_after_the_burst() -> None:
         waits.append(round(slot.wait, 6))
         tat = slot.tat
     assert waits == [0.0, 0.0, 0.1, 0.2]
+
+
+def test_a_stored_schedule_opens_its_burst_before_it() -> None:
+    """The next request on a schedule stored at ``tat`` goes no earlier than ``tat`` (burst
+    1), or ``burst - 1`` intervals before it: what reserve_slot would give any taker."""
+    tat = NOW + timedelta(seconds=2)
+    assert schedule_opens_at(tat, rate=10) == tat
+    assert schedule_opens_at(tat, rate=10, burst=3) == tat - timedelta(seconds=0.2)
+    for now in (NOW, tat - timedelta(seconds=1), tat):
+        opens = schedule_opens_at(tat, rate=10, burst=3)
+        assert opens is not None
+        assert now + timedelta(seconds=reserve_slot(tat, now, rate=10, burst=3).wait) >= opens
+    assert schedule_opens_at(datetime.min.replace(tzinfo=UTC), rate=1, burst=5) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rate=st.floats(allow_nan=True, allow_infinity=True),
+    burst=st.integers(min_value=-3, max_value=10**18),
+    tat=st.datetimes(timezones=st.just(UTC)),
+)
+def test_schedule_opens_at_never_raises(rate: float, burst: int, tat: datetime) -> None:
+    opens = schedule_opens_at(tat, rate=rate, burst=burst, cap=timedelta(hours=1))
+    assert opens is None or tat - timedelta(hours=1) <= opens <= tat
 
 
 def test_a_schedule_ahead_of_a_slow_clock_is_honoured() -> None:
