@@ -6,8 +6,17 @@ from collections import Counter
 
 import pytest
 
-from bench.sync import SCENARIOS, FlowRun, Settings, details, render, scenario_setup
-from synckit.testing.hostile import Stats
+from bench.sync import (
+    SCENARIOS,
+    FlowRun,
+    Settings,
+    details,
+    figures,
+    render,
+    retry_after_floor_s,
+    scenario_setup,
+)
+from synckit.testing.hostile import Stats, TenantTimeline
 
 
 @pytest.mark.parametrize("name", ["declared", "undeclared", "random_429"])
@@ -103,3 +112,24 @@ def test_a_run_reports_the_cores_it_kept_busy_and_the_table_prints_them() -> Non
     text = render(result)
     assert "worker CPU 12.0s, API CPU 3.0s, 1.5 cores busy" in text
     assert "worker CPU 12.0s, API CPU 3.0s, database CPU 4.5s, 1.95 cores busy" in text
+
+
+def test_the_retry_after_floor_is_the_most_refused_tenants() -> None:
+    """10 pages at 10/s take 1 s; the tenant refused three times (Retry-After: 1) cannot
+    finish before 4 s, whatever the client does; the figures carry it and the wall over it."""
+    st = Stats(
+        tenants={
+            "a": TenantTimeline([(0.0, 200, 1), (0.1, 429, 2), (1.1, 200, 2)]),
+            "b": TenantTimeline([(0.0, 429, 1), (1.0, 429, 1), (2.0, 429, 1), (3.0, 200, 1)]),
+        }
+    )
+    s = Settings(tenants=2, pages=10, limit=10)
+    assert retry_after_floor_s(s, st, retry_after=1.0) == pytest.approx(4.0)
+    run = FlowRun(
+        tenants=2, finished=2, wall_s=5.0, stats=st, events=Counter(), breaker_opens=0,
+        failed_attempts=0, attempts=[], worker_cpu_s=1.0,
+    )  # fmt: skip
+    got = figures("random_429", s, run)
+    assert got["floor_s"] == pytest.approx(4.0)
+    assert got["wall_over_floor"] == pytest.approx(1.25)
+    assert got["wall_over_ideal"] == pytest.approx(5.0)
