@@ -280,6 +280,21 @@ def take_slot_sync(
         elif rate <= 0:
             assert quota is not None and quota.reset_at is not None
             result = SlotResult((quota.reset_at - now).total_seconds(), "quota", False, view)
+            if ahead and declared_rate is not None:
+                # Spent until its reset: the declared rate's slots from the reset on are
+                # this process's, reserved now rather than asked for again at the reset
+                # (where every tenant of an API counting a quota per second asked at once).
+                # The first goes at the reset itself, never a burst before it.
+                start = _later(row.tokens_at, quota.reset_at)
+                waits, tat = reserve_slots(
+                    start, now, rate=declared_rate, burst=1, max_wait=max_wait
+                )
+                if tat is not None:
+                    values["tokens_at"] = tat
+                    opens = schedule_opens_at(tat, rate=declared_rate, burst=burst)
+                    result = SlotResult(
+                        waits[0], "quota", True, view, tuple(waits[1:]), 1 / declared_rate, opens
+                    )
         else:
             # A declared burst is the connector's; an adaptive rate sends one at a time.
             # Reserved ahead, a declared rate's slots reach RESERVE_HORIZON; an adaptive

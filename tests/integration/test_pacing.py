@@ -404,6 +404,32 @@ async def test_a_reported_quota_reserves_slots_ahead_within_its_remaining_and_re
     assert nxt.wait == pytest.approx(0.5)
 
 
+async def test_a_spent_quota_with_a_declared_rate_reserves_the_slots_from_its_reset(
+    db: Database,
+) -> None:
+    """A quota spent until a reset 0.3 s away, 10/s declared: one transaction reserves
+    this process's next slots from the reset on, at the declared rate (the first at the
+    reset itself whatever the burst), instead of a wait and a second transaction at the
+    reset. The next taker starts after them. Nothing declared: a wait, nothing reserved."""
+    spent = pacing.Quota(limit=10, remaining=0, reset_at=NOW + timedelta(seconds=0.3), at=NOW)
+
+    def take(conn: Any, key: str, declared: float | None) -> pacing.SlotResult:
+        return pacing.take_slot_sync(
+            conn, key, declared_rate=declared, burst=3, in_flight=0, observed=spent,
+            now=NOW, max_wait=30.0, ahead=True,
+        )  # fmt: skip
+
+    got = await db.write(take, "a", 10.0)
+    assert got.reserved and got.why == "quota"
+    assert round(got.wait, 6) == 0.3
+    assert [round(w, 6) for w in got.more] == [0.4, 0.5, 0.6, 0.7]
+    assert got.opens_at == NOW + timedelta(seconds=0.6)  # 0.8, less the burst of 3
+    after = await db.write(take, "a", 10.0)
+    assert round(after.wait, 6) == 0.8
+    alone = await db.write(take, "b", None)
+    assert not alone.reserved and round(alone.wait, 6) == 0.3 and alone.more == ()
+
+
 # --- adaptive pacing across OS processes -----------------------------------------------------
 
 
