@@ -10,7 +10,8 @@ Three decisions, each values in and a frozen value out; the runtime
   each repeat, up to a cap. Requests already in flight when the limit hit are one event:
   their 429s neither grow the streak nor push the pace further than the event's own.
 * :func:`quota_rate`: the request rate that spreads a reported quota's remaining requests
-  (minus those already in flight) over the time until it resets.
+  (minus those already in flight) over the time until it resets; :func:`slots_before`
+  says whether a declared rate could spend more than they are before the reset.
 * :func:`reserve_slots`: the places of the next few requests of one process at once;
 * :func:`reserve_slot`: one request's place on a resource's shared schedule (GCRA, the
   "virtual scheduling" form of a token bucket): when it may go, and the schedule after it.
@@ -39,9 +40,12 @@ __all__ = [
     "reserve_slot",
     "reserve_slots",
     "schedule_opens_at",
+    "slots_before",
 ]
 
 _ZERO = timedelta(0)
+#: What slots_before answers for "more than any quota".
+_MANY = 2**62
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,30 @@ def quota_rate(
     if left <= 0:
         return 0.0
     return left / seconds
+
+
+def slots_before(
+    tat: datetime | None,
+    now: datetime,
+    moment: datetime,
+    *,
+    rate: float,
+    burst: int = 1,
+) -> int:
+    """How many requests a schedule stored at ``tat`` (:func:`reserve_slot`'s) lets go
+    from ``now`` until before ``moment``, at most: request ``k`` may go at
+    ``max(tat, now) + k / rate``, less the burst's ``burst - 1`` intervals."""
+    now, moment = _utc(now), _utc(moment)
+    if not (rate > 0 and math.isfinite(rate)) or moment <= now:
+        return 0
+    interval = _interval(rate, DEFAULT_MAX_WAIT)  # as reserve_slot rounds it
+    start = now if tat is None or _utc(tat) < now else _utc(tat)
+    opens = _allowed_at(start, interval, burst, DEFAULT_MAX_WAIT)
+    if opens is None or interval <= _ZERO:
+        return _MANY
+    if moment <= opens:
+        return 0
+    return min(math.ceil((moment - opens) / interval), _MANY)
 
 
 @dataclass(frozen=True)

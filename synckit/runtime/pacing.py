@@ -40,6 +40,7 @@ from synckit.errors.pace import (
     reserve_slot,
     reserve_slots,
     schedule_opens_at,
+    slots_before,
 )
 from synckit.store.db import Conn, Database, SyncConn
 from synckit.store.resources import (
@@ -273,6 +274,21 @@ def take_slot_sync(
         adaptive = None
         if quota is not None:
             adaptive = quota_rate(quota.remaining, quota.reset_at, now, in_flight=in_flight)
+            if (
+                adaptive
+                and declared_rate is not None
+                and adaptive < declared_rate
+                and quota.remaining is not None
+                and quota.reset_at is not None
+                and slots_before(
+                    row.tokens_at, now, quota.reset_at, rate=declared_rate, burst=burst
+                )
+                <= quota.remaining - max(in_flight, 0)
+            ):
+                # The declared rate cannot spend more than the quota has left before its
+                # reset: spreading what is left until then would only send slower than
+                # allowed (an API counting 10 a second then got 9 in one second of six).
+                adaptive = None
         rates = [r for r in (declared_rate, adaptive) if r is not None]
         rate = min(rates) if rates else None
         if rate is None:

@@ -430,6 +430,32 @@ async def test_a_spent_quota_with_a_declared_rate_reserves_the_slots_from_its_re
     assert not alone.reserved and round(alone.wait, 6) == 0.3 and alone.more == ()
 
 
+async def test_a_declared_rate_the_quota_cannot_be_overspent_by_is_kept(db: Database) -> None:
+    """10/s declared; the tenant's schedule has its next slot 0.05 s on; a quota resets
+    0.95 s away. With 9 left the declared rate fits (nine slots before the reset, from
+    0.05 to 0.85): it is kept, 0.1 s apart, rather than spreading the 9 over 0.95 s,
+    which sent slower than allowed (an API counting 10 a second then got 9 in some
+    seconds). With 8 left it would spend one too many: the 8 are spread until the reset."""
+
+    def take(conn: Any, key: str, remaining: int | None, now: datetime) -> pacing.SlotResult:
+        quota = None
+        if remaining is not None:
+            reset_at = NOW + timedelta(seconds=0.95)
+            quota = pacing.Quota(limit=10, remaining=remaining, reset_at=reset_at, at=now)
+        return pacing.take_slot_sync(
+            conn, key, declared_rate=10.0, burst=1, in_flight=0, observed=quota,
+            now=now, max_wait=30.0, ahead=True,
+        )  # fmt: skip
+
+    for key in ("fits", "short"):  # five slots from -0.45 s: the schedule is at +0.05 s
+        await db.write(take, key, None, NOW - timedelta(seconds=0.45))
+    fits = await db.write(take, "fits", 9, NOW)
+    assert round(fits.wait, 6) == 0.05 and fits.interval == pytest.approx(0.1)
+    assert [round(w, 6) for w in fits.more] == [0.15, 0.25, 0.35, 0.45]
+    short = await db.write(take, "short", 8, NOW)
+    assert short.interval == pytest.approx(0.95 / 8)
+
+
 # --- adaptive pacing across OS processes -----------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from synckit.errors.pace import (
     reserve_slot,
     reserve_slots,
     schedule_opens_at,
+    slots_before,
 )
 from synckit.errors.waits import DEFAULT_MAX_WAIT
 
@@ -304,6 +305,42 @@ def test_a_stored_schedule_opens_its_burst_before_it() -> None:
 def test_schedule_opens_at_never_raises(rate: float, burst: int, tat: datetime) -> None:
     opens = schedule_opens_at(tat, rate=rate, burst=burst, cap=timedelta(hours=1))
     assert opens is None or tat - timedelta(hours=1) <= opens <= tat
+
+
+def test_slots_before_counts_what_the_schedule_lets_go_before_a_moment() -> None:
+    second = NOW + timedelta(seconds=1)
+    assert slots_before(None, NOW, second, rate=10) == 10
+    assert slots_before(NOW + timedelta(seconds=0.5), NOW, second, rate=10) == 5
+    assert slots_before(NOW - timedelta(hours=1), NOW, second, rate=10) == 10
+    assert slots_before(None, NOW, second, rate=10, burst=3) == 12
+    assert slots_before(None, NOW, NOW + timedelta(seconds=0.95), rate=10) == 10
+    assert slots_before(None, NOW, NOW, rate=10) == 0
+    assert slots_before(None, NOW, second, rate=0) == 0
+    assert slots_before(None, NOW, second, rate=float("nan")) == 0
+    assert slots_before(None, NOW, datetime.max.replace(tzinfo=UTC), rate=1e300) >= 2**40
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ahead_ms=st.integers(min_value=-2000, max_value=2000),
+    until_ms=st.integers(min_value=1, max_value=3000),
+    rate=st.sampled_from([0.5, 1.0, 3.0, 10.0, 7.0]),
+    burst=st.integers(min_value=1, max_value=4),
+)
+def test_slots_before_is_what_reserving_one_by_one_gives(
+    ahead_ms: int, until_ms: int, rate: float, burst: int
+) -> None:
+    """The count equals reserving slot after slot with reserve_slot and counting those
+    that may go before the moment."""
+    tat = NOW + timedelta(milliseconds=ahead_ms)
+    moment = NOW + timedelta(milliseconds=until_ms)
+    count, schedule = 0, tat
+    while True:
+        slot = reserve_slot(schedule, NOW, rate=rate, burst=burst)
+        if NOW + timedelta(seconds=slot.wait) >= moment:
+            break
+        count, schedule = count + 1, slot.tat
+    assert slots_before(tat, NOW, moment, rate=rate, burst=burst) == count
 
 
 def test_a_schedule_ahead_of_a_slow_clock_is_honoured() -> None:
