@@ -71,7 +71,7 @@ from synckit.store import resources
 from synckit.store.connections import mark_needs_reauth_sync
 from synckit.store.db import Database, SyncConn, connection_lost, savepoint
 from synckit.store.jobs import ClaimedJob, ClaimStore, JobSpec, OutcomeStore
-from synckit.store.notify import listen
+from synckit.store.notify import listen, watch_sqlite
 from synckit.store.resources import BreakerStore
 
 log = structlog.get_logger("synckit.worker")
@@ -342,6 +342,8 @@ class Worker:
             background.append(asyncio.create_task(self._maintenance(), name="synckit-maint"))
             if self.db.is_postgres:
                 background.append(asyncio.create_task(self._listen(), name="synckit-listen"))
+            else:
+                background.append(asyncio.create_task(self._watch(), name="synckit-watch"))
             if self.outbox_publisher is not None:
                 relay = OutboxRelay(self.db, self.outbox_publisher)
                 background.append(
@@ -1179,6 +1181,14 @@ class Worker:
             self._wake.set,
             delay=_db_backoff,
             on_failure=lambda exc: self._log.warning("worker.listen_failed", error=str(exc)),
+        )
+
+    async def _watch(self) -> None:
+        """SQLite: wake the claimer when another connection committed to the file."""
+        await watch_sqlite(
+            self.db,
+            self._wake.set,
+            on_failure=lambda exc: self._log.warning("worker.watch_failed", error=str(exc)),
         )
 
     async def _db_trouble(self, where: str, exc: Exception, backoff: _Backoff) -> None:

@@ -315,3 +315,24 @@ async def test_worker_survives_a_postgres_restart(
             assert (await conn.execute(text("SELECT 1"))).scalar() == 1
     finally:
         await db.dispose()
+
+
+async def test_an_idle_worker_claims_another_processs_job_well_within_its_poll_interval(
+    db: Database, migrated_url: str, tmp_path: Path
+) -> None:
+    """A worker polling every 30 s runs a job this process enqueues within about a second:
+    woken by NOTIFY on PostgreSQL, by the file's data_version on SQLite."""
+    log = tmp_path / "exec.log"
+    procs = [spawn_worker(migrated_url, log, "--poll-interval", "30")]
+    try:
+        # The first job shows the worker is up (its first claim needs no wake-up).
+        await store.enqueue_many(db, [JobSpec("record", {"i": 0})])
+        await wait_until(lambda: len(read_log(log)) == 1, 60, "the first job")
+        await asyncio.sleep(0.5)  # idle now, waiting up to 30 s
+        enqueued = time.time()
+        await store.enqueue_many(db, [JobSpec("record", {"i": 1})])
+        await wait_until(lambda: len(read_log(log)) == 2, 10, "the second job")
+    finally:
+        stop_all(procs)
+    started = read_log(log)[1][3]
+    assert started - enqueued < 1.5
