@@ -32,6 +32,7 @@ from synckit.clock import utcnow
 from synckit.errors.classify import Classification
 from synckit.errors.headers import RateLimitInfo
 from synckit.errors.pace import (
+    DECLARED_HORIZON,
     RESERVE_HORIZON,
     RESERVE_MAX,
     PacePolicy,
@@ -248,7 +249,8 @@ def take_slot_sync(
     with a rate, the request's slot on the shared schedule is reserved when its wait is at
     most ``max_wait`` seconds (a longer one reserves nothing: the caller defers). With
     ``ahead``, the slots of the next requests within
-    :data:`~synckit.errors.pace.RESERVE_HORIZON` are reserved too
+    :data:`~synckit.errors.pace.DECLARED_HORIZON` (a declared rate) or
+    :data:`~synckit.errors.pace.RESERVE_HORIZON` (a quota's) are reserved too
     (:func:`~synckit.errors.pace.reserve_slots`, returned in ``more``, ``interval``
     apart): one transaction then serves several requests of a busy tenant instead of one.
     When the rate is the reported quota's, those slots also end at its reset and number
@@ -303,8 +305,9 @@ def take_slot_sync(
                 # The first goes at the reset itself, never a burst before it.
                 start = _later(row.tokens_at, quota.reset_at)
                 waits, tat = reserve_slots(
-                    start, now, rate=declared_rate, burst=1, max_wait=max_wait
-                )
+                    start, now, rate=declared_rate, burst=1, max_wait=max_wait,
+                    horizon=DECLARED_HORIZON,
+                )  # fmt: skip
                 if tat is not None:
                     values["tokens_at"] = tat
                     opens = schedule_opens_at(tat, rate=declared_rate, burst=burst)
@@ -313,13 +316,13 @@ def take_slot_sync(
                     )
         else:
             # A declared burst is the connector's; an adaptive rate sends one at a time.
-            # Reserved ahead, a declared rate's slots reach RESERVE_HORIZON; an adaptive
+            # Reserved ahead, a declared rate's slots reach DECLARED_HORIZON; an adaptive
             # rate's stop at the quota's reset and at its remaining requests (those in
             # flight reserved), so they never spend more than the quota the API reported.
             declared = declared_rate is not None and rate == declared_rate
             reach: tuple[float, int] | None = None
             if ahead and declared:
-                reach = (RESERVE_HORIZON, RESERVE_MAX)
+                reach = (DECLARED_HORIZON, RESERVE_MAX)
             elif ahead and quota is not None and quota.reset_at is not None:
                 left = quota.remaining - max(in_flight, 0) if quota.remaining is not None else 0
                 until_reset = (quota.reset_at - now).total_seconds()

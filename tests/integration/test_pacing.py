@@ -255,7 +255,7 @@ async def test_an_exhausted_quota_the_declared_schedule_already_covers_writes_no
 
 
 async def test_a_pace_drops_only_the_reserved_slots_before_its_end(db: Database) -> None:
-    """A declared 10/s reserves five slots 0.1 s apart in one transaction. Paced until
+    """A declared 10/s reserves ten slots 0.1 s apart in one transaction. Paced until
     0.25 s on, the process drops the slots before then and sends the next request in the
     slot after it, still reserved: no new reservation (the stored schedule is unmoved)."""
     pacer = Pacer(
@@ -265,13 +265,13 @@ async def test_a_pace_drops_only_the_reserved_slots_before_its_end(db: Database)
     await pacer.before_request()
     start = utcnow()
     stored = (await row(db, "api:paced")).tokens_at
-    assert len(pacer.state.slots) == 4
+    assert len(pacer.state.slots) == 9
     pacer.paced_until(start + timedelta(seconds=0.25))
-    assert len(pacer.state.slots) == 2
+    assert len(pacer.state.slots) == 7
     await pacer.before_request()
     waited = (utcnow() - start).total_seconds()
     assert 0.25 <= waited < 0.6
-    assert len(pacer.state.slots) == 1
+    assert len(pacer.state.slots) == 6
     assert (await row(db, "api:paced")).tokens_at == stored
 
 
@@ -422,10 +422,10 @@ async def test_a_spent_quota_with_a_declared_rate_reserves_the_slots_from_its_re
     got = await db.write(take, "a", 10.0)
     assert got.reserved and got.why == "quota"
     assert round(got.wait, 6) == 0.3
-    assert [round(w, 6) for w in got.more] == [0.4, 0.5, 0.6, 0.7]
-    assert got.opens_at == NOW + timedelta(seconds=0.6)  # 0.8, less the burst of 3
+    assert [round(w, 6) for w in got.more] == [round(0.4 + i / 10, 6) for i in range(9)]
+    assert got.opens_at == NOW + timedelta(seconds=1.1)  # 1.3, less the burst of 3
     after = await db.write(take, "a", 10.0)
-    assert round(after.wait, 6) == 0.8
+    assert round(after.wait, 6) == 1.3
     alone = await db.write(take, "b", None)
     assert not alone.reserved and round(alone.wait, 6) == 0.3 and alone.more == ()
 
@@ -447,11 +447,11 @@ async def test_a_declared_rate_the_quota_cannot_be_overspent_by_is_kept(db: Data
             now=now, max_wait=30.0, ahead=True,
         )  # fmt: skip
 
-    for key in ("fits", "short"):  # five slots from -0.45 s: the schedule is at +0.05 s
-        await db.write(take, key, None, NOW - timedelta(seconds=0.45))
+    for key in ("fits", "short"):  # ten slots from -0.95 s: the schedule is at +0.05 s
+        await db.write(take, key, None, NOW - timedelta(seconds=0.95))
     fits = await db.write(take, "fits", 9, NOW)
     assert round(fits.wait, 6) == 0.05 and fits.interval == pytest.approx(0.1)
-    assert [round(w, 6) for w in fits.more] == [0.15, 0.25, 0.35, 0.45]
+    assert [round(w, 6) for w in fits.more] == [round(0.15 + i / 10, 6) for i in range(9)]
     short = await db.write(take, "short", 8, NOW)
     assert short.interval == pytest.approx(0.95 / 8)
 
