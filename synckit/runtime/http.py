@@ -102,6 +102,9 @@ class _Shared:
     #: The declared rate's shared schedule lets no request go before this (the latest
     #: ``SlotResult.opens_at`` this process saw; the schedule never moves back).
     schedule_opens_at: datetime | None = None
+    #: Set while one request of this process reserves slots: the others wait for its
+    #: slots rather than each reserving a batch of their own.
+    taking: asyncio.Future[None] | None = None
     #: Rate-limited answers being recorded now: until they are, this process's requests
     #: to the resource wait (a request let through meanwhile would ignore the pace).
     recording: int = 0
@@ -326,16 +329,27 @@ class Pacer:
                         if self._paced_meanwhile():
                             continue
                     return
-                result = await self.db.write(
-                    _take_slot,
-                    self.resource_key,
-                    self.rate_limit.per_second if self.rate_limit else None,
-                    self.rate_limit.burst if self.rate_limit else 1,
-                    st.in_flight,
-                    st.observed,
-                    now,
-                    max(budget, 0.0),
-                )
+                if st.taking is not None:
+                    # Another request of this process is reserving: wait for its slots
+                    # (requests of a page's records, concurrent, each reserved a batch
+                    # of their own, and most of those slots passed unused).
+                    await asyncio.wait([st.taking])
+                    continue
+                st.taking = asyncio.get_running_loop().create_future()
+                try:
+                    result = await self.db.write(
+                        _take_slot,
+                        self.resource_key,
+                        self.rate_limit.per_second if self.rate_limit else None,
+                        self.rate_limit.burst if self.rate_limit else 1,
+                        st.in_flight,
+                        st.observed,
+                        now,
+                        max(budget, 0.0),
+                    )
+                finally:
+                    taking, st.taking = st.taking, None
+                    taking.set_result(None)
                 st.view, st.read_at = result.view, time.monotonic()
                 # The slots' waits count from when the answer came back, as the first
                 # request's does: the round trip is never taken out of the spacing the

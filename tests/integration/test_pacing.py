@@ -275,6 +275,31 @@ async def test_a_pace_drops_only_the_reserved_slots_before_its_end(db: Database)
     assert (await row(db, "api:paced")).tokens_at == stored
 
 
+async def test_concurrent_requests_share_one_reservation(db: Database) -> None:
+    """Five requests of one process at once, 10/s declared: one transaction reserves a
+    second of slots and the five go in its first five, 0.1 s apart. Each used to reserve
+    a batch of its own, five seconds of the tenant's schedule for five requests (most of
+    the slots then passed unused, and the next requests waited behind them)."""
+    pacer = Pacer(
+        db, "api:herd", rate_limit=RateLimit(per_second=10.0), max_wait=timedelta(seconds=5),
+        clock=utcnow,
+    )  # fmt: skip
+    start = utcnow()
+    went: list[float] = []
+
+    async def request() -> None:
+        await pacer.before_request()
+        went.append((utcnow() - start).total_seconds())
+
+    await asyncio.gather(*(request() for _ in range(5)))
+    assert len(pacer.state.slots) == 5
+    stored = (await row(db, "api:herd")).tokens_at
+    assert stored - start < timedelta(seconds=1.3)
+    went.sort()
+    assert all(b - a > 0.05 for a, b in zip(went, went[1:]))
+    assert went[-1] < 0.8
+
+
 # --- the named operations ------------------------------------------------------------------
 
 
