@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import json
 import math
 import subprocess
@@ -296,7 +297,7 @@ async def test_concurrent_requests_share_one_reservation(db: Database) -> None:
     stored = (await row(db, "api:herd")).tokens_at
     assert stored - start < timedelta(seconds=1.3)
     went.sort()
-    assert all(b - a > 0.05 for a, b in zip(went, went[1:]))
+    assert all(b - a > 0.05 for a, b in itertools.pairwise(went))
     assert went[-1] < 0.8
 
 
