@@ -35,7 +35,14 @@ async def test_worker_relays_messages_of_succeeded_jobs_only(db: Database) -> No
     running = asyncio.create_task(worker.run())
     try:
         for _ in range(200):
-            if published and (await store.count_by_status(db)).get("pending", 0) == 0:
+            # The relay marks a message sent after its publisher returns: wait for the mark
+            # too (stopped between the two, the message stays pending and the next relay
+            # sends it again, which the outbox allows: at least once).
+            if (
+                published
+                and (await store.count_by_status(db)).get("pending", 0) == 0
+                and await outbox.pending_count(db) == 0
+            ):
                 break
             await asyncio.sleep(0.05)
     finally:
