@@ -14,6 +14,7 @@ import structlog
 from synckit.cli.app_loader import app_option_saying, load_registry
 from synckit.cli.options import CliError, Seconds, database_option, parse_duration, run
 from synckit.runtime.audit import audit_observer
+from synckit.runtime.context import prepare_process
 from synckit.runtime.keys import require_openable_secrets
 from synckit.runtime.metrics import metrics_observer, start_metrics_server
 from synckit.runtime.worker import OutcomeObserver, Worker, WorkerStats
@@ -91,6 +92,7 @@ def worker_cmd(
 
     async def go(d: Database) -> WorkerStats:
         await require_openable_secrets(d)  # refuse to start rather than fail every cycle
+        prepare_process()
         observers: list[OutcomeObserver] = [audit_observer()]
         server = None
         if metrics_port is not None:

@@ -66,6 +66,11 @@ def _instruments() -> _Instruments | None:
     )
 
 
+def prepare() -> None:
+    """Create the process's instruments now rather than at the first recording."""
+    _instruments()
+
+
 def status_class(status_code: int | None) -> str:
     """``"2xx"`` for 204, ``"5xx"`` for 503, ``"error"`` for no response at all."""
     if status_code is None:

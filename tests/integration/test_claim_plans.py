@@ -249,3 +249,55 @@ async def test_the_outbox_claim_reads_about_a_batch_whatever_the_backlog(db: Dat
         assert "ix_outbox_pending (next_attempt_at>?)" in claim, claim
         assert "SCAN outbox USING INDEX ix_outbox_pending_key" not in claim, claim
         assert "TEMP B-TREE FOR ORDER BY" not in claim, claim
+
+
+async def test_no_statement_of_synckit_is_jit_compiled_on_postgresql(
+    db: Database, migrated_url: str
+) -> None:
+    """PostgreSQL compiles a statement whose estimated cost passes ``jit_above_cost``
+    (100,000 by default): a claim's lane update of 64 lanes passed it (its correlated
+    next-due subquery is costed high), and each claim then spent ~8 ms compiling a
+    statement that ran in 0.4 ms. synckit's connections have JIT off; a plain
+    connection to the same server, for comparison, compiles it."""
+    if not db.is_postgres:
+        pytest.skip("JIT is PostgreSQL's")
+    await tenants_with_work(db, 2_000, 2_000)
+    lanes = [f"tenant-{i}" for i in range(1, 65)]
+    stmt = store._AFTER_CLAIM["postgresql"].text.replace(":now", "now()")
+    for name in ("served", "short", "touched"):
+        stmt = stmt.replace(f":{name}", f"${('served', 'short', 'touched').index(name) + 1}")
+    explain = "EXPLAIN (ANALYZE, FORMAT TEXT) " + stmt
+
+    async def plan_of(conn: Any) -> str:
+        await conn.execute("SET jit_above_cost = 0")  # whatever the estimate
+        rows = await conn.fetch(explain, lanes, lanes, lanes)
+        return "\n".join(r[0] for r in rows)
+
+    async with db.begin() as conn:
+        assert (await conn.execute(text("SHOW jit"))).scalar() == "off"
+        raw = await conn.get_raw_connection()
+        ours = await plan_of(raw.driver_connection)
+        await conn.rollback()
+    assert "JIT:" not in ours, ours
+
+    import asyncpg
+
+    url = db.engine.url
+    schema = migrated_url.rsplit("search_path=", 1)[1]
+    plain = await asyncpg.connect(
+        host=url.host, port=url.port, user=url.username, database=url.database,
+        server_settings={"search_path": schema},
+    )  # fmt: skip
+    try:
+        async with plain.transaction():
+            if await plain.fetchval("SELECT pg_jit_available()"):
+                assert "JIT:" in await plan_of(plain)
+            raise _Rollback
+    except _Rollback:
+        pass
+    finally:
+        await plain.close()
+
+
+class _Rollback(Exception):
+    pass

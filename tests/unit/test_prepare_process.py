@@ -1,0 +1,30 @@
+"""A worker process pays its one-time costs before its first job (``prepare_process``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_prepare_process_builds_what_the_first_cycle_would_have() -> None:
+    # A fresh interpreter: this test process has imported everything already.
+    script = textwrap.dedent(
+        """
+        import sys
+        from synckit.runtime import context, http, instruments
+        lazy = ("synckit.runtime.intents", "synckit.runtime.oauth")
+        assert not any(m in sys.modules for m in lazy), [m for m in lazy if m in sys.modules]
+        assert http.tls_context.cache_info().currsize == 0
+        context.prepare_process()
+        assert all(m in sys.modules for m in lazy)
+        assert http.tls_context.cache_info().currsize == 1
+        assert context._version.cache_info().currsize == 1
+        assert instruments._instruments.cache_info().currsize == 1
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
