@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -248,6 +249,97 @@ def save_checkpoint_held(
         },
     )
     return bool(saved.rowcount)
+
+
+@dataclass(frozen=True)
+class HeldCheckpoint:
+    """One page's checkpoint for :func:`save_checkpoints_held`, written if job ``job_id``
+    still holds its claim ``token``."""
+
+    tenant: str
+    connector: str
+    stream: str
+    cursor: Any
+    updated_at: datetime
+    job_id: int
+    token: int
+
+
+# The pages' checkpoints of a group, each written if its job still holds its
+# claim: :data:`_SAVE_CHECKPOINT_HELD` for many pages, one statement. The rows come in the
+# order given, so the job rows are locked in that order.
+_SAVE_CHECKPOINTS_HELD_PG = text(
+    "INSERT INTO checkpoints (tenant, connector, stream, cursor, updated_at)"
+    " SELECT v.tenant, v.connector, v.stream, CAST(v.cursor AS jsonb), v.updated_at"
+    " FROM unnest(CAST(:tenants AS text[]), CAST(:connectors AS text[]),"
+    " CAST(:streams AS text[]), CAST(:cursors AS text[]),"
+    " CAST(:updated AS timestamptz[]), CAST(:ids AS bigint[]), CAST(:tokens AS bigint[]))"
+    " WITH ORDINALITY AS v(tenant, connector, stream, cursor, updated_at, id, token, n)"
+    " WHERE EXISTS (SELECT 1 FROM jobs WHERE jobs.id = v.id AND jobs.claim_token = v.token"
+    " AND jobs.status = 'running' FOR UPDATE)"
+    " ORDER BY v.n"
+    " ON CONFLICT (tenant, connector, stream)"
+    " DO UPDATE SET cursor = excluded.cursor, updated_at = excluded.updated_at"
+    " RETURNING tenant, connector, stream"
+)
+
+
+# The same for SQLite: the pages as one JSON array parameter (each cursor as the JSON
+# text the column's own bind writes, each time as its bind writes it).
+_SAVE_CHECKPOINTS_HELD_SQLITE = text(
+    "INSERT INTO checkpoints (tenant, connector, stream, cursor, updated_at)"
+    " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
+    " json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]')"
+    " FROM json_each(:pages)"
+    " WHERE EXISTS (SELECT 1 FROM jobs WHERE jobs.id = json_extract(value, '$[5]')"
+    " AND jobs.claim_token = json_extract(value, '$[6]') AND jobs.status = 'running')"
+    " ON CONFLICT (tenant, connector, stream)"
+    " DO UPDATE SET cursor = excluded.cursor, updated_at = excluded.updated_at"
+    " RETURNING tenant, connector, stream"
+)
+#: SQLite has RETURNING from 3.35.
+_SQLITE_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
+
+
+def save_checkpoints_held(conn: Connection, pages: Sequence[HeldCheckpoint]) -> list[bool]:
+    """:func:`save_checkpoint_held` for each of ``pages``, in one statement: whether each
+    was written. Two pages of one stream must not come together (an upsert may not touch
+    one row twice: the statement fails)."""
+    postgres = conn.dialect.name == "postgresql"
+    if len(pages) < 2 or not (postgres or _SQLITE_RETURNING):
+        return [
+            save_checkpoint_held(
+                conn, p.tenant, p.connector, p.stream, p.cursor, p.updated_at,
+                job_id=p.job_id, token=p.token,
+            )
+            for p in pages
+        ]  # fmt: skip
+    if not postgres:
+        stamp = checkpoints.c.updated_at.type.dialect_impl(conn.dialect).bind_processor(
+            conn.dialect
+        )
+        rows = [
+            [
+                p.tenant, p.connector, p.stream, json.dumps(stored_cursor(p.cursor)),
+                stamp(p.updated_at) if stamp else p.updated_at, p.job_id, p.token,
+            ]
+            for p in pages
+        ]  # fmt: skip
+        found = conn.execute(_SAVE_CHECKPOINTS_HELD_SQLITE, {"pages": json.dumps(rows)})
+        saved = {tuple(r) for r in found}
+        return [(p.tenant, p.connector, p.stream) in saved for p in pages]
+    params = {
+        "tenants": [p.tenant for p in pages],
+        "connectors": [p.connector for p in pages],
+        "streams": [p.stream for p in pages],
+        # As the JSON column's own bind writes them: json.dumps, None as JSON null.
+        "cursors": [json.dumps(stored_cursor(p.cursor)) for p in pages],
+        "updated": [p.updated_at for p in pages],
+        "ids": [p.job_id for p in pages],
+        "tokens": [p.token for p in pages],
+    }
+    saved = {tuple(r) for r in conn.execute(_SAVE_CHECKPOINTS_HELD_PG, params)}
+    return [(p.tenant, p.connector, p.stream) in saved for p in pages]
 
 
 def holds_claim(conn: Connection, job_id: int, token: int) -> bool:

@@ -284,7 +284,7 @@ class InlineSqlite:
                 self._conn = None
 
 
-@dataclass
+@dataclass(eq=False)  # each write is itself (a key of _write_many's results)
 class _Write:
     """One :meth:`Database.write` waiting for the SQLite writer thread."""
 
@@ -295,6 +295,8 @@ class _Write:
     future: asyncio.Future[Any]
     #: :meth:`Database.write_grouped`'s ``order``: a group runs its writes sorted by it.
     order: tuple[str, ...] = ()
+    #: :meth:`Database.write_grouped`'s ``many``: runs the group's writes that share it.
+    many: Callable[..., list[Any]] | None = None
 
 
 class _WriteQueue:
@@ -334,6 +336,28 @@ class _WriteQueue:
             if not group:
                 self.draining = False
             return group
+
+
+def _run_group(conn: Connection, items: list[_Write]) -> list[Any]:
+    """The results of a PostgreSQL group's writes, in order: each ``fn`` in its caller's
+    context, or a run of writes sharing ``many`` in one call (``write_grouped``)."""
+    out: list[Any] = []
+    i = 0
+    while i < len(items):
+        many = items[i].many
+        j = i + 1
+        while many is not None and j < len(items) and items[j].many is many:
+            j += 1
+        if j - i > 1:
+            assert many is not None
+            values = items[i].context.run(many, conn, [it.args[0] for it in items[i:j]])
+            if len(values) != j - i:
+                raise RuntimeError(f"{many.__name__} gave {len(values)} results for {j - i}")
+            out.extend(values)
+        else:
+            out.append(items[i].context.run(items[i].fn, conn, *items[i].args))
+        i = j
+    return out
 
 
 def _deliver(item: _Write, ok: bool, value: Any) -> None:
@@ -580,18 +604,27 @@ class Database:
         variables on both engines (a tenant's secret values bound for redaction, the job's
         log context), as it would through ``run_sync``.
         """
+        return await self._write(fn, args, None)
+
+    async def _write(
+        self, fn: Callable[..., T], args: tuple[Any, ...], many: Callable[..., Any] | None
+    ) -> T:
         if self.sync_engine is None or self._writer is None:
             async with self.begin() as conn:
                 return await conn.run_sync(fn, *args)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        item = _Write(fn, args, contextvars.copy_context(), loop, future)
+        item = _Write(fn, args, contextvars.copy_context(), loop, future, many=many)
         if self._queue.put(item):
             self._writer.submit(self._drain)
         return await future
 
     async def write_grouped(
-        self, fn: Callable[..., T], *args: Any, order: tuple[str, ...] = ()
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        order: tuple[str, ...] = (),
+        many: Callable[[SyncConn, list[Any]], list[T]] | None = None,
     ) -> T:
         """:meth:`write`, for short writes that many tasks make at once and that rarely
         fail (a poll page's commit). On SQLite it is :meth:`write` (whose group commit
@@ -611,15 +644,27 @@ class Database:
         bucket of the minute) take them in one order in every group. Two workers' groups
         taking two tenants' buckets in opposite orders deadlocked on PostgreSQL (each
         then waits ``deadlock_timeout``, and the cancelled group re-runs write by write).
+
+        ``many``: the writes of a group that give the same ``many`` run as one call,
+        ``many(conn, [arg, ...])``, which returns each one's result in turn: set-based
+        statements where ``fn`` would run one statement per write. On PostgreSQL those
+        of them that come together in the group's order do; on SQLite all of the writer
+        thread's group, in one savepoint (the group's writes are concurrent: any order is
+        theirs). It must do what ``fn`` does for each: when it raises, each write runs
+        alone through ``fn`` (on PostgreSQL the group is redone write by write; on SQLite
+        each in a savepoint of its own). It runs in the first one's context.
         """
+        if many is not None and len(args) != 1:
+            raise TypeError("write_grouped(many=...) takes writes of one argument")
         if not self.is_postgres:
-            return await self.write(fn, *args)
+            return await self._write(fn, args, many)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         queue = self._grouped.get(loop)
         if queue is None:
             queue = self._grouped[loop] = _WriteQueue()
-        if queue.put(_Write(fn, args, contextvars.copy_context(), loop, future, order)):
+        item = _Write(fn, args, contextvars.copy_context(), loop, future, order, many)
+        if queue.put(item):
             task = loop.create_task(self._run_groups(queue))
             self._group_tasks.add(task)
             task.add_done_callback(self._group_tasks.discard)
@@ -649,7 +694,7 @@ class Database:
             group.sort(key=lambda item: item.order)
 
             def run(conn: Connection, items: list[_Write] = group) -> list[Any]:
-                return [item.context.run(item.fn, conn, *item.args) for item in items]
+                return _run_group(conn, items)
 
             try:
                 async with self.engine.begin() as conn:
@@ -690,7 +735,11 @@ class Database:
                 if conn is None:
                     conn = self._writer_state["conn"] = self.sync_engine.connect()
                 with conn.begin():
+                    done = self._write_many(conn, group)
                     for item in group:
+                        if item in done:
+                            outcomes.append((True, done[item]))
+                            continue
                         try:
                             with savepoint(conn):
                                 value = item.context.run(item.fn, conn, *item.args)
@@ -710,6 +759,28 @@ class Database:
             return
         for item, (ok, value) in zip(group, outcomes, strict=True):
             _deliver(item, ok, value)
+
+    def _write_many(self, conn: Connection, group: list[_Write]) -> dict[_Write, Any]:
+        """The writer thread's group: run the writes sharing a ``many`` (write_grouped)
+        in one call each, in one savepoint; their results. A call that raises is rolled
+        back and leaves its writes to run alone."""
+        by_many: dict[Callable[..., Any], list[_Write]] = {}
+        for item in group:
+            if item.many is not None:
+                by_many.setdefault(item.many, []).append(item)
+        done: dict[_Write, Any] = {}
+        for many, items in by_many.items():
+            if len(items) < 2:
+                continue
+            try:
+                with savepoint(conn):
+                    values = items[0].context.run(many, conn, [it.args[0] for it in items])
+                    if len(values) != len(items):
+                        raise RuntimeError(f"{many.__name__}: {len(values)} results")
+            except Exception:
+                continue
+            done.update(zip(items, values, strict=True))
+        return done
 
     def _write_sync(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         assert self.sync_engine is not None

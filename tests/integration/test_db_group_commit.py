@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import time
 from typing import Any
 
 import pytest
@@ -189,6 +190,66 @@ async def test_a_failing_grouped_write_fails_alone_and_the_others_commit(db: Dat
         (k, f"caller-{k}") for k in keys if k in committed
     ]
     assert await _keys(db) == committed | {"taken"}
+
+
+def _insert_many(conn: Connection, keys: list[str]) -> list[str]:
+    """``_insert`` for many keys in one statement; a key ending in "!" fails the call."""
+    _many_calls.append(list(keys))
+    if any(k.endswith("!") for k in keys):
+        raise ValueError("one of them gives up")
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            text("INSERT INTO gc_probe (k, v) SELECT k, 1 FROM unnest(CAST(:ks AS text[])) k"),
+            {"ks": keys},
+        )
+    else:
+        for k in keys:
+            _insert(conn, k, False)
+    return keys
+
+
+def _insert_one(conn: Connection, key: str) -> str:
+    if key.endswith("!"):
+        raise ValueError(f"write {key} gives up")
+    return _insert(conn, key, False)
+
+
+_many_calls: list[list[str]] = []
+
+
+async def test_grouped_writes_sharing_many_run_in_one_call(db: Database, engine_name: str) -> None:
+    """``write_grouped(..., many=f)``: a group's writes that share ``f`` run as one call of
+    it (one statement where each would run its own), each caller getting its own result;
+    when the call fails, each write runs alone through its own ``fn`` (and only the
+    failing one fails)."""
+    await _table(db)
+    _many_calls.clear()
+    keys = [f"m{i:02}" for i in range(60)]
+    keys[31] = "m31!"
+    results: list[Any] = []
+    for part in (keys[:30], keys[30:]):  # the second part's group holds the failing write
+        # On SQLite, a slow write first: the others queue behind it for the writer thread.
+        slow = asyncio.ensure_future(db.write(lambda conn: time.sleep(0.2)))
+        await asyncio.sleep(0.05)
+        results += await asyncio.gather(
+            *(db.write_grouped(_insert_one, k, order=(k,), many=_insert_many) for k in part),
+            return_exceptions=True,
+        )
+        await slow
+    assert [r for r in results if isinstance(r, BaseException)] == [results[31]]
+    assert isinstance(results[31], ValueError)
+    assert [r for r in results if not isinstance(r, BaseException)] == [
+        k for k in keys if k != "m31!"
+    ]
+    assert await _keys(db) == set(keys) - {"m31!"}
+    # Groups of several writes ran as one call; the one holding m31! failed, and its
+    # writes ran alone (their keys are in the table all the same).
+    assert any(len(c) > 1 and "m31!" not in c for c in _many_calls), _many_calls
+    assert any("m31!" in c for c in _many_calls), _many_calls
+    if engine_name == "sqlite":  # the writer thread's group: every write queued
+        assert sorted(map(len, _many_calls)) == [30, 30], _many_calls
+    with pytest.raises(TypeError, match="one argument"):
+        await db.write_grouped(_insert_seen, "x", False, many=_insert_many)
 
 
 async def test_a_read_neither_waits_for_a_writer_nor_blocks_one(
