@@ -68,7 +68,7 @@ from synckit.runtime.instruments import record_records
 from synckit.runtime.logging import redact_text
 from synckit.store import checkpoints, ticks
 from synckit.store import dead_letters as dlq_store
-from synckit.store.audit import record_audit_sync
+from synckit.store.audit import AuditCounts, minute_of, record_audit_many_sync, record_audit_sync
 from synckit.store.checkpoints import (
     NUL_SAFE_KEY,
     CycleStart,
@@ -304,18 +304,30 @@ def _commit_pages(conn: SyncConn, pages: list[_PageCommit]) -> list[bool]:
         )
     )  # fmt: skip
     out: list[bool] = []
+    # The audit counts of the group, per minute: one statement for its buckets of plain
+    # successes (record_audit_many_sync, which takes buckets in key order too).
+    audits: dict[datetime, tuple[datetime, list[AuditCounts]]] = {}
     for p in pages:
         if id(p) in saved:
             if saved[id(p)]:
-                _commit_page_rest(conn, p)
+                _commit_page_rest(conn, p, audit=False)
+                _, counts = audits.setdefault(minute_of(p.now), (p.now, []))
+                counts.append(
+                    AuditCounts(
+                        p.tenant, p.connector, p.ok, Counter(f.error_class for f in p.failures)
+                    )
+                )
             out.append(saved[id(p)])
         else:
             out.append(_commit_page(conn, p))
+    for now, counts in audits.values():
+        record_audit_many_sync(conn, counts, now)
     return out
 
 
-def _commit_page_rest(conn: SyncConn, p: _PageCommit) -> None:
-    """What a page commits besides its checkpoint: dead letters, resolutions, audit."""
+def _commit_page_rest(conn: SyncConn, p: _PageCommit, *, audit: bool = True) -> None:
+    """What a page commits besides its checkpoint: dead letters, resolutions and (unless
+    ``audit`` is False: the caller counts them) audit counts."""
     if p.failures:
         dead_letter_records(
             conn,
@@ -337,14 +349,15 @@ def _commit_page_rest(conn: SyncConn, p: _PageCommit) -> None:
             record_ids=p.succeeded,
             now=p.now,
         )
-    record_audit_sync(
-        conn,
-        p.tenant,
-        p.connector,
-        p.now,
-        p.ok,
-        Counter(f.error_class for f in p.failures),
-    )
+    if audit:
+        record_audit_sync(
+            conn,
+            p.tenant,
+            p.connector,
+            p.now,
+            p.ok,
+            Counter(f.error_class for f in p.failures),
+        )
 
 
 # --- one cycle --------------------------------------------------------------------------

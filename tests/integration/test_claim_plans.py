@@ -89,6 +89,40 @@ async def test_claims_walk_the_due_indexes(db: Database) -> None:
         assert "TEMP B-TREE" not in lanes, lanes
 
 
+async def test_sqlite_claims_one_job_of_many_lanes_by_their_due_index(db: Database) -> None:
+    """SQLite claims the first job of each of many lanes in one statement: one probe of
+    ix_jobs_lane_due per lane, no scan or sort of the backlog; and it claims what the
+    per-lane claims would (each lane's first due job by priority, then run_at, then id)."""
+    if db.is_postgres:
+        pytest.skip("PostgreSQL claims many lanes in one statement of its own (LATERAL)")
+    await backlog(db, 20_000)
+    lanes = json.dumps([f"tenant-{i}" for i in range(10)])
+    async with db.begin() as conn:
+        ones = await plan(conn, store._CLAIM_ONES_SQLITE, lanes=lanes)
+    assert "SEARCH j USING COVERING INDEX ix_jobs_lane_due" in ones or (
+        "SEARCH j USING INDEX ix_jobs_lane_due" in ones
+    ), ones
+    assert "TEMP B-TREE" not in ones and "SCAN j" not in ones, ones
+    # What it claims: each lane's first due job, by priority, then run_at, then id.
+    async with db.begin() as conn:
+        await conn.execute(text("DELETE FROM jobs"))
+    ids: dict[str, int] = {}
+    for lane, priority, delay in [
+        ("a", 0, 0), ("a", 0, 0), ("b", 0, 0), ("b", 5, 0), ("c", 9, 3600), ("c", 0, 0),
+        ("d", 0, 3600),
+    ]:  # fmt: skip
+        job = await store.enqueue(
+            db, "k", resource_key=lane, priority=priority,
+            run_at=NOW + timedelta(seconds=delay), now=NOW,
+        )  # fmt: skip
+        job_id = job.id
+        if delay == 0 and (lane not in ids or priority > 0):
+            ids[lane] = job_id
+    # Three due lanes, three jobs: one each (lane d's job is not due).
+    claimed = await store.claim(db, "w", 3, now=NOW)
+    assert sorted((j.resource_key, j.id) for j in claimed) == sorted(ids.items())
+
+
 async def tenants_with_work(db: Database, tenants: int, busy: int) -> None:
     """``tenants`` resources with a connection each, the first ``busy`` of them with a
     pending job and their lane marked (as an enqueue leaves them), the next one paused;
