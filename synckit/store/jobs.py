@@ -837,9 +837,15 @@ def _claim_statement(keyed: bool) -> Any:
         .limit(bindparam("lim", type_=Integer))
         .with_for_update(skip_locked=True)
     )
+    return _claiming(picked.scalar_subquery())
+
+
+def _claiming(ids: Any) -> Any:
+    """The claim's UPDATE of the jobs whose ids ``ids`` selects (parameters as for
+    :func:`_claim_statement`), returning the claimed columns."""
     return (
         update(jobs)
-        .where(jobs.c.id.in_(picked.scalar_subquery()))
+        .where(jobs.c.id.in_(ids))
         .values(
             status="running",
             attempts=jobs.c.attempts + bindparam("charge", type_=Integer),
@@ -875,21 +881,7 @@ def _claim_ones_statement() -> Any:
         .limit(1)
         .scalar_subquery()
     )
-    return (
-        update(jobs)
-        .where(jobs.c.id.in_(select(first).select_from(lane)))
-        .values(
-            status="running",
-            attempts=jobs.c.attempts + bindparam("charge", type_=Integer),
-            locked_by=bindparam("worker"),
-            claim_token=bindparam("token"),
-            heartbeat_at=bindparam("now"),
-            lease_expires_at=bindparam("until"),
-            started_at=bindparam("started", type_=jobs.c.started_at.type),
-            updated_at=bindparam("now"),
-        )
-        .returning(*_CLAIMED_COLUMNS)
-    )
+    return _claiming(select(first).select_from(lane))
 
 
 _CLAIM_ONES_SQLITE = _claim_ones_statement()
