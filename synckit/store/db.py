@@ -126,6 +126,24 @@ def normalize_url(url: str) -> URL:
 _READ_ONLY = "synckit_read_only"
 
 
+def _install_pg_session(engine: AsyncEngine) -> None:
+    """Every new PostgreSQL connection turns JIT off for its session.
+
+    synckit's statements are short, but a claim's lane update (whose correlated next-due
+    subquery the planner costs at ~1,700 a row) passed ``jit_above_cost`` at 64 lanes,
+    and PostgreSQL then spent ~8 ms compiling, at every claim, a statement that runs in
+    0.4 ms. A ``SET`` on connect rather than a startup parameter: connection poolers
+    (PgBouncer) refuse startup parameters they do not know. A server without JIT
+    (before PostgreSQL 11) refuses the setting, and keeps its connection as it is."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        try:
+            dbapi_connection.run_async(lambda conn: conn.execute("SET jit = off"))
+        except Exception as exc:  # no JIT to turn off: nothing to do
+            log.debug("PostgreSQL refused SET jit = off: %s", exc)
+
+
 def _install_sqlite_pragmas(engine: AsyncEngine | Engine) -> None:
     target = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
 
@@ -1016,14 +1034,9 @@ def open_database(
         # at most ``pool_size``; callers past it wait for a connection (transactions are
         # short, and none holds one connection while it waits for another).
         kwargs.update(pool_size=pool_size, max_overflow=0)
-        # JIT off: synckit's statements are short, but a claim's lane update (whose
-        # correlated next-due subquery the planner costs at ~1,700 a row) passes
-        # jit_above_cost at 64 lanes, and PostgreSQL then spent ~8 ms compiling a
-        # statement that runs in 0.4 ms, at every claim (bench.tenants, 1,000 tenants).
-        settings: dict[str, str] = {"jit": "off"}
+        connect_args: dict[str, Any] = {"timeout": 10}
         if pg_schema:
-            settings["search_path"] = pg_schema
-        connect_args: dict[str, Any] = {"timeout": 10, "server_settings": settings}
+            connect_args["server_settings"] = {"search_path": pg_schema}
         kwargs["connect_args"] = connect_args
     try:
         engine = create_async_engine(parsed, **kwargs)
@@ -1032,6 +1045,8 @@ def open_database(
         raise ConfigurationError(
             f"cannot create an engine for {mask_url(parsed)}: {exc}{hint}"
         ) from exc
+    if engine.dialect.name == "postgresql":
+        _install_pg_session(engine)
     if engine.dialect.name == "sqlite":
         _install_sqlite_pragmas(engine)
         sync_url = parsed.set(drivername="sqlite+pysqlite")
