@@ -37,7 +37,7 @@ from synckit.errors.backoff import RetryPolicy
 from synckit.errors.exceptions import ConfigurationError, PermanentError
 from synckit.runtime import pacing
 from synckit.runtime.alerts import get_alert_router, register_alerts
-from synckit.runtime.context import open_context
+from synckit.runtime.context import open_context, prepare_process
 from synckit.runtime.handlers import Discard, JobContext, Registry
 from synckit.runtime.pacing import PaceView
 from synckit.runtime.poll import (
@@ -191,7 +191,11 @@ class App:
         return ReplayProcessor(db, replayers, registry=self.registry, on_review=_announce_review)
 
     def worker(self, db: Database, **options: Any) -> Worker:
-        """A :class:`Worker` running this App's jobs on ``db`` (options as for Worker)."""
+        """A :class:`Worker` running this App's jobs on ``db`` (options as for Worker).
+
+        The process pays its one-time costs now, not on its first cycles' clock
+        (:func:`~synckit.runtime.context.prepare_process`, as ``synckit worker`` does)."""
+        prepare_process()
         self.bind(db)
         if self.clock is not utcnow:
             options.setdefault("clock", self.clock)

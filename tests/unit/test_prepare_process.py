@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 
 def test_prepare_process_builds_what_the_first_cycle_would_have() -> None:
@@ -21,6 +22,25 @@ def test_prepare_process_builds_what_the_first_cycle_would_have() -> None:
         assert http.tls_context.cache_info().currsize == 1
         assert context._version.cache_info().currsize == 1
         assert instruments._instruments.cache_info().currsize == 1
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_an_apps_worker_prepares_its_process(tmp_path: Path) -> None:
+    """``App.worker`` (a worker embedded in the user's own process) prepares it too."""
+    script = textwrap.dedent(
+        f"""
+        from synckit import App
+        from synckit.runtime import http
+        from synckit.store.db import open_database
+        assert http.tls_context.cache_info().currsize == 0
+        App().worker(open_database("sqlite:///{tmp_path / "w.db"}"))
+        assert http.tls_context.cache_info().currsize == 1
         print("ok")
         """
     )
