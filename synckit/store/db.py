@@ -126,8 +126,12 @@ def normalize_url(url: str) -> URL:
 _READ_ONLY = "synckit_read_only"
 
 
-def _install_pg_session(engine: AsyncEngine) -> None:
-    """Every new PostgreSQL connection turns JIT off for its session.
+#: What every new PostgreSQL connection sets for its session (_install_pg_session).
+PG_SESSION = ("SET jit = off",)
+
+
+def _install_pg_session(engine: AsyncEngine, statements: tuple[str, ...] = PG_SESSION) -> None:
+    """Every new PostgreSQL connection turns JIT off for its session (``statements``).
 
     synckit's statements are short, but a claim's lane update (whose correlated next-due
     subquery the planner costs at ~1,700 a row) passed ``jit_above_cost`` at 64 lanes,
@@ -138,10 +142,11 @@ def _install_pg_session(engine: AsyncEngine) -> None:
 
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        try:
-            dbapi_connection.run_async(lambda conn: conn.execute("SET jit = off"))
-        except Exception as exc:  # no JIT to turn off: nothing to do
-            log.debug("PostgreSQL refused SET jit = off: %s", exc)
+        for statement in statements:
+            try:
+                dbapi_connection.run_async(lambda conn, sql=statement: conn.execute(sql))
+            except Exception as exc:  # e.g. no JIT to turn off: nothing to do
+                log.debug("PostgreSQL refused %r: %s", statement, exc)
 
 
 def _install_sqlite_pragmas(engine: AsyncEngine | Engine) -> None:

@@ -335,3 +335,24 @@ async def test_no_statement_of_synckit_is_jit_compiled_on_postgresql(
 
 class _Rollback(Exception):
     pass
+
+
+async def test_a_session_setting_the_server_refuses_leaves_the_connection_working(
+    migrated_url: str, engine_name: str
+) -> None:
+    """A server that refuses a session setting (JIT's, before PostgreSQL 11) keeps the
+    connection, and the settings after it still apply."""
+    if engine_name != "postgresql":
+        pytest.skip("PostgreSQL's session settings")
+    from synckit.store import db as store_db
+    from synckit.store.db import open_database
+
+    d = open_database(migrated_url)
+    try:
+        # A second listener on the same engine: refused first, then JIT off again.
+        store_db._install_pg_session(d.engine, ("SET no_such_setting = off", "SET jit = off"))
+        async with d.begin() as conn:
+            assert (await conn.execute(text("SHOW jit"))).scalar() == "off"
+            assert (await conn.execute(text("SELECT count(*) FROM jobs"))).scalar() == 0
+    finally:
+        await d.dispose()
