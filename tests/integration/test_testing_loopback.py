@@ -15,7 +15,9 @@ from synckit.errors import ErrorClass, classify
 from synckit.testing import FakeAPI, FakeClock, Fault, Reply
 
 START = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
-CLIENT_TIMEOUT = 0.3
+# Short reads (a hang must time out quickly); a connect on a loaded machine may take
+# longer than that (a connect timeout at 0.3 s failed a CI run under full load).
+CLIENT_TIMEOUT = httpx.Timeout(0.3, connect=10.0)
 
 
 @pytest.fixture
