@@ -165,7 +165,7 @@ def _version() -> str:
         return "dev"
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.cache  # once per process: later calls are free
 def prepare_process() -> None:
     """Pay once, before a worker's first job, what its first cycles would otherwise pay
     on their clock: the TLS context (the CA bundle, ~50 ms of CPU), the modules a context

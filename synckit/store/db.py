@@ -373,14 +373,20 @@ def _run_group(conn: Connection, items: list[_Write]) -> list[Any]:
             j += 1
         if j - i > 1:
             assert many is not None
-            values = items[i].context.run(many, conn, [it.args[0] for it in items[i:j]])
-            if len(values) != j - i:
-                raise RuntimeError(f"{many.__name__} gave {len(values)} results for {j - i}")
-            out.extend(values)
+            out.extend(_call_many(conn, many, items[i:j]))
         else:
             out.append(items[i].context.run(items[i].fn, conn, *items[i].args))
         i = j
     return out
+
+
+def _call_many(conn: Connection, many: Callable[..., list[Any]], items: list[_Write]) -> list[Any]:
+    """``many`` on the writes ``items`` (``write_grouped``), in the first one's context:
+    one result for each, or RuntimeError."""
+    values = items[0].context.run(many, conn, [it.args[0] for it in items])
+    if len(values) != len(items):
+        raise RuntimeError(f"{many.__name__} gave {len(values)} results for {len(items)}")
+    return values
 
 
 def _deliver(item: _Write, ok: bool, value: Any) -> None:
@@ -797,9 +803,7 @@ class Database:
                 continue
             try:
                 with savepoint(conn):
-                    values = items[0].context.run(many, conn, [it.args[0] for it in items])
-                    if len(values) != len(items):
-                        raise RuntimeError(f"{many.__name__}: {len(values)} results")
+                    values = _call_many(conn, many, items)
             except Exception:
                 continue
             done.update(zip(items, values, strict=True))

@@ -1022,16 +1022,14 @@ def _claim_lanes(
         # RETURNING has no order: each lane's jobs in claim order, as one lane's claim.
         for rows in got.values():
             rows.sort(key=lambda r: (-r.priority, r.run_at, r.id))
-    ones: list[str] = []
-    if not batched and conn.dialect.name == "sqlite":
-        ones = [k for k, w in keyed if w == 1]
-        if len(ones) > 1:
-            params = {"now": now, "worker": worker_id, "token": token, **terms}
-            for row in conn.execute(_CLAIM_ONES_SQLITE, {**params, "lanes": json.dumps(ones)}):
-                got[row.resource_key].append(row)
-        else:
-            ones = []
-    one_each = set(ones)
+    # SQLite: the lanes asked for one job each in one statement, the others one by one.
+    one_each: set[str] = set()
+    ones = [k for k, w in keyed if w == 1] if conn.dialect.name == "sqlite" else []
+    if len(ones) > 1:
+        params = {"now": now, "worker": worker_id, "token": token, **terms}
+        for row in conn.execute(_CLAIM_ONES_SQLITE, {**params, "lanes": json.dumps(ones)}):
+            got[row.resource_key].append(row)
+        one_each = set(ones)
     for key, want in wants:
         if key is None or (not batched and key not in one_each):
             # SQLite: in-process statements, one per lane (but one for the one-job lanes)
