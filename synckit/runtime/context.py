@@ -35,7 +35,7 @@ from synckit.runtime.http import (
 )
 from synckit.runtime.http1 import new_transport
 from synckit.runtime.logging import bind_known_secrets, scrub_values, secret_values
-from synckit.runtime.pacing import PaceView
+from synckit.runtime.pacing import FirstSlots, PaceView
 from synckit.store.db import Database
 
 if TYPE_CHECKING:
@@ -206,6 +206,7 @@ async def open_context(
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Callable[[], datetime] = utcnow,
     pace: PaceView | None = None,
+    first_slots: FirstSlots | None = None,
 ) -> AsyncIterator[RuntimeContext]:
     """A :class:`RuntimeContext` for ``connector``'s tenant; its HTTP client closes on exit.
 
@@ -213,7 +214,9 @@ async def open_context(
     classification still apply on top of it. Without one, a worker's context borrows the
     connections an earlier one of the connector left open
     (:func:`~synckit.runtime.http.borrow_transport`) and gives them back on exit;
-    elsewhere it opens its own, closed on exit.
+    elsewhere it opens its own, closed on exit. ``pace`` and ``first_slots``, read and
+    reserved by the caller just now (a poll job's start read), seed the pacing: the first
+    request needs no read or reservation of its own.
 
     The secret values of the tenant's config are scrubbed, by value, from every text
     redacted while the context is open (log lines, stored error texts), and from the
@@ -224,8 +227,9 @@ async def open_context(
     with bind_known_secrets(known):
         try:
             ctx, client, paced = _build(
-                db, connector, resource_key, stream, trace_id, log, transport, clock, pace
-            )
+                db, connector, resource_key, stream, trace_id, log, transport, clock, pace,
+                first_slots,
+            )  # fmt: skip
             try:
                 # Auth is built last: an OAuth flow needs the context (database, tenant).
                 auth = connector.build_auth(ctx)
@@ -262,6 +266,7 @@ def _build(
     transport: httpx.AsyncBaseTransport | None,
     clock: Callable[[], datetime],
     pace: PaceView | None = None,
+    first_slots: FirstSlots | None = None,
 ) -> tuple[RuntimeContext, SyncClient, PacedTransport]:
     trace_id = trace_id or uuid.uuid4().hex
     bound = (log if log is not None else structlog.get_logger("synckit.connector")).bind(
@@ -276,6 +281,8 @@ def _build(
     )
     if pace is not None:
         pacer.seed(pace)
+    if first_slots is not None:
+        pacer.seed_slots(first_slots)
     timeout = connector.timeout
     borrowed = False
     if transport is None:

@@ -39,6 +39,7 @@ import asyncio
 import collections
 import dataclasses
 import functools
+import itertools
 import ssl
 import time
 import weakref
@@ -392,6 +393,23 @@ class Pacer:
         st = self.state
         if time.monotonic() - st.read_at > REFRESH_SECONDS:
             st.view, st.read_at = view, time.monotonic()
+
+    def seed_slots(self, first: pacing.FirstSlots) -> None:
+        """Take the slots the caller reserved for this resource just now (a poll job, in
+        its start read: :func:`~synckit.runtime.pacing.take_first_slots_sync`) as this
+        process's own: the first requests go by them without a reservation of their own.
+        """
+        st = self.state
+        r = first.result
+        st.slots.extend(first.at + timedelta(seconds=w) for w in (r.wait, *r.more))
+        if any(a > b for a, b in itertools.pairwise(st.slots)):
+            # Slots this process held already (another cycle of the resource): in order.
+            st.slots = collections.deque(sorted(st.slots))
+        if r.interval > 0:
+            st.slot_interval = r.interval
+        opens = r.opens_at
+        if opens is not None and (st.schedule_opens_at is None or opens > st.schedule_opens_at):
+            st.schedule_opens_at = opens
 
     def paced_until(self, until: datetime) -> None:
         """This process learnt the resource is paced until ``until`` (no read needed): its

@@ -12,6 +12,9 @@ row, calls them and writes what they decided. Named operations:
 * :func:`take_slot_sync`: before a request, in one short transaction: is the resource
   paced, and if a rate applies (declared, or spread from the reported quota), reserve the
   request's place on the shared schedule; it also stores the quota this process saw;
+* :func:`take_first_slots_sync`: the same reservation for the first requests of many
+  poll cycles starting together, in their start read's transaction (rows another
+  transaction holds are skipped, never waited for);
 * :func:`defer_resource` / :func:`defer_resource_sync`: push ``next_available_at`` out
   (e.g. a success reporting an exhausted quota);
 * :func:`read_pace`: what a process caches between transactions;
@@ -47,16 +50,20 @@ from synckit.store.db import Conn, Database, SyncConn
 from synckit.store.resources import (
     configure_pacing,
     defer_resource_sync,
+    lock_free_resources_sync,
     lock_resource_sync,
     next_available_sync,
     read_pace_row_sync,
     write_resource_sync,
+    write_tokens_at_sync,
 )
 
 __all__ = [
+    "FirstSlots",
     "PaceView",
     "Quota",
     "SlotResult",
+    "SlotWant",
     "configure_pacing",
     "defer_resource",
     "defer_resource_sync",
@@ -65,6 +72,7 @@ __all__ = [
     "record_rate_limit",
     "record_rate_limit_sync",
     "resource_wait",
+    "take_first_slots_sync",
     "take_slot_sync",
 ]
 
@@ -268,7 +276,105 @@ def take_slot_sync(
             quota_at=observed.at,
         )
     available = _later(row.next_available_at, _parent_available_sync(conn, row.parent_key))
-    view = PaceView(available, quota)
+    result = _slot(
+        row.tokens_at,
+        PaceView(available, quota),
+        values,
+        declared_rate=declared_rate,
+        burst=burst,
+        in_flight=in_flight,
+        now=now,
+        max_wait=max_wait,
+        ahead=ahead,
+    )
+    if values:
+        write_resource_sync(conn, key, values)
+    return result
+
+
+@dataclass(frozen=True)
+class FirstSlots:
+    """The slots a poll job's start read reserved for its cycle's first requests: the
+    n-th goes at ``at`` plus the n-th wait of ``result`` (``wait``, then ``more``)."""
+
+    result: SlotResult
+    #: When the reservation came back to the job.
+    at: datetime
+
+
+@dataclass(frozen=True)
+class SlotWant:
+    """A poll cycle about to start on ``key``, whose connector declares ``rate`` requests
+    a second with bursts of ``burst``, and whose requests wait at most ``max_wait``
+    seconds inline."""
+
+    key: str
+    rate: float
+    burst: int
+    max_wait: float
+
+
+def take_first_slots_sync(
+    conn: SyncConn, wants: list[SlotWant], *, now: datetime
+) -> dict[str, SlotResult]:
+    """The first slots of poll cycles starting together, in the caller's transaction (the
+    poll jobs' start read): for each resource, what :func:`take_slot_sync` with ``ahead``
+    reserves for a process that has sent nothing yet, so that a cycle's first requests
+    need no transaction of their own.
+
+    Only reservations are returned: a resource that is paced, whose reported quota is
+    still running (its rate depends on what the process sees in flight), whose row
+    another transaction holds (PostgreSQL: skipped, never waited for) or that does not
+    exist yet is left out, and its first request asks :func:`take_slot_sync` as any
+    other does. One want per key (the first given wins).
+    """
+    wanted: dict[str, SlotWant] = {}
+    for want in wants:
+        wanted.setdefault(want.key, want)
+    if not wanted:
+        return {}
+    found: dict[str, SlotResult] = {}
+    schedules: dict[str, datetime] = {}
+    for row in lock_free_resources_sync(conn, list(wanted)):
+        want = wanted[row.resource_key]
+        quota = _quota_of(row)
+        if quota is not None and quota.reset_at is not None and quota.reset_at > now:
+            continue
+        values: dict[str, Any] = {}
+        result = _slot(
+            row.tokens_at,
+            PaceView(_later(row.next_available_at, row.parent_available_at), quota),
+            values,
+            declared_rate=want.rate,
+            burst=want.burst,
+            in_flight=0,
+            now=now,
+            max_wait=want.max_wait,
+            ahead=True,
+        )
+        if result.reserved and "tokens_at" in values:
+            found[row.resource_key] = result
+            schedules[row.resource_key] = values["tokens_at"]
+    write_tokens_at_sync(conn, schedules)
+    return found
+
+
+def _slot(
+    tokens_at: datetime | None,
+    view: PaceView,
+    values: dict[str, Any],
+    *,
+    declared_rate: float | None,
+    burst: int,
+    in_flight: int,
+    now: datetime,
+    max_wait: float,
+    ahead: bool,
+) -> SlotResult:
+    """:func:`take_slot_sync`'s decision for a resource whose schedule stands at
+    ``tokens_at`` and whose pacing is ``view``; the schedule it moves to goes in
+    ``values["tokens_at"]``. No I/O."""
+    available, quota = view.available_at, view.quota
     result: SlotResult
     if available is not None and available > now:
         result = SlotResult((available - now).total_seconds(), "paced", False, view)
@@ -282,9 +388,7 @@ def take_slot_sync(
                 and adaptive < declared_rate
                 and quota.remaining is not None
                 and quota.reset_at is not None
-                and slots_before(
-                    row.tokens_at, now, quota.reset_at, rate=declared_rate, burst=burst
-                )
+                and slots_before(tokens_at, now, quota.reset_at, rate=declared_rate, burst=burst)
                 <= quota.remaining - max(in_flight, 0)
             ):
                 # The declared rate cannot spend more than the quota has left before its
@@ -303,7 +407,7 @@ def take_slot_sync(
                 # this process's, reserved now rather than asked for again at the reset
                 # (where every tenant of an API counting a quota per second asked at once).
                 # The first goes at the reset itself, never a burst before it.
-                start = _later(row.tokens_at, quota.reset_at)
+                start = _later(tokens_at, quota.reset_at)
                 waits, tat = reserve_slots(
                     start, now, rate=declared_rate, burst=1, max_wait=max_wait,
                     horizon=DECLARED_HORIZON,
@@ -329,7 +433,7 @@ def take_slot_sync(
                 reach = (min(RESERVE_HORIZON, until_reset), min(RESERVE_MAX, left))
             if reach is not None and reach[1] >= 1:
                 waits, tat = reserve_slots(
-                    row.tokens_at,
+                    tokens_at,
                     now,
                     rate=rate,
                     burst=burst if declared else 1,
@@ -351,21 +455,15 @@ def take_slot_sync(
                         waits[0], why, True, view, tuple(waits[1:]), 1 / rate, opens
                     )
                 else:
-                    slot = reserve_slot(
-                        row.tokens_at, now, rate=rate, burst=burst if declared else 1
-                    )
+                    slot = reserve_slot(tokens_at, now, rate=rate, burst=burst if declared else 1)
                     result = SlotResult(slot.wait, "rate", False, view)
             else:
-                slot = reserve_slot(
-                    row.tokens_at, now, rate=rate, burst=burst if declared_rate else 1
-                )
+                slot = reserve_slot(tokens_at, now, rate=rate, burst=burst if declared_rate else 1)
                 if slot.wait <= max_wait:
                     values["tokens_at"] = slot.tat
                     result = SlotResult(slot.wait, "rate" if slot.wait > 0 else "", True, view)
                 else:
                     result = SlotResult(slot.wait, "rate", False, view)
-    if values:
-        write_resource_sync(conn, key, values)
     return result
 
 

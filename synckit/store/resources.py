@@ -301,6 +301,58 @@ def _key_list(postgres: bool, keys: list[str]) -> Any:
     return keys if postgres else json.dumps(keys)
 
 
+def lock_free_resources_sync(conn: Connection, keys: list[str]) -> list[Any]:
+    """The pacing columns of the resources ``keys`` (those that exist: ``resource_key``,
+    ``next_available_at``, ``tokens_at``, ``quota_*``), each with its parent's
+    ``next_available_at`` as ``parent_available_at``, locked until the caller commits.
+
+    On PostgreSQL a row another transaction holds is left out (``SKIP LOCKED``): the
+    statement never waits for a lock, so a transaction that locks many resources through
+    it is never part of a lock cycle. SQLite's write transaction holds the file's lock.
+    """
+    postgres = conn.dialect.name == "postgresql"
+    stmt = _LOCK_FREE[postgres]
+    return list(conn.execute(stmt, {"keys": _key_list(postgres, sorted(keys))}))
+
+
+def _lock_free_statement(postgres: bool) -> Any:
+    parent = resources.alias("lock_parent")
+    return (
+        select(
+            resources.c.resource_key,
+            resources.c.next_available_at,
+            resources.c.tokens_at,
+            resources.c.quota_limit,
+            resources.c.quota_remaining,
+            resources.c.quota_reset_at,
+            resources.c.quota_at,
+            parent.c.next_available_at.label("parent_available_at"),
+        )
+        .select_from(resources.outerjoin(parent, parent.c.resource_key == resources.c.parent_key))
+        .where(_among_keys(postgres))
+        .order_by(resources.c.resource_key)
+        .with_for_update(of=resources, skip_locked=True)
+    )
+
+
+_LOCK_FREE = {postgres: _lock_free_statement(postgres) for postgres in (False, True)}
+
+_SET_TOKENS_AT = (
+    update(resources)
+    .where(resources.c.resource_key == bindparam("key"))
+    .values(tokens_at=bindparam("tokens_at"))
+)
+
+
+def write_tokens_at_sync(conn: Connection, schedules: Mapping[str, datetime]) -> None:
+    """Move each resource's shared request schedule (``tokens_at``) to its given time:
+    one statement, run for every resource (its parameters are one row's)."""
+    if schedules:
+        conn.execute(
+            _SET_TOKENS_AT, [{"key": k, "tokens_at": t} for k, t in sorted(schedules.items())]
+        )
+
+
 # The resources among ``keys`` whose breaker a success changes: not closed, failures
 # counted, or a failure-rate window open (successes count in it too). A clean resource,
 # the common case, costs no write.

@@ -7,6 +7,7 @@ writes (``POST /sink``); a test overrides single responses to inject failures.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import urllib.parse
@@ -711,13 +712,14 @@ async def test_poll_jobs_starting_together_read_in_one_statement(
     finally:
         event.remove(engine, "before_cursor_execute", seen)
     assert len(statements) == 2
-    for t, (row, start, pace) in zip([*tenants, "nobody"], got, strict=True):
+    for t, (row, start, pace, first) in zip([*tenants, "nobody"], got, strict=True):
+        assert first is None  # "items" declares no rate: no slot is reserved
         alone = await db.write(_poll_start, t, "items", "default")
         assert (row is None, start, pace) == (alone[0] is None, alone[1], alone[2])
         if row is not None:
             assert row.tenant == t and row._mapping == alone[0]._mapping
     assert got[3][1] is not None and got[3][1].checkpoint == {"page": 2}
-    assert got[-1] == (None, None, None)
+    assert got[-1] == (None, None, None, None)
     assert again[0] is not None and again[0].tenant == "t1"
 
 
@@ -746,7 +748,131 @@ async def test_a_row_one_starting_job_cannot_read_fails_that_job_alone(
     for t, g in (("ok1", got[0]), ("ok2", got[2])):
         assert not isinstance(g, BaseException)
         alone = await db.write(_poll_start, t, "items", "default")
-        assert g[0] is not None and g[0]._mapping == alone[0]._mapping and g[1:] == alone[1:]
+        assert g[0] is not None and g[0]._mapping == alone[0]._mapping and g[1:3] == alone[1:]
+
+
+async def test_cycles_starting_together_reserve_their_first_slots_in_their_start_read(
+    db: Database, api: FakeApi
+) -> None:
+    """Poll jobs of a connector declaring a rate, starting together, reserve their
+    cycles' first slots in their shared start read: what a first request's own
+    reservation (take_slot_sync, ahead) would have reserved, on the same shared schedule.
+    A paused tenant and a paced resource reserve nothing."""
+    from synckit.runtime import pacing
+    from synckit.runtime.tenants import pause_tenant
+    from synckit.store.tables import resources
+
+    cls = make(api, rate_limit=RateLimit(5, burst=1))
+    tenants = ["a1", "a2", "a3", "held", "paced"]
+    app = await setup(db, cls, *tenants)
+    await pause_tenant(db, "held")
+    now = utcnow()
+    async with db.begin() as conn:
+        await conn.execute(
+            resources.update()
+            .where(resources.c.resource_key == "items:paced")
+            .values(next_available_at=now + timedelta(seconds=60))
+        )
+    reads = app._start_reads(db)
+    got = dict(
+        zip(
+            tenants,
+            await asyncio.gather(*(reads.read(t, "items", "default") for t in tenants)),
+            strict=True,
+        )
+    )
+    assert got["held"][3] is None and got["paced"][3] is None
+    # What a request's own reservation takes on a resource with nothing reserved yet.
+    later = utcnow()
+    alone = await db.write(
+        lambda c: pacing.take_slot_sync(
+            c, "items:a3", declared_rate=5, burst=1, in_flight=0, observed=None,
+            now=later, max_wait=30.0, ahead=True,
+        )
+    )  # fmt: skip
+    for t in ("a1", "a2", "a3"):
+        first = got[t][3]
+        assert first is not None and first.result.reserved, t
+        assert (first.result.wait, first.result.more, first.result.interval) == (
+            0.0,
+            (0.2, 0.4, 0.6, 0.8),
+            0.2,
+        ), t
+    # a3's own reservation came after its start read's: its first slot follows those
+    # (the schedule stands one interval after the last reserved one).
+    assert alone.reserved
+    assert later + timedelta(seconds=alone.wait) >= now + timedelta(seconds=1.0)
+    async with db.begin() as conn:
+        stored = {
+            r.resource_key: r.tokens_at
+            for r in await conn.execute(select(resources.c.resource_key, resources.c.tokens_at))
+        }
+    assert stored["items:held"] is None and stored["items:paced"] is None
+    assert stored["items:a1"] is not None and stored["items:a1"] >= now + timedelta(seconds=1.0)
+
+
+async def test_a_cycles_first_requests_go_by_the_slots_its_start_read_reserved(
+    db: Database, api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cycles run by a worker, their connector declaring 5/s: their first requests make
+    no reservation of their own (the start read's slots cover them) and keep the
+    declared spacing."""
+    from synckit.runtime import http as runtime_http
+
+    cls = make(api, rate_limit=RateLimit(5, burst=1))
+    taken: list[str] = []
+    real = runtime_http._take_slot
+
+    def counted(conn: Any, key: str, *args: Any) -> Any:
+        taken.append(key)
+        return real(conn, key, *args)
+
+    monkeypatch.setattr(runtime_http, "_take_slot", counted)
+    fresh = await setup(db, cls, "b1", "b2")
+    assert sorted(await fresh.schedule(db)) == ["poll:b1:default", "poll:b2:default"]
+    await run_worker(fresh, db)
+    assert taken == []
+    for t in ("b1", "b2"):
+        times = [
+            r.at
+            for r in api.gets("/default")
+            if r.headers.get("authorization") == f"Bearer tok-{t}"
+        ]
+        assert len(times) == 3, t
+        assert all(b - a >= 0.15 for a, b in itertools.pairwise(times)), (t, times)
+
+
+async def test_a_first_slot_whose_resource_another_transaction_holds_is_not_waited_for(
+    db: Database, api: FakeApi, engine_name: str
+) -> None:
+    """PostgreSQL: the start read skips a resource row another transaction holds (the
+    read never waits for a lock, so it can be in no lock cycle); that cycle's first
+    request reserves its own slot once the row is free."""
+    if engine_name != "postgresql":
+        pytest.skip("row locks: SQLite's writer holds the whole file")
+    from synckit.store.tables import resources
+
+    cls = make(api, rate_limit=RateLimit(5, burst=1))
+    app = await setup(db, cls, "free", "busy")
+    async with db.engine.connect() as other:
+        tx = await other.begin()
+        await other.execute(
+            select(resources.c.resource_key)
+            .where(resources.c.resource_key == "items:busy")
+            .with_for_update()
+        )
+        reads = app._start_reads(db)
+        started = time.monotonic()
+        free, busy = await asyncio.wait_for(
+            asyncio.gather(
+                reads.read("free", "items", "default"), reads.read("busy", "items", "default")
+            ),
+            timeout=10,
+        )
+        assert time.monotonic() - started < 5
+        assert free[3] is not None and busy[3] is None
+        assert busy[0] is not None and busy[0].tenant == "busy"  # the start itself is read
+        await tx.rollback()
 
 
 # --- errors about the whole API --------------------------------------------------------------
