@@ -52,7 +52,6 @@ from synckit.store.resources import (
     defer_resource_sync,
     lock_free_resources_sync,
     lock_resource_sync,
-    next_available_sync,
     read_pace_row_sync,
     write_resource_sync,
     write_tokens_at_sync,
@@ -132,12 +131,6 @@ def _quota_of(row: Any) -> Quota | None:
     if row.quota_at is None:
         return None
     return Quota(row.quota_limit, row.quota_remaining, row.quota_reset_at, row.quota_at)
-
-
-def _parent_available_sync(conn: SyncConn, parent_key: str | None) -> datetime | None:
-    if not parent_key:
-        return None
-    return next_available_sync(conn, parent_key)
 
 
 def _later(*moments: datetime | None) -> datetime | None:
@@ -264,7 +257,7 @@ def take_slot_sync(
     When the rate is the reported quota's, those slots also end at its reset and number
     at most its remaining requests (those in flight reserved out of it).
     """
-    row = lock_resource_sync(conn, key, now)
+    row = lock_resource_sync(conn, key, now, parent=True)
     quota = _quota_of(row)
     values: dict[str, Any] = {}
     if observed is not None and (quota is None or observed.at > quota.at):
@@ -275,7 +268,7 @@ def take_slot_sync(
             quota_reset_at=observed.reset_at,
             quota_at=observed.at,
         )
-    available = _later(row.next_available_at, _parent_available_sync(conn, row.parent_key))
+    available = _later(row.next_available_at, row.parent_available_at)
     result = _slot(
         row.tokens_at,
         PaceView(available, quota),

@@ -193,16 +193,30 @@ def write_resource_sync(conn: Connection, key: str, values: Mapping[str, Any]) -
     conn.execute(update(resources).where(resources.c.resource_key == key).values(**values))
 
 
-def lock_resource_sync(conn: Connection, key: str, now: datetime) -> Any:
+def lock_resource_sync(conn: Connection, key: str, now: datetime, *, parent: bool = False) -> Any:
     """The resource's row, created if needed, locked until the caller commits (on
-    PostgreSQL; SQLite's write transaction holds the file's lock already)."""
-    stmt = select(resources).where(resources.c.resource_key == key).with_for_update()
-    row = conn.execute(stmt).first()
+    PostgreSQL; SQLite's write transaction holds the file's lock already). With
+    ``parent``, the row also carries its parent's ``next_available_at`` as
+    ``parent_available_at`` (read in the same statement, the parent's row not locked)."""
+    stmt = _LOCK_ONE_WITH_PARENT if parent else _LOCK_ONE
+    row = conn.execute(stmt, {"key": key}).first()
     if row is None:
         _ensure_resources_sync(conn, [key], now)
-        row = conn.execute(stmt).first()
+        row = conn.execute(stmt, {"key": key}).first()
     assert row is not None
     return row
+
+
+_LOCK_ONE = select(resources).where(resources.c.resource_key == bindparam("key")).with_for_update()
+_lock_parent = resources.alias("lock_one_parent")
+_LOCK_ONE_WITH_PARENT = (
+    select(resources, _lock_parent.c.next_available_at.label("parent_available_at"))
+    .select_from(
+        resources.outerjoin(_lock_parent, _lock_parent.c.resource_key == resources.c.parent_key)
+    )
+    .where(resources.c.resource_key == bindparam("key"))
+    .with_for_update(of=resources)
+)
 
 
 _parent = resources.alias("parent")
@@ -226,14 +240,6 @@ def read_pace_row_sync(conn: Connection, key: str) -> Any:
     """The resource's ``next_available_at``, its parent's (``parent_available_at``) and
     its reported quota (``quota_*``); None when there is no such resource."""
     return conn.execute(_READ_PACE, {"key": key}).first()
-
-
-def next_available_sync(conn: Connection, key: str) -> datetime | None:
-    """The resource's ``next_available_at`` (None: unpaced, or no such resource)."""
-    value: datetime | None = conn.execute(
-        select(resources.c.next_available_at).where(resources.c.resource_key == key)
-    ).scalar()
-    return value
 
 
 def defer_resource_sync(

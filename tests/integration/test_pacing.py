@@ -360,6 +360,15 @@ async def test_wait_includes_the_parent_resource(db: Database) -> None:
     assert await pacing.resource_wait(db, "demo:t3", NOW) == 60.0
     await configure_resource(db, "demo:t4", parent_key="api:none")
     assert await pacing.read_pace(db, "demo:t4") == pacing.PaceView(None, None)
+    # A reservation honours the parent's pace as the reads do (one statement reads both),
+    # and a cycle's first slots (reserved in its start read) are not taken while it holds.
+    await configure_resource(db, "demo:t5", parent_key="api:demo")
+    paced = await db.write(_slot, "demo:t5", 10.0, NOW)
+    assert (paced.why, paced.reserved, paced.wait) == ("paced", False, 30.0)
+    first = pacing.SlotWant("demo:t5", 10.0, 1, 30.0)
+    assert await db.write(lambda c: pacing.take_first_slots_sync(c, [first], now=NOW)) == {}
+    free = await db.write(_slot, "demo:t4", 10.0, NOW)
+    assert (free.why, free.reserved, free.wait) == ("", True, 0.0)
 
 
 def _slot(conn: Any, key: str, rate: float | None, now: datetime, observed: Any = None) -> Any:
