@@ -446,7 +446,7 @@ class _StartBatch:
     #: The database has begun reading it: later jobs start a batch of their own.
     taken: bool = False
     #: The first slots reserved in its transaction, by key (one key per resource).
-    slots: dict[StartKey, pacing.SlotResult] = field(default_factory=dict)
+    slots: dict[StartKey, tuple[pacing.SlotResult, pacing.SlotWant]] = field(default_factory=dict)
 
 
 class _StartReads:
@@ -491,7 +491,10 @@ class _StartReads:
         # Slot times count from when the answer came back, as a request's own
         # reservation's do (Pacer.before_request).
         slot = batch.slots.pop(key, None)
-        first = None if slot is None else pacing.FirstSlots(slot, self._clock())
+        first = None
+        if slot is not None:
+            result, want = slot
+            first = pacing.FirstSlots(result, self._clock(), want.rate, want.burst)
         return (*found, first)
 
     def _take(self, conn: SyncConn, batch: _StartBatch) -> dict[StartKey, PollStart | Exception]:
@@ -504,23 +507,22 @@ class _StartReads:
 
     def _first_slots(
         self, conn: SyncConn, found: dict[StartKey, PollStart | Exception]
-    ) -> dict[StartKey, pacing.SlotResult]:
+    ) -> dict[StartKey, tuple[pacing.SlotResult, pacing.SlotWant]]:
         """The first slots of the starting cycles that want them, reserved in the start
         read's transaction; none when that fails (each first request then reserves its
         own, as it would have anyway)."""
         if self._want is None:
             return {}
-        owner: dict[str, StartKey] = {}  # a resource's slots go to one of its cycles
-        wants: list[pacing.SlotWant] = []
+        owner: dict[str, tuple[StartKey, pacing.SlotWant]] = {}  # one cycle per resource
         for key, got in found.items():
             if isinstance(got, Exception) or got[0] is None:
                 continue
             want = self._want(got[0])
             if want is not None and want.key not in owner:
-                owner[want.key] = key
-                wants.append(want)
-        if not wants:
+                owner[want.key] = (key, want)
+        if not owner:
             return {}
+        wants = [want for _key, want in owner.values()]
         try:
             with savepoint(conn):
                 reserved = pacing.take_first_slots_sync(conn, wants, now=self._clock())
@@ -528,7 +530,7 @@ class _StartReads:
             if conn.invalidated or conn.closed:
                 raise
             return {}
-        return {owner[k]: result for k, result in reserved.items()}
+        return {owner[k][0]: (result, owner[k][1]) for k, result in reserved.items()}
 
     def _read(self, conn: SyncConn, keys: list[StartKey]) -> dict[StartKey, PollStart | Exception]:
         if len(keys) > 1:

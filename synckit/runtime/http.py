@@ -399,6 +399,9 @@ class Pacer:
         its start read: :func:`~synckit.runtime.pacing.take_first_slots_sync`) as this
         process's own: the first requests go by them without a reservation of their own.
         """
+        declared = self.rate_limit
+        if declared is None or (declared.per_second, declared.burst) != (first.rate, first.burst):
+            return  # this client paces at a rate of its own: its first request reserves
         st = self.state
         r = first.result
         st.slots.extend(first.at + timedelta(seconds=w) for w in (r.wait, *r.more))

@@ -293,6 +293,10 @@ class FirstSlots:
     result: SlotResult
     #: When the reservation came back to the job.
     at: datetime
+    #: The rate they were reserved at (the connector class's declared one): a client
+    #: pacing at another rate does not use them.
+    rate: float
+    burst: int
 
 
 @dataclass(frozen=True)

@@ -842,6 +842,42 @@ async def test_a_cycles_first_requests_go_by_the_slots_its_start_read_reserved(
         assert all(b - a >= 0.15 for a, b in itertools.pairwise(times)), (t, times)
 
 
+async def test_first_slots_reserved_at_another_rate_than_the_clients_are_not_used(
+    db: Database, api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start read reserves at the connector class's declared rate; a connector
+    instance pacing at another (set on the instance) reserves its first slot itself."""
+    from synckit.runtime import http as runtime_http
+    from synckit.runtime import pacing
+    from synckit.runtime.context import open_context
+
+    cls = make(api, rate_limit=RateLimit(5, burst=1))
+    await setup(db, cls, "vip")
+    taken: list[str] = []
+    real = runtime_http._take_slot
+
+    def counted(conn: Any, key: str, *args: Any) -> Any:
+        taken.append(key)
+        return real(conn, key, *args)
+
+    monkeypatch.setattr(runtime_http, "_take_slot", counted)
+
+    def first() -> pacing.FirstSlots:
+        reserved = pacing.SlotResult(0.0, "", True, pacing.PaceView(None, None), (0.2,), 0.2)
+        return pacing.FirstSlots(reserved, utcnow(), 5.0, 1)
+
+    async def one_request(instance: ItemsBase) -> None:
+        async with open_context(db, instance, resource_key="items:vip", first_slots=first()) as ctx:
+            await ctx.http.get("/default", params={"page": 1})
+
+    await one_request(cls("vip", {"api_token": "tok-vip"}))
+    assert taken == []  # the class's rate: the first slots served it
+    other = cls("vip", {"api_token": "tok-vip"})
+    other.rate_limit = RateLimit(1, burst=1)  # type: ignore[misc]
+    await one_request(other)
+    assert taken == ["items:vip"]
+
+
 async def test_a_first_slot_whose_resource_another_transaction_holds_is_not_waited_for(
     db: Database, api: FakeApi, engine_name: str
 ) -> None:
