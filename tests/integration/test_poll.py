@@ -751,6 +751,21 @@ async def test_a_row_one_starting_job_cannot_read_fails_that_job_alone(
         assert g[0] is not None and g[0]._mapping == alone[0]._mapping and g[1:3] == alone[1:]
 
 
+def count_reservations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The resource keys of the slot reservations ctx.http makes from now on."""
+    from synckit.runtime import http as runtime_http
+
+    taken: list[str] = []
+    real = runtime_http._take_slot
+
+    def counted(conn: Any, key: str, *args: Any) -> Any:
+        taken.append(key)
+        return real(conn, key, *args)
+
+    monkeypatch.setattr(runtime_http, "_take_slot", counted)
+    return taken
+
+
 async def test_cycles_starting_together_reserve_their_first_slots_in_their_start_read(
     db: Database, api: FakeApi
 ) -> None:
@@ -817,17 +832,8 @@ async def test_a_cycles_first_requests_go_by_the_slots_its_start_read_reserved(
     """Cycles run by a worker, their connector declaring 5/s: their first requests make
     no reservation of their own (the start read's slots cover them) and keep the
     declared spacing."""
-    from synckit.runtime import http as runtime_http
-
     cls = make(api, rate_limit=RateLimit(5, burst=1))
-    taken: list[str] = []
-    real = runtime_http._take_slot
-
-    def counted(conn: Any, key: str, *args: Any) -> Any:
-        taken.append(key)
-        return real(conn, key, *args)
-
-    monkeypatch.setattr(runtime_http, "_take_slot", counted)
+    taken = count_reservations(monkeypatch)
     fresh = await setup(db, cls, "b1", "b2")
     assert sorted(await fresh.schedule(db)) == ["poll:b1:default", "poll:b2:default"]
     await run_worker(fresh, db)
@@ -847,20 +853,12 @@ async def test_first_slots_reserved_at_another_rate_than_the_clients_are_not_use
 ) -> None:
     """The start read reserves at the connector class's declared rate; a connector
     instance pacing at another (set on the instance) reserves its first slot itself."""
-    from synckit.runtime import http as runtime_http
     from synckit.runtime import pacing
     from synckit.runtime.context import open_context
 
     cls = make(api, rate_limit=RateLimit(5, burst=1))
     await setup(db, cls, "vip")
-    taken: list[str] = []
-    real = runtime_http._take_slot
-
-    def counted(conn: Any, key: str, *args: Any) -> Any:
-        taken.append(key)
-        return real(conn, key, *args)
-
-    monkeypatch.setattr(runtime_http, "_take_slot", counted)
+    taken = count_reservations(monkeypatch)
 
     def first() -> pacing.FirstSlots:
         reserved = pacing.SlotResult(0.0, "", True, pacing.PaceView(None, None), (0.2,), 0.2)
