@@ -523,13 +523,23 @@ class _StartReads:
         if not owner:
             return {}
         wants = [want for _key, want in owner.values()]
+        now = self._clock()
         try:
             with savepoint(conn):
-                reserved = pacing.take_first_slots_sync(conn, wants, now=self._clock())
+                reserved = pacing.take_first_slots_sync(conn, wants, now=now)
         except Exception:
             if conn.invalidated or conn.closed:
                 raise
-            return {}
+            # A resource row that cannot be read: each reserves alone, so that only its
+            # cycle goes without (its first request then meets the row itself).
+            reserved = {}
+            for want in wants if len(wants) > 1 else []:
+                try:
+                    with savepoint(conn):
+                        reserved.update(pacing.take_first_slots_sync(conn, [want], now=now))
+                except Exception:
+                    if conn.invalidated or conn.closed:
+                        raise
         return {owner[k][0]: (result, owner[k][1]) for k, result in reserved.items()}
 
     def _read(self, conn: SyncConn, keys: list[StartKey]) -> dict[StartKey, PollStart | Exception]:

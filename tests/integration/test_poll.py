@@ -876,6 +876,30 @@ async def test_first_slots_reserved_at_another_rate_than_the_clients_are_not_use
     assert taken == ["items:vip"]
 
 
+async def test_a_resource_row_that_cannot_be_read_costs_only_its_own_cycle_its_first_slots(
+    db: Database, api: FakeApi, engine_name: str
+) -> None:
+    """A resource whose schedule is not a time (SQLite holds what it is given): the start
+    read still reads every starting job's tenant, and the other cycles still get their
+    first slots; that cycle's first request meets the row itself."""
+    if engine_name != "sqlite":
+        pytest.skip("a timestamptz column cannot hold text")
+    cls = make(api, rate_limit=RateLimit(5, burst=1))
+    await setup(db, cls, "ok1", "bad", "ok2")
+    async with db.begin() as conn:
+        await conn.execute(
+            sa_text(
+                "UPDATE resources SET tokens_at = 'not a time' WHERE resource_key = 'items:bad'"
+            )
+        )
+    app = App([cls])
+    reads = app._start_reads(db)
+    got = await asyncio.gather(*(reads.read(t, "items", "default") for t in ("ok1", "bad", "ok2")))
+    assert [g[0].tenant for g in got] == ["ok1", "bad", "ok2"]
+    assert got[0][3] is not None and got[2][3] is not None
+    assert got[1][3] is None
+
+
 async def test_a_first_slot_whose_resource_another_transaction_holds_is_not_waited_for(
     db: Database, api: FakeApi, engine_name: str
 ) -> None:
