@@ -24,6 +24,10 @@ Scenarios (``--scenarios``):
 * ``zero_latency``: no latency, no limit: ``framework_us_per_record``, the CPU time of
   the worker processes per record handled.
 
+Each run's details also give, from the server's timeline, how long after the enqueue the
+tenants' first requests came (``first_request_median_s``, ``first_request_max_s``) and the
+median span from a tenant's first request to its last (``span_median_s``).
+
 On PostgreSQL each run also reports ``db_deadlocks``, the deadlocks the server detected
 during it (``pg_stat_database``; each costs two transactions ``deadlock_timeout``, 1 s).
 
@@ -57,6 +61,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -133,6 +138,23 @@ class FlowRun:
     #: Deadlocks PostgreSQL detected during the run (None on SQLite): each costs two
     #: transactions ``deadlock_timeout`` (1 s) and one of them its work.
     db_deadlocks: int | None = None
+    #: When the cycles were enqueued (epoch seconds; None: unknown).
+    started_at: float | None = None
+
+    def timeline(self) -> dict[str, float | None]:
+        """From the server's timeline: how long after the enqueue the tenants' first
+        requests came (median and last), and the median span from a tenant's first
+        request to its last (``pages / limit`` at best, minus one interval)."""
+        firsts = sorted(t.events[0][0] for t in self.stats.tenants.values() if t.events)
+        spans = [t.events[-1][0] - t.events[0][0] for t in self.stats.tenants.values() if t.events]
+        if not firsts or self.started_at is None:
+            return {"first_request_median_s": None, "first_request_max_s": None,
+                    "span_median_s": None}  # fmt: skip
+        return {
+            "first_request_median_s": round(statistics.median(firsts) - self.started_at, 3),
+            "first_request_max_s": round(firsts[-1] - self.started_at, 3),
+            "span_median_s": round(statistics.median(spans), 3),
+        }
 
     @property
     def cores_busy(self) -> float:
@@ -325,6 +347,7 @@ async def run_workers(
         api_cpu_s=api_cpu,
         db_cpu_s=db_cpu,
         db_deadlocks=deadlocks,
+        started_at=t0,
     )
 
 
@@ -542,6 +565,7 @@ def details(s: Settings, run: FlowRun) -> dict[str, Any]:
         "db_cpu_s": None if run.db_cpu_s is None else round(run.db_cpu_s, 2),
         "cores_busy": round(run.cores_busy, 2),
         "db_deadlocks": run.db_deadlocks,
+        **run.timeline(),
     }
 
 
@@ -634,7 +658,7 @@ def render(result: dict[str, Any]) -> str:
                 f"{'':<22}   {engine}: wall {d['wall_s']:.2f}s, {d['finished_tenants']}/"
                 f"{s['tenants']} tenants done, {d['requests']} requests, {d['http_429']} x 429, "
                 f"{d['breaker_opens']} breaker opens, {d['failed_attempts']} attempts spent, "
-                f"worker CPU {d['worker_cpu_s']}s{_other_cpu(d)}"
+                f"worker CPU {d['worker_cpu_s']}s{_other_cpu(d)}{_starts(d)}"
             )
     return "\n".join(lines)
 
@@ -651,6 +675,16 @@ def _other_cpu(d: dict[str, Any]) -> str:
     if d.get("db_deadlocks") is not None:
         parts.append(f"{d['db_deadlocks']} deadlocks")
     return "".join(f", {p}" for p in parts)
+
+
+def _starts(d: dict[str, Any]) -> str:
+    """``; first requests 0.21 / 0.33 s after the enqueue (median / last), span 9.95 s``."""
+    if d.get("first_request_max_s") is None:
+        return ""
+    return (
+        f"; first requests {d['first_request_median_s']} / {d['first_request_max_s']} s after "
+        f"the enqueue (median / last), median span {d['span_median_s']} s"
+    )
 
 
 def _cell(value: Any) -> str:

@@ -133,3 +133,37 @@ def test_the_retry_after_floor_is_the_most_refused_tenants() -> None:
     assert got["floor_s"] == pytest.approx(4.0)
     assert got["wall_over_floor"] == pytest.approx(1.25)
     assert got["wall_over_ideal"] == pytest.approx(5.0)
+
+
+def test_a_run_reports_when_the_tenants_first_requests_came_and_their_spans() -> None:
+    """From the server's timeline: the first requests' median and last, counted from the
+    enqueue, and the median first-to-last span; the table prints them."""
+    st = Stats(
+        tenants={
+            "a": TenantTimeline([(100.2, 200, 1), (101.2, 200, 2)]),
+            "b": TenantTimeline([(100.3, 200, 1), (101.0, 200, 2)]),
+            "c": TenantTimeline([(100.5, 200, 1), (102.5, 200, 2)]),
+        }
+    )
+    run = FlowRun(
+        tenants=3, finished=3, wall_s=3.0, stats=st, events=Counter(), breaker_opens=0,
+        failed_attempts=0, attempts=[], worker_cpu_s=1.0, started_at=100.0,
+    )  # fmt: skip
+    d = details(Settings(tenants=3, pages=2), run)
+    assert d["first_request_median_s"] == pytest.approx(0.3)
+    assert d["first_request_max_s"] == pytest.approx(0.5)
+    assert d["span_median_s"] == pytest.approx(1.0)
+    unknown = details(Settings(tenants=3, pages=2), FlowRun(**{**run.__dict__, "started_at": None}))
+    assert unknown["first_request_max_s"] is None
+    result = {
+        "settings": {"tenants": 3, "pages": 2, "records": 5, "limit": 10, "workers": 2}
+        | {"ideal_s": 0.1},
+        "declared": {
+            "latency_ms": 20.0,
+            "wall_over_ideal": {"sqlite": 30.0},
+            "details": {"sqlite": d, "postgresql": unknown},
+        },
+    }
+    text = render(result)
+    assert "first requests 0.3 / 0.5 s after the enqueue (median / last), median span 1.0 s" in text
+    assert text.count("first requests") == 1
