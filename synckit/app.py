@@ -509,8 +509,8 @@ class _StartReads:
         self, conn: SyncConn, found: dict[StartKey, PollStart | Exception]
     ) -> dict[StartKey, tuple[pacing.SlotResult, pacing.SlotWant]]:
         """The first slots of the starting cycles that want them, reserved in the start
-        read's transaction; none when that fails (each first request then reserves its
-        own, as it would have anyway)."""
+        read's transaction. A cycle left without (its row held elsewhere or unreadable)
+        reserves at its first request, as it would have anyway."""
         if self._want is None:
             return {}
         owner: dict[str, tuple[StartKey, pacing.SlotWant]] = {}  # one cycle per resource

@@ -207,31 +207,32 @@ def lock_resource_sync(conn: Connection, key: str, now: datetime, *, parent: boo
     return row
 
 
+# A resource joined to its parent (an API-wide resource), whose next_available_at the
+# pacing reads with the resource's own.
+_parent = resources.alias("parent")
+_WITH_PARENT = resources.outerjoin(_parent, _parent.c.resource_key == resources.c.parent_key)
+_PARENT_AVAILABLE = _parent.c.next_available_at.label("parent_available_at")
+
 _LOCK_ONE = select(resources).where(resources.c.resource_key == bindparam("key")).with_for_update()
-_lock_parent = resources.alias("lock_one_parent")
 _LOCK_ONE_WITH_PARENT = (
-    select(resources, _lock_parent.c.next_available_at.label("parent_available_at"))
-    .select_from(
-        resources.outerjoin(_lock_parent, _lock_parent.c.resource_key == resources.c.parent_key)
-    )
+    select(resources, _PARENT_AVAILABLE)
+    .select_from(_WITH_PARENT)
     .where(resources.c.resource_key == bindparam("key"))
     .with_for_update(of=resources)
 )
 
-
-_parent = resources.alias("parent")
 # A resource's pacing and its parent's next_available_at, in one statement: read per
 # request refresh (every half second per paced resource), it was two full-row reads.
 _READ_PACE = (
     select(
         resources.c.next_available_at,
-        _parent.c.next_available_at.label("parent_available_at"),
+        _PARENT_AVAILABLE,
         resources.c.quota_limit,
         resources.c.quota_remaining,
         resources.c.quota_reset_at,
         resources.c.quota_at,
     )
-    .select_from(resources.outerjoin(_parent, _parent.c.resource_key == resources.c.parent_key))
+    .select_from(_WITH_PARENT)
     .where(resources.c.resource_key == bindparam("key"))
 )
 
@@ -322,7 +323,6 @@ def lock_free_resources_sync(conn: Connection, keys: list[str]) -> list[Any]:
 
 
 def _lock_free_statement(postgres: bool) -> Any:
-    parent = resources.alias("lock_parent")
     return (
         select(
             resources.c.resource_key,
@@ -332,9 +332,9 @@ def _lock_free_statement(postgres: bool) -> Any:
             resources.c.quota_remaining,
             resources.c.quota_reset_at,
             resources.c.quota_at,
-            parent.c.next_available_at.label("parent_available_at"),
+            _PARENT_AVAILABLE,
         )
-        .select_from(resources.outerjoin(parent, parent.c.resource_key == resources.c.parent_key))
+        .select_from(_WITH_PARENT)
         .where(_among_keys(postgres))
         .order_by(resources.c.resource_key)
         .with_for_update(of=resources, skip_locked=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,13 @@ from bench.sync import (
     scenario_setup,
 )
 from synckit.testing.hostile import Stats, TenantTimeline
+
+
+def _settings(*, tenants: int, pages: int, ideal_s: float) -> dict[str, Any]:
+    """A result's ``settings``, as the table's heading reads them."""
+    return {"tenants": tenants, "pages": pages, "records": 5, "limit": 10, "workers": 2} | {
+        "ideal_s": ideal_s
+    }
 
 
 @pytest.mark.parametrize("name", ["declared", "undeclared", "random_429"])
@@ -54,8 +62,7 @@ def test_the_table_prints_each_scenarios_latency() -> None:
         "worker_cpu_s": 1.0,
     }
     result = {
-        "settings": {"tenants": 2, "pages": 10, "records": 5, "limit": 10, "workers": 2}
-        | {"ideal_s": 1.0},
+        "settings": _settings(tenants=2, pages=10, ideal_s=1.0),
         "declared": {
             "latency_ms": 20.0,
             "wall_over_ideal": {"sqlite": 2.5},
@@ -156,8 +163,7 @@ def test_a_run_reports_when_the_tenants_first_requests_came_and_their_spans() ->
     unknown = details(Settings(tenants=3, pages=2), FlowRun(**{**run.__dict__, "started_at": None}))
     assert unknown["first_request_max_s"] is None
     result = {
-        "settings": {"tenants": 3, "pages": 2, "records": 5, "limit": 10, "workers": 2}
-        | {"ideal_s": 0.1},
+        "settings": _settings(tenants=3, pages=2, ideal_s=0.1),
         "declared": {
             "latency_ms": 20.0,
             "wall_over_ideal": {"sqlite": 30.0},
