@@ -12,7 +12,15 @@ import click
 import structlog
 
 from synckit.cli.app_loader import app_option_saying, load_registry
-from synckit.cli.options import CliError, Seconds, database_option, parse_duration, run
+from synckit.cli.options import (
+    LOOPS,
+    CliError,
+    Seconds,
+    database_option,
+    loop_factory,
+    parse_duration,
+    run,
+)
 from synckit.runtime.audit import audit_observer
 from synckit.runtime.context import prepare_process
 from synckit.runtime.keys import require_openable_secrets
@@ -71,6 +79,15 @@ __all__ = ["worker_cmd"]
     help="Address /metrics listens on; 0.0.0.0 exposes it to the network "
     "(or $SYNCKIT_METRICS_HOST).",
 )
+@click.option(
+    "--loop",
+    "loop_name",
+    type=click.Choice(LOOPS),
+    default="auto",
+    show_default=True,
+    envvar="SYNCKIT_LOOP",
+    help="Event loop: uvloop where installed (auto), or asyncio's own (or $SYNCKIT_LOOP).",
+)
 @database_option
 def worker_cmd(
     app_spec: str | None,
@@ -82,11 +99,13 @@ def worker_cmd(
     charge_at: str,
     metrics_port: int | None,
     metrics_host: str,
+    loop_name: str,
     database_url: str | None,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (or, with --burst, until the queue is idle)."""
     registry, database_url = load_registry(app_spec, database_url)
     lease_time = parse_duration(lease)
+    loop = loop_factory(loop_name)
     if lease_time < timedelta(seconds=1):
         raise CliError(f"--lease {lease!r} is shorter than 1s")
 
@@ -120,7 +139,7 @@ def worker_cmd(
                 await server.close()
 
     tune_gc()
-    stats = run(go, database_url)
+    stats = run(go, database_url, loop=loop)
     if burst:
         click.echo(json.dumps(vars(stats), sort_keys=True))
 

@@ -333,7 +333,12 @@ class Worker:
 
     async def _serve(self, *, idle_exit: bool) -> WorkerStats:
         store.register_waker(self.db, self._wake)
-        self._log.info("worker.started", concurrency=self.concurrency, database=self.db.display_url)
+        self._log.info(
+            "worker.started",
+            concurrency=self.concurrency,
+            database=self.db.display_url,
+            loop=type(asyncio.get_running_loop()).__module__.partition(".")[0],
+        )
         recorder = asyncio.create_task(self._recorder(), name="synckit-recorder")
         background = [
             asyncio.create_task(self._heartbeat(), name="synckit-heartbeat"),
