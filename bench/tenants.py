@@ -119,6 +119,10 @@ async def _enqueue_cycles(db: Database, names: list[str]) -> None:
             await enqueue_new(conn, specs, now=utcnow())
 
 
+#: Each worker's jobs in flight in the end-to-end runs (``--concurrency``).
+CONCURRENCY = 64
+
+
 @dataclasses.dataclass
 class _CycleRun:
     wall: float
@@ -135,7 +139,13 @@ class _CycleRun:
 
 
 async def _cycle(
-    url: str, db: Database, api: HostileProcess, names: list[str], workers: int, logs: Path
+    url: str,
+    db: Database,
+    api: HostileProcess,
+    names: list[str],
+    workers: int,
+    logs: Path,
+    concurrency: int = CONCURRENCY,
 ) -> _CycleRun:
     """One cycle of ``names`` with ``workers`` processes: its seconds, how many finished,
     the largest worker RSS and the CPU spent by the workers, the fake API and the
@@ -144,7 +154,12 @@ async def _cycle(
     await _clear_cycles(db)
     procs = [
         spawn_worker(
-            url, logs / f"w{workers}.log", "--concurrency", "64", env=env, app="flow_app:app"
+            url,
+            logs / f"w{workers}.log",
+            "--concurrency",
+            str(concurrency),
+            env=env,
+            app="flow_app:app",
         )
         for _ in range(workers)
     ]
@@ -194,6 +209,7 @@ async def measure(
     tmp: Path,
     skip: frozenset[str] = frozenset(),
     workers: tuple[int, ...] = (1, 2),
+    concurrency: int = CONCURRENCY,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with HostileProcess(Behaviour(pages=1, records=0, latency=0.0)) as api:
@@ -221,7 +237,7 @@ async def measure(
                     sample = names[: min(size, cycle_limit)]
                     peak = 0.0
                     for w in workers:
-                        run = await _cycle(url, db, api, sample, w, tmp)
+                        run = await _cycle(url, db, api, sample, w, tmp, concurrency)
                         wall, done = run.wall, run.done
                         peak = max(peak, run.peak_rss_mb)
                         rate = done / wall if wall > 0 else 0.0
@@ -237,6 +253,7 @@ async def measure(
                     if "polls_per_s_1w" in out:
                         out["polls_per_s_per_worker"] = out["polls_per_s_1w"]
                     out["cycle_sample"] = len(sample)
+                    out["concurrency"] = concurrency
                     out["peak_rss_mb"] = peak
                 if "status" not in skip:
                     t0 = time.perf_counter()
@@ -257,6 +274,7 @@ async def bench(
     cycle_limit: int,
     skip: frozenset[str] = frozenset(),
     workers: tuple[int, ...] = (1, 2),
+    concurrency: int = CONCURRENCY,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -265,7 +283,9 @@ async def bench(
                 if engine == "sqlite" and size > SQLITE_MAX:
                     continue
                 print(f"{engine} {size} ...", file=sys.stderr, flush=True)
-                figures = await measure(engine, size, cycle_limit, Path(tmp), skip, workers)
+                figures = await measure(
+                    engine, size, cycle_limit, Path(tmp), skip, workers, concurrency
+                )
                 result.setdefault(engine, {})[str(size)] = figures
                 print(f"  {json.dumps(figures)}", file=sys.stderr, flush=True)
     return result
@@ -291,8 +311,16 @@ def main(argv: list[str] | None = None) -> None:
         default="1,2",
         help="Worker process counts of the end-to-end runs, comma-separated (e.g. 1,2,4).",
     )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=CONCURRENCY,
+        help="Each worker's --concurrency in the end-to-end runs.",
+    )
     p.add_argument("--json", action="store_true", help="Print one JSON object.")
     args = p.parse_args(argv)
+    if args.concurrency < 1:
+        p.error(f"--concurrency: give at least 1, not {args.concurrency}")
     skip = frozenset(s for s in args.skip.split(",") if s)
     if unknown := skip - {"cycles", "status"}:
         p.error(f"--skip: unknown part(s) {', '.join(sorted(unknown))} (cycles, status)")
@@ -305,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--workers: not a list of numbers: {args.workers!r}")
     if not workers or min(workers) < 1:
         p.error(f"--workers: give process counts of at least 1, not {args.workers!r}")
-    result = asyncio.run(bench(sizes, engines, args.cycle_limit, skip, workers))
+    result = asyncio.run(bench(sizes, engines, args.cycle_limit, skip, workers, args.concurrency))
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
         return
