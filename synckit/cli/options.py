@@ -207,8 +207,9 @@ def loop_factory(name: str) -> LoopFactory | None:
 
     uvloop (libuv under asyncio's API, the loop uvicorn runs on) is installed with synckit
     where it builds (not on Windows). A worker's trivial poll spends a fifth of its CPU
-    in the event loop and its socket transports; on uvloop the same polls took 8-14%
-    less worker CPU (``bench.tenants``, interleaved runs).
+    in the event loop and its socket transports; on uvloop the same polls took a median
+    9% (PostgreSQL) and 14% (SQLite) less worker CPU (``bench.tenants``, six interleaved
+    pairs each), and ``bench.sync``'s ``undeclared`` ran 6-8% faster on PostgreSQL.
     """
     if name == "asyncio":
         return None
