@@ -85,6 +85,17 @@ async def _poll_counts(db: Database) -> tuple[int, Any]:
     return int(row[0]), row[1]
 
 
+async def _first_poll(db: Database) -> Any:
+    async with db.begin() as conn:
+        return (
+            await conn.execute(
+                select(func.min(jobs.c.finished_at)).where(
+                    jobs.c.kind == POLL_KIND, jobs.c.status == "succeeded"
+                )
+            )
+        ).scalar()
+
+
 async def _clear_cycles(db: Database) -> None:
     """No poll job queued (the workers start idle, so none is running at the start of
     the clock) and no checkpoint: a checkpoint left by the previous run says the stream
@@ -103,7 +114,10 @@ async def _clear_cycles(db: Database) -> None:
         )
 
 
-async def _enqueue_cycles(db: Database, names: list[str]) -> None:
+async def _enqueue_cycles(db: Database, names: list[str]) -> float:
+    """Enqueue a cycle of every tenant of ``names`` in transactions of 5,000; the moment
+    the first committed (the workers may start from then on)."""
+    started: float | None = None
     for i in range(0, len(names), 5000):
         specs = [
             JobSpec(
@@ -117,6 +131,9 @@ async def _enqueue_cycles(db: Database, names: list[str]) -> None:
         ]
         async with db.begin() as conn:
             await enqueue_new(conn, specs, now=utcnow())
+        if started is None:
+            started = time.time()
+    return started if started is not None else time.time()
 
 
 #: Each worker's jobs in flight in the end-to-end runs (``--concurrency``).
@@ -136,6 +153,8 @@ class _CycleRun:
     db_cpu: float | None
     #: Deadlocks PostgreSQL detected from the enqueue to the workers' exit (None on SQLite).
     deadlocks: int | None
+    #: Seconds from the enqueue to the first poll's success (the workers' ramp).
+    first_poll_s: float | None = None
 
 
 async def _cycle(
@@ -171,8 +190,9 @@ async def _cycle(
         cpu0, api0 = _cpu_seconds(procs), _cpu_seconds(api_procs)
         db0 = postgres_cpu_seconds() if postgres else 0.0
         deadlocks0 = await postgres_deadlocks(db) if postgres else 0
-        await _enqueue_cycles(db, names)
-        t0 = time.time()
+        # The clock starts when the first jobs are committed: a worker may take them
+        # while the rest are being enqueued.
+        t0 = await _enqueue_cycles(db, names)
         deadline = time.monotonic() + 600
         done, last = 0, None
         while time.monotonic() < deadline:
@@ -184,13 +204,15 @@ async def _cycle(
                 break
             await asyncio.sleep(0.2)
         wall = (last.timestamp() - t0) if last is not None else 600.0
+        first = await _first_poll(db)
+        ramp = (first.timestamp() - t0) if first is not None else None
         cpu = _cpu_seconds(procs) - cpu0
         api_cpu = _cpu_seconds(api_procs) - api0
         db_cpu = postgres_cpu_seconds() - db0 if postgres else None
     finally:
         stop_all(procs, timeout=15)
     deadlocks = await postgres_deadlocks(db) - deadlocks0 if postgres else None
-    return _CycleRun(wall, done, peak, cpu, api_cpu, db_cpu, deadlocks)
+    return _CycleRun(wall, done, peak, cpu, api_cpu, db_cpu, deadlocks, ramp)
 
 
 def _cpu_seconds(procs: list[Any]) -> float:
@@ -248,6 +270,7 @@ async def measure(
                                 out[f"{who}_cpu_ms_per_poll_{w}w"] = per_poll
                         if run.deadlocks is not None:
                             out[f"db_deadlocks_{w}w"] = run.deadlocks
+                        out[f"first_poll_s_{w}w"] = run.first_poll_s
                         out[f"cycle_all_s_{w}w"] = size / rate if rate else None
                         out[f"polls_per_s_{w}w"] = rate
                     if "polls_per_s_1w" in out:
