@@ -73,27 +73,17 @@ async def _timed(coro: Any) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-async def _poll_counts(db: Database) -> tuple[int, Any]:
+async def _poll_counts(db: Database) -> tuple[int, Any, Any]:
+    """The poll jobs that succeeded: how many, the first's and the last's finish."""
     async with db.begin() as conn:
         row = (
             await conn.execute(
-                select(func.count(), func.max(jobs.c.finished_at)).where(
-                    jobs.c.kind == POLL_KIND, jobs.c.status == "succeeded"
-                )
+                select(
+                    func.count(), func.min(jobs.c.finished_at), func.max(jobs.c.finished_at)
+                ).where(jobs.c.kind == POLL_KIND, jobs.c.status == "succeeded")
             )
         ).one()
-    return int(row[0]), row[1]
-
-
-async def _first_poll(db: Database) -> Any:
-    async with db.begin() as conn:
-        return (
-            await conn.execute(
-                select(func.min(jobs.c.finished_at)).where(
-                    jobs.c.kind == POLL_KIND, jobs.c.status == "succeeded"
-                )
-            )
-        ).scalar()
+    return int(row[0]), row[1], row[2]
 
 
 async def _clear_cycles(db: Database) -> None:
@@ -153,7 +143,7 @@ class _CycleRun:
     db_cpu: float | None
     #: Deadlocks PostgreSQL detected from the enqueue to the workers' exit (None on SQLite).
     deadlocks: int | None
-    #: Seconds from the enqueue to the first poll's success (the workers' ramp).
+    #: Seconds from the first jobs' commit to the first poll's success (the workers' ramp).
     first_poll_s: float | None = None
 
 
@@ -194,17 +184,16 @@ async def _cycle(
         # while the rest are being enqueued.
         t0 = await _enqueue_cycles(db, names)
         deadline = time.monotonic() + 600
-        done, last = 0, None
+        done, first, last = 0, None, None
         while time.monotonic() < deadline:
             for p in procs:
                 with contextlib.suppress(psutil.Error):
                     peak = max(peak, psutil.Process(p.pid).memory_info().rss / 2**20)
-            done, last = await _poll_counts(db)
+            done, first, last = await _poll_counts(db)
             if done >= len(names) or any(p.poll() is not None for p in procs):
                 break
             await asyncio.sleep(0.2)
         wall = (last.timestamp() - t0) if last is not None else 600.0
-        first = await _first_poll(db)
         ramp = (first.timestamp() - t0) if first is not None else None
         cpu = _cpu_seconds(procs) - cpu0
         api_cpu = _cpu_seconds(api_procs) - api0
