@@ -63,6 +63,12 @@ def read_log(path: Path) -> list[tuple[str, int, int, float, float]]:
     return out
 
 
+def read_begun(path: Path) -> list[int]:
+    """The ids of the sleeping ``record`` jobs whose handlers have begun (queue_app)."""
+    begun = path.with_name(path.name + ".begun")
+    return [int(x) for x in begun.read_text().split()] if begun.exists() else []
+
+
 def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 30) -> None:
     for p in procs:
         if p.poll() is None:

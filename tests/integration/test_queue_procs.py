@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from procs import read_log, spawn_worker, stop_all  # type: ignore[import-not-found]
+from procs import read_begun, read_log, spawn_worker, stop_all  # type: ignore[import-not-found]
 from sqlalchemy import select, text
 
 from synckit.errors.exceptions import DatabaseUnavailable
@@ -177,11 +177,12 @@ async def test_sigterm_finishes_in_flight_work_and_releases_nothing_else(
     await store.enqueue_many(db, [JobSpec("record", {"sleep": 1.0}) for _ in range(6)])
     proc = spawn_worker(migrated_url, log, "--concurrency", "2", "--grace", "20")
     try:
-
+        # Their handlers, not just their rows: a job the claim marked running but whose
+        # handler has not begun when SIGTERM lands is released (its attempt given back).
         async def two_running() -> bool:
-            return (await store.count_by_status(db)).get("running", 0) == 2
+            return len(read_begun(log)) == 2
 
-        await wait_until(two_running, 30, "two jobs to be running")
+        await wait_until(two_running, 30, "two handlers to begin")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
@@ -200,9 +201,9 @@ async def test_grace_period_over_releases_jobs_without_spending_attempts(
     try:
 
         async def running() -> bool:
-            return (await store.get_job(db, job.id)).status == "running"
+            return read_begun(log) == [job.id]
 
-        await wait_until(running, 30, "the job to start")
+        await wait_until(running, 30, "the job's handler to begin")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
