@@ -295,3 +295,45 @@ async def test_charge_at_claim_charges_every_claimed_job_in_the_claim(db: Databa
     assert [i.attempts for i in infos] == [1] * 40
     with pytest.raises(ValueError, match="charge_at"):
         Worker(db, reg, charge_at="never")  # type: ignore[arg-type]
+
+
+async def test_a_stop_before_the_handlers_begin_gives_their_attempts_back(
+    db: Database,
+) -> None:
+    """SIGTERM landing between a claim that started (charged) jobs and their handlers'
+    first step: the jobs were never run, so they are released pending, attempts 0."""
+    from typing import Any, ClassVar, cast
+
+    from synckit.runtime.handlers import JobContext, Registry
+    from synckit.runtime.worker import Worker
+    from synckit.store.jobs import ClaimStore
+
+    reg = Registry()
+    ran: list[int] = []
+
+    @reg.handler("noop")
+    async def noop(ctx: JobContext) -> None:
+        ran.append(ctx.job.id)
+
+    ids = [j.id for j in await store.enqueue_many(db, [JobSpec("noop") for _ in range(4)])]
+    claimed: list[Any] = []
+
+    class StopAfterClaim:
+        """The real store's claim, with the worker told to stop as it returns."""
+
+        async def claim(self, *args: Any, **kwargs: Any) -> Any:
+            batch = await store.claim(*args, **kwargs)
+            claimed.extend(batch)
+            worker.stop()
+            return batch
+
+    class StoppedWorker(Worker):
+        claims: ClassVar[ClaimStore] = cast(ClaimStore, StopAfterClaim())
+
+    worker = StoppedWorker(db, reg, concurrency=2)
+    await asyncio.wait_for(worker.run(), 30)
+    assert len(claimed) == 2 and all(j.started for j in claimed), claimed
+    assert ran == []
+    for job_id in ids:
+        info = await store.get_job(db, job_id)
+        assert (info.status, info.attempts) == ("pending", 0), info
