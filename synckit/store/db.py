@@ -598,11 +598,17 @@ class Database:
                     f"database {self.display_url} does not exist: "
                     "run `synckit db upgrade` to create it"
                 )
-        async with self.engine.connect() as conn:
-            present = await conn.run_sync(lambda c: inspect(c).has_table("alembic_version"))
-            rev = None
-            if present:
-                rev = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+        try:
+            # The first connection of every command: an unreachable server, an unknown
+            # database or role is one line here, as in :meth:`begin`.
+            async with self.engine.connect() as conn:
+                present = await conn.run_sync(lambda c: inspect(c).has_table("alembic_version"))
+                rev = None
+                if present:
+                    query = text("SELECT version_num FROM alembic_version")
+                    rev = (await conn.execute(query)).scalar()
+        except _driver_errors() as exc:
+            raise self.translate(exc) from exc
         if rev is None:
             raise DatabaseError(
                 f"database {self.display_url} has no synckit schema: run `synckit db upgrade`"

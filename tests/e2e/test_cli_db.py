@@ -86,6 +86,29 @@ def test_unreachable_server_is_one_line_with_password_masked() -> None:
     assert "hunter2" not in line
 
 
+@pytest.mark.parametrize(
+    ("command", "url", "says"),
+    [
+        (["status"], "postgresql://u:hunter2@127.0.0.1:9/db", "cannot reach database"),
+        (["tenants", "ls"], "postgresql://root@127.0.0.1/synckit_no_such_db", "does not exist"),
+        (["jobs", "ls"], "postgresql://synckit_no_such_role@127.0.0.1/test", "does not exist"),
+        (
+            ["web", "--port", "9"],
+            "postgresql://root@127.0.0.1/synckit_no_such_db",
+            "does not exist",
+        ),
+    ],
+    ids=["unreachable", "no-database", "no-role", "web"],
+)
+def test_every_command_reports_a_database_it_cannot_use_in_one_line(
+    command: list[str], url: str, says: str
+) -> None:
+    """The schema check, every command's first connection (the console's too): an
+    unreachable server, an unknown database or role is one line, never a traceback."""
+    line = _one_line_error(synckit(*command, "--database-url", url))
+    assert says in line and "hunter2" not in line
+
+
 @pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
 def test_read_only_sqlite_path_is_one_line(tmp_path: Path) -> None:
     """A read-only SQLite file, and a path in a read-only directory: one line, exit 2."""
