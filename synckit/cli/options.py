@@ -91,6 +91,14 @@ class LazyGroup(click.Group):
         assert isinstance(command, click.Command), spec
         return command
 
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SynckitError as exc:
+            # Raised by a command's own setup, outside run() (a key in the environment
+            # that is not a key, say): one line all the same, never a traceback.
+            raise CliError(str(exc)) from exc
+
 
 #: Where commands print their tables (stdout) and what is not their output (stderr).
 console = Console()

@@ -172,3 +172,15 @@ def test_tenants_ls_and_show_mask_every_secret_by_type_and_print_text_as_data(
     legacy = json.loads(outputs[1].stdout)
     assert legacy["config"]["auth"]["pat"] == "***" and legacy["status_reason"] == MARKUP
     assert "Invalid path [/v1/users] [bold red]x[/bold red]" in outputs[3].stdout
+
+
+@pytest.mark.parametrize("command", [("secrets", "check"), ("secrets", "rotate")])
+def test_a_key_that_is_not_a_key_is_one_line(migrated_url: str, command: tuple[str, ...]) -> None:
+    """$SYNCKIT_SECRET_KEY that is no Fernet key, read by a command before it enters the
+    core: one line naming the variable and how to make a key, exit 2, no traceback."""
+    got = cli(migrated_url, *command, key="not-a-fernet-key")
+    assert got.returncode == 2, got.stderr
+    lines = got.stderr.strip().splitlines()
+    assert len(lines) == 1, got.stderr
+    assert lines[0].startswith("error: SYNCKIT_SECRET_KEY is not a valid Fernet key"), lines
+    assert "synckit secrets keygen" in lines[0]
