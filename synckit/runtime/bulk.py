@@ -29,6 +29,7 @@ from synckit.runtime.tenants import (
     ConnectorSource,
     _check_schedule,
     _plain_config,
+    check_resource_keys,
     check_tenant_name,
 )
 from synckit.store import connections as connection_store
@@ -83,15 +84,41 @@ def read_rows(path: str | Path) -> Iterator[tuple[int, Mapping[str, Any]] | RowE
     """The rows of a JSON-lines or CSV file with their line numbers, or an error per
     unreadable line. The format is CSV when the file ends in ``.csv``, else JSON lines."""
     p = Path(path)
-    with p.open(encoding="utf-8", newline="") as f:
+    undecodable: set[int] = set()
+    with p.open("rb") as f:
+        lines = _decoded(f, undecodable)
         if p.suffix.lower() == ".csv":
-            yield from _csv_rows(f)
+            yield from _csv_rows(lines, undecodable)
         else:
-            yield from _json_rows(f)
+            yield from _json_rows(lines, undecodable)
 
 
-def _json_rows(f: Iterable[str]) -> Iterator[tuple[int, Mapping[str, Any]] | RowError]:
+def _decoded(f: Iterable[bytes], undecodable: set[int]) -> Iterator[str]:
+    """The file's lines as text (UTF-8, a byte order mark allowed on the first). A line
+    that is not UTF-8 comes with its bad bytes replaced and its number in
+    ``undecodable``: that row is refused by its line, the rest still read."""
+    for n, raw in enumerate(f, 1):
+        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            undecodable.add(n)
+            yield raw.decode("utf-8", errors="replace")
+
+
+def _not_utf8(undecodable: set[int], first: int, last: int) -> RowError | None:
+    bad = sorted(n for n in undecodable if first <= n <= last)
+    return RowError(bad[0], "not UTF-8 text") if bad else None
+
+
+def _json_rows(
+    f: Iterable[str], undecodable: set[int]
+) -> Iterator[tuple[int, Mapping[str, Any]] | RowError]:
     for n, line in enumerate(f, 1):
+        if n in undecodable:
+            yield RowError(n, "not UTF-8 text")
+            continue
         if not line.strip():
             continue
         try:
@@ -106,11 +133,35 @@ def _json_rows(f: Iterable[str]) -> Iterator[tuple[int, Mapping[str, Any]] | Row
 
 
 def _csv_rows(
-    f: Iterable[str],
+    f: Iterable[str], undecodable: set[int]
 ) -> Iterator[tuple[int, Mapping[str, Any]] | RowError]:
     reader = csv.DictReader(f)
-    for raw in reader:
-        n = reader.line_num
+    try:
+        if reader.fieldnames is None:
+            return  # an empty file
+    except csv.Error as exc:
+        yield RowError(reader.line_num, f"the header is not CSV: {exc}")
+        return
+    after = reader.line_num  # the last line of the record before
+    if _not_utf8(undecodable, 1, after) is not None:
+        yield RowError(1, "the header is not UTF-8 text")
+        return
+    while True:
+        try:
+            raw = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:  # a NUL byte, a field past the csv module's limit
+            if reader.line_num == after:
+                return  # nothing more was read: no way past it
+            after = reader.line_num
+            yield RowError(after, f"not CSV: {exc}")
+            continue
+        first, n, after = after + 1, reader.line_num, reader.line_num
+        bad_text = _not_utf8(undecodable, first, n)
+        if bad_text is not None:
+            yield bad_text
+            continue
         if None in raw:
             yield RowError(n, "more fields than the header names")
             continue
@@ -169,11 +220,7 @@ def _validate(
     sched = _check_schedule(str(row.get("schedule") or schedule))
     resource_key = str(row.get("resource_key") or f"{cls.name}:{tenant}")
     parent_key = str(row.get("parent_key") or f"api:{cls.name}")
-    if resource_key == parent_key:
-        raise ConfigurationError("a tenant's resource key cannot be its own parent key")
-    for what, key in (("resource key", resource_key), ("parent key", parent_key)):
-        if len(key) > 200:
-            raise ConfigurationError(f"{what} is longer than 200 characters")
+    check_resource_keys(resource_key, parent_key)
     rate = cls.rate_limit
     return NewTenant(
         line=line,

@@ -130,6 +130,26 @@ def check_tenant_name(tenant: str) -> str:
     return tenant
 
 
+#: The longest resource key the tables hold (``resources.resource_key``).
+MAX_RESOURCE_KEY = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_resource_keys(resource_key: str, parent_key: str) -> None:
+    """A tenant's resource and parent keys as the tables can hold and every view can
+    print: text of 1 to 200 characters without control characters (PostgreSQL's text
+    cannot hold a NUL: one such key would fail a whole bulk import), and not the same."""
+    for what, key in (("resource key", resource_key), ("parent key", parent_key)):
+        if not isinstance(key, str) or not key:
+            raise ConfigurationError(f"{what} must be non-empty text")
+        if len(key) > MAX_RESOURCE_KEY:
+            raise ConfigurationError(f"{what} is longer than {MAX_RESOURCE_KEY} characters")
+        if _CONTROL.search(key):
+            raise ConfigurationError(f"{what} {key!r} holds a control character")
+    if resource_key == parent_key:
+        raise ConfigurationError("a tenant's resource key cannot be its own parent key")
+
+
 def _resolve(
     connector: str | type[Connector[Any]], app: ConnectorSource | None
 ) -> type[Connector[Any]]:
@@ -199,12 +219,40 @@ def _plain_config(
         raise ConfigurationError(
             f"config of tenant {tenant!r} cannot be stored as JSON: {exc}"
         ) from None
+    where = _nul_at(plain)
+    if where is not None:
+        # PostgreSQL's jsonb cannot hold one (SQLite would): refused on both engines, by
+        # name, not as a database error that fails a whole bulk import.
+        raise ConfigurationError(
+            f"config of tenant {tenant!r}: {where} holds a NUL character, "
+            "which the database cannot store"
+        )
     if not secret_paths(cls.config_model, plain):
         return plain
     try:
         return seal_config(cls.config_model, plain, cipher or TokenCipher.from_env())
     except ConfigurationError as exc:
         raise ConfigurationError(f"config of tenant {tenant!r}: {exc}") from None
+
+
+def _nul_at(value: Any, path: str = "") -> str | None:
+    """Where in a JSON value a string (a key or a value) holds a NUL character."""
+    if isinstance(value, str):
+        return (path or "the config") if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            if "\x00" in str(key):
+                return f"a key of {path or 'the config'}"
+            found = _nul_at(item, here)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _nul_at(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 def _reveal(value: Any) -> Any:
@@ -298,8 +346,7 @@ async def add_tenant(
     plain = _plain_config(cls, tenant, config)
     resource_key = resource_key or f"{cls.name}:{tenant}"
     parent_key = parent_key or f"api:{cls.name}"
-    if resource_key == parent_key:
-        raise ConfigurationError("a tenant's resource key cannot be its own parent key")
+    check_resource_keys(resource_key, parent_key)
     now = utcnow()
     try:
         async with db.begin() as conn:

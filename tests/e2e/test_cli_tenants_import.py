@@ -58,3 +58,42 @@ def test_import_adds_valid_files_and_names_bad_lines(migrated_url: str, tmp_path
     )
     assert skipped.returncode == 1 and "added 1 tenants" in skipped.stdout
     assert len(ls(migrated_url)) == 31
+
+
+def _row(tenant: str, **fields: Any) -> bytes:
+    return json.dumps({"tenant": tenant, "config": {"api_token": "k"}, **fields}).encode() + b"\n"
+
+
+def test_import_names_lines_that_are_not_text_or_hold_a_nul(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    """Hostile files: a line that is not UTF-8, a NUL in a key or in the config, a CSV
+    header that is not UTF-8. Each is refused by its line, no traceback, and
+    --skip-invalid adds the rest (a NUL reached PostgreSQL and failed the whole import;
+    a byte that is not UTF-8 stopped the reading with a traceback)."""
+    hostile = tmp_path / "hostile.jsonl"
+    hostile.write_bytes(
+        _row("a")
+        + b'{"tenant": "b\xff", "config": {"api_token": "k"}}\n'
+        + _row("c", resource_key="r\u0000")
+        + json.dumps({"tenant": "d", "config": {"api_token": "k\u0000"}}).encode()
+        + b"\n"
+        + _row("e")
+    )
+    args = ("--connector", "demo", "--app", APP, "--skip-invalid")
+    got = tenants(migrated_url, "import", str(hostile), *args)
+    assert got.returncode == 1 and "Traceback" not in got.stderr, got.stderr
+    assert "hostile.jsonl:line 2: not UTF-8 text" in got.stderr
+    assert "hostile.jsonl:line 3: resource key 'r\\x00' holds a control character" in got.stderr
+    assert "hostile.jsonl:line 4: config of tenant 'd': api_token holds a NUL" in got.stderr
+    assert "added 2 tenants" in got.stdout
+    hostile_csv = tmp_path / "hostile.csv"
+    hostile_csv.write_bytes(b"tenant,config.api_token\nf,k\ng\xff,k\nh,k\n")
+    got = tenants(migrated_url, "import", str(hostile_csv), *args)
+    assert got.returncode == 1 and "Traceback" not in got.stderr, got.stderr
+    assert "hostile.csv:line 3: not UTF-8 text" in got.stderr and "added 2 tenants" in got.stdout
+    header = tmp_path / "header.csv"
+    header.write_bytes(b"ten\xffant,config.api_token\ni,k\n")
+    got = tenants(migrated_url, "import", str(header), *args)
+    assert "header.csv:line 1: the header is not UTF-8 text" in got.stderr, got.stderr
+    assert sorted(t["tenant"] for t in ls(migrated_url)) == ["a", "e", "f", "h"]

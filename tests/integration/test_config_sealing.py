@@ -5,6 +5,7 @@ read, and `rotate_secrets` moving every sealed row to a new key."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,38 @@ async def test_without_a_key_a_config_with_secrets_is_refused_and_nothing_stored
     with pytest.raises(ConfigurationError, match="refusing to store secret config fields"):
         await add_tenant(db, "acme", Vault, CONFIG)
     assert await list_tenants(db) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"config": {**CONFIG, "region": "e\u0000u"}}, "region holds a NUL character"),
+        (
+            {"config": {**CONFIG, "repos": [{"name": "c\u0000", "pat": "p"}]}},
+            r"repos\[0\].name holds a NUL",
+        ),
+        ({"config": {**CONFIG, "hooks": {"a\u0000": "h"}}}, "a key of hooks holds a NUL"),
+        ({"resource_key": "vault:\u0000"}, "resource key .* holds a control character"),
+        ({"parent_key": "api\n"}, "parent key .* holds a control character"),
+        ({"resource_key": "r" * 201}, "resource key is longer than 200 characters"),
+    ],
+    ids=["config", "list", "key", "resource-key", "parent-key", "long-key"],
+)
+async def test_what_a_database_cannot_store_is_refused_by_name_on_both_paths(
+    db: Database, change: dict[str, Any], says: str
+) -> None:
+    """A NUL in a config (PostgreSQL's jsonb cannot hold one; SQLite could) or a control
+    character in a resource key: add_tenant and each bulk row refuse it by name, nothing
+    stored, and a bulk import keeps its other rows."""
+    given = {"config": CONFIG, **change}
+    with pytest.raises(ConfigurationError, match=says):
+        await add_tenant(db, "acme", Vault, **given)
+    rows = [{"tenant": "bad", "connector": "vault", **given}]
+    rows.append({"tenant": "good", "connector": "vault", "config": CONFIG})
+    result = await add_tenants(db, rows, app=app, skip_invalid=True)
+    assert result.added == 1 and len(result.errors) == 1, result
+    assert result.errors[0].line == 1 and re.search(says, result.errors[0].message)
+    assert [t.tenant for t in await list_tenants(db)] == ["good"]
 
 
 async def test_plaintext_rows_still_read_and_are_sealed_by_the_next_write(
