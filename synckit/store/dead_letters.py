@@ -401,7 +401,9 @@ class DlqFilter:
             connectors=self.connectors,
             kinds=self.kinds,
             error_classes=self.error_classes,
-            statuses=keep or ("\x00none",),
+            # No status is spelt so: the filter matches nothing. (A NUL sentinel was a
+            # driver error on PostgreSQL, whose text cannot hold one.)
+            statuses=keep or ("(none)",),
             since=self.since,
         )
 

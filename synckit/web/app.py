@@ -176,6 +176,12 @@ class _Guard(BaseHTTPMiddleware):
                         "/login?" + urlencode({"next": str(request.url.path)}), status_code=303
                     )
                 return PlainTextResponse("access token required", status_code=401)
+        if "\x00" in request.scope["path"] or any(
+            "\x00" in k or "\x00" in v for k, v in request.query_params.multi_items()
+        ):
+            # No name, cursor or filter holds one, and PostgreSQL's text cannot: a 400
+            # here, not a driver's error (a 500) in whichever query the value reaches.
+            return PlainTextResponse("bad request: the URL holds a NUL character", 400)
         if request.method not in ("GET", "HEAD"):
             refusal = await self._refusal(request, st)
             if refusal is not None:
@@ -276,11 +282,19 @@ async def _act(
     return _back(request, form, message, default)
 
 
-def _int(value: Any) -> int | None:
+#: The database's integers: a row id, or any number a page passes on to a query.
+_INT64 = (-(2**63), 2**63 - 1)
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _int(value: Any, bounds: tuple[int, int] = _INT64) -> int | None:
+    """``value`` as a whole number within ``bounds``, else None: a cursor or an id past
+    the database's integers is no row, not a driver's overflow (a 500)."""
     try:
-        return int(value) if value not in (None, "") else None
+        n = int(value) if value not in (None, "") else None
     except (TypeError, ValueError):
         return None
+    return n if n is not None and bounds[0] <= n <= bounds[1] else None
 
 
 def _ids(form: Any) -> list[int]:
@@ -642,7 +656,12 @@ async def jobs_page(request: Request) -> Response:
                 created_since=flt.created_since,
             )
         except tenant_store.TenantNotFound:
-            flt = job_store.JobFilter(resource_key="\x00no such tenant")
+            # Named, not queried: the old sentinel key ("\x00...") was a driver error on
+            # PostgreSQL, whose text cannot hold a NUL.
+            missing = BadFilter(f"no tenant {q['tenant']!r}")
+            return _refused_filter(
+                request, "jobs.html", missing, statuses=JOB_STATUSES, here="/jobs"
+            )
     page = await job_store.job_page(db, flt, before_id=_int(q.get("before")))
     return render(
         request,
@@ -658,8 +677,11 @@ async def jobs_page(request: Request) -> Response:
 
 async def job_page(request: Request) -> Response:
     db = _state(request).database
-    job_id = int(request.path_params["job_id"])
+    raw = request.path_params["job_id"]
+    job_id = _int(raw)
     try:
+        if job_id is None:
+            raise JobNotFound(f"no job with id {raw}")
         info = await job_store.get_job(db, job_id)
     except JobNotFound as exc:
         return render(request, "error.html", status_code=404, message=str(exc))
@@ -708,9 +730,9 @@ async def jobs_action(request: Request) -> Response:
             when = utcnow() + delay
             change = lambda i: job_store.reschedule_job(db, i, when)  # noqa: E731
         elif action == "priority":
-            priority = _int(form.get("priority"))
+            priority = _int(form.get("priority"), _INT32)
             if priority is None:
-                raise ValueError("priority must be a whole number")
+                raise ValueError(f"priority must be a whole number from {_INT32[0]} to {_INT32[1]}")
             change = lambda i: job_store.set_priority(db, i, priority)  # noqa: E731
         else:
             raise ValueError(f"unknown job action {action!r}")
@@ -804,8 +826,12 @@ async def dlq_page(request: Request) -> Response:
 
 async def dlq_row_page(request: Request) -> Response:
     db = _state(request).database
+    raw = request.path_params["row_id"]
+    row_id = _int(raw)
     try:
-        row = await dlq_store.get(db, int(request.path_params["row_id"]))
+        if row_id is None:
+            raise dlq_store.DeadLetterNotFound(f"no dead letter with id {raw}")
+        row = await dlq_store.get(db, row_id)
     except dlq_store.DeadLetterNotFound as exc:
         return render(request, "error.html", status_code=404, message=str(exc))
     return render(request, "dlq_row.html", row=row)

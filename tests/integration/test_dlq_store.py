@@ -232,6 +232,18 @@ async def test_filters_stream_matching_rows_in_pages(db: Database) -> None:
     assert [len(p) for p in pages] == [6, 6, 6, 2]
 
 
+async def test_a_filter_narrowed_to_no_status_matches_nothing(db: Database) -> None:
+    """`dlq replay --status resolved` narrows resolved to the replayable statuses: no
+    status is left, and the filter matches no row, on both engines (its sentinel was a
+    NUL, which PostgreSQL's text cannot hold: a driver error)."""
+    await seed_mix(db)
+    resolved = DlqFilter(statuses=("resolved",))
+    assert await store.count(db, resolved) > 0
+    narrowed = resolved.narrowed(("pending", "review"))
+    assert [r async for r in store.iter_rows(db, narrowed)] == []
+    assert await store.count(db, narrowed) == 0
+
+
 async def test_iter_rows_starts_after_the_given_id_in_its_order(db: Database) -> None:
     """after_id: newest first, the rows older than it; ascending, the newer ones; with a
     filter and a limit, pages that chain without a gap or a repeat."""

@@ -608,3 +608,31 @@ async def test_an_unreadable_filter_is_named_not_ignored(db: Database, migrated_
             assert 'name="ids" value=' not in r.text, path
         r = client.get("/dlq/export?since=soon")
         assert r.status_code == 400 and "cannot read duration" in r.text
+
+
+async def test_hostile_urls_get_an_answer_never_a_500(db: Database, migrated_url: str) -> None:
+    """Cursors and ids past the database's integers, a NUL in the path or the query, a
+    tenant filter naming nobody, a priority past 32 bits: each a 4xx or an empty page
+    with the problem named, on both engines (each was a 500: an overflow on SQLite, a
+    NUL on PostgreSQL, whose text cannot hold one)."""
+    seeded = await seed(db)
+    huge = "9" * 40
+    with console(migrated_url) as client:
+        for path in ("/jobs", "/dlq", "/outbox"):
+            r = client.get(path, params={"before": huge})
+            assert r.status_code == 200, (path, r.text[:300])
+        assert client.get(f"/jobs/{huge}").status_code == 404
+        assert client.get(f"/dlq/{huge}").status_code == 404
+        for url in ("/tenants/%00", "/tenants?after=%00", "/jobs?kind=a%00b", "/dlq?tenant=%00"):
+            r = client.get(url)
+            assert r.status_code == 400 and "NUL" in r.text, (url, r.status_code)
+        nobody = client.get("/jobs", params={"tenant": "nobody"})
+        assert nobody.status_code == 400 and "no tenant 'nobody'" in text_of(nobody.text)
+        job = seeded["jobs"][0]
+        before = (await job_store.get_job(db, job)).priority
+        r = post(client, "/jobs/action", action="priority", priority=str(2**40), ids=[job])
+        assert r.status_code == 303
+        assert "priority must be a whole number from" in unescape(
+            client.get(r.headers["location"]).text
+        )
+        assert (await job_store.get_job(db, job)).priority == before
