@@ -719,8 +719,11 @@ class Worker:
         held, results, woke_jobs, woke_outbox, started = await self.db.write(
             self._record_sync, batch, marks, now
         )
+        # A success whose follow-ups or messages the database refused is in results, as
+        # the failure it was recorded as.
+        refused = sum(1 for o, _ in results if o.kind == "success")
         self.stats.succeeded += len(held)
-        self.stats.fenced += len(successes) - len(held)
+        self.stats.fenced += len(successes) - len(held) - refused
         if woke_jobs:
             store.target_wake(self.db)
         if woke_outbox:
@@ -738,21 +741,38 @@ class Worker:
         started = store.start_many_sync(conn, marks, now=now, lease=self.lease, async_commit=True)
         successes = [o for o in batch if o.kind == "success"]
         others = [o for o in batch if o.kind != "success"]
+        plain = [o for o in successes if not o.followups and not o.messages]
         held = store.complete_many_sync(
-            conn, [(o.job.id, o.job.claim_token) for o in successes], now=now
+            conn, [(o.job.id, o.job.claim_token) for o in plain], now=now
         )
-        followups = [f for o in successes if o.job.id in held for f in o.followups]
-        if followups:
-            store._enqueue_sync(conn, followups, now)
-        messages = [m for o in successes if o.job.id in held for m in o.messages]
-        if messages:
-            outbox.add_many_sync(conn, messages, now=now)
+        results: list[tuple[_Outcome, str | None]] = []
+        rich = [o for o in successes if o.followups or o.messages]
+        followups = messages = False
+        if rich:
+            try:
+                with savepoint(conn):
+                    got = self._complete_with_writes(conn, rich, now)
+            except Exception as exc:  # one of them writes what the database refuses
+                if connection_lost(conn, exc):
+                    raise
+                # Each alone, so that only the one that cannot be written fails.
+                got = set()
+                for o in rich:
+                    try:
+                        with savepoint(conn):
+                            got |= self._complete_with_writes(conn, [o], now)
+                    except Exception as one:
+                        if connection_lost(conn, one):
+                            raise
+                        results.append((o, self._record_refused(conn, o, now, one)))
+            held |= got
+            followups = any(o.followups for o in rich if o.job.id in got)
+            messages = any(o.messages for o in rich if o.job.id in got)
         keyed = Counter(
             o.job.resource_key for o in successes if o.job.id in held and o.job.resource_key
         )
         if keyed:
             self._breaker_success(conn, keyed, now)
-        results: list[tuple[_Outcome, str | None]] = []
         for o in others:
             results.append((o, self._record_guarded(conn, o, now)))
         if self.observers:
@@ -767,7 +787,22 @@ class Worker:
             ]
             for observe in self.observers:
                 observe(conn, recorded, now)
-        return held, results, bool(followups), bool(messages), started
+        return held, results, followups, messages, started
+
+    @staticmethod
+    def _complete_with_writes(conn: SyncConn, done: list[_Outcome], now: datetime) -> set[int]:
+        """Complete successes with their follow-up jobs and outbox messages: the ids whose
+        claim still held (only theirs write anything)."""
+        held = store.complete_many_sync(
+            conn, [(o.job.id, o.job.claim_token) for o in done], now=now
+        )
+        jobs_ = [f for o in done if o.job.id in held for f in o.followups]
+        if jobs_:
+            store._enqueue_sync(conn, jobs_, now)
+        messages = [m for o in done if o.job.id in held for m in o.messages]
+        if messages:
+            outbox.add_many_sync(conn, messages, now=now)
+        return held
 
     def _record_guarded(self, conn: SyncConn, o: _Outcome, now: datetime) -> str | None:
         """Record one outcome in a savepoint; one that cannot be recorded (a bug, a value
@@ -781,6 +816,13 @@ class Worker:
             if connection_lost(conn, exc):
                 raise
             problem = exc
+        return self._record_refused(conn, o, now, problem)
+
+    def _record_refused(
+        self, conn: SyncConn, o: _Outcome, now: datetime, problem: Exception
+    ) -> str | None:
+        """Record as a failure, with its reason, an outcome the database refused (its
+        savepoint rolled back); None when even that will not go in."""
         reason = redact_text(
             f"the {o.kind} outcome could not be recorded: {type(problem).__name__}: {problem}"
         ).replace("\x00", "")[:1000]

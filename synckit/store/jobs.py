@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import secrets
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -89,12 +90,59 @@ class PayloadError(JobError):
     """A job payload that cannot be stored as JSON."""
 
 
+#: An unescaped NUL in serialised JSON: an odd run of backslashes before ``u0000``.
+NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def json_holds_nul(text: str) -> bool:
+    """Whether JSON text (as :func:`json.dumps` writes it) holds a NUL character, which
+    PostgreSQL's jsonb refuses: refused on every engine, so that an application is
+    portable instead of failing only in production."""
+    return "\\u0000" in text and NUL_ESCAPE.search(text) is not None
+
+
 def _check_payload(kind: str, payload: Any) -> str:
     """The payload as JSON text, or :class:`PayloadError`."""
     try:
-        return json.dumps(payload, allow_nan=False)
+        text = json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload of job {kind!r} is not JSON-serialisable: {exc}") from exc
+    if json_holds_nul(text):
+        raise PayloadError(
+            f"payload of job {kind!r} contains a NUL character (U+0000), "
+            "which PostgreSQL cannot store in JSON"
+        )
+    return text
+
+
+#: The text columns a spec fills, with the longest value each holds (``tables.jobs``).
+_TEXT_LIMITS = (("kind", 200), ("resource_key", 200), ("unique_key", 300), ("trace_id", 64))
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _check_fields(spec: JobSpec) -> None:
+    """What the ``jobs`` columns cannot hold, as a :class:`JobError` naming the field,
+    before any write: a value the database refuses would fail a whole batch (a worker's
+    recording of a handler's follow-ups, say), not just this job."""
+    for name, limit in _TEXT_LIMITS:
+        value = getattr(spec, name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise JobError(f"job {spec.kind!r}: {name} must be text, not {type(value).__name__}")
+        if "\x00" in value:
+            raise JobError(f"job {spec.kind!r}: {name} holds a NUL character")
+        if len(value) > limit:
+            raise JobError(f"job {spec.kind!r}: {name} is longer than {limit} characters")
+    # max_attempts 0 (or None) is the default, as it always was.
+    for name, low in (("priority", _INT32[0]), ("max_attempts", 0)):
+        value = getattr(spec, name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise JobError(f"job {spec.kind!r}: {name} must be a whole number")
+        if not low <= value <= _INT32[1]:
+            raise JobError(f"job {spec.kind!r}: {name} must be from {low} to {_INT32[1]}")
 
 
 @dataclass(frozen=True)
@@ -120,6 +168,7 @@ class JobSpec:
             raise JobError(f"job {self.kind!r}: give run_at or delay, not both")
         if not self.kind:
             raise JobError("a job needs a kind")
+        _check_fields(self)
         payload_json = _check_payload(self.kind, self.payload)
         run_at = self.run_at or (now + self.delay if self.delay is not None else now)
         if run_at.tzinfo is None:

@@ -15,7 +15,6 @@ again with the same ``message_id`` (at least once, as always).
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from synckit.errors.exceptions import SynckitError
 from synckit.redaction import redact_text
 from synckit.store import leases, notify
 from synckit.store.db import Database
-from synckit.store.jobs import guarded_columns, read_moment, read_payload
+from synckit.store.jobs import guarded_columns, json_holds_nul, read_moment, read_payload
 from synckit.store.leases import Lease
 from synckit.store.tables import dead_letters, outbox
 
@@ -92,8 +91,6 @@ _INSERT_CHUNK = 1000
 # Literal, not a bound parameter: both planners only use the partial index
 # ``ix_outbox_pending`` when the predicate visibly implies it.
 _PENDING: Any = literal_column("'pending'")
-# An unescaped NUL in the serialised JSON: an odd run of backslashes before ``u0000``.
-_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 # --- errors ---------------------------------------------------------------------------
 
@@ -172,7 +169,7 @@ def _new_row(m: NewMessage, now: datetime) -> dict[str, Any]:
         raise OutboxPayloadError(
             f"payload of outbox message {topic!r} is not JSON-serialisable: {exc}"
         ) from exc
-    if _NUL_ESCAPE.search(text):
+    if json_holds_nul(text):
         # PostgreSQL's JSONB cannot hold U+0000; refusing it on every engine keeps an
         # application portable instead of failing only in production.
         raise OutboxPayloadError(

@@ -3,6 +3,7 @@ pure decision."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import HealthCheck, given, settings
@@ -58,6 +59,47 @@ async def test_an_outcome_the_database_refuses_is_recorded_as_a_failure(db: Data
     assert stats.succeeded == 5
     [info] = await store.list_jobs(db, kind="nul")
     assert info.status == "pending" and info.attempts == 1 and info.last_error
+
+
+async def test_a_follow_up_the_database_refuses_fails_only_its_own_job(db: Database) -> None:
+    """Successes with follow-ups and messages commit together; one whose follow-up cannot
+    be written (here, one appended past ctx.enqueue's checks; on PostgreSQL also a
+    payload with a lone surrogate, which jsonb refuses) is recorded as a failure with its
+    reason, its follow-up not created, and the batch beside it commits. Before, the
+    recorder retried the whole batch for ever and run_until_idle never returned."""
+    reg = Registry()
+
+    @reg.handler("parent")
+    async def parent(ctx: JobContext) -> None:
+        ctx.enqueue("child", {"n": ctx.payload["n"]})
+
+    @reg.handler("broken")
+    async def broken(ctx: JobContext) -> None:
+        ctx.enqueue("child", {"n": -1})
+        ctx.followups.append(JobSpec(kind=None))  # type: ignore[arg-type]
+
+    @reg.handler("surrogate")
+    async def surrogate(ctx: JobContext) -> None:
+        ctx.enqueue("child", {"text": "\ud800"})
+
+    @reg.handler("child")
+    async def child(ctx: JobContext) -> None:
+        return None
+
+    specs = [JobSpec("parent", {"n": n}) for n in range(8)] + [JobSpec("broken")]
+    if db.is_postgres:
+        specs.append(JobSpec("surrogate"))
+    await store.enqueue_many(db, specs)
+    worker = Worker(db, reg, concurrency=16)
+    await asyncio.wait_for(worker.run_until_idle(), 60)
+    parents = await store.list_jobs(db, kind="parent", limit=100)
+    assert {p.status for p in parents} == {"succeeded"}
+    children = [await store.get_job(db, c.id) for c in await store.list_jobs(db, kind="child")]
+    assert sorted(c.payload["n"] for c in children) == list(range(8))
+    refused = await store.list_jobs(db, kind="broken") + await store.list_jobs(db, kind="surrogate")
+    for info in refused:
+        assert info.status == "pending" and info.attempts == 1, info
+        assert "outcome could not be recorded" in (info.last_error or ""), info.last_error
 
 
 _moments = st.one_of(
