@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import uuid
 import warnings
 import weakref
@@ -73,6 +74,7 @@ from synckit.runtime.secrets import (
     read_connection,
     save_refreshed_token_set,
     take_refresh_lease,
+    token_lifetime,
     write_token_set,
 )
 from synckit.store import jobs as job_store
@@ -578,7 +580,7 @@ class OAuth2Auth(httpx.Auth):
 
         def keep(response: httpx.Response) -> httpx.Response:
             answered.append(response)
-            return response
+            return readable_expiry(response, now)
 
         try:
             async with token_client(cfg, transport=self.transport) as client:
@@ -639,6 +641,31 @@ class _Refused(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def readable_expiry(response: httpx.Response, now: datetime) -> httpx.Response:
+    """The token endpoint's answer with its expiry as whole seconds authlib can read
+    (``secrets.token_lifetime``), or with none.
+
+    authlib runs ``int()`` on ``expires_in`` before synckit sees the tokens: ``"3600.5"``,
+    ``"inf"`` or ``"never"`` raised inside it, and the refresh the server had made (with
+    the refresh token it may have rotated) was lost, the tenant left to retry with a
+    refresh token that may no longer work. A compliance hook, as authlib intends for
+    providers that bend the RFC.
+    """
+    try:
+        body = response.json()
+    except ValueError:
+        return response
+    if not isinstance(body, dict) or not ({"expires_in", "expires_at"} & body.keys()):
+        return response
+    lifetime = token_lifetime(body.get("expires_in"), body.get("expires_at"), now)
+    fixed = {k: v for k, v in body.items() if k not in ("expires_in", "expires_at")}
+    if lifetime is not None:
+        fixed["expires_in"] = int(lifetime.total_seconds())
+    if fixed != body:
+        response._content = json.dumps(fixed).encode()
+    return response
 
 
 def token_client(

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -76,6 +77,41 @@ class InsecureTokenStorageWarning(UserWarning):
 
 def _mask(secret: str | None) -> str | None:
     return None if secret is None else _MASK
+
+
+#: The longest a token is taken to live, whatever the token endpoint says: a token that
+#: claims centuries (or an expiry no clock can hold) is refreshed after a year.
+MAX_TOKEN_LIFETIME = timedelta(days=365)
+
+
+def token_lifetime(expires_in: Any, expires_at: Any, now: datetime) -> timedelta | None:
+    """How long a token endpoint's answer says its token lives, within
+    ``[0, MAX_TOKEN_LIFETIME]``; None when it says nothing readable (the token is then
+    taken to be valid until a 401 says otherwise).
+
+    ``expires_in`` (seconds, RFC 6749) wins over ``expires_at`` (a Unix time some
+    providers send). Any value a server can send gives an answer, never an exception: an
+    overflow here would lose a refresh the server already made (and the refresh token it
+    may have rotated).
+    """
+    seconds = _number(expires_in)
+    if seconds is None:
+        at = _number(expires_at)
+        if at is None:
+            return None
+        seconds = at - now.timestamp()
+    return timedelta(seconds=min(max(seconds, 0.0), MAX_TOKEN_LIFETIME.total_seconds()))
+
+
+def _number(value: Any) -> float | None:
+    """A finite number from JSON's number or a numeric string, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 @dataclass(frozen=True)
@@ -132,16 +168,8 @@ class TokenSet:
         refresh = token.get("refresh_token")
         if not isinstance(refresh, str) or not refresh:
             refresh = previous_refresh_token
-        expires_at: datetime | None = None
-        expires_in = token.get("expires_in")
-        raw_at = token.get("expires_at")
-        if isinstance(expires_in, int | float | str) and str(expires_in).strip():
-            try:
-                expires_at = now + timedelta(seconds=float(expires_in))
-            except ValueError:
-                expires_at = None
-        elif isinstance(raw_at, int | float):
-            expires_at = datetime.fromtimestamp(raw_at, tz=UTC)
+        lifetime = token_lifetime(token.get("expires_in"), token.get("expires_at"), now)
+        expires_at = None if lifetime is None else now + lifetime
         scope = token.get("scope")
         return cls(
             access_token=access,

@@ -27,6 +27,7 @@ from synckit.runtime.oauth import (
 )
 from synckit.runtime.secrets import (
     FERNET_MARKER,
+    MAX_TOKEN_LIFETIME,
     PLAINTEXT_MARKER,
     ConnectionNotFound,
     InsecureTokenStorageWarning,
@@ -696,3 +697,47 @@ async def test_the_stored_reason_is_the_cause_once_however_often_it_is_raised_an
     assert reason == str(first.value)
     assert reason.startswith("the token endpoint refused the refresh_token grant: invalid_grant")
     assert reason.count("needs re-authorisation") == 1 and len(reason) <= 500
+
+
+@pytest.mark.parametrize(
+    ("expires_in", "lives"),
+    [
+        ("3600.5", timedelta(seconds=3600)),
+        ("inf", None),
+        ("never", None),
+        (1e300, MAX_TOKEN_LIFETIME),
+        (10**30, MAX_TOKEN_LIFETIME),
+        (-5, timedelta(0)),
+    ],
+)
+async def test_a_refresh_whatever_its_expiry_says_keeps_the_rotated_tokens(
+    db: Database, expires_in: Any, lives: timedelta | None
+) -> None:
+    """The token endpoint answers a refresh with a new access token, a rotated refresh
+    token and an odd expires_in: the refresh is kept (the old refresh token may be dead
+    now) and the expiry read within [0, a year], or as unknown. Before, authlib's int()
+    of "3600.5" or "inf" and synckit's own arithmetic on 1e300 raised, losing the
+    rotated refresh token."""
+
+    def idp(request: httpx.Request) -> httpx.Response:
+        body = {"access_token": "new", "refresh_token": "r2", "token_type": "Bearer"}
+        return httpx.Response(200, json={**body, "expires_in": expires_in})
+
+    def api(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"auth": request.headers["authorization"]})
+
+    await add_connection(db, "t1")
+    await reauth(db, "t1", TokenSet("old", "r1", expires_at=now()))
+    cfg = OAuth2Config("https://idp.example/token", "c", "s")
+    auth = OAuth2Auth(db, "t1", cfg, transport=httpx.MockTransport(idp))
+    before = now()
+    async with httpx.AsyncClient(auth=auth, transport=httpx.MockTransport(api)) as client:
+        response = await client.get("https://api.example/x")
+    assert response.json() == {"auth": "Bearer new"}
+    stored = await stored_tokens(db, "t1")
+    assert (stored.access_token, stored.refresh_token) == ("new", "r2")
+    if lives is None:
+        assert stored.expires_at is None
+    else:
+        assert stored.expires_at is not None
+        assert before + lives - timedelta(seconds=5) <= stored.expires_at <= now() + lives

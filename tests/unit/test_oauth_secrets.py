@@ -7,15 +7,19 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from cryptography.fernet import Fernet
+from hypothesis import given
+from hypothesis import strategies as st
 
 from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.oauth import OAuth2Config
 from synckit.runtime.secrets import (
     FERNET_MARKER,
+    MAX_TOKEN_LIFETIME,
     PLAINTEXT_MARKER,
     InsecureTokenStorageWarning,
     TokenCipher,
     TokenSet,
+    token_lifetime,
 )
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -169,3 +173,41 @@ def test_issue_time_and_a_refresh_token_alone_survive_sealing() -> None:
     assert not alone.usable and cipher.open(cipher.seal(alone)) == alone
     with pytest.raises(ValueError, match="access token or a refresh token"):
         TokenSet(access_token=None)
+
+
+_ANY_JSON_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**40), max_value=10**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=30),
+    st.sampled_from(["3600", "3600.5", "inf", "-inf", "nan", "1e400", " 60 ", "never"]),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@given(expires_in=_ANY_JSON_VALUE, expires_at=_ANY_JSON_VALUE)
+def test_any_expiry_a_token_endpoint_sends_gives_a_lifetime_within_the_cap(
+    expires_in: object, expires_at: object
+) -> None:
+    """Whatever a server sends as expires_in / expires_at: no exception (an overflow lost
+    a refresh the server had made), and a lifetime from 0 to a year, or none."""
+    now = datetime(2026, 11, 28, tzinfo=UTC)
+    got = token_lifetime(expires_in, expires_at, now)
+    assert got is None or timedelta(0) <= got <= MAX_TOKEN_LIFETIME
+    tokens = TokenSet.from_token_response(
+        {"access_token": "a", "expires_in": expires_in, "expires_at": expires_at}, now=now
+    )
+    assert tokens.expires_at == (None if got is None else now + got)
+
+
+def test_token_lifetimes_as_the_rfc_and_common_providers_send_them() -> None:
+    now = datetime(2026, 11, 28, tzinfo=UTC)
+    assert token_lifetime(3600, None, now) == timedelta(hours=1)
+    assert token_lifetime("3599.5", None, now) == timedelta(seconds=3599.5)
+    assert token_lifetime(None, now.timestamp() + 60, now) == timedelta(seconds=60)
+    assert token_lifetime(60, now.timestamp() + 9999, now) == timedelta(seconds=60)
+    assert token_lifetime(-5, None, now) == timedelta(0)  # already expired
+    assert token_lifetime(1e300, None, now) == MAX_TOKEN_LIFETIME
+    assert token_lifetime("never", None, now) is None
+    assert token_lifetime(True, None, now) is None
