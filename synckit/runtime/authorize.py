@@ -41,6 +41,7 @@ from synckit.runtime.oauth import (
     TokenEndpointUnavailable,
     _Refused,
     authlib_client,
+    readable_expiry,
     reauth,
     token_client,
     token_endpoint_error,
@@ -239,7 +240,8 @@ async def complete_authorization(
 
     def keep(response: httpx.Response) -> httpx.Response:
         answered.append(response)
-        return response
+        # An odd expires_in would raise inside authlib, after the one-use code was spent.
+        return readable_expiry(response, now)
 
     try:
         async with token_client(

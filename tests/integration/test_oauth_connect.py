@@ -258,3 +258,27 @@ def test_tenants_connect_cli_over_a_loopback_listener(
 
     row = asyncio.run(stored())
     assert row.status == "active" and row.token_set is not None
+
+
+async def test_a_code_exchange_with_an_odd_expires_in_stores_the_tokens(db: Database) -> None:
+    """A provider answering the code exchange with expires_in "3600.5" (a string authlib
+    cannot int()): the tokens are stored, the lifetime read as 3,600 s. Before, authlib
+    raised after the one-use code was spent, so the connect flow could never succeed."""
+    sys.path.insert(0, str(APPS))
+    try:
+        import oauth_worker_app
+    finally:
+        sys.path.remove(str(APPS))
+    with OAuthTestServer(expires_in="3600.5") as server:  # type: ignore[arg-type]
+        server.add_client(PUBLIC, "", auth_methods=["none"])
+        server.consenting_user = "alice"
+        await oauth_worker_app.app.add_tenant(db, "acme", "me")
+        cfg = public_config(server)
+        url = await begin_authorization(db, "acme", cfg, redirect_uri="http://127.0.0.1:5799/cb")
+        before = time.time()
+        await complete_authorization(db, "acme", cfg, consent(url))
+    async with db.begin() as conn:
+        row = (await conn.execute(select(connections))).one()
+    tokens = TokenCipher.from_env().open(row.token_set)
+    assert row.status == "active" and tokens.access_token and tokens.expires_at is not None
+    assert before + 3590 <= tokens.expires_at.timestamp() <= time.time() + 3600
