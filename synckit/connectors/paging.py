@@ -33,6 +33,13 @@ The requests go through the client given, so with ``ctx.http`` a failed page rai
 the runtime acts on (a 429 paces the tenant, a 410 is ``not_found``...). A body that is
 not what the paginator was declared for (no list at ``records``, a cursor that does not
 change) raises :class:`~synckit.errors.PermanentError` naming the problem.
+
+A next-page URL an API sends (:class:`NextUrlPaginator`, :class:`LinkHeaderPaginator`) is
+followed only on the origin (scheme, host, port) of the page that named it: the client
+sends the tenant's credentials with every request, and a hostile, compromised or
+misconfigured API must not be able to send them elsewhere by naming another host, or
+plain ``http``. A connector whose API really pages across hosts says so with
+``other_origins=True``.
 """
 
 from __future__ import annotations
@@ -221,10 +228,16 @@ class NextUrlPaginator(Paginator):
     """
 
     def __init__(
-        self, *, records: RecordsAt = "", next: str = "next", max_pages: int | None = None
+        self,
+        *,
+        records: RecordsAt = "",
+        next: str = "next",
+        max_pages: int | None = None,
+        other_origins: bool = False,
     ) -> None:
         super().__init__(records=records, max_pages=max_pages)
         self.next = next
+        self.other_origins = other_origins
 
     def request(self, url: str, params: dict[str, Any], state: Any) -> tuple[str, dict[str, Any]]:
         return (url, params) if state is None else (str(state), {})
@@ -237,17 +250,53 @@ class NextUrlPaginator(Paginator):
             return None
         if not isinstance(nxt, str):
             raise PermanentError(f"next page URL at {self.next!r} is not a string")
-        return nxt
+        return _followable(response, nxt, nxt, self.other_origins)
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return (url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme))
+
+
+def _followable(response: httpx.Response, given: str, target: str, other_origins: bool) -> str:
+    """``target`` (the next page, as the request will be made) if it stays on the origin
+    of the page that named it; a :class:`PermanentError` otherwise, naming both origins
+    and never the URL's query (it may carry a token)."""
+    try:
+        url = httpx.URL(target)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise PermanentError(f"next page URL {given[:100]!r} is not a URL: {exc}") from None
+    if other_origins or not url.host:
+        return target  # a relative one goes to the client's own base URL
+    here = response.request.url
+    # A scheme-relative one (//host/path) takes the page's scheme.
+    theirs, ours = _origin(here.join(url)), _origin(here)
+    if theirs != ours:
+        raise PermanentError(
+            f"next page URL points to {theirs[0]}://{theirs[1]}:{theirs[2]}, not to "
+            f"{ours[0]}://{ours[1]}:{ours[2]} that sent it: not followed, the tenant's "
+            "credentials go to no other origin (a paginator takes other_origins=True for "
+            "an API that really pages across hosts)"
+        )
+    return target
 
 
 class LinkHeaderPaginator(Paginator):
     """The ``Link`` header's ``rel="next"`` URL (RFC 8288), called as given."""
 
     def __init__(
-        self, *, records: RecordsAt = "", rel: str = "next", max_pages: int | None = None
+        self,
+        *,
+        records: RecordsAt = "",
+        rel: str = "next",
+        max_pages: int | None = None,
+        other_origins: bool = False,
     ) -> None:
         super().__init__(records=records, max_pages=max_pages)
         self.rel = rel
+        self.other_origins = other_origins
 
     def request(self, url: str, params: dict[str, Any], state: Any) -> tuple[str, dict[str, Any]]:
         return (url, params) if state is None else (str(state), {})
@@ -257,8 +306,12 @@ class LinkHeaderPaginator(Paginator):
     ) -> Any:
         link = response.links.get(self.rel)
         target = link.get("url") if link else None
+        if not target:
+            return None
         # Relative references resolve against the page that named them.
-        return str(response.request.url.join(target)) if target else None
+        return _followable(
+            response, target, str(response.request.url.join(target)), self.other_origins
+        )
 
 
 class OffsetPaginator(Paginator):

@@ -92,6 +92,58 @@ async def test_link_header_paginator_follows_rel_next_relative_to_the_page() -> 
     assert checkpoints[0] == "https://api.test/items?page=2"
 
 
+@pytest.mark.parametrize(
+    "elsewhere",
+    [
+        "https://attacker.example/items?page=2",
+        "http://api.test/items?page=2",  # the same host, in clear text
+        "https://api.test:8443/items?page=2",
+        "//attacker.example/items?page=2",  # scheme-relative
+    ],
+)
+@pytest.mark.parametrize("shape", ["body", "link"])
+async def test_a_next_page_on_another_origin_is_not_followed(shape: str, elsewhere: str) -> None:
+    """A hostile or compromised API naming another origin as its next page: a permanent
+    error naming both origins, and no request leaves for it (the client would have sent
+    the tenant's credentials there). Same-origin links and relative ones are followed;
+    other_origins=True follows the others too."""
+    asked: list[str] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        asked.append(str(request.url))
+        if request.url.params.get("page") == "2":
+            return httpx.Response(200, json={"items": ITEMS[3:]})
+        if shape == "body":
+            return httpx.Response(200, json={"items": ITEMS[:3], "next": elsewhere})
+        return httpx.Response(
+            200, json={"items": ITEMS[:3]}, headers={"Link": f'<{elsewhere}>; rel="next"'}
+        )
+
+    def paginator(**kw: Any) -> Paginator:
+        if shape == "body":
+            return NextUrlPaginator(records="items", **kw)
+        return LinkHeaderPaginator(records="items", **kw)
+
+    with pytest.raises(PermanentError, match="not followed") as refused:
+        await collect(paginator(), api)
+    assert "page=2" not in str(refused.value) and "api.test" in str(refused.value)
+    assert len(asked) == 1 and asked[0].startswith("https://api.test/items")
+    asked.clear()
+    got, _ = await collect(paginator(other_origins=True), api)
+    assert got == [[0, 1, 2], [3, 4, 5, 6]] and len(asked) == 2
+
+
+@pytest.mark.parametrize("same", ["https://api.test/items?page=2", "/items?page=2"])
+async def test_a_next_page_on_the_same_origin_or_relative_is_followed(same: str) -> None:
+    def api(request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("page") == "2":
+            return httpx.Response(200, json={"items": ITEMS[3:]})
+        return httpx.Response(200, json={"items": ITEMS[:3], "next": same})
+
+    got, _ = await collect(NextUrlPaginator(records="items"), api)
+    assert got == [[0, 1, 2], [3, 4, 5, 6]]
+
+
 async def test_offset_paginator_stops_on_a_short_page_or_the_total() -> None:
     def api(request: httpx.Request) -> httpx.Response:
         off, lim = int(request.url.params["offset"]), int(request.url.params["limit"])
