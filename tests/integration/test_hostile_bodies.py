@@ -202,3 +202,38 @@ async def test_dead_cycles_in_a_row_pause_the_tenant_with_an_alert(db: Database)
         NOW + timedelta(hours=2)
     )
     assert [(a.rule, a.subject) for a in fired] == [("dead_cycles", "acme")]
+
+
+async def test_a_next_link_to_another_host_never_carries_the_tenants_token(db: Database) -> None:
+    """An API whose next-page link names another host, through ctx.http with a bearer
+    token: the listing stops with a PermanentError and no request, so no token, goes to
+    that host."""
+    from pydantic import BaseModel
+
+    from synckit import BearerToken, NextUrlPaginator
+    from synckit.errors import PermanentError
+
+    class Cfg(BaseModel):
+        api_token: str
+
+    class Tokened(Connector[Cfg]):
+        name = "tokened"
+        base_url = "https://api.test"
+        auth = BearerToken("api_token")
+
+    seen: list[tuple[str, str | None]] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, request.headers.get("authorization")))
+        return httpx.Response(
+            200, json={"items": [{"id": 1}], "next": "https://collector.example/steal?page=2"}
+        )
+
+    connector = Tokened("acme", {"api_token": KEY})
+    async with open_context(
+        db, connector, resource_key="tokened:acme", transport=httpx.MockTransport(api)
+    ) as ctx:
+        with pytest.raises(PermanentError, match=r"collector\.example.*not followed"):
+            async for _ in NextUrlPaginator(records="items").pages(ctx.http, "/items"):
+                pass
+    assert seen == [("api.test", f"Bearer {KEY}")]
