@@ -7,7 +7,6 @@ writes (``POST /sink``); a test overrides single responses to inject failures.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 import urllib.parse
@@ -845,7 +844,10 @@ async def test_a_cycles_first_requests_go_by_the_slots_its_start_read_reserved(
             if r.headers.get("authorization") == f"Bearer tok-{t}"
         ]
         assert len(times) == 3, t
-        assert all(b - a >= 0.15 for a, b in itertools.pairwise(times)), (t, times)
+        # The k-th request no sooner than k intervals (0.2 s) after the first: the slots'
+        # schedule. (Pairwise gaps are not it: a slot used late, as a loaded machine does,
+        # leaves less than an interval before the next slot, which CI once met: 0.139 s.)
+        assert all(b - times[0] >= 0.2 * k - 0.05 for k, b in enumerate(times)), (t, times)
 
 
 async def test_first_slots_reserved_at_another_rate_than_the_clients_are_not_used(
