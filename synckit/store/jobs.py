@@ -117,7 +117,9 @@ def _check_payload(kind: str, payload: Any) -> str:
 
 #: The text columns a spec fills, with the longest value each holds (``tables.jobs``).
 _TEXT_LIMITS = (("kind", 200), ("resource_key", 200), ("unique_key", 300), ("trace_id", 64))
-_INT32 = (-(2**31), 2**31 - 1)
+#: The database's integer columns: ``Integer`` (priority, attempts) and ``BigInteger`` (ids).
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
 
 
 def _check_fields(spec: JobSpec) -> None:
@@ -135,14 +137,14 @@ def _check_fields(spec: JobSpec) -> None:
         if len(value) > limit:
             raise JobError(f"job {spec.kind!r}: {name} is longer than {limit} characters")
     # max_attempts 0 (or None) is the default, as it always was.
-    for name, low in (("priority", _INT32[0]), ("max_attempts", 0)):
+    for name, low in (("priority", INT32[0]), ("max_attempts", 0)):
         value = getattr(spec, name)
         if value is None:
             continue
         if not isinstance(value, int) or isinstance(value, bool):
             raise JobError(f"job {spec.kind!r}: {name} must be a whole number")
-        if not low <= value <= _INT32[1]:
-            raise JobError(f"job {spec.kind!r}: {name} must be from {low} to {_INT32[1]}")
+        if not low <= value <= INT32[1]:
+            raise JobError(f"job {spec.kind!r}: {name} must be from {low} to {INT32[1]}")
 
 
 @dataclass(frozen=True)
@@ -2332,6 +2334,12 @@ async def reschedule_job(db: Database, job_id: int, run_at: datetime) -> JobInfo
 
 async def set_priority(db: Database, job_id: int, priority: int) -> JobInfo:
     """Change a job's priority (higher runs first)."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise JobError(f"job {job_id}: priority must be a whole number")
+    if not INT32[0] <= priority <= INT32[1]:
+        raise JobError(
+            f"job {job_id}: priority must be a whole number from {INT32[0]} to {INT32[1]}"
+        )
     return await _change(db, job_id, "change the priority of", {"priority": priority})
 
 

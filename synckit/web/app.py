@@ -282,12 +282,7 @@ async def _act(
     return _back(request, form, message, default)
 
 
-#: The database's integers: a row id, or any number a page passes on to a query.
-_INT64 = (-(2**63), 2**63 - 1)
-_INT32 = (-(2**31), 2**31 - 1)
-
-
-def _int(value: Any, bounds: tuple[int, int] = _INT64) -> int | None:
+def _int(value: Any, bounds: tuple[int, int] = job_store.INT64) -> int | None:
     """``value`` as a whole number within ``bounds``, else None: a cursor or an id past
     the database's integers is no row, not a driver's overflow (a 500)."""
     try:
@@ -730,9 +725,10 @@ async def jobs_action(request: Request) -> Response:
             when = utcnow() + delay
             change = lambda i: job_store.reschedule_job(db, i, when)  # noqa: E731
         elif action == "priority":
-            priority = _int(form.get("priority"), _INT32)
+            priority = _int(form.get("priority"))
             if priority is None:
-                raise ValueError(f"priority must be a whole number from {_INT32[0]} to {_INT32[1]}")
+                raise ValueError("priority must be a whole number")
+            # Its range is set_priority's to check (a refusal per job, named).
             change = lambda i: job_store.set_priority(db, i, priority)  # noqa: E731
         else:
             raise ValueError(f"unknown job action {action!r}")
