@@ -283,7 +283,7 @@ def show(row_id: int, as_json: bool, database_url: str | None) -> None:
     console.print(facts)
     console.print("[bold]payload[/bold]")
     if row.payload_error is not None:
-        console.print(Text(f"does not parse: {row.payload_error}", "red"))
+        console.print(cell(f"does not parse: {row.payload_error}"), style="red")
         console.print(cell(row.payload_raw))
     else:
         console.print(Syntax(json.dumps(redact(row.payload), indent=2, default=str), "json"))
@@ -328,7 +328,7 @@ def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:
         for col in ("tenant", "class", "rows"):
             reviews.add_column(col, justify="right" if col == "rows" else "left")
         for (tenant, cls), n in sorted(summary.reviews.items()):
-            reviews.add_row(tenant, cls, str(n))
+            reviews.add_row(cell(tenant), cell(cls), str(n))
         tables.append(reviews)
     return tables
 
@@ -415,7 +415,7 @@ def replay(
         for col in ("plan", "kind", "rows"):
             table.add_column(col, justify="right" if col == "rows" else "left")
         for (p, k), n in sorted(plans.items()):
-            table.add_row(_short(p, 90), k, str(n))
+            table.add_row(_short(p, 90), cell(k), str(n))
         console.print(table)
         return
 

@@ -19,10 +19,12 @@ from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.markup import escape as rich_escape
 from rich.text import Text
 
 from synckit import clock
 from synckit.errors.exceptions import SynckitError
+from synckit.printable import printable
 from synckit.redaction import redact_text
 from synckit.store.db import ENV_URL, Database, open_database, url_problem
 
@@ -39,8 +41,10 @@ __all__ = [
     "database_option",
     "err_console",
     "loop_factory",
+    "markup_escaped",
     "parse_duration",
     "parse_moment",
+    "plain",
     "read_json_file",
     "run",
 ]
@@ -183,15 +187,29 @@ def read_json_file(path: str, what: str = "file") -> Any:
 
 def cell(value: object, width: int | None = None) -> Any:
     """Untrusted text (error messages, API bodies, stored values) for a rich table or
-    line: redacted, on one line, cut to ``width``, and never read as markup, so
-    ``Invalid path [/v1/users]`` prints as it is instead of crashing the command."""
+    line: redacted, on one line, cut to ``width``, never read as markup, so
+    ``Invalid path [/v1/users]`` prints as it is instead of crashing the command, and its
+    control characters shown escaped (:func:`synckit.printable.printable`), so a stored
+    ``ESC ]0;`` never reaches the terminal. Without ``width`` its lines are kept."""
     if value is None or value == "":
         return Text("-")
     text = redact_text(str(value))
     if width is not None:
         text = " ".join(text.split())
         text = text if len(text) <= width else text[: width - 1] + "…"
-    return Text(text)
+    return Text(printable(text, keep_newlines=True))
+
+
+def markup_escaped(value: object) -> str:
+    """Untrusted text inside a rich markup string: markup escaped, control characters
+    shown escaped (newlines too)."""
+    return rich_escape(printable(str(value)))
+
+
+def plain(value: object) -> str:
+    """Untrusted text for a plain line (``click.echo``): redacted, control characters
+    (newlines too) shown escaped."""
+    return printable(redact_text(str(value)))
 
 
 class CliError(click.ClickException):
@@ -200,7 +218,8 @@ class CliError(click.ClickException):
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
+        # A message may quote stored text or an API's answer: never a raw escape.
+        click.echo(f"error: {printable(self.format_message())}", err=True)
 
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from synckit.cli.app_loader import app_option, load_app
-from synckit.cli.options import CliError, Seconds, database_option, run
+from synckit.cli.options import CliError, Seconds, cell, database_option, run
 from synckit.clock import utcnow
 from synckit.runtime.actions import CycleProgress, enqueue_cycles
 from synckit.store.db import Database
@@ -186,7 +186,7 @@ def sync_command(
             line = f"{tenant}/{c.stream}: {c.status} after {c.attempts} attempt(s)"
             if c.status != "succeeded" and c.last_error:
                 line += f": {c.last_error[:200]}"
-            out.print(line, highlight=False, markup=False)
+            out.print(cell(line), highlight=False)
         out.print(
             f"{totals.ok} records handled, {totals.failed} failed, "
             f"{totals.dead_letters} dead letters",

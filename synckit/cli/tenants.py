@@ -15,7 +15,6 @@ from typing import Any
 
 import click
 from pydantic import BaseModel
-from rich.markup import escape
 from rich.table import Table
 
 from synckit.app import App
@@ -26,9 +25,11 @@ from synckit.cli.options import (
     cell,
     console,
     database_option,
+    plain,
     read_json_file,
     run,
 )
+from synckit.cli.options import markup_escaped as escape  # control characters too
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
 from synckit.errors.exceptions import ConfigurationError
 from synckit.redaction import redact
@@ -341,7 +342,7 @@ def tenants_set_config(
 
     t, was = run(go, database_url)
     resumed = " (resumed: it needed re-authorisation)" if was == "needs_reauth" else ""
-    click.echo(f"tenant {t.tenant}: config updated, {t.status}{resumed}")
+    click.echo(f"tenant {plain(t.tenant)}: config updated, {plain(t.status)}{resumed}")
     click.echo(json.dumps(_shown_config(t, app), indent=2, sort_keys=True, default=str))
 
 
@@ -352,7 +353,7 @@ def tenants_set_config(
 def tenants_pause(tenant: str, reason: str, database_url: str | None) -> None:
     """Pause TENANT: its jobs are not claimed and no cycle is scheduled."""
     t = run(lambda d: store.pause_tenant(d, tenant, reason), database_url)
-    click.echo(f"tenant {t.tenant}: {t.status} ({t.status_reason})")
+    click.echo(f"tenant {plain(t.tenant)}: {plain(t.status)} ({plain(t.status_reason)})")
 
 
 @tenants.command("resume")
@@ -361,7 +362,7 @@ def tenants_pause(tenant: str, reason: str, database_url: str | None) -> None:
 def tenants_resume(tenant: str, database_url: str | None) -> None:
     """Resume a paused TENANT; overdue cycles run at once."""
     t = run(lambda d: store.resume_tenant(d, tenant), database_url)
-    click.echo(f"tenant {t.tenant}: {t.status}")
+    click.echo(f"tenant {plain(t.tenant)}: {plain(t.status)}")
 
 
 @tenants.command("remove")

@@ -22,6 +22,12 @@ from croniter import croniter
 from synckit.errors.exceptions import ConfigurationError
 
 DEFAULT_SCHEDULE = "every 5m"
+#: The longest ``every`` interval: a yearly poll, and every tick stays inside the calendar
+#: (``every 99999999999999d`` is one error line, not an overflow in the poller).
+MAX_INTERVAL = timedelta(days=366)
+# A cron must fire from here (and then fires forever: with no year field the calendar
+# repeats, and every day-of-month a month has comes within croniter's 50-year search).
+_CRON_PROBE = datetime(2000, 1, 1, tzinfo=UTC)
 
 _EVERY = re.compile(r"\s*every\s+(\d+(?:\.\d+)?)\s*([smhd])\s*", re.IGNORECASE | re.ASCII)
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -59,17 +65,39 @@ def parse_schedule(text: str) -> PollSchedule:
         raise ConfigurationError("schedule is empty: use 'every 5m' or a cron expression")
     match = _EVERY.fullmatch(text)
     if match is not None:
-        seconds = float(match.group(1)) * _UNIT[match.group(2).lower()]
+        number = match.group(1)
+        if len(number) > 32:  # more digits than any interval up to MAX_INTERVAL needs
+            raise ConfigurationError(f"schedule {text[:60]!r}...: the interval is too long")
+        seconds = float(number) * _UNIT[match.group(2).lower()]
         if seconds < 1:
             raise ConfigurationError(f"schedule {text!r}: the interval must be at least 1s")
+        if seconds > MAX_INTERVAL.total_seconds():
+            raise ConfigurationError(
+                f"schedule {text!r}: the interval must be at most {MAX_INTERVAL.days}d"
+            )
         return PollSchedule(text=text.strip(), every=timedelta(seconds=seconds))
     expr = text.strip()
     if croniter.is_valid(expr):
+        problem = cron_problem(expr)
+        if problem is not None:
+            raise ConfigurationError(f"schedule {text!r}: {problem}")
         return PollSchedule(text=expr, cron=expr)
     raise ConfigurationError(
         f"schedule {text!r} is neither 'every <n><s|m|h|d>' (e.g. 'every 5m') "
         "nor a valid cron expression (e.g. '*/10 * * * *')"
     )
+
+
+def cron_problem(expr: str) -> str | None:
+    """Why a cron expression that croniter accepts still cannot serve as a schedule (a
+    year field, which ends; a date that never comes, like ``0 0 31 2 *``), or None."""
+    if len(expr.split()) > 6:
+        return "a year field is not supported: a schedule must keep firing"
+    try:
+        croniter(expr, _CRON_PROBE).get_next(datetime)
+    except (ValueError, OverflowError):  # CroniterBadDateError is a ValueError
+        return "it never fires (no such date)"
+    return None
 
 
 @functools.lru_cache(maxsize=1024)

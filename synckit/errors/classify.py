@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import MappingProxyType
+from typing import TypeVar, cast
 
 import httpx
 
@@ -232,6 +233,7 @@ class ClassifyRules:
 
 
 _DEFAULT_RULES = ClassifyRules()
+_T = TypeVar("_T")
 
 
 def classify(
@@ -251,14 +253,18 @@ def classify(
         now = now.replace(tzinfo=UTC)  # naive clocks are UTC, like the parsed headers
     if expect_json is None:
         expect_json = rules.expect_json
-    carried = getattr(exc, "classification", None)
-    if isinstance(carried, Classification):
+    # The exception is foreign code: its attributes, even ``__class__``, may raise
+    # anything. So its type is read with type() (never isinstance(), which consults
+    # ``__class__``) and every attribute through _attribute().
+    exc_type = type(exc)
+    carried = _typed(_attribute(exc, "classification"), Classification)
+    if carried is not None:
         # Classified where the response was seen (synckit.errors.raising): keep it.
         return carried
-    if isinstance(exc, HandlerOutcome):
-        return _from_outcome(exc, rules)
-    if response is None and isinstance(exc, httpx.HTTPStatusError):
-        response = exc.response
+    if exc is not None and issubclass(exc_type, HandlerOutcome):
+        return _from_outcome(cast(HandlerOutcome, exc), rules)
+    if response is None and issubclass(exc_type, httpx.HTTPStatusError):
+        response = _typed(_attribute(exc, "response"), httpx.Response)
     if response is not None:
         verdict = _from_response(response, exc, now, rules, expect_json)
         if verdict is not None:
@@ -306,41 +312,78 @@ def _one_line(text: str) -> str:
     return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 3] + "..."
 
 
+def _attribute(exc: BaseException | None, name: str) -> object:
+    """``exc.name``, or None when it is missing or reading it raises (foreign code)."""
+    if exc is None:
+        return None
+    try:
+        return getattr(exc, name, None)
+    except Exception:  # a property or __getattr__ that raises is an absent attribute
+        return None
+
+
+def _typed(value: object, kind: type[_T]) -> _T | None:
+    """``value`` if it is a ``kind``, else None; unlike isinstance(), never reads the
+    value's own (possibly raising) ``__class__``."""
+    return cast(_T, value) if issubclass(type(value), kind) else None
+
+
+def _plain_timedelta(value: timedelta | None) -> timedelta | None:
+    """A plain copy of a timedelta (a subclass may override its comparisons), read
+    through timedelta's own slots."""
+    if value is None:
+        return None
+    return timedelta(
+        days=timedelta.days.__get__(value),
+        seconds=timedelta.seconds.__get__(value),
+        microseconds=timedelta.microseconds.__get__(value),
+    )
+
+
 def _describe(exc: BaseException) -> str:
     try:
         message = str(exc)
     except Exception:  # a broken __str__ must not break classification
         message = "<unprintable>"
-    name = type(exc).__name__
+    if type(message) is not str:  # a str subclass may override split() and friends
+        message = "<unprintable>"
+    try:
+        name = str(type(exc).__name__)
+    except Exception:  # a metaclass may make even the class name raise
+        name = "<unnamed exception>"
     return f"{name}: {message}" if message else name
 
 
 def _from_outcome(exc: HandlerOutcome, rules: ClassifyRules) -> Classification:
     reason = _describe(exc)
-    if isinstance(exc, RetryableError):
-        wait = exc.retry_after
-        if not isinstance(wait, timedelta) or wait < timedelta(0):
+    exc_type = type(exc)
+    if issubclass(exc_type, RetryableError):
+        wait = _plain_timedelta(_typed(_attribute(exc, "retry_after"), timedelta))
+        if wait is not None and wait < timedelta(0):
             wait = None
-        rate_limited = isinstance(exc, RateLimited)
+        rate_limited = issubclass(exc_type, RateLimited)
         error_class = ErrorClass.RATE_LIMITED if rate_limited else ErrorClass.TRANSIENT
         # A handler's wait is clamped like a server's (3,000,000 days becomes MAX_WAIT).
         return _make(error_class, reason, rules, retry_after=wait, wait_source="handler")
-    if isinstance(exc, NeedsReauth):
+    if issubclass(exc_type, NeedsReauth):
         # The handler already knows a refresh will not help: no retry at all.
         return _make(ErrorClass.AUTH, reason, rules, max_attempts=1)
-    if isinstance(exc, PermanentError):
+    if issubclass(exc_type, PermanentError):
         return _make(ErrorClass.VALIDATION, reason, rules, max_attempts=1)
     return _make(ErrorClass.UNKNOWN, reason, rules)
 
 
 def _from_exception(exc: BaseException, rules: ClassifyRules) -> Classification:
     reason = _describe(exc)
-    if isinstance(exc, httpx.DecodingError):
+    exc_type = type(exc)
+    if issubclass(exc_type, httpx.DecodingError):
         # The server sent a content-encoding we cannot undo (e.g. corrupt gzip).
         return _make(ErrorClass.SERVER_ERROR, reason, rules)
-    if isinstance(exc, httpx.TransportError | TimeoutError | ConnectionError | DatabaseUnavailable):
+    if issubclass(
+        exc_type, httpx.TransportError | TimeoutError | ConnectionError | DatabaseUnavailable
+    ):
         return _make(ErrorClass.TRANSIENT, reason, rules)
-    if isinstance(exc, json.JSONDecodeError):
+    if issubclass(exc_type, json.JSONDecodeError):
         # The server answered something that is not the JSON it serves (a maintenance
         # page, a proxy's error): server-side, counted by the breaker, retried.
         return _make(ErrorClass.SERVER_ERROR, reason, rules)

@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 from croniter import croniter
 
+from synckit.connectors.schedule import MAX_INTERVAL, cron_problem
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.breaker import BreakerPolicy
 from synckit.errors.exceptions import ConfigurationError, HandlerOutcome
@@ -127,10 +128,15 @@ class Recurring:
     def __post_init__(self) -> None:
         if (self.cron is None) == (self.every is None):
             raise ConfigurationError(f"recurring job {self.name!r}: give cron or every, not both")
-        if self.cron is not None and not croniter.is_valid(self.cron):
-            raise ConfigurationError(f"recurring job {self.name!r}: bad cron {self.cron!r}")
-        if self.every is not None and self.every <= timedelta(0):
-            raise ConfigurationError(f"recurring job {self.name!r}: interval must be positive")
+        if self.cron is not None:
+            problem = "bad cron" if not croniter.is_valid(self.cron) else cron_problem(self.cron)
+            if problem is not None:
+                raise ConfigurationError(f"recurring job {self.name!r}: {problem} {self.cron!r}")
+        if self.every is not None and not timedelta(0) < self.every <= MAX_INTERVAL:
+            raise ConfigurationError(
+                f"recurring job {self.name!r}: the interval must be positive and at most "
+                f"{MAX_INTERVAL.days}d"
+            )
 
     @property
     def spec(self) -> str:

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 import structlog
 from structlog.typing import Processor
 
+from synckit.printable import printable
 from synckit.redaction import (
     REDACTED,
     SECRET_KEYS,
@@ -86,6 +87,24 @@ def shared_processors() -> list[Processor]:
 _HANDLER_NAME = "synckit"
 
 
+# What structlog's ConsoleRenderer prints as it is: the event, the logger's name, the
+# rendered traceback; any other text only when nothing in it would make it repr() it.
+_PRINTED_RAW = frozenset({"event", "logger", "logger_name", "exception", "stack", "level"})
+_REPR_TRIGGERS = frozenset(" \t=\r\n\"'")
+
+
+def printable_values(
+    _logger: Any, _method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Every text the console renderer would print raw, with its control characters shown
+    escaped (a rendered traceback keeps its lines). A text it prints with repr() is left to
+    it: repr() escapes control characters already, and escaping twice shows ``\\x1b``."""
+    for key, value in event.items():
+        if isinstance(value, str) and (key in _PRINTED_RAW or not _REPR_TRIGGERS & set(value)):
+            event[key] = printable(value, keep_newlines=key in ("exception", "stack"))
+    return event
+
+
 def configure_logging(
     *,
     json_lines: bool | None = None,
@@ -105,8 +124,11 @@ def configure_logging(
         if json_lines
         else structlog.dev.ConsoleRenderer(colors=out.isatty())
     )
+    # JSON escapes control characters itself; the console renderer prints text as is, so
+    # an API's error holding ESC ]0; would act on the operator's terminal.
+    finish: list[Processor] = [] if json_lines else [printable_values]
     structlog.configure(
-        processors=[*shared_processors(), renderer],
+        processors=[*shared_processors(), *finish, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(file=out),
         # Not cached: a later configure_logging (a test, a CLI re-entry) must reach the
@@ -120,7 +142,11 @@ def configure_logging(
             structlog.stdlib.add_logger_name,
             *shared_processors(),
         ],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            *finish,
+            renderer,
+        ],
     )
     handler = logging.StreamHandler(out)
     handler.set_name(_HANDLER_NAME)
@@ -229,6 +255,7 @@ __all__ = [
     "configure_logging",
     "is_secret_key",
     "job_context_fields",
+    "printable_values",
     "redact",
     "redact_secrets",
     "redact_text",

@@ -22,6 +22,7 @@ from urllib.parse import urlencode
 
 import structlog
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
@@ -38,6 +39,7 @@ from starlette.staticfiles import StaticFiles
 
 from synckit.clock import parse_duration, utcnow
 from synckit.errors.exceptions import JobNotFound, SynckitError
+from synckit.printable import printable
 from synckit.runtime import outbox as outbox_store
 from synckit.runtime import tenants as tenant_store
 from synckit.runtime.alerts import recent_alerts
@@ -116,12 +118,23 @@ def shown_config(t: tenant_store.Tenant, app: App | None) -> dict[str, Any]:
     return tenant_store.shown_config(t, model)
 
 
+def _printable(value: Any) -> Any:
+    if isinstance(value, Markup):
+        return Markup(printable(str(value), keep_newlines=True))
+    if isinstance(value, str):
+        return printable(value, keep_newlines=True)
+    return value
+
+
 def _env() -> Environment:
     env = Environment(
         loader=FileSystemLoader(HERE / "templates"),
         autoescape=select_autoescape(["html"]),
         trim_blocks=True,
         lstrip_blocks=True,
+        # After HTML escaping, the other hostile text: control characters (an ESC, a
+        # bidi override) in stored text are shown escaped, never passed on.
+        finalize=_printable,
     )
     env.filters["when"] = _when
     env.filters["relative"] = _relative
@@ -479,7 +492,7 @@ async def tenant_live(request: Request) -> Response:
     try:
         values = await _tenant_values(request)
     except tenant_store.TenantNotFound as exc:
-        return PlainTextResponse(str(exc), status_code=404)
+        return PlainTextResponse(printable(str(exc)), status_code=404)
     return render(request, "_tenant_live.html", **values)
 
 
@@ -892,7 +905,7 @@ async def dlq_export(request: Request) -> Response:
     try:
         flt = _dlq_filter(request.query_params)
     except BadFilter as exc:
-        return PlainTextResponse(str(exc), status_code=400)
+        return PlainTextResponse(printable(str(exc)), status_code=400)
     log.info("web.export", what="dlq", who=_who(request))
 
     async def lines() -> AsyncIterator[bytes]:

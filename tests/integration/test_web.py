@@ -636,3 +636,17 @@ async def test_hostile_urls_get_an_answer_never_a_500(db: Database, migrated_url
             client.get(r.headers["location"]).text
         )
         assert (await job_store.get_job(db, job)).priority == before
+
+
+async def test_stored_terminal_escapes_are_shown_escaped(db: Database, migrated_url: str) -> None:
+    """A reason holding ESC ]0; or a bidi override is shown as ``\\x1b`` on the page (after
+    HTML escaping), never passed on raw."""
+    from synckit.runtime.tenants import pause_tenant
+
+    await seed(db)
+    await pause_tenant(db, "initech", "moved \x1b]0;pwned\x07 \u202eevil <b>x</b>")
+    with console(migrated_url) as client:
+        for path in ("/tenants", "/tenants/initech"):
+            html = client.get(path).text
+            assert "\x1b" not in html and "\u202e" not in html and "\x07" not in html, path
+            assert "moved \\x1b]0;pwned\\x07 \\u202eevil &lt;b&gt;x&lt;/b&gt;" in html, path

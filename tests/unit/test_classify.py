@@ -639,3 +639,134 @@ def test_errors_package_all_is_sorted_and_complete() -> None:
     }
     assert public <= set(names)
     assert all(hasattr(synckit.errors, name) for name in names)
+
+
+# --- hostile exception objects ---------------------------------------------------------
+
+_RAISED = st.sampled_from(
+    [RuntimeError, KeyError, AttributeError, ValueError, TypeError, RecursionError, LookupError]
+)
+_BASES = st.sampled_from(
+    [
+        Exception,
+        ValueError,
+        TimeoutError,
+        ConnectionError,
+        httpx.ReadError,
+        httpx.DecodingError,
+        httpx.HTTPStatusError,
+        json.JSONDecodeError,
+        RetryableError,
+        RateLimited,
+        NeedsReauth,
+        PermanentError,
+    ]
+)
+_HOOKS = st.sets(
+    st.sampled_from(
+        [
+            "__str__",
+            "__repr__",
+            "__getattr__",
+            "__getattribute__",
+            "__class__",
+            "classification",
+            "retry_after",
+            "response",
+            "args",
+        ]
+    )
+)
+
+
+class _OddDelta(timedelta):
+    """A timedelta whose comparisons raise."""
+
+    def __lt__(self, other: object) -> bool:
+        raise RuntimeError("no order")
+
+    __gt__ = __le__ = __ge__ = __lt__  # type: ignore[assignment]
+
+
+_ODD_VALUES = st.sampled_from(
+    [None, "soon", -5, 10**30, timedelta(seconds=-3), timedelta.max, _OddDelta(seconds=7), object()]
+)
+
+
+def _hostile_exception(
+    base: type[BaseException], hooks: set[str], raised: type[Exception], value: object
+) -> BaseException:
+    def boom(*_args: object, **_kwargs: object) -> object:
+        raise raised("hostile")
+
+    namespace: dict[str, object] = {"__init__": lambda self: None}
+    for hook in hooks:
+        if hook in {"__str__", "__repr__", "__getattr__", "__getattribute__"}:
+            namespace[hook] = boom
+        else:
+            namespace[hook] = property(boom)
+    if "retry_after" not in hooks:
+        namespace["retry_after"] = value
+    if "response" not in hooks:
+        namespace["response"] = value
+    hostile = type("Hostile", (base,), namespace)
+    return hostile()  # type: ignore[no-any-return]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(base=_BASES, hooks=_HOOKS, raised=_RAISED, value=_ODD_VALUES, with_response=st.booleans())
+def test_classify_never_raises_on_hostile_exceptions(
+    base: type[BaseException],
+    hooks: set[str],
+    raised: type[Exception],
+    value: object,
+    with_response: bool,
+) -> None:
+    """An exception whose attributes, __class__, __str__ or lookups raise anything is still
+    classified: one bounded line, a wait within bounds."""
+    exc = _hostile_exception(base, hooks, raised, value)
+    resp = response(500) if with_response else None
+    verdict = classify(resp, exc, now=NOW)
+    assert isinstance(verdict.error_class, ErrorClass)
+    assert "\n" not in verdict.reason and len(verdict.reason) <= 200
+    assert verdict.retry_after is None or timedelta(0) <= verdict.retry_after
+
+
+def test_property_raising_runtime_error_on_classification_is_classified() -> None:
+    """The issue's case: a ``classification`` property that raises RuntimeError."""
+
+    class Odd(Exception):
+        @property
+        def classification(self) -> object:
+            raise RuntimeError("boom")
+
+    assert classify(exc=Odd("x"), now=NOW).error_class is ErrorClass.UNKNOWN
+
+
+def test_getattr_raising_key_error_is_classified_by_its_type() -> None:
+    """A ``__getattr__`` raising KeyError hides no attribute from the type table."""
+
+    class Odd(TimeoutError):
+        def __getattr__(self, name: str) -> object:
+            raise KeyError(name)
+
+    verdict = classify(exc=Odd("slow"), now=NOW)
+    assert verdict.error_class is ErrorClass.TRANSIENT
+    assert verdict.reason == "Odd: slow"
+
+
+def test_hostile_handler_wait_is_ignored_not_raised() -> None:
+    """A RateLimited whose retry_after property raises is still rate limited, with no wait."""
+
+    class Odd(RateLimited):
+        @property  # type: ignore[override]
+        def retry_after(self) -> timedelta:
+            raise RuntimeError("boom")
+
+        @retry_after.setter
+        def retry_after(self, value: object) -> None:
+            pass
+
+    verdict = classify(exc=Odd("slow down"), now=NOW)
+    assert verdict.error_class is ErrorClass.RATE_LIMITED
+    assert verdict.retry_after is None

@@ -69,3 +69,54 @@ def test_next_tick_is_after_and_within_one_interval(step: int, offset: int, key:
     moment = NOW + timedelta(seconds=offset)
     nxt = s.next_after(moment, key)
     assert moment < nxt <= moment + timedelta(seconds=step) + timedelta(microseconds=1)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("every 99999999999999d", "at most 366d"),
+        ("every 367d", "at most 366d"),
+        ("every 9000000h", "at most 366d"),
+        ("every " + "9" * 400 + "s", "too long"),
+        ("0 0 31 2 *", "never fires"),
+        ("0 0 30 2 *", "never fires"),
+        ("* * * * * * 2099", "year field"),
+        ("0 0 1 1 * 0 2027", "year field"),
+    ],
+)
+def test_out_of_range_schedules_are_configuration_errors(text: str, says: str) -> None:
+    """An interval past a year (past the calendar), a cron that never fires or that ends:
+    one ConfigurationError naming the fault, never an OverflowError or a croniter error."""
+    with pytest.raises(ConfigurationError, match=says):
+        parse_schedule(text)
+
+
+@pytest.mark.parametrize("text", ["every 366d", "0 0 29 2 *", "* * * * * *", "@yearly"])
+def test_schedules_at_the_bounds_tick_forever(text: str) -> None:
+    """The longest interval and the rarest dates still have a next tick, far in the future."""
+    schedule = parse_schedule(text)
+    moment = datetime(2099, 3, 1, tzinfo=UTC)
+    assert schedule.next_after(moment, "k") > moment
+
+
+@given(number=st.integers(min_value=1, max_value=10**40), unit=st.sampled_from("smhd"))
+def test_any_interval_parses_or_is_refused(number: int, unit: str) -> None:
+    """Every ``every <n><unit>`` parses to a schedule whose next tick exists, or is refused."""
+    try:
+        schedule = parse_schedule(f"every {number}{unit}")
+    except ConfigurationError:
+        return
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    assert schedule.next_after(moment, "k") > moment
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"every": timedelta(days=99999)}, {"cron": "0 0 31 2 *"}, {"cron": "* * * * * * 2099"}],
+)
+def test_recurring_jobs_refuse_out_of_range_schedules(kwargs: dict[str, object]) -> None:
+    """A recurring job's interval and cron are held to the same bounds as a poll schedule."""
+    from synckit.runtime.handlers import Recurring
+
+    with pytest.raises(ConfigurationError, match="recurring job 'r'"):
+        Recurring(name="r", kind="k", **kwargs)  # type: ignore[arg-type]
