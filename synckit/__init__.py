@@ -25,13 +25,17 @@ if TYPE_CHECKING:
         Paginator,
     )
     from synckit.errors import (
+        ApiError,
+        ApiResponse,
         BreakerPolicy,
         Classification,
         ClassifyRules,
         ConfigurationError,
         DatabaseError,
         DatabaseUnavailable,
+        ErrorBody,
         ErrorClass,
+        ErrorDescription,
         NeedsReauth,
         PermanentError,
         RateLimited,
@@ -76,6 +80,10 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Incremental": ("synckit.connectors.incremental", "Incremental"),
     "CursorPaginator": ("synckit.connectors.paging", "CursorPaginator"),
     "App": ("synckit.app", "App"),
+    "ApiError": ("synckit.errors", "ApiError"),
+    "ApiResponse": ("synckit.errors", "ApiResponse"),
+    "ErrorBody": ("synckit.errors", "ErrorBody"),
+    "ErrorDescription": ("synckit.errors", "ErrorDescription"),
     "BearerToken": ("synckit.connectors.auth", "BearerToken"),
     "BreakerPolicy": ("synckit.errors", "BreakerPolicy"),
     "Cancel": ("synckit.runtime.handlers", "Cancel"),
@@ -133,6 +141,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 }
 
 __all__ = [
+    "ApiError",
+    "ApiResponse",
     "App",
     "BearerToken",
     "BreakerPolicy",
@@ -146,7 +156,9 @@ __all__ = [
     "DatabaseError",
     "DatabaseUnavailable",
     "Discard",
+    "ErrorBody",
     "ErrorClass",
+    "ErrorDescription",
     "Incremental",
     "IntentConflict",
     "IntentResult",

@@ -79,7 +79,9 @@ class App:
     the App's handlers join an existing registry. ``clock`` (for tests) is the time its
     cycles, HTTP pacing and workers read; a clock that can sleep
     (:class:`~synckit.testing.FakeClock`) also takes their waits, so a ``Retry-After: 30``
-    costs a test no wall time.
+    costs a test no wall time. A database the App uses takes its clock as
+    :attr:`~synckit.store.db.Database.clock`: ``enqueue_many(db, ...)`` stamps jobs by
+    it, so the App's ``run_until_idle`` finds them due.
     """
 
     def __init__(
@@ -170,7 +172,15 @@ class App:
 
     def bind(self, db: Database) -> None:
         """Make the App's handlers use ``db`` (:meth:`worker` does this)."""
+        self._adopt(db)
         self._db = db
+
+    def _adopt(self, db: Database) -> None:
+        """An App with a clock of its own lends it to a database it uses, so that what is
+        written through that database without a time (``enqueue_many(db, ...)`` in a
+        test) is stamped by the clock the App's workers run by."""
+        if self.clock is not utcnow:
+            db.use_clock(self.clock)
 
     def use_database_url(self, url: str | None) -> str | None:
         """Called by ``synckit worker`` and ``synckit web`` with the URL of their command
@@ -220,6 +230,7 @@ class App:
         self, db: Database, tenant: str, connector: str, config: Any = None, **options: Any
     ) -> Tenant:
         """:func:`synckit.runtime.tenants.add_tenant` with this App's connectors."""
+        self._adopt(db)
         return await add_tenant(db, tenant, connector, config, app=self, **options)
 
     def instance(self, tenant: Tenant) -> Connector[Any]:
@@ -237,6 +248,7 @@ class App:
         log: Any = None,
     ) -> AsyncIterator[SyncContext]:
         """A :class:`SyncContext` for ``tenant`` (e.g. to call its API from a script)."""
+        self._adopt(db)
         t = tenant if isinstance(tenant, Tenant) else await get_tenant(db, tenant)
         connector = self.instance(t)
         streams = type(connector).declared_streams()
@@ -255,6 +267,7 @@ class App:
 
     async def schedule(self, db: Database, *, now: datetime | None = None) -> list[str]:
         """Enqueue the due cycles now; what the recurring scheduler job does."""
+        self._adopt(db)
         return await schedule_polls(
             db, self._connectors, now=now if now is not None else self.clock()
         )

@@ -45,6 +45,7 @@ from synckit.connectors.auth import AuthFactory, BearerToken, OAuth2
 from synckit.connectors.schedule import parse_schedule
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.classify import Classification, ClassifyRules, classify
+from synckit.errors.error_body import ErrorBody, ErrorDescription
 from synckit.errors.exceptions import ConfigurationError
 from synckit.errors.waits import DEFAULT_MAX_WAIT
 
@@ -180,6 +181,10 @@ class Connector(typing.Generic[ConfigT]):
         the pydantic model of a tenant's config (inferred from ``Connector[Model]``).
     ``classify_rules``
         changes to the default error table (:class:`~synckit.errors.ClassifyRules`).
+    ``error_body``
+        where the API's error bodies keep their message and code, and the class a code
+        means (:class:`~synckit.errors.ErrorBody`; the default reads the common shapes);
+        override :meth:`describe_error` for a shape no path reaches.
     ``retry_policy``
         the connector's backoff knobs: a failed poll cycle of this connector is retried
         on this :class:`~synckit.errors.RetryPolicy` instead of the worker's (None: the
@@ -206,6 +211,7 @@ class Connector(typing.Generic[ConfigT]):
     timeout: ClassVar[httpx.Timeout] = httpx.Timeout(30.0, connect=10.0)
     config_model: ClassVar[type[BaseModel]] = NoConfig
     classify_rules: ClassVar[ClassifyRules] = ClassifyRules()
+    error_body: ClassVar[ErrorBody] = ErrorBody()
     retry_policy: ClassVar[RetryPolicy | None] = None
     max_in_flight: ClassVar[int | None] = None
     streams: ClassVar[Sequence[Stream]] = ()
@@ -263,8 +269,19 @@ class Connector(typing.Generic[ConfigT]):
     def classify(
         self, response: httpx.Response | None, exc: BaseException | None, now: datetime
     ) -> Classification:
-        """The error class of a failed call; default: the table with ``classify_rules``."""
-        return classify(response, exc, now=now, rules=self.classify_rules)
+        """The error class of a failed call; default: the table with ``classify_rules``,
+        the error body read by :meth:`describe_error`."""
+        return classify(
+            response, exc, now=now, rules=self.classify_rules, describe=self.describe_error
+        )
+
+    def describe_error(self, status: int, body: object) -> ErrorDescription | None:
+        """What a failed response's body says: the provider's message and code (shown,
+        redacted, in the exception, the dead letter and the logs) and, optionally, the
+        class it means. ``body`` is the parsed JSON, or the text of a body that is not
+        JSON. Default: ``self.error_body.describe(status, body)``; return None to add
+        nothing. An override that raises counts as None."""
+        return self.error_body.describe(status, body)
 
     def record_id(self, record: Any) -> str:
         """The record's identity in the dead-letter queue; default ``record["id"]``."""
@@ -382,6 +399,8 @@ def _check_declaration(cls: type[Connector[Any]], where: str) -> None:
         raise ConfigurationError(f"{where}: rate_limit must be a RateLimit or None")
     if not isinstance(cls.classify_rules, ClassifyRules):
         raise ConfigurationError(f"{where}: classify_rules must be a ClassifyRules")
+    if not isinstance(cls.error_body, ErrorBody):
+        raise ConfigurationError(f"{where}: error_body must be an ErrorBody")
     if cls.retry_policy is not None and not isinstance(cls.retry_policy, RetryPolicy):
         raise ConfigurationError(f"{where}: retry_policy must be a RetryPolicy or None")
     if cls.max_in_flight is not None and (

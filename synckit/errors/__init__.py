@@ -32,7 +32,10 @@ from synckit.errors.classify import (
     ErrorClass,
     classify,
 )
+from synckit.errors.error_body import ErrorBody, ErrorDescription
 from synckit.errors.exceptions import (
+    ApiError,
+    ApiResponse,
     ConfigurationError,
     DatabaseError,
     DatabaseUnavailable,
@@ -72,6 +75,8 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_WAIT",
     "MAX_WAIT",
+    "ApiError",
+    "ApiResponse",
     "BodyRule",
     "BreakerDecision",
     "BreakerOutcome",
@@ -83,7 +88,9 @@ __all__ = [
     "ConfigurationError",
     "DatabaseError",
     "DatabaseUnavailable",
+    "ErrorBody",
     "ErrorClass",
+    "ErrorDescription",
     "HandlerOutcome",
     "HeadersLike",
     "JobError",

@@ -8,8 +8,10 @@ Precedence, first match wins:
 
 1. a :class:`~synckit.errors.exceptions.HandlerOutcome` raised by the handler (the
    connector has already decided);
-2. the connector's ``body_rules``, then its ``by_status`` (see :class:`ClassifyRules`);
-   a connector's rule is never undone by a default;
+2. the connector's ``body_rules``, then the class its error-body description names
+   (``describe``: ``Connector.describe_error``, see :mod:`synckit.errors.error_body`),
+   then its ``by_status`` (see :class:`ClassifyRules`); a connector's rule is never
+   undone by a default;
 3. the default table below, for the response (or the response of an
    :class:`httpx.HTTPStatusError`);
 4. the exception, when there is no response or the response was a success.
@@ -71,7 +73,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from types import MappingProxyType
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, NamedTuple, TypeVar, cast
 
 import httpx
 
@@ -85,11 +87,15 @@ from synckit.errors.exceptions import (
 )
 from synckit.errors.headers import MAX_WAIT, parse_rate_limit, server_wait_signal
 
+if TYPE_CHECKING:
+    from synckit.errors.error_body import ErrorDescription
+
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "BodyRule",
     "Classification",
     "ClassifyRules",
+    "Describe",
     "ErrorClass",
     "classify",
 ]
@@ -178,8 +184,33 @@ _DEFAULT_BY_STATUS: Mapping[int, ErrorClass] = MappingProxyType(
 # Only this much of a 403 body is parsed when looking for a rate-limit message.
 _SNIFF_LIMIT = 256 * 1024
 _REASON_LIMIT = 200
+# A reason carrying the provider's own message may be longer (the message is bounded).
+_DESCRIBED_REASON_LIMIT = 400
+_DESCRIPTION_LIMIT = 300
 
-BodyRule = tuple[Callable[[httpx.Response], bool], ErrorClass]
+
+class BodyRule(NamedTuple):
+    """One of :attr:`ClassifyRules.body_rules`: when ``matches(response)`` is true, the
+    failure is of ``error_class``.
+
+    ``matches`` gets the :class:`httpx.Response` (an error body is read, up to 64 KiB)
+    and may raise: that counts as no match. A plain ``(matches, error_class)`` tuple
+    works too. Example, Stripe's missing object inside a 400::
+
+        BodyRule(lambda r: r.json()["error"]["code"] == "resource_missing",
+                 ErrorClass.NOT_FOUND)
+
+    (``Connector.error_body`` reads bodies with less code:
+    ``ErrorBody(classes={"resource_missing": ErrorClass.NOT_FOUND})``.)
+    """
+
+    matches: Callable[[httpx.Response], bool]
+    error_class: ErrorClass
+
+
+#: ``Connector.describe_error``'s shape: ``(status, body) -> ErrorDescription | None``,
+#: the body parsed JSON, or its text when it is not JSON.
+Describe = Callable[[int, object], "ErrorDescription | None"]
 
 
 @dataclass(frozen=True)
@@ -212,8 +243,22 @@ class Classification:
 class ClassifyRules:
     """A connector's changes to the default table.
 
-    ``body_rules`` are tried in order on every response; a predicate that raises counts
-    as not matching. ``by_status`` replaces the default class of a status outright (a
+    ``body_rules`` is a sequence of :class:`BodyRule` pairs ``(matches, error_class)``,
+    tried in order on every response; the first whose ``predicate(response)`` is true
+    decides the class; a ``matches`` that raises counts as not matching. For example::
+
+        ClassifyRules(
+            body_rules=[
+                (lambda r: r.json()["error"]["code"] == "resource_missing",
+                 ErrorClass.NOT_FOUND),
+            ],
+            by_status={402: ErrorClass.VALIDATION},
+        )
+
+    (the same rule reads shorter as ``error_body = ErrorBody(classes={"resource_missing":
+    ErrorClass.NOT_FOUND})`` on the connector.)
+
+    ``by_status`` replaces the default class of a status outright (a
     403 mapped to authorization stays authorization even with rate-limit headers).
     ``expect_json`` makes a 2xx whose body is not JSON a server error (breaker counted).
     ``max_attempts`` changes the attempt limit of a class; a limit above 1 makes the
@@ -221,14 +266,14 @@ class ClassifyRules:
     """
 
     by_status: Mapping[int, ErrorClass] = field(default_factory=dict)
-    body_rules: Sequence[BodyRule] = ()
+    body_rules: Sequence[BodyRule | tuple[Callable[[httpx.Response], bool], ErrorClass]] = ()
     expect_json: bool = False
     max_attempts: Mapping[ErrorClass, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Copies, so that mutating the dict a connector passed in changes nothing later.
         object.__setattr__(self, "by_status", MappingProxyType(dict(self.by_status)))
-        object.__setattr__(self, "body_rules", tuple(self.body_rules))
+        object.__setattr__(self, "body_rules", tuple(BodyRule(*rule) for rule in self.body_rules))
         object.__setattr__(self, "max_attempts", MappingProxyType(dict(self.max_attempts)))
 
 
@@ -243,10 +288,15 @@ def classify(
     now: datetime,
     rules: ClassifyRules | None = None,
     expect_json: bool | None = None,
+    describe: Describe | None = None,
 ) -> Classification:
     """Classify a failed call from its response and/or exception; never raises.
 
-    ``expect_json`` overrides ``rules.expect_json`` for this call.
+    ``expect_json`` overrides ``rules.expect_json`` for this call. ``describe`` reads a
+    failed response's body (``Connector.describe_error``); without it the default
+    :class:`~synckit.errors.error_body.ErrorBody` does. Its description (one bounded
+    line; ``ctx.http`` redacts it) is added to the reason, and its class, if any, applies after the
+    connector's body rules.
     """
     rules = rules or _DEFAULT_RULES
     if now.tzinfo is None:
@@ -266,7 +316,7 @@ def classify(
     if response is None and issubclass(exc_type, httpx.HTTPStatusError):
         response = _typed(_attribute(exc, "response"), httpx.Response)
     if response is not None:
-        verdict = _from_response(response, exc, now, rules, expect_json)
+        verdict = _from_response(response, exc, now, rules, expect_json, describe)
         if verdict is not None:
             return verdict
     if exc is not None:
@@ -286,6 +336,7 @@ def _make(
     max_attempts: int | None = None,
     wait_source: str | None = None,
     counts_for_breaker: bool | None = None,
+    reason_limit: int = _REASON_LIMIT,
 ) -> Classification:
     if max_attempts is None:
         max_attempts = rules.max_attempts.get(error_class, DEFAULT_MAX_ATTEMPTS[error_class])
@@ -298,7 +349,7 @@ def _make(
         max_attempts=max_attempts,
         surface=error_class in _SURFACED,
         retry_after=retry_after,
-        reason=_one_line(reason),
+        reason=_one_line(reason, reason_limit),
         rate_limit_reset=rate_limit_reset,
         counts_for_breaker=(
             error_class not in _NOT_COUNTED if counts_for_breaker is None else counts_for_breaker
@@ -307,9 +358,9 @@ def _make(
     )
 
 
-def _one_line(text: str) -> str:
+def _one_line(text: str, limit: int = _REASON_LIMIT) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _attribute(exc: BaseException | None, name: str) -> object:
@@ -400,10 +451,15 @@ def _from_response(
     now: datetime,
     rules: ClassifyRules,
     expect_json: bool,
+    describe: Describe | None = None,
 ) -> Classification | None:
     """The verdict from the response, or None to let the exception decide."""
     status = response.status_code
     status_line = _status_line(response)
+    described = _description(response, describe) if status >= 400 else None
+    # "HTTP 404 Not Found: Not Found" says nothing twice.
+    repeats = described is not None and described[0].lower() == response.reason_phrase.lower()
+    said = f": {described[0]}" if described and described[0] and not repeats else ""
     told = server_wait_signal(response.headers, now)
     wait, wait_source = told if told is not None else (None, None)
     quota = parse_rate_limit(response.headers, now)
@@ -420,17 +476,20 @@ def _from_response(
             source = "X-RateLimit-Reset" if quota and quota.source == "X-RateLimit" else "RateLimit"
         return _make(
             error_class,
-            reason,
+            reason + said,
             rules,
             retry_after=retry_after,
             rate_limit_reset=reset,
             wait_source=source,
             counts_for_breaker=counts_for_breaker,
+            reason_limit=_DESCRIBED_REASON_LIMIT if said else _REASON_LIMIT,
         )
 
     for index, (predicate, error_class) in enumerate(rules.body_rules):
         if _matches(predicate, response):
             return make(error_class, f"{status_line} (connector body rule {index})")
+    if described is not None and described[1] is not None:
+        return make(described[1], f"{status_line} (connector error body)")
     if status in rules.by_status:
         return make(rules.by_status[status], f"{status_line} (connector status rule)")
 
@@ -461,6 +520,43 @@ def _from_response(
     if exc is not None:
         return None
     return make(ErrorClass.UNKNOWN, f"{status_line}: unexpected status")
+
+
+def _description(
+    response: httpx.Response, describe: Describe | None
+) -> tuple[str, ErrorClass | None] | None:
+    """The provider's own account of a failed response (redacted, one bounded line) and
+    the class it names, or None. Connector code and hostile bodies: never raises."""
+    content = _content(response)
+    if not content or len(content) > _SNIFF_LIMIT:
+        return None
+    body = _parse_json(content)
+    if body is _NOT_JSON:
+        if b"\x00" in content[:1024]:
+            return None  # binary: nothing a reader could use
+        body = content.decode("utf-8", "replace")
+    try:
+        if describe is None:
+            # Imported here: error_body builds on this module's ErrorClass.
+            from synckit.errors.error_body import ErrorBody
+
+            described = ErrorBody().describe(response.status_code, body)
+        else:
+            described = describe(response.status_code, body)
+        if described is None:
+            return None
+        text = described.text()
+        error_class = described.error_class
+        if not isinstance(text, str) or not isinstance(error_class, ErrorClass | None):
+            return None
+    except Exception:  # connector code: a description that fails is no description
+        return None
+    # Not redacted here (errors/ sits below redaction): ctx.http's exceptions redact their
+    # message (synckit.runtime.http.api_error), and every store and log redacts again.
+    text = _one_line(text, _DESCRIPTION_LIMIT)
+    if not text and error_class is None:
+        return None
+    return text, error_class
 
 
 def _matches(predicate: Callable[[httpx.Response], bool], response: httpx.Response) -> bool:

@@ -14,7 +14,10 @@ categories are named for what the runtime does with them::
         ├── RetryableError        retry with backoff (or after ``retry_after``)
         │   └── RateLimited       the resource is throttled: defer the whole resource
         ├── NeedsReauth           credentials refused: stop the connection, keep attempts
-        └── PermanentError        never retry: dead-letter for review
+        ├── PermanentError        never retry: dead-letter for review
+        └── ApiError              the API answered a failure: ``.response`` holds its
+                                  status, headers and a redacted body excerpt; each one
+                                  is also one of the three above (what the runtime does)
 
 httpx and SQLAlchemy errors are translated into these at one seam each
 (``synckit.errors.classify`` and ``synckit.store.db``), with ``raise ... from``.
@@ -22,7 +25,11 @@ httpx and SQLAlchemy errors are translated into these at one seam each
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 
 class SynckitError(Exception):
@@ -96,3 +103,59 @@ class NeedsReauth(HandlerOutcome):
 
 class PermanentError(HandlerOutcome):
     """The work can never succeed as it is; retrying is pointless. It goes to the DLQ."""
+
+
+#: The most of a failed response's body an :class:`ApiResponse` keeps (characters).
+BODY_EXCERPT_LIMIT = 2048
+
+
+@dataclass(frozen=True)
+class ApiResponse:
+    """What ``ctx.http`` keeps of a failed response, safe to log and store.
+
+    ``headers`` (lower-case names) have credential values (``Set-Cookie``,
+    ``Authorization``, ``X-Api-Key``...) masked; ``text`` is at most
+    :data:`BODY_EXCERPT_LIMIT` characters of the body, decoded as UTF-8 (bad bytes
+    replaced, control characters dropped) and redacted; ``truncated`` says the body was
+    longer. ``url`` has no query string (it may carry a key).
+    """
+
+    status_code: int
+    reason_phrase: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    text: str = ""
+    truncated: bool = False
+    method: str = ""
+    url: str = ""
+
+    def json(self) -> Any:
+        """The body excerpt parsed as JSON; raises ``ValueError`` when it is not JSON
+        (a truncated excerpt is not)."""
+        return json.loads(self.text)
+
+
+class ApiError(HandlerOutcome):
+    """The API answered with a failure (a 4xx or 5xx, or a success a rule refused).
+
+    Never raised on its own: every exception ``ctx.http`` raises for a failed response is
+    an ``ApiError`` *and* the category that tells the runtime what to do
+    (:class:`RetryableError`, :class:`RateLimited`, :class:`NeedsReauth` or
+    :class:`PermanentError`), so a connector can catch either::
+
+        try:
+            await ctx.http.post("/v1/invoices", json=invoice)
+        except ApiError as exc:
+            if exc.status_code == 402 and exc.response.json()["error"]["code"] == "card_declined":
+                ...
+
+    Its message names the request and carries the provider's own words when the body
+    had any (``POST https://api.example.com/v1/invoices: HTTP 402 Payment Required:
+    card_error/card_declined: Your card has insufficient funds.``).
+    """
+
+    response: ApiResponse
+
+    @property
+    def status_code(self) -> int:
+        """The response's status code."""
+        return self.response.status_code

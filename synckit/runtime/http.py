@@ -59,7 +59,9 @@ from synckit.errors.headers import parse_rate_limit, server_wait
 from synckit.errors.pace import PacePolicy
 from synckit.errors.raising import exception_for
 from synckit.errors.waits import clamp_wait
+from synckit.redaction import redact_text
 from synckit.runtime import pacing
+from synckit.runtime.api_errors import api_response
 from synckit.runtime.http1 import IDEMPOTENT, Http11Transport, new_transport
 from synckit.runtime.instruments import record_api_latency
 from synckit.store.db import Database
@@ -571,12 +573,20 @@ def _where(request: httpx.Request) -> str:
     return f"{request.method} {request.url.copy_with(query=None, fragment=None)}"
 
 
-def api_error(classification: Classification, request: httpx.Request | None) -> HandlerOutcome:
-    """The synckit exception for a failed call, its message naming the request."""
-    if request is not None:
-        reason = f"{_where(request)}: {classification.reason}"
-        classification = dataclasses.replace(classification, reason=reason)
-    return exception_for(classification)
+def api_error(
+    classification: Classification,
+    request: httpx.Request | None,
+    response: httpx.Response | None = None,
+) -> HandlerOutcome:
+    """The synckit exception for a failed call, its message naming the request; with the
+    ``response`` it is also an :class:`~synckit.errors.ApiError` carrying it."""
+    if request is not None or response is not None:
+        # The reason may quote the API's error body, which may echo a credential.
+        reason = classification.reason
+        if request is not None:
+            reason = f"{_where(request)}: {reason}"
+        classification = dataclasses.replace(classification, reason=redact_text(reason))
+    return exception_for(classification, api_response(response) if response is not None else None)
 
 
 def _classifies_successes(connector: Connector[Any]) -> bool:
@@ -681,7 +691,7 @@ class SyncClient(OneParseClient):
             if c is None:
                 return response
             if c.error_class is not ErrorClass.RATE_LIMITED:
-                raise api_error(c, request)
+                raise api_error(c, request, response)
             sent_at = response.request.extensions.get(SENT_AT)
             until = await self.pacer.record_rate_limit(
                 c, sent_at if isinstance(sent_at, datetime) else None, self._pace_policy
@@ -704,7 +714,7 @@ class SyncClient(OneParseClient):
                 if wait > 0:
                     await waiter.sleep(wait)
                 continue
-            error = api_error(c, request)
+            error = api_error(c, request, response)
             if isinstance(error, RateLimited):
                 error.paced_until = until
                 if until is not None:

@@ -347,7 +347,7 @@ async def add_tenant(
     resource_key = resource_key or f"{cls.name}:{tenant}"
     parent_key = parent_key or f"api:{cls.name}"
     check_resource_keys(resource_key, parent_key)
-    now = utcnow()
+    now = db.clock()
     try:
         async with db.begin() as conn:
             existing = await connection_store.connector_of(conn, tenant)

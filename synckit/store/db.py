@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar, cast
 
@@ -47,6 +48,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
+from synckit.clock import utcnow
 from synckit.errors.exceptions import (
     ConfigurationError,
     DatabaseError,
@@ -441,6 +443,22 @@ class Database:
     #: SQLite only: the thread that runs :meth:`run_read`'s functions, and its connection.
     _reader: ThreadPoolExecutor | None = field(default=None, repr=False)
     _reader_state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: :attr:`clock`'s one cell (the dataclass is frozen; the clock is lent later).
+    _clock: list[Callable[[], datetime]] = field(
+        default_factory=lambda: [utcnow], repr=False, compare=False
+    )
+
+    @property
+    def clock(self) -> Callable[[], datetime]:
+        """The time rows written through this database are stamped with when the caller
+        gives none (``enqueue``, ``enqueue_many``, ``add_tenant``): the wall clock, or the
+        clock of an ``App(clock=...)`` that used this database (a test's FakeClock, so
+        that jobs a test enqueues are due on the clock its worker runs by)."""
+        return self._clock[0]
+
+    def use_clock(self, clock: Callable[[], datetime]) -> None:
+        """Make ``clock`` this database's :attr:`clock`."""
+        self._clock[0] = clock
 
     @property
     def dialect(self) -> str:

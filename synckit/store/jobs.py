@@ -559,8 +559,11 @@ def _enqueue_one_sqlite(conn: Any, row: dict[str, Any], payload_json: str) -> in
 async def enqueue_many(
     target: Executor, specs: Sequence[JobSpec], *, now: datetime | None = None
 ) -> list[Enqueued]:
-    """Enqueue several jobs in one transaction (the caller's, if given a connection)."""
-    now = now or utcnow()
+    """Enqueue several jobs in one transaction (the caller's, if given a connection).
+
+    ``now`` defaults to the database's clock (:attr:`Database.clock`: an
+    ``App(clock=...)`` that used it sets it), else, for a connection, the wall clock."""
+    now = now or (target.clock() if isinstance(target, Database) else utcnow())
     if not specs:
         return []
     if isinstance(target, Database):

@@ -15,6 +15,7 @@ from synckit.testing.fakeapi import (
     Reply,
     TokenInfo,
 )
+from synckit.testing.reads import dead_letters
 
 __all__ = [
     "PASS",
@@ -25,4 +26,5 @@ __all__ = [
     "RecordedRequest",
     "Reply",
     "TokenInfo",
+    "dead_letters",
 ]

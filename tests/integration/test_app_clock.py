@@ -1,0 +1,41 @@
+"""An App's clock is the time of what a test writes through its database: jobs enqueued
+with enqueue/enqueue_many under App(clock=FakeClock) are due on that clock, so the App's
+worker runs them (on both engines)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from synckit import App, Connector, JobContext, enqueue, enqueue_many
+from synckit.store.db import Database
+from synckit.store.jobs import JobSpec, get_job
+from synckit.testing import FakeClock
+from synckit.testing.fixtures import run_worker_until_idle
+
+
+class Quiet(Connector):
+    name = "quiet"
+
+
+async def test_jobs_enqueued_under_a_fake_clock_are_run_by_the_apps_worker(db: Database) -> None:
+    """The FakeClock is two years behind the wall: jobs stamped by the wall clock would
+    never be due; stamped by the App's clock they all run."""
+    clock = FakeClock()
+    app = App([Quiet], clock=clock)
+    ran: list[int] = []
+
+    @app.registry.handler("note")
+    async def note(ctx: JobContext) -> None:
+        ran.append(ctx.payload["n"])
+
+    await app.add_tenant(db, "acme", "quiet")
+    created = await enqueue_many(db, [JobSpec(kind="note", payload={"n": i}) for i in range(3)])
+    later = await enqueue(db, "note", {"n": 9}, delay=timedelta(minutes=5))
+    info = await get_job(db, created[0].id)
+    assert info.run_at == clock()
+    stats = await run_worker_until_idle(app, db)
+    assert sorted(ran) == [0, 1, 2] and stats.succeeded == 3
+    clock.advance(timedelta(minutes=5))
+    await run_worker_until_idle(app, db)
+    assert sorted(ran) == [0, 1, 2, 9]
+    assert (await get_job(db, later.id)).status == "succeeded"
