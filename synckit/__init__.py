@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         PageNumberPaginator,
         Paginator,
     )
+    from synckit.connectors.records import Deleted, Records
     from synckit.errors import (
         BreakerPolicy,
         Classification,
@@ -97,6 +98,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "OAuth2": ("synckit.connectors.auth", "OAuth2"),
     "OAuth2Config": ("synckit.connectors.auth", "OAuth2Config"),
     "Page": ("synckit.connectors.base", "Page"),
+    "Records": ("synckit.connectors.records", "Records"),
+    "Deleted": ("synckit.connectors.records", "Deleted"),
     "PermanentError": ("synckit.errors", "PermanentError"),
     "RateLimit": ("synckit.connectors.base", "RateLimit"),
     "RateLimited": ("synckit.errors", "RateLimited"),
@@ -145,6 +148,7 @@ __all__ = [
     "Database",
     "DatabaseError",
     "DatabaseUnavailable",
+    "Deleted",
     "Discard",
     "ErrorClass",
     "Incremental",
@@ -165,6 +169,7 @@ __all__ = [
     "PermanentError",
     "RateLimit",
     "RateLimited",
+    "Records",
     "Registry",
     "RemoteRecord",
     "RetryPolicy",
