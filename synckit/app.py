@@ -53,6 +53,8 @@ from synckit.runtime.poll import (
     schedule_polls,
     stream_of_kind,
 )
+from synckit.runtime.records import RecordsReader, land
+from synckit.runtime.records import prepare as prepare_landing
 from synckit.runtime.tenants import (
     _COLUMNS,
     Tenant,
@@ -61,8 +63,6 @@ from synckit.runtime.tenants import (
     add_tenant,
     get_tenant,
 )
-from synckit.runtime.records import RecordsReader, land
-from synckit.runtime.records import prepare as prepare_landing
 from synckit.runtime.worker import Worker
 from synckit.store import checkpoints
 from synckit.store.db import Database, SyncConn, is_driver_error, open_database, savepoint

@@ -376,7 +376,12 @@ class RecordsReader:
             raise ConfigurationError(f"cursor {since!r}: expected a non-negative integer")
         limit = max(1, min(int(limit), 10_000))
         rows = await store.read_changes(
-            await self.database(), self.decl.spec, await self._recorded(), self.tenant, since=since, limit=limit
+            await self.database(),
+            self.decl.spec,
+            await self._recorded(),
+            self.tenant,
+            since=since,
+            limit=limit,
         )
         out = [
             Change(

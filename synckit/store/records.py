@@ -31,7 +31,7 @@ import json
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     BigInteger,
@@ -53,7 +53,6 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from synckit.connectors.records import ColumnSpec, TableSpec
 from synckit.errors.exceptions import ConfigurationError
 from synckit.store.db import Database, savepoint
 from synckit.store.tables import JSONType, UTCDateTime, record_tables
@@ -75,6 +74,45 @@ __all__ = [
     "take_seqs",
     "upgrade_tables",
 ]
+
+
+class ColumnSpec(Protocol):
+    """A column of a records table (``synckit.connectors.records.ColumnSpec``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def nullable(self) -> bool: ...
+
+
+class TableSpec(Protocol):
+    """A records table as declared (``synckit.connectors.records.TableSpec``)."""
+
+    @property
+    def table(self) -> str: ...
+    @property
+    def columns(self) -> Sequence[ColumnSpec]: ...
+    @property
+    def key(self) -> tuple[str, ...]: ...
+    @property
+    def child(self) -> bool: ...
+    def as_json(self) -> list[dict[str, Any]]: ...
+    def __hash__(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class _Column:
+    """A column as ``record_tables.spec`` recorded it."""
+
+    name: str
+    kind: str
+    nullable: bool
+
+
+def _kind(spec: TableSpec, name: str) -> str:
+    return next(c.kind for c in spec.columns if c.name == name)
 
 
 class RecordsSchemaError(ConfigurationError):
@@ -151,7 +189,7 @@ def _sa_type(kind: str) -> Any:
 
 def _columns_of(recorded: Sequence[Mapping[str, Any]]) -> tuple[ColumnSpec, ...]:
     return tuple(
-        ColumnSpec(str(c["name"]), c["kind"], bool(c.get("nullable", True))) for c in recorded
+        _Column(str(c["name"]), str(c["kind"]), bool(c.get("nullable", True))) for c in recorded
     )
 
 
@@ -393,7 +431,7 @@ class TableSql:
                 f"INSERT INTO {t} AS r ({', '.join(all_cols)}) VALUES ({one_values}){tail}"
             )
             kcols = ", ".join(
-                f"CAST(:k{i} AS {_PG_ARRAY[spec.column(k).kind]}[])" for i, k in enumerate(keys)
+                f"CAST(:k{i} AS {_PG_ARRAY[_kind(spec, k)]}[])" for i, k in enumerate(keys)
             )
             knames = ", ".join(f"k{i}" for i in range(len(keys)))
             match = " AND ".join(f"r.{k} = v.k{i}" for i, k in enumerate(keys))
@@ -558,10 +596,13 @@ class TableSql:
         if not parents:
             return []
         n = len(self.spec.key)
+        rows: Sequence[Sequence[Any]]
         if self.postgres:
-            rows = conn.execute(self.children_of, {"tenant": tenant, "parents": list(parents)})
+            params = {"tenant": tenant, "parents": list(parents)}
+            rows = list(conn.execute(self.children_of, params))
         else:
-            rows = _raw(conn).execute(self.children_sqlite, (tenant, json.dumps(list(parents))))
+            args = (tenant, json.dumps(list(parents)))
+            rows = _raw(conn).execute(self.children_sqlite, args).fetchall()
         return [(tuple(r[:n]), str(r[n])) for r in rows]
 
     # -- reads --
@@ -666,7 +707,12 @@ async def read_changes(
     t = sa_table(spec, columns)
 
     def run(conn: Connection) -> list[StoredRow]:
-        q = select(t).where(t.c.tenant == tenant, t.c["_seq"] > since).order_by(t.c["_seq"]).limit(limit)
+        q = (
+            select(t)
+            .where(t.c.tenant == tenant, t.c["_seq"] > since)
+            .order_by(t.c["_seq"])
+            .limit(limit)
+        )
         return [_stored(r, spec, columns) for r in conn.execute(q)]
 
     return await db.run_read(run)

@@ -29,16 +29,10 @@ def upgrade() -> None:
         sa.Column("name", sa.String(length=63), nullable=False),
         sa.Column("connector", sa.String(length=200), nullable=False),
         sa.Column("stream", sa.String(length=200), nullable=False),
-        sa.Column(
-            "spec", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False
-        ),
+        sa.Column("spec", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
         sa.Column("last_seq", sa.BigInteger(), server_default="0", nullable=False),
-        sa.Column(
-            "created_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False
-        ),
-        sa.Column(
-            "updated_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False
-        ),
+        sa.Column("created_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", synckit.store.tables.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_record_tables")),
     )
 
