@@ -233,8 +233,9 @@ async def upgrade_tables(db: Database, owners: Sequence[TableOwner], now: dt.dat
     """
 
     def run(conn: Connection) -> list[str]:
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(7372146550912)"))
+        from synckit.store.migrate import lock_schema  # (Alembic: only for this)
+
+        lock_schema(conn)
         done: list[str] = []
         for o in owners:
             done.extend(_upgrade_one(conn, o, now))

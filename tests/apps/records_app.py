@@ -40,6 +40,24 @@ class Order(BaseModel):
     points: int | None = None
 
 
+# Later versions of the model, for `db upgrade` tests ($RECORDS_APP_VARIANT).
+_VARIANT = os.environ.get("RECORDS_APP_VARIANT", "")
+if _VARIANT == "optional":
+
+    class Order(Order):  # type: ignore[no-redef]
+        gift: bool | None = None
+
+elif _VARIANT == "type":
+
+    class Order(Order):  # type: ignore[no-redef]
+        total: str  # type: ignore[assignment]
+
+elif _VARIANT == "required":
+
+    class Order(Order):  # type: ignore[no-redef]
+        region: str
+
+
 def _lines(order: Any) -> list[dict[str, Any]]:
     return [
         {"order_id": order["id"], "n": i, **line} for i, line in enumerate(order.get("lines", []))

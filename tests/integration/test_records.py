@@ -42,10 +42,7 @@ async def rows(db: Database, table: str, tenant: str = "acme") -> dict[str, Any]
         found = await conn.execute(
             text(f"SELECT * FROM {table} WHERE tenant = :t ORDER BY _seq"), {"t": tenant}
         )
-        return {
-            r._mapping.get("id", (r.order_id, r.n)): dict(r._mapping)
-            for r in found
-        }
+        return {r._mapping.get("id", (r.order_id, r.n)): dict(r._mapping) for r in found}
 
 
 async def test_a_cycle_lands_every_page_in_its_table_with_children(

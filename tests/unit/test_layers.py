@@ -314,6 +314,8 @@ def test_the_cli_imports_at_module_level() -> None:
         ("synckit.cli.options", "uvloop"),
         # The App (and so the runtime) only when `db upgrade --app` is given one.
         ("synckit.cli.db", "synckit.cli.app_loader"),
+        ("synckit.cli.records", "synckit.cli.app_loader"),
+        ("synckit.cli.records", "rich.table"),
     }
     found = set()
     for path in sorted((ROOT / "cli").glob("*.py")):
