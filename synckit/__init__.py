@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         PageNumberPaginator,
         Paginator,
     )
+    from synckit.connectors.records import Deleted, Records
     from synckit.errors import (
         ApiError,
         ApiResponse,
@@ -105,6 +106,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "OAuth2": ("synckit.connectors.auth", "OAuth2"),
     "OAuth2Config": ("synckit.connectors.auth", "OAuth2Config"),
     "Page": ("synckit.connectors.base", "Page"),
+    "Records": ("synckit.connectors.records", "Records"),
+    "Deleted": ("synckit.connectors.records", "Deleted"),
     "PermanentError": ("synckit.errors", "PermanentError"),
     "RateLimit": ("synckit.connectors.base", "RateLimit"),
     "RateLimited": ("synckit.errors", "RateLimited"),
@@ -155,6 +158,7 @@ __all__ = [
     "Database",
     "DatabaseError",
     "DatabaseUnavailable",
+    "Deleted",
     "Discard",
     "ErrorBody",
     "ErrorClass",
@@ -177,6 +181,7 @@ __all__ = [
     "PermanentError",
     "RateLimit",
     "RateLimited",
+    "Records",
     "Registry",
     "RemoteRecord",
     "RetryPolicy",

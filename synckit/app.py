@@ -32,6 +32,7 @@ import httpx
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector
 from synckit.connectors.context import SyncContext
+from synckit.connectors.records import Records
 from synckit.dlq.replay import ReplayProcessor, register_dlq_replay, replayers_from_app
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.exceptions import ConfigurationError, PermanentError
@@ -52,6 +53,8 @@ from synckit.runtime.poll import (
     schedule_polls,
     stream_of_kind,
 )
+from synckit.runtime.records import RecordsReader, land
+from synckit.runtime.records import prepare as prepare_landing
 from synckit.runtime.tenants import (
     _COLUMNS,
     Tenant,
@@ -64,6 +67,7 @@ from synckit.runtime.worker import Worker
 from synckit.store import checkpoints
 from synckit.store.db import Database, SyncConn, is_driver_error, open_database, savepoint
 from synckit.store.jobs import ClaimedJob
+from synckit.store.records import TableOwner, upgrade_tables
 
 __all__ = ["App"]
 
@@ -202,6 +206,64 @@ class App:
             self._owned = (loop, open_database(self.database_url))
         return self._owned[1]
 
+    # --- records ------------------------------------------------------------------------
+
+    def record_tables(self) -> list[TableOwner]:
+        """The records tables the App's streams declare (each declaration's own table,
+        then its children's), in connector and stream order."""
+        out: list[TableOwner] = []
+        owners: dict[str, str] = {}
+        for name, cls in sorted(self._connectors.items()):
+            for s in cls.declared_streams():
+                for r in s.records.tables() if s.records is not None else ():
+                    here = f"{name}/{s.name}"
+                    if r.table in owners:
+                        raise ConfigurationError(
+                            f"records table {r.table!r} is declared by {owners[r.table]} and "
+                            f"{here}: give each stream a table of its own"
+                        )
+                    owners[r.table] = here
+                    out.append(TableOwner(r.spec, name, s.name))
+        return out
+
+    async def upgrade_records(self, db: Database) -> list[str]:
+        """Create or extend the records tables the App declares (``synckit db upgrade
+        --app``); what was done, a line each. Refuses a change it cannot apply with one
+        line naming the field and the table (:class:`RecordsSchemaError`)."""
+        return await upgrade_tables(db, self.record_tables(), self.clock())
+
+    def records(
+        self,
+        tenant: str,
+        stream: str,
+        *,
+        connector: str | None = None,
+        db: Database | None = None,
+    ) -> RecordsReader:
+        """The landed rows of ``tenant``'s ``stream``, and their changes since a cursor::
+
+            page = await app.records("acme", "messages").changes(since=cursor, limit=100)
+
+        ``connector`` is needed only when two connectors have a stream of that name.
+        ``db`` defaults to the App's database (:meth:`database`).
+        """
+        found = [
+            (name, s)
+            for name, cls in sorted(self._connectors.items())
+            if connector in (None, name)
+            for s in cls.declared_streams()
+            if s.name == stream
+        ]
+        if not found:
+            raise ConfigurationError(f"no connector of this app has a stream {stream!r}")
+        if len(found) > 1:
+            names = ", ".join(n for n, _ in found)
+            raise ConfigurationError(f"stream {stream!r} is in {names}: name the connector")
+        decl = found[0][1].records
+        if decl is None:
+            raise ConfigurationError(f"stream {stream!r} declares no records")
+        return RecordsReader(db if db is not None else self.database, decl, tenant)
+
     async def aclose(self) -> None:
         """Dispose of a database the App opened itself."""
         if self._owned is not None:
@@ -332,7 +394,11 @@ class App:
             transport=self.transport,
             clock=self.clock,
         ) as ctx:
-            await instance.handle(ctx.for_record(record_id_of(instance, payload)), payload)
+            decl = cls.stream(stream).records
+            if decl is None or cls.handles():
+                await instance.handle(ctx.for_record(record_id_of(instance, payload)), payload)
+            if decl is not None:
+                await _land_one(db, decl, tenant, stream, payload, self.clock())
 
     # --- job handlers ---------------------------------------------------------------------
 
@@ -403,6 +469,27 @@ class App:
                 progressed=jctx.progressed,
                 start=start,
             )
+
+
+async def _land_one(
+    db: Database, decl: Records, tenant: str, stream: str, payload: Any, now: datetime
+) -> None:
+    """Land one record (a dead letter's, replayed) in its table, in a transaction of its
+    own; raise what refuses it (the model, the database) so the replay records why."""
+
+    def refusal(_raw: Any, exc: Exception) -> Exception:
+        return exc
+
+    landing, failures, _ = prepare_landing(decl, tenant, stream, [payload], refusal)
+    if failures:
+        raise failures[0]
+
+    def tx(conn: SyncConn) -> None:
+        land(conn, landing, now)
+        if landing.refused:
+            raise landing.refused[0]
+
+    await db.write(tx)
 
 
 # --- what a poll job reads first -----------------------------------------------------------

@@ -35,6 +35,7 @@ __all__ = ["CliError", "cli", "main"]
         "dlq": "synckit.cli.dlq:dlq",
         "jobs": "synckit.cli.jobs:jobs",
         "outbox": "synckit.cli.outbox:outbox",
+        "records": "synckit.cli.records:records_group",
         "secrets": "synckit.cli.secrets:secrets_group",
         "status": "synckit.cli.status:status_cmd",
         "sync": "synckit.cli.sync:sync_command",

@@ -19,14 +19,35 @@ def db() -> None:
 @db.command("upgrade")
 @click.argument("revision", default="head")
 @database_option
-def db_upgrade(revision: str, database_url: str | None) -> None:
-    """Migrate the schema up to REVISION (default: head)."""
+@click.option(
+    "--app",
+    "app_spec",
+    envvar="SYNCKIT_APP",
+    default=None,
+    help="module:attribute of your synckit App (or $SYNCKIT_APP): also create or extend "
+    "the records tables its streams declare.",
+)
+def db_upgrade(revision: str, database_url: str | None, app_spec: str | None) -> None:
+    """Migrate the schema up to REVISION (default: head), and with --app the App's
+    records tables."""
+    app = None
+    if app_spec is not None:
+        from synckit.cli.app_loader import load_app
 
-    async def go(d: Database) -> str | None:
+        app = load_app(app_spec)
+        if revision != "head":
+            raise click.UsageError("--app creates records tables at head only")
+
+    async def go(d: Database) -> tuple[str | None, list[str]]:
+        if app is not None:
+            app.record_tables()  # a declaration that cannot work: one line, nothing done
         await migrate.upgrade(d, revision)
-        return await migrate.current(d)
+        done = await app.upgrade_records(d) if app is not None else []
+        return await migrate.current(d), done
 
-    rev = run(go, database_url, schema=False)
+    rev, done = run(go, database_url, schema=False)
+    for line in done:
+        click.echo(line)
     click.echo(f"{mask_url(database_url_from_env(database_url))} at revision {rev}")
 
 

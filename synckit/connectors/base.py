@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from typing_extensions import TypeVar
 
 from synckit.connectors.auth import AuthFactory, BearerToken, OAuth2
+from synckit.connectors.records import Records
 from synckit.connectors.schedule import parse_schedule
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.classify import Classification, ClassifyRules, classify
@@ -62,6 +63,7 @@ __all__ = [
     "OAuth2",
     "Page",
     "RateLimit",
+    "Records",
     "Stream",
 ]
 
@@ -112,13 +114,16 @@ class Stream:
     queue; ``hold`` keeps the checkpoint of the last fully successful page and ends the
     cycle, so the next cycle reads the failed records again (for APIs sorted by update
     time). ``concurrency`` bounds the records of one page handled at once (default: the
-    connector's ``record_concurrency``).
+    connector's ``record_concurrency``). ``records`` declares where the stream's records
+    land (:class:`~synckit.connectors.records.Records`): validated and merged into that
+    table in each page's transaction; ``handle()`` is then optional (for side effects).
     """
 
     name: str
     schedule: str | None = None
     policy: CheckpointPolicy = "advance"
     concurrency: int | None = None
+    records: Records | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -136,6 +141,8 @@ class Stream:
             not isinstance(self.concurrency, int) or self.concurrency < 1
         ):
             raise ConfigurationError(f"stream {self.name!r}: concurrency must be at least 1")
+        if self.records is not None and not isinstance(self.records, Records):
+            raise ConfigurationError(f"stream {self.name!r}: records must be a Records(...)")
 
 
 @dataclass(frozen=True)
@@ -143,10 +150,17 @@ class Page:
     """What ``poll()`` yields: some records, and the checkpoint to store once they are done.
 
     The checkpoint must be JSON-serialisable; ``None`` leaves the stored one unchanged.
+
+    For a stream whose records sweep (``Records(..., sweep=True)``): ``full_sync`` names
+    the full sync the page belongs to (any text that stays the same across its pages,
+    e.g. when it began, kept in the checkpoint), and ``sweep=True`` on its last page
+    soft-deletes, in that page's transaction, the rows that full sync did not see.
     """
 
     records: Sequence[Any]
     checkpoint: Any = None
+    full_sync: str | None = None
+    sweep: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.records, str | bytes) or not isinstance(self.records, Sequence):
@@ -154,10 +168,16 @@ class Page:
                 f"Page.records must be a sequence (a list of records), "
                 f"not {type(self.records).__name__}"
             )
+        if self.full_sync is not None and (
+            not isinstance(self.full_sync, str) or not self.full_sync
+        ):
+            raise TypeError("Page.full_sync must be a non-empty string naming the full sync")
+        if self.sweep and self.full_sync is None:
+            raise TypeError("Page(sweep=True) needs full_sync: the full sync it completes")
 
 
 # Methods whose behaviour the runtime relies on; a subclass that redefines one is refused.
-_FINAL = ("__init__", "validate_config", "declared_streams", "stream", "polls")
+_FINAL = ("__init__", "validate_config", "declared_streams", "stream", "polls", "handles")
 
 
 class Connector(typing.Generic[ConfigT]):
@@ -351,6 +371,12 @@ class Connector(typing.Generic[ConfigT]):
 
     @final
     @classmethod
+    def handles(cls) -> bool:
+        """Whether the connector defines ``handle()`` (optional for streams with records)."""
+        return cls.handle is not Connector.handle
+
+    @final
+    @classmethod
     def stream(cls, name: str) -> Stream:
         """The declared stream ``name``; ConfigurationError naming the known ones if absent."""
         for s in cls.declared_streams():
@@ -425,7 +451,21 @@ def _check_declaration(cls: type[Connector[Any]], where: str) -> None:
     if cls.streams and not cls.polls():
         raise ConfigurationError(f"{where}: declares streams but defines no poll()")
     if cls.polls() and cls.handle is Connector.handle:
-        raise ConfigurationError(f"{where}: defines poll() but no handle()")
+        bare = [s.name for s in cls.declared_streams() if s.records is None]
+        if bare:
+            raise ConfigurationError(
+                f"{where}: defines poll() but no handle(), and stream {bare[0]!r} declares "
+                "no records"
+            )
+    tables: dict[str, str] = {}
+    for s in cls.streams:
+        for r in s.records.tables() if s.records is not None else ():
+            if r.table in tables:
+                raise ConfigurationError(
+                    f"{where}: records table {r.table!r} is declared by streams "
+                    f"{tables[r.table]!r} and {s.name!r}"
+                )
+            tables[r.table] = s.name
     if cls.polls() and not (
         inspect.isasyncgenfunction(cls.poll) or not inspect.iscoroutinefunction(cls.poll)
     ):

@@ -55,6 +55,7 @@ import structlog
 
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector, Page
+from synckit.connectors.records import Records
 from synckit.connectors.schedule import DEFAULT_SCHEDULE, PollSchedule, parse_schedule
 from synckit.errors.classify import Classification, classify
 from synckit.errors.exceptions import (
@@ -66,8 +67,10 @@ from synckit.errors.exceptions import (
 from synckit.runtime.handlers import Cancel
 from synckit.runtime.instruments import record_records
 from synckit.runtime.logging import redact_text
+from synckit.runtime.records import Landing, land, prepare
 from synckit.store import checkpoints, ticks
 from synckit.store import dead_letters as dlq_store
+from synckit.store import records as records_store
 from synckit.store.audit import AuditCounts, minute_of, record_audit_many_sync, record_audit_sync
 from synckit.store.checkpoints import (
     NUL_SAFE_KEY,
@@ -251,6 +254,19 @@ class _PageCommit:
     trace_id: str | None
     resource_key: str | None
     now: datetime
+    #: The page's records for their declared tables (synckit.runtime.records), if any.
+    landing: Landing | None = None
+
+
+def _failures_of(p: _PageCommit) -> Sequence[RecordFailure]:
+    """The page's failures, with the records the database refused as it landed them."""
+    if p.landing is None or not p.landing.refused:
+        return p.failures
+    return [*p.failures, *p.landing.refused]
+
+
+def _ok_of(p: _PageCommit) -> int:
+    return p.ok - (len(p.landing.refused) if p.landing is not None else 0)
 
 
 def _commit_page(conn: SyncConn, p: _PageCommit) -> bool:
@@ -272,6 +288,8 @@ def _commit_page(conn: SyncConn, p: _PageCommit) -> bool:
         return False
     elif p.cursor is not _KEEP:
         save_checkpoint(conn, p.tenant, p.connector, p.stream, p.cursor, p.now)
+    if p.landing is not None:
+        land(conn, p.landing, p.now)
     _commit_page_rest(conn, p)
     return True
 
@@ -282,6 +300,10 @@ def _commit_pages(conn: SyncConn, pages: list[_PageCommit]) -> list[bool]:
     (:func:`checkpoints.save_checkpoints_held`), then each page's dead letters,
     resolutions and audit counts. A trivial poll cycle's commit was one statement of its
     own, ~12% of a PostgreSQL worker's CPU (``bench.tenants``)."""
+    # Records tables' sequences first, in name order (synckit.store.records.lock_seqs).
+    records_store.lock_seqs(
+        conn, sorted({t for p in pages if p.landing is not None for t in p.landing.tables})
+    )
     held = [p for p in pages if p.job is not None and p.cursor is not _KEEP]
     streams = {(p.tenant, p.connector, p.stream) for p in held}
     if len(streams) < len(held):  # one stream twice: an upsert may not touch a row twice
@@ -310,11 +332,16 @@ def _commit_pages(conn: SyncConn, pages: list[_PageCommit]) -> list[bool]:
     for p in pages:
         if id(p) in saved:
             if saved[id(p)]:
+                if p.landing is not None:
+                    land(conn, p.landing, p.now)
                 _commit_page_rest(conn, p, audit=False)
                 _, counts = audits.setdefault(minute_of(p.now), (p.now, []))
                 counts.append(
                     AuditCounts(
-                        p.tenant, p.connector, p.ok, Counter(f.error_class for f in p.failures)
+                        p.tenant,
+                        p.connector,
+                        _ok_of(p),
+                        Counter(f.error_class for f in _failures_of(p)),
                     )
                 )
             out.append(saved[id(p)])
@@ -328,25 +355,30 @@ def _commit_pages(conn: SyncConn, pages: list[_PageCommit]) -> list[bool]:
 def _commit_page_rest(conn: SyncConn, p: _PageCommit, *, audit: bool = True) -> None:
     """What a page commits besides its checkpoint: dead letters, resolutions and (unless
     ``audit`` is False: the caller counts them) audit counts."""
-    if p.failures:
+    failures = _failures_of(p)
+    if failures:
         dead_letter_records(
             conn,
             tenant=p.tenant,
             connector=p.connector,
             kind=p.kind,
-            failures=p.failures,
+            failures=failures,
             trace_id=p.trace_id,
             job_id=p.job.id if p.job is not None else None,
             resource_key=p.resource_key,
             now=p.now,
         )
-    if p.resolve and p.succeeded:
+    succeeded = p.succeeded
+    if failures is not p.failures:
+        refused = {f.record_id for f in failures}
+        succeeded = [rid for rid in succeeded if rid not in refused]
+    if p.resolve and succeeded:
         resolve_records(
             conn,
             tenant=p.tenant,
             connector=p.connector,
             kind=p.kind,
-            record_ids=p.succeeded,
+            record_ids=succeeded,
             now=p.now,
         )
     if audit:
@@ -355,8 +387,8 @@ def _commit_page_rest(conn: SyncConn, p: _PageCommit, *, audit: bool = True) -> 
             p.tenant,
             p.connector,
             p.now,
-            p.ok,
-            Counter(f.error_class for f in p.failures),
+            _ok_of(p),
+            Counter(f.error_class for f in failures),
         )
 
 
@@ -382,6 +414,9 @@ class _PageOutcome:
     ok_ids: list[str] = field(default_factory=list)
     failures: list[RecordFailure] = field(default_factory=list)
     abort: BaseException | None = None
+    #: The indexes in the page of the records that failed.
+    failed_at: set[int] = field(default_factory=set)
+    landing: Landing | None = None
 
 
 def _storable_or_described(value: Any) -> Any:
@@ -444,10 +479,10 @@ async def handle_page(
 ) -> _PageOutcome:
     """Run ``handle()`` on every record, ``concurrency`` at a time, each isolated."""
     out = _PageOutcome()
-    pending = iter(records)
+    pending = enumerate(records)
 
     async def lane() -> None:
-        for record in pending:
+        for index, record in pending:
             if out.abort is not None:
                 return
             rid = record_id_of(connector, record)
@@ -460,6 +495,7 @@ async def handle_page(
             except Exception as exc:
                 failure = _failure(connector, rid, record, exc, clock())
                 out.failures.append(failure)
+                out.failed_at.add(index)
                 ctx.log.warning(
                     "record.failed",
                     record_id=rid,
@@ -486,6 +522,51 @@ async def handle_page(
 
 
 _KEEP: Any = object()
+
+
+def _prepare_landing(
+    connector: Connector[Any],
+    ctx: SyncContext,
+    decl: Records,
+    page: Page,
+    outcome: _PageOutcome,
+    clock: Callable[[], datetime],
+) -> None:
+    """Map and validate the page's records for their table (those ``handle()`` did not
+    fail); the ones the model refuses join the page's failures."""
+    if page.sweep and not decl.sweep:
+        raise ConfigurationError(
+            f"connector {connector.name!r} stream {ctx.stream!r}: a page asks to sweep, "
+            "but the stream's Records do not declare sweep=True"
+        )
+    records = page.records
+    if outcome.failed_at:
+        records = [r for i, r in enumerate(records) if i not in outcome.failed_at]
+
+    def failure_of(raw: Any, exc: Exception) -> RecordFailure:
+        return _failure(connector, record_id_of(connector, raw), raw, exc, clock())
+
+    landing, failures, failed = prepare(
+        decl,
+        connector.tenant,
+        ctx.stream,
+        records,
+        failure_of,
+        sync=page.full_sync,
+        sweep=page.sweep and not outcome.failures,
+    )
+    for f in failures:
+        ctx.log.warning(
+            "record.failed", record_id=f.record_id, error_class=f.error_class, error=f.message[:300]
+        )
+    outcome.failures.extend(failures)
+    if not outcome.failed_at and not outcome.ok_ids:  # handle() did not run: ids here
+        bad = set(failed)
+        outcome.ok_ids = [record_id_of(connector, r) for i, r in enumerate(records) if i not in bad]
+    elif failed:
+        gone = {f.record_id for f in failures}
+        outcome.ok_ids = [rid for rid in outcome.ok_ids if rid not in gone]
+    outcome.landing = landing
 
 
 def _check_checkpoint(connector: Connector[Any], stream: str, cursor: Any) -> None:
@@ -569,6 +650,7 @@ async def run_cycle(
                 trace_id=ctx.trace_id,
                 resource_key=ctx.resource_key,
                 now=clock(),
+                landing=outcome.landing,
             ),
             # Every group locks the tenants' audit buckets in one order.
             order=(tenant, name),
@@ -577,6 +659,12 @@ async def run_cycle(
         if not committed:
             assert job is not None
             raise Cancel(f"poll job {job.id} lost its claim; the page is not committed")
+        if outcome.landing is not None and outcome.landing.refused:
+            # Records the database refused as the page landed: dead letters now too.
+            refused = outcome.landing.refused
+            outcome.failures.extend(refused)
+            gone = {f.record_id for f in refused}
+            outcome.ok_ids = [rid for rid in outcome.ok_ids if rid not in gone]
         open_dead_letters = open_dead_letters or bool(outcome.failures)
         pages += 1
         if progressed is not None:
@@ -613,9 +701,14 @@ async def run_cycle(
                 raise ConfigurationError(
                     f"connector {name!r}: poll() yielded {type(page).__name__}, not a Page"
                 )
-            outcome = await handle_page(
-                connector, ctx, page.records, concurrency=concurrency, clock=clock
-            )
+            if stream.records is None or cls.handles():
+                outcome = await handle_page(
+                    connector, ctx, page.records, concurrency=concurrency, clock=clock
+                )
+            else:  # records as data: nothing to run per record
+                outcome = _PageOutcome()
+            if stream.records is not None and outcome.abort is None:
+                _prepare_landing(connector, ctx, stream.records, page, outcome, clock)
             if outcome.abort is not None:
                 ctx.log.warning(
                     "poll.aborted",

@@ -28,10 +28,24 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+#: The PostgreSQL advisory lock every schema change holds for its transaction: two
+#: ``synckit db upgrade`` started at once run one after the other (the second finds
+#: nothing to do) instead of racing on CREATE TABLE (``pg_type_typname_nsp_index``).
+#: SQLite's write lock (BEGIN IMMEDIATE) does the same there.
+SCHEMA_LOCK = 7372146550912
+
+
+def lock_schema(connection: Connection) -> None:
+    """Take :data:`SCHEMA_LOCK` for the connection's transaction (PostgreSQL)."""
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+
+
 async def upgrade(db: Database, revision: str = "head") -> None:
     """Bring the schema up to ``revision``; a no-op when it is already there."""
 
     def run(connection: Connection) -> None:
+        lock_schema(connection)
         command.upgrade(alembic_config(connection), revision)
 
     async with db.begin() as conn:

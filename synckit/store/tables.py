@@ -490,3 +490,18 @@ cron_ticks = Table(
     Column("spec", String(200), nullable=False),
     Column("enabled", Boolean, nullable=False, server_default=text("true")),
 )
+
+#: The records tables synckit created from declarations (synckit.store.records): the
+#: columns as created, and the table's change sequence (``last_seq``, taken under the
+#: row's lock in a page's transaction, so ``_seq`` values commit in order).
+record_tables = Table(
+    "record_tables",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("connector", String(200), nullable=False),
+    Column("stream", String(200), nullable=False),
+    Column("spec", JSONType, nullable=False),
+    Column("last_seq", BigInteger, nullable=False, server_default="0"),
+    _ts("created_at", nullable=False),
+    _ts("updated_at", nullable=False),
+)

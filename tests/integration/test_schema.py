@@ -22,6 +22,7 @@ TABLES = {
     "intents",
     "connections",
     "outbox",
+    "record_tables",
     "audit_buckets",
     "cron_ticks",
     "pending_authorizations",

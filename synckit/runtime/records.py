@@ -1,0 +1,427 @@
+"""Landing a page's records in their declared tables, in the page's transaction.
+
+:func:`prepare` runs in the cycle's task, before the commit: it maps and validates a
+page's records (:class:`~synckit.connectors.records.Records`) into the rows of each table,
+and the failures of the records the model refuses (a dead letter naming the fields).
+:func:`land` runs inside the page's transaction (``poll._commit_page``): per table, it
+takes the rows' change sequence numbers, merges the rows in one statement, soft-deletes
+the deleted ones and the children their parents no longer have, and, on the last page
+of a full sync, sweeps what that sync did not see. A row the database refuses (a NUL, a
+constraint) fails alone: the batch is rolled back to its savepoint and its rows are
+landed one by one, each in its own; the refused ones become dead letters in the same
+transaction.
+
+:class:`RecordsReader` is the app's read side (``app.records(tenant, stream)``): rows,
+and changes since a cursor.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from synckit.connectors.records import (
+    Deleted,
+    Records,
+    TableSpec,
+    converters,
+    describe_record_error,
+    key_from_raw,
+    key_text,
+)
+from synckit.errors.exceptions import ConfigurationError, PermanentError
+from synckit.store import records as store
+from synckit.store.db import Database, SyncConn, savepoint
+
+__all__ = [
+    "Change",
+    "Changes",
+    "Landing",
+    "RecordsReader",
+    "land",
+    "prepare",
+]
+
+FailureOf = Callable[[Any, Exception], Any]  # (raw record, exception) -> RecordFailure
+
+
+@dataclass
+class _Batch:
+    """One table's part of a page."""
+
+    spec: TableSpec
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    keys: list[tuple[Any, ...]] = field(default_factory=list)
+    #: the index in Landing.raws of the record each row came from
+    owners: list[int] = field(default_factory=list)
+    #: child tables: each row's parent key (text)
+    parents: list[str] = field(default_factory=list)
+    deletes: list[tuple[Any, ...]] = field(default_factory=list)
+    #: child tables: parents whose children this page replaces (upserted or deleted)
+    replaced: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Landing:
+    """What a page lands: rows per table (the declared table first, then its children),
+    prepared before the commit; :func:`land` fills in ``refused`` and ``changed``."""
+
+    tenant: str
+    stream: str
+    decl: Records
+    batches: list[_Batch]
+    raws: list[Any]
+    failure_of: FailureOf
+    sync: str | None = None
+    sweep: bool = False
+    #: keys of records that failed in a full sync: their rows still exist (no sweep)
+    failed_keys: list[tuple[Any, ...]] = field(default_factory=list)
+    refused: list[Any] = field(default_factory=list)
+    refused_owners: set[int] = field(default_factory=set)
+    changed: int = 0
+
+    @property
+    def tables(self) -> list[str]:
+        return [b.spec.table for b in self.batches]
+
+
+def _conversions(decl: Records) -> dict[str, Any]:
+    cached = decl.__dict__.get("_conversions")
+    if cached is None:
+        cached = {r.table: converters(r.spec) for r in decl.tables()}
+        object.__setattr__(decl, "_conversions", cached)
+    return cached
+
+
+def _row(
+    obj: Any, spec: TableSpec, conv: Sequence[tuple[str, Callable[[Any], Any]]]
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    values = tuple(f(getattr(obj, name)) for name, f in conv)
+    return tuple(getattr(obj, k) for k in spec.key), values
+
+
+def _refusal(decl: Records, exc: ValidationError) -> PermanentError:
+    return PermanentError(
+        f"{decl.model.__name__} refused the record: {describe_record_error(exc)}"[:2000]
+    )
+
+
+def prepare(
+    decl: Records,
+    tenant: str,
+    stream: str,
+    records: Sequence[Any],
+    failure_of: FailureOf,
+    *,
+    sync: str | None = None,
+    sweep: bool = False,
+) -> tuple[Landing, list[Any], list[int]]:
+    """The page's :class:`Landing`, the failures of the records that cannot land (the
+    model refused them, or ``map`` raised), and the indexes in ``records`` of those."""
+    conv = _conversions(decl)
+    model = decl.model
+    validate = model.model_validate
+    spec = decl.spec
+    pconv = conv[decl.table]
+    failures: list[Any] = []
+    failed: list[int] = []
+    # Later records of one key win (an upsert may not touch one row twice).
+    upserts: dict[tuple[Any, ...], tuple[int, tuple[Any, ...], list[list[Any]]]] = {}
+    deletes: dict[tuple[Any, ...], int] = {}
+    failed_keys: list[tuple[Any, ...]] = []
+    for i, raw in enumerate(records):
+        try:
+            if decl.deleted is not None and decl.deleted(raw):
+                key = key_from_raw(raw, spec)
+                if key is None:
+                    raise PermanentError(
+                        f"a deleted record without its key ({', '.join(spec.key)})"
+                    )
+                upserts.pop(key, None)
+                deletes[key] = i
+                continue
+            data = decl.map(raw) if decl.map is not None else raw
+            if data is None:
+                continue  # dropped by the mapping
+            if isinstance(data, Deleted):
+                key = tuple(data.key)
+                upserts.pop(key, None)
+                deletes[key] = i
+                continue
+            try:
+                obj = validate(data)
+            except ValidationError as exc:
+                raise _refusal(decl, exc) from None
+            key, values = _row(obj, spec, pconv)
+            kids: list[list[Any]] = []
+            for child in decl.children:
+                assert child.rows is not None
+                crows: list[Any] = []
+                cconv = conv[child.table]
+                for c in child.rows(data) or ():
+                    try:
+                        cobj = child.model.model_validate(c)
+                    except ValidationError as exc:
+                        raise _refusal(child, exc) from None
+                    crows.append(_row(cobj, child.spec, cconv))
+                kids.append(crows)
+        except Exception as exc:
+            failures.append(failure_of(raw, exc))
+            failed.append(i)
+            if sync is not None and (k := key_from_raw(raw, spec)) is not None:
+                failed_keys.append(k)
+            continue
+        deletes.pop(key, None)
+        upserts.pop(key, None)  # re-inserted last: the row keeps the last record's place
+        upserts[key] = (i, values, kids)
+    parent = _Batch(spec)
+    children = [_Batch(c.spec) for c in decl.children]
+    for key, (i, values, kids) in upserts.items():
+        parent.rows.append(values)
+        parent.keys.append(key)
+        parent.owners.append(i)
+        pkey = key_text(key)
+        for batch, crows in zip(children, kids, strict=True):
+            batch.replaced.append(pkey)
+            seen: dict[tuple[Any, ...], int] = {}
+            for ckey, cvalues in crows:
+                if ckey in seen:  # one child twice: the last wins
+                    batch.rows[seen[ckey]] = cvalues
+                    continue
+                seen[ckey] = len(batch.rows)
+                batch.rows.append(cvalues)
+                batch.keys.append(ckey)
+                batch.owners.append(i)
+                batch.parents.append(pkey)
+    for key in deletes:
+        parent.deletes.append(key)
+        for batch in children:
+            batch.replaced.append(key_text(key))
+    landing = Landing(
+        tenant=tenant,
+        stream=stream,
+        decl=decl,
+        batches=[parent, *children],
+        raws=list(records),
+        failure_of=failure_of,
+        sync=sync if decl.sweep else None,
+        sweep=sweep,
+        failed_keys=failed_keys,
+    )
+    return landing, failures, failed
+
+
+# --- in the page's transaction -------------------------------------------------------------
+
+
+def _refused(landing: Landing, batch: _Batch, errors: Mapping[int, BaseException]) -> None:
+    for i, exc in errors.items():
+        owner = batch.owners[i]
+        if owner in landing.refused_owners:
+            continue
+        landing.refused_owners.add(owner)
+        line = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        reason = line[0][:500] if line else type(exc).__name__
+        err = PermanentError(f"the database refused the record ({batch.spec.table}): {reason}")
+        landing.refused.append(landing.failure_of(landing.raws[owner], err))
+
+
+def _upsert(conn: SyncConn, landing: Landing, batch: _Batch, now: dt.datetime, base: int) -> None:
+    sql = store.table_sql(batch.spec, conn.dialect.name == "postgresql")
+    keep = [i for i, o in enumerate(batch.owners) if o not in landing.refused_owners]
+    rows = batch.rows if len(keep) == len(batch.rows) else [batch.rows[i] for i in keep]
+    owners = batch.owners if len(keep) == len(batch.rows) else [batch.owners[i] for i in keep]
+    parents: list[str] | None = None
+    if batch.spec.child:
+        parents = (
+            batch.parents if len(keep) == len(batch.rows) else [batch.parents[i] for i in keep]
+        )
+    if not rows:
+        return
+    try:
+        with savepoint(conn):
+            landing.changed += sql.upsert(
+                conn, landing.tenant, rows, base=base, now=now, sync=landing.sync, parents=parents
+            )
+        return
+    except Exception as exc:
+        if not store.is_record_error(conn, exc):
+            raise
+    changed, errors = sql.upsert_each(
+        conn, landing.tenant, rows, base=base, now=now, sync=landing.sync, parents=parents
+    )
+    landing.changed += changed
+    _refused(landing, _Batch(batch.spec, rows, [], owners), errors)
+
+
+def land(conn: SyncConn, landing: Landing, now: dt.datetime) -> None:
+    """Land ``landing`` in the caller's transaction (see the module docstring); the
+    records the database refused are in ``landing.refused`` after it."""
+    landing.refused = []
+    landing.refused_owners = set()
+    landing.changed = 0
+    postgres = conn.dialect.name == "postgresql"
+    parent, children = landing.batches[0], landing.batches[1:]
+    psql = store.table_sql(parent.spec, postgres)
+    n = len(parent.rows) + len(parent.deletes)
+    if n:
+        base = store.take_seqs(conn, parent.spec.table, n)
+        _upsert(conn, landing, parent, now, base)
+        landing.changed += psql.delete(
+            conn, landing.tenant, parent.deletes, base=base + len(parent.rows), now=now
+        )
+    swept: list[tuple[Any, ...]] = []
+    if landing.sync is not None:
+        if landing.failed_keys or landing.refused_owners:
+            keys = list(landing.failed_keys)
+            keys += [
+                parent.keys[i]
+                for i, owner in enumerate(parent.owners)
+                if owner in landing.refused_owners
+            ]
+            psql.touch(conn, landing.tenant, keys, landing.sync)
+        if landing.sweep:
+            swept = psql.unswept(conn, landing.tenant, landing.sync)
+            if swept:
+                base = store.take_seqs(conn, parent.spec.table, len(swept))
+                landing.changed += psql.delete(conn, landing.tenant, swept, base=base, now=now)
+    for batch in children:
+        csql = store.table_sql(batch.spec, postgres)
+        replaced = [*batch.replaced, *(key_text(k) for k in swept)]
+        ok_rows = [i for i, o in enumerate(batch.owners) if o not in landing.refused_owners]
+        landed = {batch.keys[i] for i in ok_rows}
+        refused_parents = {
+            key_text(parent.keys[i])
+            for i, o in enumerate(parent.owners)
+            if o in landing.refused_owners
+        }
+        stale = [
+            k
+            for k, p in csql.children(conn, landing.tenant, replaced)
+            if k not in landed and p not in refused_parents
+        ]
+        n = len(ok_rows) + len(stale)
+        if not n:
+            continue
+        base = store.take_seqs(conn, batch.spec.table, n)
+        _upsert(conn, landing, batch, now, base)
+        landing.changed += csql.delete(
+            conn, landing.tenant, stale, base=base + len(ok_rows), now=now
+        )
+    if landing.changed and postgres:
+        store.notify_changes(conn, landing.tenant, landing.stream)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+Op = Literal["added", "updated", "deleted"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One row as it changed: ``op`` is ``added`` (new since the reader's cursor),
+    ``updated`` or ``deleted``; ``data`` is the row's columns (as last written)."""
+
+    op: Op
+    key: tuple[Any, ...]
+    seq: int
+    synced_at: dt.datetime
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Changes:
+    """A page of changes, and the cursor to read the next page from (``more``: there may
+    be more now)."""
+
+    changes: list[Change]
+    cursor: int
+    more: bool
+
+
+class RecordsReader:
+    """The rows of one tenant's stream, for the app (``app.records(tenant, stream)``)."""
+
+    def __init__(
+        self,
+        db: Database | Callable[[], Awaitable[Database]],
+        decl: Records,
+        tenant: str,
+    ) -> None:
+        self._db = db
+        self.decl = decl
+        self.tenant = tenant
+
+    async def database(self) -> Database:
+        return self._db if isinstance(self._db, Database) else await self._db()
+
+    async def _recorded(self) -> Any:
+        recorded = (await store.recorded_specs(await self.database())).get(self.decl.table)
+        if recorded is None:
+            raise ConfigurationError(
+                f"records table {self.decl.table!r} does not exist: run "
+                "`synckit db upgrade --app ...`"
+            )
+        return recorded.spec
+
+    async def changes(self, since: int = 0, limit: int = 100) -> Changes:
+        """The changes after cursor ``since`` (0: from the start), oldest first, at most
+        ``limit``; read the next page from the returned cursor. A row changed several
+        times since the cursor appears once, as it is now."""
+        if not isinstance(since, int) or since < 0:
+            raise ConfigurationError(f"cursor {since!r}: expected a non-negative integer")
+        limit = max(1, min(int(limit), 10_000))
+        rows = await store.read_changes(
+            await self.database(),
+            self.decl.spec,
+            await self._recorded(),
+            self.tenant,
+            since=since,
+            limit=limit,
+        )
+        out = [
+            Change(
+                op="deleted"
+                if r.deleted_at is not None
+                else ("added" if r.added_seq > since else "updated"),
+                key=r.key,
+                seq=r.seq,
+                synced_at=r.synced_at,
+                data=r.data,
+            )
+            for r in rows
+        ]
+        return Changes(out, out[-1].seq if out else since, len(out) == limit)
+
+    async def rows(self, *, deleted: bool = False, limit: int = 100) -> list[dict[str, Any]]:
+        """The tenant's rows in key order (live ones unless ``deleted``), at most ``limit``."""
+        found = await store.read_rows(
+            await self.database(),
+            self.decl.spec,
+            await self._recorded(),
+            self.tenant,
+            deleted=deleted,
+            limit=limit,
+        )
+        return [_with_meta(r) for r in found]
+
+    async def get(self, *key: Any) -> dict[str, Any] | None:
+        """The row of ``key`` (deleted or not), or None."""
+        found = await store.read_rows(
+            await self.database(),
+            self.decl.spec,
+            await self._recorded(),
+            self.tenant,
+            key=tuple(key),
+            deleted=True,
+            limit=1,
+        )
+        return _with_meta(found[0]) if found else None
+
+
+def _with_meta(r: store.StoredRow) -> dict[str, Any]:
+    return {**r.data, "_seq": r.seq, "_synced_at": r.synced_at, "_deleted_at": r.deleted_at}
