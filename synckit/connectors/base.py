@@ -24,6 +24,16 @@ several feeds are :class:`Stream` declarations, and the hooks read ``ctx.stream`
 
 An instance is bound to one tenant: ``self.tenant`` and ``self.config``, the tenant's
 config validated by ``config_model`` (inferred from ``Connector[MyConfig]``).
+
+An API whose host depends on the tenant (Shopify shops, Salesforce instances, Zendesk
+subdomains, self-hosted GitLab) names its config fields in ``base_url``::
+
+    base_url = "https://{subdomain}.zendesk.com/api/v2"  # a part of the host or path
+    base_url = "{instance_url}/services/data/v59.0"      # a whole origin from the config
+
+The tenant's base URL (``self.tenant_base_url``, what ``ctx.http`` is built on) is checked
+when the config is validated: a field at the start must be an absolute ``http(s)`` URL, a
+field elsewhere a plain name (letters, digits, ``. - _ ~``: it cannot move the host).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import string
 import typing
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,7 +49,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast, final
 
 import httpx
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 from typing_extensions import TypeVar
 
 from synckit.connectors.auth import AuthFactory, BearerToken, OAuth2
@@ -188,7 +199,8 @@ class Connector(typing.Generic[ConfigT]):
     ``name``
         the connector's unique name (used in tenants, jobs, checkpoints, the DLQ).
     ``base_url``
-        prefix of relative URLs given to ``ctx.http``.
+        prefix of relative URLs given to ``ctx.http``; ``{field}`` placeholders are
+        filled from the tenant's config (see the module docstring).
     ``auth``
         a declaration the runtime fulfils (:class:`~synckit.connectors.auth.OAuth2`), an
         :class:`httpx.Auth`, or a callable building one from the connector instance
@@ -241,6 +253,8 @@ class Connector(typing.Generic[ConfigT]):
 
     tenant: str
     config: ConfigT
+    #: ``base_url`` with the tenant's config filled in: what ``ctx.http`` is built on.
+    tenant_base_url: str
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -265,6 +279,8 @@ class Connector(typing.Generic[ConfigT]):
         """
         self.tenant = tenant
         self.config = cast(ConfigT, type(self).validate_config(config, tenant=tenant))
+        filled = fill_base_url(type(self).base_url, self.config)
+        self.tenant_base_url = type(self).base_url if filled is None else filled
 
     # --- hooks --------------------------------------------------------------------------
 
@@ -349,11 +365,16 @@ class Connector(typing.Generic[ConfigT]):
                 f"invalid config for {whose}: expected an object, got {type(config).__name__}"
             )
         try:
-            return cls.config_model.model_validate(dict(config))
+            model = cls.config_model.model_validate(dict(config))
         except ValidationError as exc:
             raise ConfigurationError(
                 f"invalid config for {whose}: {describe_validation_error(exc)}"
             ) from None
+        try:
+            fill_base_url(cls.base_url, model)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"invalid config for {whose}: {exc}") from None
+        return model
 
     @final
     @classmethod
@@ -400,6 +421,87 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts) or str(exc).splitlines()[0]
 
 
+_NAME_VALUE = re.compile(r"[A-Za-z0-9._~-]+", re.ASCII)
+
+
+def base_url_fields(template: str) -> tuple[str, ...]:
+    """The config fields a ``base_url`` names (``{field}``), in order; none for a plain URL.
+
+    Raises :class:`ConfigurationError` for a template that is not one (an unclosed
+    brace, a format spec, an attribute or index).
+    """
+    if "{" not in template and "}" not in template:
+        return ()
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConfigurationError(f"base_url {template!r} is not a template: {exc}") from None
+    names = []
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise ConfigurationError(
+                f"base_url {template!r}: a placeholder is a config field's name, "
+                f"like {{subdomain}}, not {{{name}{'!' + conversion if conversion else ''}"
+                f"{':' + spec if spec else ''}}}"
+            )
+        names.append(name)
+    return tuple(names)
+
+
+def fill_base_url(template: str, config: BaseModel) -> str | None:
+    """``template`` filled from ``config``, checked (None: a plain ``base_url``, unchanged).
+
+    A field at the start of the template holds a whole origin (an absolute ``http(s)``
+    URL; a trailing ``/`` is dropped); a field anywhere else a plain name, which cannot
+    change the host the template names. Raises a one-line :class:`ConfigurationError`
+    starting with the field at fault.
+    """
+    if not base_url_fields(template):
+        return None
+    out = []
+    for literal, name, _, _ in string.Formatter().parse(template):
+        out.append(literal)
+        if name is None:
+            continue
+        raw = getattr(config, name, None)
+        if isinstance(raw, SecretStr):
+            raw = raw.get_secret_value()
+        if raw is None or isinstance(raw, bool | dict | list):
+            raise ConfigurationError(f"{name}: needed for base_url {template!r}")
+        value = str(raw).strip()
+        if not out[:-1] and not literal:
+            value = value.rstrip("/")
+            problem = _origin_problem(value)
+            if problem:
+                raise ConfigurationError(f"{name}: {problem}: {value[:100]!r}")
+        elif not _NAME_VALUE.fullmatch(value) or set(value) == {"."}:
+            raise ConfigurationError(
+                f"{name}: {value[:100]!r} cannot be placed in base_url {template!r} "
+                "(letters, digits, '.', '-', '_', '~' only)"
+            )
+        out.append(value)
+    url = "".join(out)
+    problem = _origin_problem(url)
+    if problem:
+        raise ConfigurationError(f"base_url {template!r} filled in: {problem}: {url[:100]!r}")
+    return url
+
+
+def _origin_problem(value: str) -> str | None:
+    """Why ``value`` is not an absolute http(s) URL fit to be a base URL (None: it is)."""
+    try:
+        url = httpx.URL(value)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        return "not a URL"
+    if url.scheme not in ("http", "https") or not url.host:
+        return "not an absolute http(s) URL"
+    if url.userinfo or url.query or url.fragment:
+        return "a base URL has no user, query or fragment"
+    return None
+
+
 def _config_model_from_bases(cls: type) -> type[BaseModel] | None:
     for base in getattr(cls, "__orig_bases__", ()):
         origin = typing.get_origin(base)
@@ -419,6 +521,17 @@ def _check_declaration(cls: type[Connector[Any]], where: str) -> None:
         )
     if not isinstance(cls.base_url, str):
         raise ConfigurationError(f"{where}: base_url must be a string")
+    try:
+        fields = base_url_fields(cls.base_url)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{where}: {exc}") from None
+    known = getattr(cls.config_model, "model_fields", {})
+    missing = [f for f in fields if f not in known]
+    if missing and isinstance(cls.config_model, type) and issubclass(cls.config_model, BaseModel):
+        raise ConfigurationError(
+            f"{where}: base_url names {', '.join(missing)}, which its config_model "
+            f"{cls.config_model.__name__} does not have"
+        )
     if not (isinstance(cls.config_model, type) and issubclass(cls.config_model, BaseModel)):
         raise ConfigurationError(f"{where}: config_model must be a pydantic BaseModel subclass")
     if cls.rate_limit is not None and not isinstance(cls.rate_limit, RateLimit):

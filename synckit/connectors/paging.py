@@ -1,11 +1,13 @@
 """Paginators: the paging loop of a REST API as a small object a connector declares.
 
-Five shapes cover most APIs (Singer, Airbyte's declarative paginators, dlt's
-``RESTClient`` and Nango ship the same five):
+Six shapes cover most APIs (Singer, Airbyte's declarative paginators, dlt's
+``RESTClient`` and Nango ship the same five, and Stripe the sixth):
 
 =============================  ==============================================================
 :class:`CursorPaginator`       the body carries an opaque cursor, sent back as a parameter
-:class:`NextUrlPaginator`      the body carries the next page's URL (``@odata.nextLink``)
+:class:`IdCursorPaginator`     the last record's id, sent back (``starting_after``, Stripe)
+:class:`NextUrlPaginator`      the body carries the next page's URL (``@odata.nextLink``),
+                               and the last page may carry a delta link (``@odata.deltaLink``)
 :class:`LinkHeaderPaginator`   the ``Link: <...>; rel="next"`` header (GitHub, GitLab)
 :class:`OffsetPaginator`       ``offset`` / ``limit`` parameters
 :class:`PageNumberPaginator`   ``page`` (and ``per_page``) parameters
@@ -24,10 +26,12 @@ what a checkpoint stores::
                 yield page
 
 :meth:`Paginator.pages` yields :class:`~synckit.connectors.base.Page` objects whose
-checkpoint resumes at the next page, and, on the last page, re-reads that page next time
-(the tail of a list is where new records appear). :meth:`Paginator.fetch` yields
-:class:`Fetched` pages for callers that need more (the body, for a delta link; the
-incremental helper in :mod:`synckit.connectors.incremental`).
+checkpoint resumes at the next page, and, on the last page, resumes at its tail next time
+(the tail of a list is where new records appear): a paginator with an *exclusive* cursor
+(:class:`IdCursorPaginator`: after the last record's id; a delta link) resumes after the
+last record, so nothing handled is delivered again; the others re-read the last page.
+:meth:`Paginator.fetch` yields :class:`Fetched` pages for callers that need more (the
+body; the incremental helper in :mod:`synckit.connectors.incremental`).
 
 The requests go through the client given, so with ``ctx.http`` a failed page raises what
 the runtime acts on (a 429 paces the tenant, a 410 is ``not_found``...). A body that is
@@ -48,7 +52,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -58,6 +62,7 @@ from synckit.errors.exceptions import ConfigurationError, PermanentError
 __all__ = [
     "CursorPaginator",
     "Fetched",
+    "IdCursorPaginator",
     "LinkHeaderPaginator",
     "NextUrlPaginator",
     "OffsetPaginator",
@@ -93,7 +98,9 @@ def json_path(body: Any, path: str) -> Any:
 class Fetched:
     """One page as fetched: its records, the state that fetched it, the state of the next.
 
-    ``state`` and ``next`` are JSON (None: the first page / there is no next page).
+    ``state`` and ``next`` are JSON (None: the first page / there is no next page);
+    ``tail``, on the last page, the state a later listing resumes from (see
+    :meth:`Paginator.tail_state`).
     """
 
     records: Sequence[Any]
@@ -101,6 +108,7 @@ class Fetched:
     next: Any
     response: httpx.Response
     body: Any
+    tail: Any = None
 
 
 class Paginator(ABC):
@@ -123,6 +131,17 @@ class Paginator(ABC):
         self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any
     ) -> Any:
         """The state of the page after this one, or None when this was the last."""
+
+    def tail_state(
+        self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any
+    ) -> Any:
+        """The state a later listing resumes from, after the last page (this one).
+
+        Default ``state``: the last page is read again (its cursor is inclusive). A
+        paginator whose cursor is exclusive returns the state *after* the page's last
+        record, so a resumed listing delivers only records that came since.
+        """
+        return state
 
     def records_of(self, body: Any) -> Sequence[Any]:
         found = self.records(body) if callable(self.records) else json_path(body, self.records)
@@ -160,7 +179,11 @@ class Paginator(ABC):
                 # An API answering the same cursor again would be paged forever.
                 raise PermanentError(f"paging of {url} does not advance (next page = {nxt!r})")
             last = nxt is None or (self.max_pages is not None and count >= self.max_pages)
-            yield Fetched(records, state, None if last else nxt, response, body)
+            if last:
+                tail = nxt if nxt is not None else self.tail_state(response, body, records, state)
+                yield Fetched(records, state, None, response, body, tail)
+                return
+            yield Fetched(records, state, nxt, response, body)
             if last:
                 return
             state = nxt
@@ -176,11 +199,13 @@ class Paginator(ABC):
     ) -> AsyncIterator[Page]:
         """:class:`Page` objects whose checkpoint is the state to resume from.
 
-        The last page's checkpoint is its own state, so the next cycle reads that page
-        again and goes on from there if the list has grown.
+        The last page's checkpoint is its tail (:meth:`tail_state`): with an inclusive
+        cursor the page's own state, so the next cycle reads that page again and goes on
+        from there if the list has grown; with an exclusive one the state after its last
+        record, so the next cycle delivers only what came since.
         """
         async for f in self.fetch(http, url, params=params, headers=headers, resume=resume):
-            yield Page(f.records, checkpoint=f.next if f.next is not None else f.state)
+            yield Page(f.records, checkpoint=f.next if f.next is not None else f.tail)
 
 
 class CursorPaginator(Paginator):
@@ -221,10 +246,77 @@ class CursorPaginator(Paginator):
         return cursor
 
 
+class IdCursorPaginator(Paginator):
+    """The id of a page's last record, sent back as ``param`` (Stripe's ``starting_after``).
+
+    ``has_more`` (a path) false, or an empty page, ends the listing. The cursor is
+    *exclusive* (the page after that record), so :meth:`pages` resumes a later listing
+    after the last record handed, never re-delivering it: the last page's checkpoint is
+    its last record's id (or, for an empty last page, the state that fetched it).
+
+    ``take="first"`` reads the cursor from a page's *first* record instead, for paging
+    towards newer objects of a newest-first list with ``param="ending_before"``.
+    """
+
+    def __init__(
+        self,
+        *,
+        records: RecordsAt = "data",
+        id: str = "id",
+        param: str = "starting_after",
+        has_more: str | None = "has_more",
+        take: Literal["last", "first"] = "last",
+        max_pages: int | None = None,
+    ) -> None:
+        super().__init__(records=records, max_pages=max_pages)
+        if take not in ("last", "first"):
+            raise ConfigurationError(
+                f"IdCursorPaginator take must be 'last' or 'first', not {take!r}"
+            )
+        self.id = id
+        self.param = param
+        self.has_more = has_more
+        self.take = take
+
+    def request(self, url: str, params: dict[str, Any], state: Any) -> tuple[str, dict[str, Any]]:
+        if state is not None:
+            params[self.param] = state
+        return url, params
+
+    def cursor_of(self, records: Sequence[Any]) -> str | None:
+        """The id of the record the next page starts after (None: an empty page)."""
+        if not records:
+            return None
+        record = records[-1] if self.take == "last" else records[0]
+        rid = json_path(record, self.id)
+        if isinstance(rid, bool) or not isinstance(rid, str | int) or rid == "":
+            raise PermanentError(
+                f"record id at {self.id!r} is not a string or number: cannot page after it"
+            )
+        return str(rid)
+
+    def next_state(
+        self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any
+    ) -> Any:
+        if self.has_more is not None and not json_path(body, self.has_more):
+            return None
+        return self.cursor_of(records)
+
+    def tail_state(
+        self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any
+    ) -> Any:
+        cursor = self.cursor_of(records)
+        return state if cursor is None else cursor
+
+
 class NextUrlPaginator(Paginator):
     """The body carries the URL of the next page (``next`` path), called as given.
 
     Query parameters are sent with the first request only: the next URL carries its own.
+    ``delta`` is the path of the link the *last* page carries to what changes later
+    (Microsoft Graph's ``@odata.deltaLink``): :meth:`pages` then stores it as the last
+    page's checkpoint, and the next cycle calls it (an exclusive cursor: only changes
+    since). It is origin-checked like a next link.
     """
 
     def __init__(
@@ -232,12 +324,26 @@ class NextUrlPaginator(Paginator):
         *,
         records: RecordsAt = "",
         next: str = "next",
+        delta: str | None = None,
         max_pages: int | None = None,
         other_origins: bool = False,
     ) -> None:
         super().__init__(records=records, max_pages=max_pages)
         self.next = next
+        self.delta = delta
         self.other_origins = other_origins
+
+    def tail_state(
+        self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any
+    ) -> Any:
+        if self.delta is None:
+            return state
+        link = json_path(body, self.delta)
+        if link is None or link == "":
+            return state
+        if not isinstance(link, str):
+            raise PermanentError(f"delta link at {self.delta!r} is not a string")
+        return _followable(response, link, link, self.other_origins)
 
     def request(self, url: str, params: dict[str, Any], state: Any) -> tuple[str, dict[str, Any]]:
         return (url, params) if state is None else (str(state), {})

@@ -298,7 +298,7 @@ def _build(
         connector=connector,
         pacer=pacer,
         clock=clock,
-        base_url=_base_url(connector.base_url),
+        base_url=_base_url(connector.tenant_base_url),
         timeout=timeout,
         transport=paced,
         headers={"User-Agent": _user_agent(connector)},
