@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from waits import PROCESS_TIMEOUT  # tests/
+
 from synckit.store import jobs as job_store
 from synckit.store.db import open_database
 
@@ -48,7 +50,7 @@ def test_worker_claims_from_the_apps_database_url_and_leaves_the_environment(
         text=True,
         env=env,
         cwd=cwd,
-        timeout=60,
+        timeout=PROCESS_TIMEOUT,
     )
     assert result.returncode == 0, result.stderr
     assert asyncio.run(status(job_id)) == "succeeded", result.stderr

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.store.db import schema_revisions
 
@@ -20,7 +21,11 @@ def synckit(
     full_env = {**os.environ, **(env or {})}
     prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if as_nobody else []
     return subprocess.run(
-        [*prefix, *SYNCKIT, *args], capture_output=True, text=True, env=full_env, timeout=60
+        [*prefix, *SYNCKIT, *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=PROCESS_TIMEOUT,
     )
 
 
@@ -48,7 +53,7 @@ def test_default_url_is_sqlite_in_working_directory(tmp_path: Path) -> None:
         text=True,
         env=env,
         cwd=tmp_path,
-        timeout=60,
+        timeout=PROCESS_TIMEOUT,
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "synckit.db").exists()

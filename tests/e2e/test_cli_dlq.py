@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from engines import sqlite_only  # tests/
 from sqlalchemy import update
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.store import dead_letters as store
 from synckit.store import jobs
@@ -34,7 +35,7 @@ def synckit(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         **(env or {}),
     }
     return subprocess.run(
-        [*SYNCKIT, *args], capture_output=True, text=True, env=full_env, timeout=120
+        [*SYNCKIT, *args], capture_output=True, text=True, env=full_env, timeout=PROCESS_TIMEOUT
     )
 
 

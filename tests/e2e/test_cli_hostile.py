@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from engines import sqlite_only  # tests/
 from sqlalchemy import update
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.cli import cli
 from synckit.store import dead_letters as store
@@ -177,7 +178,7 @@ def test_bad_database_urls_are_refused_before_opening(tmp_path: Any, url: str, s
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        timeout=60,
+        timeout=PROCESS_TIMEOUT,
     )
     assert result.returncode == 2 and says in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
@@ -201,7 +202,7 @@ def test_app_names_a_function_it_is_never_called(tmp_path: Any, migrated_url: st
             capture_output=True,
             text=True,
             cwd=tmp_path,
-            timeout=60,
+            timeout=PROCESS_TIMEOUT,
         )
         assert result.returncode == 2, result.stderr
         assert "not called" in result.stderr and "Traceback" not in result.stderr

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from engines import sqlite_only  # tests/
+from waits import PROCESS_TIMEOUT  # tests/
 
 APPS = Path(__file__).parent.parent / "apps"
 
@@ -27,7 +28,7 @@ def synckit(
         capture_output=True,
         text=True,
         env=full_env,
-        timeout=60,
+        timeout=PROCESS_TIMEOUT,
     )
 
 

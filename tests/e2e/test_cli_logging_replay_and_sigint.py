@@ -11,11 +11,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from engines import sqlite_only  # tests/
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.clock import utcnow
 from synckit.store import dead_letters as dlq_store
@@ -65,17 +65,12 @@ def test_the_worker_acknowledges_sigint_and_sigterm_and_exits_cleanly(
         text=True,
     )  # fmt: skip
     assert proc.stderr is not None
-    deadline = time.monotonic() + 30
-    started = False
-    for line in proc.stderr:
-        if "worker.started" in line:
-            started = True
-            break
-        if time.monotonic() > deadline:
-            break
+    # Read until the worker says it started (a worker that never does exits, ending the
+    # stream, or hangs, which pytest-timeout reports).
+    started = any("worker.started" in line for line in proc.stderr)
     assert started, "the worker did not start"
     proc.send_signal(sig)
-    _, rest = proc.communicate(timeout=60)
+    _, rest = proc.communicate(timeout=PROCESS_TIMEOUT)
     assert proc.returncode == 0, rest[-3000:]
     assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest[-3000:]
     events = [json.loads(line) for line in rest.splitlines() if line.startswith("{")]
@@ -119,13 +114,13 @@ def test_dlq_replay_json_stays_json_while_the_connector_logs_a_secret(
     env = {**environment(), "SYNCKIT_DATABASE_URL": migrated_url}
     add = subprocess.run(
         [*SYNCKIT, "tenants", "add", "acme", "noisy", "--app", "noisy_app:app"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=PROCESS_TIMEOUT,
     )  # fmt: skip
     assert add.returncode == 0, add.stderr
     _seed_dead_letters(migrated_url, 3)
     result = subprocess.run(
         [*SYNCKIT, "dlq", "replay", "--all", "--json", "--app", "noisy_app:app"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=PROCESS_TIMEOUT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)  # stdout is the summary alone, one JSON document

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from engines import sqlite_only  # tests/
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.runtime import outbox
 from synckit.runtime.outbox import CallbackPublisher, NewMessage, OutboxMessage, PublishRejected
@@ -20,7 +21,9 @@ SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 
 def synckit(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([*SYNCKIT, *args], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        [*SYNCKIT, *args], capture_output=True, text=True, env=env, timeout=PROCESS_TIMEOUT
+    )
 
 
 def seed(url: str) -> None:

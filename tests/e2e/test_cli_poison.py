@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from click.testing import CliRunner
 from engines import sqlite_only  # tests/
 from sqlalchemy import func, select, update
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.cli import cli
 from synckit.store.db import Database, open_database
@@ -58,7 +59,7 @@ def run_all(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]]
     ]
     out = []
     for args, p in zip(commands, procs, strict=True):
-        stdout, stderr = p.communicate(timeout=60)
+        stdout, stderr = p.communicate(timeout=PROCESS_TIMEOUT)
         out.append(subprocess.CompletedProcess(args, p.returncode, stdout, stderr))
     return out
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from sqlalchemy import text
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.store import jobs as store
 from synckit.store.db import open_database
@@ -26,7 +27,7 @@ def synckit(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=PROCESS_TIMEOUT,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from secret_shapes import SHAPES
 from sqlalchemy import insert, update
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.runtime import outbox as outbox_store
 from synckit.store import dead_letters as dlq_store
@@ -186,7 +187,7 @@ def test_no_read_command_prints_a_secret_in_any_shape(migrated_url: str) -> None
             capture_output=True,
             text=True,
             env=env,
-            timeout=120,
+            timeout=PROCESS_TIMEOUT,
         )
 
     with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time: the machine's cores

@@ -16,6 +16,7 @@ import pytest
 from cryptography.fernet import Fernet
 from secrets_app import Vault
 from sqlalchemy import update
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.runtime.secrets import TokenCipher, key_id
 from synckit.runtime.tenants import add_tenant
@@ -53,7 +54,7 @@ def synckit(url: str | None, *args: str, key: str | None) -> subprocess.Complete
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=PROCESS_TIMEOUT,
     )
 
 

@@ -10,12 +10,12 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 from sqlalchemy import insert, update
+from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
 from synckit.runtime.alerts import AlertRouter, dlq_review_alert
 from synckit.runtime.audit import read_audit, record_audit
@@ -30,7 +30,7 @@ SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 def synckit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "COLUMNS": "250", **(env or {})}
     return subprocess.run(
-        [*SYNCKIT, *args], capture_output=True, text=True, env=full_env, timeout=120
+        [*SYNCKIT, *args], capture_output=True, text=True, env=full_env, timeout=PROCESS_TIMEOUT
     )
 
 
@@ -247,23 +247,22 @@ def test_worker_records_audit_and_serves_metrics(migrated_url: str, tmp_path: Pa
         text=True,
     )
     try:
-        body = ""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        seen = [""]
+
+        def metrics() -> str:
             try:
-                body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+                seen[0] = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
             except httpx.TransportError:
-                time.sleep(0.2)
-                continue
-            if 'synckit_jobs_total{kind="work",outcome="succeeded"} 3.0' in body:
-                break
-            time.sleep(0.2)
+                return ""
+            return seen[0] if 'outcome="succeeded"} 3.0' in seen[0] else ""
+
+        body = wait_until(metrics, lambda: seen[0], interval=0.2)
         assert 'synckit_jobs_total{kind="work",outcome="succeeded"} 3.0' in body, body
         assert 'synckit_jobs_total{kind="work",outcome="dead"} 1.0' in body
         assert "synckit_database_up 1.0" in body
     finally:
         proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=PROCESS_TIMEOUT)
     assert proc.returncode == 0, err
     assert asyncio.run(_audit(migrated_url)) == [("9.9.0", 3, 1)]
     assert "job.dead" in err and "s3cr3t-tok" not in err

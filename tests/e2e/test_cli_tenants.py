@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 from engines import sqlite_only  # tests/
+from waits import PROCESS_TIMEOUT, stop, wait_until  # tests/
 
 from synckit.runtime.poll import load_checkpoint
 from synckit.store.db import open_database
@@ -36,7 +36,11 @@ def env(**extra: str) -> dict[str, str]:
 
 def synckit(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*SYNCKIT, *args], capture_output=True, text=True, env=env(**extra_env), timeout=60
+        [*SYNCKIT, *args],
+        capture_output=True,
+        text=True,
+        env=env(**extra_env),
+        timeout=PROCESS_TIMEOUT,
     )
 
 
@@ -208,13 +212,11 @@ def test_worker_runs_an_apps_poll_cycles(migrated_url: str, api_url: str, tmp_pa
             stderr=stderr,
         )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _checkpoint(migrated_url) != {"page": 2}:
-            time.sleep(0.5)
+        wait_until(
+            lambda: _checkpoint(migrated_url) == {"page": 2}, lambda: log.read_text()[-3000:]
+        )
     finally:
-        worker.terminate()
-        worker.wait(30)
-    assert _checkpoint(migrated_url) == {"page": 2}, log.read_text()[-3000:]
+        stop(worker)
     assert sorted(_Api.posted) == ["r1-0", "r1-1", "r2-0", "r2-1"]
     assert worker.returncode == 0, log.read_text()[-3000:]
 
@@ -283,10 +285,10 @@ def test_a_static_key_tenant_refused_with_401_is_fixed_by_set_config_and_syncs(
             stderr=stderr,
         )
     try:
-        deadline = time.monotonic() + 30
-        while (t := _connection(migrated_url)).status != "needs_reauth":
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        t = wait_until(
+            lambda: (c := _connection(migrated_url)).status == "needs_reauth" and c,
+            lambda: log.read_text()[-3000:],
+        )
         reason = t.status_reason
         assert "401" in reason and reason.count("needs re-authorisation") <= 1
         refused = tenants(migrated_url, "resume", "acme")
@@ -305,10 +307,9 @@ def test_a_static_key_tenant_refused_with_401_is_fixed_by_set_config_and_syncs(
         assert "resumed" in fixed.stdout and "active" in fixed.stdout
         assert _Api.required_token not in fixed.stdout + fixed.stderr  # the secret is masked
         assert _connection(migrated_url).status == "active"
-        while _checkpoint(migrated_url) != {"page": 2}:
-            assert time.monotonic() < deadline + 30, log.read_text()[-3000:]
-            time.sleep(0.3)
+        wait_until(
+            lambda: _checkpoint(migrated_url) == {"page": 2}, lambda: log.read_text()[-3000:]
+        )
     finally:
-        worker.terminate()
-        worker.wait(30)
+        stop(worker)
     assert sorted(_Api.posted) == ["r1-0", "r1-1", "r2-0", "r2-1"]

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from waits import PROCESS_TIMEOUT  # tests/
+
 APPS = Path(__file__).parent.parent / "apps"
 APP = "connector_app:app"
 
@@ -23,7 +25,7 @@ def tenants(url: str, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=PROCESS_TIMEOUT,
     )
 
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from waits import PROCESS_TIMEOUT  # tests/
+
 from synckit.store import migrate
 from synckit.store.db import open_database, schema_revisions
 
@@ -24,7 +26,7 @@ def synckit(cwd: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=PROCESS_TIMEOUT,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from waits import PROCESS_TIMEOUT  # tests/
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "connectors.md"
@@ -104,7 +105,7 @@ def test_the_documented_connector_and_commands_sync_a_tenant_with_sync_wait(
         env=clean_env(),
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=2 * PROCESS_TIMEOUT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     err = result.stderr
@@ -125,7 +126,12 @@ def test_the_documented_connector_and_commands_sync_a_tenant_with_sync_wait(
 
 def run_synckit(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(SCRIPT), *args], cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=60
+        [str(SCRIPT), *args],
+        cwd=cwd,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=PROCESS_TIMEOUT,
     )
 
 
@@ -197,7 +203,7 @@ def test_the_readme_runs_as_written_next_to_myapp_py(tmp_path: Path) -> None:
             env=clean_env(),
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=2 * PROCESS_TIMEOUT,
         )
     finally:
         server.shutdown()

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from waits import PROCESS_TIMEOUT  # tests/
+
 AUTHOR_TEST = """
 from synckit.store.db import Database
 from synckit.testing import FakeClock
@@ -28,7 +30,7 @@ def pytest_in(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "SYNCKIT_"))}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=project, env=env, capture_output=True, text=True, timeout=120,
+        cwd=project, env=env, capture_output=True, text=True, timeout=PROCESS_TIMEOUT,
     )  # fmt: skip
 
 
@@ -55,6 +57,7 @@ def test_a_project_that_chose_strict_mode_keeps_it(tmp_path: Path) -> None:
 VCR_TEST = """
 import httpx
 import pytest
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.testing import FakeAPI
 

@@ -14,13 +14,13 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT, wait_until  # tests/
 
 from synckit.errors import RetryPolicy
 from synckit.runtime.handlers import JobContext, Registry
@@ -58,16 +58,16 @@ def _free_port() -> int:
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"synckit web exited: {log.read_text()[-2000:]}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
+            with socket.create_connection(("127.0.0.1", port), timeout=2):
+                return True
         except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"synckit web did not listen: {log.read_text()[-2000:]}")
+            return False
+
+    wait_until(listening, lambda: f"synckit web did not listen: {log.read_text()[-2000:]}")
 
 
 def _run(coro: Any) -> Any:
@@ -139,7 +139,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         yield {"url": url, "base": f"http://127.0.0.1:{port}", "seeded": seeded, "tmp": tmp}
     finally:
         proc.terminate()
-        proc.wait(20)
+        proc.wait(PROCESS_TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +161,7 @@ def browser() -> Iterator[Any]:
 def page(browser: Any, site: dict[str, Any]) -> Iterator[Any]:
     context = browser.new_context(base_url=site["base"], viewport={"width": 1280, "height": 860})
     pg = context.new_page()
+    pg.set_default_timeout(EVENT_TIMEOUT * 1000)  # waits for a selector are for events
     try:
         yield pg
     finally:
@@ -237,11 +238,11 @@ def test_sync_now_shows_the_cycle_progress_without_a_reload(
     try:
         # Three pages, 0.7 s each: the live panel shows the cycle running, then done.
         state = page.locator("#cycles .cycle-state").first
-        expect(state).to_have_text("running", timeout=15_000)
+        expect(state).to_have_text("running", timeout=EVENT_TIMEOUT * 1000)
         shot(page, site, "sync-now")
-        expect(state).to_have_text("succeeded", timeout=20_000)
+        expect(state).to_have_text("succeeded", timeout=EVENT_TIMEOUT * 1000)
     finally:
-        worker.wait(30)
+        worker.wait(PROCESS_TIMEOUT)
     assert worker.returncode == 0, log.read_text()[-2000:]
     assert page.evaluate("window.__sameDocument") is True
     assert '"page": 3' in page.inner_text("#checkpoints")
@@ -270,7 +271,7 @@ def test_binding_beyond_loopback_without_a_token_refuses_to_start(
         env={k: v for k, v in _env().items() if k != "SYNCKIT_WEB_TOKEN"},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=PROCESS_TIMEOUT,
     )
     assert out.returncode == 2
     assert "--host 0.0.0.0 is reachable from other machines: give an access token" in out.stderr
@@ -341,6 +342,7 @@ def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
                 base_url=f"http://127.0.0.1:{port}", viewport={"width": 1280, "height": 860}
             )
             pg = context.new_page()
+            pg.set_default_timeout(EVENT_TIMEOUT * 1000)
             pg.goto("/tenants/acme")
             assert "needs re-authorisation: invalid_grant" in pg.inner_text("#why")
             pg.click("button[value=reauthorize]")
@@ -354,7 +356,7 @@ def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
             context.close()
         finally:
             proc.terminate()
-            proc.wait(20)
+            proc.wait(PROCESS_TIMEOUT)
 
     async def status(db: Any) -> str:
         from synckit.runtime.tenants import get_tenant

@@ -12,10 +12,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -23,6 +23,7 @@ import pytest
 from engines import sqlite_only  # tests/
 from loopback import LoopbackServer, Request
 from sqlalchemy import func, select
+from waits import PROCESS_TIMEOUT, stop, wait_until  # tests/
 
 from synckit.store.db import open_database
 from synckit.store.tables import dead_letters
@@ -49,31 +50,20 @@ def start_worker(url: str, log: Path, *args: str, **extra_env: str) -> subproces
         )  # fmt: skip
 
 
-def listening(proc: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> tuple[str, int]:
+def listening(proc: subprocess.Popen[bytes], log: Path) -> tuple[str, int]:
     """The one (address, port) the worker listens on, once it listens."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def found() -> list[Any]:
         assert proc.poll() is None, log.read_text()[-3000:]
-        found = [
+        return [
             c.laddr
             for c in psutil.Process(proc.pid).net_connections(kind="inet")
             if c.status == psutil.CONN_LISTEN
         ]
-        if found:
-            assert len(found) == 1, found
-            return found[0].ip, found[0].port
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.1)
 
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    addresses = wait_until(found, lambda: log.read_text()[-3000:])
+    assert len(addresses) == 1, addresses
+    return addresses[0].ip, addresses[0].port
 
 
 def refused(host: str, port: int) -> bool:
@@ -160,17 +150,14 @@ def test_metrics_after_a_run_whose_api_echoes_the_secret_hold_no_secret(
     add = subprocess.run(
         [*SYNCKIT, "tenants", "add", "acme", "demo", "--set", f"api_token={secret}",
          "--app", APP, "--database-url", migrated_url],
-        env=env(), capture_output=True, text=True, timeout=60,
+        env=env(), capture_output=True, text=True, timeout=PROCESS_TIMEOUT,
     )  # fmt: skip
     assert add.returncode == 0, add.stderr
     log = tmp_path / "worker.log"
     proc = start_worker(migrated_url, log, CONNECTOR_APP_URL=echoing_api.url)
     try:
         _, port = listening(proc, log)
-        deadline = time.monotonic() + 60
-        while _dead_letters(migrated_url) < 2:
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.3)
+        wait_until(lambda: _dead_letters(migrated_url) >= 2, lambda: log.read_text()[-3000:])
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     finally:
         stop(proc)

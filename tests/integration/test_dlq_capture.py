@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from sqlalchemy import event, select, update
 from sqlalchemy.engine import Connection
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit import App, BearerToken, Connector, Page, SyncContext
 from synckit.clock import utcnow
@@ -457,7 +458,9 @@ def test_processes_capturing_the_same_new_records_at_once_share_one_row_each(
         ]
         start.touch()
         for i, p in enumerate(procs):
-            assert p.wait(timeout=120) == 0, (tmp_path / f"p{i}.stderr").read_text()[-2000:]
+            assert p.wait(timeout=PROCESS_TIMEOUT) == 0, (tmp_path / f"p{i}.stderr").read_text()[
+                -2000:
+            ]
     created = Counter(
         k for i in range(PROCS) for k in (tmp_path / f"p{i}.stdout").read_text().split()
     )

@@ -10,6 +10,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from waits import PROCESS_TIMEOUT  # tests/
+
 from synckit.store import dead_letters as store
 from synckit.store.db import open_database
 from synckit.store.dead_letters import DlqFilter
@@ -79,7 +81,9 @@ def test_two_replay_processes_replay_each_row_exactly_once(
             for i in range(2)
         ]
         for i, p in enumerate(procs):
-            assert p.wait(timeout=120) == 0, (tmp_path / f"proc{i}.stderr").read_text()[-2000:]
+            assert p.wait(timeout=PROCESS_TIMEOUT) == 0, (tmp_path / f"proc{i}.stderr").read_text()[
+                -2000:
+            ]
     lines = log.read_text().splitlines()
     ids = collections.Counter(line.split()[0] for line in lines)
     assert len(ids) == ROWS

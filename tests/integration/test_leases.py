@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import insert, select, text
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.store import dead_letters as dlq
 from synckit.store import leases, migrate
@@ -224,7 +225,7 @@ def _run_all(args: list[str], n: int) -> list[str]:
     ]
     lines = []
     for p in procs:
-        out, err = p.communicate(timeout=120)
+        out, err = p.communicate(timeout=PROCESS_TIMEOUT)
         assert p.returncode == 0, err.decode()[-2000:]
         lines.append(out.decode().strip().splitlines()[-1])
     return lines

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import select
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.runtime.authorize import (
     AuthorizationRefused,
@@ -203,7 +204,7 @@ def test_tenants_connect_cli_over_a_loopback_listener(
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=PROCESS_TIMEOUT,
     )
     assert add.returncode == 0, add.stderr
     out, err = tmp_path / "out", tmp_path / "err"
@@ -238,7 +239,7 @@ def test_tenants_connect_cli_over_a_loopback_listener(
         assert proc.poll() is None  # still waiting for the real callback
         right = httpx.get(callback)
         assert right.status_code == 200 and "connected" in right.text
-        assert proc.wait(30) == 0, err.read_text()
+        assert proc.wait(PROCESS_TIMEOUT) == 0, err.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT, await_until, wait_until  # tests/
 
 from synckit.errors import RetryPolicy
 from synckit.runtime import outbox
@@ -77,6 +78,24 @@ class Recorder:
     @property
     def ids(self) -> list[str]:
         return [m.message_id for m in self.published]
+
+
+def _true(check: Callable[[], object]) -> Callable[[], Awaitable[object]]:
+    """``check`` as the coroutine function ``await_until`` polls."""
+
+    async def go() -> object:
+        return check()
+
+    return go
+
+
+async def _listening(db: Database) -> bool:
+    """Whether a PostgreSQL session waits in LISTEN (this relay's, at least once it does)."""
+    async with db.begin() as conn:
+        found = await conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'"
+        )
+        return bool(found.scalar())
 
 
 def relay_for(db: Database, recorder: Recorder, **kw: Any) -> OutboxRelay:
@@ -197,9 +216,11 @@ async def test_unkeyed_messages_are_published_concurrently(db: Database) -> None
     async with db.begin() as conn:
         await outbox.add_many(conn, [NewMessage("t", {"i": i}) for i in range(50)])
     rec = Recorder(delay=0.05)
-    started = time.monotonic()
     assert await relay_for(db, rec, batch=50).relay_once() == 50
-    assert time.monotonic() - started < 1.5  # sequential would take over 2.5 s
+    # How many publishes were in flight when each began: one after the other, always 1.
+    spans = [(start, end) for _, _, start, end in rec.calls]
+    peak = max(sum(1 for s, e in spans if s <= began < e) for began, _ in spans)
+    assert peak >= 25, peak
 
 
 async def test_transient_failure_blocks_its_key_only(db: Database) -> None:
@@ -369,12 +390,9 @@ async def test_relay_run_waits_out_an_unavailable_publisher(db: Database) -> Non
     relay = OutboxRelay(db, Flaky(rec), retry_policy=policy, idle_interval=0.05)
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
-    for _ in range(200):
-        if len(rec.ids) == 10:
-            break
-        await asyncio.sleep(0.02)
+    await await_until(_true(lambda: len(rec.ids) == 10), "10 messages published")
     stop.set()
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, EVENT_TIMEOUT)
     assert len(set(rec.ids)) == 10
     assert relay.stats.backoffs >= 3
     assert await outbox.count_by_status(db) == {"published": 10}
@@ -383,18 +401,18 @@ async def test_relay_run_waits_out_an_unavailable_publisher(db: Database) -> Non
 async def test_running_relay_is_woken_by_a_commit(db: Database) -> None:
     """An idle relay publishes a message soon after the adding transaction commits."""
     rec = Recorder()
-    relay = relay_for(db, rec, idle_interval=30)
+    # Its next look without a wake-up is an hour away: published at all means woken.
+    relay = relay_for(db, rec, idle_interval=3600)
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
-    await asyncio.sleep(0.3)  # idle now; its next look without a wake-up is 30 s away
+    # Settling into idle (were it slower, its first look would find the message: a pass
+    # that proves less, never a failure).
+    await asyncio.sleep(0.3)
     async with db.begin() as conn:
         await outbox.add(conn, "t", {}, message_id="wake")
-    for _ in range(100):
-        if rec.ids:
-            break
-        await asyncio.sleep(0.02)
+    await await_until(_true(lambda: rec.ids), "the message published")
     stop.set()
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, EVENT_TIMEOUT)
     assert rec.ids == ["wake"]
 
 
@@ -420,22 +438,22 @@ async def test_relay_is_woken_by_notify_from_another_process(
     if engine_name != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite relays poll")
     rec = Recorder()
-    relay = relay_for(db, rec, idle_interval=30)
+    # Its next look on its own is an hour away: published at all means woken (by the
+    # NOTIFY, or by the look it takes once its LISTEN connection is up).
+    relay = relay_for(db, rec, idle_interval=3600)
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
     try:
-        await asyncio.sleep(0.5)  # idle, listening; its next look on its own is 30 s away
+        await await_until(lambda: _listening(db), "a LISTEN connection")
+        await asyncio.sleep(0.3)  # settling into idle, as above
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", ADD_SCRIPT, migrated_url, cwd=REPO
         )
-        assert await asyncio.wait_for(proc.wait(), 60) == 0
-        for _ in range(150):
-            if rec.ids:
-                break
-            await asyncio.sleep(0.02)
+        assert await asyncio.wait_for(proc.wait(), PROCESS_TIMEOUT) == 0
+        await await_until(_true(lambda: rec.ids), "the message published")
     finally:
         stop.set()
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, EVENT_TIMEOUT)
     assert rec.ids == ["from-afar"]
 
 
@@ -491,9 +509,10 @@ async def main() -> None:
         os.write(fd, (line + "\\n").encode())
 
     relay = OutboxRelay(db, CallbackPublisher(record), batch=40, listen=False)
+    open(out_path + ".ready", "w").close()  # imported and connected: waiting for go
     while not os.path.exists(go_path):
         await asyncio.sleep(0.01)
-    await asyncio.wait_for(relay.run_until_empty(), 90)
+    await relay.run_until_empty()
     os.close(fd)
     await db.dispose()
 
@@ -533,10 +552,17 @@ def test_relay_processes_never_publish_a_message_twice(migrated_url: str, tmp_pa
         for out in outputs
     ]
     try:
-        time.sleep(0.5)
+        # All of them start together, once every one is ready.
+        wait_until(
+            lambda: (
+                all(Path(f"{out}.ready").exists() for out in outputs)
+                or any(p.poll() is not None for p in procs)
+            ),
+            "the relay processes ready",
+        )
         go.touch()
         for p in procs:
-            _, err = p.communicate(timeout=100)
+            _, err = p.communicate(timeout=PROCESS_TIMEOUT)
             assert p.returncode == 0, err.decode()
     finally:
         for p in procs:
@@ -621,13 +647,22 @@ async def test_a_batch_whose_relay_died_after_publishing_is_published_again(
         await outbox.add_many(
             conn, [NewMessage("t", {"i": i}, key="k", message_id=f"m{i}") for i in range(2)]
         )
-    dead = new_lease(timedelta(seconds=0.5))
+    dead = new_lease(timedelta(hours=1))
     claimed = await outbox_store.claim(db, now=datetime.now(UTC), limit=10, lease=dead)
     assert [m.message_id for m in claimed] == ["m0", "m1"]
     rec = Recorder()
     # Held: not due while the lease lasts, so nothing is published twice at once.
     assert await relay_for(db, rec).relay_once() == 0
-    await asyncio.sleep(0.6)
+    # The hour passes (its end moved to now, rather than waited for): the lease has ended.
+    async with db.begin() as conn:
+        await conn.execute(
+            update(outbox_table)
+            .where(outbox_table.c.lease_token == dead.token)
+            .values(
+                lease_expires_at=datetime.now(UTC) - timedelta(seconds=1),
+                next_attempt_at=datetime.now(UTC) - timedelta(seconds=1),
+            )
+        )
     assert await relay_for(db, rec).relay_once() == 2
     assert rec.ids == ["m0", "m1"]
     late = await outbox_store.record(
@@ -653,11 +688,22 @@ async def test_messages_not_started_within_the_lease_window_are_released(db: Dat
         await outbox.add_many(
             conn, [NewMessage("t", {"i": i}, key="k", message_id=f"m{i}") for i in range(5)]
         )
-    # Publishes start until 1.5 s after the claim began: 0.6 s each leaves room for a
-    # claim slowed by a loaded machine (up to ~0.9 s) before the first publish starts.
-    rec = Recorder(delay=0.6)
-    result = await relay_for(db, rec, lease=timedelta(seconds=3)).relay_batch()
-    assert result.claimed == 5 and 1 <= result.published < 5
+
+    # Publishes start until half the lease (3 s) after the claim began. The first returns
+    # at once and the second outlasts that window, so the third is never started: one or
+    # two published (two unless the claim itself took over 1.5 s, when the second is cut
+    # off), the rest released, as long as the claim took under 3 s.
+    async def publish(m: OutboxMessage) -> None:
+        if m.message_id == "m1":
+            await asyncio.sleep(3.2)
+        await rec(m)
+
+    rec = Recorder()
+    relay = OutboxRelay(
+        db, CallbackPublisher(publish), retry_policy=NO_WAIT, lease=timedelta(seconds=6)
+    )
+    result = await relay.relay_batch()
+    assert result.claimed == 5 and 1 <= result.published <= 2, result
     left = [r for r in await rows(db) if r.status == "pending"]
     assert left and all(r.attempts == 0 and r.lease_token is None for r in left)
     assert all(r.next_attempt_at <= datetime.now(UTC) for r in left)

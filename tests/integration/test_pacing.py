@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from loopback import LoopbackServer, Request
 from sqlalchemy import select
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit import Connector, RateLimit
 from synckit.clock import utcnow
@@ -538,7 +539,7 @@ def test_adaptive_pacing_across_two_processes_keeps_429s_near_zero(migrated_url:
             subprocess.Popen([*client, quota.server.url, "30", "4"], stdout=subprocess.PIPE)
             for _ in range(2)
         ]
-        outputs = [p.communicate(timeout=60)[0] for p in procs]
+        outputs = [p.communicate(timeout=PROCESS_TIMEOUT)[0] for p in procs]
     finally:
         quota.server.close()
     assert all(p.returncode == 0 for p in procs)

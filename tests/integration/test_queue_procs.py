@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from procs import read_begun, read_log, spawn_worker, stop_all  # type: ignore[import-not-found]
 from sqlalchemy import select, text
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.errors.exceptions import DatabaseUnavailable
 from synckit.store import jobs as store
@@ -184,7 +185,7 @@ async def test_sigterm_finishes_in_flight_work_and_releases_nothing_else(
 
         await wait_until(two_running, 30, "two handlers to begin")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        assert proc.wait(PROCESS_TIMEOUT) == 0
     finally:
         stop_all([proc])
     assert await store.count_by_status(db) == {"succeeded": 2, "pending": 4}
@@ -205,7 +206,7 @@ async def test_grace_period_over_releases_jobs_without_spending_attempts(
 
         await wait_until(running, 30, "the job's handler to begin")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        assert proc.wait(PROCESS_TIMEOUT) == 0
     finally:
         stop_all([proc])
     info = await store.get_job(db, job.id)
@@ -233,7 +234,7 @@ class PrivatePostgres:
                 check=True,
                 stdout=out,
                 stderr=out,
-                timeout=60,
+                timeout=PROCESS_TIMEOUT,
             )
 
     def start(self) -> None:

@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from waits import PROCESS_TIMEOUT  # tests/
+
 from synckit.errors import is_testing
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.store.jobs import enqueue
@@ -21,6 +23,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.errors import is_testing
 from synckit.runtime.handlers import JobContext, Registry
@@ -113,7 +116,7 @@ def test_a_connector_author_s_suite_uses_the_plugin_in_strict_asyncio_mode(
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=PROCESS_TIMEOUT,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "7 passed" in result.stdout

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import insert, select
 from starlette.testclient import TestClient
+from waits import PROCESS_TIMEOUT  # tests/
 from web_app import SECRET, app, seed
 
 from synckit.clock import utcnow
@@ -78,7 +79,7 @@ async def test_resolving_one_or_a_selection_writes_what_dlq_resolve_writes_and_i
         subprocess.run,
         [sys.executable, "-m", "synckit.cli", "dlq", "resolve", str(a2),
          "--database-url", migrated_url],
-        capture_output=True, text=True, timeout=60, env=dict(os.environ),
+        capture_output=True, text=True, timeout=PROCESS_TIMEOUT, env=dict(os.environ),
     )  # fmt: skip
     assert cli.returncode == 0 and "1 dead letter resolved" in cli.stdout, cli.stderr
     after = await dead_letter_rows(db)

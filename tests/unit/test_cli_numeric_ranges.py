@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 import pytest
+from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.cli import cli
 
@@ -115,7 +116,7 @@ def test_a_bad_number_is_one_error_line_and_exit_2(
         [sys.executable, "-m", "synckit.cli", *args, "--database-url", url],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=PROCESS_TIMEOUT,
     )
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr, result.stderr

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from waits import PROCESS_TIMEOUT  # tests/
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +33,7 @@ def test_the_site_and_its_api_reference_build_strictly(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
          str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=2 * PROCESS_TIMEOUT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     for page, names in {

@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from waits import PROCESS_TIMEOUT  # tests/
+
 
 def test_prepare_process_builds_what_the_first_cycle_would_have() -> None:
     # A fresh interpreter: this test process has imported everything already.
@@ -26,7 +28,7 @@ def test_prepare_process_builds_what_the_first_cycle_would_have() -> None:
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=PROCESS_TIMEOUT
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
@@ -45,6 +47,6 @@ def test_an_apps_worker_prepares_its_process(tmp_path: Path) -> None:
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=PROCESS_TIMEOUT
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
