@@ -29,7 +29,10 @@ def head_revision() -> str | None:
 
 
 async def upgrade(db: Database, revision: str = "head") -> None:
-    """Bring the schema up to ``revision``; a no-op when it is already there."""
+    """Bring the schema up to ``revision``; a no-op when it is already there.
+
+    Public as ``synckit.migrate_database``: ``db = await open_database(url)`` then
+    ``await migrate_database(db)``, both awaited (``synckit db upgrade`` does the same)."""
 
     def run(connection: Connection) -> None:
         command.upgrade(alembic_config(connection), revision)
