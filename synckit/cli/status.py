@@ -48,7 +48,22 @@ def status_cmd(
     if as_json:
         click.echo(json.dumps(snapshot.to_json(), indent=2, sort_keys=True))
         return
-    render_status(snapshot, console)
+    render_status(snapshot, _full_width(console))
+
+
+#: A pipe's width: a table is as wide as its cells, never cut to a terminal's 80 columns.
+PIPE_WIDTH = 10_000
+
+
+def _full_width(out: Console) -> Console:
+    """``out``, or, when stdout is no terminal and ``$COLUMNS`` says no width, a console
+    as wide as the tables (rich would squeeze every column into 80 characters, cutting
+    names and reasons to a few letters in ``synckit status | grep acme`` or a log)."""
+    import os
+
+    if out.is_terminal or os.environ.get("COLUMNS"):
+        return out
+    return Console(width=PIPE_WIDTH, no_color=True, highlight=False)
 
 
 _QUEUE_STATUSES = ("pending", "running", "succeeded", "dead", "cancelled", "discarded")

@@ -1,9 +1,10 @@
-"""``synckit sync TENANT [--stream S] [--wait]``: run a tenant's poll cycle now.
+"""``synckit sync TENANT|--all|--connector NAME [--stream S] [--wait]``: run poll cycles now.
 
-The cycle is enqueued by :func:`synckit.runtime.cycles.enqueue_cycles` as an ordinary
+The cycle is enqueued by :func:`synckit.runtime.actions.enqueue_cycles` as an ordinary
 poll job; a worker runs it. ``--wait`` follows it until it ends: pages committed,
 records handled and failed, dead letters, with a rich display on a terminal and one JSON
-line per job with ``--json``.
+line per tenant with ``--json``. It stops as soon as the cycle cannot go on (the tenant
+needs re-authorisation or was paused), with the reason and exit code 1.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,7 +28,7 @@ from synckit.store.db import Database
 from synckit.store.jobs import get_job
 from synckit.store.views import CycleCounts, checkpoint_moment, cycle_counts, job_created_at
 
-__all__ = ["follow", "sync_command"]
+__all__ = ["CycleBlocked", "follow", "sync_command"]
 
 #: How long a cycle may wait unclaimed before --wait says no worker seems to run.
 NO_WORKER_HINT_AFTER = 10.0
@@ -55,6 +57,29 @@ async def _refresh(db: Database, tenant: str, connector: str, cycle: CycleProgre
             cycle._checkpoint_at = at
 
 
+class CycleBlocked(Exception):
+    """The followed cycles cannot go on until an operator acts (the message says why)."""
+
+
+async def blocked_reason(db: Database, tenant: str) -> str | None:
+    """Why ``tenant``'s cycles cannot run now (re-authorisation needed, paused, removed),
+    with what to do; None while they can."""
+    from synckit.runtime.tenants import TenantNotFound, get_tenant
+
+    try:
+        t = await get_tenant(db, tenant, reveal=False)
+    except TenantNotFound:
+        return f"tenant {tenant!r} was removed"
+    if t.status == "active":
+        return None
+    why = f" ({t.status_reason})" if t.status_reason else ""
+    if t.status == "needs_reauth":
+        return f"tenant {tenant!r} needs re-authorisation{why}: `synckit tenants reauth {tenant}`"
+    if t.status == "paused":
+        return f"tenant {tenant!r} is paused{why}: `synckit tenants resume {tenant}`"
+    return f"tenant {tenant!r} is {t.status}{why}"
+
+
 async def follow(
     db: Database,
     tenant: str,
@@ -65,7 +90,10 @@ async def follow(
     every: float = 0.1,
     give_up_after: float | None = None,
 ) -> CycleCounts:
-    """Watch ``cycles`` until each has ended; the records and dead letters meanwhile."""
+    """Watch ``cycles`` until each has ended; the records and dead letters meanwhile.
+
+    Raises :class:`CycleBlocked` as soon as a cycle that has not ended cannot go on: its
+    tenant needs re-authorisation, was paused or removed (the job stays queued)."""
     start = utcnow() - timedelta(seconds=1)
     base = await _counts(db, tenant, connector, start)
     began = time.monotonic()
@@ -107,6 +135,9 @@ async def follow(
                     )
             if all(c.ended for c in cycles):
                 return totals
+            blocked = await blocked_reason(db, tenant)
+            if blocked is not None:
+                raise CycleBlocked(f"{blocked}; the cycle stays queued")
             waited = time.monotonic() - began
             if (
                 not hinted
@@ -132,7 +163,9 @@ async def follow(
 
 
 @click.command("sync")
-@click.argument("tenant")
+@click.argument("tenant", required=False)
+@click.option("--all", "all_tenants", is_flag=True, help="Every active tenant.")
+@click.option("--connector", "connector_name", default=None, help="Every active tenant of it.")
 @click.option("--stream", "streams", multiple=True, help="Only this stream (repeatable).")
 @click.option("--wait", is_flag=True, help="Follow the cycle until it ends.")
 @click.option(
@@ -145,7 +178,9 @@ async def follow(
 @app_option
 @database_option
 def sync_command(
-    tenant: str,
+    tenant: str | None,
+    all_tenants: bool,
+    connector_name: str | None,
     streams: tuple[str, ...],
     wait: bool,
     timeout: float | None,
@@ -153,44 +188,98 @@ def sync_command(
     app_spec: str | None,
     database_url: str | None,
 ) -> None:
-    """Run TENANT's poll cycle now, through the queue (a worker runs it).
+    """Run TENANT's poll cycle now (or every active tenant's: --all, --connector NAME),
+    through the queue (a worker runs it).
 
     The cycle is a normal job: never two at once for one stream, and the tenant's
     breaker and pacing apply. With --wait, show its pages, records and dead letters
-    until it ends; the exit code is 1 if a cycle did not succeed.
+    until it ends; the exit code is 1 if a cycle did not succeed, or could not go on
+    (the tenant needs re-authorisation, was paused): that is said at once, not after
+    --timeout.
     """
+    if sum((tenant is not None, all_tenants, connector_name is not None)) != 1:
+        raise CliError("name one TENANT, or give --all or --connector NAME")
     app = load_app(app_spec)
     out = Console(stderr=True)
 
-    async def go(db: Database) -> tuple[list[CycleProgress], CycleCounts | None]:
-        connector, cycles = await enqueue_cycles(db, app, tenant, streams)
-        if not as_json:
-            for c in cycles:
-                verb = "enqueued" if c.created else "already queued"
-                out.print(f"{tenant}/{c.stream}: cycle {verb} (job {c.job_id})", highlight=False)
+    async def go(db: Database) -> list[_Followed]:
+        names = [tenant] if tenant is not None else await _active(db, connector_name, out)
+        followed = []
+        for name in names:
+            connector, cycles = await enqueue_cycles(db, app, name, streams)
+            followed.append(_Followed(name, connector, cycles))
+            if not as_json:
+                for c in cycles:
+                    verb = "enqueued" if c.created else "already queued"
+                    out.print(f"{name}/{c.stream}: cycle {verb} (job {c.job_id})", highlight=False)
         if not wait:
-            return cycles, None
-        totals = await follow(
-            db, tenant, connector, cycles, out=None if as_json else out, give_up_after=timeout
-        )
-        return cycles, totals
+            return followed
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for f in followed:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+            try:
+                f.totals = await follow(
+                    db, f.tenant, f.connector, f.cycles, out=None if as_json else out,
+                    give_up_after=left,
+                )  # fmt: skip
+            except CycleBlocked as exc:
+                f.blocked = str(exc)
+        return followed
 
-    cycles, totals = run(go, database_url)
-    if as_json:
-        doc: dict[str, Any] = {"tenant": tenant, "cycles": [c.to_json() for c in cycles]}
-        if totals is not None:
-            doc.update(records=totals.ok, failed=totals.failed, dead_letters=totals.dead_letters)
-        click.echo(json.dumps(doc, sort_keys=True))
-    elif totals is not None:
-        for c in cycles:
-            line = f"{tenant}/{c.stream}: {c.status} after {c.attempts} attempt(s)"
-            if c.status != "succeeded" and c.last_error:
-                line += f": {c.last_error[:200]}"
-            out.print(cell(line), highlight=False)
-        out.print(
-            f"{totals.ok} records handled, {totals.failed} failed, "
-            f"{totals.dead_letters} dead letters",
-            highlight=False,
-        )
-    if totals is not None and any(c.status != "succeeded" for c in cycles):
+    followed = run(go, database_url)
+    failed = False
+    for f in followed:
+        if as_json:
+            doc: dict[str, Any] = {"tenant": f.tenant, "cycles": [c.to_json() for c in f.cycles]}
+            if f.totals is not None:
+                doc.update(
+                    records=f.totals.ok, failed=f.totals.failed,
+                    dead_letters=f.totals.dead_letters,
+                )  # fmt: skip
+            if f.blocked is not None:
+                doc["blocked"] = f.blocked
+            click.echo(json.dumps(doc, sort_keys=True))
+        elif f.blocked is not None:
+            out.print(
+                cell(f"{f.tenant}: stopped waiting: {f.blocked}"),
+                highlight=False, soft_wrap=True,
+            )  # fmt: skip
+        elif f.totals is not None:
+            for c in f.cycles:
+                line = f"{f.tenant}/{c.stream}: {c.status} after {c.attempts} attempt(s)"
+                if c.status != "succeeded" and c.last_error:
+                    line += f": {c.last_error[:200]}"
+                out.print(cell(line), highlight=False, soft_wrap=True)
+            out.print(
+                f"{f.totals.ok} records handled, {f.totals.failed} failed, "
+                f"{f.totals.dead_letters} dead letters",
+                highlight=False,
+            )
+        if wait and (f.blocked is not None or any(c.status != "succeeded" for c in f.cycles)):
+            failed = True
+    if failed:
         raise SystemExit(1)
+
+
+@dataclass
+class _Followed:
+    tenant: str
+    connector: str
+    cycles: list[CycleProgress]
+    totals: CycleCounts | None = None
+    blocked: str | None = None
+
+
+async def _active(db: Database, connector: str | None, out: Console) -> list[str]:
+    """The active tenants (of ``connector``); the others are named as skipped."""
+    from synckit.runtime.tenants import list_tenants
+
+    tenants = await list_tenants(db, connector=connector, reveal=False)
+    for t in tenants:
+        if t.status != "active":
+            out.print(f"{t.tenant}: skipped, {t.status}", highlight=False, markup=False)
+    names = [t.tenant for t in tenants if t.status == "active"]
+    if not names:
+        of = f" of connector {connector!r}" if connector else ""
+        raise CliError(f"no active tenant{of} to sync")
+    return names

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -459,6 +459,21 @@ class Database:
     def use_clock(self, clock: Callable[[], datetime]) -> None:
         """Make ``clock`` this database's :attr:`clock`."""
         self._clock[0] = clock
+
+    def __await__(self) -> Generator[Any, None, Database]:
+        """``await open_database(url)``: the database, connected and checked (as
+        :meth:`check`), so that a script reads ``db = await open_database(url)`` then
+        ``await migrate_database(db)``. The plain call connects nothing (first use does)."""
+
+        async def checked() -> Database:
+            try:
+                await self.check()
+            except BaseException:
+                await self.dispose()  # the caller never gets it to dispose of
+                raise
+            return self
+
+        return checked().__await__()
 
     @property
     def dialect(self) -> str:
@@ -1044,7 +1059,9 @@ def open_database(
     ``pg_schema`` puts synckit's tables in that PostgreSQL schema (its ``search_path``);
     tests use it to give every test a database of its own. Raises
     :class:`ConfigurationError` for a URL synckit cannot use. Nothing is connected until
-    first use; call :meth:`Database.check` to fail fast.
+    first use; call :meth:`Database.check` to fail fast, or open it as the async API
+    does elsewhere: ``db = await open_database(url)`` connects and checks it (then
+    ``await migrate_database(db)`` brings its schema up to date).
     """
     given = database_url_from_env(url)
     parsed = normalize_url(given)

@@ -42,7 +42,10 @@ def lock_schema(connection: Connection) -> None:
 
 
 async def upgrade(db: Database, revision: str = "head") -> None:
-    """Bring the schema up to ``revision``; a no-op when it is already there."""
+    """Bring the schema up to ``revision``; a no-op when it is already there.
+
+    Public as ``synckit.migrate_database``: ``db = await open_database(url)`` then
+    ``await migrate_database(db)``, both awaited (``synckit db upgrade`` does the same)."""
 
     def run(connection: Connection) -> None:
         lock_schema(connection)
