@@ -53,7 +53,13 @@ from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter
 from synckit.store.resources import get_resource, reset_resource
 from synckit.web.explain import duration_text, tenant_why
-from synckit.web.security import csrf_valid, origin_allowed, safe_next, token_valid
+from synckit.web.security import (
+    csrf_valid,
+    host_refusal,
+    origin_allowed,
+    safe_next,
+    token_valid,
+)
 
 if TYPE_CHECKING:
     from synckit.app import App
@@ -73,13 +79,15 @@ log = structlog.get_logger("synckit.web")
 @dataclass(frozen=True)
 class WebConfig:
     """How the console runs: its database, the App (for sync now, record replays and the
-    connectors' secret fields), the access token, read-only mode, live refresh period."""
+    connectors' secret fields), the access token, read-only mode, live refresh period,
+    and the public host names it answers to besides loopback ones (``allowed_hosts``)."""
 
     database_url: str | None
     app: App | None = None
     token: str | None = None
     read_only: bool = False
     refresh_seconds: float = 2.0
+    allowed_hosts: tuple[str, ...] = ()
 
 
 # --- presentation helpers ---------------------------------------------------------------
@@ -164,6 +172,12 @@ class _Guard(BaseHTTPMiddleware):
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         st = _state(request)
         path = request.url.path
+        bad_host = host_refusal(
+            request.headers.get("host"), token=st.config.token, allowed=st.config.allowed_hosts
+        )
+        if bad_host is not None:
+            log.warning("web.host_refused", host=request.headers.get("host", "")[:200])
+            return PlainTextResponse(f"bad request: {bad_host}", status_code=400)
         # The OAuth callback is authorised by its state (see oauth_callback).
         public = path.startswith("/static/") or path in ("/login", CALLBACK_PATH)
         if not public and st.config.token:

@@ -126,18 +126,23 @@ def console(url: str, tmp: Path, *args: str, **env_changes: str | None) -> Itera
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def pw() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         why = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
         if os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1":
             pytest.fail(why + " (SYNCKIT_REQUIRE_SERVICES=1; .ci/run installs it)")
         pytest.skip(why)
     with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            b.close()
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(pw: Any) -> Iterator[Any]:
+    b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 @contextmanager
@@ -179,3 +184,52 @@ def test_a_replay_without_the_key_leaves_the_rows_untouched_and_says_why(
         colour = flash.evaluate("e => getComputedStyle(e).backgroundColor")
         assert colour == "rgb(251, 230, 227)", colour
     assert dlq_state(url) == before
+
+
+# --- 7. host check ----------------------------------------------------------------------------
+
+
+def test_a_page_reached_through_another_host_name_gets_400(pw: Any, tmp_path: Path) -> None:
+    """DNS rebinding's shape: a browser that resolves evil.example to 127.0.0.1 (by its
+    resolver rules) reaches the loopback console under that name: 400, page and POST;
+    the same console under 127.0.0.1 answers."""
+    url, _seeded = seeded_db(tmp_path)
+    with console(url, tmp_path) as base:
+        port = base.rsplit(":", 1)[1]
+        b = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--host-resolver-rules=MAP evil.example 127.0.0.1"],
+        )
+        try:
+            page = b.new_page()
+            response = page.goto(f"http://evil.example:{port}/tenants/acme")
+            assert response is not None and response.status == 400
+            assert "not a loopback name or address" in page.inner_text("body")
+            # The rebinding page's own script, posting to "its" origin.
+            status = page.evaluate(
+                "() => fetch('/tenants/acme/pause', {method: 'POST', body: new URLSearchParams("
+                "{csrf: 'x'.repeat(32)})}).then(r => r.status)"
+            )
+            assert status == 400
+            fine = page.goto(f"{base}/tenants/acme")
+            assert fine is not None and fine.status == 200
+        finally:
+            b.close()
+
+
+def test_allowed_host_needs_a_token(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            *SYNCKIT,
+            "web",
+            "--allowed-host",
+            "console.example.com",
+            "--database-url",
+            f"sqlite:///{tmp_path / 'x.db'}",
+        ],
+        env=env(SYNCKIT_WEB_TOKEN=None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--allowed-host needs --token" in done.stderr

@@ -32,6 +32,8 @@ from synckit.web.app import CSRF_COOKIE
 APPS = Path(__file__).resolve().parents[1] / "apps"
 FIELDS = ("status", "status_reason", "next_retry_at", "replay_attempts", "resolved_at")
 
+LOCAL = "http://127.0.0.1"  # the Host a loopback console answers to
+
 
 async def snapshot(db: Database, ids: list[int]) -> dict[int, tuple[Any, ...]]:
     rows = [await dlq_store.get(db, i) for i in ids]
@@ -135,7 +137,7 @@ async def test_the_cli_refuses_with_the_cause_and_changes_nothing(
 @contextmanager
 def console(url: str, **options: Any) -> Iterator[TestClient]:
     config = WebConfig(database_url=url, app=app, **options)
-    with TestClient(create_app(config), follow_redirects=False) as client:
+    with TestClient(create_app(config), base_url=LOCAL, follow_redirects=False) as client:
         client.get("/login")
         yield client
 
@@ -175,7 +177,7 @@ async def test_the_console_without_app_leaves_record_rows_and_says_it_needs_app(
     ids = await seeded(db)
     before = await snapshot(db, ids)
     config = WebConfig(database_url=migrated_url, app=None)
-    with TestClient(create_app(config), follow_redirects=False) as client:
+    with TestClient(create_app(config), base_url=LOCAL, follow_redirects=False) as client:
         client.get("/login")
         flash = replay(client, ids=[str(i) for i in ids])
     assert flash.startswith("!") and "needs --app" in flash, flash
