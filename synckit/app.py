@@ -362,16 +362,22 @@ class App:
         """Run ``handle()`` again on one dead-lettered record; raise if it fails again.
 
         ``kind`` is the dead letter's (``record:<stream>``). The call is paced and
-        classified like a poll cycle's. Rows that can never be replayed (the tenant or
-        connector is gone, the kind is not a record kind) raise
-        :class:`synckit.dlq.replay.Unreplayable`; a paused tenant raises
+        classified like a poll cycle's. Rows that can never be replayed (the tenant is
+        gone or uses another connector now, the kind is not a record kind) raise
+        :class:`synckit.dlq.replay.Unreplayable`; what configuration prevents (the
+        tenant's secrets do not open with ``$SYNCKIT_SECRET_KEY``, this App lacks the
+        connector or stream) raises :class:`synckit.dlq.replay.ReplayBlocked`, which
+        leaves the row as it was; a paused tenant raises
         :class:`~synckit.runtime.tenants.TenantError` (replay it once resumed).
         """
-        from synckit.dlq.replay import Unreplayable
+        from synckit.dlq.replay import ReplayBlocked, Unreplayable
         from synckit.runtime.tenants import TenantError
 
         try:
             stream = stream_of_kind(kind)
+        except ConfigurationError as exc:
+            raise Unreplayable(str(exc)) from exc
+        try:
             t = await get_tenant(db, tenant)
             if t.connector != connector:
                 raise Unreplayable(
@@ -383,7 +389,9 @@ class App:
         except TenantNotFound as exc:
             raise Unreplayable(str(exc)) from exc
         except ConfigurationError as exc:
-            raise Unreplayable(str(exc)) from exc
+            # No key, a wrong key, a connector this App lacks: not the row's fault, so
+            # never a reason to give the row up (the processor leaves it as it was).
+            raise ReplayBlocked(str(exc)) from exc
         if t.status == "paused":
             raise TenantError(f"tenant {tenant!r} is paused")
         async with open_context(

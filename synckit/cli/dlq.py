@@ -316,7 +316,7 @@ def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:
             outcomes.add_row(name, str(n))
     tables: list[Any] = [outcomes]
     if summary.reasons:
-        reasons = Table(title="Why rows were ignored, skipped or deferred")
+        reasons = Table(title="Why rows were ignored, skipped, deferred or left unchanged")
         for col in ("outcome", "reason", "rows"):
             reasons.add_column(col, justify="right" if col == "rows" else "left")
         ranked = sorted(summary.reasons.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -455,9 +455,19 @@ def replay(
                 }
             )
         )
-        return
-    for table in _summary_tables(summary, f"Replayed {summary.claimed} dead letters"):
-        console.print(table)
+    else:
+        for table in _summary_tables(summary, f"Replay of {summary.claimed} dead letters"):
+            console.print(table)
+    if summary.blocked:
+        raise CliError(blocked_text(summary))
+
+
+def blocked_text(summary: ReplaySummary) -> str:
+    """One line for the rows a replay left unchanged because of configuration."""
+    why = sorted({r for (o, r), _n in summary.reasons.items() if o == "blocked"})
+    return f"{summary.blocked} dead letter(s) not replayed and left unchanged: " + "; ".join(
+        why[:3]
+    )
 
 
 # --- resolve / ignore / purge / export ------------------------------------------------------

@@ -24,6 +24,13 @@ TOKEN_ENV = "SYNCKIT_WEB_TOKEN"
     help=f"Access token (at least 16 characters); required to listen beyond loopback "
     f"(or ${TOKEN_ENV}).",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="A public host name the console answers to (repeatable; needs --token). "
+    "Requests naming any other non-loopback Host get 400.",
+)
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing.")
 @click.option(
     "--refresh",
@@ -38,6 +45,7 @@ def web_command(
     host: str,
     port: int,
     token: str | None,
+    allowed_hosts: tuple[str, ...],
     read_only: bool,
     refresh: float,
     database_url: str | None,
@@ -64,6 +72,8 @@ def web_command(
     refusal = bind_refusal(host, token or None)
     if refusal is not None:
         raise CliError(refusal)
+    if allowed_hosts and not token:
+        raise CliError("--allowed-host needs --token: only loopback names are served without one")
     app = load_app(app_spec) if app_spec else None
     if app is not None:
         app.use_database_url(database_url)
@@ -74,6 +84,7 @@ def web_command(
         token=token or None,
         read_only=read_only,
         refresh_seconds=refresh,
+        allowed_hosts=tuple(allowed_hosts),
     )
 
     async def ready(_db: object) -> None:

@@ -51,7 +51,7 @@ import structlog
 from synckit.clock import utcnow
 from synckit.errors.classify import classify
 from synckit.errors.dlq_policy import REVIEW_CLASSES, UniformSource, next_retry_delay
-from synckit.errors.exceptions import JobNotFound, JobStateError
+from synckit.errors.exceptions import ConfigurationError, JobNotFound, JobStateError
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.store import dead_letters as store
 from synckit.store import jobs
@@ -64,6 +64,7 @@ __all__ = [
     "DLQ_REPLAY_KIND",
     "Plan",
     "RecordReplayApp",
+    "ReplayBlocked",
     "ReplayProcessor",
     "ReplayResult",
     "ReplaySummary",
@@ -92,6 +93,16 @@ class Unreplayable(DlqError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class ReplayBlocked(ConfigurationError):
+    """Raised by a replayer: this row cannot be replayed *here*, because of configuration
+    (``$SYNCKIT_SECRET_KEY`` unset or wrong, no App) and not because of the row itself.
+
+    The processor leaves such a row as it was (an operator's replay gives it back
+    unchanged; an automatic one tries again later without spending an attempt): a row is
+    never ignored, resolved or consumed for a reason that is not about it. Any
+    :class:`~synckit.errors.ConfigurationError` a replayer raises counts as this."""
 
 
 class Replayers:
@@ -160,8 +171,16 @@ def replayers_from_app(app: object, db: Database) -> tuple[Replayers, Registry |
     return replayers, registry if isinstance(registry, Registry) else None
 
 
-Outcome = Literal["resolved", "retry", "review", "ignored", "deferred", "skipped"]
-OUTCOMES: tuple[Outcome, ...] = ("resolved", "retry", "review", "ignored", "deferred", "skipped")
+Outcome = Literal["resolved", "retry", "review", "ignored", "deferred", "skipped", "blocked"]
+OUTCOMES: tuple[Outcome, ...] = (
+    "resolved",
+    "retry",
+    "review",
+    "ignored",
+    "deferred",
+    "skipped",
+    "blocked",
+)
 
 
 @dataclass(frozen=True)
@@ -198,7 +217,9 @@ class ReplayResult:
 class ReplaySummary:
     """Counts of one run. ``reviews`` counts the rows sent to review per
     ``(tenant, error_class)``; ``reasons`` counts ``(outcome, reason)`` for rows that were
-    ignored, skipped or deferred."""
+    ignored, skipped, deferred or blocked (left as they were: the replay cannot run
+    because of configuration, see :class:`ReplayBlocked`), and for rows resolved without
+    a replay of their own (a dead job put back in the queue, one that succeeded since)."""
 
     claimed: int = 0
     resolved: int = 0
@@ -207,6 +228,7 @@ class ReplaySummary:
     ignored: int = 0
     deferred: int = 0
     skipped: int = 0
+    blocked: int = 0
     reviews: dict[tuple[str, str], int] = field(default_factory=dict)
     reasons: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -230,7 +252,9 @@ class _Done:
     """The replay phase's verdict on one row, before it is written."""
 
     row: DeadLetter
-    action: Literal["resolve", "resolve_job", "enqueue", "retry", "review", "ignore", "skip"]
+    action: Literal[
+        "resolve", "resolve_job", "enqueue", "retry", "review", "ignore", "skip", "blocked"
+    ]
     reason: str = ""
     error: ReplayError | None = None
     next_retry_at: datetime | None = None
@@ -393,7 +417,10 @@ class ReplayProcessor:
             if r.id not in got
         ]
         summary = self._report([*missed, *deferred], progress)
-        return summary + await self._process(rows, lease.token, automatic=False, progress=progress)
+        originals = {r.id: r for r in listed}
+        return summary + await self._process(
+            rows, lease.token, automatic=False, progress=progress, originals=originals
+        )
 
     @staticmethod
     def _report(
@@ -440,6 +467,7 @@ class ReplayProcessor:
         *,
         automatic: bool,
         progress: Callable[[ReplayResult], None] | None = None,
+        originals: dict[int, DeadLetter] | None = None,
     ) -> ReplaySummary:
         if not rows:
             return ReplaySummary()
@@ -450,7 +478,7 @@ class ReplayProcessor:
                 return await self._replay_one(row, automatic=automatic)
 
         done = await asyncio.gather(*(one(r) for r in rows))
-        results = await self._record(list(done), token)
+        results = await self._record(list(done), token, originals or {})
         if progress is not None:
             for r in results:
                 progress(r)
@@ -481,6 +509,9 @@ class ReplayProcessor:
             return _Done(row, "resolve", "replayed")
         except Unreplayable as exc:
             return _Done(row, "ignore", f"unreplayable: {exc.reason}")
+        except ConfigurationError as exc:
+            # The environment, not the row: leave the row as it was.
+            return _Done(row, "blocked", f"cannot replay here: {exc}", replayed=False)
         except TimeoutError as exc:
             if isinstance(exc.__context__, asyncio.CancelledError):
                 exc = TimeoutError(f"replay exceeded its {self.timeout:g}s timeout")
@@ -533,7 +564,9 @@ class ReplayProcessor:
 
     # --- recording ----------------------------------------------------------------------
 
-    async def _record(self, done: list[_Done], token: str) -> list[ReplayResult]:
+    async def _record(
+        self, done: list[_Done], token: str, originals: dict[int, DeadLetter]
+    ) -> list[ReplayResult]:
         now = self.clock()
         results: list[ReplayResult] = []
 
@@ -619,6 +652,14 @@ class ReplayProcessor:
                         )
                     else:
                         fenced(d)
+                elif d.action == "blocked":
+                    if row.id in originals:  # an operator's replay: give it back as it was
+                        ok = bool(await store.restore(conn, [originals[row.id]], token=token))
+                    else:  # automatic: try again later, no attempt spent
+                        ok = await store.schedule_retry(
+                            conn, row, now + _SKIP_WAIT, now=now, token=token, replayed=False
+                        )
+                    result(d, "blocked") if ok else fenced(d)
                 elif d.action == "ignore":
                     ok = bool(
                         await store.mark_ignored(conn, [row.id], d.reason, now=now, token=token)
@@ -687,7 +728,10 @@ def _summary_of(results: Sequence[ReplayResult]) -> ReplaySummary:
         (r.tenant, r.error_class or "unknown") for r in results if r.outcome == "review"
     )
     reasons: Counter[tuple[str, str]] = Counter(
-        (r.outcome, r.reason) for r in results if r.outcome in ("ignored", "skipped", "deferred")
+        (r.outcome, r.reason)
+        for r in results
+        if r.outcome in ("ignored", "skipped", "deferred", "blocked")
+        or (r.outcome == "resolved" and r.reason not in ("", "replayed"))
     )
     return ReplaySummary(
         claimed=len(results),

@@ -92,7 +92,7 @@ async def enqueue_cycles(
     Returns the connector's name and one :class:`CycleProgress` per stream; a cycle
     already queued or running is reported (``created`` False) rather than doubled.
     """
-    t = await get_tenant(db, tenant)
+    t = await get_tenant(db, tenant, reveal=False)  # enqueueing opens no secret
     cls = app.connector(t.connector)
     if t.status != "active":
         reason = f" ({t.status_reason})" if t.status_reason else ""

@@ -186,10 +186,12 @@ def _open(value: Any, path: ConfigPath, found: list[ConfigPath], open_one: Any, 
             return open_one(value)
         except SecretUnavailable as exc:
             raise SecretUnavailable(
-                f"config field {dotted(path)}: {exc}", key_id=exc.key_id
+                f"config field {dotted(path)!r} cannot be opened: {exc}", key_id=exc.key_id
             ) from None
         except ConfigurationError as exc:
-            raise ConfigurationError(f"config field {dotted(path)}: {exc}") from None
+            raise ConfigurationError(
+                f"config field {dotted(path)!r} cannot be opened: {exc}"
+            ) from None
     if depth > _MAX_DEPTH:
         return value
     if isinstance(value, Mapping):

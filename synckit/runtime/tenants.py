@@ -467,12 +467,13 @@ async def set_config(
 async def pause_tenant(db: Database, tenant: str, reason: str = "paused by operator") -> Tenant:
     """Stop the tenant's work: its jobs are not claimed and no cycle is scheduled.
 
-    A cycle already running finishes its current page.
+    A cycle already running finishes its current page. Needs no key: the tenant is
+    returned with its secret config fields masked (``reveal=False``).
     """
-    await get_tenant(db, tenant)
+    await get_tenant(db, tenant, reveal=False)
     async with db.begin() as conn:
         await connection_store.set_status(conn, tenant, "paused", reason=reason, now=utcnow())
-    return await get_tenant(db, tenant)
+    return await get_tenant(db, tenant, reveal=False)
 
 
 async def resume_tenant(db: Database, tenant: str) -> Tenant:
@@ -480,9 +481,9 @@ async def resume_tenant(db: Database, tenant: str) -> Tenant:
 
     A tenant that needs re-authorisation is refused: new credentials resume it
     (``tenants connect``/``reauth`` for OAuth, ``tenants set-config`` for a key in its
-    config).
+    config). Needs no key: the tenant is returned with its secret config fields masked.
     """
-    current = await get_tenant(db, tenant)
+    current = await get_tenant(db, tenant, reveal=False)
     if current.status == "needs_reauth":
         raise TenantError(
             f"tenant {tenant!r} needs re-authorisation ({current.status_reason or 'no reason'}); "
@@ -491,7 +492,7 @@ async def resume_tenant(db: Database, tenant: str) -> Tenant:
         )
     async with db.begin() as conn:
         await connection_store.set_status(conn, tenant, "active", reason=None, now=utcnow())
-    return await get_tenant(db, tenant)
+    return await get_tenant(db, tenant, reveal=False)
 
 
 async def remove_tenant(db: Database, tenant: str) -> Tenant:

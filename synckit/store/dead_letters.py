@@ -1176,6 +1176,20 @@ async def _update_returning_ids(
     return [int(r[0]) for r in res]
 
 
+async def restore(conn: AsyncConnection, rows: Sequence[DeadLetter], *, token: str) -> list[int]:
+    """Give rows an operator's replay leased back exactly as they were before the claim
+    (status and replay time), lease released: a replay that could not run because of
+    configuration (no key, a wrong key, no App) changes nothing."""
+    done: list[int] = []
+    for row in rows:
+        done += await _update_returning_ids(
+            conn,
+            _fenced([row.id], token),
+            {"status": row.status, "next_retry_at": row.next_retry_at},
+        )
+    return done
+
+
 async def defer(
     conn: AsyncConnection,
     ids: Sequence[int],

@@ -55,7 +55,13 @@ from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter
 from synckit.store.resources import get_resource, reset_resource
 from synckit.web.explain import duration_text, tenant_why
-from synckit.web.security import csrf_valid, origin_allowed, safe_next, token_valid
+from synckit.web.security import (
+    csrf_valid,
+    host_refusal,
+    origin_allowed,
+    safe_next,
+    token_valid,
+)
 
 if TYPE_CHECKING:
     from synckit.app import App
@@ -66,6 +72,7 @@ HERE = Path(__file__).parent
 CSRF_COOKIE = "synckit_csrf"
 TOKEN_COOKIE = "synckit_token"
 FLASH_COOKIE = "synckit_flash"
+BAD_MARK = "!"  # a flash message starting with it reports a failure
 JOB_STATUSES = job_store.JOB_STATUSES
 OUTBOX_STATUSES = ("pending", "failed", "published")
 log = structlog.get_logger("synckit.web")
@@ -74,13 +81,15 @@ log = structlog.get_logger("synckit.web")
 @dataclass(frozen=True)
 class WebConfig:
     """How the console runs: its database, the App (for sync now, record replays and the
-    connectors' secret fields), the access token, read-only mode, live refresh period."""
+    connectors' secret fields), the access token, read-only mode, live refresh period,
+    and the public host names it answers to besides loopback ones (``allowed_hosts``)."""
 
     database_url: str | None
     app: App | None = None
     token: str | None = None
     read_only: bool = False
     refresh_seconds: float = 2.0
+    allowed_hosts: tuple[str, ...] = ()
 
 
 # --- presentation helpers ---------------------------------------------------------------
@@ -176,6 +185,12 @@ class _Guard(BaseHTTPMiddleware):
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         st = _state(request)
         path = request.url.path
+        bad_host = host_refusal(
+            request.headers.get("host"), token=st.config.token, allowed=st.config.allowed_hosts
+        )
+        if bad_host is not None:
+            log.warning("web.host_refused", host=request.headers.get("host", "")[:200])
+            return PlainTextResponse(f"bad request: {bad_host}", status_code=400)
         # The OAuth callback is authorised by its state (see oauth_callback).
         public = path.startswith("/static/") or path in ("/login", CALLBACK_PATH)
         if not public and st.config.token:
@@ -251,13 +266,16 @@ class _CsrfSeed:
 def render(request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
     st = _state(request)
     flash = request.cookies.get(FLASH_COOKIE)
+    flash_bad = bool(flash and flash.startswith(BAD_MARK))
+    shown_flash = flash[len(BAD_MARK) :] if flash and flash_bad else flash
     html = st.env.get_template(template).render(
         request=request,
         csrf=request.state.csrf,
         read_only=st.config.read_only,
         has_app=st.config.app is not None,
         refresh=st.config.refresh_seconds,
-        flash=flash,
+        flash=shown_flash,
+        flash_bad=flash_bad,
         now=utcnow(),
         **values,
     )
@@ -267,11 +285,22 @@ def render(request: Request, template: str, status_code: int = 200, **values: An
     return response
 
 
-def _back(request: Request, form: Any, message: str, default: str) -> Response:
+def _back(
+    request: Request, form: Any, message: str, default: str, *, bad: bool = False
+) -> Response:
     target = safe_next(form.get("next") if form is not None else None, default)
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(FLASH_COOKIE, message[:500], max_age=30, httponly=True, samesite="strict")
+    text = (BAD_MARK if bad else "") + message[:800]
+    response.set_cookie(FLASH_COOKIE, text, max_age=30, httponly=True, samesite="strict")
     return response
+
+
+class FailedOutcome(str):
+    """An action's message that reports a failure (shown styled as an error)."""
+
+
+def failed(message: str) -> FailedOutcome:
+    return FailedOutcome(message)
 
 
 async def _act(
@@ -290,9 +319,10 @@ async def _act(
     except (SynckitError, LookupError, ValueError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         log.warning("web.action_failed", action=action, target=target, who=who, error=text)
-        return _back(request, form, f"{action} {target}: {text}", default)
-    log.info("web.action", action=action, target=target, who=who, outcome=message)
-    return _back(request, form, message, default)
+        return _back(request, form, f"{action} {target} failed: {text}", default, bad=True)
+    bad = isinstance(message, FailedOutcome)
+    log.info("web.action", action=action, target=target, who=who, outcome=message, failed=bad)
+    return _back(request, form, message, default, bad=bad)
 
 
 def _int(value: Any, bounds: tuple[int, int] = job_store.INT64) -> int | None:
@@ -875,12 +905,43 @@ async def dlq_action(request: Request) -> Response:
             n = await dlq_store.ignore_matching(db, flt, reason=reason, now=utcnow())
             return f"{n} dead letter(s) ignored"
         if action == "replay":
-            summary = await _replay(st, db, flt)
-            counts = ", ".join(f"{k} {v}" for k, v in summary.counts().items() if v)
-            return f"replay: {counts or 'nothing to replay'}"
+            text, bad = replay_message(await _replay(st, db, flt))
+            return failed(text) if bad else text
         raise ValueError(f"unknown dead-letter action {action!r}")
 
     return await _act(request, f"dlq.{action}", target, work, default="/dlq")
+
+
+def replay_message(summary: Any) -> tuple[str, bool]:
+    """What a replay did, in words, outcome by outcome with the reasons; and whether it
+    reads as a failure (rows left unchanged because of configuration, or nothing run)."""
+    from synckit.dlq.replay import ReplaySummary
+
+    assert isinstance(summary, ReplaySummary)
+    if not summary.claimed:
+        return "replay: no pending or review dead letter matched: nothing to replay", True
+    words = {
+        "resolved": "resolved",
+        "retry": "failed again, retry scheduled",
+        "review": "failed again, sent to review",
+        "ignored": "ignored",
+        "deferred": "deferred",
+        "skipped": "not replayed",
+        "blocked": "NOT replayed, left unchanged",
+    }
+    why: dict[str, list[str]] = {}
+    for (outcome, reason), n in sorted(summary.reasons.items(), key=lambda kv: -kv[1]):
+        why.setdefault(outcome, []).append(f"{n}: {_red(reason)}" if n > 1 else _red(reason))
+    parts = []
+    for outcome, word in words.items():
+        n = getattr(summary, outcome)
+        if n:
+            reasons = why.get(outcome, [])
+            shown = f" ({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''})"
+            parts.append(f"{n} {word}{shown if reasons else ''}")
+    ran = summary.resolved + summary.retry + summary.review + summary.ignored + summary.deferred
+    bad = bool(summary.blocked) or not ran
+    return f"replay of {summary.claimed} dead letter(s): " + "; ".join(parts), bad
 
 
 async def _replay(st: _State, db: Database, flt: DlqFilter) -> Any:

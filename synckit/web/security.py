@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 __all__ = [
     "bind_refusal",
     "csrf_valid",
+    "host_refusal",
     "is_loopback",
     "origin_allowed",
     "safe_next",
@@ -42,6 +43,42 @@ def bind_refusal(host: str, token: str | None) -> str | None:
             "(--token or $SYNCKIT_WEB_TOKEN), or bind 127.0.0.1"
         )
     return None
+
+
+def _host_name(host: str) -> str:
+    """The name or address of a ``Host`` header, without its port."""
+    h = host.strip().lower()
+    if h.startswith("["):  # [::1]:8080
+        return h[1 : h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+def host_refusal(
+    host: str | None, *, token: str | None, allowed: tuple[str, ...] = ()
+) -> str | None:
+    """Why a request naming ``host`` (its ``Host`` header) must be refused, or None.
+
+    Without a token the console listens on loopback only, so a request naming any other
+    host came through a name that resolves to this machine for someone else's page (DNS
+    rebinding): loopback names and addresses only. With ``allowed`` hosts (the public
+    names of a console behind a token), those and loopback only; with a token and none
+    named, any host (the token guards every request).
+    """
+    name = _host_name(host or "")
+    if not name:
+        return "the request names no Host"
+    if is_loopback(name) or name.endswith(".localhost"):
+        return None
+    if allowed:
+        if name in {_host_name(a) for a in allowed}:
+            return None
+        return f"Host {name!r} is not one this console serves (--allowed-host)"
+    if token:
+        return None
+    return (
+        f"Host {name!r} is not a loopback name or address: this console listens on loopback "
+        "only (give --token and --allowed-host to serve it under another name)"
+    )
 
 
 def token_valid(expected: str | None, given: str | None) -> bool:

@@ -267,7 +267,7 @@ def test_replay_with_the_app_by_ids_and_by_filter(migrated_url: str, tmp_path: P
         migrated_url,
         env={**env, "SYNCKIT_APP": ""},
     )
-    assert "Replayed" in table and "retry" in table and "unknown connector" in table
+    assert "Replay of" in table and "retry" in table and "unknown connector" in table
 
     def row(name: str) -> store.DeadLetter:
         return with_db(migrated_url, lambda d: store.get(d, ids[name]))

@@ -7,6 +7,7 @@ log hold none of the demo's secrets (one run of the demo serves every test here)
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -71,6 +72,8 @@ SECTIONS = (
     "Mail sent exactly once",
     "synckit status --database-url sqlite:///synckit-demo.db",
     "synckit dlq ls --database-url sqlite:///synckit-demo.db",
+    "SYNCKIT_SECRET_KEY=$(cat synckit-demo.key) synckit web --app "
+    "synckit.examples.graph_mail.app:app --database-url sqlite:///synckit-demo.db",
 )
 
 
@@ -312,3 +315,33 @@ def test_the_demo_database_and_its_wal_hold_no_client_secret_or_token(demo: Demo
         rows = conn.execute("SELECT config, token_set FROM connections").fetchall()
     assert rows and all(config and tokens for config, tokens in rows)
     assert not demo.leaks, sorted(demo.leaks)
+
+
+def test_the_demo_keeps_its_key_and_ends_with_the_console_command(demo: DemoRun) -> None:
+    """Issue 34: the key the demo made is kept beside its database (owner only), opens
+    every tenant's sealed config there, and the last line printed is ``synckit web`` with
+    its --app, reading that key."""
+    key_file = demo.db.parent / "synckit-demo.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = key_file.read_text().strip()
+    last = [line.strip() for line in demo.human.splitlines() if line.strip()][-1]
+    assert last == (
+        "SYNCKIT_SECRET_KEY=$(cat synckit-demo.key) synckit web --app "
+        "synckit.examples.graph_mail.app:app --database-url sqlite:///synckit-demo.db"
+    )
+    assert demo.summary["next_commands"][-1] == last
+
+    async def open_all() -> list[str]:
+        from synckit.runtime.secrets import TokenCipher
+        from synckit.runtime.tenants import get_tenant
+        from synckit.store.db import open_database
+
+        db = open_database(f"sqlite:///{demo.db}")
+        try:
+            cipher = TokenCipher([key])
+            names = [t["tenant"] for t in demo.summary["tenants"]]
+            return [(await get_tenant(db, n, cipher=cipher)).tenant for n in names]
+        finally:
+            await db.dispose()
+
+    assert len(asyncio.run(open_all())) == 3

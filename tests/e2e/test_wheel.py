@@ -89,4 +89,4 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_demo_in_an_empty_folder(
     left = {p.name for p in empty.iterdir()}
     assert {"synckit-demo.db", "synckit-demo.log"} <= left, left
     assert left <= {"synckit-demo.db", "synckit-demo.db-wal", "synckit-demo.db-shm",
-                    "synckit-demo.log"}, left  # fmt: skip
+                    "synckit-demo.log", "synckit-demo.key"}, left  # fmt: skip

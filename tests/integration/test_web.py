@@ -28,11 +28,13 @@ from synckit.web.app import CSRF_COOKIE
 
 TOKEN = "a-long-enough-access-token"
 
+LOCAL = "http://127.0.0.1"  # the Host a loopback console answers to
+
 
 @contextmanager
 def console(url: str, **options: Any) -> Iterator[TestClient]:
     config = WebConfig(database_url=url, app=app, **options)
-    with TestClient(create_app(config), follow_redirects=False) as client:
+    with TestClient(create_app(config), base_url=LOCAL, follow_redirects=False) as client:
         yield client
 
 
@@ -365,7 +367,9 @@ async def test_reauthorise_without_oauth_says_to_set_the_config(
         said = text_of(client.get("/tenants/umbrella").text)
         assert "does not authenticate with OAuth2Auth" in said
         assert "synckit tenants set-config" in said
-    with TestClient(create_app(WebConfig(database_url=migrated_url)), follow_redirects=False) as c:
+    with TestClient(
+        create_app(WebConfig(database_url=migrated_url)), base_url=LOCAL, follow_redirects=False
+    ) as c:
         post(c, "/tenants/umbrella/reauthorize")
         assert "start the console with --app" in text_of(c.get("/tenants/umbrella").text)
     from sqlalchemy import func, select
@@ -650,3 +654,24 @@ async def test_stored_terminal_escapes_are_shown_escaped(db: Database, migrated_
             html = client.get(path).text
             assert "\x1b" not in html and "\u202e" not in html and "\x07" not in html, path
             assert "moved \\x1b]0;pwned\\x07 \\u202eevil &lt;b&gt;x&lt;/b&gt;" in html, path
+
+
+async def test_a_request_naming_another_host_is_refused(db: Database, migrated_url: str) -> None:
+    """Issue 34: the DNS-rebinding shape (``Host: evil.example:8080`` with a matching
+    Origin) gets 400 on a loopback console, for a page and for an action; with a token,
+    --allowed-host names the public host."""
+    await seed(db)
+    with console(migrated_url) as client:
+        token = csrf(client)
+        evil = {"host": "evil.example:8080", "origin": "http://evil.example:8080"}
+        page = client.get("/tenants/acme", headers=evil)
+        assert page.status_code == 400 and "not a loopback name" in page.text
+        action = client.post("/tenants/acme/pause", data={"csrf": token}, headers=evil)
+        assert action.status_code == 400
+        assert client.get("/tenants/acme", headers={"host": "localhost:8080"}).status_code == 200
+    assert (await get_tenant(db, "acme", reveal=False)).status == "active"
+    with console(migrated_url, token=TOKEN, allowed_hosts=("console.example.com",)) as client:
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        ok = client.get("/", headers={**auth, "host": "console.example.com"})
+        assert ok.status_code == 200
+        assert client.get("/", headers={**auth, "host": "evil.example"}).status_code == 400

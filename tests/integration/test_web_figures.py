@@ -34,10 +34,14 @@ from synckit.store.tables import dead_letters
 from synckit.web import WebConfig, create_app
 from synckit.web.app import CSRF_COOKIE
 
+LOCAL = "http://127.0.0.1"  # the Host a loopback console answers to
+
 
 @contextmanager
 def console(url: str) -> Iterator[TestClient]:
-    with TestClient(create_app(WebConfig(database_url=url, app=app)), follow_redirects=False) as c:
+    with TestClient(
+        create_app(WebConfig(database_url=url, app=app)), base_url=LOCAL, follow_redirects=False
+    ) as c:
         yield c
 
 

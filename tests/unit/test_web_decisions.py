@@ -13,6 +13,7 @@ from synckit.web.explain import duration_text, tenant_why
 from synckit.web.security import (
     bind_refusal,
     csrf_valid,
+    host_refusal,
     is_loopback,
     origin_allowed,
     safe_next,
@@ -151,3 +152,31 @@ def test_every_reason_has_one_line_and_only_when_it_holds(
 @given(st.floats(0, 10 * 86400))
 def test_durations_are_short(seconds: float) -> None:
     assert len(duration_text(seconds)) <= 8
+
+
+@pytest.mark.parametrize(
+    ("host", "token", "allowed", "refused"),
+    [
+        ("127.0.0.1:8080", None, (), False),
+        ("localhost:8080", None, (), False),
+        ("LOCALHOST", None, (), False),
+        ("[::1]:8080", None, (), False),
+        ("app.localhost:8080", None, (), False),
+        ("evil.example:8080", None, (), True),  # DNS rebinding's shape
+        ("evil.example", None, (), True),
+        ("10.0.0.5:8080", None, (), True),
+        ("", None, (), True),
+        (None, None, (), True),
+        ("127.0.0.1.evil.example", None, (), True),
+        ("console.example.com", "t" * 16, (), False),  # a token guards every request
+        ("console.example.com:443", "t" * 16, ("console.example.com",), False),
+        ("evil.example", "t" * 16, ("console.example.com",), True),
+        ("127.0.0.1:8080", "t" * 16, ("console.example.com",), False),
+    ],
+)
+def test_host_check(
+    host: str | None, token: str | None, allowed: tuple[str, ...], refused: bool
+) -> None:
+    """Issue 34: a loopback console answers only to loopback names; --allowed-host names
+    the public ones of a console behind a token."""
+    assert (host_refusal(host, token=token, allowed=allowed) is not None) is refused

@@ -51,11 +51,15 @@ from synckit.store.demo import DemoReader, snapshot_rows, summary_rows
 if TYPE_CHECKING:
     from synckit.examples.graph_mail.simulator import GraphSimulator
 
-__all__ = ["DB_FILE", "LOG_FILE", "DemoResult", "render_summary", "run_demo"]
+__all__ = ["DB_FILE", "KEY_FILE", "LOG_FILE", "DemoResult", "render_summary", "run_demo"]
 
 DB_FILE = "synckit-demo.db"
 LOG_FILE = "synckit-demo.log"
+#: The key the demo made (when ``$SYNCKIT_SECRET_KEY`` was unset), kept beside its database
+#: so that every console action and command works on that database afterwards.
+KEY_FILE = "synckit-demo.key"
 DB_URL = f"sqlite:///{DB_FILE}"
+APP_SPEC = "synckit.examples.graph_mail.app:app"
 SENDS_PER_TENANT = 3
 LOST_SEND_RATE = 0.5
 FABRIKAM_RETRY_AFTER = 1
@@ -314,11 +318,19 @@ async def run_demo(
         with contextlib.suppress(FileNotFoundError):
             (workdir / f"{DB_FILE}{suffix}").unlink()
     ephemeral_key = not os.environ.get("SYNCKIT_SECRET_KEY")
+    key_path = workdir / KEY_FILE
+    with contextlib.suppress(FileNotFoundError):
+        key_path.unlink()  # a stale key would open nothing in the new database
     if ephemeral_key:
         from cryptography.fernet import Fernet
 
-        # Tokens are always stored encrypted; the demo's key lives as long as the process.
-        os.environ["SYNCKIT_SECRET_KEY"] = Fernet.generate_key().decode()
+        # Tokens are always stored encrypted. The key is kept beside the database (owner
+        # only), and the commands printed at the end read it from there.
+        key = Fernet.generate_key().decode()
+        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(key + "\n")
+        os.environ["SYNCKIT_SECRET_KEY"] = key
 
     sim = GraphSimulator(seed=2024, page_size=10, lost_send_rate=LOST_SEND_RATE)
     for plan in PLANS:
@@ -399,6 +411,7 @@ async def run_demo(
                         await runner
             elapsed = story.at()
             summary = _summary(reader, example, sim, wire, story, enqueued, elapsed, unmet, db_path)
+            summary["next_commands"] = _next_commands(ephemeral_key)
     finally:
         await wire.inner.aclose()
         await db.dispose()
@@ -422,7 +435,7 @@ def _intro(out: Console, base_url: str, db_path: Path, ephemeral_key: bool) -> N
     )
     if ephemeral_key:
         out.print(
-            "  [dim]tokens are encrypted with a key made for this run "
+            f"  [dim]tokens are encrypted with a key made for this run, kept in {KEY_FILE} "
             "(set SYNCKIT_SECRET_KEY to choose it)[/]"
         )
     out.print()
@@ -799,12 +812,21 @@ def _summary(
         "events": [
             {"at": round(at, 1), "text": Text.from_markup(t).plain} for at, t in story.events
         ],
-        "next_commands": [
-            f"synckit status --database-url {DB_URL}",
-            f"synckit dlq ls --database-url {DB_URL}",
-            f"synckit tenants ls --database-url {DB_URL}",
-        ],
+        "next_commands": _next_commands(False),
     }
+
+
+def _next_commands(kept_key: bool) -> list[str]:
+    """What to run on the demo's database afterwards; the console last, with its App (so
+    "sync now", record replays and re-authorising work) and, when the demo made the key,
+    the key read from the file it kept."""
+    key = f"SYNCKIT_SECRET_KEY=$(cat {KEY_FILE}) " if kept_key else ""
+    return [
+        f"synckit status --database-url {DB_URL}",
+        f"synckit dlq ls --database-url {DB_URL}",
+        f"synckit tenants ls --database-url {DB_URL}",
+        f"{key}synckit web --app {APP_SPEC} --database-url {DB_URL}",
+    ]
 
 
 def _cursor_kind(cursor: Any) -> str | None:

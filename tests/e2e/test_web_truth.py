@@ -1,0 +1,235 @@
+"""Issue 34 in a real Chromium (Debian's, by its path): the console tells the truth.
+
+Each test starts its own ``synckit web`` on a freshly seeded SQLite database (the
+storage paths run on both engines in tests/integration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from synckit.store import dead_letters as dlq_store
+from synckit.store import migrate
+from synckit.store.db import open_database
+
+os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+playwright_api = pytest.importorskip("playwright.sync_api")
+expect = playwright_api.expect
+
+ROOT = Path(__file__).resolve().parents[2]
+APPS = ROOT / "tests" / "apps"
+CHROMIUM = os.environ.get("SYNCKIT_CHROMIUM", "/usr/bin/chromium")
+SYNCKIT = [sys.executable, "-m", "synckit.cli"]
+sys.path.insert(0, str(APPS))
+from web_app import seed  # noqa: E402
+
+
+def env(**changes: str | None) -> dict[str, str]:
+    out = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+    }
+    for k, v in changes.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def run(coro: Any) -> Any:
+    # Playwright's sync API runs an event loop in this thread: use another one.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def with_db(url: str, fn: Any) -> Any:
+    async def go() -> Any:
+        db = open_database(url)
+        try:
+            return await fn(db)
+        finally:
+            await db.dispose()
+
+    return run(go())
+
+
+def seeded_db(tmp: Path) -> tuple[str, dict[str, Any]]:
+    url = f"sqlite:///{tmp / 'synckit.db'}"
+
+    async def prepare(db: Any) -> Any:
+        await migrate.upgrade(db)
+        return await seed(db)
+
+    return url, with_db(url, prepare)
+
+
+@contextmanager
+def console(url: str, tmp: Path, *args: str, **env_changes: str | None) -> Iterator[str]:
+    """``synckit web --app web_app:app`` on ``url``; yields its base URL."""
+    port = free_port()
+    log = tmp / f"web-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [
+                *SYNCKIT,
+                "web",
+                "--app",
+                "web_app:app",
+                "--database-url",
+                url,
+                "--port",
+                str(port),
+                "--refresh",
+                "0.5",
+                *args,
+            ],
+            env=env(**env_changes),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"synckit web exited: {log.read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no listener: {log.read_text()[-2000:]}") from None
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+@pytest.fixture(scope="module")
+def pw() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        why = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+        if os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1":
+            pytest.fail(why + " (SYNCKIT_REQUIRE_SERVICES=1; .ci/run installs it)")
+        pytest.skip(why)
+    with playwright_api.sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(pw: Any) -> Iterator[Any]:
+    b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@contextmanager
+def page_on(browser: Any, base: str) -> Iterator[Any]:
+    context = browser.new_context(base_url=base, viewport={"width": 1280, "height": 860})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def dlq_state(url: str) -> dict[int, tuple[Any, ...]]:
+    async def read(db: Any) -> dict[int, tuple[Any, ...]]:
+        return {
+            r.id: (r.status, r.status_reason, r.next_retry_at, r.replay_attempts, r.lease_token)
+            async for r in dlq_store.iter_rows(db, dlq_store.DlqFilter())
+        }
+
+    out: dict[int, tuple[Any, ...]] = with_db(url, read)
+    return out
+
+
+# --- 1. no accidental loss ------------------------------------------------------------------
+
+
+def test_a_replay_without_the_key_leaves_the_rows_untouched_and_says_why(
+    browser: Any, tmp_path: Path
+) -> None:
+    url, _seeded = seeded_db(tmp_path)
+    before = dlq_state(url)
+    with console(url, tmp_path, SYNCKIT_SECRET_KEY=None) as base, page_on(browser, base) as page:
+        page.goto("/dlq")
+        page.click("button[data-group='acme/server_error']")
+        flash = page.locator("#flash")
+        expect(flash).to_contain_text("NOT replayed, left unchanged")
+        assert "SYNCKIT_SECRET_KEY is not set" in flash.inner_text()
+        assert "bad" in (flash.get_attribute("class") or "")
+        # Styled as an error: not the blue box of a success.
+        colour = flash.evaluate("e => getComputedStyle(e).backgroundColor")
+        assert colour == "rgb(251, 230, 227)", colour
+    assert dlq_state(url) == before
+
+
+# --- 7. host check ----------------------------------------------------------------------------
+
+
+def test_a_page_reached_through_another_host_name_gets_400(pw: Any, tmp_path: Path) -> None:
+    """DNS rebinding's shape: a browser that resolves evil.example to 127.0.0.1 (by its
+    resolver rules) reaches the loopback console under that name: 400, page and POST;
+    the same console under 127.0.0.1 answers."""
+    url, _seeded = seeded_db(tmp_path)
+    with console(url, tmp_path) as base:
+        port = base.rsplit(":", 1)[1]
+        b = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--host-resolver-rules=MAP evil.example 127.0.0.1"],
+        )
+        try:
+            page = b.new_page()
+            response = page.goto(f"http://evil.example:{port}/tenants/acme")
+            assert response is not None and response.status == 400
+            assert "not a loopback name or address" in page.inner_text("body")
+            # The rebinding page's own script, posting to "its" origin.
+            status = page.evaluate(
+                "() => fetch('/tenants/acme/pause', {method: 'POST', body: new URLSearchParams("
+                "{csrf: 'x'.repeat(32)})}).then(r => r.status)"
+            )
+            assert status == 400
+            fine = page.goto(f"{base}/tenants/acme")
+            assert fine is not None and fine.status == 200
+        finally:
+            b.close()
+
+
+def test_allowed_host_needs_a_token(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            *SYNCKIT,
+            "web",
+            "--allowed-host",
+            "console.example.com",
+            "--database-url",
+            f"sqlite:///{tmp_path / 'x.db'}",
+        ],
+        env=env(SYNCKIT_WEB_TOKEN=None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--allowed-host needs --token" in done.stderr
