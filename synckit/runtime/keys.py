@@ -123,15 +123,11 @@ def _check_row(
         except ConfigurationError as exc:
             out.append(Unopenable(tenant, "config", str(exc)))
         except (ValueError, RecursionError):
-            out.append(
-                Unopenable(tenant, "config", "the stored config is not JSON", corrupt=True)
-            )
+            out.append(Unopenable(tenant, "config", "the stored config is not JSON", corrupt=True))
     return out, opened
 
 
-def _unavailable(
-    tenant: str, what: str, exc: SecretUnavailable, cipher: TokenCipher
-) -> Unopenable:
+def _unavailable(tenant: str, what: str, exc: SecretUnavailable, cipher: TokenCipher) -> Unopenable:
     # With a key set, a seal that names no key failed to decrypt (see TokenCipher._decrypt).
     unnamed = exc.key_id is None and cipher.encrypts
     return Unopenable(tenant, what, str(exc), exc.key_id, unnamed_seal=unnamed)
