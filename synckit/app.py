@@ -55,6 +55,7 @@ from synckit.runtime.poll import (
 )
 from synckit.runtime.records import RecordsReader, land
 from synckit.runtime.records import prepare as prepare_landing
+from synckit.runtime.secrets import SecretCorrupt
 from synckit.runtime.tenants import (
     _COLUMNS,
     Tenant,
@@ -440,7 +441,15 @@ class App:
         )
         if row is None:
             raise Discard(f"tenant {p['tenant']!r} was removed")
-        t = _tenant(row, reveal=True, cipher=None)  # as get_tenant reads it
+        try:
+            t = _tenant(row, reveal=True, cipher=None)  # as get_tenant reads it
+        except SecretCorrupt as exc:
+            # Damaged since the worker's start check: hold this tenant alone, as it does.
+            from synckit.runtime.keys import hold_unreadable
+
+            fault = "config: " + str(exc).removeprefix(f"tenant {p['tenant']!r}: ")
+            await hold_unreadable(db, p["tenant"], fault)
+            raise Discard(f"tenant {p['tenant']!r} held: {fault}") from None
         if t.connector != p["connector"]:
             raise Discard(f"tenant {t.tenant!r} now uses connector {t.connector!r}")
         if t.status != "active":

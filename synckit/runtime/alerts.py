@@ -17,6 +17,8 @@ snapshot; :func:`load_alert_data` is the only part that reads the database. The 
                        schedule
 ``needs_reauth``       a connection waiting for re-authorisation
 ``dead_cycles``        a tenant paused after its poll cycles kept dying
+``unreadable_connection``  a tenant held (paused) because its connection row cannot
+                       be read (config not JSON or not an object, damaged tokens)
 ``error_budget``       a tenant whose error budget is in alert (optionally paused)
 ``unreadable_run_at``  a pending job whose ``run_at`` cannot be read, so no claim ever
                        takes it (one alert per job, daily)
@@ -568,6 +570,36 @@ class DeadCyclesRule:
 
 
 @dataclass(frozen=True)
+class UnreadableConnectionRule:
+    """A tenant the worker held (paused) at start because its connection row cannot be
+    read (see :func:`synckit.runtime.keys.hold_unreadable`); repair the row, then
+    ``synckit tenants resume``."""
+
+    repeat_every: timedelta = timedelta(hours=6)
+    severity: Severity = Severity.CRITICAL
+    name: str = "unreadable_connection"
+
+    def evaluate(self, data: AlertData) -> list[Alert]:
+        from synckit.runtime.keys import UNREADABLE_ROW_REASON
+
+        return [
+            Alert(
+                rule=self.name,
+                subject=c.tenant,
+                message=f"tenant {c.tenant} ({c.connector}) held: {c.status_reason}",
+                fired_at=data.now,
+                window=window_key(data.now, self.repeat_every),
+                severity=self.severity,
+                tenant=c.tenant,
+                connector=c.connector,
+                details={"reason": c.status_reason},
+            )
+            for c in sorted(data.connections, key=lambda c: c.tenant)
+            if c.status == "paused" and (c.status_reason or "").startswith(UNREADABLE_ROW_REASON)
+        ]
+
+
+@dataclass(frozen=True)
 class BudgetRule:
     """A tenant whose error budget is in alert (more than 200% burnt) with enough volume
     (``policy.min_operations``) for the rate to mean something."""
@@ -646,6 +678,9 @@ class RuleSet:
     poll_lag: PollLag | None = field(default_factory=PollLag)
     needs_reauth: NeedsReauthRule | None = field(default_factory=NeedsReauthRule)
     dead_cycles: DeadCyclesRule | None = field(default_factory=DeadCyclesRule)
+    unreadable_connection: UnreadableConnectionRule | None = field(
+        default_factory=UnreadableConnectionRule
+    )
     error_budget: BudgetRule | None = field(default_factory=BudgetRule)
     dlq_review: DlqReview | None = field(default_factory=DlqReview)
     unreadable_run_at: UnreadableRunAt | None = field(default_factory=UnreadableRunAt)
@@ -662,6 +697,7 @@ class RuleSet:
             self.poll_lag,
             self.needs_reauth,
             self.dead_cycles,
+            self.unreadable_connection,
             self.error_budget,
             self.dlq_review,
             self.unreadable_run_at,
@@ -731,7 +767,12 @@ async def load_alert_data(conn: Conn, *, now: datetime, rules: RuleSet) -> Alert
     if rules.dlq_growth is not None:
         dlq = await dlq_growth(conn, now=now, window=rules.dlq_growth.window)
     states: list[ConnectionState] = []
-    if rules.poll_lag is not None or rules.needs_reauth is not None or rules.dead_cycles:
+    if (
+        rules.poll_lag is not None
+        or rules.needs_reauth is not None
+        or rules.dead_cycles
+        or rules.unreadable_connection
+    ):
         states = await load_connections(conn, poll_kind=rules.poll_kind)
     review = await dlq_in_review(conn) if rules.dlq_review is not None else []
     stuck: list[StuckJob] = []
@@ -1289,6 +1330,7 @@ __all__ = [
     "ServerErrorBurst",
     "Severity",
     "TenantOutlier",
+    "UnreadableConnectionRule",
     "UnreadableRunAt",
     "WebhookSink",
     "among",

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from pydantic import types as pydantic_types
 
 from synckit.errors.exceptions import ConfigurationError
-from synckit.runtime.secrets import SecretUnavailable, TokenCipher, is_sealed_value
+from synckit.runtime.secrets import SecretCorrupt, SecretUnavailable, TokenCipher, is_sealed_value
 
 __all__ = [
     "MASK",
@@ -188,6 +188,8 @@ def _open(value: Any, path: ConfigPath, found: list[ConfigPath], open_one: Any, 
             raise SecretUnavailable(
                 f"config field {dotted(path)!r} cannot be opened: {exc}", key_id=exc.key_id
             ) from None
+        except SecretCorrupt as exc:
+            raise SecretCorrupt(f"config field {dotted(path)}: {exc}") from None
         except ConfigurationError as exc:
             raise ConfigurationError(
                 f"config field {dotted(path)!r} cannot be opened: {exc}"
@@ -215,9 +217,7 @@ def open_config(
     if stored is None:
         return {}, []
     if not isinstance(stored, Mapping):
-        raise ConfigurationError(
-            f"the stored config is a JSON {type(stored).__name__}, not an object"
-        )
+        raise SecretCorrupt(f"the stored config is a JSON {type(stored).__name__}, not an object")
     if reveal and cipher is None:
         cipher = TokenCipher.from_env()
     found: list[ConfigPath] = []

@@ -11,15 +11,18 @@ old keys can then be dropped from the list.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import structlog
 from pydantic import BaseModel
 
+from synckit.clock import utcnow
 from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.config_secrets import open_config
 from synckit.runtime.secrets import (
     ENV_KEY,
+    SecretCorrupt,
     SecretUnavailable,
     TokenCipher,
     reseal_token_sets,
@@ -31,27 +34,40 @@ if TYPE_CHECKING:
     from synckit.app import App
 
 __all__ = [
+    "UNREADABLE_ROW_REASON",
     "RotateResult",
     "Unopenable",
     "describe_unopenable",
     "find_unopenable",
+    "hold_unreadable",
     "models_of",
     "require_openable_secrets",
     "rotate_secrets",
 ]
 
 _NAMES_SHOWN = 5
+log = structlog.get_logger("synckit.keys")
 
 
 @dataclass(frozen=True)
 class Unopenable:
     """One tenant's secret that the keys cannot open: ``what`` is ``tokens`` or
-    ``config``; ``key_id`` the key it was sealed with when that is the problem."""
+    ``config``; ``key_id`` the key it was sealed with when that is the problem.
+    ``corrupt``: the row is damaged, not the keys short (the keys open the other rows,
+    or this one is not even in a form a key could open)."""
 
     tenant: str
     what: str
     reason: str
     key_id: str | None = None
+    corrupt: bool = False
+    #: A seal that names no key (the first format) did not open: a missing key, or damage.
+    unnamed_seal: bool = False
+
+
+#: How the pause reason of a tenant held for an unreadable row starts (the
+#: ``unreadable_connection`` alert rule looks for it).
+UNREADABLE_ROW_REASON = "connection row unreadable:"
 
 
 async def find_unopenable(
@@ -59,40 +75,62 @@ async def find_unopenable(
 ) -> list[Unopenable]:
     """Every active tenant's token set and config that ``cipher`` cannot open."""
     found: list[Unopenable] = []
+    opened = 0
     after = ""
     while True:
         async with db.read() as conn:
             rows = await connection_store.active_secrets_page(conn, after=after, limit=page)
         for r in rows:
-            found.extend(_check_row(r.tenant, r.token_set, r.config_text, cipher))
+            problems, n = _check_row(r.tenant, r.token_set, r.config_text, cipher)
+            found.extend(problems)
+            opened += n
         if len(rows) < page:
-            return found
+            break
         after = rows[-1].tenant
+    if opened:
+        # A seal that names no key and does not open, while the keys open other rows:
+        # this row is damaged, no key is missing.
+        found = [replace(p, corrupt=True) if p.unnamed_seal else p for p in found]
+    return found
 
 
 def _check_row(
     tenant: str, token_set: bytes | None, config_text: str | None, cipher: TokenCipher
-) -> list[Unopenable]:
+) -> tuple[list[Unopenable], int]:
+    """What of the row does not open, and how many sealed secrets did."""
     import json
 
     out: list[Unopenable] = []
+    opened = 0
     if token_set is not None:
         try:
             cipher.open(token_set)
+            opened += 1
         except SecretUnavailable as exc:
-            out.append(Unopenable(tenant, "tokens", str(exc), exc.key_id))
+            out.append(_unavailable(tenant, "tokens", exc, cipher))
+        except SecretCorrupt as exc:
+            out.append(Unopenable(tenant, "tokens", str(exc), corrupt=True))
         except ConfigurationError as exc:
             out.append(Unopenable(tenant, "tokens", str(exc)))
     if config_text is not None:
         try:
-            open_config(json.loads(config_text), cipher)
+            _, paths = open_config(json.loads(config_text), cipher)
+            opened += len(paths)
         except SecretUnavailable as exc:
-            out.append(Unopenable(tenant, "config", str(exc), exc.key_id))
+            out.append(_unavailable(tenant, "config", exc, cipher))
+        except SecretCorrupt as exc:
+            out.append(Unopenable(tenant, "config", str(exc), corrupt=True))
         except ConfigurationError as exc:
             out.append(Unopenable(tenant, "config", str(exc)))
         except (ValueError, RecursionError):
-            out.append(Unopenable(tenant, "config", "the stored config is not JSON"))
-    return out
+            out.append(Unopenable(tenant, "config", "the stored config is not JSON", corrupt=True))
+    return out, opened
+
+
+def _unavailable(tenant: str, what: str, exc: SecretUnavailable, cipher: TokenCipher) -> Unopenable:
+    # With a key set, a seal that names no key failed to decrypt (see TokenCipher._decrypt).
+    unnamed = exc.key_id is None and cipher.encrypts
+    return Unopenable(tenant, what, str(exc), exc.key_id, unnamed_seal=unnamed)
 
 
 def _names(tenants: Sequence[str]) -> str:
@@ -103,8 +141,9 @@ def _names(tenants: Sequence[str]) -> str:
 
 
 def describe_unopenable(problems: Sequence[Unopenable], cipher: TokenCipher) -> str | None:
-    """One line saying which keys are missing and which tenants cannot be opened, or
-    ``None`` when nothing is wrong."""
+    """One line saying which keys are missing, which tenants cannot be opened and which
+    rows are corrupt, or ``None`` when nothing is wrong. The hint to add a key is given
+    only when a key is what is missing."""
     if not problems:
         return None
     tenants = {p.tenant for p in problems}
@@ -115,8 +154,11 @@ def describe_unopenable(problems: Sequence[Unopenable], cipher: TokenCipher) -> 
     )
     by_key: dict[str, list[str]] = {}
     other: list[Unopenable] = []
+    corrupt: list[Unopenable] = []
     for p in problems:
-        if p.key_id is not None:
+        if p.corrupt:
+            corrupt.append(p)
+        elif p.key_id is not None:
             by_key.setdefault(p.key_id, []).append(p.tenant)
         else:
             other.append(p)
@@ -130,21 +172,55 @@ def describe_unopenable(problems: Sequence[Unopenable], cipher: TokenCipher) -> 
             parts.append(f"tenant {p.tenant} ({p.what}): {p.reason}")
         if len(other) > _NAMES_SHOWN:
             parts.append(f"and {len(other) - _NAMES_SHOWN} more")
+    for p in sorted(corrupt, key=lambda p: p.tenant)[:_NAMES_SHOWN]:
+        parts.append(f"tenant {p.tenant} ({p.what}) is corrupt: {p.reason}")
+    if len(corrupt) > _NAMES_SHOWN:
+        parts.append(f"and {len(corrupt) - _NAMES_SHOWN} more corrupt")
     n = len(tenants)
+    hint = (
+        f" (put the missing key in {ENV_KEY}, after the new one while rotating)"
+        if by_key or other
+        else (
+            " (the keys open the other rows: the row is damaged, and a worker holds its "
+            "tenant paused until it is repaired)"
+        )
+    )
     return (
         f"cannot open the secrets of {n} active tenant{'s' if n != 1 else ''}: "
         + "; ".join(parts)
-        + f" (put the missing key in {ENV_KEY}, after the new one while rotating)"
+        + hint
     )
 
 
-async def require_openable_secrets(db: Database, cipher: TokenCipher | None = None) -> None:
-    """Raise :class:`~synckit.errors.ConfigurationError` (one line, see
-    :func:`describe_unopenable`) unless every active tenant's secrets open."""
+async def require_openable_secrets(
+    db: Database, cipher: TokenCipher | None = None
+) -> list[Unopenable]:
+    """The worker's start check: raise :class:`~synckit.errors.ConfigurationError` (one
+    line, see :func:`describe_unopenable`) when a key is missing or unusable; hold the
+    tenants whose rows are corrupt (:func:`hold_unreadable`) and return what was found
+    in them, so that one damaged row costs only its tenant."""
     cipher = cipher or TokenCipher.from_env()
-    message = describe_unopenable(await find_unopenable(db, cipher), cipher)
-    if message is not None:
+    problems = await find_unopenable(db, cipher)
+    if any(not p.corrupt for p in problems):
+        message = describe_unopenable(problems, cipher)
+        assert message is not None
         raise ConfigurationError(" ".join(message.split()))
+    for p in problems:
+        await hold_unreadable(db, p.tenant, f"{p.what}: {p.reason}")
+    return problems
+
+
+async def hold_unreadable(db: Database, tenant: str, fault: str) -> bool:
+    """Pause ``tenant`` (if active) because its connection row cannot be read: the reason
+    names the fault (the ``unreadable_connection`` alert rule fires on it); ``True`` if
+    this call paused it. Repair the row (``tenants remove`` and ``add``, or new tokens
+    with ``tenants connect|reauth``), then ``tenants resume``."""
+    reason = " ".join(f"{UNREADABLE_ROW_REASON} {fault}".split())
+    async with db.begin() as conn:
+        paused = await connection_store.pause_active(conn, [tenant], reason=reason, now=utcnow())
+    if paused:
+        log.warning("tenant.held_unreadable", tenant=tenant, reason=reason)
+    return bool(paused)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -263,6 +264,17 @@ class SecretUnavailable(ConfigurationError):
         self.key_id = key_id
 
 
+class SecretCorrupt(ConfigurationError):
+    """A stored secret, or the row holding it, is damaged: no key opens it (not JSON, a
+    config that is not an object, bytes in no known format, a seal its own key cannot
+    open). Unlike :class:`SecretUnavailable`, the keys are not the problem: the worker
+    holds only the row's tenant and runs the others."""
+
+
+#: What a key id looks like (:func:`key_id`): anything else in its place is damage.
+_KEY_ID = re.compile(r"[0-9a-f]{8}")
+
+
 def is_sealed_value(value: object) -> bool:
     """Whether ``value`` is the stored form of one secret config value."""
     return isinstance(value, Mapping) and (
@@ -339,6 +351,12 @@ class TokenCipher:
                 return self._by_id[kid].decrypt(token)
             return self._fernet.decrypt(token)
         except InvalidToken:
+            if kid is not None and kid in self._by_id:
+                # Sealed with this very key (its id says so), yet it does not open.
+                raise SecretCorrupt(
+                    f"the stored {what} are corrupt: key {kid}, which {ENV_KEY} holds and "
+                    "which sealed them, does not open them"
+                ) from None
             held = ", ".join(self._by_id)
             sealed_with = f"key {kid}" if kid else "a key"
             raise SecretUnavailable(
@@ -365,7 +383,7 @@ class TokenCipher:
         try:
             if data.startswith(FERNET_MARKER):
                 kid, sep, token = data[len(FERNET_MARKER) :].partition(b":")
-                if not sep:
+                if not sep or not _KEY_ID.fullmatch(kid.decode("ascii")):
                     raise ValueError("no key id")
                 plain = self._decrypt(token, kid.decode("ascii"), "tokens")
                 return TokenSet.from_json(json.loads(plain))
@@ -382,10 +400,8 @@ class TokenCipher:
                 return TokenSet.from_json(json.loads(data[len(PLAINTEXT_MARKER) :]))
         except (ValueError, KeyError, TypeError) as exc:
             # The message of a JSON error quotes the document: do not chain it.
-            raise ConfigurationError(
-                f"the stored tokens are corrupt ({type(exc).__name__})"
-            ) from None
-        raise ConfigurationError("the stored tokens are in an unknown format")
+            raise SecretCorrupt(f"the stored tokens are corrupt ({type(exc).__name__})") from None
+        raise SecretCorrupt("the stored tokens are in an unknown format")
 
     def is_current(self, data: bytes) -> bool:
         """Whether ``data`` (a stored token set) is sealed under the sealing key already."""
@@ -423,13 +439,15 @@ class TokenCipher:
                 )
             return stored[INSECURE]
         token, kid = stored.get(SEALED), stored.get(SEALED_KEY)
-        if not isinstance(token, str) or not (kid is None or isinstance(kid, str)):
-            raise ConfigurationError("a sealed config field is corrupt")
+        if not isinstance(token, str) or not (
+            kid is None or (isinstance(kid, str) and _KEY_ID.fullmatch(kid))
+        ):
+            raise SecretCorrupt("a sealed config field is corrupt")
         plain = self._decrypt(token.encode("ascii", "replace"), kid, "config secrets")
         try:
             return json.loads(plain)
         except ValueError:
-            raise ConfigurationError("a sealed config field is corrupt") from None
+            raise SecretCorrupt("a sealed config field is corrupt") from None
 
     def is_current_value(self, stored: Mapping[str, Any]) -> bool:
         """Whether a sealed config value is sealed under the sealing key already."""
@@ -525,6 +543,7 @@ __all__ = [
     "SEALED_KEY",
     "ConnectionNotFound",
     "InsecureTokenStorageWarning",
+    "SecretCorrupt",
     "SecretUnavailable",
     "TokenCipher",
     "TokenSet",

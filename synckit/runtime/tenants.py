@@ -43,7 +43,7 @@ from synckit.runtime.config_secrets import (
     secret_paths,
 )
 from synckit.runtime.poll import delete_checkpoints, delete_poll_ticks
-from synckit.runtime.secrets import TokenCipher
+from synckit.runtime.secrets import SecretCorrupt, TokenCipher
 from synckit.store import connections as connection_store
 from synckit.store import jobs as job_store
 from synckit.store.db import Database
@@ -274,7 +274,7 @@ def _stored_config(text: str | None) -> object:
     try:
         return json.loads(text)
     except (ValueError, RecursionError):
-        raise ConfigurationError("the stored config is not JSON") from None
+        raise SecretCorrupt("the stored config is not JSON") from None
 
 
 def _tenant(r: Any, *, reveal: bool, cipher: TokenCipher | None) -> Tenant:
@@ -283,7 +283,9 @@ def _tenant(r: Any, *, reveal: bool, cipher: TokenCipher | None) -> Tenant:
         config, paths = open_config(_stored_config(r.config_text), cipher, reveal=reveal)
     except ConfigurationError as exc:
         if reveal:
-            raise ConfigurationError(f"tenant {r.tenant!r}: {exc}") from None
+            # SecretCorrupt stays itself: the row, not the keys, is the problem.
+            kind = SecretCorrupt if isinstance(exc, SecretCorrupt) else ConfigurationError
+            raise kind(f"tenant {r.tenant!r}: {exc}") from None
         config, paths, error = {}, [], str(exc)
     moments, bad = read_moments(r._mapping, ("created_at", "updated_at"))
     if r.status not in CONNECTION_STATUSES:

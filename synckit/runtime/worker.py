@@ -206,8 +206,9 @@ class Worker:
     """Runs jobs from one database with the handlers of one registry.
 
     ``lease`` is how long a started job is held without a heartbeat; ``start_lease``
-    (default ``min(lease, 10 s)``) how long a job claimed ahead but not started is, so
-    that a crash gives those back to other workers within seconds, attempts unspent.
+    (default ``min(lease, 2 s)``, :data:`~synckit.store.jobs.START_LEASE`) how long a job
+    claimed ahead but not started is, so that a crash gives those back to other workers
+    within a few seconds (the start lease, then one rescue pass), attempts unspent.
     ``max_wait`` caps every wait a handler asks for (retry-after, snooze);
     ``pace_policy`` says how rate limits pace their resource (``runtime/pacing.py``).
 
@@ -257,7 +258,7 @@ class Worker:
         if charge_at not in ("start", "claim"):
             raise ValueError(f"charge_at must be 'start' or 'claim', not {charge_at!r}")
         self.charge_at = charge_at
-        self.start_lease = min(lease, start_lease or timedelta(seconds=10))
+        self.start_lease = min(lease, start_lease or store.START_LEASE)
         self.max_wait = max_wait
         self.pace_policy = pace_policy or PacePolicy(max_wait=max_wait)
         self.db = db
@@ -1156,13 +1157,22 @@ class Worker:
     # --- background duties --------------------------------------------------------------
 
     async def _heartbeat(self) -> None:
-        # Often enough for the shorter lease, that of jobs claimed ahead.
-        interval = max(0.05, self.start_lease.total_seconds() / 3)
+        # Every third of the start lease while a job claimed ahead waits here (so that a
+        # crash frees those within seconds); with started jobs alone, every third of
+        # min(lease, 10 s), which bounds how late a cancellation is noticed.
+        short = max(0.05, self.start_lease.total_seconds() / 3)
+        long = max(short, min(self.lease, timedelta(seconds=10)).total_seconds() / 3)
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(interval)
-            held = [(j.id, j.claim_token) for j in list(self._held.values())]
-            if not held:
+            await asyncio.sleep(short)
+            current = list(self._held.values())
+            if not current:
                 continue
+            waiting = any(not j.started for j in current)
+            if not waiting and time.monotonic() - last < long:
+                continue
+            last = time.monotonic()
+            held = [(j.id, j.claim_token) for j in current]
             try:
                 alive = await store.heartbeat(
                     self.db,

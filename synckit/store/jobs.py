@@ -79,6 +79,10 @@ FINISHED: tuple[JobStatus, ...] = ("succeeded", "dead", "cancelled", "discarded"
 NOTIFY_CHANNEL = "synckit_jobs"
 _log = structlog.get_logger("synckit.jobs")
 DEFAULT_MAX_ATTEMPTS = 5
+#: The lease of a job claimed ahead and not started, renewed by its worker's heartbeat
+#: (every third of it): when the worker dies, such jobs go back to the queue, uncharged,
+#: within about this long plus one rescue pass, whatever the full lease is.
+START_LEASE = timedelta(seconds=2)
 
 # Literals, not bound parameters: the planners of both engines can only use a partial
 # index when the query's predicate visibly implies the index's.
@@ -1152,7 +1156,7 @@ async def claim(
     now: datetime | None = None,
     lease: timedelta = timedelta(seconds=60),
     start: int | None = None,
-    start_lease: timedelta = timedelta(seconds=10),
+    start_lease: timedelta = START_LEASE,
     breaker_policy: BreakerPolicy | None = None,
 ) -> list[ClaimedJob]:
     """Claim up to ``limit`` due jobs for ``worker_id``, fairly across lanes.
@@ -2602,6 +2606,7 @@ __all__ = [
     "FINISHED",
     "JOB_STATUSES",
     "NOTIFY_CHANNEL",
+    "START_LEASE",
     "ClaimedJob",
     "Enqueued",
     "JobFilter",

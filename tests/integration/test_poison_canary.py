@@ -5,7 +5,7 @@ read, a resource in an unknown state or paced until a time no datetime holds, a 
 an unknown status and a tenant whose checkpoint is not JSON all sit in the database while
 the canary tenant syncs through the workers at its declared rate; the workers stay up and
 the unreadable jobs are quarantined with a reason. A tenant whose stored config cannot be
-read (not JSON, a JSON array) fails its own poll jobs only, while another tenant syncs.
+read (not JSON, a JSON array) is held alone, while another tenant syncs.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import flow_app  # tests/apps
 from procs import spawn_worker, stop_all  # tests/
 from sqlalchemy import select, text
 
+from synckit.runtime.keys import UNREADABLE_ROW_REASON
 from synckit.runtime.poll import POLL_KIND
 from synckit.store import jobs as store
 from synckit.store.db import Database
 from synckit.store.jobs import JobSpec
-from synckit.store.tables import jobs
+from synckit.store.tables import connections, jobs
 from synckit.testing.hostile import Behaviour, HostileAPI
 
 RATE = 20.0  # the canary's declared requests per second
@@ -138,8 +139,9 @@ BAD_CONFIGS = {
 async def test_a_tenant_whose_config_cannot_be_read_fails_only_its_own_polls(
     db: Database, engine_name: str
 ) -> None:
-    """A corrupt ``connections.config`` (not JSON, a JSON array) fails that tenant's poll
-    job, with a reason naming it, while another tenant syncs every page in the same run."""
+    """A corrupt ``connections.config`` (not JSON, a JSON array) holds that tenant (paused,
+    its poll job discarded, reasons naming it) while another tenant syncs every page in
+    the same run."""
     from synckit.errors import RetryPolicy
 
     api = HostileAPI(Behaviour(pages=5, records=3, latency=0.0))
@@ -173,4 +175,13 @@ async def test_a_tenant_whose_config_cannot_be_read_fails_only_its_own_polls(
     assert polls["canary"] == ("succeeded", ""), polls
     for t in bad:
         status, error = polls[t]
-        assert status == "dead" and t in error and "config" in error, (t, status, error)
+        assert status == "discarded" and t in error and "held: config" in error, (t, status)
+    # Damaged after the worker's start check: each tenant is held there and then.
+    async with db.read() as conn:
+        rows = await conn.execute(
+            select(connections.c.tenant, connections.c.status, connections.c.status_reason)
+        )
+        held = {r.tenant: (r.status, r.status_reason or "") for r in rows}
+    assert held["canary"][0] == "active"
+    for t in bad:
+        assert held[t][0] == "paused" and held[t][1].startswith(UNREADABLE_ROW_REASON), held[t]

@@ -27,6 +27,7 @@ from synckit.runtime.keys import Unopenable, describe_unopenable
 from synckit.runtime.secrets import (
     FERNET_V1_MARKER,
     InsecureTokenStorageWarning,
+    SecretCorrupt,
     SecretUnavailable,
     TokenCipher,
     TokenSet,
@@ -208,3 +209,29 @@ def test_no_generated_secret_survives_sealing_and_every_one_opens(
     for secret in [top, nested, *listed, *hooks.values()]:
         assert json.dumps(secret) not in dumped
     assert open_config(json.loads(dumped), cipher)[0] == config
+
+
+def test_damage_is_corrupt_not_a_missing_key() -> None:
+    """Garbage bytes, a seal its own (held) key does not open, a malformed key id and a
+    config that is not an object raise SecretCorrupt: the row, not the keys."""
+    cipher = TokenCipher([K1])
+    sealed = cipher.seal(TokenSet(access_token="a"))
+    tampered = sealed[:-8] + b"AAAAAAAA"
+    for data in (b"\x00\xffgarbage", tampered, b"fernet:v2:zz!:" + sealed.split(b":", 3)[-1]):
+        with pytest.raises(SecretCorrupt):
+            cipher.open(data)
+    with pytest.raises(SecretCorrupt, match="JSON list"):
+        open_config([1, 2], cipher)
+    with pytest.raises(SecretUnavailable):  # another key's seal: that key is missing
+        TokenCipher([K2]).open(sealed)
+
+
+def test_the_start_check_message_for_corrupt_rows_names_no_missing_key() -> None:
+    """Only corrupt rows: the line says "corrupt" and that the keys open the others."""
+    message = describe_unopenable(
+        [Unopenable("good2", "config", "the stored config is not JSON", corrupt=True)],
+        TokenCipher([K1]),
+    )
+    assert message is not None
+    assert "tenant good2 (config) is corrupt: the stored config is not JSON" in message
+    assert "put the missing key" not in message and "the keys open the other rows" in message
