@@ -15,6 +15,7 @@ from synckit.testing.fakeapi import (
     Reply,
     TokenInfo,
 )
+from synckit.testing.listings import NewestFirstList
 
 __all__ = [
     "PASS",
@@ -22,6 +23,7 @@ __all__ = [
     "FakeClock",
     "Fault",
     "FaultRates",
+    "NewestFirstList",
     "RecordedRequest",
     "Reply",
     "TokenInfo",
