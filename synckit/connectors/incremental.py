@@ -303,15 +303,12 @@ class Watermark:
                 if expected is None:
                     self._found(step)
                 elif step != expected:
-                    how = (
-                        f"order={declared!r} is declared"
-                        if declared != "auto"
-                        else f"the stream's listings were found {expected}"
-                    )
+                    how = "declared" if declared != "auto" else "found from its first values"
                     raise ListingOrderError(
                         f"{where} is not sorted by {updated_at!r}: {iso_z(at)} came after "
-                        f"{iso_z(prev)}, and {how}; records would be skipped, so none are "
-                        "taken (fix the query's sort, or declare the order it has)"
+                        f"{iso_z(prev)} in a listing {expected} ({how}); records would be "
+                        "skipped, so none are taken (fix the query's sort, or declare "
+                        "Incremental(order=...) to match it)"
                     )
             prev = at
         self.last = prev if prev is not None else self.last

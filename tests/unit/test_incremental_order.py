@@ -114,7 +114,7 @@ async def test_a_later_listing_against_the_order_found_before_is_an_error() -> N
         _, checkpoint = await drain(inc.pages(http, "/x", CursorPaginator(records="items"), None))
     flipped = [{"id": str(i), "updated_at": iso(s)} for i, s in enumerate([4, 5])]
     async with client(listing(flipped)) as http:
-        with pytest.raises(ListingOrderError, match="found descending"):
+        with pytest.raises(ListingOrderError, match="in a listing descending"):
             await drain(inc.pages(http, "/x", CursorPaginator(records="items"), checkpoint))
 
 
