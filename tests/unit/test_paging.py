@@ -371,3 +371,26 @@ async def test_a_delta_link_to_another_origin_is_not_followed() -> None:
     p = NextUrlPaginator(records="value", next="@odata.nextLink", delta="@odata.deltaLink")
     with pytest.raises(PermanentError, match=r"collector\.example.*not followed"):
         await collect(p, api)
+
+
+async def test_an_exclusive_cursor_paginator_resumes_from_the_last_pages_cursor() -> None:
+    """Zendesk's incremental export: the last page still names the cursor after it
+    (``end_of_stream``); with ``exclusive=True`` the next cycle starts there and
+    delivers only what came since."""
+    rows = [{"id": i} for i in range(5)]
+
+    def api(request: httpx.Request) -> httpx.Response:
+        start = int(request.url.params.get("cursor", "0"))
+        page = rows[start : start + 3]
+        end = start + len(page)
+        return httpx.Response(200, json={"items": page, "after": str(end), "more": end < len(rows)})
+
+    def paginator(exclusive: bool) -> CursorPaginator:
+        return CursorPaginator(
+            records="items", cursor="after", has_more="more", exclusive=exclusive
+        )
+
+    assert await collect(paginator(True), api) == ([[0, 1, 2], [3, 4]], ["3", "5"])
+    assert (await collect(paginator(False), api))[1] == ["3", "3"]  # inclusive: re-read
+    rows.append({"id": 5})
+    assert (await collect(paginator(True), api, resume="5"))[0] == [[5]]
