@@ -14,10 +14,17 @@ if TYPE_CHECKING:
     from synckit.connectors.auth import BearerToken, OAuth2, OAuth2Config
     from synckit.connectors.base import Connector, Page, RateLimit, Stream
     from synckit.connectors.context import SyncContext
-    from synckit.connectors.incremental import Incremental, Watermark
+    from synckit.connectors.incremental import (
+        Incremental,
+        ListingOrder,
+        ListingOrderError,
+        NewestFirstFeed,
+        Watermark,
+    )
     from synckit.connectors.intents import IntentConflict, IntentResult, RemoteRecord
     from synckit.connectors.paging import (
         CursorPaginator,
+        IdCursorPaginator,
         LinkHeaderPaginator,
         NextUrlPaginator,
         OffsetPaginator,
@@ -79,6 +86,10 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "NextUrlPaginator": ("synckit.connectors.paging", "NextUrlPaginator"),
     "LinkHeaderPaginator": ("synckit.connectors.paging", "LinkHeaderPaginator"),
     "Incremental": ("synckit.connectors.incremental", "Incremental"),
+    "IdCursorPaginator": ("synckit.connectors.paging", "IdCursorPaginator"),
+    "ListingOrder": ("synckit.connectors.incremental", "ListingOrder"),
+    "ListingOrderError": ("synckit.connectors.incremental", "ListingOrderError"),
+    "NewestFirstFeed": ("synckit.connectors.incremental", "NewestFirstFeed"),
     "CursorPaginator": ("synckit.connectors.paging", "CursorPaginator"),
     "App": ("synckit.app", "App"),
     "ApiError": ("synckit.errors", "ApiError"),
@@ -163,13 +174,17 @@ __all__ = [
     "ErrorBody",
     "ErrorClass",
     "ErrorDescription",
+    "IdCursorPaginator",
     "Incremental",
     "IntentConflict",
     "IntentResult",
     "JobContext",
     "JobSpec",
     "LinkHeaderPaginator",
+    "ListingOrder",
+    "ListingOrderError",
     "NeedsReauth",
+    "NewestFirstFeed",
     "NextUrlPaginator",
     "OAuth2",
     "OAuth2Auth",

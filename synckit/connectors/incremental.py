@@ -206,6 +206,11 @@ class Watermark:
         self.last = None
         if self.order == "ascending":
             self.since = self.floor
+        elif self.order is None:
+            # All handed on so far share one updated_at and are in ``seen``: the listing
+            # from the top is walked afresh (a bottom kept would skip records above it
+            # that no page has shown yet).
+            self.bottom, self.edge = None, set()
 
     def finish(self) -> None:
         """End the listing in progress: the watermark is the newest record handed on."""
@@ -272,11 +277,13 @@ class Watermark:
                 self.high = (at, rid)
             if at >= self.high[0] - self.lookback:
                 self.seen[rid] = at
-        if descending and self.since is not None:
-            # Mid-walk, the ids handed on by earlier cycles down to the walk's floor are
-            # still needed: the walk meets them again.
+        if self.order != "ascending":
+            # Mid-walk (or while the order is unknown), the ids handed on down to the
+            # walk's floor are still needed: the walk may meet them again. (Only ids
+            # within the lookback of the watermark are added, so this stays small.)
             floor = self.floor
-            self._trim(self.since if floor is None else min(floor, self.since))
+            if self.since is not None and floor is not None:
+                self._trim(min(floor, self.since))
         else:
             self._trim(self.floor)
         return fresh
@@ -296,15 +303,12 @@ class Watermark:
                 if expected is None:
                     self._found(step)
                 elif step != expected:
-                    how = (
-                        f"order={declared!r} is declared"
-                        if declared != "auto"
-                        else f"the stream's listings were found {expected}"
-                    )
+                    how = "declared" if declared != "auto" else "found from its first values"
                     raise ListingOrderError(
                         f"{where} is not sorted by {updated_at!r}: {iso_z(at)} came after "
-                        f"{iso_z(prev)}, and {how}; records would be skipped, so none are "
-                        "taken (fix the query's sort, or declare the order it has)"
+                        f"{iso_z(prev)} in a listing {expected} ({how}); records would be "
+                        "skipped, so none are taken (fix the query's sort, or declare "
+                        "Incremental(order=...) to match it)"
                     )
             prev = at
         self.last = prev if prev is not None else self.last

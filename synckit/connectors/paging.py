@@ -212,6 +212,10 @@ class CursorPaginator(Paginator):
     """The body names the next page's cursor (``cursor`` path); sent as ``param``.
 
     No cursor, an empty one, or ``has_more`` (a path) false ends the listing.
+    ``exclusive=True`` says the cursor a page names continues *after* its last record
+    even on the last page (Zendesk's incremental exports: ``after_cursor`` with
+    ``end_of_stream``): :meth:`pages` then resumes a later listing from the last page's
+    cursor instead of reading that page again.
     """
 
     def __init__(
@@ -222,11 +226,19 @@ class CursorPaginator(Paginator):
         param: str = "cursor",
         has_more: str | None = None,
         max_pages: int | None = None,
+        exclusive: bool = False,
     ) -> None:
         super().__init__(records=records, max_pages=max_pages)
         self.cursor = cursor
         self.param = param
         self.has_more = has_more
+        self.exclusive = exclusive
+
+    def tail_state(
+        self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any
+    ) -> Any:
+        cursor = json_path(body, self.cursor) if self.exclusive else None
+        return cursor if isinstance(cursor, str | int) and cursor != "" else state
 
     def request(self, url: str, params: dict[str, Any], state: Any) -> tuple[str, dict[str, Any]]:
         if state is not None:

@@ -15,6 +15,7 @@ from synckit.testing.fakeapi import (
     Reply,
     TokenInfo,
 )
+from synckit.testing.listings import NewestFirstList
 from synckit.testing.reads import dead_letters
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "FakeClock",
     "Fault",
     "FaultRates",
+    "NewestFirstList",
     "RecordedRequest",
     "Reply",
     "TokenInfo",

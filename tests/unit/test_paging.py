@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from synckit import (
     CursorPaginator,
+    IdCursorPaginator,
     Incremental,
     LinkHeaderPaginator,
     NextUrlPaginator,
@@ -281,3 +282,115 @@ def test_every_version_is_handed_on_once_whatever_the_ties_pages_and_cycles(
             wm = Watermark.load(json.loads(json.dumps(checkpoint)), inc.lookback)
     assert len(handed) == len(set(handed))
     assert set(visible.items()) <= set(handed)
+
+
+async def test_id_cursor_paginator_pages_after_the_last_id_and_resumes_after_it() -> None:
+    """Stripe's shape: ``starting_after`` = the last object's id, ``has_more``. The last
+    page's checkpoint is its last id (an exclusive cursor), so the next cycle delivers
+    only objects that came since, never one it handled."""
+    objects = [{"id": f"o{i}"} for i in range(7)]
+
+    def api(request: httpx.Request) -> httpx.Response:
+        after = request.url.params.get("starting_after")
+        start = 0 if after is None else [o["id"] for o in objects].index(after) + 1
+        page = objects[start : start + 3]
+        return httpx.Response(200, json={"data": page, "has_more": start + 3 < len(objects)})
+
+    p = IdCursorPaginator()
+    async with client(api) as http:
+        pages = [pg async for pg in p.pages(http, "/v1/things")]
+        assert [[r["id"] for r in pg.records] for pg in pages] == [
+            ["o0", "o1", "o2"],
+            ["o3", "o4", "o5"],
+            ["o6"],
+        ]
+        assert [pg.checkpoint for pg in pages] == ["o2", "o5", "o6"]
+        again = [pg async for pg in p.pages(http, "/v1/things", resume="o6")]
+        assert [list(pg.records) for pg in again] == [[]]
+        assert again[0].checkpoint == "o6"  # an empty last page keeps its own state
+        objects.append({"id": "o7"})
+        later = [pg async for pg in p.pages(http, "/v1/things", resume="o6")]
+        assert [[r["id"] for r in pg.records] for pg in later] == [["o7"]]
+
+
+async def test_the_inclusive_cursor_paginators_still_read_their_last_page_again() -> None:
+    def api(request: httpx.Request) -> httpx.Response:
+        page = int(request.url.params.get("page", "1"))
+        return httpx.Response(200, json={"items": ITEMS[(page - 1) * 3 : page * 3]})
+
+    _, checkpoints = await collect(PageNumberPaginator(records="items", per_page=3), api)
+    assert checkpoints[-1] == 3  # the short last page, read again next time
+
+
+def test_id_cursor_paginator_refuses_a_record_without_an_id() -> None:
+    p = IdCursorPaginator()
+    with pytest.raises(PermanentError, match="record id at 'id'"):
+        p.next_state(httpx.Response(200), {"has_more": True}, [{"name": "x"}], None)
+    with pytest.raises(ConfigurationError, match="take must be"):
+        IdCursorPaginator(take="middle")  # type: ignore[arg-type]
+
+
+async def test_next_url_paginator_stores_the_delta_link_of_the_last_page() -> None:
+    """Graph's delta query: next links, then a deltaLink the next cycle starts from."""
+    seen: list[str] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        if "token" in request.url.params:
+            return httpx.Response(
+                200,
+                json={"value": [{"id": 9}], "@odata.deltaLink": "https://api.test/d?token=2"},
+            )
+        skip = int(request.url.params.get("skip", "0"))
+        body: dict[str, Any] = {"value": ITEMS[skip : skip + 4]}
+        if skip + 4 < len(ITEMS):
+            body["@odata.nextLink"] = f"https://api.test/d?skip={skip + 4}"
+        else:
+            body["@odata.deltaLink"] = "https://api.test/d?token=1"
+        return httpx.Response(200, json=body)
+
+    p = NextUrlPaginator(records="value", next="@odata.nextLink", delta="@odata.deltaLink")
+    async with client(api) as http:
+        pages = [pg async for pg in p.pages(http, "/d")]
+        assert [pg.checkpoint for pg in pages] == [
+            "https://api.test/d?skip=4",
+            "https://api.test/d?token=1",
+        ]
+        later = [pg async for pg in p.pages(http, "/d", resume=pages[-1].checkpoint)]
+    assert [[r["id"] for r in pg.records] for pg in later] == [[9]]
+    assert later[-1].checkpoint == "https://api.test/d?token=2"
+    assert seen[-1] == "https://api.test/d?token=1"
+
+
+async def test_a_delta_link_to_another_origin_is_not_followed() -> None:
+    def api(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, json={"value": [], "@odata.deltaLink": "https://collector.example/d?t=1"}
+        )
+
+    p = NextUrlPaginator(records="value", next="@odata.nextLink", delta="@odata.deltaLink")
+    with pytest.raises(PermanentError, match=r"collector\.example.*not followed"):
+        await collect(p, api)
+
+
+async def test_an_exclusive_cursor_paginator_resumes_from_the_last_pages_cursor() -> None:
+    """Zendesk's incremental export: the last page still names the cursor after it
+    (``end_of_stream``); with ``exclusive=True`` the next cycle starts there and
+    delivers only what came since."""
+    rows = [{"id": i} for i in range(5)]
+
+    def api(request: httpx.Request) -> httpx.Response:
+        start = int(request.url.params.get("cursor", "0"))
+        page = rows[start : start + 3]
+        end = start + len(page)
+        return httpx.Response(200, json={"items": page, "after": str(end), "more": end < len(rows)})
+
+    def paginator(exclusive: bool) -> CursorPaginator:
+        return CursorPaginator(
+            records="items", cursor="after", has_more="more", exclusive=exclusive
+        )
+
+    assert await collect(paginator(True), api) == ([[0, 1, 2], [3, 4]], ["3", "5"])
+    assert (await collect(paginator(False), api))[1] == ["3", "3"]  # inclusive: re-read
+    rows.append({"id": 5})
+    assert (await collect(paginator(True), api, resume="5"))[0] == [[5]]
