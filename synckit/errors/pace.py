@@ -277,21 +277,22 @@ def learn_from_limit(
 ) -> LearnedRate:
     """The learnt rate after a new rate-limit event that named no wait.
 
-    ``accepted`` is the rate of successes the reporting process saw just before (requests
-    a second; None or 0: it does not know). The rate it was sending at is the lower of
-    the learnt rate and ``accepted`` (either when only one is known; nothing is learnt
-    from neither). It is cut to ``decrease`` times that rate, and that rate becomes the
-    ``peak``. A refusal while the sending rate is still below the peak of a cut made less
-    than three ``recover`` ago is left alone: the cut already took the rate below where
-    the refusals began, so this one is not the rate's doing (an API that refuses a share
-    of requests at random would otherwise drive the rate to nothing). Pure.
+    ``accepted`` is the rate of successes the reporting process saw in the second before
+    (None or 0: it does not know). The rate the resource was sending at is its learnt
+    rate, or ``accepted`` when nothing is learnt yet (nothing is learnt from neither). It
+    is cut to ``decrease`` times that rate, and that rate becomes the ``peak``. A refusal
+    while the learnt rate is still below the peak of a cut made less than three
+    ``recover`` ago is left alone: the cut already took the rate below where the
+    refusals began, so this one is not the rate's doing (an API that refuses a share of
+    requests at random would otherwise drive the rate to nothing); after that, a peak
+    too high to be reached again (a limit that tightened) is forgotten. Pure.
     """
     if not policy.learn:
         return state
     known = [r for r in (state.rate, accepted) if r is not None and r > 0 and math.isfinite(r)]
     if not known:
         return state
-    sending = min(known)
+    sending = known[0]
     now = _utc(now)
     if (
         state.peak is not None
