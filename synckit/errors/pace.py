@@ -96,9 +96,10 @@ class PacePolicy:
     backoff the refusals have earned.
 
     ``learn``: when the connector declares no :class:`~synckit.connectors.base.RateLimit`,
-    a refusal that names no wait also lowers the tenant's learnt rate to ``decrease``
-    times the rate it was sending at (never below ``min_rate`` requests a second), and
-    each success raises it additively, so that a decrease is regained in ``recover``
+    refusals that name no wait teach the tenant a rate: a second one within
+    ``learn_after`` of another holds it to the rate the API was accepting, each later one
+    cuts it to ``decrease`` times itself (never below ``min_rate`` requests a second), and
+    each success raises it additively, so that a cut is regained in ``recover``
     (:func:`learn_from_limit`, :func:`learn_from_successes`).
     """
 
@@ -112,9 +113,10 @@ class PacePolicy:
     decrease: float = 0.8
     recover: timedelta = timedelta(seconds=10)
     min_rate: float = 0.1
+    learn_after: timedelta = timedelta(seconds=3)
 
     def __post_init__(self) -> None:
-        for name in ("first", "cap", "forget_after", "max_wait", "recover"):
+        for name in ("first", "cap", "forget_after", "max_wait", "recover", "learn_after"):
             object.__setattr__(self, name, _duration(getattr(self, name), name))
         if not isinstance(self.first_waits, Mapping):
             raise ConfigurationError("invalid PacePolicy: first_waits must be a mapping")
@@ -131,6 +133,7 @@ class PacePolicy:
                 (any(w < _ZERO for w in waits.values()), "first_waits must not be negative"),
                 (not 0 < self.decrease < 1, "decrease must be between 0 and 1"),
                 (self.recover <= _ZERO, "recover must be positive"),
+                (self.learn_after < _ZERO, "learn_after must not be negative"),
                 (not (math.isfinite(self.min_rate) and self.min_rate > 0), "min_rate must be > 0"),
             )
             if failed
@@ -273,14 +276,23 @@ _MAX_LEARNED = 1e6
 
 
 def learn_from_limit(
-    state: LearnedRate, accepted: float | None, now: datetime, policy: PacePolicy
+    state: LearnedRate,
+    accepted: float | None,
+    now: datetime,
+    policy: PacePolicy,
+    previous_at: datetime | None = None,
 ) -> LearnedRate:
     """The learnt rate after a new rate-limit event that named no wait.
 
     ``accepted`` is the rate of successes the reporting process saw in the second before
-    (None or 0: it does not know). The rate the resource was sending at is its learnt
-    rate, or ``accepted`` when nothing is learnt yet (nothing is learnt from neither). It
-    is cut to ``decrease`` times that rate, and that rate becomes the ``peak``. A refusal
+    (None or 0: it does not know); ``previous_at`` when the resource's previous
+    rate-limit event began (None: there was none).
+
+    Nothing learnt yet, one refusal alone is no limit (an API may refuse a request now
+    and then): learning starts with a refusal that comes less than ``learn_after`` after
+    the previous one began, and holds the resource to ``accepted``, the rate the API
+    just let through. With a learnt rate, a refusal cuts it to ``decrease`` times itself,
+    and the rate before the cut becomes the ``peak``. A refusal
     while the learnt rate is still below the peak of a cut made less than three
     ``recover`` ago is left alone: the cut already took the rate below where the
     refusals began, so this one is not the rate's doing (an API that refuses a share of
@@ -289,11 +301,16 @@ def learn_from_limit(
     """
     if not policy.learn:
         return state
-    known = [r for r in (state.rate, accepted) if r is not None and r > 0 and math.isfinite(r)]
-    if not known:
-        return state
-    sending = known[0]
     now = _utc(now)
+    if state.rate is None or not (state.rate > 0 and math.isfinite(state.rate)):
+        if accepted is None or not (accepted > 0 and math.isfinite(accepted)):
+            return state
+        since = now - _utc(previous_at) if previous_at is not None else None
+        if since is None or not timedelta(0) <= since < policy.learn_after:
+            return state
+        held = min(max(policy.min_rate, accepted), _MAX_LEARNED)
+        return LearnedRate(rate=held, peak=held, cut_at=now)
+    sending = state.rate
     if (
         state.peak is not None
         and state.cut_at is not None

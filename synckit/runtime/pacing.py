@@ -168,7 +168,7 @@ def record_rate_limit_sync(
     success after the previous pace ended restarts the streak). With ``learn`` (a
     connector that declares no rate), a new event whose answer named no wait also cuts
     the resource's learnt rate (:func:`~synckit.errors.pace.learn_from_limit`, from the
-    ``accepted`` successes a second the process saw).
+    ``accepted`` successes a second the process saw and the previous event's start).
 
     Runs in the caller's transaction on a synchronous connection (``Database.write``).
     ``sent_at`` is when the answered request was sent (None: unknown, taken as ``now``;
@@ -207,7 +207,7 @@ def record_rate_limit_sync(
         }
         if learn and classification.retry_after is None:
             before = _learned_of(row)
-            after = learn_from_limit(before, accepted, now, policy)
+            after = learn_from_limit(before, accepted, now, policy, row.rate_limited_at)
             if after != before:
                 values.update(
                     learned_rate=after.rate,

@@ -498,27 +498,34 @@ def test_reserving_ahead_is_what_asking_once_per_request_would_leave(
 # --- learnt rate (AIMD) -------------------------------------------------------------------
 
 
-def test_a_first_refusal_learns_a_rate_below_what_was_accepted() -> None:
-    """Nothing learnt, 3 successes a second seen: the rate is cut to 0.8 x 3 = 2.4/s."""
-    learnt = learn_from_limit(LearnedRate(), 3.0, NOW, POLICY)
-    assert learnt == LearnedRate(rate=pytest.approx(2.4), peak=3.0, cut_at=NOW)
-    assert learn_from_limit(LearnedRate(), None, NOW, POLICY) == LearnedRate()  # nothing known
+def test_learning_starts_with_a_second_refusal_soon_after_another() -> None:
+    """One refusal alone learns nothing; a second within learn_after holds the rate to
+    the successes a second just seen (3/s); a later one cuts it by decrease."""
+    assert learn_from_limit(LearnedRate(), 3.0, NOW, POLICY) == LearnedRate()
+    long_ago = NOW - POLICY.learn_after
+    assert learn_from_limit(LearnedRate(), 3.0, NOW, POLICY, long_ago) == LearnedRate()
+    held = learn_from_limit(LearnedRate(), 3.0, NOW, POLICY, NOW - timedelta(seconds=1))
+    assert held == LearnedRate(rate=3.0, peak=3.0, cut_at=NOW)
+    soon = NOW - timedelta(seconds=1)
+    assert learn_from_limit(LearnedRate(), None, NOW, POLICY, soon) == LearnedRate()
+    cut = learn_from_limit(held, 3.0, NOW + timedelta(seconds=1), POLICY)
+    assert (cut.rate, cut.peak) == (pytest.approx(2.4), 3.0)
 
 
 def test_successes_regain_a_cut_in_recover_seconds() -> None:
     """At 2.4/s after a cut from 3/s, 10 s of successes (24) regain the 0.6/s lost."""
-    cut = learn_from_limit(LearnedRate(), 3.0, NOW, POLICY)
-    state = cut
+    state = cut = LearnedRate(rate=2.4, peak=3.0, cut_at=NOW)
     for _ in range(24):
         state = learn_from_successes(state, 1, POLICY)
     assert state.rate == pytest.approx(3.0, rel=0.05)
+    assert state.peak == cut.peak
     assert learn_from_successes(LearnedRate(), 100, POLICY) == LearnedRate()
 
 
 def test_a_refusal_below_the_last_cut_is_not_the_rates_doing() -> None:
     """Random refusals while the rate recovers leave it alone; at or above the peak, or
     once the cut is three recover periods old, a refusal cuts again."""
-    cut = learn_from_limit(LearnedRate(), 10.0, NOW, POLICY)
+    cut = LearnedRate(rate=8.0, peak=10.0, cut_at=NOW)
     soon = NOW + timedelta(seconds=5)
     assert learn_from_limit(cut, 9.0, soon, POLICY) == cut
     above = LearnedRate(rate=10.5, peak=10.0, cut_at=NOW)
@@ -546,7 +553,7 @@ def test_learnt_rates_stay_positive_and_move_the_right_way(
     """A refusal never raises the rate, a success never lowers it; every learnt rate is
     finite and at least min_rate."""
     state = LearnedRate(rate=rate, peak=peak, cut_at=NOW if peak is not None else None)
-    cut = learn_from_limit(state, accepted, NOW + after, POLICY)
+    cut = learn_from_limit(state, accepted, NOW + after, POLICY, NOW)
     if cut.rate is not None:
         assert POLICY.min_rate <= cut.rate < float("inf")
         assert rate is None or cut.rate <= max(rate, POLICY.min_rate)
