@@ -30,12 +30,13 @@ from typing import Any
 import httpx
 
 from synckit.clock import utcnow
-from synckit.connectors.base import Connector
+from synckit.connectors.base import Connector, pace_policy_of
 from synckit.connectors.context import SyncContext
 from synckit.connectors.records import Records
 from synckit.dlq.replay import ReplayProcessor, register_dlq_replay, replayers_from_app
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.exceptions import ConfigurationError, PermanentError
+from synckit.errors.pace import PacePolicy
 from synckit.runtime import pacing
 from synckit.runtime.alerts import get_alert_router, register_alerts
 from synckit.runtime.context import open_context, prepare_process
@@ -112,6 +113,7 @@ class App:
         self.registry.add(POLL_KIND, self._poll_job, timeout=poll_timeout)
         # A poll cycle that fails is retried with its connector's retry_policy, if any.
         self.registry.retry_policy_for = self._retry_policy_for
+        self.registry.pace_policy_for = self._pace_policy_for
         self.registry.add(SCHEDULE_KIND, self._schedule_job, timeout=120.0)
         self.registry.recurring(SCHEDULER_NAME, SCHEDULE_KIND, every=scheduler_every)
         if dlq_replay_every is not None:
@@ -158,6 +160,12 @@ class App:
             return None
         cls = self._connectors.get(str(job.payload.get("connector")))
         return cls.retry_policy if cls is not None else None
+
+    def _pace_policy_for(self, job: ClaimedJob) -> PacePolicy | None:
+        if job.kind != POLL_KIND or not isinstance(job.payload, Mapping):
+            return None
+        cls = self._connectors.get(str(job.payload.get("connector")))
+        return pace_policy_of(cls) if cls is not None else None
 
     @property
     def connectors(self) -> Mapping[str, type[Connector[Any]]]:

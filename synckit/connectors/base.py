@@ -38,6 +38,7 @@ field elsewhere a plain name (letters, digits, ``. - _ ~``: it cannot move the h
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import re
@@ -59,6 +60,7 @@ from synckit.errors.backoff import RetryPolicy
 from synckit.errors.classify import Classification, ClassifyRules, classify
 from synckit.errors.error_body import ErrorBody, ErrorDescription
 from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.pace import PacePolicy
 from synckit.errors.waits import DEFAULT_MAX_WAIT
 
 if TYPE_CHECKING:
@@ -207,6 +209,11 @@ class Connector(typing.Generic[ConfigT]):
         (e.g. :class:`BearerToken`); override :meth:`build_auth` for more.
     ``rate_limit``
         a :class:`RateLimit` per tenant, enforced before every request.
+    ``pace``
+        how a rate limit that names no wait paces the tenant
+        (:class:`~synckit.errors.PacePolicy`: first wait, growth, cap, provider signals'
+        first waits, and the rate learnt when ``rate_limit`` is None); None: the default
+        policy (1 s, doubling while refusals continue, up to 15 minutes).
     ``timeout``
         the :class:`httpx.Timeout` of ``ctx.http``.
     ``config_model``
@@ -240,6 +247,7 @@ class Connector(typing.Generic[ConfigT]):
     base_url: ClassVar[str] = ""
     auth: ClassVar[OAuth2 | AuthFactory | httpx.Auth | None] = None
     rate_limit: ClassVar[RateLimit | None] = None
+    pace: ClassVar[PacePolicy | None] = None
     timeout: ClassVar[httpx.Timeout] = httpx.Timeout(30.0, connect=10.0)
     config_model: ClassVar[type[BaseModel]] = NoConfig
     classify_rules: ClassVar[ClassifyRules] = ClassifyRules()
@@ -512,6 +520,15 @@ def _config_model_from_bases(cls: type) -> type[BaseModel] | None:
     return None
 
 
+def pace_policy_of(cls: type[Connector[Any]]) -> PacePolicy:
+    """The pace policy the runtime applies to ``cls``'s tenants: its ``pace`` (or the
+    default policy), every wait within the connector's ``max_wait``."""
+    policy = cls.pace if cls.pace is not None else PacePolicy()
+    if policy.max_wait <= cls.max_wait:
+        return policy
+    return dataclasses.replace(policy, max_wait=cls.max_wait)
+
+
 def _check_declaration(cls: type[Connector[Any]], where: str) -> None:
     """Refuse a connector class that cannot work, when it is defined rather than polled."""
     if cls.name and (not isinstance(cls.name, str) or not _NAME.fullmatch(cls.name)):
@@ -536,6 +553,8 @@ def _check_declaration(cls: type[Connector[Any]], where: str) -> None:
         raise ConfigurationError(f"{where}: config_model must be a pydantic BaseModel subclass")
     if cls.rate_limit is not None and not isinstance(cls.rate_limit, RateLimit):
         raise ConfigurationError(f"{where}: rate_limit must be a RateLimit or None")
+    if cls.pace is not None and not isinstance(cls.pace, PacePolicy):
+        raise ConfigurationError(f"{where}: pace must be a PacePolicy or None")
     if not isinstance(cls.classify_rules, ClassifyRules):
         raise ConfigurationError(f"{where}: classify_rules must be a ClassifyRules")
     if not isinstance(cls.error_body, ErrorBody):

@@ -50,7 +50,8 @@ authorization: they describe one record, not the health of the API. Rate limits 
 count either: the API is healthy and said when to come back. Nor does a 413 with a wait.
 
 The wait (``Classification.retry_after``) is the server's ``retry-after-ms`` /
-``x-ms-retry-after-ms`` / ``Retry-After`` when it sent one; only without one does an
+``x-ms-retry-after-ms`` / ``Retry-After`` when it sent one (the longest, when they
+disagree); only without one does an
 exhausted quota's reset (``X-RateLimit-Reset``, IETF ``RateLimit``) give the wait and
 ``rate_limit_reset`` (the IETF RateLimit draft: Retry-After takes precedence).
 ``wait_source`` names the header that gave the wait. Every wait, a handler's too, is
@@ -226,6 +227,9 @@ class Classification:
     never picks the reset). ``wait_source`` names what gave ``retry_after``
     (``"Retry-After"``, ``"retry-after-ms"``, ``"x-ms-retry-after-ms"``,
     ``"X-RateLimit-Reset"``, ``"RateLimit"``, ``"handler"``), None without a wait.
+    ``signal`` names a provider's rate-limit signal that carries no wait
+    (``"github_secondary_rate_limit"``, ``"REQUEST_LIMIT_EXCEEDED"``): the pacing gives it
+    the provider's first wait (``PacePolicy.first_waits``).
     """
 
     error_class: ErrorClass
@@ -237,6 +241,7 @@ class Classification:
     rate_limit_reset: datetime | None = None
     counts_for_breaker: bool = True
     wait_source: str | None = None
+    signal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -337,6 +342,7 @@ def _make(
     wait_source: str | None = None,
     counts_for_breaker: bool | None = None,
     reason_limit: int = _REASON_LIMIT,
+    signal: str | None = None,
 ) -> Classification:
     if max_attempts is None:
         max_attempts = rules.max_attempts.get(error_class, DEFAULT_MAX_ATTEMPTS[error_class])
@@ -355,6 +361,7 @@ def _make(
             error_class not in _NOT_COUNTED if counts_for_breaker is None else counts_for_breaker
         ),
         wait_source=wait_source if retry_after is not None else None,
+        signal=signal,
     )
 
 
@@ -468,7 +475,11 @@ def _from_response(
     reset = quota.reset_at if quota is not None and quota.exhausted and wait is None else None
 
     def make(
-        error_class: ErrorClass, reason: str, *, counts_for_breaker: bool | None = None
+        error_class: ErrorClass,
+        reason: str,
+        *,
+        counts_for_breaker: bool | None = None,
+        signal: str | None = None,
     ) -> Classification:
         retry_after, source = wait, wait_source
         if retry_after is None and reset is not None and error_class is ErrorClass.RATE_LIMITED:
@@ -483,6 +494,7 @@ def _from_response(
             wait_source=source,
             counts_for_breaker=counts_for_breaker,
             reason_limit=_DESCRIBED_REASON_LIMIT if said else _REASON_LIMIT,
+            signal=signal,
         )
 
     for index, (predicate, error_class) in enumerate(rules.body_rules):
@@ -510,7 +522,9 @@ def _from_response(
         exhausted = quota is not None and quota.exhausted
         signal = _rate_limit_signal(response, wait is not None, exhausted)
         if signal:
-            return make(ErrorClass.RATE_LIMITED, f"{status_line} ({signal})")
+            return make(
+                ErrorClass.RATE_LIMITED, f"{status_line} ({signal})", signal=_SIGNALS.get(signal)
+            )
     if status in _DEFAULT_BY_STATUS:
         return make(_DEFAULT_BY_STATUS[status], status_line)
     if 400 <= status < 500:
@@ -597,6 +611,13 @@ def _parse_json(content: bytes) -> object:
         return _NOT_JSON
 
 
+_GITHUB_SECONDARY = "secondary rate-limit message in body"
+# A 403's rate-limit reason -> the provider signal it is (Classification.signal), for
+# those whose providers document a first wait (synckit.errors.pace.DEFAULT_FIRST_WAITS).
+_SIGNALS = {
+    _GITHUB_SECONDARY: "github_secondary_rate_limit",
+    "REQUEST_LIMIT_EXCEEDED": "REQUEST_LIMIT_EXCEEDED",
+}
 _GOOGLE_RATE_REASONS = frozenset({"ratelimitexceeded", "userratelimitexceeded"})
 
 
@@ -619,7 +640,9 @@ def _rate_limit_body(body: object) -> str:
         message = body.get("message")
         if isinstance(message, str):
             lowered = message.lower()
-            if "rate limit" in lowered or "abuse detection" in lowered:
+            if "secondary rate limit" in lowered or "abuse detection" in lowered:
+                return _GITHUB_SECONDARY
+            if "rate limit" in lowered:
                 return "rate-limit message in body"
         if body.get("errorCode") == "REQUEST_LIMIT_EXCEEDED":
             return "REQUEST_LIMIT_EXCEEDED"

@@ -129,7 +129,10 @@ def parse_retry_after(value: str | None, now: datetime) -> timedelta | None:
     """The wait a ``Retry-After`` value asks for.
 
     Accepts delta-seconds (fractional values are rounded up to the next whole second)
-    and HTTP-dates in the IMF-fixdate, obsolete RFC 850 and asctime forms. ``0`` and
+    and HTTP-dates in the IMF-fixdate, obsolete RFC 850 and asctime forms. A two-digit
+    year (RFC 850) is read as RFC 9110 section 5.6.7 says: the year with those last
+    two digits that is at most 50 years after ``now`` (``-70`` read in 2026 or in 2070 is
+    2070; read in 2015 it is 1970). ``0`` and
     dates in the past give ``timedelta(0)``; applying a minimum wait is the caller's
     business (:func:`synckit.errors.backoff.retry_delay`). A wait beyond
     :data:`MAX_WAIT` gives :data:`MAX_WAIT`.
@@ -145,11 +148,40 @@ def parse_retry_after(value: str | None, now: datetime) -> timedelta | None:
         when = email.utils.parsedate_to_datetime(value.strip())
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
+    two_digits = _TWO_DIGIT_YEAR.match(value)
+    if two_digits is not None:
+        moved = _rfc9110_century(when, int(two_digits.group(1)), _as_utc(now).year)
+        if moved is None:
+            return None
+        when = moved
     try:
         wait = _as_utc(when) - _as_utc(now)
     except OverflowError:
         return None
     return min(max(wait, timedelta(0)), MAX_WAIT)
+
+
+# An HTTP-date whose year has two digits: RFC 850's "Sunday, 06-Nov-94 08:49:37 GMT", or
+# the same day-month-year order with spaces, which email.utils also reads.
+_TWO_DIGIT_YEAR = re.compile(
+    r"\s*(?:[A-Za-z]+,)?\s*[0-9]{1,2}[- ][A-Za-z]{3}[- ]([0-9]{2})(?![0-9])", re.ASCII
+)
+
+
+def _rfc9110_century(when: datetime, yy: int, this_year: int) -> datetime | None:
+    """``when`` moved to the century RFC 9110 gives a two-digit year ``yy`` read in
+    ``this_year``: a year that appears more than 50 years in the future is the most recent
+    past year with the same last two digits, so the year lies in (this_year - 50,
+    this_year + 50]. None when that year cannot hold the date (29 February, year 0)."""
+    year = (this_year // 100) * 100 + yy
+    if year > this_year + 50:
+        year -= 100
+    elif year <= this_year - 50:
+        year += 100
+    try:
+        return when.replace(year=year)
+    except ValueError:
+        return None
 
 
 def parse_retry_after_ms(headers: HeadersLike) -> timedelta | None:
@@ -164,21 +196,29 @@ def parse_retry_after_ms(headers: HeadersLike) -> timedelta | None:
 
 
 def server_wait(headers: HeadersLike, now: datetime) -> timedelta | None:
-    """The wait the server asked for: millisecond headers first, then ``Retry-After``."""
+    """The wait the server asked for: the longest of ``retry-after-ms``,
+    ``x-ms-retry-after-ms`` and ``Retry-After`` that can be read."""
     signal = server_wait_signal(headers, now)
     return None if signal is None else signal[0]
 
 
 def server_wait_signal(headers: HeadersLike, now: datetime) -> tuple[timedelta, str] | None:
-    """:func:`server_wait` and the header that gave it (``"retry-after-ms"``, ...)."""
+    """:func:`server_wait` and the header that gave it (``"retry-after-ms"``, ...).
+
+    When the headers disagree (``Retry-After: 30`` with ``x-ms-retry-after-ms: 100``),
+    the longer wait wins: waiting too little earns another refusal, waiting a little
+    more costs only that. On a tie the first named above wins (the finer header)."""
+    found: tuple[timedelta, str] | None = None
     for name in ("retry-after-ms", "x-ms-retry-after-ms"):
         millis = _number(_header(headers, name))
         if millis is not None:
             wait = _seconds(millis / 1000)
-            if wait is not None:
-                return wait, name
+            if wait is not None and (found is None or wait > found[0]):
+                found = (wait, name)
     wait = parse_retry_after(_header(headers, "retry-after"), now)
-    return None if wait is None else (wait, "Retry-After")
+    if wait is not None and (found is None or wait > found[0]):
+        found = (wait, "Retry-After")
+    return found
 
 
 def _reset_from_delta(value: float | None, now: datetime) -> datetime | None:

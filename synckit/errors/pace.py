@@ -4,11 +4,16 @@ Three decisions, each values in and a frozen value out; the runtime
 (:mod:`synckit.runtime.pacing`, :mod:`synckit.runtime.http`) stores and applies them:
 
 * :func:`pace_decision`: a rate-limited answer paces the resource until a moment. The
-  server's wait wins (``retry-after-ms``, ``Retry-After``, then an exhausted quota's
-  reset); a limit that names no wait paces for :func:`default_pace`, which starts at a
-  minute (GitHub documents at least a minute for its secondary limits) and doubles on
-  each repeat, up to a cap. Requests already in flight when the limit hit are one event:
-  their 429s neither grow the streak nor push the pace further than the event's own.
+  server's wait wins (the longest of ``retry-after-ms`` and ``Retry-After``, then an
+  exhausted quota's reset); a limit that names no wait paces for :func:`default_pace`,
+  which starts short (a second; a provider's documented first wait for a signal it
+  recognises, such as GitHub's secondary limit) and grows on each repeat while the
+  refusals continue, up to a cap; a success after the pace ended restarts it. Requests
+  already in flight when the limit hit are one event: their 429s neither grow the
+  streak nor push the pace further than the event's own.
+* :func:`learn_from_limit` / :func:`learn_from_successes`: the request rate learnt for
+  an API that declares nothing (additive increase on success, multiplicative decrease
+  on a refusal): a :class:`LearnedRate`.
 * :func:`quota_rate`: the request rate that spreads a reported quota's remaining requests
   (minus those already in flight) over the time until it resets; :func:`slots_before`
   says whether a declared rate could spend more than they are before the reset.
@@ -23,18 +28,24 @@ arithmetic here can overflow.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 
 from synckit.errors.classify import Classification, ErrorClass
 from synckit.errors.exceptions import ConfigurationError
 from synckit.errors.waits import DEFAULT_MAX_WAIT, clamp_wait, moment_after, seconds_wait
 
 __all__ = [
+    "DEFAULT_FIRST_WAITS",
+    "LearnedRate",
     "PaceDecision",
     "PacePolicy",
     "Slot",
     "default_pace",
+    "learn_from_limit",
+    "learn_from_successes",
     "pace_decision",
     "quota_rate",
     "reserve_slot",
@@ -48,22 +59,69 @@ _ZERO = timedelta(0)
 _MANY = 2**62
 
 
+#: Provider-sized first waits for rate-limit signals that carry no wait (the
+#: ``Classification.signal`` that :func:`~synckit.errors.classify.classify` sets): GitHub
+#: documents "wait at least one minute" for its secondary rate limits, Salesforce's
+#: ``REQUEST_LIMIT_EXCEEDED`` is a rolling 24-hour allocation that a second's pace would
+#: only spend attempts on.
+DEFAULT_FIRST_WAITS: Mapping[str, timedelta] = MappingProxyType(
+    {
+        "github_secondary_rate_limit": timedelta(seconds=60),
+        "REQUEST_LIMIT_EXCEEDED": timedelta(seconds=60),
+    }
+)
+
+
+def _duration(value: object, name: str) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return timedelta(seconds=value) if abs(value) < 1e11 else timedelta(days=10**6)
+    raise ConfigurationError(f"invalid PacePolicy: {name} must be seconds or a timedelta")
+
+
 @dataclass(frozen=True)
 class PacePolicy:
-    """How a rate limit that names no wait paces its resource, and the cap on every pace.
+    """How a rate limit that names no wait paces its resource, the cap on every pace, and
+    how a rate is learnt for an API that declares none.
 
-    The n-th such limit in a row paces for ``min(first * growth ** (n - 1), cap,
-    max_wait)``. A limit is "in a row" unless it comes ``forget_after`` or more after the
-    previous pace ended (so no write is needed on success to reset the streak).
+    A connector declares its own as a class attribute (``pace = PacePolicy(first=1.0,
+    cap=300, growth=2.0)``; durations in seconds or as timedeltas). The n-th such limit
+    in a row paces for ``min(first * growth ** (n - 1), cap, max_wait)``; ``first_waits``
+    replaces ``first`` for a provider signal that names no wait
+    (:data:`DEFAULT_FIRST_WAITS`). A limit is "in a row" unless a request sent after the
+    previous pace ended succeeded, or it comes ``forget_after`` or more after that pace
+    ended. Inside a streak (2nd in a row or later) a server's wait shorter than the
+    streak's default pace is raised to it: a ``Retry-After: 0`` never shortens the
+    backoff the refusals have earned.
+
+    ``learn``: when the connector declares no :class:`~synckit.connectors.base.RateLimit`,
+    refusals that name no wait teach the tenant a rate: a second one within
+    ``learn_after`` of another holds it to the rate the API was accepting, each later one
+    cuts it to ``decrease`` times itself (never below ``min_rate`` requests a second), and
+    each success raises it additively, so that a cut is regained in ``recover``
+    (:func:`learn_from_limit`, :func:`learn_from_successes`).
     """
 
-    first: timedelta = timedelta(seconds=60)
+    first: timedelta = timedelta(seconds=1)
     growth: float = 2.0
     cap: timedelta = timedelta(minutes=15)
     forget_after: timedelta = timedelta(minutes=15)
     max_wait: timedelta = DEFAULT_MAX_WAIT
+    first_waits: Mapping[str, timedelta] = field(default_factory=lambda: DEFAULT_FIRST_WAITS)
+    learn: bool = True
+    decrease: float = 0.8
+    recover: timedelta = timedelta(seconds=10)
+    min_rate: float = 0.1
+    learn_after: timedelta = timedelta(seconds=3)
 
     def __post_init__(self) -> None:
+        for name in ("first", "cap", "forget_after", "max_wait", "recover", "learn_after"):
+            object.__setattr__(self, name, _duration(getattr(self, name), name))
+        if not isinstance(self.first_waits, Mapping):
+            raise ConfigurationError("invalid PacePolicy: first_waits must be a mapping")
+        waits = {str(k): _duration(v, f"first_waits[{k!r}]") for k, v in self.first_waits.items()}
+        object.__setattr__(self, "first_waits", MappingProxyType(waits))
         problems = [
             message
             for failed, message in (
@@ -72,6 +130,11 @@ class PacePolicy:
                 (self.forget_after < _ZERO, "forget_after must not be negative"),
                 (self.max_wait < _ZERO, "max_wait must not be negative"),
                 (not (math.isfinite(self.growth) and self.growth >= 1), "growth must be >= 1"),
+                (any(w < _ZERO for w in waits.values()), "first_waits must not be negative"),
+                (not 0 < self.decrease < 1, "decrease must be between 0 and 1"),
+                (self.recover <= _ZERO, "recover must be positive"),
+                (self.learn_after < _ZERO, "learn_after must not be negative"),
+                (not (math.isfinite(self.min_rate) and self.min_rate > 0), "min_rate must be > 0"),
             )
             if failed
         ]
@@ -97,17 +160,19 @@ class PaceDecision:
     new_event: bool
 
 
-def default_pace(streak: int, policy: PacePolicy) -> timedelta:
-    """The pace of the ``streak``-th rate limit in a row that named no wait (1-based)."""
-    top = min(policy.cap, policy.max_wait)
+def default_pace(streak: int, policy: PacePolicy, first: timedelta | None = None) -> timedelta:
+    """The pace of the ``streak``-th rate limit in a row that named no wait (1-based);
+    ``first`` replaces the policy's first pace (a provider signal's, ``first_waits``)."""
+    start = policy.first if first is None else max(first, _ZERO)
+    top = min(max(policy.cap, start), policy.max_wait)
     exponent = max(streak, 1) - 1
     # log-space comparison: growth ** exponent may not be representable.
-    if policy.first <= _ZERO:
+    if start <= _ZERO:
         return _ZERO
-    limit = top / policy.first
+    limit = top / start
     if policy.growth > 1 and exponent * math.log(policy.growth) >= math.log(max(limit, 1.0)):
         return top
-    return min(policy.first * (policy.growth**exponent), top)
+    return min(start * (policy.growth**exponent), top)
 
 
 def _ordinal(n: int) -> str:
@@ -128,21 +193,25 @@ def pace_decision(
     event_started_at: datetime | None,
     event_until: datetime | None,
     policy: PacePolicy,
+    succeeded_at: datetime | None = None,
 ) -> PaceDecision | None:
     """How a rate-limited answer paces its resource; None when it is no rate limit.
 
     ``streak``, ``event_started_at`` and ``event_until`` are the resource's stored state
     (``rate_limit_streak``, ``rate_limited_at``, ``next_available_at``); ``sent_at`` is
-    when the answered request left (None: unknown, taken as ``now``).
+    when the answered request left (None: unknown, taken as ``now``); ``succeeded_at``
+    when the latest request known to have succeeded left (None: none known).
 
     A request sent before the current event's pace ended (in flight when the limit hit,
     or sent on a stale view while paced) belongs to that event: the streak stays, and so
     does the event's ``until``, unless the answer names a wait of its own that ends
     later, which is honoured from this answer (the server asked it; a burst answered
     together adds nothing, one answered later waits its own Retry-After). Otherwise this
-    is a new event: the streak grows by one, or restarts at 1 when the previous pace
-    ended ``forget_after`` ago or more, and the resource is paced by the server's wait,
-    else by :func:`default_pace`.
+    is a new event: the streak grows by one, or restarts at 1 when a request sent after
+    the previous pace ended succeeded or that pace ended ``forget_after`` ago or more, and
+    the resource is paced by the server's wait, else by :func:`default_pace` (from the
+    policy's ``first_waits`` for the classification's ``signal``). From the second in a
+    row on, a server's wait shorter than the streak's default pace is raised to it.
     """
     if classification.error_class is not ErrorClass.RATE_LIMITED:
         return None
@@ -160,13 +229,24 @@ def pace_decision(
             reason="in flight when the limit hit: same event",
             new_event=False,
         )
-    fresh = until is None or streak <= 0 or now - until >= policy.forget_after
+    relaxed = succeeded_at is not None and until is not None and _utc(succeeded_at) >= until
+    fresh = until is None or streak <= 0 or relaxed or now - until >= policy.forget_after
     new_streak = 1 if fresh else streak + 1
+    signal = classification.signal
+    first = policy.first_waits.get(signal) if signal is not None else None
+    earned = default_pace(new_streak, policy, first)
     if wait is not None:
         reason = classification.wait_source or "server wait"
+        if new_streak > 1 and wait < earned:
+            # The server's wait has been tried and refused again: "0" (or any short wait)
+            # inside a streak never undoes the backoff the streak has earned.
+            reason = f"{reason} raised to the default pace, {_ordinal(new_streak)} in a row"
+            wait = earned
     else:
-        wait = default_pace(new_streak, policy)
+        wait = earned
         reason = f"default pace, {_ordinal(new_streak)} in a row"
+        if first is not None:
+            reason = f"{signal}: {reason}"
     return PaceDecision(
         until=moment_after(now, wait, policy.max_wait),
         streak=new_streak,
@@ -174,6 +254,87 @@ def pace_decision(
         reason=reason,
         new_event=True,
     )
+
+
+@dataclass(frozen=True)
+class LearnedRate:
+    """The request rate learnt for a resource whose API declares none.
+
+    ``rate``: requests a second the resource is held to (None: nothing learnt, no limit);
+    ``peak``: the rate it was sending at when the last decrease happened, ``cut_at``:
+    when. Stored in the resource's row, shared by every worker as a declared rate is.
+    """
+
+    rate: float | None = None
+    peak: float | None = None
+    cut_at: datetime | None = None
+
+
+#: No learnt rate grows beyond this (requests a second): far above any API's limit, and
+#: far below where float arithmetic on it loses meaning.
+_MAX_LEARNED = 1e6
+
+
+def learn_from_limit(
+    state: LearnedRate,
+    accepted: float | None,
+    now: datetime,
+    policy: PacePolicy,
+    previous_at: datetime | None = None,
+) -> LearnedRate:
+    """The learnt rate after a new rate-limit event that named no wait.
+
+    ``accepted`` is the rate of successes the reporting process saw in the second before
+    (None or 0: it does not know); ``previous_at`` when the resource's previous
+    rate-limit event began (None: there was none).
+
+    Nothing learnt yet, one refusal alone is no limit (an API may refuse a request now
+    and then): learning starts with a refusal that comes less than ``learn_after`` after
+    the previous one began, and holds the resource to ``accepted``, the rate the API
+    just let through. With a learnt rate, a refusal cuts it to ``decrease`` times itself,
+    and the rate before the cut becomes the ``peak``. A refusal
+    while the learnt rate is still below the peak of a cut made less than three
+    ``recover`` ago is left alone: the cut already took the rate below where the
+    refusals began, so this one is not the rate's doing (an API that refuses a share of
+    requests at random would otherwise drive the rate to nothing); after that, a peak
+    too high to be reached again (a limit that tightened) is forgotten. Pure.
+    """
+    if not policy.learn:
+        return state
+    now = _utc(now)
+    if state.rate is None or not (state.rate > 0 and math.isfinite(state.rate)):
+        if accepted is None or not (accepted > 0 and math.isfinite(accepted)):
+            return state
+        since = now - _utc(previous_at) if previous_at is not None else None
+        if since is None or not timedelta(0) <= since < policy.learn_after:
+            return state
+        held = min(max(policy.min_rate, accepted), _MAX_LEARNED)
+        return LearnedRate(rate=held, peak=held, cut_at=now)
+    sending = state.rate
+    if (
+        state.peak is not None
+        and state.cut_at is not None
+        and timedelta(0) <= now - _utc(state.cut_at) < policy.recover * 3
+        and sending < state.peak
+    ):
+        return state
+    rate = min(max(policy.min_rate, policy.decrease * sending), _MAX_LEARNED)
+    return LearnedRate(rate=rate, peak=min(sending, _MAX_LEARNED), cut_at=now)
+
+
+def learn_from_successes(state: LearnedRate, successes: int, policy: PacePolicy) -> LearnedRate:
+    """The learnt rate after ``successes`` more requests succeeded: additive increase.
+
+    Each success adds ``(1 - decrease) * peak / (recover * rate)``: a resource sending
+    at its learnt rate regains a cut in ``recover`` seconds, then keeps probing upwards
+    at the same slope. Nothing learnt stays nothing. Pure.
+    """
+    if state.rate is None or successes <= 0 or not policy.learn:
+        return state
+    peak = state.peak if state.peak is not None else state.rate
+    step = (1 - policy.decrease) * peak / (policy.recover.total_seconds() * max(state.rate, 1e-9))
+    rate = min(state.rate + step * min(successes, 10**9), _MAX_LEARNED)
+    return LearnedRate(rate=rate, peak=state.peak, cut_at=state.cut_at)
 
 
 def quota_rate(

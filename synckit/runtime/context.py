@@ -24,7 +24,7 @@ import structlog
 
 from synckit.clock import utcnow
 from synckit.connectors.auth import OAuth2
-from synckit.connectors.base import DEFAULT_STREAM, Connector
+from synckit.connectors.base import DEFAULT_STREAM, Connector, pace_policy_of
 from synckit.connectors.context import SyncContext
 from synckit.runtime.http import (
     PacedTransport,
@@ -278,6 +278,7 @@ def _build(
         rate_limit=connector.rate_limit,
         max_wait=connector.max_inline_wait,
         clock=clock,
+        pace=pace_policy_of(type(connector)),
     )
     if pace is not None:
         pacer.seed(pace)

@@ -19,6 +19,7 @@ from synckit.connectors.schedule import MAX_INTERVAL, cron_problem
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.breaker import BreakerPolicy
 from synckit.errors.exceptions import ConfigurationError, HandlerOutcome
+from synckit.errors.pace import PacePolicy
 from synckit.store.db import Database
 from synckit.store.jobs import ClaimedJob, JobSpec
 from synckit.store.outbox import NewMessage, _new_row
@@ -175,6 +176,8 @@ class Registry:
         #: :class:`~synckit.App` answers with the ``retry_policy`` of the connector whose
         #: work a poll job is. Called as the worker records a failure; must not do I/O.
         self.retry_policy_for: Callable[[ClaimedJob], RetryPolicy | None] | None = None
+        #: The pace policy of a job's rate limits (a connector's ``pace``), else the worker's.
+        self.pace_policy_for: Callable[[ClaimedJob], PacePolicy | None] | None = None
         self._handlers: dict[str, HandlerSpec] = {}
         self._recurring: dict[str, Recurring] = {}
         self.log = structlog.get_logger("synckit.jobs")

@@ -89,6 +89,10 @@ MAX_INLINE_RETRIES = 3
 REFRESH_SECONDS = 0.5
 #: ``request.extensions`` key holding when the request left (after its pacing wait).
 SENT_AT = "synckit.sent_at"
+#: The span (seconds) over which a process counts the successes a refusal cuts a learnt
+#: rate from: one second, the window most undeclared limits count in, so a burst's
+#: successes are not read as a rate the API would keep accepting.
+ACCEPTED_WINDOW = 1.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -112,6 +116,25 @@ class _Shared:
     #: to the resource wait (a request let through meanwhile would ignore the pace).
     recording: int = 0
     recorded: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    #: Successes not yet added to a learnt rate; when the latest success was sent; the
+    #: monotonic times of the last second's successes (the rate a refusal cuts from).
+    successes: int = 0
+    succeeded_at: datetime | None = None
+    accepted: collections.deque[float] = dataclasses.field(default_factory=collections.deque)
+
+    def success(self, sent_at: datetime | None) -> None:
+        self.successes += 1
+        if sent_at is not None and (self.succeeded_at is None or sent_at > self.succeeded_at):
+            self.succeeded_at = sent_at
+        now = time.monotonic()
+        self.accepted.append(now)
+        while self.accepted and self.accepted[0] < now - ACCEPTED_WINDOW:
+            self.accepted.popleft()
+
+    def accepted_rate(self) -> float:
+        """Successes a second over the last :data:`ACCEPTED_WINDOW` seconds."""
+        since = time.monotonic() - ACCEPTED_WINDOW
+        return sum(1 for t in self.accepted if t >= since) / ACCEPTED_WINDOW
 
 
 _shared_views: weakref.WeakValueDictionary[tuple[int, str, str], _Shared] = (
@@ -251,10 +274,16 @@ class Pacer:
         rate_limit: RateLimit | None,
         max_wait: timedelta,
         clock: Callable[[], datetime],
+        pace: PacePolicy | None = None,
     ) -> None:
         self.db = db
         self.resource_key = resource_key
         self.rate_limit = rate_limit
+        #: How rate limits that name no wait pace the resource (the connector's ``pace``).
+        self.policy = pace if pace is not None else PacePolicy()
+        #: Whether a rate is learnt for the resource (nothing declared, the policy's
+        #: ``learn``): refusals cut it, successes raise it.
+        self.learn = rate_limit is None and self.policy.learn
         #: The longest one request waits inline (the connector's max_inline_wait).
         self.max_wait = max_wait.total_seconds()
         self.clock = clock
@@ -281,6 +310,8 @@ class Pacer:
         if self.rate_limit is not None:
             return True
         st = self.state
+        if self.learn and st.view is not None and st.view.learned is not None:
+            return True
         quotas = [q for q in (st.observed, st.view.quota if st.view else None) if q is not None]
         return any(q.reset_at is not None and q.reset_at > now for q in quotas)
 
@@ -339,6 +370,7 @@ class Pacer:
                     await asyncio.wait([st.taking])
                     continue
                 st.taking = asyncio.get_running_loop().create_future()
+                successes, st.successes = (st.successes, 0) if self.learn else (0, st.successes)
                 try:
                     result = await self.db.write(
                         _take_slot,
@@ -349,7 +381,12 @@ class Pacer:
                         st.observed,
                         now,
                         max(budget, 0.0),
+                        successes,
+                        self.policy,
                     )
+                except BaseException:
+                    st.successes += successes  # not added: the next reservation adds them
+                    raise
                 finally:
                     taking, st.taking = st.taking, None
                     taking.set_result(None)
@@ -422,7 +459,11 @@ class Pacer:
         st = self.state
         current = st.view.available_at if st.view else None
         if current is None or until > current:
-            st.view = pacing.PaceView(until, st.view.quota if st.view else None)
+            st.view = (
+                dataclasses.replace(st.view, available_at=until)
+                if st.view is not None
+                else pacing.PaceView(until, None)
+            )
         _drop_slots_before(st.slots, until)
 
     async def defer(self, until: datetime, reason: str) -> None:
@@ -444,7 +485,15 @@ class Pacer:
         st.recorded.clear()
         try:
             until = await pacing.record_rate_limit(
-                self.db, self.resource_key, c, sent_at=sent_at, now=self.clock(), policy=policy
+                self.db,
+                self.resource_key,
+                c,
+                sent_at=sent_at,
+                now=self.clock(),
+                policy=policy,
+                succeeded_at=st.succeeded_at,
+                accepted=st.accepted_rate(),
+                learn=self.learn,
             )
         finally:
             st.recording -= 1
@@ -454,10 +503,15 @@ class Pacer:
             self.paced_until(until)
         return until
 
-    async def after_response(self, response: httpx.Response) -> None:
+    async def after_response(
+        self, response: httpx.Response, sent_at: datetime | None = None
+    ) -> None:
         """Note the quota the response reports; a success that spent it defers the
-        resource until the reset (Retry-After, when given, is the client's business)."""
+        resource until the reset (Retry-After, when given, is the client's business). A
+        success is counted for the streak and the learnt rate."""
         now = self.clock()
+        if response.status_code < 400:
+            self.state.success(sent_at)
         quota = parse_rate_limit(response.headers, now)
         if quota is None:
             return
@@ -501,6 +555,8 @@ def _take_slot(
     observed: pacing.Quota | None,
     now: datetime,
     max_wait: float,
+    successes: int,
+    policy: PacePolicy,
 ) -> pacing.SlotResult:
     return pacing.take_slot_sync(
         conn,
@@ -512,6 +568,8 @@ def _take_slot(
         now=now,
         max_wait=max_wait,
         ahead=True,
+        successes=successes,
+        policy=policy,
     )
 
 
@@ -555,7 +613,7 @@ class PacedTransport(httpx.AsyncBaseTransport):
             if self.connector is not None:
                 record_api_latency(self.connector, status, time.perf_counter() - started)
         try:
-            await self.pacer.after_response(response)
+            await self.pacer.after_response(response, request.extensions[SENT_AT])
         except BaseException:
             await response.aclose()
             raise
@@ -680,7 +738,6 @@ class SyncClient(OneParseClient):
         self.pacer = pacer
         self.clock = clock
         self._check_successes = _classifies_successes(connector)
-        self._pace_policy = PacePolicy(max_wait=connector.max_wait)
 
     async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
         waiter = self.pacer.waiter
@@ -694,7 +751,7 @@ class SyncClient(OneParseClient):
                 raise api_error(c, request, response)
             sent_at = response.request.extensions.get(SENT_AT)
             until = await self.pacer.record_rate_limit(
-                c, sent_at if isinstance(sent_at, datetime) else None, self._pace_policy
+                c, sent_at if isinstance(sent_at, datetime) else None, self.pacer.policy
             )
             now = self.clock()
             wait = max((until - now).total_seconds(), 0.0) if until is not None else 0.0

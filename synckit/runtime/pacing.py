@@ -3,15 +3,18 @@
 The columns (``resources``): ``next_available_at`` (no request before it),
 ``rate_limit_streak`` / ``rate_limited_at`` / ``paced_reason`` (the current rate-limit
 event), ``quota_limit`` / ``quota_remaining`` / ``quota_reset_at`` / ``quota_at`` (the
-quota the API last reported) and ``tokens_at`` (the shared request schedule). The
+quota the API last reported), ``learned_rate`` / ``learned_peak`` / ``learned_cut_at``
+(the rate learnt for an API that declares none) and ``tokens_at`` (the shared request
+schedule). The
 decisions are the pure functions of :mod:`synckit.errors.pace`; this module reads the
 row, calls them and writes what they decided. Named operations:
 
 * :func:`record_rate_limit_sync` / :func:`record_rate_limit`: a rate-limited answer
   paces the resource (one event for a burst of in-flight answers);
 * :func:`take_slot_sync`: before a request, in one short transaction: is the resource
-  paced, and if a rate applies (declared, or spread from the reported quota), reserve the
-  request's place on the shared schedule; it also stores the quota this process saw;
+  paced, and if a rate applies (declared, learnt, or spread from the reported quota),
+  reserve the request's place on the shared schedule; it also stores the quota this
+  process saw and adds the successes it counted to a learnt rate;
 * :func:`take_first_slots_sync`: the same reservation for the first requests of many
   poll cycles starting together, in their start read's transaction (rows another
   transaction holds are skipped, never waited for);
@@ -38,7 +41,10 @@ from synckit.errors.pace import (
     DECLARED_HORIZON,
     RESERVE_HORIZON,
     RESERVE_MAX,
+    LearnedRate,
     PacePolicy,
+    learn_from_limit,
+    learn_from_successes,
     pace_decision,
     quota_rate,
     reserve_slot,
@@ -95,10 +101,12 @@ class Quota:
 @dataclass(frozen=True)
 class PaceView:
     """A resource's pacing as read: no request before ``available_at`` (its own or its
-    parent's ``next_available_at``); ``quota`` as last stored by any worker."""
+    parent's ``next_available_at``); ``quota`` as last stored by any worker; ``learned``
+    the rate learnt for it (requests a second, None: none)."""
 
     available_at: datetime | None
     quota: Quota | None
+    learned: float | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,10 @@ class SlotResult:
     opens_at: datetime | None = None
 
 
+def _learned_of(row: Any) -> LearnedRate:
+    return LearnedRate(row.learned_rate, row.learned_peak, row.learned_cut_at)
+
+
 def _quota_of(row: Any) -> Quota | None:
     if row.quota_at is None:
         return None
@@ -146,8 +158,17 @@ def record_rate_limit_sync(
     sent_at: datetime | None,
     now: datetime,
     policy: PacePolicy,
+    succeeded_at: datetime | None = None,
+    accepted: float | None = None,
+    learn: bool = False,
 ) -> datetime | None:
     """Record a rate-limited answer for resource ``key``; return when it is paced until.
+
+    ``succeeded_at``: when the latest request this process saw succeed was sent (a
+    success after the previous pace ended restarts the streak). With ``learn`` (a
+    connector that declares no rate), a new event whose answer named no wait also cuts
+    the resource's learnt rate (:func:`~synckit.errors.pace.learn_from_limit`, from the
+    ``accepted`` successes a second the process saw and the previous event's start).
 
     Runs in the caller's transaction on a synchronous connection (``Database.write``).
     ``sent_at`` is when the answered request was sent (None: unknown, taken as ``now``;
@@ -169,24 +190,31 @@ def record_rate_limit_sync(
         event_started_at=row.rate_limited_at,
         event_until=row.next_available_at,
         policy=policy,
+        succeeded_at=succeeded_at,
     )
     if decision is None:
         return None
     until = _later(row.next_available_at, decision.until)
     if decision.new_event:
-        write_resource_sync(
-            conn,
-            key,
-            {
-                "next_available_at": until,
-                "rate_limit_streak": decision.streak,
-                "rate_limited_at": decision.event_started_at,
-                "paced_reason": decision.reason[:_REASON_LIMIT],
-                "last_error_class": "rate_limited",
-                "last_error": classification.reason[:500],
-                "updated_at": now,
-            },
-        )
+        values: dict[str, Any] = {
+            "next_available_at": until,
+            "rate_limit_streak": decision.streak,
+            "rate_limited_at": decision.event_started_at,
+            "paced_reason": decision.reason[:_REASON_LIMIT],
+            "last_error_class": "rate_limited",
+            "last_error": classification.reason[:500],
+            "updated_at": now,
+        }
+        if learn and classification.retry_after is None:
+            before = _learned_of(row)
+            after = learn_from_limit(before, accepted, now, policy, row.rate_limited_at)
+            if after != before:
+                values.update(
+                    learned_rate=after.rate,
+                    learned_peak=after.peak,
+                    learned_cut_at=after.cut_at,
+                )
+        write_resource_sync(conn, key, values)
     elif row.next_available_at is None or until > row.next_available_at:
         # An answer of the same event naming a wait that ends later: the event's other
         # columns stay, its pace is pushed out to that wait.
@@ -202,18 +230,15 @@ async def record_rate_limit(
     sent_at: datetime | None,
     now: datetime,
     policy: PacePolicy,
+    succeeded_at: datetime | None = None,
+    accepted: float | None = None,
+    learn: bool = False,
 ) -> datetime | None:
     """:func:`record_rate_limit_sync` in its own transaction (a Database) or the caller's."""
+    args = (key, classification, sent_at, now, policy, succeeded_at, accepted, learn)
     if isinstance(target, Database):
-        return await target.write(
-            _record_kw,
-            key,
-            classification,
-            sent_at,
-            now,
-            policy,  # positional for write()
-        )
-    return await target.run_sync(_record_kw, key, classification, sent_at, now, policy)
+        return await target.write(_record_kw, *args)  # positional for write()
+    return await target.run_sync(_record_kw, *args)
 
 
 def _record_kw(
@@ -223,9 +248,20 @@ def _record_kw(
     sent_at: datetime | None,
     now: datetime,
     policy: PacePolicy,
+    succeeded_at: datetime | None,
+    accepted: float | None,
+    learn: bool,
 ) -> datetime | None:
     return record_rate_limit_sync(
-        conn, key, classification, sent_at=sent_at, now=now, policy=policy
+        conn,
+        key,
+        classification,
+        sent_at=sent_at,
+        now=now,
+        policy=policy,
+        succeeded_at=succeeded_at,
+        accepted=accepted,
+        learn=learn,
     )
 
 
@@ -240,8 +276,15 @@ def take_slot_sync(
     now: datetime,
     max_wait: float,
     ahead: bool = False,
+    successes: int = 0,
+    policy: PacePolicy | None = None,
 ) -> SlotResult:
     """Before one request to ``key``: whether it may go, in one transaction.
+
+    ``successes``: requests this process saw succeed since it last said so; they raise
+    the resource's learnt rate, if it has one (:func:`~synckit.errors.pace.learn_from_successes`
+    under ``policy``). A learnt rate paces like a quota's: one request at a time, the
+    lower of the rates that apply.
 
     Stores ``observed`` (the quota this process saw last) when it is newer than the
     stored one. Then, unless the resource is paced, the request rate is the lower of
@@ -268,10 +311,16 @@ def take_slot_sync(
             quota_reset_at=observed.reset_at,
             quota_at=observed.at,
         )
+    learned = _learned_of(row)
+    if successes > 0 and policy is not None and learned.rate is not None:
+        grown = learn_from_successes(learned, successes, policy)
+        if grown.rate != learned.rate:
+            values["learned_rate"] = grown.rate
+        learned = grown
     available = _later(row.next_available_at, row.parent_available_at)
     result = _slot(
         row.tokens_at,
-        PaceView(available, quota),
+        PaceView(available, quota, learned.rate),
         values,
         declared_rate=declared_rate,
         burst=burst,
@@ -372,6 +421,9 @@ def _slot(
     ``tokens_at`` and whose pacing is ``view``; the schedule it moves to goes in
     ``values["tokens_at"]``. No I/O."""
     available, quota = view.available_at, view.quota
+    # A learnt rate binds only a connector that declares none (its declared rate is what
+    # it knows of the API).
+    learned = view.learned if declared_rate is None else None
     result: SlotResult
     if available is not None and available > now:
         result = SlotResult((available - now).total_seconds(), "paced", False, view)
@@ -392,7 +444,7 @@ def _slot(
                 # reset: spreading what is left until then would only send slower than
                 # allowed (an API counting 10 a second then got 9 in one second of six).
                 adaptive = None
-        rates = [r for r in (declared_rate, adaptive) if r is not None]
+        rates = [r for r in (declared_rate, adaptive, learned) if r is not None]
         rate = min(rates) if rates else None
         if rate is None:
             result = SlotResult(0.0, "", False, view)
@@ -424,6 +476,8 @@ def _slot(
             reach: tuple[float, int] | None = None
             if ahead and declared:
                 reach = (DECLARED_HORIZON, RESERVE_MAX)
+            elif ahead and learned is not None and rate == learned:
+                reach = (RESERVE_HORIZON, RESERVE_MAX)
             elif ahead and quota is not None and quota.reset_at is not None:
                 left = quota.remaining - max(in_flight, 0) if quota.remaining is not None else 0
                 until_reset = (quota.reset_at - now).total_seconds()
@@ -469,7 +523,9 @@ def read_pace_sync(conn: SyncConn, key: str) -> PaceView:
     row = read_pace_row_sync(conn, key)
     if row is None:
         return PaceView(None, None)
-    return PaceView(_later(row.next_available_at, row.parent_available_at), _quota_of(row))
+    return PaceView(
+        _later(row.next_available_at, row.parent_available_at), _quota_of(row), row.learned_rate
+    )
 
 
 async def read_pace(db: Database, key: str) -> PaceView:

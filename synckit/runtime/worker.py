@@ -1095,7 +1095,9 @@ class Worker:
         }
         paced: datetime | None = None
         if c.error_class is ErrorClass.RATE_LIMITED and key:
-            paced = self._pace(conn, key, c, now, sent_at, _moment_or_none(r.next_available_at))
+            paced = self._pace(
+                conn, job, key, c, now, sent_at, _moment_or_none(r.next_available_at)
+            )
             if paced is not None:
                 self._block(key, paced)
                 self._log.info("resource.throttled", resource_key=key, until=paced)
@@ -1110,9 +1112,17 @@ class Worker:
             self._maybe_open_parent(conn, r.parent_key, now)
         return paced
 
+    def _pace_policy_of(self, job: ClaimedJob) -> PacePolicy:
+        """The registry's pace policy for this job (its connector's ``pace``), else the
+        worker's."""
+        choose = self.registry.pace_policy_for
+        chosen = choose(job) if choose is not None else None
+        return chosen if chosen is not None else self.pace_policy
+
     def _pace(
         self,
         conn: SyncConn,
+        job: ClaimedJob,
         key: str,
         c: Classification,
         now: datetime,
@@ -1123,7 +1133,7 @@ class Worker:
         # Requests sent before the current event's pace ended are that event (a burst
         # of in-flight 429s is one); the handler's start bounds when its requests went.
         until = pacing.record_rate_limit_sync(
-            conn, key, c, sent_at=sent_at, now=now, policy=self.pace_policy
+            conn, key, c, sent_at=sent_at, now=now, policy=self._pace_policy_of(job)
         )
         return until if until is not None else current
 

@@ -231,6 +231,7 @@ _READ_PACE = (
         resources.c.quota_remaining,
         resources.c.quota_reset_at,
         resources.c.quota_at,
+        resources.c.learned_rate,
     )
     .select_from(_WITH_PARENT)
     .where(resources.c.resource_key == bindparam("key"))
@@ -238,8 +239,9 @@ _READ_PACE = (
 
 
 def read_pace_row_sync(conn: Connection, key: str) -> Any:
-    """The resource's ``next_available_at``, its parent's (``parent_available_at``) and
-    its reported quota (``quota_*``); None when there is no such resource."""
+    """The resource's ``next_available_at``, its parent's (``parent_available_at``), its
+    reported quota (``quota_*``) and its ``learned_rate``; None when there is no such
+    resource."""
     return conn.execute(_READ_PACE, {"key": key}).first()
 
 

@@ -283,6 +283,12 @@ resources = Table(
     # The lane's mark (migration 0008): NULL when it has no pending job, else no later than
     # its earliest pending job's run_at. Claims start from the marked lanes (see jobs.py).
     _ts("due_at"),
+    # The request rate learnt for an API that declares none (migration 0013,
+    # synckit.errors.pace.LearnedRate): requests a second (NULL: none learnt), the rate
+    # that met the last cut, and when it was cut.
+    Column("learned_rate", Float),
+    Column("learned_peak", Float),
+    _ts("learned_cut_at"),
 )
 
 # The marked lanes in fairness order (least recently claimed first, never claimed before

@@ -67,10 +67,13 @@ class Behaviour:
     seconds, so ``X-RateLimit-Reset`` is exact); a request over it is refused with
     ``limit_status`` (429, or 403 as GitHub does) and ``X-RateLimit-Remaining: 0``.
     ``limit_headers`` adds ``X-RateLimit-Limit/Remaining/Reset`` to every answer, so a
-    client may pace itself without being told the limit. ``random_429`` is the share of
-    requests refused at random with ``429 Retry-After: random_retry_after``, drawn from a
-    generator seeded with ``seed``. ``outage_after`` starts an outage that long after the
-    first request (or use :meth:`HostileAPI.start_outage`); during it the API
+    client may pace itself without being told the limit. ``bare_limit`` makes the limit
+    an undeclared one: a refusal is a 429 with no header at all (no ``Retry-After``, no
+    ``X-RateLimit-*``) and no answer reports the quota. ``random_429`` is the share of
+    requests refused at random with ``429 Retry-After: random_retry_after`` (None: no
+    header at all), drawn from a generator seeded with ``seed``. ``outage_after`` starts
+    an outage that long after the first request (or use :meth:`HostileAPI.start_outage`);
+    during it the API
     (``outage_api``) and/or the token endpoint (``outage_token``) answer 503 with
     ``Retry-After`` = the seconds left, rounded up.
     """
@@ -81,9 +84,10 @@ class Behaviour:
     limit: int | None = None
     limit_status: int = 429
     limit_headers: bool = True
+    bare_limit: bool = False
     retry_after: RetryAfterStyle = "seconds"
     random_429: float = 0.0
-    random_retry_after: float = 1.0
+    random_retry_after: float | None = 1.0
     seed: int = 0
     outage_after: float | None = None
     outage_for: float = 3.0
@@ -305,7 +309,10 @@ class HostileAPI:
             if start != second:
                 start, used = second, 0
             reset = second + 1
-            if used >= b.limit:
+            if used >= b.limit and b.bare_limit:
+                st.rate_limited += 1
+                refusal = Reply.json({"error": "too_many_requests"}, 429, {})
+            elif used >= b.limit:
                 st.rate_limited += 1
                 body = {"message": "API rate limit exceeded", "error": "rate_limited"}
                 hdrs = {
@@ -317,7 +324,7 @@ class HostileAPI:
                 refusal = Reply.json(body, b.limit_status, hdrs)
             else:
                 used += 1
-                if b.limit_headers:
+                if b.limit_headers and not b.bare_limit:
                     headers = {
                         "X-RateLimit-Limit": str(b.limit),
                         "X-RateLimit-Remaining": str(b.limit - used),
@@ -327,10 +334,11 @@ class HostileAPI:
         if refusal is None and b.random_429 and self._rng.random() < b.random_429:
             st.rate_limited += 1
             st.random_429 += 1
+            wait = b.random_retry_after
             refusal = Reply.json(
                 {"error": "rate_limited"},
                 429,
-                {"Retry-After": f"{b.random_retry_after:g}"},
+                {"Retry-After": f"{wait:g}"} if wait is not None else {},
             )
         status = refusal.status if refusal is not None else 200
         st.statuses[status] += 1

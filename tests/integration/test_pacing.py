@@ -330,10 +330,103 @@ async def test_record_rate_limit_is_one_event_per_burst_and_only_pushes_out(
     again = await pacing.record_rate_limit(
         db, "api:t", no_wait, sent_at=later, now=later, policy=policy
     )
-    assert again == later + timedelta(minutes=2)  # default pace, 2nd in a row
+    assert again == later + timedelta(seconds=2)  # default pace, 2nd in a row
     r = await row(db, "api:t")
     assert (r.rate_limit_streak, r.paced_reason) == (2, "default pace, 2nd in a row")
     assert not await pacing.defer_resource(db, "api:t", later, "sooner", now=later)
+
+
+async def test_a_bare_429_paces_a_second_grows_while_refused_and_relaxes_on_success(
+    db: Database, server: LoopbackServer
+) -> None:
+    """A 429 with no wait at all paces 1 s, a second one in a row 2 s (both waited inline);
+    after a success the next bare 429 is a first again: 1 s (issue 37)."""
+    answers = iter([429, 429, 200, 429, 200])
+    server.responder = lambda r: (next(answers), {}, b"{}")
+    async with open_context(db, connector(server.url), resource_key="api:acme") as ctx:
+        assert (await ctx.http.get("/items")).status_code == 200
+        assert (await row(db)).paced_reason == "default pace, 2nd in a row"
+        assert (await ctx.http.get("/items")).status_code == 200
+    r = await row(db)
+    assert (r.rate_limit_streak, r.paced_reason) == (1, "default pace, 1st in a row")
+    t = server.times()
+    assert t[1] - t[0] >= 0.95 and t[2] - t[1] >= 1.95 and t[4] - t[3] >= 0.95
+
+
+async def test_a_connectors_pace_attribute_sets_the_first_wait(
+    db: Database, server: LoopbackServer
+) -> None:
+    """``pace = PacePolicy(first=45.0)`` on the class: a bare 429 paces the tenant 45 s,
+    beyond max_inline_wait, so the call raises RateLimited carrying that wait; no
+    worker argument is involved (issue 37)."""
+    server.responder = lambda r: (429, {"Stripe-Should-Retry": "true"}, b"{}")
+    before = utcnow()
+    api = connector(server.url, pace=PacePolicy(first=45.0, cap=600, growth=3.0))
+    async with open_context(db, api, resource_key="api:acme") as ctx:
+        with pytest.raises(RateLimited) as raised:
+            await ctx.http.get("/items")
+    assert raised.value.retry_after is not None
+    assert timedelta(seconds=40) < raised.value.retry_after <= timedelta(seconds=45)
+    info = await get_resource(db, "api:acme")
+    assert info.next_available_at is not None
+    assert timedelta(seconds=45) <= info.next_available_at - before < timedelta(seconds=60)
+    assert len(server.requests) == 1
+
+
+async def test_a_github_secondary_limit_paces_a_minute(
+    db: Database, server: LoopbackServer
+) -> None:
+    """A 403 "secondary rate limit" with no header paces the tenant GitHub's documented
+    minute, not a second (issue 39): RateLimited, nothing sent again."""
+    body = json.dumps({"message": "You have exceeded a secondary rate limit."}).encode()
+    server.responder = lambda r: (403, {"Content-Type": "application/json"}, body)
+    before = utcnow()
+    async with open_context(db, connector(server.url), resource_key="api:acme") as ctx:
+        with pytest.raises(RateLimited):
+            await ctx.http.get("/items")
+    r = await row(db)
+    assert r.paced_reason == "github_secondary_rate_limit: default pace, 1st in a row"
+    assert r.next_available_at - before >= timedelta(seconds=60)
+    assert len(server.requests) == 1
+
+
+async def test_a_learnt_rate_is_cut_on_a_bare_429_and_paces_every_worker(db: Database) -> None:
+    """Two bare 429s a second apart on a connector declaring nothing: the first learns
+    nothing, the second holds the tenant to the 4 successes a second seen (stored in the
+    resource row); any process's next reservation is spaced at that rate; successes
+    reported with a reservation raise it."""
+    no_wait = classify(exc=RateLimited("x"), now=NOW)
+    for at in (NOW - timedelta(seconds=1.5), NOW):
+        await pacing.record_rate_limit(
+            db, "api:l", no_wait, sent_at=at, now=at, policy=PacePolicy(), accepted=4.0,
+            learn=True,
+        )  # fmt: skip
+        if at < NOW:
+            assert (await row(db, "api:l")).learned_rate is None
+    r = await row(db, "api:l")
+    assert (r.learned_rate, r.learned_peak) == (pytest.approx(4.0), pytest.approx(4.0))
+    after = NOW + timedelta(seconds=3)  # the 2 s pace (2nd in a row) is over
+
+    def take(conn: Any, successes: int, now: datetime) -> Any:
+        return pacing.take_slot_sync(
+            conn, "api:l", declared_rate=None, burst=1, in_flight=0, observed=None, now=now,
+            max_wait=30.0, ahead=False, successes=successes, policy=PacePolicy(),
+        )  # fmt: skip
+
+    first = await db.write(take, 0, after)
+    second = await db.write(take, 0, after)  # another process, same moment
+    assert first.reserved and first.wait == 0.0
+    assert second.wait == pytest.approx(0.25)
+    await db.write(take, 20, after)
+    grown = (await row(db, "api:l")).learned_rate
+    assert grown == pytest.approx(4.0 + 20 * 0.2 * 4.0 / (10 * 4.0))
+    # A refusal that names its wait paces by it and leaves the learnt rate alone.
+    told = classify(exc=RateLimited("x", retry_after=timedelta(seconds=1)), now=NOW)
+    later = NOW + timedelta(seconds=60)
+    await pacing.record_rate_limit(
+        db, "api:l", told, sent_at=later, now=later, policy=PacePolicy(), accepted=1.0, learn=True
+    )
+    assert (await row(db, "api:l")).learned_rate == pytest.approx(grown)
 
 
 async def test_record_rate_limit_runs_in_a_synchronous_write_transaction(db: Database) -> None:

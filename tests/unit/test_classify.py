@@ -247,10 +247,34 @@ def test_429_with_http_date_retry_after() -> None:
     assert verdict.retry_after == timedelta(minutes=5)
 
 
-def test_429_with_ms_header_prefers_milliseconds() -> None:
-    """x-ms-retry-after-ms wins over Retry-After for the wait."""
-    headers = {"Retry-After": "10", "x-ms-retry-after-ms": "1500"}
-    assert classify(response(429, headers), now=NOW).retry_after == timedelta(seconds=1.5)
+def test_429_with_disagreeing_wait_headers_waits_the_longer() -> None:
+    """Retry-After: 30 with x-ms-retry-after-ms: 100 waits 30 s (issue 39), and says so."""
+    headers = {"Retry-After": "30", "x-ms-retry-after-ms": "100"}
+    c = classify(response(429, headers), now=NOW)
+    assert (c.retry_after, c.wait_source) == (timedelta(seconds=30), "Retry-After")
+    finer = classify(response(429, {"Retry-After": "1", "x-ms-retry-after-ms": "1500"}), now=NOW)
+    assert (finer.retry_after, finer.wait_source) == (timedelta(seconds=1.5), "x-ms-retry-after-ms")
+
+
+@pytest.mark.parametrize(
+    ("body", "signal"),
+    [
+        ({"message": "You have exceeded a secondary rate limit."}, "github_secondary_rate_limit"),
+        ({"message": "You have triggered an abuse detection mechanism."},
+         "github_secondary_rate_limit"),
+        ([{"message": "TotalRequests Limit exceeded.", "errorCode": "REQUEST_LIMIT_EXCEEDED"}],
+         "REQUEST_LIMIT_EXCEEDED"),
+        ({"message": "API rate limit exceeded for 1.2.3.4."}, None),
+    ],
+)  # fmt: skip
+def test_provider_rate_limit_signals_without_a_wait_are_named(
+    body: object, signal: str | None
+) -> None:
+    """A 403 rate-limit body with no header is a rate limit naming its provider signal,
+    for which the pacing has a provider-sized first wait (issue 39)."""
+    c = classify(httpx.Response(403, json=body, request=REQUEST), now=NOW)
+    assert c.error_class is ErrorClass.RATE_LIMITED
+    assert (c.signal, c.retry_after) == (signal, None)
 
 
 def test_429_with_only_a_reset_waits_until_the_reset() -> None:

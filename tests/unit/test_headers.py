@@ -18,6 +18,7 @@ from synckit.errors.headers import (
     parse_retry_after,
     parse_retry_after_ms,
     server_wait,
+    server_wait_signal,
 )
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
@@ -52,6 +53,48 @@ def test_retry_after_imf_fixdate_in_the_future_is_the_remaining_time() -> None:
 def test_retry_after_obsolete_rfc850_date_is_accepted() -> None:
     """The obsolete RFC 850 date form parses."""
     assert parse_retry_after("Wednesday, 01-May-24 12:00:10 GMT", NOW) == timedelta(seconds=10)
+
+
+@pytest.mark.parametrize(
+    ("now", "value", "expected"),
+    [
+        # Read in 2070, "-70" is 2070 (issue 39: it was taken as 1970, a wait of 0 s).
+        (datetime(2070, 1, 1, 0, 0, 0, tzinfo=UTC), "Wednesday, 01-Jan-70 00:00:30 GMT", 30),
+        # Read in 2026, 2070 is 44 years ahead: not more than 50, so 2070 (clamped later).
+        (datetime(2026, 1, 1, tzinfo=UTC), "Wednesday, 01-Jan-70 00:00:30 GMT", None),
+        # Read in 2015, 2070 is 55 years ahead: more than 50, so the past century's 1970.
+        (datetime(2015, 1, 1, tzinfo=UTC), "Thursday, 01-Jan-70 00:00:30 GMT", 0),
+        # Read in 2099, "-01" is 2101 (two years ahead), not 2001.
+        (datetime(2100, 12, 31, 23, 59, 0, tzinfo=UTC), "Saturday, 01-Jan-01 00:00:00 GMT", 60),
+        # The same rule for a day-month-year date with spaces and a two-digit year.
+        (datetime(2070, 1, 1, tzinfo=UTC), "Wed, 01 Jan 70 00:00:05 GMT", 5),
+    ],
+)
+def test_retry_after_two_digit_year_follows_rfc9110(
+    now: datetime, value: str, expected: int | None
+) -> None:
+    """A two-digit year more than 50 years in the future is in the past century (RFC 9110
+    5.6.7); otherwise it is the year with those digits ahead of or near now."""
+    wait = parse_retry_after(value, now)
+    assert wait is not None
+    if expected is None:
+        assert wait == MAX_WAIT  # 44 years ahead: clamped, never read as the past
+    else:
+        assert wait == timedelta(seconds=expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(9800, 1, 1)),
+    st.integers(min_value=0, max_value=99),
+)
+def test_two_digit_years_land_within_fifty_years_of_now(now: datetime, yy: int) -> None:
+    """Any two-digit year is read as a year in (now - 50, now + 50] with those digits."""
+    aware = now.replace(tzinfo=UTC)
+    (year,) = [y for y in range(aware.year - 49, aware.year + 51) if y % 100 == yy]
+    expected = datetime(year, 6, 15, 12, tzinfo=UTC) - aware
+    wait = parse_retry_after(f"Monday, 15-Jun-{yy:02d} 12:00:00 GMT", aware)
+    assert wait == min(max(expected, timedelta(0)), MAX_WAIT)
 
 
 def test_retry_after_asctime_date_is_accepted_as_utc() -> None:
@@ -172,10 +215,37 @@ def test_retry_after_ms_absurd_is_clamped() -> None:
 # --- server_wait ---------------------------------------------------------------------
 
 
-def test_server_wait_prefers_millisecond_headers_over_retry_after() -> None:
-    """The finer millisecond header wins over Retry-After."""
-    headers = httpx.Headers({"Retry-After": "30", "x-ms-retry-after-ms": "2500"})
-    assert server_wait(headers, NOW) == timedelta(milliseconds=2500)
+def test_server_wait_takes_the_longer_of_disagreeing_headers() -> None:
+    """Retry-After: 30 with x-ms-retry-after-ms: 100 waits 30 s, not 0.1 s (issue 39)."""
+    headers = httpx.Headers({"Retry-After": "30", "x-ms-retry-after-ms": "100"})
+    assert server_wait_signal(headers, NOW) == (timedelta(seconds=30), "Retry-After")
+    longer_ms = httpx.Headers({"Retry-After": "1", "retry-after-ms": "2500"})
+    assert server_wait_signal(longer_ms, NOW) == (timedelta(milliseconds=2500), "retry-after-ms")
+
+
+def test_server_wait_on_a_tie_names_the_millisecond_header() -> None:
+    """Equal waits: the finer millisecond header is named as the source."""
+    headers = httpx.Headers({"Retry-After": "3", "x-ms-retry-after-ms": "3000"})
+    assert server_wait_signal(headers, NOW) == (timedelta(seconds=3), "x-ms-retry-after-ms")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=0, max_value=10**9),
+    st.integers(min_value=0, max_value=10**12),
+    st.sampled_from(["retry-after-ms", "x-ms-retry-after-ms"]),
+)
+def test_server_wait_is_never_shorter_than_any_header(seconds: int, millis: int, name: str) -> None:
+    """Whatever two wait headers say, the wait is the longer of the two."""
+    headers = {"Retry-After": str(seconds), name: str(millis)}
+    wait = server_wait(headers, NOW)
+    assert wait is not None
+    assert wait >= min(timedelta(seconds=seconds), MAX_WAIT)
+    assert wait >= min(timedelta(milliseconds=millis), MAX_WAIT)
+    assert wait in (
+        min(timedelta(seconds=seconds), MAX_WAIT),
+        min(timedelta(milliseconds=millis), MAX_WAIT),
+    )
 
 
 def test_server_wait_falls_back_to_retry_after() -> None:

@@ -11,8 +11,11 @@ from hypothesis import strategies as st
 
 from synckit.errors import ConfigurationError, RateLimited, RetryableError, classify
 from synckit.errors.pace import (
+    LearnedRate,
     PacePolicy,
     default_pace,
+    learn_from_limit,
+    learn_from_successes,
     pace_decision,
     quota_rate,
     reserve_slot,
@@ -93,24 +96,107 @@ def test_a_request_sent_after_the_pace_ended_is_a_new_event_and_grows_the_streak
         event_until=until,
     )  # fmt: skip
     assert d.new_event and d.streak == 2
-    assert d.until == NOW + timedelta(minutes=2) and d.reason == "default pace, 2nd in a row"
+    assert d.until == NOW + timedelta(seconds=2) and d.reason == "default pace, 2nd in a row"
 
 
 def test_the_streak_restarts_when_the_previous_pace_ended_long_ago() -> None:
     """No write on success: forget_after past the previous pace, a limit is a first again."""
     until = NOW - POLICY.forget_after
     d = decide(limited(), streak=5, event_started_at=until, event_until=until)
-    assert (d.streak, d.until) == (1, NOW + timedelta(minutes=1))
+    assert (d.streak, d.until) == (1, NOW + timedelta(seconds=1))
     assert d.reason == "default pace, 1st in a row"
 
 
-def test_default_pace_starts_at_a_minute_doubles_and_caps_at_15_minutes() -> None:
-    """60 s, 120 s, 240 s, 480 s, then 900 s for ever (never above max_wait)."""
-    paces = [default_pace(n, POLICY).total_seconds() for n in range(1, 8)]
-    assert paces == [60, 120, 240, 480, 900, 900, 900]
+def test_a_success_after_the_pace_relaxes_the_streak() -> None:
+    """A request sent after the previous pace ended that succeeded restarts the streak:
+    the pace grows only while refusals continue (issue 37)."""
+    until = NOW - timedelta(seconds=2)
+    state = {"streak": 4, "event_started_at": until - timedelta(seconds=8), "event_until": until}
+    relaxed = decide(limited(), succeeded_at=until + timedelta(seconds=0.5), **state)
+    assert (relaxed.streak, relaxed.until) == (1, NOW + timedelta(seconds=1))
+    # A success sent before that pace ended says nothing about after it: the streak grows.
+    grown = decide(limited(), succeeded_at=until - timedelta(seconds=1), **state)
+    assert (grown.streak, grown.until) == (5, NOW + timedelta(seconds=16))
+
+
+def test_default_pace_starts_at_a_second_doubles_and_caps_at_15_minutes() -> None:
+    """1 s, 2 s, 4 s, 8 s, ... then 900 s for ever (never above max_wait)."""
+    paces = [default_pace(n, POLICY).total_seconds() for n in range(1, 13)]
+    assert paces == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 900, 900]
     assert default_pace(10**9, POLICY) == timedelta(minutes=15)
-    small = PacePolicy(max_wait=timedelta(seconds=90))
-    assert default_pace(3, small) == timedelta(seconds=90)
+    small = PacePolicy(max_wait=timedelta(seconds=3))
+    assert default_pace(3, small) == timedelta(seconds=3)
+
+
+def test_a_connector_policy_takes_seconds_or_timedeltas() -> None:
+    """PacePolicy(first=2.0, cap=60, growth=3.0) is the same as with timedeltas."""
+    assert PacePolicy(first=2.0, cap=60, growth=3.0) == PacePolicy(
+        first=timedelta(seconds=2), cap=timedelta(minutes=1), growth=3.0
+    )
+    with pytest.raises(ConfigurationError, match="first must be seconds"):
+        PacePolicy(first="soon")  # type: ignore[arg-type]
+
+
+def _github_secondary() -> object:
+    body = {"message": "You have exceeded a secondary rate limit."}
+    return classify(httpx.Response(403, json=body, request=REQUEST), now=NOW)
+
+
+def test_provider_signals_without_a_wait_start_from_their_documented_wait() -> None:
+    """GitHub's secondary limit and Salesforce's REQUEST_LIMIT_EXCEEDED pace a minute
+    first, then grow as any streak (issue 39); a connector declares its own signals."""
+    d = decide(_github_secondary())
+    assert d.until == NOW + timedelta(minutes=1)
+    assert d.reason == "github_secondary_rate_limit: default pace, 1st in a row"
+    body = [{"errorCode": "REQUEST_LIMIT_EXCEEDED", "message": "TotalRequests Limit exceeded."}]
+    sf = classify(httpx.Response(403, json=body, request=REQUEST), now=NOW)
+    until = NOW - timedelta(seconds=1)
+    again = decide(sf, streak=1, event_started_at=until - timedelta(minutes=1), event_until=until)
+    assert again.until == NOW + timedelta(minutes=2)
+    own = PacePolicy(first_waits={"github_secondary_rate_limit": 300})
+    assert decide(_github_secondary(), policy=own).until == NOW + timedelta(minutes=5)
+    assert decide(limited(), policy=own).until == NOW + timedelta(seconds=1)
+
+
+def test_retry_after_zero_inside_a_streak_keeps_the_earned_backoff() -> None:
+    """The sixth 429 in a row saying Retry-After: 0 waits what the streak earned (32 s),
+    as the same streak with no header does; a longer server wait still wins; a first
+    Retry-After: 0 is honoured as it is (issue 39)."""
+    until = NOW - timedelta(seconds=0.1)
+    state = {"streak": 5, "event_started_at": until - timedelta(seconds=16), "event_until": until}
+    bare = decide(limited(), **state)
+    zero = decide(limited({"Retry-After": "0"}), **state)
+    assert bare.until == zero.until == NOW + timedelta(seconds=32)
+    assert zero.streak == 6 and zero.reason.startswith("Retry-After raised")
+    longer = decide(limited({"Retry-After": "100"}), **state)
+    assert longer.until == NOW + timedelta(seconds=100) and longer.reason == "Retry-After"
+    assert decide(limited({"Retry-After": "0"})).until == NOW
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    streak=st.integers(min_value=1, max_value=10**6),
+    wait=st.integers(min_value=0, max_value=10**9),
+    policy=st.builds(
+        PacePolicy,
+        first=st.timedeltas(min_value=timedelta(0), max_value=timedelta(minutes=5)),
+        growth=st.floats(min_value=1.0, max_value=1e6),
+        cap=st.just(timedelta(hours=1)),
+    ),
+)
+def test_a_server_wait_in_a_streak_never_paces_shorter_than_no_wait(
+    streak: int, wait: int, policy: PacePolicy
+) -> None:
+    """In a streak, any Retry-After paces at least as long as no header would, and at
+    least as long as the server asked (within max_wait)."""
+    until = NOW - timedelta(seconds=0.1)
+    state = {
+        "streak": streak, "event_started_at": until - timedelta(seconds=1), "event_until": until,
+        "policy": policy,
+    }  # fmt: skip
+    told = decide(limited({"Retry-After": str(wait)}), **state).until
+    assert told >= decide(limited(), **state).until
+    assert told >= min(NOW + timedelta(seconds=wait), NOW + policy.max_wait)
 
 
 def test_retry_after_10_beats_ratelimit_t_100() -> None:
@@ -407,3 +493,71 @@ def test_reserving_ahead_is_what_asking_once_per_request_would_leave(
         assert len(waits) <= 16
     else:
         assert stored is None
+
+
+# --- learnt rate (AIMD) -------------------------------------------------------------------
+
+
+def test_learning_starts_with_a_second_refusal_soon_after_another() -> None:
+    """One refusal alone learns nothing; a second within learn_after holds the rate to
+    the successes a second just seen (3/s); a later one cuts it by decrease."""
+    assert learn_from_limit(LearnedRate(), 3.0, NOW, POLICY) == LearnedRate()
+    long_ago = NOW - POLICY.learn_after
+    assert learn_from_limit(LearnedRate(), 3.0, NOW, POLICY, long_ago) == LearnedRate()
+    held = learn_from_limit(LearnedRate(), 3.0, NOW, POLICY, NOW - timedelta(seconds=1))
+    assert held == LearnedRate(rate=3.0, peak=3.0, cut_at=NOW)
+    soon = NOW - timedelta(seconds=1)
+    assert learn_from_limit(LearnedRate(), None, NOW, POLICY, soon) == LearnedRate()
+    cut = learn_from_limit(held, 3.0, NOW + timedelta(seconds=1), POLICY)
+    assert (cut.rate, cut.peak) == (pytest.approx(2.4), 3.0)
+
+
+def test_successes_regain_a_cut_in_recover_seconds() -> None:
+    """At 2.4/s after a cut from 3/s, 10 s of successes (24) regain the 0.6/s lost."""
+    state = cut = LearnedRate(rate=2.4, peak=3.0, cut_at=NOW)
+    for _ in range(24):
+        state = learn_from_successes(state, 1, POLICY)
+    assert state.rate == pytest.approx(3.0, rel=0.05)
+    assert state.peak == cut.peak
+    assert learn_from_successes(LearnedRate(), 100, POLICY) == LearnedRate()
+
+
+def test_a_refusal_below_the_last_cut_is_not_the_rates_doing() -> None:
+    """Random refusals while the rate recovers leave it alone; at or above the peak, or
+    once the cut is three recover periods old, a refusal cuts again."""
+    cut = LearnedRate(rate=8.0, peak=10.0, cut_at=NOW)
+    soon = NOW + timedelta(seconds=5)
+    assert learn_from_limit(cut, 9.0, soon, POLICY) == cut
+    above = LearnedRate(rate=10.5, peak=10.0, cut_at=NOW)
+    assert learn_from_limit(above, 12.0, soon, POLICY).rate == pytest.approx(8.4)
+    late = NOW + POLICY.recover * 3
+    assert learn_from_limit(cut, 9.0, late, POLICY).rate == pytest.approx(0.8 * 8.0)
+    assert learn_from_limit(cut, 9.0, soon, PacePolicy(learn=False)) == cut
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    rate=st.none() | st.floats(min_value=1e-3, max_value=1e5),
+    peak=st.none() | st.floats(min_value=1e-3, max_value=1e5),
+    accepted=st.none() | st.floats(min_value=0, max_value=1e5, allow_nan=False),
+    after=st.timedeltas(min_value=timedelta(0), max_value=timedelta(hours=1)),
+    successes=st.integers(min_value=0, max_value=10**12),
+)
+def test_learnt_rates_stay_positive_and_move_the_right_way(
+    rate: float | None,
+    peak: float | None,
+    accepted: float | None,
+    after: timedelta,
+    successes: int,
+) -> None:
+    """A refusal never raises the rate, a success never lowers it; every learnt rate is
+    finite and at least min_rate."""
+    state = LearnedRate(rate=rate, peak=peak, cut_at=NOW if peak is not None else None)
+    cut = learn_from_limit(state, accepted, NOW + after, POLICY, NOW)
+    if cut.rate is not None:
+        assert POLICY.min_rate <= cut.rate < float("inf")
+        assert rate is None or cut.rate <= max(rate, POLICY.min_rate)
+    grown = learn_from_successes(cut, successes, POLICY)
+    assert (grown.rate is None) == (cut.rate is None)
+    if grown.rate is not None and cut.rate is not None:
+        assert cut.rate <= grown.rate < float("inf")
