@@ -92,9 +92,7 @@ def read_begun(path: Path) -> list[int]:
     return [int(x) for x in begun.read_text().split()] if begun.exists() else []
 
 
-def stop_all(
-    procs: Sequence[subprocess.Popen[bytes]], timeout: float = PROCESS_TIMEOUT
-) -> None:
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = PROCESS_TIMEOUT) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
