@@ -10,8 +10,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from waits import PROCESS_TIMEOUT, wait_until
+
 APPS = Path(__file__).parent / "apps"
 _seq = itertools.count()
+#: Where each spawned worker's stderr (its log) goes, by pid.
+_stderr: dict[int, Path] = {}
 
 
 def spawn_worker(
@@ -34,7 +38,7 @@ def spawn_worker(
     }
     stderr_path = log_path.parent / f"worker-{next(_seq)}.stderr"
     with open(stderr_path, "wb") as stderr:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -50,6 +54,25 @@ def spawn_worker(
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )
+    _stderr[proc.pid] = stderr_path
+    return proc
+
+
+def worker_log(proc: subprocess.Popen[bytes]) -> str:
+    """What a worker ``spawn_worker`` started has logged so far."""
+    return _stderr[proc.pid].read_text(errors="replace")
+
+
+def wait_started(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Until every worker has logged ``worker.started`` (imported, connected, claiming);
+    fails at once if one exits, and after EVENT_TIMEOUT if one never starts."""
+
+    def started() -> bool:
+        for p in procs:
+            assert p.poll() is None, f"a worker exited: {worker_log(p)[-3000:]}"
+        return all("worker.started" in worker_log(p) for p in procs)
+
+    wait_until(started, lambda: "\n".join(worker_log(p)[-2000:] for p in procs))
 
 
 def read_log(path: Path) -> list[tuple[str, int, int, float, float]]:
@@ -69,7 +92,7 @@ def read_begun(path: Path) -> list[int]:
     return [int(x) for x in begun.read_text().split()] if begun.exists() else []
 
 
-def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 30) -> None:
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], timeout: float = PROCESS_TIMEOUT) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()

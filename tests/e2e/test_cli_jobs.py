@@ -1,4 +1,5 @@
-"""`synckit jobs ...`, `synckit worker --burst` and `synckit breakers ...` as subprocesses."""
+"""`synckit jobs ...`, `synckit worker --burst` and `synckit breakers ...`: in process
+(tests/inprocess.py), and as a process where the event loop the process runs is the point."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import sys
 from pathlib import Path
 
 from engines import sqlite_only  # tests/
+from inprocess import run_cli  # tests/
 from waits import PROCESS_TIMEOUT  # tests/
 
 APPS = Path(__file__).parent.parent / "apps"
 
 
 def synckit(
-    url: str, *args: str, env: dict[str, str] | None = None
+    url: str, *args: str, env: dict[str, str] | None = None, process: bool = False
 ) -> subprocess.CompletedProcess[str]:
+    if not process:
+        return run_cli(*args, env={"SYNCKIT_DATABASE_URL": url, **(env or {})})
     full_env = {
         **os.environ,
         "SYNCKIT_DATABASE_URL": url,
@@ -162,14 +166,16 @@ def test_the_worker_runs_on_uvloop_or_on_asyncios_own_loop(
     env = {"QUEUE_APP_LOG": str(tmp_path / "log")}
     for args, expected, succeeded in [((), "uvloop", 1), (("--loop", "asyncio"), "asyncio", 0)]:
         result = synckit(
-            migrated_url, "worker", "--app", "queue_app:registry", "--burst", *args, env=env
-        )
+            migrated_url,
+            "worker", "--app", "queue_app:registry", "--burst", *args, env=env, process=True,
+        )  # fmt: skip
         assert json.loads(ok(result))["succeeded"] == succeeded
         started = [
             json.loads(line) for line in result.stderr.splitlines() if '"worker.started"' in line
         ]
         assert [s["loop"] for s in started] == [expected], result.stderr
     bad = synckit(
-        migrated_url, "worker", "--app", "queue_app:registry", env={"SYNCKIT_LOOP": "trio"}
-    )
+        migrated_url,
+        "worker", "--app", "queue_app:registry", env={"SYNCKIT_LOOP": "trio"}, process=True,
+    )  # fmt: skip
     assert bad.returncode == 2 and "'trio' is not one of" in bad.stderr

@@ -9,6 +9,7 @@ import time
 
 import pytest
 from sqlalchemy import text
+from waits import EVENT_TIMEOUT  # tests/
 
 from bench.sync import postgres_deadlocks
 from synckit.store.db import Database, open_database
@@ -39,7 +40,7 @@ async def test_a_deadlock_between_two_transactions_is_counted(
             await b.rollback()
     finally:
         await other.dispose()  # its server process ends and reports its counts
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + EVENT_TIMEOUT
     while (after := await postgres_deadlocks(db, settle=0.2)) == before:
         assert time.monotonic() < deadline, "the deadlock was never counted"
     assert after >= before + 1  # the server's total: tests running beside may add theirs

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 from loopback import LoopbackServer, Request  # type: ignore[import-not-found]
 from procs import spawn_worker, stop_all  # type: ignore[import-not-found]
+from waits import await_until  # tests/
 
 from synckit.store import jobs as store
 from synckit.store.db import Database
@@ -19,13 +19,9 @@ async def all_succeeded(db: Database, n: int) -> bool:
     return (await store.count_by_status(db)).get("succeeded", 0) == n
 
 
-async def wait_for(check, seconds: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+#: How late past its pacing a held resource's next call may come on a busy machine (a
+#: worker's poll and claim, scheduled late): the pacing itself is the lower bound.
+LATE_BUDGET = 5.0
 
 
 async def test_three_processes_share_one_breaker_and_one_probe(
@@ -63,10 +59,10 @@ async def test_three_processes_share_one_breaker_and_one_probe(
             r = await get_resource(db, "api-1")
             return r.reopen_count >= 1 and r.state == "open"
 
-        await wait_for(probe_failed, 30, "the first probe to fail")
+        await await_until(probe_failed, "the first probe to fail")
         reopened = await get_resource(db, "api-1")
         healthy = True
-        await wait_for(lambda: all_succeeded(db, n), 40, "every job after recovery")
+        await await_until(lambda: all_succeeded(db, n), "every job after recovery")
     finally:
         stop_all(procs)
         api.close()
@@ -117,7 +113,7 @@ async def test_429_paces_its_resource_while_others_run(db: Database, tmp_path: P
         await asyncio.sleep(2.0)
         # Meanwhile tenant-b's jobs ran; add more while tenant-a waits.
         await store.enqueue_many(db, [JobSpec("call", {"path": "/b"}, resource_key="tenant-b")] * 3)
-        await wait_for(lambda: all_succeeded(db, 9), 30, "all jobs")
+        await await_until(lambda: all_succeeded(db, 9), "all jobs")
     finally:
         worker.stop()
         await running
@@ -127,7 +123,9 @@ async def test_429_paces_its_resource_while_others_run(db: Database, tmp_path: P
     b = api.times("/b")
     assert len(a) == 4  # the 429, then the three jobs
     # The server's 7 s, no more: a rate limit paces by what the server says.
-    assert 7 - 0.05 <= a[1] - a[0] < 7 * 1.2, f"tenant-a called again after {a[1] - a[0]:.2f}s"
+    assert 7 - 0.05 <= a[1] - a[0] < 7 * 1.2 + LATE_BUDGET, (
+        f"tenant-a called again after {a[1] - a[0]:.2f}s"
+    )
     # tenant-b was not held back: all its calls, including the jobs enqueued during the
     # wait, were made while tenant-a waited.
     assert len(b) == 6 and max(b) < a[1]

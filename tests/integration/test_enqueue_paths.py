@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
+from waits import PROCESS_TIMEOUT, await_until, wait_until  # tests/
 
 from synckit.errors.exceptions import DatabaseError, DatabaseUnavailable
 from synckit.store import jobs as store
@@ -77,19 +78,22 @@ async def test_one_job_is_refused_before_anything_is_written(db: Database) -> No
     assert await rows(db) == []
 
 
-def _hold_write_lock(path: str, seconds: float) -> subprocess.Popen[str]:
-    """Another OS process that takes SQLite's write lock and keeps it for ``seconds``."""
+def _hold_write_lock(path: str) -> subprocess.Popen[str]:
+    """Another OS process that takes SQLite's write lock and keeps it until its stdin is
+    closed."""
     code = textwrap.dedent(
         f"""
-        import sqlite3, time
+        import sqlite3, sys
         c = sqlite3.connect({path!r}, isolation_level=None)
         c.execute("BEGIN IMMEDIATE")
         print("locked", flush=True)
-        time.sleep({seconds})
+        sys.stdin.read()
         c.execute("COMMIT")
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -101,7 +105,7 @@ async def test_sqlite_enqueue_waits_for_another_writer_without_blocking_the_loop
     if engine_name != "sqlite":
         pytest.skip("SQLite's write lock; PostgreSQL inserts do not wait for each other")
     assert db.url.database is not None
-    holder = _hold_write_lock(db.url.database, 0.6)
+    holder = _hold_write_lock(db.url.database)
     ticks = 0
 
     async def ticker() -> None:
@@ -110,18 +114,22 @@ async def test_sqlite_enqueue_waits_for_another_writer_without_blocking_the_loop
             await asyncio.sleep(0.01)
             ticks += 1
 
+    async def ticked() -> bool:
+        return ticks > 10
+
     tick = asyncio.create_task(ticker())
     try:
         assert db.try_inline(lambda conn: 1) is BUSY
-        started = time.monotonic()
-        job = await store.enqueue(db, "k", {"a": 1})
-        waited = time.monotonic() - started
+        enqueue = asyncio.create_task(store.enqueue(db, "k", {"a": 1}))
+        await await_until(ticked, "the event loop to run on")  # it keeps running...
+        assert not enqueue.done()  # ...while the enqueue waits for the lock
     finally:
         tick.cancel()
-        holder.wait(10)
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(PROCESS_TIMEOUT)
+    job = await enqueue
     assert job.created
-    assert waited > 0.3, waited  # it did wait for the lock (in the writer thread)...
-    assert ticks > 10, ticks  # ...while the event loop kept running
     assert [r["payload"] for r in await rows(db)] == [{"a": 1}]
 
 
@@ -163,10 +171,11 @@ async def test_sqlite_inline_writes_ask_for_wal_checkpoints(
     monkeypatch.setattr(Database, "_checkpoint", spy)
     for i in range(35):
         await store.enqueue(db, "k", {"i": i})
-    for _ in range(100):
-        if len(calls) >= 3:
-            break
-        await asyncio.sleep(0.01)
+
+    async def three() -> bool:
+        return len(calls) >= 3
+
+    await await_until(three, "three checkpoints", interval=0.01)
     assert len(calls) == 3
     assert len(await rows(db)) == 35
 
@@ -193,11 +202,13 @@ def _enqueue_then_kill_9(url: str, out: Path, acks: int) -> None:
     with open(out, "w") as sink:
         proc = subprocess.Popen([sys.executable, "-c", _ENQUEUER, url], stdout=sink)
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and out.read_text().count("\n") < acks:
-                time.sleep(0.05)
+            wait_until(
+                lambda: out.read_text().count("\n") >= acks or proc.poll() is not None,
+                f"{acks} acknowledged enqueues",
+                interval=0.05,
+            )
             proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
+            proc.wait(PROCESS_TIMEOUT)
         finally:
             if proc.poll() is None:
                 proc.kill()

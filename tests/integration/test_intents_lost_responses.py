@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from sqlalchemy import select
+from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT  # tests/
 
 from synckit.runtime.intents import write_job
 from synckit.store import jobs as store
@@ -195,10 +196,11 @@ async def chaos_run(
     loop = asyncio.get_running_loop()
     workers = [spawn(url, api.url, find, tmp_path, n) for n in range(WORKERS)]
     spawned, killed = WORKERS, 0
-    deadline = loop.time() + 90
+    # The whole run, kills and rescues included (about 15 s on a quiet machine).
+    deadline = loop.time() + 2 * EVENT_TIMEOUT
     try:
         while await unfinished(db):
-            assert loop.time() < deadline, "the writes did not finish in time"
+            assert loop.time() < deadline, "the writes never finished"
             # Only a worker holding jobs is worth killing: its jobs must then be rescued.
             holders = await pids_holding_jobs(db) if killed < KILLS else set()
             busy = [w for w in workers if w.pid in holders]
@@ -206,7 +208,7 @@ async def chaos_run(
                 victim = rng.choice(busy)
                 workers.remove(victim)
                 os.kill(victim.pid, signal.SIGKILL)
-                await asyncio.to_thread(victim.wait, 10)
+                await asyncio.to_thread(victim.wait, PROCESS_TIMEOUT)
                 killed += 1
                 workers.append(spawn(url, api.url, find, tmp_path, spawned))
                 spawned += 1
@@ -216,7 +218,7 @@ async def chaos_run(
             w.terminate()
         for w in workers:
             try:
-                await asyncio.to_thread(w.wait, 15)
+                await asyncio.to_thread(w.wait, PROCESS_TIMEOUT)
             except subprocess.TimeoutExpired:
                 w.kill()
     async with db.begin() as conn:

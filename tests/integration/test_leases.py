@@ -8,13 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
-import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import insert, select, text
-from waits import PROCESS_TIMEOUT  # tests/
+from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
 from synckit.store import dead_letters as dlq
 from synckit.store import leases, migrate
@@ -94,7 +95,7 @@ async def test_an_expired_lease_nobody_took_still_holds_for_its_holder(db: Datab
 # short transaction, from the same instant; it prints the ids it won.
 _CLAIMER = textwrap.dedent(
     """
-    import asyncio, json, random, sys, time
+    import asyncio, json, os, random, sys, time
     from datetime import timedelta
     from synckit.clock import utcnow
     from synckit.store import dead_letters as dlq
@@ -106,7 +107,8 @@ _CLAIMER = textwrap.dedent(
         won = []
         random.shuffle(ids)
         try:
-            while time.time() < start:
+            open(f"{start}.{os.getpid()}", "w").close()  # ready: imported and connected
+            while not os.path.exists(start):
                 await asyncio.sleep(0.001)
             for i in ids:
                 async with db.begin() as conn:
@@ -123,7 +125,7 @@ _CLAIMER = textwrap.dedent(
             await db.dispose()
         print(json.dumps(won))
 
-    asyncio.run(main(sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])))
+    asyncio.run(main(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]))
     """
 )
 
@@ -162,7 +164,7 @@ def _claimers(url: str, ids: list[int], n: int) -> list[int]:
 # Each process runs the same intent at once; its create appends a line to a file, slowly.
 _INTENT_RUNNER = textwrap.dedent(
     """
-    import asyncio, sys, time
+    import asyncio, os, sys, time
     from synckit.runtime.intents import RemoteRecord, run_intent
     from synckit.store.db import open_database
 
@@ -176,7 +178,8 @@ _INTENT_RUNNER = textwrap.dedent(
             return RemoteRecord("remote-1")
 
         try:
-            while time.time() < start:
+            open(f"{start}.{os.getpid()}", "w").close()  # ready: imported and connected
+            while not os.path.exists(start):
                 await asyncio.sleep(0.001)
             result = await run_intent(
                 db, tenant="acme", connector="demo", key="k", create=create, request={"a": 1}
@@ -185,7 +188,7 @@ _INTENT_RUNNER = textwrap.dedent(
             await db.dispose()
         print(result.outcome, result.remote_id)
 
-    asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
     """
 )
 
@@ -211,18 +214,29 @@ async def test_processes_running_one_intent_create_it_once(
 
 
 def _run_all(args: list[str], n: int) -> list[str]:
-    """Run ``python -c *args <start>`` in ``n`` processes; their last stdout lines."""
-    start = time.time() + 3.0
+    """Run ``python -c *args <go>`` in ``n`` processes, which start together once every
+    one is ready (each touches ``<go>.<pid>``, then waits for ``<go>``); their last
+    stdout lines."""
+    go = Path(tempfile.mkdtemp()) / "go"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", *args, str(start)],
+            [sys.executable, "-c", *args, str(go)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
         )
         for _ in range(n)
     ]
+    wait_until(
+        lambda: (
+            all(go.with_name(f"go.{p.pid}").exists() for p in procs)
+            or any(p.poll() is not None for p in procs)
+        ),
+        "the processes ready",
+        interval=0.02,
+    )
+    go.touch()
     lines = []
     for p in procs:
         out, err = p.communicate(timeout=PROCESS_TIMEOUT)

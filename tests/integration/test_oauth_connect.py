@@ -19,7 +19,7 @@ import httpx
 import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import select
-from waits import PROCESS_TIMEOUT  # tests/
+from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
 from synckit.runtime.authorize import (
     AuthorizationRefused,
@@ -226,12 +226,12 @@ def test_tenants_connect_cli_over_a_loopback_listener(
             stderr=e,
         )
     try:
-        deadline = time.monotonic() + 30
-        while not (urls := [u for u in out.read_text().splitlines() if u.startswith("http")]):
+
+        def printed() -> list[str]:
             assert proc.poll() is None, err.read_text()
-            assert time.monotonic() < deadline, err.read_text()
-            time.sleep(0.05)
-        url = urls[0]
+            return [u for u in out.read_text().splitlines() if u.startswith("http")]
+
+        url = wait_until(printed, lambda: err.read_text(), interval=0.05)[0]
         callback = consent(url)
         assert urlsplit(callback).hostname == "127.0.0.1"
         wrong = httpx.get(with_state(callback, "not-the-state"))

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import httpx
 import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import insert, select
+from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
 from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, reauth
 from synckit.runtime.secrets import TokenCipher, TokenSet
@@ -129,14 +129,15 @@ def run_race(url: str, server: OAuthTestServer, tmp_path: Path) -> list[dict[str
             )
         )
     try:
-        deadline = time.monotonic() + 60
-        while not all((tmp_path / f"ready-{i}").exists() for i in range(PROCESSES)):
-            assert time.monotonic() < deadline, "the race processes did not get ready"
+
+        def ready() -> bool:
             assert all(p.poll() is None for p, _, _ in procs), "a race process died early"
-            time.sleep(0.02)
+            return all((tmp_path / f"ready-{i}").exists() for i in range(PROCESSES))
+
+        wait_until(ready, "the race processes to get ready", interval=0.02)
         go.write_text("go")  # every process starts its jobs now
         for p, _, _ in procs:
-            p.wait(90)
+            p.wait(PROCESS_TIMEOUT)
     finally:
         for p, out, err in procs:
             if p.poll() is None:

@@ -23,6 +23,7 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, AbstractQueue
 from conftest import service_unavailable
 from sqlalchemy import select
+from waits import EVENT_TIMEOUT, await_until  # tests/
 
 from synckit.errors import RetryPolicy
 from synckit.runtime import outbox
@@ -66,12 +67,16 @@ class Broker:
 
         await self.queue.consume(on_message, no_ack=True)
 
-    async def wait_for(self, distinct: int, seconds: float = 20) -> None:
-        for _ in range(int(seconds / 0.02)):
-            if len({mid for mid, _, _ in self.received}) >= distinct:
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"only {len(self.received)} of {distinct} messages arrived")
+    async def wait_for(self, distinct: int, seconds: float = EVENT_TIMEOUT) -> None:
+        async def arrived() -> bool:
+            return len({mid for mid, _, _ in self.received}) >= distinct
+
+        await await_until(
+            arrived,
+            lambda: f"only {len(self.received)} of {distinct} messages arrived",
+            timeout=seconds,
+            interval=0.02,
+        )
 
 
 @pytest.fixture
@@ -199,7 +204,8 @@ async def test_ten_thousand_messages_arrive_once_each_in_key_order(
     publisher = RabbitPublisher(amqp_url(), exchange=broker.name)
     relay = OutboxRelay(db, publisher, batch=500, retry_policy=FAST)
     try:
-        assert await asyncio.wait_for(relay.run_until_empty(), 60) == 10_000
+        # The whole run: about 15-40 s on a quiet machine.
+        assert await asyncio.wait_for(relay.run_until_empty(), 3 * EVENT_TIMEOUT) == 10_000
     finally:
         await publisher.close()
     await broker.wait_for(10_000)
@@ -229,14 +235,15 @@ async def test_broker_outage_mid_run_loses_nothing(db: Database, broker: Broker)
         await asyncio.sleep(3)
         assert await outbox.pending_count(db) > 0  # nothing got through the cut
         proxy.heal()
-        await broker.wait_for(len(expected), seconds=60)  # a loaded machine is slow, not lossy
-        for _ in range(250):
-            if await outbox.pending_count(db) == 0:
-                break
-            await asyncio.sleep(0.02)
+        await broker.wait_for(len(expected))  # a loaded machine is slow, not lossy
+
+        async def drained() -> bool:
+            return await outbox.pending_count(db) == 0
+
+        await await_until(drained, "the outbox drained", interval=0.02)
     finally:
         stop.set()
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, EVENT_TIMEOUT)
         await publisher.close()
         await proxy.close()
     assert pending_at_cut > 0, "the relay finished before the cut: the test proved nothing"

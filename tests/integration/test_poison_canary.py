@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import statistics
-import time
 from pathlib import Path
 
 import flow_app  # tests/apps
-from procs import spawn_worker, stop_all  # tests/
+from procs import spawn_worker, stop_all, wait_started  # tests/
 from sqlalchemy import select, text
+from waits import await_until  # tests/
 
 from synckit.runtime.keys import UNREADABLE_ROW_REASON
 from synckit.runtime.poll import POLL_KIND
@@ -29,6 +29,9 @@ from synckit.store.tables import connections, jobs
 from synckit.testing.hostile import Behaviour, HostileAPI
 
 RATE = 20.0  # the canary's declared requests per second
+#: How many of its intervals the canary's median gap may reach on a busy machine (1.64
+#: was seen on a loaded CI machine; a worker held by a poison row stops it altogether).
+GAP_BUDGET = 5.0
 PAGES = 30
 
 BAD_PAYLOAD = {"sqlite": "'{not json'", "postgresql": "('1' || repeat('0', 5000))::jsonb"}
@@ -88,17 +91,18 @@ async def test_a_canary_syncs_at_its_rate_beside_every_poison_row(
             for i in range(2)
         ]
         try:
-            await asyncio.sleep(1.0)  # the workers' imports, off the clock
+            await asyncio.to_thread(wait_started, procs)  # their start-up, off the clock
             await app.schedule(db)
-            deadline = time.monotonic() + 30
-            while not await canary_done(db):
-                assert time.monotonic() < deadline, "the canary did not finish within 30 s"
+
+            async def done() -> bool:
                 assert all(p.poll() is None for p in procs), "a worker died"
-                await asyncio.sleep(0.1)
+                return await canary_done(db)
+
+            await await_until(done, "the canary to finish", interval=0.1)
             await asyncio.sleep(0.5)  # the workers meet the poison rows again meanwhile
             assert all(p.poll() is None for p in procs), "a worker died"
         finally:
-            stop_all(procs, timeout=15)
+            stop_all(procs)
             await app.aclose()
         stats = api.snapshot()
 
@@ -110,11 +114,11 @@ async def test_a_canary_syncs_at_its_rate_beside_every_poison_row(
     # At its declared rate: requests 1/RATE apart (the median, so one slow step of a
     # busy machine does not decide), not held back by anything the poison rows did. A
     # loaded CI machine stretches the gaps (a median of 1.64/RATE was seen), a poison
-    # row that held the worker would stop them: the bound is twice the interval.
+    # row that held the worker would stop them: the bound is GAP_BUDGET intervals.
     median = statistics.median(gaps)
     print(f"canary: median gap {median:.4f} s, declared {1 / RATE:.4f} s")  # pytest -s
-    assert median <= 2.0 / RATE, gaps
-    assert times[-1] - times[0] <= (PAGES - 1) / RATE * 2 + 1.0, times[-1] - times[0]
+    assert median <= GAP_BUDGET / RATE, gaps
+    assert times[-1] - times[0] <= (PAGES - 1) / RATE * GAP_BUDGET + 2.0, times[-1] - times[0]
     async with db.read() as conn:
         rows = await conn.execute(
             select(jobs.c.id, jobs.c.status, jobs.c.last_error).where(jobs.c.id.in_(bad_jobs))

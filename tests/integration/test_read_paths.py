@@ -17,6 +17,7 @@ from typing import Any
 
 from quiet_app import Quiet  # tests/apps
 from sqlalchemy import update
+from waits import EVENT_TIMEOUT  # tests/
 
 from synckit import App
 from synckit.runtime.bulk import add_tenants
@@ -66,7 +67,8 @@ async def test_every_read_runs_while_another_connection_holds_the_write_lock(db:
         slow = []
         for name, read in reads.items():
             try:
-                await asyncio.wait_for(read(), timeout=5)
+                # One that waited for the writer would wait until the finally below.
+                await asyncio.wait_for(read(), timeout=EVENT_TIMEOUT)
             except TimeoutError:
                 slow.append(name)
         assert not slow, f"waited for the writer: {slow}"

@@ -70,6 +70,9 @@ async def test_twenty_thousand_new_tenants_are_all_enqueued_by_the_first_run(
     in bounded transactions of at most SCHEDULE_BATCH due ticks each."""
     if engine_name != "postgresql":
         pytest.skip("the scale test runs on PostgreSQL")
+    # About 15 s on a quiet 2-core machine; generous for a busy one (each tick in a
+    # transaction of its own would take many times longer).
+    SCALE_BUDGET = 120.0
     started = time.monotonic()
     result = await add_tenants(db, rows(20_000), app=APP)
     assert result.added == 20_000 and result.errors == []
@@ -94,7 +97,7 @@ async def test_twenty_thousand_new_tenants_are_all_enqueued_by_the_first_run(
     # Nothing more is due, and the none-due run reads nothing.
     again = await schedule_run(db, CONNECTORS, now=now)
     assert (again.fired, again.due, again.changed) == ([], 0, 0)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < SCALE_BUDGET
 
 
 async def test_bounded_runs_take_the_earliest_ticks_and_leave_the_rest(db: Database) -> None:

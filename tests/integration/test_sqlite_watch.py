@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from waits import await_until  # tests/
+
 from synckit.store.db import open_database
 from synckit.store.notify import watch_sqlite
 
@@ -40,7 +42,12 @@ async def test_a_commit_by_another_process_wakes_the_watcher_and_nothing_else_do
         assert woken == []
         before = loop.time()
         await asyncio.to_thread(_commit_from_another_process, path)
-        await asyncio.sleep(0.2)
+
+        async def noticed() -> bool:
+            return bool(woken)
+
+        await await_until(noticed, "the commit noticed", interval=0.02)
+        await asyncio.sleep(0.2)  # and only once
         assert len(woken) == 1 and woken[0] >= before
     finally:
         task.cancel()

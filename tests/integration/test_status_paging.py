@@ -8,6 +8,7 @@ import sqlite3
 
 from quiet_app import Quiet  # tests/apps
 from rich.console import Console
+from waits import EVENT_TIMEOUT  # tests/
 
 from synckit import App
 from synckit.cli.status import render_status
@@ -58,7 +59,7 @@ async def test_status_reads_while_another_process_holds_the_write_lock(db: Datab
     writer = sqlite3.connect(str(db.engine.url.database), isolation_level=None)
     try:
         writer.execute("BEGIN IMMEDIATE")
-        status = await asyncio.wait_for(read_status(db, limit=10), timeout=10)
+        status = await asyncio.wait_for(read_status(db, limit=10), timeout=EVENT_TIMEOUT)
         assert [t.tenant for t in status.tenants] == ["t1"]
         assert status.tenants_by_status == {"active": 1}
     finally:

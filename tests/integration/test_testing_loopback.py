@@ -92,11 +92,11 @@ async def test_a_503_burst_then_recovery(api: FakeAPI, http: httpx.AsyncClient) 
 async def test_a_timeout_holds_the_answer_past_the_client_timeout(
     api: FakeAPI, http: httpx.AsyncClient
 ) -> None:
-    api.script("GET", "/items", [Fault.timeout(delay=5)])
+    api.script("GET", "/items", [Fault.timeout(delay=60)])
     started = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
         await http.get("/items")
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 30  # the client's 0.3 s, not the held 60 s
     assert (await http.get("/items")).status_code == 200
 
 
@@ -176,7 +176,7 @@ async def test_leaving_serve_does_not_wait_for_held_connections(api: FakeAPI) ->
         await asyncio.sleep(0.2)
     with pytest.raises(httpx.TransportError):
         await pending
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # not the held answer's 60 s
 
 
 def test_serve_in_thread_answers_a_synchronous_client(

@@ -16,7 +16,7 @@ async def test_a_fake_clock_takes_the_waits_and_times_them() -> None:
     assert waiter.clock_sleeps and isinstance(clock, SleepingClock)
     mark, wall = waiter.mark(), time.perf_counter()
     await waiter.sleep(3600)
-    assert time.perf_counter() - wall < 0.5
+    assert time.perf_counter() - wall < 60  # the hour is the fake clock's, not waited for
     assert waiter.elapsed(mark) == 3600.0
     assert clock() == datetime(2024, 1, 1, 1, tzinfo=UTC)
 
@@ -29,7 +29,7 @@ async def test_a_plain_clock_waits_on_the_event_loop_and_times_monotonically() -
     assert not waiter.clock_sleeps
     mark = waiter.mark()
     await waiter.sleep(0.05)
-    assert 0.04 <= waiter.elapsed(mark) < 1.0
+    assert 0.04 <= waiter.elapsed(mark) < 60  # not the wall clock's jump of a day
     assert waiter.elapsed(asyncio.get_running_loop().time() + 10) == 0.0  # never negative
 
 
