@@ -144,7 +144,9 @@ def records_show(
 @records_group.command("changes")
 @click.argument("tenant")
 @click.argument("stream")
-@click.option("--since", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Cursor.")
+@click.option(
+    "--since", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help="Cursor."
+)
 @click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print {changes, cursor, more} as JSON.")
 @_APP
