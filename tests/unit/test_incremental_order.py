@@ -15,12 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from synckit import (
+    Connector,
     CursorPaginator,
     IdCursorPaginator,
     Incremental,
     ListingOrderError,
     NewestFirstFeed,
     Page,
+    SyncContext,
 )
 from synckit.errors import ConfigurationError
 from synckit.errors.classify import classify
@@ -461,3 +463,35 @@ def test_the_feed_loses_and_repeats_nothing_across_crashes_and_retention(
     handed, held = asyncio.run(run_feed(seed, limit, per_second, steps))
     assert len(handed) == len(set(handed)), "repeated"
     assert held <= set(handed), f"lost: {sorted(held - set(handed))}"
+
+
+class _Ctx(SyncContext):
+    """Just enough of a hook's context for pages(): a client and the stream's names."""
+
+    def __init__(self, http: httpx.AsyncClient, connector: Connector[Any], stream: str) -> None:
+        self.http, self.connector, self.stream = http, connector, stream
+
+    def for_record(self, record_id: str) -> SyncContext:
+        raise NotImplementedError
+
+    async def intent(self, key: str, **kwargs: Any) -> Any:  # type: ignore[override]
+        raise NotImplementedError
+
+    def auth_for(self, declaration: Any) -> httpx.Auth:
+        raise NotImplementedError
+
+
+async def test_given_ctx_an_out_of_order_listing_names_the_stream_and_connector() -> None:
+    class Billing(Connector):
+        name = "billing"
+
+    rows = [{"id": str(i), "updated_at": iso(s)} for i, s in enumerate([1, 3, 2])]
+    async with client(listing(rows)) as http:
+        ctx = _Ctx(http, Billing("acme"), "invoices")
+        with pytest.raises(
+            ListingOrderError,
+            match=r"^stream 'invoices' of connector 'billing': listing /v1/invoices is not sorted",
+        ):
+            await drain(
+                Incremental().pages(ctx, "/v1/invoices", CursorPaginator(records="items"), None)
+            )
