@@ -293,7 +293,7 @@ async def run_history(
     return handed, dict(api.rows)
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     st.sampled_from(["ascending", "descending"]),
     st.booleans(),
@@ -453,7 +453,7 @@ async def run_feed(
     return handed, set(events.ids())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.randoms(use_true_random=False), st.integers(1, 4), st.integers(1, 3), st.integers(5, 50))
 def test_the_feed_loses_and_repeats_nothing_across_crashes_and_retention(
     seed: Any, limit: int, per_second: int, steps: int
