@@ -394,3 +394,31 @@ async def test_an_exclusive_cursor_paginator_resumes_from_the_last_pages_cursor(
     assert (await collect(paginator(False), api))[1] == ["3", "3"]  # inclusive: re-read
     rows.append({"id": 5})
     assert (await collect(paginator(True), api, resume="5"))[0] == [[5]]
+
+
+async def test_ending_before_paging_resumes_after_the_newest_and_never_redelivers() -> None:
+    """Paging a newest-first list towards newer objects (``ending_before`` = the first id
+    of a page): the last page's checkpoint is its newest object, so the next cycle gets
+    only objects added since."""
+    from synckit.testing import FakeAPI, NewestFirstList
+
+    api = FakeAPI()
+    objs = NewestFirstList("evt")
+    first = objs.add(3)
+    objs.mount(api, "/v1/events")
+    p = IdCursorPaginator(param="ending_before", take="first")
+    async with httpx.AsyncClient(base_url="https://api.test", transport=api.transport()) as http:
+        start = first[0]["id"]  # the oldest: everything after it is new
+        pages = [pg async for pg in p.pages(http, "/v1/events", params={"limit": 1}, resume=start)]
+        assert [[r["id"] for r in pg.records] for pg in pages] == [
+            [first[1]["id"]],
+            [first[2]["id"]],
+        ]
+        newer = objs.add(2)
+        later = [
+            pg
+            async for pg in p.pages(
+                http, "/v1/events", params={"limit": 5}, resume=pages[-1].checkpoint
+            )
+        ]
+    assert [[r["id"] for r in pg.records] for pg in later] == [[newer[1]["id"], newer[0]["id"]]]
