@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from datetime import datetime
 
 import click
@@ -59,8 +60,6 @@ def _full_width(out: Console) -> Console:
     """``out``, or, when stdout is no terminal and ``$COLUMNS`` says no width, a console
     as wide as the tables (rich would squeeze every column into 80 characters, cutting
     names and reasons to a few letters in ``synckit status | grep acme`` or a log)."""
-    import os
-
     if out.is_terminal or os.environ.get("COLUMNS"):
         return out
     return Console(width=PIPE_WIDTH, no_color=True, highlight=False)

@@ -24,6 +24,7 @@ from synckit.cli.app_loader import app_option, load_app
 from synckit.cli.options import CliError, Seconds, cell, database_option, run
 from synckit.clock import utcnow
 from synckit.runtime.actions import CycleProgress, enqueue_cycles
+from synckit.runtime.tenants import TenantNotFound, get_tenant, list_tenants
 from synckit.store.db import Database
 from synckit.store.jobs import get_job
 from synckit.store.views import CycleCounts, checkpoint_moment, cycle_counts, job_created_at
@@ -64,8 +65,6 @@ class CycleBlocked(Exception):
 async def blocked_reason(db: Database, tenant: str) -> str | None:
     """Why ``tenant``'s cycles cannot run now (re-authorisation needed, paused, removed),
     with what to do; None while they can."""
-    from synckit.runtime.tenants import TenantNotFound, get_tenant
-
     try:
         t = await get_tenant(db, tenant, reveal=False)
     except TenantNotFound:
@@ -272,8 +271,6 @@ class _Followed:
 
 async def _active(db: Database, connector: str | None, out: Console) -> list[str]:
     """The active tenants (of ``connector``); the others are named as skipped."""
-    from synckit.runtime.tenants import list_tenants
-
     tenants = await list_tenants(db, connector=connector, reveal=False)
     for t in tenants:
         if t.status != "active":

@@ -29,6 +29,7 @@ are usable without pytest.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -46,6 +47,7 @@ from synckit.testing.clock import FakeClock
 from synckit.testing.fakeapi import FakeAPI
 
 __all__ = [
+    "NothingDueWarning",
     "RunUntilIdle",
     "fake_api",
     "instant_retries",
@@ -137,7 +139,37 @@ async def run_worker_until_idle(
         options["clock"] = clock
     worker = _worker_for(target, db, options)
     with instant_retries_enabled():
-        return await worker.run_until_idle()
+        stats = await worker.run_until_idle()
+    if stats.claimed == 0:
+        await _say_why_nothing_ran(db, worker.clock())
+    return stats
+
+
+class NothingDueWarning(UserWarning):
+    """``run_until_idle`` ran nothing while jobs wait for a later time on its clock."""
+
+
+async def _say_why_nothing_ran(db: Database, now: datetime) -> None:
+    """Warn when pending jobs exist but none is due on the worker's clock: a test that
+    enqueued by another clock than the worker's would otherwise see nothing happen and
+    no reason why."""
+    from synckit.store.jobs import list_jobs
+
+    later = [
+        j
+        for j in await list_jobs(db, status="pending", limit=100)
+        if j.run_at is not None and j.run_at > now
+    ]
+    if later:
+        first = min(j.run_at for j in later if j.run_at is not None)
+        warnings.warn(
+            f"run_until_idle ran nothing: {len(later)} pending job(s) are due later than the "
+            f"worker's clock ({now.isoformat()}; the first at {first.isoformat()}). Enqueue "
+            "through the App's database (App(clock=...) lends it its clock) or advance the "
+            "clock.",
+            NothingDueWarning,
+            stacklevel=3,
+        )
 
 
 # --- fixtures ------------------------------------------------------------------------------

@@ -4,13 +4,15 @@ worker runs them (on both engines)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from synckit import App, Connector, JobContext, enqueue, enqueue_many
 from synckit.store.db import Database
 from synckit.store.jobs import JobSpec, get_job
 from synckit.testing import FakeClock
-from synckit.testing.fixtures import run_worker_until_idle
+from synckit.testing.fixtures import NothingDueWarning, run_worker_until_idle
 
 
 class Quiet(Connector):
@@ -39,3 +41,18 @@ async def test_jobs_enqueued_under_a_fake_clock_are_run_by_the_apps_worker(db: D
     await run_worker_until_idle(app, db)
     assert sorted(ran) == [0, 1, 2, 9]
     assert (await get_job(db, later.id)).status == "succeeded"
+
+
+async def test_run_until_idle_says_why_when_every_job_is_due_later(db: Database) -> None:
+    """A job stamped by another clock (the wall's, two years ahead of the FakeClock) is not
+    run, and run_until_idle says so instead of returning silently."""
+    app = App([Quiet], clock=FakeClock())
+
+    @app.registry.handler("note")
+    async def note(ctx: JobContext) -> None:
+        pass
+
+    await enqueue(db, "note", {}, now=datetime.now(UTC))
+    with pytest.warns(NothingDueWarning, match="1 pending job"):
+        stats = await run_worker_until_idle(app, db)
+    assert stats.claimed == 0
