@@ -11,6 +11,7 @@ texts pass through the log redactor.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import secrets as pysecrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -772,7 +773,7 @@ async def jobs_action(request: Request) -> Response:
         text = f"{action}: {len(done)} job(s) done"
         if refused:
             text += f"; {len(refused)} refused ({'; '.join(refused[:5])})"
-        return text
+        return failed(text) if refused else text
 
     return await _act(
         request, f"jobs.{action}", ",".join(map(str, ids[:20])), work, default=default
@@ -833,9 +834,13 @@ async def dlq_page(request: Request) -> Response:
         recent_since=utcnow() - timedelta(hours=24),
     )
     page = await dlq_store.dlq_page(db, flt, before_id=_int(q.get("before")))
+    # Every matching row, for the actions on all of them (only once a filter narrows
+    # them: acting on the whole table is not one click away).
+    matching = await dlq_store.count(db, flt) if not flt.is_empty else None
     return render(
         request,
         "dlq.html",
+        matching=matching,
         scan_window=pages.SCAN_WINDOW,
         groups=groups,
         groups_next=_next_query(request, "groups_after", groups.next_cursor),
@@ -871,19 +876,49 @@ async def dlq_action(request: Request) -> Response:
     ids = _ids(form)
     group_tenant = form.get("group_tenant")
     group_class = form.get("group_class")
+    problem: str | None = None
+    try:
+        shown = _dlq_filter(form)  # the page's filter, which every group and row obeys
+    except BadFilter as exc:
+        shown, problem = DlqFilter(), str(exc)
+    expected = _int(form.get("expected"))
     if ids:
         flt = DlqFilter(ids=tuple(ids))
         target = "ids " + ",".join(map(str, ids[:20]))
     elif isinstance(group_tenant, str) and isinstance(group_class, str):
-        flt = DlqFilter(tenants=(group_tenant,), error_classes=(group_class,))
+        # The group as the page showed it: its tenant and class within the page's filter
+        # (kind, status, within), open rows unless a status was chosen.
+        flt = dataclasses.replace(
+            shown if shown.statuses else shown.narrowed(("pending", "review")),
+            tenants=(group_tenant,),
+            error_classes=(group_class,),
+        )
         target = f"group {group_tenant or '(none)'}/{group_class}"
+    elif form.get("scope") == "filter" and not shown.is_empty:
+        flt = shown
+        target = "filter " + urlencode(
+            {
+                k: v
+                for k, v in form.multi_items()
+                if k in ("tenant", "class", "kind", "status", "since")
+            }
+        )
     else:
         flt = DlqFilter()
         target = "nothing"
 
     async def work() -> str:
+        if problem is not None:
+            raise ValueError(problem)
         if flt.is_empty:
             raise ValueError("no dead letter selected")
+        if expected is not None and not ids:
+            now_matching = await dlq_store.count(db, flt)
+            if now_matching != expected:
+                return failed(
+                    f"nothing done: {now_matching} row(s) match now, not the {expected} shown "
+                    "(the rows changed meanwhile); look again and repeat"
+                )
         reason = f"{action} in the console by {_who(request)}"
         if action == "resolve":
             n = await dlq_store.resolve_matching(db, flt, reason=reason, now=utcnow())

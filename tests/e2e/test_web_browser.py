@@ -248,6 +248,7 @@ def test_sync_now_shows_the_cycle_progress_without_a_reload(
 
 
 def test_replaying_a_dead_letter_group_resolves_its_rows(page: Any, site: dict[str, Any]) -> None:
+    page.on("dialog", lambda dialog: dialog.accept())  # the confirmation with the count
     page.goto("/dlq")
     page.click("button[data-group='acme/server_error']")
     page.wait_for_selector("text=replay of 3 dead letter(s): 3 resolved")

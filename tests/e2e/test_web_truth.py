@@ -174,6 +174,7 @@ def test_a_replay_without_the_key_leaves_the_rows_untouched_and_says_why(
     url, _seeded = seeded_db(tmp_path)
     before = dlq_state(url)
     with console(url, tmp_path, SYNCKIT_SECRET_KEY=None) as base, page_on(browser, base) as page:
+        page.on("dialog", lambda dialog: dialog.accept())
         page.goto("/dlq")
         page.click("button[data-group='acme/server_error']")
         flash = page.locator("#flash")
@@ -233,3 +234,87 @@ def test_allowed_host_needs_a_token(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "--allowed-host needs --token" in done.stderr
+
+
+# --- 2. actions act on exactly what is shown ------------------------------------------------
+
+
+def test_a_filtered_group_action_touches_exactly_the_filtered_rows(
+    browser: Any, tmp_path: Path
+) -> None:
+    """On /dlq?tenant=acme&kind=record:default the acme/server_error group shows the 3
+    record:default rows; two record:invoices rows of the same tenant and class are not
+    shown, and Resolve group (confirmed with its count) leaves them alone."""
+    url, _seeded = seeded_db(tmp_path)
+
+    async def more(db: Any) -> None:
+        from synckit.clock import utcnow
+
+        async with db.begin() as conn:
+            await dlq_store.capture_many(
+                conn,
+                [
+                    dlq_store.Failure(
+                        tenant="acme",
+                        connector="shop",
+                        kind="record:invoices",
+                        record_id=f"inv-{i}",
+                        payload={"id": f"inv-{i}"},
+                        error_class="server_error",
+                        message="HTTP 503",
+                        resource_key="shop:acme",
+                    )
+                    for i in range(2)
+                ],
+                now=utcnow(),
+            )
+
+    with_db(url, more)
+    with console(url, tmp_path) as base, page_on(browser, base) as page:
+        asked: list[str] = []
+
+        def answer(dialog: Any) -> None:
+            asked.append(dialog.message)
+            dialog.accept()
+
+        page.on("dialog", answer)
+        page.goto("/dlq?tenant=acme&kind=record:default")
+        group = page.locator("#groups tr", has_text="server_error")
+        expect(group).to_contain_text("3")
+        group.locator("button[value=resolve]").click()
+        expect(page.locator("#flash")).to_contain_text("3 dead letter(s) resolved")
+    assert asked == ["Resolve the 3 dead letter(s) of this group without replaying them?"]
+
+    async def statuses(db: Any) -> dict[str, str]:
+        return {
+            r.record_id: r.status
+            async for r in dlq_store.iter_rows(db, dlq_store.DlqFilter(tenants=("acme",)))
+        }
+
+    assert with_db(url, statuses) == {
+        **{f"order-{i}": "resolved" for i in range(3)},
+        **{f"inv-{i}": "pending" for i in range(2)},
+    }
+
+
+def test_select_all_and_all_matching_say_their_count(browser: Any, tmp_path: Path) -> None:
+    url, _seeded = seeded_db(tmp_path)
+    before = dlq_state(url)
+    with console(url, tmp_path) as base, page_on(browser, base) as page:
+        asked: list[str] = []
+
+        def answer(dialog: Any) -> None:
+            asked.append(dialog.message)
+            dialog.dismiss()  # changes nothing
+
+        page.on("dialog", answer)
+        page.goto("/dlq?tenant=globex")
+        page.check("#dead-letters .select-all")
+        expect(page.locator(".selected-count")).to_have_text("2 selected on this page")
+        page.click(".bulk button[value=ignore]")
+        page.click("#all-matching button[value=resolve]")
+        assert asked == [
+            "Ignore 2 selected dead letter(s)?",
+            "Resolve the 2 matching dead letter(s) without replaying them?",
+        ]
+    assert dlq_state(url) == before
