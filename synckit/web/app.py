@@ -149,6 +149,7 @@ class _State:
         self.config = config
         self.db: Database | None = None
         self.env = _env()
+        self.firing: tuple[datetime, list[Any], bool] | None = None
 
     @property
     def database(self) -> Database:
@@ -366,6 +367,32 @@ def _budget_burners(
     return burning[:limit]
 
 
+#: How far back the overview's charts go.
+HISTORY_MINUTES = 180
+#: How long the overview reuses one evaluation of the alert rules (every open page
+#: refreshes every few seconds; the rules read every tenant).
+FIRING_TTL = timedelta(seconds=15)
+
+
+async def _firing(st: _State, now: datetime) -> tuple[list[Any], bool]:
+    """The alerts firing now, by the rules ``synckit status`` evaluates on the spot (the
+    same figures, so both agree); False when there are too many tenants to evaluate."""
+    from synckit.runtime.alerts import RuleSet, load_alert_data
+    from synckit.runtime.status import ALERTS_ON_THE_SPOT
+
+    cached = st.firing
+    if cached is not None and now - cached[0] < FIRING_TTL:
+        return cached[1], cached[2]
+    rules = RuleSet()
+    async with st.database.read() as conn:
+        tenants = sum((await console.tenant_counts(conn)).values())
+        evaluate = tenants <= ALERTS_ON_THE_SPOT
+        data = await load_alert_data(conn, now=now, rules=rules) if evaluate else None
+    firing = rules.evaluate(data) if data is not None else []
+    st.firing = (now, firing, data is not None)
+    return firing, data is not None
+
+
 async def _overview_values(request: Request) -> dict[str, Any]:
     """The overview's figures, each read at a bounded cost (see
     :mod:`synckit.store.console`): it is
@@ -375,7 +402,7 @@ async def _overview_values(request: Request) -> dict[str, Any]:
     cap = pages.COUNT_CAP
     async with db.read() as conn:
         jobs_by_state = await console.job_counts(conn, cap=cap)
-        per_minute = await console.throughput(conn, now=now)
+        per_minute = await console.throughput(conn, now=now, minutes=HISTORY_MINUTES)
         growth = await console.dlq_growth(conn, now=now, cap=cap)
         dlq_open = await console.dlq_open(conn, cap=cap)
         outbox_pending = await console.outbox_pending(conn, cap=cap)
@@ -384,11 +411,15 @@ async def _overview_values(request: Request) -> dict[str, Any]:
         burning = _budget_burners(await console.burning_tenants(conn, now=now), BudgetPolicy())
         # A quiet hour costs an index probe of ix_alerts_fired_at.
         alerts = await recent_alerts(conn, since=now - timedelta(hours=1), limit=20)
+    firing, evaluated = await _firing(_state(request), now)
     peak = max([ok + failed for _m, ok, failed in per_minute] + [1])
     return {
         "per_minute": per_minute,
+        "history_hours": HISTORY_MINUTES // 60,
         "peak": peak,
-        "last_hour": sum(ok + failed for _m, ok, failed in per_minute),
+        "last_hour": sum(ok + failed for _m, ok, failed in per_minute[-60:]),
+        "firing": firing,
+        "alerts_evaluated": evaluated,
         "growth": growth,
         "dlq_open": dlq_open,
         "outbox_pending": outbox_pending,

@@ -318,3 +318,43 @@ def test_select_all_and_all_matching_say_their_count(browser: Any, tmp_path: Pat
             "Resolve the 2 matching dead letter(s) without replaying them?",
         ]
     assert dlq_state(url) == before
+
+
+# --- 5. history ------------------------------------------------------------------------------
+
+
+def test_the_throughput_bars_have_a_colour_and_a_height(browser: Any, tmp_path: Path) -> None:
+    url, _seeded = seeded_db(tmp_path)
+
+    async def audit(db: Any) -> None:
+        from datetime import timedelta
+
+        from synckit.clock import utcnow
+        from synckit.runtime.audit import record_audit
+
+        minute = utcnow().replace(second=0, microsecond=0)
+        async with db.begin() as conn:
+            for ago, ok, failed in ((2, 30, 10), (5, 12, 0), (9, 0, 6)):
+                at = minute - timedelta(minutes=ago) + timedelta(seconds=5)
+                await record_audit(conn, "acme", "shop", at, ok, {"server_error": failed})
+
+    with_db(url, audit)
+    with console(url, tmp_path) as base, page_on(browser, base) as page:
+        page.goto("/")
+        drawn = page.eval_on_selector_all(
+            "#throughput .bar i",
+            """els => els.map(e => {
+                const s = getComputedStyle(e);
+                return [e.className, e.getBoundingClientRect().height, s.backgroundColor];
+            })""",
+        )
+    painted = [(cls, h, colour) for cls, h, colour in drawn if h > 0]
+    transparent = "rgba(0, 0, 0, 0)"
+    assert {cls for cls, _h, _c in painted} == {"ok", "bad"}, drawn[-12:]
+    assert all(colour != transparent for _cls, _h, colour in painted), painted
+    ok_colour = {c for cls, _h, c in painted if cls == "ok"}
+    bad_colour = {c for cls, _h, c in painted if cls == "bad"}
+    assert ok_colour == {"rgb(30, 138, 76)"} and bad_colour == {"rgb(192, 57, 43)"}
+    # The tallest minute (40 operations) fills the chart; 12 of 40 is about 30% of it.
+    tallest = max(h for cls, h, _c in painted if cls == "ok")
+    assert len([1 for cls, _h, _c in painted if cls == "ok"]) == 2 and tallest > 20
