@@ -53,7 +53,7 @@ from synckit.store.audit import Totals
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter
 from synckit.store.resources import get_resource, reset_resource
-from synckit.web.explain import duration_text, tenant_why
+from synckit.web.explain import CycleFacts, duration_text, tenant_why
 from synckit.web.security import (
     csrf_valid,
     host_refusal,
@@ -496,7 +496,10 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
         resource = None
     row = await console.tenant_row(db, t.tenant)
     running = (await job_store.running_counts(db, [t.resource_key])).get(t.resource_key, 0)
+    cycles = await job_store.poll_jobs(db, t.resource_key, t.tenant, kind=POLL_KIND)
     why = tenant_why(
+        cycle=cycle_facts(cycles[0]) if cycles else None,
+        scheduled=await console.has_schedule(db, t.tenant),
         status=t.status,
         status_reason=_red(t.status_reason) or None,
         breaker=row.breaker if row else "closed",
@@ -508,7 +511,6 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
         now=now,
     )
     checkpoints = await list_checkpoints(db, t.tenant)
-    cycles = await job_store.poll_jobs(db, t.resource_key, t.tenant, kind=POLL_KIND)
     dlq = await tenant_store.dead_letter_counts(db, t.tenant)
     policy = BudgetPolicy()
     totals = await console.tenant_totals(db, t.tenant, since=window_start(now, policy.window))
@@ -527,6 +529,19 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
         "dlq": dlq,
         "budget": budget,
     }
+
+
+def cycle_facts(job: job_store.JobInfo) -> CycleFacts:
+    """A cycle job as :func:`~synckit.web.explain.tenant_why` reads it (error redacted)."""
+    return CycleFacts(
+        id=job.id,
+        status=job.status,
+        run_at=job.run_at,
+        attempts=job.attempts,
+        max_attempts=job.max_attempts,
+        last_error=_red(job.last_error) or None,
+        error_class=job.error_class,
+    )
 
 
 async def tenant_page(request: Request) -> Response:
