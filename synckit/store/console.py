@@ -33,6 +33,7 @@ from synckit.store.tables import (
     jobs,
     outbox,
     pending_authorizations,
+    poll_ticks,
     resources,
 )
 
@@ -168,6 +169,14 @@ async def tenant_page(
     more = len(rows) > size
     rows = rows[:size]
     return Page(rows, rows[-1].tenant if more else None)
+
+
+async def has_schedule(db: Database, tenant: str) -> bool:
+    """Whether the scheduler holds a tick (a next cycle time) for ``tenant``."""
+    t = poll_ticks.c
+    async with db.read() as conn:
+        found = await conn.execute(select(t.tenant).where(t.tenant == tenant).limit(1))
+        return found.first() is not None
 
 
 async def tenant_row(db: Database, tenant: str) -> TenantRow | None:

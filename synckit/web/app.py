@@ -11,6 +11,7 @@ texts pass through the log redactor.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import secrets as pysecrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -54,7 +55,7 @@ from synckit.store.audit import Totals
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter
 from synckit.store.resources import get_resource, reset_resource
-from synckit.web.explain import duration_text, tenant_why
+from synckit.web.explain import CycleFacts, duration_text, tenant_why
 from synckit.web.security import (
     csrf_valid,
     host_refusal,
@@ -161,6 +162,7 @@ class _State:
         self.config = config
         self.db: Database | None = None
         self.env = _env()
+        self.firing: tuple[datetime, list[Any], bool] | None = None
 
     @property
     def database(self) -> Database:
@@ -378,6 +380,32 @@ def _budget_burners(
     return burning[:limit]
 
 
+#: How far back the overview's charts go.
+HISTORY_MINUTES = 180
+#: How long the overview reuses one evaluation of the alert rules (every open page
+#: refreshes every few seconds; the rules read every tenant).
+FIRING_TTL = timedelta(seconds=15)
+
+
+async def _firing(st: _State, now: datetime) -> tuple[list[Any], bool]:
+    """The alerts firing now, by the rules ``synckit status`` evaluates on the spot (the
+    same figures, so both agree); False when there are too many tenants to evaluate."""
+    from synckit.runtime.alerts import RuleSet, load_alert_data
+    from synckit.runtime.status import ALERTS_ON_THE_SPOT
+
+    cached = st.firing
+    if cached is not None and now - cached[0] < FIRING_TTL:
+        return cached[1], cached[2]
+    rules = RuleSet()
+    async with st.database.read() as conn:
+        tenants = sum((await console.tenant_counts(conn)).values())
+        evaluate = tenants <= ALERTS_ON_THE_SPOT
+        data = await load_alert_data(conn, now=now, rules=rules) if evaluate else None
+    firing = rules.evaluate(data) if data is not None else []
+    st.firing = (now, firing, data is not None)
+    return firing, data is not None
+
+
 async def _overview_values(request: Request) -> dict[str, Any]:
     """The overview's figures, each read at a bounded cost (see
     :mod:`synckit.store.console`): it is
@@ -387,7 +415,7 @@ async def _overview_values(request: Request) -> dict[str, Any]:
     cap = pages.COUNT_CAP
     async with db.read() as conn:
         jobs_by_state = await console.job_counts(conn, cap=cap)
-        per_minute = await console.throughput(conn, now=now)
+        per_minute = await console.throughput(conn, now=now, minutes=HISTORY_MINUTES)
         growth = await console.dlq_growth(conn, now=now, cap=cap)
         dlq_open = await console.dlq_open(conn, cap=cap)
         outbox_pending = await console.outbox_pending(conn, cap=cap)
@@ -396,11 +424,15 @@ async def _overview_values(request: Request) -> dict[str, Any]:
         burning = _budget_burners(await console.burning_tenants(conn, now=now), BudgetPolicy())
         # A quiet hour costs an index probe of ix_alerts_fired_at.
         alerts = await recent_alerts(conn, since=now - timedelta(hours=1), limit=20)
+    firing, evaluated = await _firing(_state(request), now)
     peak = max([ok + failed for _m, ok, failed in per_minute] + [1])
     return {
         "per_minute": per_minute,
+        "history_hours": HISTORY_MINUTES // 60,
         "peak": peak,
-        "last_hour": sum(ok + failed for _m, ok, failed in per_minute),
+        "last_hour": sum(ok + failed for _m, ok, failed in per_minute[-60:]),
+        "firing": firing,
+        "alerts_evaluated": evaluated,
         "growth": growth,
         "dlq_open": dlq_open,
         "outbox_pending": outbox_pending,
@@ -477,7 +509,10 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
         resource = None
     row = await console.tenant_row(db, t.tenant)
     running = (await job_store.running_counts(db, [t.resource_key])).get(t.resource_key, 0)
+    cycles = await job_store.poll_jobs(db, t.resource_key, t.tenant, kind=POLL_KIND)
     why = tenant_why(
+        cycle=cycle_facts(cycles[0]) if cycles else None,
+        scheduled=await console.has_schedule(db, t.tenant),
         status=t.status,
         status_reason=_red(t.status_reason) or None,
         breaker=row.breaker if row else "closed",
@@ -489,7 +524,6 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
         now=now,
     )
     checkpoints = await list_checkpoints(db, t.tenant)
-    cycles = await job_store.poll_jobs(db, t.resource_key, t.tenant, kind=POLL_KIND)
     dlq = await tenant_store.dead_letter_counts(db, t.tenant)
     policy = BudgetPolicy()
     totals = await console.tenant_totals(db, t.tenant, since=window_start(now, policy.window))
@@ -508,6 +542,19 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
         "dlq": dlq,
         "budget": budget,
     }
+
+
+def cycle_facts(job: job_store.JobInfo) -> CycleFacts:
+    """A cycle job as :func:`~synckit.web.explain.tenant_why` reads it (error redacted)."""
+    return CycleFacts(
+        id=job.id,
+        status=job.status,
+        run_at=job.run_at,
+        attempts=job.attempts,
+        max_attempts=job.max_attempts,
+        last_error=_red(job.last_error) or None,
+        error_class=job.error_class,
+    )
 
 
 async def tenant_page(request: Request) -> Response:
@@ -785,7 +832,7 @@ async def jobs_action(request: Request) -> Response:
         text = f"{action}: {len(done)} job(s) done"
         if refused:
             text += f"; {len(refused)} refused ({'; '.join(refused[:5])})"
-        return text
+        return failed(text) if refused else text
 
     return await _act(
         request, f"jobs.{action}", ",".join(map(str, ids[:20])), work, default=default
@@ -846,9 +893,13 @@ async def dlq_page(request: Request) -> Response:
         recent_since=utcnow() - timedelta(hours=24),
     )
     page = await dlq_store.dlq_page(db, flt, before_id=_int(q.get("before")))
+    # Every matching row, for the actions on all of them (only once a filter narrows
+    # them: acting on the whole table is not one click away).
+    matching = await dlq_store.count(db, flt) if not flt.is_empty else None
     return render(
         request,
         "dlq.html",
+        matching=matching,
         scan_window=pages.SCAN_WINDOW,
         groups=groups,
         groups_next=_next_query(request, "groups_after", groups.next_cursor),
@@ -884,19 +935,49 @@ async def dlq_action(request: Request) -> Response:
     ids = _ids(form)
     group_tenant = form.get("group_tenant")
     group_class = form.get("group_class")
+    problem: str | None = None
+    try:
+        shown = _dlq_filter(form)  # the page's filter, which every group and row obeys
+    except BadFilter as exc:
+        shown, problem = DlqFilter(), str(exc)
+    expected = _int(form.get("expected"))
     if ids:
         flt = DlqFilter(ids=tuple(ids))
         target = "ids " + ",".join(map(str, ids[:20]))
     elif isinstance(group_tenant, str) and isinstance(group_class, str):
-        flt = DlqFilter(tenants=(group_tenant,), error_classes=(group_class,))
+        # The group as the page showed it: its tenant and class within the page's filter
+        # (kind, status, within), open rows unless a status was chosen.
+        flt = dataclasses.replace(
+            shown if shown.statuses else shown.narrowed(("pending", "review")),
+            tenants=(group_tenant,),
+            error_classes=(group_class,),
+        )
         target = f"group {group_tenant or '(none)'}/{group_class}"
+    elif form.get("scope") == "filter" and not shown.is_empty:
+        flt = shown
+        target = "filter " + urlencode(
+            {
+                k: v
+                for k, v in form.multi_items()
+                if k in ("tenant", "class", "kind", "status", "since")
+            }
+        )
     else:
         flt = DlqFilter()
         target = "nothing"
 
     async def work() -> str:
+        if problem is not None:
+            raise ValueError(problem)
         if flt.is_empty:
             raise ValueError("no dead letter selected")
+        if expected is not None and not ids:
+            now_matching = await dlq_store.count(db, flt)
+            if now_matching != expected:
+                return failed(
+                    f"nothing done: {now_matching} row(s) match now, not the {expected} shown "
+                    "(the rows changed meanwhile); look again and repeat"
+                )
         reason = f"{action} in the console by {_who(request)}"
         if action == "resolve":
             n = await dlq_store.resolve_matching(db, flt, reason=reason, now=utcnow())

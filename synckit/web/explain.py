@@ -10,15 +10,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["Why", "duration_text", "tenant_why"]
+__all__ = ["CycleFacts", "Why", "duration_text", "tenant_why"]
 
 
 @dataclass(frozen=True)
 class Why:
-    """One reason: ``kind`` (paused, needs_reauth, breaker, paced, in_flight) and text."""
+    """One reason: ``kind`` (paused, needs_reauth, breaker, paced, in_flight, retry_wait,
+    cycle_dead, not_scheduled, no_worker) and text. ``blocks``: the claim takes none of the
+    tenant's jobs while it holds (the same conditions as :func:`synckit.store.jobs.claim`:
+    an inactive connection, a resource paced or whose breaker denies, the in-flight limit
+    reached, a job not due); a reason that does not block (a breaker whose cool-down is
+    over, no worker running the claim) is still worth saying."""
 
     kind: str
     text: str
+    blocks: bool = True
+
+
+@dataclass(frozen=True)
+class CycleFacts:
+    """The tenant's newest poll cycle job, as the claim sees it."""
+
+    id: int
+    status: str
+    run_at: datetime | None
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    error_class: str | None = None
 
 
 def duration_text(seconds: float) -> str:
@@ -49,13 +68,19 @@ def tenant_why(
     max_in_flight: int | None,
     running: int,
     now: datetime,
+    cycle: CycleFacts | None = None,
+    scheduled: bool | None = None,
+    workers_alive: int | None = None,
 ) -> list[Why]:
     """Every reason the tenant's work waits at ``now``, most fundamental first; empty
     when nothing holds it back.
 
     ``next_available_at`` is the breaker's cool-down end while the breaker is open and
     the pace's end otherwise (both write it); ``paced_reason`` names the signal that set
-    the pace (``Retry-After``, ``X-RateLimit-Reset``, a default pace).
+    the pace (``Retry-After``, ``X-RateLimit-Reset``, a default pace). ``cycle`` is the
+    newest poll cycle (None: never one), ``scheduled`` whether the scheduler has a tick
+    for the tenant (None: not known), ``workers_alive`` how many workers heartbeat (None:
+    not known).
     """
     out: list[Why] = []
     if status == "paused":
@@ -68,19 +93,59 @@ def tenant_why(
         out.append(Why(status, f"{status}: {status_reason or 'no reason given'}"))
     if breaker == "open":
         until = cooldown_until or next_available_at
-        text = (
-            f"breaker open until {_at(until, now)}"
-            if until and until > now
-            else ("breaker open, cool-down over: the next job is a probe")
-        )
-        out.append(Why("breaker", text))
+        if until and until > now:
+            out.append(Why("breaker", f"breaker open until {_at(until, now)}"))
+        else:
+            out.append(
+                Why("breaker", "breaker open, cool-down over: the next job is a probe", False)
+            )
     elif breaker == "half_open":
-        out.append(Why("breaker", "breaker half-open: one probe job at a time"))
+        out.append(Why("breaker", "breaker half-open: one probe job at a time", False))
     if breaker == "closed" and next_available_at is not None and next_available_at > now:
         because = f" ({paced_reason})" if paced_reason else ""
         out.append(Why("paced", f"paced until {_at(next_available_at, now)}{because}"))
     if max_in_flight is not None and running >= max_in_flight:
         out.append(
             Why("in_flight", f"in-flight limit reached: {running} of {max_in_flight} running")
+        )
+    out += _cycle_whys(cycle, scheduled, now)
+    if workers_alive == 0:
+        out.append(Why("no_worker", "no worker alive: nothing claims its jobs", blocks=False))
+    return out
+
+
+def _cycle_whys(cycle: CycleFacts | None, scheduled: bool | None, now: datetime) -> list[Why]:
+    """What the tenant's newest cycle says about its work."""
+    if cycle is not None and cycle.status == "pending" and cycle.run_at and cycle.run_at > now:
+        if cycle.attempts > 0:
+            error = f"{cycle.error_class}: " if cycle.error_class else ""
+            return [
+                Why(
+                    "retry_wait",
+                    f"waiting to retry until {_at(cycle.run_at, now)} after error "
+                    f"{error}{cycle.last_error or 'not recorded'} (attempt {cycle.attempts} "
+                    f"of {cycle.max_attempts} failed; cycle job {cycle.id})",
+                )
+            ]
+        return [Why("retry_wait", f"next cycle (job {cycle.id}) due at {_at(cycle.run_at, now)}")]
+    if cycle is not None and cycle.status in ("pending", "running"):
+        return []
+    out: list[Why] = []
+    if cycle is not None and cycle.status == "dead":
+        error = f"{cycle.error_class}: " if cycle.error_class else ""
+        out.append(
+            Why(
+                "cycle_dead",
+                f"last cycle dead (job {cycle.id}, {cycle.attempts} attempts): "
+                f"{error}{cycle.last_error or 'no error recorded'}",
+            )
+        )
+    if scheduled is False:
+        out.append(
+            Why(
+                "not_scheduled",
+                "not scheduled: no cycle queued and the scheduler holds no tick for it (a "
+                "worker with --app schedules it; or sync now)",
+            )
         )
     return out

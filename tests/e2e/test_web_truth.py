@@ -174,6 +174,7 @@ def test_a_replay_without_the_key_leaves_the_rows_untouched_and_says_why(
     url, _seeded = seeded_db(tmp_path)
     before = dlq_state(url)
     with console(url, tmp_path, SYNCKIT_SECRET_KEY=None) as base, page_on(browser, base) as page:
+        page.on("dialog", lambda dialog: dialog.accept())
         page.goto("/dlq")
         page.click("button[data-group='acme/server_error']")
         flash = page.locator("#flash")
@@ -233,3 +234,127 @@ def test_allowed_host_needs_a_token(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "--allowed-host needs --token" in done.stderr
+
+
+# --- 2. actions act on exactly what is shown ------------------------------------------------
+
+
+def test_a_filtered_group_action_touches_exactly_the_filtered_rows(
+    browser: Any, tmp_path: Path
+) -> None:
+    """On /dlq?tenant=acme&kind=record:default the acme/server_error group shows the 3
+    record:default rows; two record:invoices rows of the same tenant and class are not
+    shown, and Resolve group (confirmed with its count) leaves them alone."""
+    url, _seeded = seeded_db(tmp_path)
+
+    async def more(db: Any) -> None:
+        from synckit.clock import utcnow
+
+        async with db.begin() as conn:
+            await dlq_store.capture_many(
+                conn,
+                [
+                    dlq_store.Failure(
+                        tenant="acme",
+                        connector="shop",
+                        kind="record:invoices",
+                        record_id=f"inv-{i}",
+                        payload={"id": f"inv-{i}"},
+                        error_class="server_error",
+                        message="HTTP 503",
+                        resource_key="shop:acme",
+                    )
+                    for i in range(2)
+                ],
+                now=utcnow(),
+            )
+
+    with_db(url, more)
+    with console(url, tmp_path) as base, page_on(browser, base) as page:
+        asked: list[str] = []
+
+        def answer(dialog: Any) -> None:
+            asked.append(dialog.message)
+            dialog.accept()
+
+        page.on("dialog", answer)
+        page.goto("/dlq?tenant=acme&kind=record:default")
+        group = page.locator("#groups tr", has_text="server_error")
+        expect(group).to_contain_text("3")
+        group.locator("button[value=resolve]").click()
+        expect(page.locator("#flash")).to_contain_text("3 dead letter(s) resolved")
+    assert asked == ["Resolve the 3 dead letter(s) of this group without replaying them?"]
+
+    async def statuses(db: Any) -> dict[str, str]:
+        return {
+            r.record_id: r.status
+            async for r in dlq_store.iter_rows(db, dlq_store.DlqFilter(tenants=("acme",)))
+        }
+
+    assert with_db(url, statuses) == {
+        **{f"order-{i}": "resolved" for i in range(3)},
+        **{f"inv-{i}": "pending" for i in range(2)},
+    }
+
+
+def test_select_all_and_all_matching_say_their_count(browser: Any, tmp_path: Path) -> None:
+    url, _seeded = seeded_db(tmp_path)
+    before = dlq_state(url)
+    with console(url, tmp_path) as base, page_on(browser, base) as page:
+        asked: list[str] = []
+
+        def answer(dialog: Any) -> None:
+            asked.append(dialog.message)
+            dialog.dismiss()  # changes nothing
+
+        page.on("dialog", answer)
+        page.goto("/dlq?tenant=globex")
+        page.check("#dead-letters .select-all")
+        expect(page.locator(".selected-count")).to_have_text("2 selected on this page")
+        page.click(".bulk button[value=ignore]")
+        page.click("#all-matching button[value=resolve]")
+        assert asked == [
+            "Ignore 2 selected dead letter(s)?",
+            "Resolve the 2 matching dead letter(s) without replaying them?",
+        ]
+    assert dlq_state(url) == before
+
+
+# --- 5. history ------------------------------------------------------------------------------
+
+
+def test_the_throughput_bars_have_a_colour_and_a_height(browser: Any, tmp_path: Path) -> None:
+    url, _seeded = seeded_db(tmp_path)
+
+    async def audit(db: Any) -> None:
+        from datetime import timedelta
+
+        from synckit.clock import utcnow
+        from synckit.runtime.audit import record_audit
+
+        minute = utcnow().replace(second=0, microsecond=0)
+        async with db.begin() as conn:
+            for ago, ok, failed in ((2, 30, 10), (5, 12, 0), (9, 0, 6)):
+                at = minute - timedelta(minutes=ago) + timedelta(seconds=5)
+                await record_audit(conn, "acme", "shop", at, ok, {"server_error": failed})
+
+    with_db(url, audit)
+    with console(url, tmp_path) as base, page_on(browser, base) as page:
+        page.goto("/")
+        drawn = page.eval_on_selector_all(
+            "#throughput .bar i",
+            """els => els.map(e => {
+                const s = getComputedStyle(e);
+                return [e.className, e.getBoundingClientRect().height, s.backgroundColor];
+            })""",
+        )
+    painted = [(cls, h, colour) for cls, h, colour in drawn if h > 0]
+    transparent = "rgba(0, 0, 0, 0)"
+    assert {cls for cls, _h, _c in painted} == {"ok", "bad"}, drawn[-12:]
+    assert all(colour != transparent for _cls, _h, colour in painted), painted
+    ok_colour = {c for cls, _h, c in painted if cls == "ok"}
+    bad_colour = {c for cls, _h, c in painted if cls == "bad"}
+    assert ok_colour == {"rgb(30, 138, 76)"} and bad_colour == {"rgb(192, 57, 43)"}
+    # The tallest minute (40 operations) fills the chart; 12 of 40 is about 30% of it.
+    tallest = max(h for cls, h, _c in painted if cls == "ok")
+    assert len([1 for cls, _h, _c in painted if cls == "ok"]) == 2 and tallest > 20

@@ -82,8 +82,10 @@ async def test_no_page_shows_a_seeded_secret(db: Database, migrated_url: str) ->
 
 
 async def test_a_tenant_page_says_why_it_waits(db: Database, migrated_url: str) -> None:
-    """Paced until ... (Retry-After), paused with its reason, needs_reauth with its reason."""
+    """Paced until ... (Retry-After), paused with its reason, needs_reauth with its reason;
+    a scheduled tenant with its cycle queued: nothing holds it back."""
     await seed(db)
+    await app.schedule(db)
     with console(migrated_url) as client:
         listing = text_of(client.get("/tenants").text)
         assert re.search(r"paced until \S+ \S+ UTC \(in 9m \d\ds\) \(Retry-After\)", listing)
@@ -346,7 +348,8 @@ async def test_reauthorise_runs_the_connect_flow_and_the_callback_completes_it(
         assert "is connected" in text_of(done.text) and "it was needs_reauth" in text_of(done.text)
         again = client.get(back.removeprefix(base))
         assert again.status_code == 400 and "used already" in text_of(again.text)
-        assert "nothing holds this tenant back" in text_of(client.get("/tenants/acme").text)
+        why = client.get("/tenants/acme").text.split('id="why"', 1)[1].split("</ul>", 1)[0]
+        assert "re-authorisation" not in why, why
     async with db.begin() as conn:
         row = await read_connection(conn, "acme")
     assert row.status == "active" and row.status_reason is None

@@ -167,7 +167,7 @@ async def test_overview_throughput_per_minute_and_dlq_growth_match_the_seeded_ro
         )
     expected: dict[str, tuple[int, int]] = {}
     for ago, _, ok, failed in audit:
-        if ago < 60:
+        if ago < 180:  # the chart's three hours
             key = (minute - timedelta(minutes=ago)).strftime("%Y-%m-%d %H:%M")
             o, f = expected.get(key, (0, 0))
             expected[key] = (o + ok, f + failed)
@@ -175,11 +175,12 @@ async def test_overview_throughput_per_minute_and_dlq_growth_match_the_seeded_ro
         for path in ("/", "/live/overview"):
             html = client.get(path).text
             bars = {m: (int(o), int(f)) for m, o, f in BAR.findall(html)}
-            assert len(bars) == 60, (path, len(bars))
+            assert len(bars) == 180, (path, len(bars))
             shown = {m: v for m, v in bars.items() if v != (0, 0)}
             assert shown == expected, (path, shown)
             page = text_of(html)
-            assert f"Last hour {sum(o + f for o, f in expected.values()):,} operations" in page
+            last_hour = sum(ok + failed for ago, _, ok, failed in audit if ago < 60)
+            assert f"Last hour {last_hour:,} operations" in page
             assert "4 new in the last hour (2 the hour before)" in page, page[:2000]
 
 
@@ -228,3 +229,26 @@ async def test_the_job_page_shows_every_error_in_full_and_the_traceback_redacted
     assert "in _deep_in_the_client" in page and "in sync_orders" in page
     assert "Upstream: attempt 2" in page
     assert "***" in page  # the secret was there to leak: redacted where it was
+
+
+async def test_the_overview_fires_the_alerts_synckit_status_fires(
+    db: Database, migrated_url: str
+) -> None:
+    """Issue 34: "Alerts firing now" on the overview are those ``synckit status`` lists,
+    on the same database (here: server errors and a failure burst seeded in the audit)."""
+    from synckit.runtime.status import read_status
+
+    now = utcnow()
+    minute = now.replace(second=0, microsecond=0)
+    async with db.begin() as conn:
+        for ago in range(1, 6):
+            at = minute - timedelta(minutes=ago) + timedelta(seconds=5)
+            await record_audit(conn, "acme", "shop", at, 0, {"server_error": 20})
+    status = await read_status(db, now=now)
+    assert status.alerts_evaluated and status.alerts_firing, "the seed fires nothing"
+    with console(migrated_url) as client:
+        html = client.get("/").text
+    table = html.split('id="firing"', 1)[1].split("</table>", 1)[0]
+    for alert in status.alerts_firing:
+        assert alert.rule in table and alert.subject in table, alert
+    assert f"Alerts firing now ({len(status.alerts_firing)})" in text_of(html)
