@@ -181,8 +181,8 @@ def describe_unopenable(problems: Sequence[Unopenable], cipher: TokenCipher) -> 
         f" (put the missing key in {ENV_KEY}, after the new one while rotating)"
         if by_key or other
         else (
-            " (the keys open the other rows: the row is damaged, and a worker holds its "
-            "tenant paused until it is repaired)"
+            " (no key is missing: the row is damaged; a worker holds its tenant paused "
+            "and runs the others)"
         )
     )
     return (

@@ -23,7 +23,6 @@ from urllib.parse import urlencode
 
 import structlog
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
@@ -129,11 +128,11 @@ def shown_config(t: tenant_store.Tenant, app: App | None) -> dict[str, Any]:
 
 
 def _printable(value: Any) -> Any:
-    if isinstance(value, Markup):
-        return Markup(printable(str(value), keep_newlines=True))
-    if isinstance(value, str):
-        return printable(value, keep_newlines=True)
-    return value
+    if not isinstance(value, str):
+        return value
+    shown = printable(str(value), keep_newlines=True)
+    # Markup (safe HTML a filter made) stays Markup: Markup(text) does not escape it again.
+    return type(value)(shown) if hasattr(value, "__html__") else shown
 
 
 def _env() -> Environment:

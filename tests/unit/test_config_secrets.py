@@ -227,11 +227,12 @@ def test_damage_is_corrupt_not_a_missing_key() -> None:
 
 
 def test_the_start_check_message_for_corrupt_rows_names_no_missing_key() -> None:
-    """Only corrupt rows: the line says "corrupt" and that the keys open the others."""
+    """Only corrupt rows: the line says "corrupt" and that no key is missing."""
     message = describe_unopenable(
         [Unopenable("good2", "config", "the stored config is not JSON", corrupt=True)],
         TokenCipher([K1]),
     )
     assert message is not None
     assert "tenant good2 (config) is corrupt: the stored config is not JSON" in message
-    assert "put the missing key" not in message and "the keys open the other rows" in message
+    assert "put the missing key" not in message
+    assert "no key is missing: the row is damaged" in message
