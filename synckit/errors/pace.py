@@ -97,7 +97,8 @@ class PacePolicy:
 
     ``learn``: when the connector declares no :class:`~synckit.connectors.base.RateLimit`,
     refusals that name no wait teach the tenant a rate: a second one within
-    ``learn_after`` of another holds it to the rate the API was accepting, each later one
+    ``learn_after`` of another holds it just under the rate the API was accepting, each
+    later one
     cuts it to ``decrease`` times itself (never below ``min_rate`` requests a second), and
     each success raises it additively, so that a cut is regained in ``recover``
     (:func:`learn_from_limit`, :func:`learn_from_successes`).
@@ -111,7 +112,7 @@ class PacePolicy:
     first_waits: Mapping[str, timedelta] = field(default_factory=lambda: DEFAULT_FIRST_WAITS)
     learn: bool = True
     decrease: float = 0.8
-    recover: timedelta = timedelta(seconds=10)
+    recover: timedelta = timedelta(seconds=20)
     min_rate: float = 0.1
     learn_after: timedelta = timedelta(seconds=3)
 
@@ -290,14 +291,15 @@ def learn_from_limit(
 
     Nothing learnt yet, one refusal alone is no limit (an API may refuse a request now
     and then): learning starts with a refusal that comes less than ``learn_after`` after
-    the previous one began, and holds the resource to ``accepted``, the rate the API
-    just let through. With a learnt rate, a refusal cuts it to ``decrease`` times itself,
-    and the rate before the cut becomes the ``peak``. A refusal
-    while the learnt rate is still below the peak of a cut made less than three
-    ``recover`` ago is left alone: the cut already took the rate below where the
-    refusals began, so this one is not the rate's doing (an API that refuses a share of
-    requests at random would otherwise drive the rate to nothing); after that, a peak
-    too high to be reached again (a limit that tightened) is forgotten. Pure.
+    the previous one began, and holds the resource to a little under ``accepted``, the
+    rate the API just let through (halfway between it and a cut; ``accepted`` is the
+    peak). With a learnt rate, a refusal cuts it to ``decrease`` times itself, and the
+    rate before the cut becomes the ``peak``. A refusal while the learnt rate has not yet
+    regained half of the last cut, made less than three ``recover`` ago, is left alone:
+    the cut took the rate below where the refusals began, so this one is not the rate's
+    doing (an API that refuses a share of requests at random would otherwise drive the
+    rate to nothing); after that, a peak too high to be reached again (a limit that
+    tightened) is forgotten. Pure.
     """
     if not policy.learn:
         return state
@@ -308,14 +310,15 @@ def learn_from_limit(
         since = now - _utc(previous_at) if previous_at is not None else None
         if since is None or not timedelta(0) <= since < policy.learn_after:
             return state
-        held = min(max(policy.min_rate, accepted), _MAX_LEARNED)
-        return LearnedRate(rate=held, peak=held, cut_at=now)
+        peak = min(accepted, _MAX_LEARNED)
+        held = max(policy.min_rate, peak * (1 + policy.decrease) / 2)
+        return LearnedRate(rate=held, peak=peak, cut_at=now)
     sending = state.rate
     if (
         state.peak is not None
         and state.cut_at is not None
         and timedelta(0) <= now - _utc(state.cut_at) < policy.recover * 3
-        and sending < state.peak
+        and sending < state.peak * (1 + policy.decrease) / 2
     ):
         return state
     rate = min(max(policy.min_rate, policy.decrease * sending), _MAX_LEARNED)

@@ -120,6 +120,8 @@ class _Shared:
     #: monotonic times of the last second's successes (the rate a refusal cuts from).
     successes: int = 0
     succeeded_at: datetime | None = None
+    #: When (monotonic) this process's latest request under a learnt rate may go or went.
+    learned_sent: float = -1e18
     accepted: collections.deque[float] = dataclasses.field(default_factory=collections.deque)
 
     def success(self, sent_at: datetime | None) -> None:
@@ -348,6 +350,21 @@ class Pacer:
 
     async def before_request(self) -> None:
         """Return when a request may go; raise RateLimited if that is too far off."""
+        await self._before_request()
+        st = self.state
+        learned = st.view.learned if self.learn and st.view is not None else None
+        if learned:
+            # Under a learnt rate, this process's own requests also keep its interval
+            # between them: a reservation's round trip varies (a busy database), and a
+            # slow one followed by a quick one sent two requests closer than the rate,
+            # which an API counting per second refused even below its limit.
+            now = time.monotonic()
+            go = max(now, st.learned_sent + 1.0 / learned)
+            st.learned_sent = go
+            if go > now:
+                await self.waiter.sleep(go - now)
+
+    async def _before_request(self) -> None:
         started = self.waiter.mark()
         st = self.state
         while True:

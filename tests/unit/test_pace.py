@@ -499,23 +499,24 @@ def test_reserving_ahead_is_what_asking_once_per_request_would_leave(
 
 
 def test_learning_starts_with_a_second_refusal_soon_after_another() -> None:
-    """One refusal alone learns nothing; a second within learn_after holds the rate to
-    the successes a second just seen (3/s); a later one cuts it by decrease."""
+    """One refusal alone learns nothing; a second within learn_after holds the rate a
+    little under the successes a second just seen (0.9 x 3/s, 3 the peak); a later one
+    cuts it by decrease."""
     assert learn_from_limit(LearnedRate(), 3.0, NOW, POLICY) == LearnedRate()
     long_ago = NOW - POLICY.learn_after
     assert learn_from_limit(LearnedRate(), 3.0, NOW, POLICY, long_ago) == LearnedRate()
     held = learn_from_limit(LearnedRate(), 3.0, NOW, POLICY, NOW - timedelta(seconds=1))
-    assert held == LearnedRate(rate=3.0, peak=3.0, cut_at=NOW)
+    assert held == LearnedRate(rate=pytest.approx(2.7), peak=3.0, cut_at=NOW)
     soon = NOW - timedelta(seconds=1)
     assert learn_from_limit(LearnedRate(), None, NOW, POLICY, soon) == LearnedRate()
     cut = learn_from_limit(held, 3.0, NOW + timedelta(seconds=1), POLICY)
-    assert (cut.rate, cut.peak) == (pytest.approx(2.4), 3.0)
+    assert (cut.rate, cut.peak) == (pytest.approx(2.16), pytest.approx(2.7))
 
 
 def test_successes_regain_a_cut_in_recover_seconds() -> None:
-    """At 2.4/s after a cut from 3/s, 10 s of successes (24) regain the 0.6/s lost."""
+    """At 2.4/s after a cut from 3/s, 20 s of successes (~54) regain the 0.6/s lost."""
     state = cut = LearnedRate(rate=2.4, peak=3.0, cut_at=NOW)
-    for _ in range(24):
+    for _ in range(54):
         state = learn_from_successes(state, 1, POLICY)
     assert state.rate == pytest.approx(3.0, rel=0.05)
     assert state.peak == cut.peak
@@ -523,13 +524,14 @@ def test_successes_regain_a_cut_in_recover_seconds() -> None:
 
 
 def test_a_refusal_below_the_last_cut_is_not_the_rates_doing() -> None:
-    """Random refusals while the rate recovers leave it alone; at or above the peak, or
-    once the cut is three recover periods old, a refusal cuts again."""
+    """Random refusals while the rate has not regained half the cut leave it alone;
+    from there on, or once the cut is three recover periods old, a refusal cuts again."""
     cut = LearnedRate(rate=8.0, peak=10.0, cut_at=NOW)
     soon = NOW + timedelta(seconds=5)
     assert learn_from_limit(cut, 9.0, soon, POLICY) == cut
-    above = LearnedRate(rate=10.5, peak=10.0, cut_at=NOW)
-    assert learn_from_limit(above, 12.0, soon, POLICY).rate == pytest.approx(8.4)
+    assert learn_from_limit(LearnedRate(8.9, 10.0, NOW), 9.0, soon, POLICY).rate == 8.9
+    halfway = LearnedRate(rate=9.0, peak=10.0, cut_at=NOW)
+    assert learn_from_limit(halfway, 12.0, soon, POLICY).rate == pytest.approx(7.2)
     late = NOW + POLICY.recover * 3
     assert learn_from_limit(cut, 9.0, late, POLICY).rate == pytest.approx(0.8 * 8.0)
     assert learn_from_limit(cut, 9.0, soon, PacePolicy(learn=False)) == cut

@@ -1,0 +1,84 @@
+"""Rate limits an API does not declare (issue 37), end to end: three ``synckit worker``
+processes poll a hostile API on loopback (synckit.testing.hostile) on each engine, with
+a connector that declares no rate limit and 429s that carry no header at all.
+
+The figures are the server's: its count of requests and refusals, and each tenant's
+timeline. Where time is the behaviour (random refusals must not slow a run much), the
+run is compared with a healthy run of the same workload measured in the same test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from test_flow_control_procs import breakers_open, summary
+
+from bench.sync import fresh_database, run_workers
+from synckit.testing.hostile import Behaviour, HostileAPI
+
+WORKERS = 3
+#: Random refusals may cost at most this share of the healthy run's wall time (issue 37's
+#: bar). Each costs its tenant the default first pace (1 s) and the refused request; at
+#: ~2 pages a second and 5% refused that is ~15%, the learnt rate's cuts the rest.
+RANDOM_429_BUDGET = 1.3
+#: The share of requests a limit the API does not declare may refuse (issue 37's bar).
+REFUSED_BUDGET = 0.05
+
+
+async def test_bare_429s_at_random_cost_at_most_thirty_percent_of_the_healthy_time(
+    migrated_url: str, engine_name: str, tmp_path: Path
+) -> None:
+    """5% of requests answer a 429 with no header at all (no limit declared, none
+    enforced): the run finishes within 1.3x a healthy run of the same workload measured
+    just before it, with no breaker opening and no attempt spent. A 60 s first pace (the
+    old default) would take minutes."""
+    api = HostileAPI()
+    healthy = Behaviour(pages=30, records=5, latency=0.5, seed=11)
+    faulty = dataclasses.replace(healthy, random_429=0.05, random_retry_after=None)
+    with api.serve_in_thread():
+        base = await run_workers(
+            migrated_url, api, healthy, tenants=3, workers=WORKERS, within=120,
+            logs_dir=tmp_path / "healthy",
+        )  # fmt: skip
+        assert base.done, summary(base)
+        async with fresh_database(engine_name, tmp_path) as url:
+            run = await run_workers(
+                url, api, faulty, tenants=3, workers=WORKERS, within=120,
+                logs_dir=tmp_path / "faulty",
+            )  # fmt: skip
+            still_open = await breakers_open(url)
+    assert run.stats.random_429 >= 2, "the seed must give the run some bare 429s"
+    assert run.done, summary(run)
+    assert run.breaker_opens == 0 and run.failed_attempts == 0, summary(run)
+    assert still_open == []
+    ratio = run.wall_s / base.wall_s
+    assert ratio <= RANDOM_429_BUDGET, (
+        f"{run.wall_s:.1f}s against {base.wall_s:.1f}s healthy ({ratio:.2f}x); {summary(run)}"
+    )
+
+
+async def test_an_undeclared_three_per_second_limit_converges_with_few_refusals(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    """The API allows 3 requests a second per tenant and says nothing: no header on any
+    answer, a bare 429 beyond it; the connector declares nothing. The tenants learn the
+    rate: at most 5% of all requests are refused, every tenant finishes, no breaker
+    opens, no attempt is spent."""
+    api = HostileAPI()
+    pages = 100
+    behaviour = Behaviour(pages=pages, records=5, latency=0.02, limit=3, bare_limit=True)
+    with api.serve_in_thread():
+        run = await run_workers(
+            migrated_url, api, behaviour, tenants=2, workers=WORKERS, within=150,
+            logs_dir=tmp_path,
+        )  # fmt: skip
+    st = run.stats
+    assert st.rate_limited > 0, "the limit must be met to test anything"
+    assert run.done, summary(run)
+    assert run.breaker_opens == 0 and run.failed_attempts == 0, summary(run)
+    share = st.rate_limited / st.requests
+    assert share <= REFUSED_BUDGET, f"{share:.1%} of requests refused; {summary(run)}"
+    for name, timeline in st.tenants.items():
+        assert timeline.pages_done == pages, name
+    assert await breakers_open(migrated_url) == []
