@@ -69,6 +69,7 @@ __all__ = [
     "plan_upgrade",
     "read_changes",
     "read_rows",
+    "recorded_spec",
     "recorded_specs",
     "table_sql",
     "take_seqs",
@@ -194,7 +195,13 @@ def _columns_of(recorded: Sequence[Mapping[str, Any]]) -> tuple[ColumnSpec, ...]
 
 
 def sa_table(spec: TableSpec, columns: Sequence[ColumnSpec] | None = None) -> Table:
-    """The SQLAlchemy table of ``spec`` (with ``columns``: those it was created with)."""
+    """The SQLAlchemy table of ``spec`` (with ``columns``: those it was created with);
+    one object per process for each, so that SQLAlchemy compiles its statements once."""
+    return _sa_table(spec, tuple(columns) if columns is not None else None)
+
+
+@functools.lru_cache(maxsize=256)
+def _sa_table(spec: TableSpec, columns: tuple[ColumnSpec, ...] | None) -> Table:
     md = MetaData()
     cols: list[Column[Any]] = [Column("tenant", String(200), nullable=False)]
     for c in columns if columns is not None else spec.columns:
@@ -299,6 +306,16 @@ def _upgrade_one(conn: Connection, o: TableOwner, now: dt.datetime) -> list[str]
         )
     )
     return [f"table {spec.table}: added {', '.join(c.name for c in add)}"]
+
+
+async def recorded_spec(db: Database, name: str) -> Any:
+    """The ``spec`` column of table ``name``'s ``record_tables`` row, or None."""
+
+    def run(conn: Connection) -> Any:
+        q = select(record_tables.c.spec).where(record_tables.c.name == name)
+        return conn.execute(q).scalar()
+
+    return await db.run_read(run)
 
 
 async def recorded_specs(db: Database) -> dict[str, Any]:
@@ -681,6 +698,9 @@ def _columns_for_read(recorded: Mapping[str, Any] | None, spec: TableSpec) -> Se
     return _columns_of(recorded.get("columns", []))
 
 
+_META = ("_synced_at", "_deleted_at", "_seq", "_added_seq")
+
+
 def _stored(row: Any, spec: TableSpec, columns: Sequence[ColumnSpec]) -> StoredRow:
     m = row._mapping
     return StoredRow(
@@ -716,6 +736,35 @@ async def read_changes(
         )
         return [_stored(r, spec, columns) for r in conn.execute(q)]
 
+    if db.is_postgres:
+        # The app's hot read: one statement on asyncpg's own connection, atomic alone (no
+        # BEGIN and COMMIT round trips), its rows decoded here. Through SQLAlchemy's
+        # result machinery a page of 100 took ~8 ms on a busy 2-core machine, ~0.8 here.
+        names = ["tenant", *(c.name for c in columns), *_META]
+        sql = (
+            f"SELECT {', '.join(names)} FROM {spec.table} WHERE tenant = $1 AND _seq > $2"
+            " ORDER BY _seq LIMIT $3"
+        )
+        jsons = {c.name for c in columns if c.kind == "json"}
+        async with db.raw_pg() as raw:
+            found = await raw.fetch(sql, tenant, since, limit)
+        out = []
+        for r in found:
+            data = {c.name: r[c.name] for c in columns}
+            for name in jsons:  # SQLAlchemy's pool gives jsonb decoded; a bare one, text
+                if isinstance(data[name], str):
+                    data[name] = json.loads(data[name])
+            out.append(
+                StoredRow(
+                    key=tuple(r[k] for k in spec.key),
+                    data=data,
+                    seq=int(r["_seq"]),
+                    added_seq=int(r["_added_seq"]),
+                    synced_at=r["_synced_at"],
+                    deleted_at=r["_deleted_at"],
+                )
+            )
+        return out
     return await db.run_read(run)
 
 
