@@ -64,6 +64,7 @@ __all__ = [
     "TableOwner",
     "TableSql",
     "is_record_error",
+    "live_keys",
     "lock_seqs",
     "notify_changes",
     "plan_upgrade",
@@ -664,6 +665,17 @@ def _cached(spec: TableSpec, postgres: bool) -> TableSql:
 def table_sql(spec: TableSpec, postgres: bool) -> TableSql:
     """The statements of ``spec``'s table on one engine (built once per process)."""
     return _cached(spec, postgres)
+
+
+def live_keys(conn: Connection, spec: TableSpec) -> dict[str, set[tuple[Any, ...]]]:
+    """The keys of every tenant's live rows of ``spec``'s table, on a synchronous
+    connection (the demo's reader, which reads beside the running worker)."""
+    t = sa_table(spec)
+    q = select(t.c.tenant, *(t.c[k] for k in spec.key)).where(t.c["_deleted_at"].is_(None))
+    out: dict[str, set[tuple[Any, ...]]] = {}
+    for r in conn.execute(q):
+        out.setdefault(r[0], set()).add(tuple(r[1:]))
+    return out
 
 
 def notify_changes(conn: Connection, tenant: str, stream: str) -> None:
