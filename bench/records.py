@@ -16,6 +16,8 @@ Each run gives ``records``, ``wall_s``, ``records_per_s``, ``records_per_s_per_w
 ``worker_cpu_us_per_record`` (the workers' user + system CPU over the run, per record
 fetched), ``db_cpu_us_per_record`` (PostgreSQL's server processes; on SQLite the
 database runs inside the workers, so it is part of the worker figure: null).
+``db_deadlocks`` (PostgreSQL) the deadlocks the server detected meanwhile (every
+database of the server: other users of a shared server count too).
 ``feed_query_ms_<engine>``: one change-feed page (100 changes) read at a cursor in the
 middle of a table of ``--feed-rows`` rows of one tenant (median of 20).
 """
@@ -256,11 +258,12 @@ async def _run(
     db: Any, tenants: list[str], procs: list[Any], records: int, setup: Any = None
 ) -> dict[str, Any]:
     """Enqueue a cycle per tenant and wait for them all: figures of the run."""
-    from bench.sync import postgres_cpu_seconds
+    from bench.sync import postgres_cpu_seconds, postgres_deadlocks
 
     pids = [p.pid for p in procs]
     if setup is not None:
         await setup()
+    deadlocks0 = await postgres_deadlocks(db, settle=0) if db.is_postgres else 0
     cpu0 = _cpu(pids)
     db0 = postgres_cpu_seconds() if db.is_postgres else 0.0
     after = datetime.now(UTC) - timedelta(milliseconds=1)
@@ -277,7 +280,9 @@ async def _run(
     db_cpu = postgres_cpu_seconds() - db0 if db.is_postgres else None
     wall = (last - first).total_seconds() if first and last else 0.0
     workers = len(procs)
+    deadlocks = await postgres_deadlocks(db) - deadlocks0 if db.is_postgres else None
     return {
+        "db_deadlocks": deadlocks,
         "records": records,
         "dead_cycles": dead,
         "wall_s": round(wall, 3),
