@@ -355,18 +355,22 @@ class RecordsReader:
         self._db = db
         self.decl = decl
         self.tenant = tenant
+        self._spec: Any = None  # the table's columns as created, read once
 
     async def database(self) -> Database:
         return self._db if isinstance(self._db, Database) else await self._db()
 
     async def _recorded(self) -> Any:
-        recorded = (await store.recorded_specs(await self.database())).get(self.decl.table)
+        if self._spec is not None:
+            return self._spec
+        recorded = await store.recorded_spec(await self.database(), self.decl.table)
         if recorded is None:
             raise ConfigurationError(
                 f"records table {self.decl.table!r} does not exist: run "
                 "`synckit db upgrade --app ...`"
             )
-        return recorded.spec
+        self._spec = recorded
+        return recorded
 
     async def changes(self, since: int = 0, limit: int = 100) -> Changes:
         """The changes after cursor ``since`` (0: from the start), oldest first, at most

@@ -64,11 +64,13 @@ __all__ = [
     "TableOwner",
     "TableSql",
     "is_record_error",
+    "live_keys",
     "lock_seqs",
     "notify_changes",
     "plan_upgrade",
     "read_changes",
     "read_rows",
+    "recorded_spec",
     "recorded_specs",
     "table_sql",
     "take_seqs",
@@ -194,7 +196,13 @@ def _columns_of(recorded: Sequence[Mapping[str, Any]]) -> tuple[ColumnSpec, ...]
 
 
 def sa_table(spec: TableSpec, columns: Sequence[ColumnSpec] | None = None) -> Table:
-    """The SQLAlchemy table of ``spec`` (with ``columns``: those it was created with)."""
+    """The SQLAlchemy table of ``spec`` (with ``columns``: those it was created with);
+    one object per process for each, so that SQLAlchemy compiles its statements once."""
+    return _sa_table(spec, tuple(columns) if columns is not None else None)
+
+
+@functools.lru_cache(maxsize=256)
+def _sa_table(spec: TableSpec, columns: tuple[ColumnSpec, ...] | None) -> Table:
     md = MetaData()
     cols: list[Column[Any]] = [Column("tenant", String(200), nullable=False)]
     for c in columns if columns is not None else spec.columns:
@@ -299,6 +307,16 @@ def _upgrade_one(conn: Connection, o: TableOwner, now: dt.datetime) -> list[str]
         )
     )
     return [f"table {spec.table}: added {', '.join(c.name for c in add)}"]
+
+
+async def recorded_spec(db: Database, name: str) -> Any:
+    """The ``spec`` column of table ``name``'s ``record_tables`` row, or None."""
+
+    def run(conn: Connection) -> Any:
+        q = select(record_tables.c.spec).where(record_tables.c.name == name)
+        return conn.execute(q).scalar()
+
+    return await db.run_read(run)
 
 
 async def recorded_specs(db: Database) -> dict[str, Any]:
@@ -649,6 +667,17 @@ def table_sql(spec: TableSpec, postgres: bool) -> TableSql:
     return _cached(spec, postgres)
 
 
+def live_keys(conn: Connection, spec: TableSpec) -> dict[str, set[tuple[Any, ...]]]:
+    """The keys of every tenant's live rows of ``spec``'s table, on a synchronous
+    connection (the demo's reader, which reads beside the running worker)."""
+    t = sa_table(spec)
+    q = select(t.c.tenant, *(t.c[k] for k in spec.key)).where(t.c["_deleted_at"].is_(None))
+    out: dict[str, set[tuple[Any, ...]]] = {}
+    for r in conn.execute(q):
+        out.setdefault(r[0], set()).add(tuple(r[1:]))
+    return out
+
+
 def notify_changes(conn: Connection, tenant: str, stream: str) -> None:
     """PostgreSQL: tell ``LISTEN synckit_records`` listeners, once this transaction
     commits, that rows of ``tenant``'s ``stream`` changed (payload ``tenant stream``)."""
@@ -679,6 +708,9 @@ def _columns_for_read(recorded: Mapping[str, Any] | None, spec: TableSpec) -> Se
     if recorded is None:
         return spec.columns
     return _columns_of(recorded.get("columns", []))
+
+
+_META = ("_synced_at", "_deleted_at", "_seq", "_added_seq")
 
 
 def _stored(row: Any, spec: TableSpec, columns: Sequence[ColumnSpec]) -> StoredRow:
@@ -716,6 +748,35 @@ async def read_changes(
         )
         return [_stored(r, spec, columns) for r in conn.execute(q)]
 
+    if db.is_postgres:
+        # The app's hot read: one statement on asyncpg's own connection, atomic alone (no
+        # BEGIN and COMMIT round trips), its rows decoded here. Through SQLAlchemy's
+        # result machinery a page of 100 took ~8 ms on a busy 2-core machine, ~0.8 here.
+        names = ["tenant", *(c.name for c in columns), *_META]
+        sql = (
+            f"SELECT {', '.join(names)} FROM {spec.table} WHERE tenant = $1 AND _seq > $2"
+            " ORDER BY _seq LIMIT $3"
+        )
+        jsons = {c.name for c in columns if c.kind == "json"}
+        async with db.raw_pg() as raw:
+            found = await raw.fetch(sql, tenant, since, limit)
+        out = []
+        for r in found:
+            data = {c.name: r[c.name] for c in columns}
+            for name in jsons:  # SQLAlchemy's pool gives jsonb decoded; a bare one, text
+                if isinstance(data[name], str):
+                    data[name] = json.loads(data[name])
+            out.append(
+                StoredRow(
+                    key=tuple(r[k] for k in spec.key),
+                    data=data,
+                    seq=int(r["_seq"]),
+                    added_seq=int(r["_added_seq"]),
+                    synced_at=r["_synced_at"],
+                    deleted_at=r["_deleted_at"],
+                )
+            )
+        return out
     return await db.run_read(run)
 
 

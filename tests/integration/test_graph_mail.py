@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from cryptography.fernet import Fernet
-from sqlalchemy import select
 
 from synckit import App, get_tenant, update_tenant
 from synckit.dlq import DlqFilter, iter_rows
@@ -24,7 +23,6 @@ from synckit.examples.graph_mail import (
     connect_tenant,
     enqueue_send,
     internet_message_id,
-    mail_messages,
     make_app,
 )
 from synckit.store.db import Database
@@ -55,6 +53,7 @@ async def base_url(sim: GraphSimulator) -> AsyncIterator[str]:
 @pytest.fixture
 async def app(synckit_db: Database, sim: GraphSimulator, base_url: str) -> App:
     app = make_app()
+    await app.upgrade_records(synckit_db)  # what `synckit db upgrade --app` does
     config = {
         "tenant_id": TENANT,
         "client_id": sim.client_id,
@@ -74,11 +73,9 @@ def _token_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def stored_ids(db: Database) -> set[str]:
-    async with db.begin() as conn:
-        rows = await conn.execute(
-            select(mail_messages.c.id).where(mail_messages.c.tenant == TENANT)
-        )
-        return {r.id for r in rows}
+    """The messages landed and not deleted, as the app reads them."""
+    rows = await make_app().records(TENANT, "messages", db=db).rows(limit=10_000)
+    return {r["id"] for r in rows}
 
 
 def inbox_ids(sim: GraphSimulator) -> set[str]:
@@ -172,7 +169,10 @@ async def test_malformed_messages_fail_alone_and_wait_for_review_as_validation_e
     assert {(r.error_class, r.status, r.kind) for r in rows} == {
         ("validation", "review", "record:messages")
     }
-    assert all(r.error_message.startswith("PermanentError: malformed message:") for r in rows)
+    assert all(
+        r.error_message.startswith("PermanentError: Message refused the record: receivedDateTime")
+        for r in rows
+    )
 
 
 # --- auth ----------------------------------------------------------------------------------

@@ -37,12 +37,17 @@ async def shop(db: Database, api: OrdersApi) -> AsyncIterator[records_app.App]:
     yield app
 
 
+def _key(r: Any) -> Any:
+    m = r._mapping
+    return m["id"] if "id" in m else (m["order_id"], m["n"])
+
+
 async def rows(db: Database, table: str, tenant: str = "acme") -> dict[str, Any]:
     async with db.read() as conn:
         found = await conn.execute(
             text(f"SELECT * FROM {table} WHERE tenant = :t ORDER BY _seq"), {"t": tenant}
         )
-        return {r._mapping.get("id", (r.order_id, r.n)): dict(r._mapping) for r in found}
+        return {_key(r): dict(r._mapping) for r in found}
 
 
 async def test_a_cycle_lands_every_page_in_its_table_with_children(

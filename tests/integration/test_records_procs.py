@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from procs import spawn_worker, stop_all  # tests/
 from sqlalchemy import text
 
-from synckit.store.db import Database, open_database
-from procs import spawn_worker, stop_all  # tests/
+from synckit.store.db import open_database
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "apps"))
-import records_app  # noqa: E402
-from records_app import OrdersApi, order  # noqa: E402
+import records_app
+from records_app import OrdersApi, order
 
 TENANTS = [f"t{i}" for i in range(6)]
 ORDERS = 3000  # 30 pages of 100

@@ -20,7 +20,7 @@ STILL_BUILDING_SQL: set[str] = set()
 
 # Example code that keeps its records in tables of its own, as a user's connector would:
 # it may build SQL on those (with SQLAlchemy), never on synckit's tables.
-OWN_TABLES = {"synckit.examples.graph_mail.mailbox"}
+OWN_TABLES: set[str] = set()
 
 
 def _modules() -> dict[str, set[str]]:

@@ -15,18 +15,18 @@ from synckit.examples.graph_mail.app import (
 )
 from synckit.examples.graph_mail.connector import (
     GRAPH_SCOPE,
+    MESSAGES,
     GraphMail,
     GraphMailConfig,
     Message,
     OutgoingMail,
-    create_tables,
     internet_message_id,
-    mail_messages,
 )
 from synckit.examples.graph_mail.simulator import GraphSimulator
 
 __all__ = [
     "GRAPH_SCOPE",
+    "MESSAGES",
     "SEND_KIND",
     "GraphMail",
     "GraphMailConfig",
@@ -35,9 +35,7 @@ __all__ = [
     "OutgoingMail",
     "SendMailJob",
     "connect_tenant",
-    "create_tables",
     "enqueue_send",
     "internet_message_id",
-    "mail_messages",
     "make_app",
 ]

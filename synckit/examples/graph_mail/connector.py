@@ -13,11 +13,14 @@ Read it top to bottom; each part teaches one thing synckit expects of a connecto
    ``@odata.nextLink``; the checkpoint stored after each page is the link to the next one,
    and after the last page the ``@odata.deltaLink``, so the next cycle asks only for what
    changed. A dead delta token (410 Gone) starts a full resync.
-4. **Records** (:meth:`GraphMail.handle`): validate each message with a pydantic model; a
-   malformed one fails alone, as a validation error, and waits in the dead-letter queue
-   for review. Good ones land in the ``mail_messages`` table (the example's own, in the
-   same database; not part of synckit's schema), through the named operations of
-   :mod:`synckit.examples.graph_mail.mailbox`: the connector builds no SQL.
+4. **Records** (``MESSAGES``): records as data. The stream declares what a message
+   becomes, a row of ``mail_messages`` (the :class:`Message` model's fields, keyed by
+   ``id``), and synckit does the rest: ``synckit db upgrade --app`` creates the table,
+   every page is validated and merged in the page's own transaction with its checkpoint
+   (a malformed message fails alone and waits in the dead-letter queue for review; the
+   others land), ``@removed`` marks a row deleted, and the last page of a full sync
+   sweeps the rows it did not see. The connector has no ``handle()``, no SQL, no
+   table. The app reads what changed with ``app.records(tenant, "messages").changes()``.
 5. **Writing** (:meth:`GraphMail.send_mail`): ``sendMail`` answers ``202`` with no id and
    is not idempotent. The send runs as an *intent*: we stamp the message with our own
    ``internetMessageId``, and a retry whose earlier attempt lost its answer first looks
@@ -35,7 +38,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SecretStr
 
 from synckit import (
     Connector,
@@ -44,23 +47,21 @@ from synckit import (
     OAuth2Config,
     Page,
     RateLimit,
+    Records,
     Stream,
     SyncContext,
 )
 from synckit.connectors.intents import IntentResult, RemoteRecord
 from synckit.errors import ErrorClass, PermanentError
-from synckit.examples.graph_mail import mailbox
-from synckit.examples.graph_mail.mailbox import create_tables, mail_messages
 
 __all__ = [
     "GRAPH_SCOPE",
+    "MESSAGES",
     "GraphMail",
     "GraphMailConfig",
     "Message",
     "OutgoingMail",
-    "create_tables",
     "internet_message_id",
-    "mail_messages",
 ]
 
 #: ``.default`` asks for the permissions the app was granted; ``offline_access`` for a
@@ -101,17 +102,9 @@ class GraphMailConfig(BaseModel):
 # --- what we keep of a message, and where -------------------------------------------------
 
 
-class EmailAddress(BaseModel):
-    address: str
-    name: str = ""
-
-
-class Recipient(BaseModel):
-    email_address: EmailAddress = Field(alias="emailAddress")
-
-
 class Message(BaseModel):
-    """The fields this connector relies on. Graph sends many more; they are ignored.
+    """A row of ``mail_messages``: the fields this connector keeps (Graph sends many
+    more; they are ignored). Aliases are Graph's names.
 
     Validating up front is what turns a message that breaks the contract into one
     clear dead letter ("receivedDateTime: Input should be a valid datetime") instead of
@@ -121,9 +114,33 @@ class Message(BaseModel):
     id: str
     subject: str
     received_at: AwareDatetime = Field(alias="receivedDateTime")
-    sender: Recipient = Field(alias="from")
+    sender: str
     internet_message_id: str = Field(alias="internetMessageId")
     is_read: bool = Field(default=False, alias="isRead")
+
+
+def message_row(record: Any) -> Any:
+    """Graph's message JSON as :class:`Message`'s input: the sender's address lifted out
+    of ``from.emailAddress`` (anything else is left for the model to judge)."""
+    if not isinstance(record, dict):
+        return record
+    sender = record.get("from")
+    address = sender.get("emailAddress") if isinstance(sender, dict) else None
+    if isinstance(address, dict) and "address" in address:
+        return {**record, "sender": address["address"]}
+    return record
+
+
+#: Where a tenant's messages land: one row per message id, Graph's ``@removed`` marks a
+#: row deleted, and a completed full sync deletes the rows it did not see.
+MESSAGES = Records(
+    Message,
+    table="mail_messages",
+    key="id",
+    map=message_row,
+    deleted=lambda record: isinstance(record, dict) and "@removed" in record,
+    sweep=True,
+)
 
 
 # --- writing: what a send looks like --------------------------------------------------------
@@ -151,7 +168,7 @@ class GraphMail(Connector[GraphMailConfig]):
     """Syncs one mail folder per tenant from Microsoft Graph, and sends mail."""
 
     name = "graph_mail"
-    streams = (Stream("messages"),)
+    streams = (Stream("messages", records=MESSAGES),)
     # Graph allows 4 concurrent requests per mailbox, and about 10,000 per 10 minutes.
     max_in_flight = 4
     rate_limit = RateLimit(per_second=15, burst=30)
@@ -183,7 +200,6 @@ class GraphMail(Connector[GraphMailConfig]):
         "fullSyncSince": iso}`` in the middle of one: a worker that dies mid-sync resumes at
         the page it was on, not at the beginning.
         """
-        await create_tables(ctx.db)
         stored = checkpoint or {}
         link: str | None = stored.get("nextLink") or stored.get("deltaLink")
         full_since: str | None = stored.get("fullSyncSince")
@@ -202,7 +218,15 @@ class GraphMail(Connector[GraphMailConfig]):
                         checkpoint = {"deltaLink": delta_link}
                     else:
                         raise PermanentError("last delta page without an @odata.deltaLink")
-                    yield Page(page.records, checkpoint=checkpoint)
+                    # A full sync lists what exists; it does not report what was deleted
+                    # while the delta token was dead: its last page sweeps the rows it did
+                    # not see (synckit does it, in that page's transaction).
+                    yield Page(
+                        page.records,
+                        checkpoint=checkpoint,
+                        full_sync=full_since,
+                        sweep=full_since is not None and page.next is None,
+                    )
                 break
             except PermanentError as exc:
                 # Graph answers 410 Gone (SyncStateNotFound) when a delta or skip token
@@ -213,48 +237,11 @@ class GraphMail(Connector[GraphMailConfig]):
                 ctx.log.warning("graph.delta_expired", error=str(exc)[:200])
                 link, full_since = self._full_sync()
                 started_over = True
-        # We are resumed here once the last page is committed.
-        if full_since is not None:
-            await self._forget_unseen(ctx, datetime.fromisoformat(full_since))
 
     def _full_sync(self) -> tuple[str, str]:
-        """The first link of a full sync, and when it started (for the final sweep)."""
+        """The first link of a full sync, and when it started (its id, for the sweep)."""
         url = f"{self.config.graph_url}/me/mailFolders/{self.config.folder}/messages/delta"
         return url, datetime.now(UTC).isoformat()
-
-    async def _forget_unseen(self, ctx: SyncContext, since: datetime) -> None:
-        # A full sync lists what exists; it does not report what was deleted while the
-        # delta token was dead. Rows it did not touch are gone from the mailbox.
-        forgotten = await mailbox.forget_unseen(ctx.db, self.tenant, self.config.folder, since)
-        if forgotten:
-            ctx.log.info("graph.unseen_forgotten", messages=forgotten)
-
-    # --- 4. records -----------------------------------------------------------------------
-
-    async def handle(self, ctx: SyncContext, record: Any) -> None:
-        """Store one message (or forget a deleted one). Raising fails this message only."""
-        await create_tables(ctx.db)
-        if isinstance(record, dict) and "@removed" in record:
-            await mailbox.forget_message(ctx.db, self.tenant, str(record.get("id")))
-            return
-        try:
-            message = Message.model_validate(record)
-        except ValidationError as exc:
-            # PermanentError is a validation failure to synckit: no retry, and the
-            # dead letter waits for a human (`synckit dlq ls --status review`).
-            raise PermanentError(f"malformed message: {_fields(exc)}") from exc
-        row = {
-            "tenant": self.tenant,
-            "id": message.id,
-            "folder": self.config.folder,
-            "internet_message_id": message.internet_message_id,
-            "subject": message.subject,
-            "sender": message.sender.email_address.address,
-            "received_at": message.received_at,
-            "is_read": message.is_read,
-            "synced_at": datetime.now(UTC),
-        }
-        await mailbox.upsert_message(ctx.db, row)
 
     # --- 5. writing -----------------------------------------------------------------------
 
@@ -302,9 +289,3 @@ class GraphMail(Connector[GraphMailConfig]):
 def _error_class(exc: BaseException) -> ErrorClass | None:
     classification = getattr(exc, "classification", None)
     return getattr(classification, "error_class", None)
-
-
-def _fields(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'message'}: {e['msg']}" for e in exc.errors()
-    )

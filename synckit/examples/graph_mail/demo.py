@@ -47,6 +47,7 @@ from synckit.runtime.http import SENT_AT
 from synckit.store import migrate
 from synckit.store.db import open_database
 from synckit.store.demo import DemoReader, snapshot_rows, summary_rows
+from synckit.store.records import live_keys
 
 if TYPE_CHECKING:
     from synckit.examples.graph_mail.simulator import GraphSimulator
@@ -245,6 +246,12 @@ def _resource_tenant(key: str) -> str:
     return key.split(":", 1)[1] if ":" in key else key
 
 
+def _synced_ids(conn: Any) -> dict[str, set[str]]:
+    """The ids of the messages landed (not deleted) per tenant."""
+    spec = _example().MESSAGES.spec
+    return {t: {k[0] for k in keys} for t, keys in live_keys(conn, spec).items()}
+
+
 def read_snapshot(reader: DemoReader, synced_ids: Callable[[Any], dict[str, set[str]]]) -> Snapshot:
     """The tables the live display shows, read while the worker runs (by a plain SQLite
     reader: in WAL mode it never blocks the worker's writes); ``synced_ids`` reads the
@@ -350,13 +357,14 @@ async def run_demo(
         with sim.serve_in_thread() as base_url:
             _intro(out, base_url, db_path, ephemeral_key)
             await migrate.upgrade(db)
-            await example.create_tables(db)
             app = example.make_app(
                 scheduler_every=timedelta(seconds=1),
                 transport=wire,
                 dlq_replay_every=None,
                 alerts_every=None,
             )
+            # What `synckit db upgrade --app` does: the declared mail_messages table.
+            await app.upgrade_records(db)
             enqueued: dict[str, list[str]] = {}
             for plan in PLANS:
                 config = {
@@ -398,7 +406,7 @@ async def run_demo(
                     out,
                     story,
                     sim,
-                    lambda: read_snapshot(reader, example.mailbox.synced_ids),
+                    lambda: read_snapshot(reader, _synced_ids),
                     enqueued,
                     runner,
                     converge_within=converge_within,
@@ -412,11 +420,31 @@ async def run_demo(
             elapsed = story.at()
             summary = _summary(reader, example, sim, wire, story, enqueued, elapsed, unmet, db_path)
             summary["next_commands"] = _next_commands(ephemeral_key)
+            summary["change_feed"] = await _read_changes(app, db)
     finally:
         await wire.inner.aclose()
         await db.dispose()
         reader.close()
     return DemoResult(summary, converged=not unmet)
+
+
+async def _read_changes(app: Any, db: Any) -> list[dict[str, Any]]:
+    """What an app does with the landed messages: read every change since its cursor
+    (0: the beginning), a page of 25 at a time, per tenant."""
+    out = []
+    for plan in PLANS:
+        feed = app.records(plan.tenant, "messages", db=db)
+        cursor, pages = 0, 0
+        ops: Counter[str] = Counter()
+        while True:
+            page = await feed.changes(since=cursor, limit=25)
+            pages += 1
+            ops.update(c.op for c in page.changes)
+            cursor = page.cursor
+            if not page.more:
+                break
+        out.append({"tenant": plan.tenant, "pages": pages, "cursor": cursor, **ops})
+    return out
 
 
 def _intro(out: Console, base_url: str, db_path: Path, ephemeral_key: bool) -> None:
@@ -665,7 +693,7 @@ def _summary(
     unmet: list[str],
     db_path: Path,
 ) -> dict[str, Any]:
-    final = read_snapshot(reader, example.mailbox.synced_ids)
+    final = read_snapshot(reader, _synced_ids)
     rows = reader.read(summary_rows)
     audit: dict[str, dict[str, int]] = defaultdict(lambda: {"ok": 0, "failed": 0})
     for r in rows.audit:
@@ -871,6 +899,25 @@ def render_summary(summary: dict[str, Any], out: Console) -> None:
             str(row["full_syncs"]),
         )
     out.print(t)
+
+    feed = summary.get("change_feed") or []
+    if feed:
+        t = Table(
+            title="The app reads what changed: app.records(tenant, 'messages').changes(since=...)",
+            title_justify="left",
+        )
+        for col in ("tenant", "added", "updated", "deleted", "feed pages", "cursor now"):
+            t.add_column(col)
+        for f in feed:
+            t.add_row(
+                f["tenant"],
+                str(f.get("added", 0)),
+                str(f.get("updated", 0)),
+                str(f.get("deleted", 0)),
+                str(f["pages"]),
+                str(f["cursor"]),
+            )
+        out.print(t)
 
     t = Table(title="Retries, and why (jobs.errors)", title_justify="left")
     for col in ("tenant", "class", "reason", "count"):
