@@ -26,6 +26,12 @@ from sqlalchemy.engine import make_url
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
 
+# Bytecode is cached even where $PYTHONDONTWRITEBYTECODE is set (this machine sets it):
+# every xdist worker collects every test module, and pytest, which rewrites their asserts,
+# then compiled them all again in each (~10 s of CPU a worker). From here on, the test
+# modules' rewritten bytecode is written beside them, as pytest does by default.
+sys.dont_write_bytecode = False
+
 # Test apps (handler registries, connectors) are importable in-process too.
 sys.path.insert(0, str(Path(__file__).parent / "apps"))
 

@@ -20,8 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 from click.testing import CliRunner
+from rich.console import Console
 
-from synckit.cli import cli
+from synckit.cli import cli, options
 
 _NOISY = ("httpx", "httpcore", "alembic")
 
@@ -48,11 +49,18 @@ def _invoke(
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     noisy = {name: logging.getLogger(name).level for name in _NOISY}
+    full_env = {"COLUMNS": "200", **(env or {})}
+    # The CLI's consoles read $COLUMNS when made, at import: give them the width a
+    # process started with this environment would have.
+    consoles = [c for c in vars(options).values() if isinstance(c, Console)]
+    widths = [c._width for c in consoles]
+    for c in consoles:
+        c.width = int(full_env["COLUMNS"])
     try:
-        result = CliRunner().invoke(
-            cli, list(args), env={"COLUMNS": "200", **(env or {})}, input=input
-        )
+        result = CliRunner().invoke(cli, list(args), env=full_env, input=input)
     finally:
+        for c, width in zip(consoles, widths, strict=True):
+            c._width = width
         structlog.configure(**saved)
         root.handlers[:] = handlers
         root.setLevel(level)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from engines import sqlite_only  # tests/
+from inprocess import run_cli  # tests/
 from sqlalchemy import update
 from waits import PROCESS_TIMEOUT  # tests/
 
@@ -27,7 +28,13 @@ APPS = Path(__file__).parent.parent / "apps"
 T = TypeVar("T")
 
 
-def synckit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def synckit(
+    *args: str, env: dict[str, str] | None = None, process: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``synckit ARGS`` in process (tests/inprocess.py), or as a process: the console
+    entry's own acceptance, kept for one test per command family."""
+    if not process:
+        return run_cli(*args, env={"COLUMNS": "250", **(env or {})})
     full_env = {
         **os.environ,
         "COLUMNS": "250",
@@ -39,8 +46,8 @@ def synckit(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
-def ok(*args: str, env: dict[str, str] | None = None) -> str:
-    result = synckit(*args, env=env)
+def ok(*args: str, env: dict[str, str] | None = None, process: bool = False) -> str:
+    result = synckit(*args, env=env, process=process)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -180,12 +187,12 @@ def test_ls_lists_filters_and_groups(migrated_url: str) -> None:
 def test_show_prints_payload_history_and_traceback(migrated_url: str) -> None:
     """show ID: the row's facts, payload, history and traceback; --json gives them all."""
     ids = seed(migrated_url)
-    out = ok("dlq", "show", str(ids["a2"]), "--database-url", migrated_url)
+    out = ok("dlq", "show", str(ids["a2"]), "--database-url", migrated_url, process=True)
     assert '"fail": "transient"' in out and "Traceback for a2" in out and "a2 failed" in out
     data = json.loads(ok("dlq", "show", str(ids["a2"]), "--json", "--database-url", migrated_url))
     assert data["payload"] == {"id": "a2", "fail": "transient"}
     assert data["history"][0]["source"] == "capture" and data["traceback"] == "Traceback for a2"
-    missing = synckit("dlq", "show", "999999", "--database-url", migrated_url)
+    missing = synckit("dlq", "show", "999999", "--database-url", migrated_url, process=True)
     assert missing.returncode == 2 and "no dead letter with id 999999" in missing.stderr
 
 

@@ -1,16 +1,16 @@
-"""`synckit outbox ls` and `synckit outbox retry` run as subprocesses, on both engines."""
+"""`synckit outbox ls` and `synckit outbox retry`, in process (tests/inprocess.py), on
+both engines."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from typing import Any
 
 from engines import sqlite_only  # tests/
-from waits import PROCESS_TIMEOUT  # tests/
+from inprocess import run_cli  # tests/
 
 from synckit.runtime import outbox
 from synckit.runtime.outbox import CallbackPublisher, NewMessage, OutboxMessage, PublishRejected
@@ -20,10 +20,7 @@ SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 
 
 def synckit(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run(
-        [*SYNCKIT, *args], capture_output=True, text=True, env=env, timeout=PROCESS_TIMEOUT
-    )
+    return run_cli(*args, env={"COLUMNS": "200"})  # in process (tests/inprocess.py)
 
 
 def seed(url: str) -> None:

@@ -1,6 +1,7 @@
-"""Corrupt rows and hostile config files against the CLI, as subprocesses, on both
-engines: read commands show what they cannot read as such and exit 0; a config file
-that cannot be read is one line, exit 2, nothing added."""
+"""Corrupt rows and hostile config files against the CLI, on both engines: read commands
+show what they cannot read as such and exit 0; a config file that cannot be read is one
+line, exit 2, nothing added. The commands run in process (tests/inprocess.py, an escaped
+exception shown as its traceback); `status` also as processes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 
 from click.testing import CliRunner
 from engines import sqlite_only  # tests/
+from inprocess import run_cli  # tests/
 from sqlalchemy import func, select, update
 from waits import PROCESS_TIMEOUT  # tests/
 
@@ -40,8 +42,13 @@ def with_db(url: str, make: Callable[[Database], Awaitable[T]]) -> T:
     return asyncio.run(go())
 
 
-def run_all(commands: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
-    """Each ``synckit`` command as its own process, all started at once."""
+def run_all(
+    commands: list[list[str]], *, process: bool = False
+) -> list[subprocess.CompletedProcess[str]]:
+    """Each ``synckit`` command in process, one after the other; or each as its own
+    process, all started at once."""
+    if not process:
+        return [run_cli(*args, env={"COLUMNS": "250"}) for args in commands]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
@@ -462,7 +469,7 @@ def test_status_reads_past_audit_buckets_that_cannot_be_read(
 
     with_db(migrated_url, go)
     db = ["--database-url", migrated_url]
-    results = run_all([["status", *db], ["status", "--json", *db]])
+    results = run_all([["status", *db], ["status", "--json", *db]], process=True)
     for r in results:
         assert r.returncode == 0 and "Traceback" not in r.stderr, (r.args, r.stderr)
     table, as_json = (r.stdout for r in results)

@@ -1,16 +1,14 @@
-"""`jobs ls` and `jobs show` on a corrupt row, as subprocesses on both engines: the cell
-shows as unreadable and the command exits 0."""
+"""`jobs ls` and `jobs show` on a corrupt row, in process (tests/inprocess.py) on both
+engines: the cell shows as unreadable and the command exits 0."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 
+from inprocess import run_cli  # tests/
 from sqlalchemy import text
-from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.store import jobs as store
 from synckit.store.db import open_database
@@ -21,14 +19,7 @@ BAD_TIME = {"sqlite": "'garbage'", "postgresql": "'20000-01-01'::timestamptz"}
 
 
 def synckit(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run(
-        [sys.executable, "-m", "synckit.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=PROCESS_TIMEOUT,
-    )
+    return run_cli(*args, env={"COLUMNS": "250"})  # in process (tests/inprocess.py)
 
 
 def test_jobs_ls_and_show_read_a_corrupt_job_as_unreadable(

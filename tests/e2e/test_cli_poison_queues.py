@@ -1,5 +1,5 @@
-"""Corrupt rows against `dlq ls|show|export`, `outbox ls` and `breakers ls`, as
-subprocesses on both engines: exit 0, no traceback, what cannot be read shown as such
+"""Corrupt rows against `dlq ls|show|export`, `outbox ls` and `breakers ls`, in process
+(tests/inprocess.py) on both engines: exit 0, no traceback, what cannot be read shown as such
 (null in JSON and named with a one-line reason, ``<unreadable>`` in tables).
 
 (Breaker times no datetime holds on PostgreSQL still fail `breakers ls`: its read lives in

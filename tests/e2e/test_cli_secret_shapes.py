@@ -1,4 +1,4 @@
-"""Every read command's output, as a real process, on both engines: secrets in every
+"""Every read command's output, on both engines: secrets in every
 shape of ``secret_shapes.SHAPES`` (29), stored as they came (rows written before
 redaction, or by a path that missed it), are printed by none of them (issue 16, done-when
 1: "seeded secrets in 20+ shapes are found nowhere ... every CLI command's output").
@@ -6,6 +6,9 @@ redaction, or by a path that missed it), are printed by none of them (issue 16, 
 The rows are written through the store and their text columns then overwritten raw, so
 what is checked here is the commands' own redaction of what they read; that the storage
 paths redact before writing is tests/integration/test_redaction_storage.py.
+
+The commands run in process (tests/inprocess.py: the same command, its logging set up the
+same way, without a Python start-up each); one of them runs as a real process too.
 """
 
 from __future__ import annotations
@@ -15,10 +18,10 @@ import os
 import subprocess
 import sys
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from inprocess import run_cli  # tests/
 from secret_shapes import SHAPES
 from sqlalchemy import insert, update
 from waits import PROCESS_TIMEOUT  # tests/
@@ -179,19 +182,20 @@ def test_no_read_command_prints_a_secret_in_any_shape(migrated_url: str) -> None
         ["outbox", "ls", "--limit", "100"],
         ["outbox", "ls", "--json", "--limit", "100"],
     ]
-    env = {**os.environ, "COLUMNS": "2000"}
-
-    def run(args: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*SYNCKIT, *args, "--database-url", migrated_url],
+    results = [
+        run_cli(*args, "--database-url", migrated_url, env={"COLUMNS": "2000"}) for args in commands
+    ]
+    as_process = ["status", "--json", "--limit", "100"]
+    commands.append(as_process)
+    results.append(
+        subprocess.run(
+            [*SYNCKIT, *as_process, "--database-url", migrated_url],
             capture_output=True,
             text=True,
-            env=env,
+            env={**os.environ, "COLUMNS": "2000"},
             timeout=PROCESS_TIMEOUT,
         )
-
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time: the machine's cores
-        results = list(pool.map(run, commands))
+    )
     leaks: dict[str, list[str]] = {}
     unmasked: list[str] = []
     for args, result in zip(commands, results, strict=True):

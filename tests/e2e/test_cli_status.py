@@ -1,4 +1,5 @@
-"""`synckit status` and `synckit worker --metrics-port`, run as subprocesses on both engines."""
+"""`synckit status` (in process, tests/inprocess.py) and `synckit worker --metrics-port` (a
+process), on both engines."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+from inprocess import run_cli  # tests/
 from sqlalchemy import insert, update
 from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
@@ -28,10 +30,8 @@ SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 
 
 def synckit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "COLUMNS": "250", **(env or {})}
-    return subprocess.run(
-        [*SYNCKIT, *args], capture_output=True, text=True, env=full_env, timeout=PROCESS_TIMEOUT
-    )
+    # In process (tests/inprocess.py); the worker below is a process.
+    return run_cli(*args, env={"COLUMNS": "250", **(env or {})})
 
 
 async def _seed(url: str) -> None:

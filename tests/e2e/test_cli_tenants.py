@@ -1,4 +1,5 @@
-"""`synckit tenants ...` and `synckit worker --app <App>` run as subprocesses, on both engines."""
+"""`synckit tenants ...` (in process, tests/inprocess.py; one test as a process) and
+`synckit worker --app <App>` (as a process), on both engines."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 from engines import sqlite_only  # tests/
+from inprocess import run_cli  # tests/
 from waits import PROCESS_TIMEOUT, stop, wait_until  # tests/
 
 from synckit.runtime.poll import load_checkpoint
@@ -34,7 +36,11 @@ def env(**extra: str) -> dict[str, str]:
     }
 
 
-def synckit(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+def synckit(
+    *args: str, process: bool = False, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
+    if not process:
+        return run_cli(*args, env=extra_env)
     return subprocess.run(
         [*SYNCKIT, *args],
         capture_output=True,
@@ -44,8 +50,8 @@ def synckit(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def tenants(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return synckit("tenants", *args, "--database-url", url)
+def tenants(url: str, *args: str, process: bool = False) -> subprocess.CompletedProcess[str]:
+    return synckit("tenants", *args, "--database-url", url, process=process)
 
 
 def ls(url: str, *args: str) -> list[dict[str, Any]]:
@@ -128,9 +134,11 @@ def test_refusals_are_one_line_with_exit_code_2(
 
 @sqlite_only
 def test_adding_a_tenant_twice_is_refused(migrated_url: str) -> None:
-    first = tenants(migrated_url, "add", "acme", "demo", "--set", "api_token=x", "--app", APP)
+    """As processes: the console entry's acceptance for the tenants commands."""
+    add = ("add", "acme", "demo", "--app", APP)
+    first = tenants(migrated_url, *add, "--set", "api_token=x", process=True)
     assert first.returncode == 0, first.stderr
-    again = tenants(migrated_url, "add", "acme", "demo", "--set", "api_token=y", "--app", APP)
+    again = tenants(migrated_url, *add, "--set", "api_token=y", process=True)
     assert again.returncode == 2 and "exists already" in again.stderr
 
 

@@ -1,32 +1,21 @@
-"""`synckit tenants import FILE` as a subprocess, on both engines."""
+"""`synckit tenants import FILE`, in process (tests/inprocess.py), on both engines."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from waits import PROCESS_TIMEOUT  # tests/
+from inprocess import run_cli  # tests/
 
 APPS = Path(__file__).parent.parent / "apps"
 APP = "connector_app:app"
 
 
 def tenants(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "synckit.cli", "tenants", *args, "--database-url", url],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=PROCESS_TIMEOUT,
-    )
+    # In process (tests/inprocess.py), as wide as a pipe's default.
+    return run_cli("tenants", *args, "--database-url", url, env={"COLUMNS": "80"})
 
 
 def ls(url: str) -> list[dict[str, Any]]:

@@ -6,21 +6,17 @@ traceback, redacted."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from html import unescape
 from typing import Any
 
+from inprocess import run_cli  # tests/
 from sqlalchemy import insert, select
 from starlette.testclient import TestClient
-from waits import PROCESS_TIMEOUT  # tests/
 from web_app import SECRET, app, seed
 
 from synckit.clock import utcnow
@@ -79,12 +75,7 @@ async def test_resolving_one_or_a_selection_writes_what_dlq_resolve_writes_and_i
         assert "1 dead letter(s) resolved" in client.get(one.headers["location"]).text
         some = post(client, "/dlq/action", action="resolve", ids=[str(a1), str(g0)])
         assert some.status_code == 303
-    cli = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "synckit.cli", "dlq", "resolve", str(a2),
-         "--database-url", migrated_url],
-        capture_output=True, text=True, timeout=PROCESS_TIMEOUT, env=dict(os.environ),
-    )  # fmt: skip
+    cli = run_cli("dlq", "resolve", str(a2), "--database-url", migrated_url)
     assert cli.returncode == 0 and "1 dead letter resolved" in cli.stdout, cli.stderr
     after = await dead_letter_rows(db)
 

@@ -8,14 +8,12 @@ get_command), so a command added later is checked without being listed here.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import click
 import pytest
-from waits import PROCESS_TIMEOUT  # tests/
+from inprocess import run_cli  # tests/
 
 from synckit.cli import cli
 
@@ -109,15 +107,11 @@ def test_every_numeric_argument_is_range_checked(
 def test_a_bad_number_is_one_error_line_and_exit_2(
     tmp_path: Path, args: list[str], says: str
 ) -> None:
-    """As a real process: exit 2, one ``Error:`` line naming the value (after click's usage
-    lines), no traceback; nothing is opened (the database URL names no file)."""
+    """Exit 2, one ``Error:`` line naming the value (after click's usage lines), no
+    traceback; nothing is opened (the database URL names no file). In process
+    (tests/inprocess.py): click refuses the value before any command code runs."""
     url = f"sqlite:///{tmp_path}/never.db"
-    result = subprocess.run(
-        [sys.executable, "-m", "synckit.cli", *args, "--database-url", url],
-        capture_output=True,
-        text=True,
-        timeout=PROCESS_TIMEOUT,
-    )
+    result = run_cli(*args, "--database-url", url)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
