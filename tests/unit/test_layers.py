@@ -325,6 +325,8 @@ def test_the_cli_imports_at_module_level() -> None:
         # `secrets keygen` needs no database, runtime or cryptography; check and rotate do.
         ("synckit.cli.secrets", "synckit.runtime"),
         ("synckit.cli.secrets", "synckit.runtime.secrets"),
+        # prometheus_client only for a worker given --metrics-port.
+        ("synckit.cli.worker", "synckit.runtime.metrics"),
         # The web extra (Starlette, Jinja2, uvicorn): only `synckit web` needs it.
         ("synckit.cli.web", "uvicorn"),
         ("synckit.cli.web", "synckit.web.app"),
