@@ -21,27 +21,64 @@ import threading
 import click
 
 from synckit.cli.options import LOG_SETTINGS, CliError, LazyGroup, LogSettings
-from synckit.runtime.logging import configure_logging
 
 __all__ = ["CliError", "cli", "main"]
 
 
 @click.group(
     cls=LazyGroup,
+    # Each command: where it lives, and the line ``synckit --help`` shows for it (its
+    # help's first sentence, held to it by tests/unit/test_command_imports.py), so that
+    # listing the commands imports none of them.
     lazy={
-        "breakers": "synckit.cli.breakers:breakers",
-        "db": "synckit.cli.db:db",
-        "demo": "synckit.cli.demo:demo_command",
-        "dlq": "synckit.cli.dlq:dlq",
-        "jobs": "synckit.cli.jobs:jobs",
-        "outbox": "synckit.cli.outbox:outbox",
-        "records": "synckit.cli.records:records_group",
-        "secrets": "synckit.cli.secrets:secrets_group",
-        "status": "synckit.cli.status:status_cmd",
-        "sync": "synckit.cli.sync:sync_command",
-        "tenants": "synckit.cli.tenants:tenants",
-        "web": "synckit.cli.web:web_command",
-        "worker": "synckit.cli.worker:worker_cmd",
+        "breakers": (
+            "synckit.cli.breakers:breakers",
+            "Circuit breakers and pacing per resource (tenant connection or whole API).",
+        ),
+        "db": ("synckit.cli.db:db", "Create and migrate the synckit schema."),
+        "demo": (
+            "synckit.cli.demo:demo_command",
+            "Sync three Graph mail tenants against a simulated Graph, and show what happened.",
+        ),
+        "dlq": (
+            "synckit.cli.dlq:dlq",
+            "Inspect, replay, resolve, ignore, purge and export dead letters.",
+        ),
+        "jobs": ("synckit.cli.jobs:jobs", "List, inspect and change jobs."),
+        "outbox": (
+            "synckit.cli.outbox:outbox",
+            "Inspect the transactional outbox and retry failed messages.",
+        ),
+        "records": (
+            "synckit.cli.records:records_group",
+            "Read the rows a stream's declared records landed in, and their changes.",
+        ),
+        "secrets": (
+            "synckit.cli.secrets:secrets_group",
+            "Make a key, check that it opens every stored secret, re-seal under a new key.",
+        ),
+        "status": (
+            "synckit.cli.status:status_cmd",
+            "Show tenants (breaker, lag, error budget, DLQ), queue depth and alerts at a glance.",
+        ),
+        "sync": (
+            "synckit.cli.sync:sync_command",
+            "Run TENANT's poll cycle now, through the queue (a worker runs it).",
+        ),
+        "tenants": (
+            "synckit.cli.tenants:tenants",
+            "Add, list, inspect, pause, resume and remove tenants.",
+        ),
+        "web": (
+            "synckit.cli.web:web_command",
+            "Serve the operator console: overview, tenants (and why they wait), jobs, dead "
+            "letters, outbox; live, with actions (pause, resume, sync now, re-authorise, "
+            "reset breaker, retry, cancel, replay, resolve, ignore).",
+        ),
+        "worker": (
+            "synckit.cli.worker:worker_cmd",
+            "Run jobs until SIGTERM/SIGINT (or, with --burst, until the queue is idle).",
+        ),
     },
 )
 @click.version_option(package_name="synckit")
@@ -68,6 +105,8 @@ def cli(log_level: str, log_format: str) -> None:
     Every command logs the same way: structured events on stderr, secrets redacted,
     so that stdout carries only the command's output (--json stays valid JSON).
     """
+    from synckit.runtime.logging import configure_logging  # structlog: not for --help
+
     json_lines = {"auto": None, "json": True, "console": False}[log_format.lower()]
     level = logging.getLevelName(log_level.upper())
     configure_logging(json_lines=json_lines, level=level, stream=sys.stderr)

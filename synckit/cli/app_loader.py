@@ -14,14 +14,17 @@ import inspect
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from synckit.app import App
 from synckit.cli.options import CliError
-from synckit.dlq.replay import Replayers
-from synckit.runtime.handlers import Registry
+
+# The option is declared by commands whose other subcommands need no application
+# (``secrets keygen``): the App and what it brings (httpx, the runtime) load with it.
+if TYPE_CHECKING:
+    from synckit.app import App
+    from synckit.runtime.handlers import Registry
 
 __all__ = [
     "APP_ENV",
@@ -97,6 +100,8 @@ def _refuse(spec: str | None, value: object) -> CliError:
 
 def load_app(spec: str | None) -> App:
     """The :class:`~synckit.App` named by ``--app``, or one CliError line."""
+    from synckit.app import App
+
     value = import_app_attribute(spec)
     if not isinstance(value, App):
         raise _refuse(spec, value)
@@ -106,6 +111,9 @@ def load_app(spec: str | None) -> App:
 def load_registry(spec: str | None, database_url: str | None) -> tuple[Registry, str | None]:
     """The job :class:`~synckit.Registry` of ``--app`` (an App's, or a Registry itself) and
     the database URL to open: ``database_url``, else an App's own ``database_url``."""
+    from synckit.app import App
+    from synckit.runtime.handlers import Registry
+
     value = import_app_attribute(spec)
     if isinstance(value, App):
         # The App's handlers must use the database this worker claims from.
@@ -118,6 +126,10 @@ def load_registry(spec: str | None, database_url: str | None) -> tuple[Registry,
 def load_replay_target(spec: str | None) -> object:
     """What ``dlq replay --app`` replays with: an App, a job Registry, Replayers, or an
     object offering ``replay_record``/``replayers``/``registry``; never called."""
+    from synckit.app import App
+    from synckit.dlq.replay import Replayers
+    from synckit.runtime.handlers import Registry
+
     value = import_app_attribute(spec)
     offers = any(hasattr(value, a) for a in ("replay_record", "replayers", "registry"))
     if (

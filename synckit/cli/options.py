@@ -6,27 +6,33 @@ JSON files, and untrusted text for rich output. The ``--app`` option and its loa
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.markup import escape as rich_escape
-from rich.text import Text
 
-from synckit import clock
 from synckit.errors.exceptions import SynckitError
 from synckit.printable import printable
 from synckit.redaction import redact_text
-from synckit.store.db import ENV_URL, Database, open_database, url_problem
+from synckit.store.urls import ENV_URL
+
+# Every command imports this module, ``synckit --help`` too: what only some commands use
+# (rich, asyncio, SQLAlchemy behind synckit.store.db) is imported where it is used;
+# tests/unit/test_command_imports.py holds each command to what it may import.
+if TYPE_CHECKING:
+    import asyncio
+    from datetime import timedelta
+
+    from rich.console import Console
+
+    from synckit.store.db import Database
 
 __all__ = [
     "JOB_ID",
@@ -74,22 +80,40 @@ def log_settings() -> LogSettings:
 class LazyGroup(click.Group):
     """A command group whose listed subcommands are imported only when used.
 
-    Each command module imports what it needs at its top; the group defers which
-    modules load, so that ``synckit jobs ls`` does not pay for the worker, Alembic,
-    authlib or the demo (every invocation pays for what it imports).
+    The group defers which command modules load, so that ``synckit jobs ls`` does not
+    pay for the worker, Alembic, authlib or the demo (every invocation pays for what it
+    imports), and its help lists the commands from their summaries (``lazy``: name to
+    ``("module:attribute", summary)``) without importing any.
     """
 
-    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lazy = lazy
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy})
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # click's own asks each command for its short help, which imports them all. A
+        # stand-in command holding the summary as its help gives the same line at any
+        # width (click cuts a help at its first sentence, or at the width).
+        listed: list[tuple[str, click.Command]] = []
+        for name in self.list_commands(ctx):
+            if name in self.lazy:
+                listed.append((name, click.Command(name, help=self.lazy[name][1])))
+                continue
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                listed.append((name, command))
+        if listed:
+            limit = formatter.width - 6 - max(len(name) for name, _ in listed)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, c.get_short_help_str(limit)) for name, c in listed])
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        spec = self.lazy.get(cmd_name)
-        if spec is None:
+        if cmd_name not in self.lazy:
             return super().get_command(ctx, cmd_name)
+        spec = self.lazy[cmd_name][0]
         module_name, _, attr = spec.partition(":")
         command = getattr(importlib.import_module(module_name), attr)
         assert isinstance(command, click.Command), spec
@@ -104,9 +128,23 @@ class LazyGroup(click.Group):
             raise CliError(str(exc)) from exc
 
 
-#: Where commands print their tables (stdout) and what is not their output (stderr).
-console = Console()
-err_console = Console(stderr=True)
+if TYPE_CHECKING:
+    #: Where commands print their tables (stdout) and what is not their output (stderr).
+    console: Console
+    err_console: Console
+
+
+def __getattr__(name: str) -> Any:
+    # ``console`` and ``err_console`` are made on first use (PEP 562): rich costs a
+    # tenth of ``synckit --help``'s start-up, which prints no table.
+    if name not in ("console", "err_console"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from rich.console import Console
+
+    made = Console(stderr=name == "err_console")
+    globals()[name] = made
+    return made
+
 
 # What the database's columns hold: a 64-bit id, a 32-bit priority. A value past them is
 # one line from click, not a driver's overflow traceback.
@@ -144,6 +182,8 @@ def _check_database_url(
         raise click.BadParameter(
             f"is empty: give a database URL or leave it (and ${ENV_URL}) unset", param=param
         )
+    from synckit.store.db import url_problem
+
     problem = url_problem(value)
     if problem is not None:
         raise click.BadParameter(problem, param=param)
@@ -191,6 +231,8 @@ def cell(value: object, width: int | None = None) -> Any:
     ``Invalid path [/v1/users]`` prints as it is instead of crashing the command, and its
     control characters shown escaped (:func:`synckit.printable.printable`), so a stored
     ``ESC ]0;`` never reaches the terminal. Without ``width`` its lines are kept."""
+    from rich.text import Text
+
     if value is None or value == "":
         return Text("-")
     text = redact_text(str(value))
@@ -203,7 +245,9 @@ def cell(value: object, width: int | None = None) -> Any:
 def markup_escaped(value: object) -> str:
     """Untrusted text inside a rich markup string: markup escaped, control characters
     shown escaped (newlines too)."""
-    return rich_escape(printable(str(value)))
+    from rich.markup import escape
+
+    return escape(printable(str(value)))
 
 
 def plain(value: object) -> str:
@@ -222,7 +266,7 @@ class CliError(click.ClickException):
         click.echo(f"error: {printable(self.format_message())}", err=True)
 
 
-LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+LoopFactory = Callable[[], "asyncio.AbstractEventLoop"]
 
 #: ``--loop``'s choices: ``auto`` is uvloop where it is installed, else asyncio's own.
 LOOPS = ("auto", "asyncio", "uvloop")
@@ -265,6 +309,10 @@ def run(
     loop's factory (:func:`loop_factory`); asyncio's own by default.
     """
 
+    import asyncio
+
+    from synckit.store.db import open_database
+
     async def main() -> T:
         db = open_database(url)
         try:
@@ -286,6 +334,8 @@ def run(
 def parse_duration(text: str) -> timedelta:
     """``90s``, ``10m``, ``2h``, ``7d`` or a plain number of seconds, up to 100 years
     (:func:`synckit.clock.parse_duration`), or one CliError line."""
+    from synckit import clock
+
     try:
         return clock.parse_duration(text)
     except ValueError as exc:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+from typing import TYPE_CHECKING
 
 import click
-from cryptography.fernet import Fernet
 
 from synckit.cli.app_loader import app_option, load_app
 from synckit.cli.options import CliError, database_option, run
-from synckit.runtime import keys
-from synckit.runtime.secrets import ENV_KEY, TokenCipher
-from synckit.store.db import Database
+
+# ``keygen`` needs none of the database, the runtime or cryptography: the subcommands
+# that do import them.
+if TYPE_CHECKING:
+    from synckit.store.db import Database
 
 
 @click.group("secrets")
@@ -27,7 +31,9 @@ def secrets_group() -> None:
 @secrets_group.command("keygen")
 def secrets_keygen() -> None:
     """Print a new key for SYNCKIT_SECRET_KEY."""
-    click.echo(Fernet.generate_key().decode())
+    # What Fernet.generate_key() does (32 random bytes, URL-safe base64), without
+    # importing cryptography; tests/e2e/test_cli_secrets.py opens a token with the key.
+    click.echo(base64.urlsafe_b64encode(os.urandom(32)).decode())
 
 
 @secrets_group.command("check")
@@ -36,6 +42,9 @@ def secrets_check(database_url: str | None) -> None:
     """Exit non-zero, naming the missing key and the tenants, unless every active
     tenant's tokens and config open with $SYNCKIT_SECRET_KEY (what a worker checks
     at start)."""
+    from synckit.runtime import keys
+    from synckit.runtime.secrets import TokenCipher
+
     cipher = TokenCipher.from_env()
 
     async def go(d: Database) -> str | None:
@@ -59,6 +68,9 @@ def secrets_rotate(app_spec: str | None, as_json: bool, database_url: str | None
     With --app, plaintext secrets in configs stored before synckit sealed them are
     sealed too (the connectors' models say which fields are secrets).
     """
+    from synckit.runtime import keys
+    from synckit.runtime.secrets import ENV_KEY, TokenCipher
+
     models = keys.models_of(load_app(app_spec)) if app_spec else None
     cipher = TokenCipher.from_env()
     if not cipher.encrypts:

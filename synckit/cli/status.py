@@ -17,7 +17,7 @@ from rich.table import Table
 from synckit.cli.options import cell, console, database_option, run
 from synckit.cli.options import markup_escaped as escape  # control characters too
 from synckit.runtime.status import ALERTS_ON_THE_SPOT, Status, read_status
-from synckit.runtime.tenants import CONNECTION_STATUSES
+from synckit.store.connections import CONNECTION_STATUSES
 from synckit.store.resources import BREAKER_STATES
 
 __all__ = ["render_status", "status_cmd"]

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from pydantic import BaseModel
 from rich.table import Table
 
-from synckit.app import App
 from synckit.cli.app_loader import app_option, app_option_saying, load_app
 from synckit.cli.options import (
     CliError,
@@ -41,7 +39,14 @@ from synckit.runtime.tenant_pages import (
     read_checkpoints,
     read_tenant,
 )
-from synckit.store.db import Database
+from synckit.store.connections import CONNECTION_STATUSES
+
+# Annotations only: the App (with the whole runtime and httpx) loads with --app.
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from synckit.app import App
+    from synckit.store.db import Database
 
 
 def _parse_config(config: str | None, config_file: str | None, sets: tuple[str, ...]) -> Any:
@@ -126,10 +131,19 @@ def _status(t: store.Tenant) -> str:
     cls=LazyGroup,
     lazy={
         # New tokens for a connection, which resumes it (authlib: loaded when used).
-        "connect": "synckit.cli.oauth:connect_command",
-        "reauth": "synckit.cli.oauth:reauth_command",
+        "connect": (
+            "synckit.cli.oauth:connect_command",
+            "Authorise TENANT in a browser (authorization code + PKCE) and resume it.",
+        ),
+        "reauth": (
+            "synckit.cli.oauth:reauth_command",
+            "Store TENANT's newly authorised tokens and make its connection active again.",
+        ),
         # Many tenants at once.
-        "import": "synckit.cli.bulk:import_command",
+        "import": (
+            "synckit.cli.bulk:import_command",
+            "Add the tenants of FILE: JSON lines, or CSV when it ends in .csv.",
+        ),
     },
 )
 def tenants() -> None:
@@ -280,7 +294,7 @@ def _echo_json(found: list[store.Tenant], app: App | None) -> None:
 
 def _counts(by_status: dict[str, int]) -> str:
     return ", ".join(
-        f"{n} {s}" if s in store.CONNECTION_STATUSES else f"{n} {s} (unknown)"
+        f"{n} {s}" if s in CONNECTION_STATUSES else f"{n} {s} (unknown)"
         for s, n in sorted(by_status.items())
     )
 

@@ -24,7 +24,6 @@ from synckit.cli.options import (
 from synckit.runtime.audit import audit_observer
 from synckit.runtime.context import prepare_process
 from synckit.runtime.keys import require_openable_secrets
-from synckit.runtime.metrics import metrics_observer, start_metrics_server
 from synckit.runtime.worker import OutcomeObserver, Worker, WorkerStats
 from synckit.store.db import Database
 
@@ -115,6 +114,9 @@ def worker_cmd(
         observers: list[OutcomeObserver] = [audit_observer()]
         server = None
         if metrics_port is not None:
+            # prometheus_client only for a worker that serves /metrics.
+            from synckit.runtime.metrics import metrics_observer, start_metrics_server
+
             observers.append(metrics_observer())
             server = await start_metrics_server(metrics_port, d, host=metrics_host)
         w = Worker(

@@ -17,8 +17,6 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from croniter import croniter
-
 from synckit.errors.exceptions import ConfigurationError
 
 DEFAULT_SCHEDULE = "every 5m"
@@ -50,6 +48,8 @@ class PollSchedule:
             n = (t - phase) // step + 1
             return datetime.fromtimestamp(n * step + phase, tz=moment.tzinfo or UTC)
         assert self.cron is not None
+        from croniter import croniter  # cron schedules only: `every 5m` never loads it
+
         nxt: datetime = croniter(self.cron, moment).get_next(datetime)
         return nxt
 
@@ -77,6 +77,8 @@ def parse_schedule(text: str) -> PollSchedule:
             )
         return PollSchedule(text=text.strip(), every=timedelta(seconds=seconds))
     expr = text.strip()
+    from croniter import croniter
+
     if croniter.is_valid(expr):
         problem = cron_problem(expr)
         if problem is not None:
@@ -93,6 +95,8 @@ def cron_problem(expr: str) -> str | None:
     year field, which ends; a date that never comes, like ``0 0 31 2 *``), or None."""
     if len(expr.split()) > 6:
         return "a year field is not supported: a schedule must keep firing"
+    from croniter import croniter
+
     try:
         croniter(expr, _CRON_PROBE).get_next(datetime)
     except (ValueError, OverflowError):  # CroniterBadDateError is a ValueError

@@ -76,8 +76,6 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, TypeVar, cast
 
-import httpx
-
 from synckit.errors.exceptions import (
     DatabaseUnavailable,
     HandlerOutcome,
@@ -88,7 +86,11 @@ from synckit.errors.exceptions import (
 )
 from synckit.errors.headers import MAX_WAIT, parse_rate_limit, server_wait_signal
 
+# httpx is imported where a failure is read, not here: the error kinds and classes of
+# this package are imported by every command, most of which never make an HTTP call.
 if TYPE_CHECKING:
+    import httpx
+
     from synckit.errors.error_body import ErrorDescription
 
 __all__ = [
@@ -318,6 +320,8 @@ def classify(
         return carried
     if exc is not None and issubclass(exc_type, HandlerOutcome):
         return _from_outcome(cast(HandlerOutcome, exc), rules)
+    import httpx
+
     if response is None and issubclass(exc_type, httpx.HTTPStatusError):
         response = _typed(_attribute(exc, "response"), httpx.Response)
     if response is not None:
@@ -432,6 +436,8 @@ def _from_outcome(exc: HandlerOutcome, rules: ClassifyRules) -> Classification:
 
 
 def _from_exception(exc: BaseException, rules: ClassifyRules) -> Classification:
+    import httpx
+
     reason = _describe(exc)
     exc_type = type(exc)
     if issubclass(exc_type, httpx.DecodingError):
@@ -581,6 +587,8 @@ def _matches(predicate: Callable[[httpx.Response], bool], response: httpx.Respon
 
 
 def _content(response: httpx.Response) -> bytes | None:
+    import httpx
+
     try:
         return response.content
     except httpx.ResponseNotRead:

@@ -16,11 +16,14 @@ from __future__ import annotations
 import email.utils
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, TypeAlias
 
-import httpx
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "MAX_WAIT",
@@ -33,7 +36,9 @@ __all__ = [
     "server_wait_signal",
 ]
 
-HeadersLike = httpx.Headers | Mapping[str, str]
+# A string, so that reading headers does not import httpx: httpx.Headers is a Mapping
+# too, named for the reader (and _header reads its repeated headers' first value).
+HeadersLike: TypeAlias = "httpx.Headers | Mapping[str, str]"
 
 #: Waits and resets further away than this are clamped to it.
 MAX_WAIT = timedelta(days=3653)
@@ -81,7 +86,8 @@ def _as_utc(moment: datetime) -> datetime:
 
 
 def _header(headers: HeadersLike, name: str) -> str | None:
-    if isinstance(headers, httpx.Headers):
+    loaded = sys.modules.get("httpx")  # httpx not loaded: these are no httpx.Headers
+    if loaded is not None and isinstance(headers, loaded.Headers):
         values = headers.get_list(name)
         return values[0] if values else None
     wanted = name.lower()

@@ -60,9 +60,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
 import structlog
 
 from synckit.clock import utcnow
@@ -100,6 +99,11 @@ from synckit.store.audit import (
     totals_by_version,
 )
 from synckit.store.db import Conn, Database
+
+# Only the webhook sink speaks HTTP: ``synckit status`` evaluates the rules on the spot
+# and must not pay for an HTTP client (tests/unit/test_command_imports.py).
+if TYPE_CHECKING:
+    import httpx
 
 ALERTS_KIND = "synckit.alerts"
 
@@ -985,6 +989,8 @@ class WebhookSink:
         if waits is None or min(waits) < timedelta(0):
             raise ValueError("backoff and max_backoff must be non-negative, finite seconds")
         self._waits = waits
+        import httpx
+
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ConfigurationError(
@@ -1005,6 +1011,8 @@ class WebhookSink:
         self.rng = rng
 
     async def __call__(self, alert: Alert) -> None:
+        import httpx
+
         body = alert.to_json()
         problem = ""
         if not self.allow_private:

@@ -13,7 +13,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from croniter import croniter
 
 from synckit.connectors.schedule import MAX_INTERVAL, cron_problem
 from synckit.errors.backoff import RetryPolicy
@@ -130,6 +129,8 @@ class Recurring:
         if (self.cron is None) == (self.every is None):
             raise ConfigurationError(f"recurring job {self.name!r}: give cron or every, not both")
         if self.cron is not None:
+            from croniter import croniter  # cron jobs only: croniter is a tenth of a start-up
+
             problem = "bad cron" if not croniter.is_valid(self.cron) else cron_problem(self.cron)
             if problem is not None:
                 raise ConfigurationError(f"recurring job {self.name!r}: {problem} {self.cron!r}")
@@ -151,6 +152,8 @@ class Recurring:
             n = int(moment.timestamp() // step) + 1
             return datetime.fromtimestamp(n * step, tz=moment.tzinfo)
         assert self.cron is not None
+        from croniter import croniter
+
         nxt: datetime = croniter(self.cron, moment).get_next(datetime)
         return nxt
 

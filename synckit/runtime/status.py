@@ -37,12 +37,12 @@ from synckit.runtime.alerts import (
 )
 from synckit.runtime.audit import Totals, totals_by_tenant, window_start
 from synckit.runtime.budget import BudgetPolicy
-from synckit.runtime.tenants import CONNECTION_STATUSES
 from synckit.runtime.unreadable_jobs import (
     StuckJob,
     count_unreadable_run_at,
     unreadable_run_at,
 )
+from synckit.store.connections import CONNECTION_STATUSES
 from synckit.store.db import Conn, Database
 from synckit.store.views import (
     BreakerInfo,

@@ -25,12 +25,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, Secret, SecretBytes, SecretStr
 
 from synckit.clock import utcnow
-from synckit.connectors.base import Connector
 from synckit.connectors.schedule import DEFAULT_SCHEDULE, parse_schedule
 from synckit.errors.exceptions import ConfigurationError, SynckitError
 from synckit.runtime import pacing
@@ -42,15 +41,20 @@ from synckit.runtime.config_secrets import (
     seal_config,
     secret_paths,
 )
-from synckit.runtime.poll import delete_checkpoints, delete_poll_ticks
 from synckit.runtime.secrets import SecretCorrupt, TokenCipher
 from synckit.store import connections as connection_store
 from synckit.store import jobs as job_store
+from synckit.store.checkpoints import delete_checkpoints
 from synckit.store.db import Database
 from synckit.store.resources import read_moments
+from synckit.store.ticks import delete_poll_ticks
+
+# Named in annotations only: connectors.base brings httpx, which `synckit tenants ls`
+# does not need.
+if TYPE_CHECKING:
+    from synckit.connectors.base import Connector
 
 __all__ = [
-    "CONNECTION_STATUSES",
     "ResealResult",
     "Tenant",
     "TenantError",
@@ -67,10 +71,6 @@ __all__ = [
     "unknown_fields",
     "update_tenant",
 ]
-
-#: The statuses the runtime writes in ``connections.status``; a row holding anything else
-#: is shown with its value marked unknown.
-CONNECTION_STATUSES = frozenset({"active", "paused", "needs_reauth"})
 
 #: The columns a tenant is read from (the store's; named here for the readers that
 #: parse rows with :func:`_tenant` too).
@@ -288,7 +288,7 @@ def _tenant(r: Any, *, reveal: bool, cipher: TokenCipher | None) -> Tenant:
             raise kind(f"tenant {r.tenant!r}: {exc}") from None
         config, paths, error = {}, [], str(exc)
     moments, bad = read_moments(r._mapping, ("created_at", "updated_at"))
-    if r.status not in CONNECTION_STATUSES:
+    if r.status not in connection_store.CONNECTION_STATUSES:
         bad = (("status", f"unknown status {str(r.status)[:60]!r}"), *bad)
     return Tenant(
         tenant=r.tenant,

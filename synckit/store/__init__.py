@@ -8,8 +8,21 @@ operators' reads (``views``, ``console``, ``pages``). ``tests/unit/test_layers.p
 every other module to it.
 """
 
-# The one column type of the store's that code outside it may use on tables of its own
-# (the Graph mail example's mail_messages): timezone-aware UTC on both engines.
-from synckit.store.tables import UTCDateTime
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from synckit.store.tables import UTCDateTime
+
+# The one column type of the store's that code outside it may use on tables of its own
+# (the Graph mail example's mail_messages): timezone-aware UTC on both engines. Loaded on
+# first use (PEP 562), so that importing a module of the store that needs no table
+# (``synckit.store.urls``) does not import SQLAlchemy.
 __all__ = ["UTCDateTime"]
+
+
+def __getattr__(name: str) -> Any:
+    if name != "UTCDateTime":
+        raise AttributeError(f"module 'synckit.store' has no attribute {name!r}")
+    from synckit.store.tables import UTCDateTime
+
+    return UTCDateTime

@@ -29,6 +29,11 @@ from synckit.store.tables import checkpoints, connections, dead_letters, pending
 #: The longest status reason stored (the cause first, then the hint).
 REASON_CHARS = 500
 
+#: The statuses the runtime writes in ``connections.status``; a row holding anything else
+#: is shown with its value marked unknown. (Here, not in synckit.runtime.tenants, so that
+#: ``synckit status`` reads them without importing pydantic and the ciphers.)
+CONNECTION_STATUSES = frozenset({"active", "paused", "needs_reauth"})
+
 
 class ConnectionNotFound(ConfigurationError):
     """No connection row for the tenant (create the tenant first)."""

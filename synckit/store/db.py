@@ -54,6 +54,7 @@ from synckit.errors.exceptions import (
     DatabaseError,
     DatabaseUnavailable,
 )
+from synckit.store.urls import database_url_from_env
 
 T = TypeVar("T")
 
@@ -65,14 +66,7 @@ SyncConn: TypeAlias = Connection
 
 log = logging.getLogger(__name__)
 
-DEFAULT_URL = "sqlite:///synckit.db"
-ENV_URL = "SYNCKIT_DATABASE_URL"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-
-
-def database_url_from_env(explicit: str | None = None) -> str:
-    """The URL to use: the explicit one, else ``$SYNCKIT_DATABASE_URL``, else the default."""
-    return explicit or os.environ.get(ENV_URL) or DEFAULT_URL
 
 
 def mask_url(url: str | URL) -> str:

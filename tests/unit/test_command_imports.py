@@ -1,0 +1,217 @@
+"""What each ``synckit`` command imports: only what it uses.
+
+Each command runs in a fresh interpreter (a subprocess: ``sys.modules`` is per process),
+through the click group as the console script runs it, and then the modules it loaded
+are read. A new top-level import that brings SQLAlchemy into ``--help``, or httpx into
+``status``, fails here with the chain to look at (``python -X importtime`` names it).
+The lists are explicit: a module is forbidden to a command because the command has no
+use for it, and each costs start-up CPU that every invocation (and every test that runs
+the CLI) pays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from engines import sqlite_only  # tests/
+from waits import PROCESS_TIMEOUT  # tests/
+
+from synckit.cli import cli
+from synckit.cli.options import LazyGroup
+
+APPS = Path(__file__).parent.parent / "apps"
+
+#: Runs ``synckit ARGS`` as the console script does, then prints the imported modules
+#: as the last line of stdout (the command's own output comes before it).
+RUNNER = """\
+import json, sys
+from synckit.cli import cli
+code = 0
+try:
+    cli.main(args=sys.argv[1:], prog_name="synckit", standalone_mode=False)
+except SystemExit as exc:
+    code = exc.code or 0
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    code = 1
+print()
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+#: Database drivers and the ORM: nothing that only lists commands or prints a key opens
+#: a database.
+DATABASE = ("sqlalchemy", "aiosqlite", "asyncpg", "sqlite3", "alembic", "synckit.store.db")
+#: The HTTP client and what rides on it (OAuth, the webhook sink's client).
+HTTP = ("httpx", "httpcore", "h11", "anyio", "authlib")
+#: The Graph mail demo, its simulator and the examples: only `synckit demo` loads them.
+DEMO = ("synckit.examples",)
+#: The operator console and its server: only `synckit web`.
+WEB = ("synckit.web", "starlette", "jinja2", "uvicorn")
+
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "--help": (
+        *DATABASE,
+        *HTTP,
+        *DEMO,
+        *WEB,
+        "cryptography",
+        "pydantic",
+        "rich",
+        "structlog",
+        "asyncio",
+        "croniter",
+        "synckit.app",
+        "synckit.runtime",
+    ),
+    "secrets keygen": (
+        *DATABASE,
+        *HTTP,
+        *DEMO,
+        *WEB,
+        "cryptography",
+        "pydantic",
+        "synckit.app",
+        "synckit.runtime.secrets",
+        "synckit.runtime.keys",
+    ),
+    # status evaluates the alert rules on the spot (its documented behaviour), so it
+    # loads synckit.runtime.alerts, but none of the sinks' HTTP client.
+    "status": (
+        *HTTP,
+        *DEMO,
+        *WEB,
+        "asyncpg",
+        "alembic",
+        "cryptography",
+        "pydantic",
+        "croniter",
+        "synckit.app",
+        "synckit.runtime.tenants",
+        "synckit.runtime.worker",
+        "synckit.runtime.poll",
+        "synckit.connectors.base",
+    ),
+    "tenants ls": (
+        *HTTP,
+        *DEMO,
+        *WEB,
+        "asyncpg",
+        "alembic",
+        "synckit.app",
+        "synckit.runtime.alerts",
+        "synckit.runtime.worker",
+        "synckit.runtime.poll",
+        "synckit.connectors.base",
+    ),
+    "jobs ls": (
+        *HTTP,
+        *DEMO,
+        *WEB,
+        "asyncpg",
+        "alembic",
+        "cryptography",
+        "pydantic",
+        "croniter",
+        "synckit.app",
+        "synckit.runtime.alerts",
+        "synckit.runtime.tenants",
+        "synckit.runtime.worker",
+    ),
+    # A worker runs the application's jobs: the HTTP client and the runtime are its
+    # work; the demo, the console, Alembic and (on SQLite) asyncpg are not.
+    "worker --app queue_app:registry --burst": (*DEMO, *WEB, "asyncpg", "alembic"),
+}
+
+
+def _imports(args: str, url: str, tmp_path: Path) -> tuple[str, set[str]]:
+    env = {
+        **os.environ,
+        "SYNCKIT_DATABASE_URL": url,
+        "SYNCKIT_LOG_FORMAT": "json",
+        "QUEUE_APP_LOG": str(tmp_path / "queue.log"),
+        "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("SYNCKIT_SECRET_KEY", None)
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER, *args.split()],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=PROCESS_TIMEOUT,
+    )
+    *output, last = done.stdout.rstrip("\n").split("\n")
+    result = json.loads(last)
+    assert result["code"] == 0, done.stderr
+    return "\n".join(output), set(result["modules"])
+
+
+def _loaded(forbidden: tuple[str, ...], modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == f or m.startswith(f + ".") for f in forbidden))
+
+
+@sqlite_only  # imports are per command, not per engine (asyncpg is PostgreSQL's own)
+@pytest.mark.parametrize("args", sorted(FORBIDDEN))
+def test_a_command_imports_none_of_what_it_does_not_use(
+    args: str, migrated_url: str, tmp_path: Path
+) -> None:
+    """Each command runs to its end (exit 0, its output printed) without importing any
+    module of its forbidden list."""
+    output, modules = _imports(args, migrated_url, tmp_path)
+    expected = {
+        "--help": "Commands:",
+        "secrets keygen": "=",  # a Fernet key: 44 characters of URL-safe base64
+        "status": "Tenants",
+        "tenants ls": "no tenants yet",
+        "jobs ls": "Jobs (0)",
+        "worker --app queue_app:registry --burst": '"succeeded": 0',
+    }[args]
+    assert expected in output, output
+    assert _loaded(FORBIDDEN[args], modules) == [], f"synckit {args} imports them"
+
+
+def test_the_probe_sees_a_forbidden_import() -> None:
+    """The check reads prefixes: a submodule of a forbidden package counts, a package
+    whose name merely starts the same does not."""
+    assert _loaded(("httpx",), {"httpx._client", "httpx"}) == ["httpx", "httpx._client"]
+    assert _loaded(("synckit.web",), {"synckit.webhooks", "synckit.web.app"}) == ["synckit.web.app"]
+
+
+def test_the_key_keygen_prints_opens_what_it_seals() -> None:
+    """`secrets keygen` makes its key without cryptography; Fernet takes it as its own."""
+    from cryptography.fernet import Fernet
+
+    key = CliRunner().invoke(cli, ["secrets", "keygen"]).output.strip()
+    assert len(key) == 44
+    assert Fernet(key).decrypt(Fernet(key).encrypt(b"token")) == b"token"
+    assert CliRunner().invoke(cli, ["secrets", "keygen"]).output.strip() != key
+
+
+def _groups() -> list[tuple[str, LazyGroup]]:
+    from synckit.cli.tenants import tenants
+
+    assert isinstance(cli, LazyGroup) and isinstance(tenants, LazyGroup)
+    return [("synckit", cli), ("synckit tenants", tenants)]
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 100, 120, 200, 400])
+def test_help_lists_each_lazy_command_with_its_own_first_sentence(width: int) -> None:
+    """--help lists the commands from the summaries the group holds, without importing
+    them, and prints at any width what click prints from the commands themselves (each
+    one's short help: its help's first sentence, cut to the width)."""
+    import click
+
+    for where, group in _groups():
+        ctx = click.Context(group, info_name=where)
+        ours = click.HelpFormatter(width=width)
+        group.format_commands(ctx, ours)
+        clicks = click.HelpFormatter(width=width)
+        click.Group.format_commands(group, ctx, clicks)  # imports every command
+        assert "Commands:" in ours.getvalue()
+        assert ours.getvalue() == clicks.getvalue(), (where, width)
