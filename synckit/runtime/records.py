@@ -266,6 +266,8 @@ def land(conn: SyncConn, landing: Landing, now: dt.datetime) -> None:
     landing.changed = 0
     postgres = conn.dialect.name == "postgresql"
     parent, children = landing.batches[0], landing.batches[1:]
+    if children:  # the tables' sequences in name order, as every group takes them
+        store.lock_seqs(conn, landing.tables)
     psql = store.table_sql(parent.spec, postgres)
     n = len(parent.rows) + len(parent.deletes)
     if n:
