@@ -55,7 +55,7 @@ import structlog
 
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector, Page
-from synckit.connectors.records import Records
+from synckit.connectors.records import Records, key_from_raw
 from synckit.connectors.schedule import DEFAULT_SCHEDULE, PollSchedule, parse_schedule
 from synckit.errors.classify import Classification, classify
 from synckit.errors.exceptions import (
@@ -553,8 +553,12 @@ def _prepare_landing(
         records,
         failure_of,
         sync=page.full_sync,
-        sweep=page.sweep and not outcome.failures,
+        sweep=page.sweep,
     )
+    if page.full_sync is not None and outcome.failed_at:
+        # Records handle() failed still exist at the API: their rows are not swept.
+        seen = (key_from_raw(page.records[i], decl.spec) for i in sorted(outcome.failed_at))
+        landing.failed_keys.extend(k for k in seen if k is not None)
     for f in failures:
         ctx.log.warning(
             "record.failed", record_id=f.record_id, error_class=f.error_class, error=f.message[:300]

@@ -18,6 +18,7 @@ and changes since a cursor.
 from __future__ import annotations
 
 import datetime as dt
+import operator
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -89,19 +90,49 @@ class Landing:
         return [b.spec.table for b in self.batches]
 
 
-def _conversions(decl: Records) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Shape:
+    """How a validated model becomes a row: its fields' values in column order (one C
+    call), then the few columns that need converting (JSON, text from enums, times)."""
+
+    values: Callable[[Any], tuple[Any, ...]]
+    fixes: tuple[tuple[int, Callable[[Any], Any]], ...]
+    key: Callable[[Any], tuple[Any, ...]]
+
+
+_PLAIN = frozenset(("int", "bool", "date", "decimal", "float"))
+
+
+def _shape(spec: TableSpec) -> _Shape:
+    names = [c.name for c in spec.columns]
+    conv = dict(converters(spec))
+    fixes = tuple((i, conv[c.name]) for i, c in enumerate(spec.columns) if c.kind not in _PLAIN)
+    get = operator.itemgetter(*names)
+    getkey = operator.itemgetter(*spec.key)
+    return _Shape(
+        values=(lambda d: get(d)) if len(names) > 1 else (lambda d: (get(d),)),
+        fixes=fixes,
+        key=(lambda d: getkey(d)) if len(spec.key) > 1 else (lambda d: (getkey(d),)),
+    )
+
+
+def _conversions(decl: Records) -> dict[str, _Shape]:
     cached = decl.__dict__.get("_conversions")
     if cached is None:
-        cached = {r.table: converters(r.spec) for r in decl.tables()}
+        cached = {r.table: _shape(r.spec) for r in decl.tables()}
         object.__setattr__(decl, "_conversions", cached)
     return cached
 
 
-def _row(
-    obj: Any, spec: TableSpec, conv: Sequence[tuple[str, Callable[[Any], Any]]]
-) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    values = tuple(f(getattr(obj, name)) for name, f in conv)
-    return tuple(getattr(obj, k) for k in spec.key), values
+def _row(obj: Any, spec: TableSpec, shape: _Shape) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    d = obj.__dict__
+    values = shape.values(d)
+    if shape.fixes:
+        out = list(values)
+        for i, f in shape.fixes:
+            out[i] = f(out[i])
+        values = tuple(out)
+    return shape.key(d), values
 
 
 def _refusal(decl: Records, exc: ValidationError) -> PermanentError:
@@ -184,6 +215,8 @@ def prepare(
         parent.rows.append(values)
         parent.keys.append(key)
         parent.owners.append(i)
+        if not children:
+            continue
         pkey = key_text(key)
         for batch, crows in zip(children, kids, strict=True):
             batch.replaced.append(pkey)
@@ -266,6 +299,8 @@ def land(conn: SyncConn, landing: Landing, now: dt.datetime) -> None:
     landing.changed = 0
     postgres = conn.dialect.name == "postgresql"
     parent, children = landing.batches[0], landing.batches[1:]
+    if children:  # the tables' sequences in name order, as every group takes them
+        store.lock_seqs(conn, landing.tables)
     psql = store.table_sql(parent.spec, postgres)
     n = len(parent.rows) + len(parent.deletes)
     if n:
