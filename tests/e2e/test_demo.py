@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import hashlib
 import json
 import os
@@ -90,11 +91,35 @@ class DemoRun(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+def demo(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> DemoRun:
+    """One run of the demo for the whole test run: the xdist workers that take some of
+    these tests share it (the first runs it, the others wait for it and read its record)
+    rather than run it once each."""
+    if worker_id == "master":  # not distributed
+        return run_demo(tmp_path_factory.mktemp("demo"))
+    shared = tmp_path_factory.getbasetemp().parent  # this run's, common to its workers
+    record = shared / "demo.json"
+    with open(shared / "demo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if record.exists():
+            saved = json.loads(record.read_text())
+            return DemoRun(
+                saved["summary"], saved["human"], Path(saved["db"]), saved["elapsed"],
+                set(saved["leaks"]), saved["wal_seen"],
+            )  # fmt: skip
+        workdir = shared / "demo"
+        workdir.mkdir()
+        run = run_demo(workdir)
+        record.write_text(
+            json.dumps({**run._asdict(), "db": str(run.db), "leaks": sorted(run.leaks)})
+        )
+        return run
+
+
+def run_demo(workdir: Path) -> DemoRun:
     """One run of ``synckit demo --json`` as a newcomer runs it (no ``SYNCKIT_*`` variable
-    set, so it makes an ephemeral key), its database and write-ahead log scanned for the
-    demo's secrets while it runs and once more after it."""
-    workdir = tmp_path_factory.mktemp("demo")
+    set, so it makes an ephemeral key), in ``workdir``, its database and write-ahead log
+    scanned for the demo's secrets while it runs and once more after it."""
     (workdir / "synckit-demo.db").write_text("an old demo database, to be replaced")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYNCKIT_")}
     env["COLUMNS"] = "200"
