@@ -98,6 +98,7 @@ from synckit.store.audit import (
     totals_by_tenant,
     totals_by_version,
 )
+from synckit.store.connections import UNREADABLE_ROW_REASON
 from synckit.store.db import Conn, Database
 
 # Only the webhook sink speaks HTTP: ``synckit status`` evaluates the rules on the spot
@@ -584,8 +585,6 @@ class UnreadableConnectionRule:
     name: str = "unreadable_connection"
 
     def evaluate(self, data: AlertData) -> list[Alert]:
-        from synckit.runtime.keys import UNREADABLE_ROW_REASON
-
         return [
             Alert(
                 rule=self.name,

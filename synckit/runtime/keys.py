@@ -28,6 +28,7 @@ from synckit.runtime.secrets import (
     reseal_token_sets,
 )
 from synckit.store import connections as connection_store
+from synckit.store.connections import UNREADABLE_ROW_REASON
 from synckit.store.db import Database
 
 if TYPE_CHECKING:
@@ -65,9 +66,6 @@ class Unopenable:
     unnamed_seal: bool = False
 
 
-#: How the pause reason of a tenant held for an unreadable row starts (the
-#: ``unreadable_connection`` alert rule looks for it).
-UNREADABLE_ROW_REASON = "connection row unreadable:"
 
 
 async def find_unopenable(

@@ -33,6 +33,10 @@ REASON_CHARS = 500
 #: is shown with its value marked unknown. (Here, not in synckit.runtime.tenants, so that
 #: ``synckit status`` reads them without importing pydantic and the ciphers.)
 CONNECTION_STATUSES = frozenset({"active", "paused", "needs_reauth"})
+#: How the pause reason of a tenant held for an unreadable row starts (the worker's
+#: start check writes it, the ``unreadable_connection`` alert rule looks for it; here,
+#: beside the statuses, so ``synckit status`` reads it without the key machinery).
+UNREADABLE_ROW_REASON = "connection row unreadable:"
 
 
 class ConnectionNotFound(ConfigurationError):
