@@ -41,6 +41,7 @@ __all__ = ["CliError", "cli", "main"]
         "tenants": "synckit.cli.tenants:tenants",
         "web": "synckit.cli.web:web_command",
         "worker": "synckit.cli.worker:worker_cmd",
+        "workers": "synckit.cli.workers:workers",
     },
 )
 @click.version_option(package_name="synckit")

@@ -26,6 +26,7 @@ TABLES = {
     "cron_ticks",
     "pending_authorizations",
     "poll_ticks",
+    "workers",
 }
 
 
