@@ -450,6 +450,7 @@ async def tenants_page(request: Request) -> Response:
         status=q.get("status") or None,
         connector=q.get("connector") or None,
         after=q.get("after") or None,
+        prefix=q.get("prefix") or None,
     )
     running = await job_store.running_counts(db, [t.resource_key for t in page.rows])
     now = utcnow()
@@ -475,7 +476,7 @@ async def tenants_page(request: Request) -> Response:
         "tenants.html",
         rows=rows,
         page=page,
-        filters={"status": q.get("status", ""), "connector": q.get("connector", "")},
+        filters={k: q.get(k, "") for k in ("status", "connector", "prefix")},
         next_query=_next_query(request, "after", page.next_cursor),
     )
 

@@ -666,3 +666,22 @@ async def test_a_request_naming_another_host_is_refused(db: Database, migrated_u
         ok = client.get("/", headers={**auth, "host": "console.example.com"})
         assert ok.status_code == 200
         assert client.get("/", headers={**auth, "host": "evil.example"}).status_code == 400
+
+
+async def test_tenants_are_searched_by_name_prefix(db: Database, migrated_url: str) -> None:
+    """Issue 34: "name starts with" on /tenants; exact (case and _ are literal)."""
+    await seed(db)
+    for name in ("ACME-eu", "acme-us", "acmeXx", "acme_x"):
+        await app.add_tenant(db, name, "shop", {"api_key": "k" * 20})
+    with console(migrated_url) as client:
+
+        def listed(prefix: str) -> list[str]:
+            html = client.get("/tenants", params={"prefix": prefix}).text
+            table = html.split('id="tenants"', 1)[1].split("</table>", 1)[0]
+            return re.findall(r'href="/tenants/([^"]+)"', table)
+
+        assert listed("acme") == ["acme", "acme-us", "acmeXx", "acme_x"]
+        assert listed("acme_") == ["acme_x"]  # not LIKE's any-one-character
+        assert listed("acme%") == []
+        assert listed("ACME") == ["ACME-eu"]
+        assert listed("zzz") == []
