@@ -79,6 +79,10 @@ __all__ = ["CliError", "cli", "main"]
             "synckit.cli.worker:worker_cmd",
             "Run jobs until SIGTERM/SIGINT (or, with --burst, until the queue is idle).",
         ),
+        "workers": (
+            "synckit.cli.workers:workers",
+            "Worker processes: who runs jobs, where, and whether they are still alive.",
+        ),
     },
 )
 @click.version_option(package_name="synckit")

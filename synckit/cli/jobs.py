@@ -157,11 +157,13 @@ def _iso(value: object) -> str:
 
 @jobs.command("show")
 @click.argument("job_id", type=JOB_ID)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on one line (for scripts).")
 @database_option
-def jobs_show(job_id: int, database_url: str | None) -> None:
-    """Show one job with its payload and error history (JSON)."""
+def jobs_show(job_id: int, as_json: bool, database_url: str | None) -> None:
+    """Show one job with its payload and error history (JSON, indented; --json: one
+    line, as `jobs ls --json` prints each job)."""
     info = run(lambda d: store.get_job(d, job_id), database_url)
-    click.echo(json.dumps(_job_json(info), indent=2, sort_keys=True))
+    click.echo(json.dumps(_job_json(info), indent=None if as_json else 2, sort_keys=True))
 
 
 def _job_action(make: Callable[[Database], Awaitable[JobInfo]], url: str | None) -> None:

@@ -87,6 +87,14 @@ __all__ = ["worker_cmd"]
     envvar="SYNCKIT_LOOP",
     help="Event loop: uvloop where installed (auto), or asyncio's own (or $SYNCKIT_LOOP).",
 )
+@click.option(
+    "--presence-every",
+    type=Seconds(0.1, 3600),
+    default=5.0,
+    show_default=True,
+    help="Seconds between this worker's presence heartbeats (synckit workers ls); "
+    "silent for three of them, it is shown as lost.",
+)
 @database_option
 def worker_cmd(
     app_spec: str | None,
@@ -99,6 +107,7 @@ def worker_cmd(
     metrics_port: int | None,
     metrics_host: str,
     loop_name: str,
+    presence_every: float,
     database_url: str | None,
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (or, with --burst, until the queue is idle)."""
@@ -128,6 +137,7 @@ def worker_cmd(
             grace_period=grace,
             observers=observers,
             charge_at="claim" if charge_at == "claim" else "start",
+            presence_every=presence_every,
         )
         received: list[signal.Signals] = []
         if not burst:

@@ -55,7 +55,7 @@ import hashlib
 import inspect
 import math
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -209,6 +209,17 @@ def _recent_rows(data: AlertData, window: timedelta) -> list[AuditRow]:
 # --- the rules (pure) -----------------------------------------------------------------
 
 
+#: How an alert names each class of failure it counts (a DNS failure, a refused
+#: connection or a timeout is ``transient``: a network failure, not a server error).
+_FAILURE_NAMES = {"server_error": "server errors", "transient": "network failures"}
+
+
+def _failures_text(by_class: Counter[str]) -> str:
+    """``8 network failures``, ``5 server errors``, ``5 server errors + 3 network failures``."""
+    parts = [f"{n} {_FAILURE_NAMES.get(c, c + ' failures')}" for c, n in by_class.items() if n]
+    return " + ".join(parts) or "0 failures"
+
+
 @dataclass(frozen=True)
 class ServerErrorBurst:
     """``threshold`` or more server-side failures within ``window`` for one connector.
@@ -226,6 +237,7 @@ class ServerErrorBurst:
 
     def evaluate(self, data: AlertData) -> list[Alert]:
         counts: dict[str, int] = defaultdict(int)
+        by_class: dict[str, Counter[str]] = defaultdict(Counter)
         tenants: dict[str, set[str]] = defaultdict(set)
         for r in _recent_rows(data, self.window):
             attempts = r.classes.attempts()
@@ -233,14 +245,16 @@ class ServerErrorBurst:
             if n:
                 counts[r.connector] += n
                 tenants[r.connector].add(r.tenant)
+                for c in self.classes:
+                    by_class[r.connector][c] += attempts.get(c, 0)
         minutes = self.window.total_seconds() / 60
         return [
             Alert(
                 rule=self.name,
                 subject=connector,
                 message=(
-                    f"{n} server errors in {minutes:g} min on connector {connector or '-'} "
-                    f"({len(tenants[connector])} tenant(s))"
+                    f"{_failures_text(by_class[connector])} in {minutes:g} min on connector "
+                    f"{connector or '-'} ({len(tenants[connector])} tenant(s))"
                 ),
                 fired_at=data.now,
                 window=window_key(data.now, self.repeat_every),

@@ -19,10 +19,11 @@ import re
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
+from datetime import date, datetime
 from typing import Any, TextIO
 
 import structlog
-from structlog.typing import Processor
+from structlog.typing import EventDict, Processor
 
 from synckit.printable import printable
 from synckit.redaction import (
@@ -68,6 +69,14 @@ _SCALARS = frozenset({int, float, bool, type(None)})
 _ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")
 
 
+def iso_times(_logger: Any, _method: str, event: EventDict) -> EventDict:
+    """Every ``datetime``/``date`` field as ISO 8601 text (never a Python repr)."""
+    for key, value in event.items():
+        if isinstance(value, (datetime, date)):
+            event[key] = value.isoformat()
+    return event
+
+
 def shared_processors() -> list[Processor]:
     """The pipeline every event passes before rendering (also usable with ``capture_logs``).
 
@@ -80,6 +89,7 @@ def shared_processors() -> list[Processor]:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),
         structlog.processors.format_exc_info,
+        iso_times,
         redact_secrets,
     ]
 

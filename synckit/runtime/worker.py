@@ -252,12 +252,18 @@ class Worker:
         max_wait: timedelta = DEFAULT_MAX_WAIT,
         pace_policy: PacePolicy | None = None,
         charge_at: Literal["start", "claim"] = "start",
+        presence_every: float = 5.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if charge_at not in ("start", "claim"):
             raise ValueError(f"charge_at must be 'start' or 'claim', not {charge_at!r}")
         self.charge_at = charge_at
+        if presence_every <= 0:
+            raise ValueError("presence_every must be positive")
+        #: Seconds between this worker's presence heartbeats (``synckit.store.workers``):
+        #: silent for three of them, it is shown as lost.
+        self.presence_every = presence_every
         self.start_lease = min(lease, start_lease or store.START_LEASE)
         self.max_wait = max_wait
         self.pace_policy = pace_policy or PacePolicy(max_wait=max_wait)
@@ -345,6 +351,7 @@ class Worker:
             asyncio.create_task(self._heartbeat(), name="synckit-heartbeat"),
         ]
         if not idle_exit:
+            background.append(asyncio.create_task(self._presence(), name="synckit-presence"))
             background.append(asyncio.create_task(self._maintenance(), name="synckit-maint"))
             if self.db.is_postgres:
                 background.append(asyncio.create_task(self._listen(), name="synckit-listen"))
@@ -1165,6 +1172,53 @@ class Worker:
             self._blocked_until[key] = until
 
     # --- background duties --------------------------------------------------------------
+
+    async def _presence(self) -> None:
+        """Register this worker, heartbeat every ``presence_every`` seconds with its jobs in
+        flight, and say it stopped when cancelled (the worker's end). Never fatal."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        from synckit.store import workers as presence
+
+        try:
+            ours = version("synckit")
+        except PackageNotFoundError:  # pragma: no cover - a source tree without metadata
+            ours = "unknown"
+        host, _, _ = self.worker_id.partition(":")
+
+        async def register() -> None:
+            await presence.register(
+                self.db,
+                self.worker_id,
+                host=socket.gethostname() or host,
+                pid=os.getpid(),
+                version=ours,
+                concurrency=self.concurrency,
+                heartbeat_seconds=self.presence_every,
+                now=self.clock(),
+            )
+
+        registered = False
+        try:
+            while True:
+                try:
+                    if not registered:
+                        await register()
+                        registered = True
+                    elif not await presence.beat(
+                        self.db, self.worker_id, in_flight=len(self._tasks), now=self.clock()
+                    ):
+                        registered = False
+                        continue
+                except Exception as exc:  # the worker must outlive any one failure
+                    self._log.warning("worker.presence_failed", error=str(exc))
+                await asyncio.sleep(self.presence_every)
+        finally:
+            if registered:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(
+                        presence.stopped(self.db, self.worker_id, now=self.clock())
+                    )
 
     async def _heartbeat(self) -> None:
         # Every third of the start lease while a job claimed ahead waits here (so that a

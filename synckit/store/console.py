@@ -117,8 +117,10 @@ async def tenant_page(
     after: str | None = None,
     limit: int = 50,
     only: str | None = None,
+    prefix: str | None = None,
 ) -> Page[TenantRow]:
-    """Tenants by name after ``after``, each with its resource's breaker and pacing."""
+    """Tenants by name after ``after``, each with its resource's breaker and pacing;
+    ``prefix``: only names starting with it (exactly, case and all, on both engines)."""
     size = page_size(limit)
     c, r = connections.c, resources.c
     stmt = (
@@ -148,6 +150,9 @@ async def tenant_page(
         stmt = stmt.where(c.tenant > after)
     if only is not None:
         stmt = stmt.where(c.tenant == only)
+    if prefix:
+        # Not LIKE: SQLite's ignores case, and the prefix may hold % or _.
+        stmt = stmt.where(func.substr(c.tenant, 1, len(prefix)) == prefix)
     async with db.read() as conn:
         rows = [
             TenantRow(

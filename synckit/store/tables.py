@@ -511,3 +511,23 @@ record_tables = Table(
     _ts("created_at", nullable=False),
     _ts("updated_at", nullable=False),
 )
+
+
+# Worker processes (migration 0014, synckit.store.workers): each registers when it
+# starts and heartbeats; one silent for longer than ``heartbeat_seconds`` x
+# ``LOST_AFTER_BEATS`` is lost.
+workers = Table(
+    "workers",
+    metadata,
+    Column("worker_id", String(200), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("version", String(64), nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("heartbeat_seconds", Float, nullable=False),
+    Column("in_flight", Integer, nullable=False, server_default="0"),
+    _ts("started_at", nullable=False),
+    _ts("last_seen_at", nullable=False),
+    _ts("stopped_at"),
+    Index("ix_workers_last_seen_at", "last_seen_at"),
+)

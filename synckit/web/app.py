@@ -50,6 +50,7 @@ from synckit.runtime.poll import POLL_KIND, list_checkpoints
 from synckit.store import console, pages
 from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
+from synckit.store import workers as worker_store
 from synckit.store.audit import Totals
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter
@@ -424,6 +425,7 @@ async def _overview_values(request: Request) -> dict[str, Any]:
         # A quiet hour costs an index probe of ix_alerts_fired_at.
         alerts = await recent_alerts(conn, since=now - timedelta(hours=1), limit=20)
     firing, evaluated = await _firing(_state(request), now)
+    seen = await worker_store.list_workers(db, now=now)
     peak = max([ok + failed for _m, ok, failed in per_minute] + [1])
     return {
         "per_minute": per_minute,
@@ -432,6 +434,8 @@ async def _overview_values(request: Request) -> dict[str, Any]:
         "last_hour": sum(ok + failed for _m, ok, failed in per_minute[-60:]),
         "firing": firing,
         "alerts_evaluated": evaluated,
+        "workers_alive": sum(1 for w in seen if w.state == "alive"),
+        "workers_lost": sum(1 for w in seen if w.state == "lost"),
         "growth": growth,
         "dlq_open": dlq_open,
         "outbox_pending": outbox_pending,
@@ -458,6 +462,7 @@ async def tenants_page(request: Request) -> Response:
         status=q.get("status") or None,
         connector=q.get("connector") or None,
         after=q.get("after") or None,
+        prefix=q.get("prefix") or None,
     )
     running = await job_store.running_counts(db, [t.resource_key for t in page.rows])
     now = utcnow()
@@ -483,7 +488,7 @@ async def tenants_page(request: Request) -> Response:
         "tenants.html",
         rows=rows,
         page=page,
-        filters={"status": q.get("status", ""), "connector": q.get("connector", "")},
+        filters={k: q.get(k, "") for k in ("status", "connector", "prefix")},
         next_query=_next_query(request, "after", page.next_cursor),
     )
 
@@ -512,6 +517,7 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
     why = tenant_why(
         cycle=cycle_facts(cycles[0]) if cycles else None,
         scheduled=await console.has_schedule(db, t.tenant),
+        workers_alive=await worker_store.alive_count(db, now=now),
         status=t.status,
         status_reason=_red(t.status_reason) or None,
         breaker=row.breaker if row else "closed",
@@ -1105,6 +1111,22 @@ async def outbox_action(request: Request) -> Response:
     return await _act(request, "outbox.retry", target, work, default="/outbox")
 
 
+# --- workers ----------------------------------------------------------------------------
+
+
+async def _workers_values(request: Request) -> dict[str, Any]:
+    found = await worker_store.list_workers(_state(request).database, now=utcnow())
+    return {"workers": found, "alive": sum(1 for w in found if w.state == "alive")}
+
+
+async def workers_page(request: Request) -> Response:
+    return render(request, "workers.html", **await _workers_values(request))
+
+
+async def workers_live(request: Request) -> Response:
+    return render(request, "_workers_live.html", **await _workers_values(request))
+
+
 # --- login ------------------------------------------------------------------------------
 
 
@@ -1174,6 +1196,8 @@ def create_app(config: WebConfig, *, database: Database | None = None) -> Starle
         Route("/dlq/export", dlq_export),
         Route("/dlq/{row_id:int}", dlq_row_page),
         Route("/outbox", outbox_page),
+        Route("/workers", workers_page),
+        Route("/live/workers", workers_live),
         Route("/outbox/retry", outbox_action, methods=["POST"]),
         Route("/login", login, methods=["GET", "POST"]),
         Route(CALLBACK_PATH, oauth_callback),

@@ -57,6 +57,8 @@ def test_jobs_lifecycle_through_the_cli(migrated_url: str, tmp_path: Path) -> No
     assert bad.returncode == 2 and "'finished' is not one of" in bad.stderr
     shown = json.loads(ok(synckit(migrated_url, "jobs", "show", "1")))
     assert shown["payload"] == {"n": 1} and shown["status"] == "pending"
+    one_line = ok(synckit(migrated_url, "jobs", "show", "1", "--json")).strip()
+    assert "\n" not in one_line and json.loads(one_line) == shown
     assert "priority 5" in ok(synckit(migrated_url, "jobs", "priority", "1", "5"))
     out = ok(synckit(migrated_url, "jobs", "reschedule", "2", "--at", "2031-01-01T00:00:00+00:00"))
     assert "2031-01-01" in out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -358,3 +359,50 @@ def test_the_throughput_bars_have_a_colour_and_a_height(browser: Any, tmp_path: 
     # The tallest minute (40 operations) fills the chart; 12 of 40 is about 30% of it.
     tallest = max(h for cls, h, _c in painted if cls == "ok")
     assert len([1 for cls, _h, _c in painted if cls == "ok"]) == 2 and tallest > 20
+
+
+# --- 4. workers ------------------------------------------------------------------------------
+
+
+def test_the_workers_page_lists_a_live_worker_and_marks_it_lost_once_killed(
+    browser: Any, tmp_path: Path
+) -> None:
+    url, _seeded = seeded_db(tmp_path)
+    worker = subprocess.Popen(
+        [
+            *SYNCKIT,
+            "worker",
+            "--app",
+            "web_app:app",
+            "--database-url",
+            url,
+            "--presence-every",
+            "0.5",
+            "--concurrency",
+            "3",
+        ],
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with console(url, tmp_path) as base, page_on(browser, base) as page:
+            page.goto("/workers")
+            row = page.locator(f"#workers tr:has(td:text-is('{worker.pid}'))")
+            # Live: the page refreshes itself every 0.5 s.
+            expect(row.locator(".worker-state")).to_have_text("alive", timeout=30_000)
+            assert "3" in row.inner_text()
+            page.goto("/")
+            expect(page.locator("#workers-alive")).to_have_text("1", timeout=10_000)
+            page.goto("/workers")
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(30)
+            killed = time.monotonic()
+            # Lost after 3 silent heartbeats (1.5 s); the budget is for a busy machine.
+            expect(row.locator(".worker-state")).to_have_text("lost", timeout=30_000)
+            assert time.monotonic() - killed >= 1.0  # not before its heartbeats ran out
+            assert "silent for more than 1s" in row.inner_text()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()

@@ -27,6 +27,7 @@ TABLES = {
     "cron_ticks",
     "pending_authorizations",
     "poll_ticks",
+    "workers",
 }
 
 

@@ -93,7 +93,9 @@ async def test_a_tenant_page_says_why_it_waits(db: Database, migrated_url: str) 
         assert "needs re-authorisation: invalid_grant: refresh token revoked" in listing
         globex = text_of(client.get("/tenants/globex").text)
         assert "(Retry-After)" in globex and "paced until" in globex
-        assert "nothing holds this tenant back" in text_of(client.get("/tenants/acme").text)
+        acme = client.get("/tenants/acme").text.split('id="why">', 1)[1].split("</ul>", 1)[0]
+        # Nothing the claim checks holds it; only that no worker runs here.
+        assert text_of(acme) == "no worker alive: nothing claims its jobs", acme
 
 
 async def test_an_action_without_the_csrf_token_is_refused(db: Database, migrated_url: str) -> None:
@@ -678,3 +680,22 @@ async def test_a_request_naming_another_host_is_refused(db: Database, migrated_u
         ok = client.get("/", headers={**auth, "host": "console.example.com"})
         assert ok.status_code == 200
         assert client.get("/", headers={**auth, "host": "evil.example"}).status_code == 400
+
+
+async def test_tenants_are_searched_by_name_prefix(db: Database, migrated_url: str) -> None:
+    """Issue 34: "name starts with" on /tenants; exact (case and _ are literal)."""
+    await seed(db)
+    for name in ("ACME-eu", "acme-us", "acmeXx", "acme_x"):
+        await app.add_tenant(db, name, "shop", {"api_key": "k" * 20})
+    with console(migrated_url) as client:
+
+        def listed(prefix: str) -> list[str]:
+            html = client.get("/tenants", params={"prefix": prefix}).text
+            table = html.split('id="tenants"', 1)[1].split("</table>", 1)[0]
+            return re.findall(r'href="/tenants/([^"]+)"', table)
+
+        assert listed("acme") == ["acme", "acme-us", "acmeXx", "acme_x"]
+        assert listed("acme_") == ["acme_x"]  # not LIKE's any-one-character
+        assert listed("acme%") == []
+        assert listed("ACME") == ["ACME-eu"]
+        assert listed("zzz") == []

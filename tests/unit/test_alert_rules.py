@@ -119,6 +119,16 @@ def test_five_server_errors_in_five_minutes_fire_for_the_connector() -> None:
     assert (alert.rule, alert.subject, alert.connector) == ("server_errors", "graph", "graph")
     assert alert.severity is Severity.CRITICAL
     assert alert.details == {"count": 5, "tenants": ["acme", "beta"]}
+    assert alert.message.startswith("3 server errors + 2 network failures in 5 min")
+
+
+def test_a_dns_failure_burst_is_named_a_network_failure() -> None:
+    """Issue 34: DNS failures (transient) fire the burst as network failures, not as
+    server errors."""
+    data = AlertData(now=NOW, recent=[row(1, retried={"transient": 8})])
+    [alert] = ServerErrorBurst().evaluate(data)
+    assert alert.message.startswith("8 network failures in 5 min on connector graph")
+    assert "server error" not in alert.message
 
 
 def test_server_errors_quiet_below_threshold_outside_window_or_split() -> None:

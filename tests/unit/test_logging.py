@@ -143,6 +143,18 @@ def test_console_output_is_readable_and_redacted() -> None:
     assert SECRETS[0] not in text
 
 
+@pytest.mark.parametrize("json_lines", [True, False])
+def test_times_are_logged_in_iso_8601(json_lines: bool) -> None:
+    """Issue 34: ``breaker.opened``'s ``cooldown_until`` (any datetime field) is ISO
+    text in both formats, never ``datetime.datetime(...)``."""
+    out = io.StringIO()
+    configure_logging(json_lines=json_lines, stream=out)
+    until = datetime(2026, 11, 28, 12, 30, 5, tzinfo=UTC)
+    structlog.get_logger("test").warning("breaker.opened", cooldown_until=until)
+    text = out.getvalue()
+    assert "2026-11-28T12:30:05+00:00" in text and "datetime.datetime" not in text
+
+
 def test_standard_library_records_are_redacted() -> None:
     """httpx-style stdlib log records pass the same redaction."""
     out = io.StringIO()
