@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from synckit.errors.classify import Classification, ErrorClass
 from synckit.errors.exceptions import ConfigurationError
@@ -115,6 +116,24 @@ class PacePolicy:
     recover: timedelta = timedelta(seconds=20)
     min_rate: float = 0.1
     learn_after: timedelta = timedelta(seconds=3)
+
+    if TYPE_CHECKING:
+        # The constructor takes durations as seconds too (``first=1.0``); the fields hold
+        # timedeltas once __post_init__ ran. Only the type checker sees this signature.
+        def __init__(
+            self,
+            first: timedelta | float = ...,
+            growth: float = ...,
+            cap: timedelta | float = ...,
+            forget_after: timedelta | float = ...,
+            max_wait: timedelta | float = ...,
+            first_waits: Mapping[str, timedelta | float] = ...,
+            learn: bool = ...,
+            decrease: float = ...,
+            recover: timedelta | float = ...,
+            min_rate: float = ...,
+            learn_after: timedelta | float = ...,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         for name in ("first", "cap", "forget_after", "max_wait", "recover", "learn_after"):
