@@ -29,7 +29,7 @@ from synckit.runtime import pacing
 from synckit.runtime.context import open_context
 from synckit.runtime.http import Pacer
 from synckit.store.db import Database, open_database
-from synckit.store.resources import configure_resource, get_resource
+from synckit.store.resources import configure_resource, get_resource, reset_resource
 from synckit.store.tables import resources
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -426,6 +426,8 @@ async def test_a_learnt_rate_is_cut_on_a_bare_429_and_paces_every_worker(db: Dat
         db, "api:l", told, sent_at=later, now=later, policy=PacePolicy(), accepted=1.0, learn=True
     )
     assert (await row(db, "api:l")).learned_rate == pytest.approx(grown)
+    await reset_resource(db, "api:l")  # an operator's reset: learnt again from scratch
+    assert (await row(db, "api:l")).learned_rate is None
 
 
 async def test_record_rate_limit_runs_in_a_synchronous_write_transaction(db: Database) -> None:
