@@ -12,6 +12,10 @@ Scenarios (``--scenarios``):
   Retry-After + ``X-RateLimit-*`` beyond it) and the connector declares that limit;
   ``wall_over_ideal``, ``http_429``;
 * ``undeclared``: the same server, nothing declared: ``wall_over_ideal``, ``share_429``;
+* ``undeclared_no_headers``: the same limit enforced with bare 429s (no ``Retry-After``,
+  no ``X-RateLimit-*`` on any answer), nothing declared: the tenants must learn the rate
+  (``PacePolicy``'s learnt rate): ``wall_over_ideal``, ``share_429``; bar: wall at most
+  1.5x ideal, at most 5% of requests refused;
 * ``random_429``: 5% of requests answer ``429 Retry-After: 1``, limit declared:
   ``wall_over_ideal``, ``breaker_opens`` (``breaker.opened`` events in the worker logs),
   ``failed_attempts`` (poll attempts spent beyond the one that succeeded, from ``jobs``),
@@ -41,7 +45,7 @@ scenario but ``zero_latency``): a tenant's pages are read one after another (the
 page's URL is in the previous answer), so one tenant alone makes at most
 ``1 / latency`` requests a second. At 100 ms that is the 10 req/s limit itself: the
 limit never binds, synckit and the baseline alike meet no 429 and the rate scenarios
-measure nothing about pacing. ``declared``, ``undeclared`` and ``random_429`` therefore
+measure nothing about pacing. ``declared``, both ``undeclared`` and ``random_429`` therefore
 answer in 20 ms (unthrottled, a tenant would make ~50 req/s, five times its limit), so
 the wall time is the pacing's and ``ideal`` stays ``requests / (tenants x limit)``.
 ``outage`` keeps 100 ms (its figure is recovery after a 3 s outage, which needs no
@@ -90,11 +94,19 @@ import flow_app  # noqa: E402  (tests/apps, made importable above)
 from procs import spawn_worker, stop_all  # noqa: E402
 
 PG_URL = os.environ.get("SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-SCENARIOS = ("declared", "undeclared", "random_429", "outage", "zero_latency")
+SCENARIOS = (
+    "declared",
+    "undeclared",
+    "undeclared_no_headers",
+    "random_429",
+    "outage",
+    "zero_latency",
+)
 #: The API's latency (seconds) per scenario; the module docstring says why.
 SCENARIO_LATENCY = {
     "declared": 0.02,
     "undeclared": 0.02,
+    "undeclared_no_headers": 0.02,
     "random_429": 0.02,
     "outage": 0.1,
     "zero_latency": 0.0,
@@ -504,6 +516,8 @@ def scenario_setup(name: str, s: Settings) -> tuple[Behaviour, float | None]:
         return base, s.limit
     if name == "undeclared":
         return base, None
+    if name == "undeclared_no_headers":
+        return dataclasses.replace(base, bare_limit=True), None
     if name == "random_429":
         return dataclasses.replace(base, random_429=0.05, random_retry_after=1.0, seed=14), s.limit
     if name == "outage":
@@ -519,7 +533,7 @@ def figures(name: str, s: Settings, run: FlowRun) -> dict[str, Any]:
     over = run.wall_s / s.ideal_s
     if name == "declared":
         return {"wall_over_ideal": over, "http_429": st.rate_limited}
-    if name == "undeclared":
+    if name in ("undeclared", "undeclared_no_headers"):
         return {"wall_over_ideal": over, "share_429": st.rate_limited / max(1, st.requests)}
     if name == "random_429":
         floor = retry_after_floor_s(s, st, retry_after=1.0)

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from synckit.errors.classify import Classification, ErrorClass
 from synckit.errors.exceptions import ConfigurationError
@@ -97,7 +98,7 @@ class PacePolicy:
 
     ``learn``: when the connector declares no :class:`~synckit.connectors.base.RateLimit`,
     refusals that name no wait teach the tenant a rate: a second one within
-    ``learn_after`` of another holds it just under the rate the API was accepting, each
+    ``learn_after`` of another cuts it below the rate the API let through, each
     later one
     cuts it to ``decrease`` times itself (never below ``min_rate`` requests a second), and
     each success raises it additively, so that a cut is regained in ``recover``
@@ -115,6 +116,24 @@ class PacePolicy:
     recover: timedelta = timedelta(seconds=20)
     min_rate: float = 0.1
     learn_after: timedelta = timedelta(seconds=3)
+
+    if TYPE_CHECKING:
+        # The constructor takes durations as seconds too (``first=1.0``); the fields hold
+        # timedeltas once __post_init__ ran. Only the type checker sees this signature.
+        def __init__(
+            self,
+            first: timedelta | float = ...,
+            growth: float = ...,
+            cap: timedelta | float = ...,
+            forget_after: timedelta | float = ...,
+            max_wait: timedelta | float = ...,
+            first_waits: Mapping[str, timedelta | float] = ...,
+            learn: bool = ...,
+            decrease: float = ...,
+            recover: timedelta | float = ...,
+            min_rate: float = ...,
+            learn_after: timedelta | float = ...,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         for name in ("first", "cap", "forget_after", "max_wait", "recover", "learn_after"):
@@ -285,15 +304,16 @@ def learn_from_limit(
 ) -> LearnedRate:
     """The learnt rate after a new rate-limit event that named no wait.
 
-    ``accepted`` is the rate of successes the reporting process saw in the second before
-    (None or 0: it does not know); ``previous_at`` when the resource's previous
-    rate-limit event began (None: there was none).
+    ``accepted`` is the rate the API let through to the reporting process (successes a
+    second in its busiest second lately; None or 0: it does not know); ``previous_at``
+    when the resource's previous rate-limit event began (None: there was none).
 
     Nothing learnt yet, one refusal alone is no limit (an API may refuse a request now
     and then): learning starts with a refusal that comes less than ``learn_after`` after
-    the previous one began, and holds the resource to a little under ``accepted``, the
-    rate the API just let through (halfway between it and a cut; ``accepted`` is the
-    peak). With a learnt rate, a refusal cuts it to ``decrease`` times itself, and the
+    the previous one began, and cuts the resource to ``decrease`` times ``accepted``
+    (a count of one second can straddle two of the API's windows and read high; the
+    peak is ``accepted``). With a learnt rate, a refusal cuts
+    it to ``decrease`` times itself, and the
     rate before the cut becomes the ``peak``. A refusal while the learnt rate has not yet
     regained half of the last cut, made less than three ``recover`` ago, is left alone:
     the cut took the rate below where the refusals began, so this one is not the rate's
@@ -311,8 +331,7 @@ def learn_from_limit(
         if since is None or not timedelta(0) <= since < policy.learn_after:
             return state
         peak = min(accepted, _MAX_LEARNED)
-        held = max(policy.min_rate, peak * (1 + policy.decrease) / 2)
-        return LearnedRate(rate=held, peak=peak, cut_at=now)
+        return LearnedRate(rate=max(policy.min_rate, peak * policy.decrease), peak=peak, cut_at=now)
     sending = state.rate
     if (
         state.peak is not None

@@ -89,10 +89,11 @@ MAX_INLINE_RETRIES = 3
 REFRESH_SECONDS = 0.5
 #: ``request.extensions`` key holding when the request left (after its pacing wait).
 SENT_AT = "synckit.sent_at"
-#: The span (seconds) over which a process counts the successes a refusal cuts a learnt
-#: rate from: one second, the window most undeclared limits count in, so a burst's
-#: successes are not read as a rate the API would keep accepting.
+#: The window (seconds) in which a process counts the successes a learnt rate starts
+#: from: one second, the window most undeclared limits count in.
 ACCEPTED_WINDOW = 1.0
+#: How far back (seconds) a process looks for its busiest such window.
+ACCEPTED_SPAN = 5.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -117,7 +118,7 @@ class _Shared:
     recording: int = 0
     recorded: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     #: Successes not yet added to a learnt rate; when the latest success was sent; the
-    #: monotonic times of the last second's successes (the rate a refusal cuts from).
+    #: monotonic times of the last few seconds' requests (the rate a refusal learns from).
     successes: int = 0
     succeeded_at: datetime | None = None
     #: When (monotonic) this process's latest request under a learnt rate may go or went.
@@ -130,13 +131,20 @@ class _Shared:
             self.succeeded_at = sent_at
         now = time.monotonic()
         self.accepted.append(now)
-        while self.accepted and self.accepted[0] < now - ACCEPTED_WINDOW:
+        while self.accepted and self.accepted[0] < now - ACCEPTED_SPAN:
             self.accepted.popleft()
 
     def accepted_rate(self) -> float:
-        """Successes a second over the last :data:`ACCEPTED_WINDOW` seconds."""
-        since = time.monotonic() - ACCEPTED_WINDOW
-        return sum(1 for t in self.accepted if t >= since) / ACCEPTED_WINDOW
+        """The most successes in any :data:`ACCEPTED_WINDOW` seconds of the last
+        :data:`ACCEPTED_SPAN`, per second: what the API let through in a window, read
+        where this process's own pace (or a random refusal) did not thin it out."""
+        times = [t for t in self.accepted if t >= time.monotonic() - ACCEPTED_SPAN]
+        most, first = 0, 0
+        for last, t in enumerate(times):
+            while t - times[first] > ACCEPTED_WINDOW:
+                first += 1
+            most = max(most, last - first + 1)
+        return most / ACCEPTED_WINDOW
 
 
 _shared_views: weakref.WeakValueDictionary[tuple[int, str, str], _Shared] = (

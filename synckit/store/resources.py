@@ -149,7 +149,8 @@ async def list_resources(db: Database) -> list[ResourceInfo]:
 
 
 async def reset_resource(db: Database, resource_key: str) -> ResourceInfo:
-    """Close the breaker and clear pacing of ``resource_key`` (an operator's reset).
+    """Close the breaker and clear pacing of ``resource_key`` (an operator's reset),
+    the learnt rate included: the tenant learns it again.
 
     Raises :class:`LookupError` when no resource has that key.
     """
@@ -171,6 +172,9 @@ async def reset_resource(db: Database, resource_key: str) -> ResourceInfo:
                 rate_limit_streak=0,
                 rate_limited_at=None,
                 paced_reason=None,
+                learned_rate=None,
+                learned_peak=None,
+                learned_cut_at=None,
                 window_start=None,
                 window_calls=0,
                 window_failures=0,

@@ -30,7 +30,7 @@ from synckit.runtime import pacing
 from synckit.runtime.context import open_context
 from synckit.runtime.http import Pacer
 from synckit.store.db import Database, open_database
-from synckit.store.resources import configure_resource, get_resource
+from synckit.store.resources import configure_resource, get_resource, reset_resource
 from synckit.store.tables import resources
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -392,19 +392,19 @@ async def test_a_github_secondary_limit_paces_a_minute(
 
 async def test_a_learnt_rate_is_cut_on_a_bare_429_and_paces_every_worker(db: Database) -> None:
     """Two bare 429s a second apart on a connector declaring nothing: the first learns
-    nothing, the second holds the tenant a little under the 4.4 successes a second seen
-    (0.9 x: 4/s, stored in the resource row); any process's next reservation is spaced
+    nothing, the second cuts the tenant to 0.8 x the 5 successes a second seen (4/s,
+    stored in the resource row); any process's next reservation is spaced
     at that rate; successes reported with a reservation raise it."""
     no_wait = classify(exc=RateLimited("x"), now=NOW)
     for at in (NOW - timedelta(seconds=1.5), NOW):
         await pacing.record_rate_limit(
-            db, "api:l", no_wait, sent_at=at, now=at, policy=PacePolicy(), accepted=40 / 9,
+            db, "api:l", no_wait, sent_at=at, now=at, policy=PacePolicy(), accepted=5.0,
             learn=True,
         )  # fmt: skip
         if at < NOW:
             assert (await row(db, "api:l")).learned_rate is None
     r = await row(db, "api:l")
-    assert (r.learned_rate, r.learned_peak) == (pytest.approx(4.0), pytest.approx(40 / 9))
+    assert (r.learned_rate, r.learned_peak) == (pytest.approx(4.0), pytest.approx(5.0))
     after = NOW + timedelta(seconds=3)  # the 2 s pace (2nd in a row) is over
 
     def take(conn: Any, successes: int, now: datetime) -> Any:
@@ -419,7 +419,7 @@ async def test_a_learnt_rate_is_cut_on_a_bare_429_and_paces_every_worker(db: Dat
     assert second.wait == pytest.approx(0.25)
     await db.write(take, 20, after)
     grown = (await row(db, "api:l")).learned_rate
-    assert grown == pytest.approx(4.0 + 20 * 0.2 * (40 / 9) / (20 * 4.0))
+    assert grown == pytest.approx(4.0 + 20 * 0.2 * 5.0 / (20 * 4.0))
     # A refusal that names its wait paces by it and leaves the learnt rate alone.
     told = classify(exc=RateLimited("x", retry_after=timedelta(seconds=1)), now=NOW)
     later = NOW + timedelta(seconds=60)
@@ -427,6 +427,8 @@ async def test_a_learnt_rate_is_cut_on_a_bare_429_and_paces_every_worker(db: Dat
         db, "api:l", told, sent_at=later, now=later, policy=PacePolicy(), accepted=1.0, learn=True
     )
     assert (await row(db, "api:l")).learned_rate == pytest.approx(grown)
+    await reset_resource(db, "api:l")  # an operator's reset: learnt again from scratch
+    assert (await row(db, "api:l")).learned_rate is None
 
 
 async def test_record_rate_limit_runs_in_a_synchronous_write_transaction(db: Database) -> None:

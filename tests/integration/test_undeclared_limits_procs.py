@@ -19,8 +19,9 @@ from synckit.testing.hostile import Behaviour, HostileAPI
 
 WORKERS = 3
 #: Random refusals may cost at most this share of the healthy run's wall time (issue 37's
-#: bar). Each costs its tenant the default first pace (1 s) and the refused request; at
-#: ~2 pages a second and 5% refused that is ~15%, the learnt rate's cuts the rest.
+#: bar). Each costs its tenant the default first pace (1 s) and the refused request (1 s
+#: here): at one page a second and 5% refused that is ~10%; two refusals close together
+#: start a learnt rate, whose cut and recovery cost a few seconds more (measured: 1.18x).
 RANDOM_429_BUDGET = 1.3
 #: The share of requests a limit the API does not declare may refuse (issue 37's bar).
 REFUSED_BUDGET = 0.05
@@ -34,17 +35,17 @@ async def test_bare_429s_at_random_cost_at_most_thirty_percent_of_the_healthy_ti
     just before it, with no breaker opening and no attempt spent. A 60 s first pace (the
     old default) would take minutes."""
     api = HostileAPI()
-    healthy = Behaviour(pages=30, records=5, latency=0.5, seed=11)
+    healthy = Behaviour(pages=30, records=5, latency=1.0, seed=11)
     faulty = dataclasses.replace(healthy, random_429=0.05, random_retry_after=None)
     with api.serve_in_thread():
         base = await run_workers(
-            migrated_url, api, healthy, tenants=3, workers=WORKERS, within=120,
+            migrated_url, api, healthy, tenants=3, workers=WORKERS, within=150,
             logs_dir=tmp_path / "healthy",
         )  # fmt: skip
         assert base.done, summary(base)
         async with fresh_database(engine_name, tmp_path) as url:
             run = await run_workers(
-                url, api, faulty, tenants=3, workers=WORKERS, within=120,
+                url, api, faulty, tenants=3, workers=WORKERS, within=150,
                 logs_dir=tmp_path / "faulty",
             )  # fmt: skip
             still_open = await breakers_open(url)

@@ -27,7 +27,7 @@ def _settings(*, tenants: int, pages: int, ideal_s: float) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("name", ["declared", "undeclared", "random_429"])
+@pytest.mark.parametrize("name", ["declared", "undeclared", "undeclared_no_headers", "random_429"])
 def test_a_rate_scenario_lets_one_tenant_alone_exceed_its_limit(name: str) -> None:
     """Pages are sequential: unless 1/latency exceeds the limit, the limit never binds."""
     s = Settings()
@@ -173,3 +173,10 @@ def test_a_run_reports_when_the_tenants_first_requests_came_and_their_spans() ->
     text = render(result)
     assert "first requests 0.3 / 0.5 s after the enqueue (median / last), median span 1.0 s" in text
     assert text.count("first requests") == 1
+
+
+def test_undeclared_no_headers_refuses_with_bare_429s_and_declares_nothing() -> None:
+    """The scenario of issue 37: the limit is enforced with 429s that carry no header, no
+    answer reports the quota, and the connector declares no limit."""
+    behaviour, declared = scenario_setup("undeclared_no_headers", Settings())
+    assert behaviour.bare_limit and declared is None

@@ -131,6 +131,7 @@ def test_write_only_connector_has_no_streams() -> None:
         ({"streams": (Stream("a"), Stream("a"))}, "declared twice"),
         ({"streams": Stream("a")}, "list of Stream"),
         ({"rate_limit": 5}, "rate_limit must be a RateLimit"),
+        ({"pace": 1.0}, "pace must be a PacePolicy"),
         ({"record_concurrency": 0}, "record_concurrency"),
         ({"max_in_flight": 0}, "max_in_flight"),
         ({"config_model": dict}, "config_model"),
@@ -319,3 +320,18 @@ def test_a_records_log_is_bound_to_its_record_when_used() -> None:
         ("again", "r1", "acme"),
     ]
     assert ctx.log is base
+
+
+def test_a_connectors_pace_is_held_to_its_max_wait() -> None:
+    """pace_policy_of: the declared PacePolicy (or the default), every wait within the
+    connector's max_wait."""
+    from datetime import timedelta
+
+    from synckit import PacePolicy
+    from synckit.connectors.base import pace_policy_of
+
+    short = type("Short", (Items,), {"max_wait": timedelta(minutes=5)})
+    assert pace_policy_of(short).max_wait == timedelta(minutes=5)
+    assert pace_policy_of(short).first == timedelta(seconds=1)
+    own = type("Own", (Items,), {"pace": PacePolicy(first=3.0, cap=60)})
+    assert pace_policy_of(own) == PacePolicy(first=3.0, cap=60)

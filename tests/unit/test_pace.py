@@ -499,18 +499,17 @@ def test_reserving_ahead_is_what_asking_once_per_request_would_leave(
 
 
 def test_learning_starts_with_a_second_refusal_soon_after_another() -> None:
-    """One refusal alone learns nothing; a second within learn_after holds the rate a
-    little under the successes a second just seen (0.9 x 3/s, 3 the peak); a later one
-    cuts it by decrease."""
+    """One refusal alone learns nothing; a second within learn_after cuts the rate to
+    0.8 x the successes a second just seen (3/s, the peak); a later one cuts it again."""
     assert learn_from_limit(LearnedRate(), 3.0, NOW, POLICY) == LearnedRate()
     long_ago = NOW - POLICY.learn_after
     assert learn_from_limit(LearnedRate(), 3.0, NOW, POLICY, long_ago) == LearnedRate()
     held = learn_from_limit(LearnedRate(), 3.0, NOW, POLICY, NOW - timedelta(seconds=1))
-    assert held == LearnedRate(rate=pytest.approx(2.7), peak=3.0, cut_at=NOW)
+    assert held == LearnedRate(rate=pytest.approx(2.4), peak=3.0, cut_at=NOW)
     soon = NOW - timedelta(seconds=1)
     assert learn_from_limit(LearnedRate(), None, NOW, POLICY, soon) == LearnedRate()
     cut = learn_from_limit(held, 3.0, NOW + timedelta(seconds=1), POLICY)
-    assert (cut.rate, cut.peak) == (pytest.approx(2.16), pytest.approx(2.7))
+    assert (cut.rate, cut.peak) == (pytest.approx(1.92), pytest.approx(2.4))
 
 
 def test_successes_regain_a_cut_in_recover_seconds() -> None:
