@@ -66,8 +66,6 @@ class Unopenable:
     unnamed_seal: bool = False
 
 
-
-
 async def find_unopenable(
     db: Database, cipher: TokenCipher, *, page: int = 1000
 ) -> list[Unopenable]:
