@@ -63,7 +63,8 @@ __all__ = ["CliError", "cli", "main"]
         ),
         "sync": (
             "synckit.cli.sync:sync_command",
-            "Run TENANT's poll cycle now, through the queue (a worker runs it).",
+            "Run TENANT's poll cycle now (or every active tenant's: --all, --connector NAME), "
+            "through the queue (a worker runs it).",
         ),
         "tenants": (
             "synckit.cli.tenants:tenants",
