@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 
 import click
+from rich.table import Table
 
 from synckit.cli.options import cell, console, database_option, run
+from synckit.clock import utcnow
+from synckit.store.db import Database
+from synckit.store.workers import WorkerRow, list_workers
 
 
 @click.group("workers")
@@ -20,12 +24,6 @@ def workers() -> None:
 @database_option
 def workers_ls(as_json: bool, database_url: str | None) -> None:
     """List the workers seen in the last day, the most recently seen first."""
-    from rich.table import Table
-
-    from synckit.clock import utcnow
-    from synckit.store.db import Database
-    from synckit.store.workers import WorkerRow, list_workers
-
     now = utcnow()
 
     async def read(d: Database) -> list[WorkerRow]:

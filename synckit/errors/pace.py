@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -339,7 +339,8 @@ def learn_from_limit(
         and timedelta(0) <= now - _utc(state.cut_at) < policy.recover * 3
         and sending < state.peak * (1 + policy.decrease) / 2
     ):
-        return state
+        # Left alone, but never below the floor (a rate stored under another policy).
+        return state if sending >= policy.min_rate else replace(state, rate=policy.min_rate)
     rate = min(max(policy.min_rate, policy.decrease * sending), _MAX_LEARNED)
     return LearnedRate(rate=rate, peak=min(sending, _MAX_LEARNED), cut_at=now)
 

@@ -57,7 +57,6 @@ def test_a_project_that_chose_strict_mode_keeps_it(tmp_path: Path) -> None:
 VCR_TEST = """
 import httpx
 import pytest
-from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.testing import FakeAPI
 

@@ -23,7 +23,6 @@ from datetime import timedelta
 
 import httpx
 import pytest
-from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.errors import is_testing
 from synckit.runtime.handlers import JobContext, Registry

@@ -500,7 +500,8 @@ def test_reserving_ahead_is_what_asking_once_per_request_would_leave(
 
 def test_learning_starts_with_a_second_refusal_soon_after_another() -> None:
     """One refusal alone learns nothing; a second within learn_after cuts the rate to
-    0.8 x the successes a second just seen (3/s, the peak); a later one cuts it again."""
+    0.8 x the successes a second just seen (3/s, the peak); a later one, once the rate
+    has regained half the cut, cuts it again."""
     assert learn_from_limit(LearnedRate(), 3.0, NOW, POLICY) == LearnedRate()
     long_ago = NOW - POLICY.learn_after
     assert learn_from_limit(LearnedRate(), 3.0, NOW, POLICY, long_ago) == LearnedRate()
@@ -508,8 +509,12 @@ def test_learning_starts_with_a_second_refusal_soon_after_another() -> None:
     assert held == LearnedRate(rate=pytest.approx(2.4), peak=3.0, cut_at=NOW)
     soon = NOW - timedelta(seconds=1)
     assert learn_from_limit(LearnedRate(), None, NOW, POLICY, soon) == LearnedRate()
-    cut = learn_from_limit(held, 3.0, NOW + timedelta(seconds=1), POLICY)
-    assert (cut.rate, cut.peak) == (pytest.approx(1.92), pytest.approx(2.4))
+    # Right after the cut, another refusal is not the new rate's doing: left alone.
+    assert learn_from_limit(held, 3.0, NOW + timedelta(seconds=1), POLICY) == held
+    # Once half the cut is regained (2.7/s), a refusal cuts again, from the rate sent.
+    regained = LearnedRate(rate=2.8, peak=3.0, cut_at=NOW)
+    cut = learn_from_limit(regained, 3.0, NOW + timedelta(seconds=1), POLICY)
+    assert (cut.rate, cut.peak) == (pytest.approx(2.24), pytest.approx(2.8))
 
 
 def test_successes_regain_a_cut_in_recover_seconds() -> None:
