@@ -21,7 +21,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from test_flow_control_procs import breakers_open, summary
 
 from bench.sync import fresh_database, run_workers
