@@ -27,6 +27,9 @@ TABLES = {
     "cron_ticks",
     "pending_authorizations",
     "poll_ticks",
+    "webhook_events",
+    "webhook_refusals",
+    "webhook_triggers",
 }
 
 
