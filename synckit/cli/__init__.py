@@ -7,7 +7,7 @@ code 2, never a traceback.
 
 Each command group is a module of this package (``jobs``, ``dlq``, ``tenants`` with
 ``oauth`` and ``bulk``, ``secrets``, ``demo``, ``breakers``, ``outbox``, ``status``, ``sync``,
-``worker``, ``db``, ``web``); ``options`` holds what they share and ``app_loader`` the
+``worker``, ``db``, ``web``, ``webhooks``); ``options`` holds what they share and ``app_loader`` the
 one ``--app`` loader. Nothing outside this package imports click or prints tables.
 The group imports a command's module when that command runs (:class:`LazyGroup`).
 """
@@ -41,6 +41,7 @@ __all__ = ["CliError", "cli", "main"]
         "sync": "synckit.cli.sync:sync_command",
         "tenants": "synckit.cli.tenants:tenants",
         "web": "synckit.cli.web:web_command",
+        "webhooks": "synckit.cli.webhooks:webhooks",
         "worker": "synckit.cli.worker:worker_cmd",
     },
 )

@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection
-
 from synckit.connectors.webhooks import (
     GraphNotifications,
     TenantFromBody,
@@ -43,7 +41,7 @@ from synckit.runtime.actions import poll_job_spec
 from synckit.runtime.handlers import Discard, JobContext, Registry
 from synckit.runtime.tenants import TenantNotFound, get_tenant, list_tenants
 from synckit.store import webhooks as inbox
-from synckit.store.db import Database
+from synckit.store.db import Database, SyncConn
 from synckit.store.jobs import JobSpec, enqueue_new_sync
 from synckit.store.leases import new_lease
 
@@ -114,7 +112,7 @@ def trigger_at(last: datetime | None, window: timedelta, now: datetime) -> datet
 async def _refuse(
     db: Database, connector: str, tenant: str, reason: str, now: datetime, log: Any
 ) -> Answer:
-    def tx(conn: Connection) -> None:
+    def tx(conn: SyncConn) -> None:
         inbox.count_refusal(conn, connector=connector, tenant=tenant, reason=reason, now=now)
 
     await db.write(tx)
@@ -222,7 +220,7 @@ async def _store(
     kept = {k: headers[k][:500] for k in decl.verify.kept_headers if k in headers}
     job = None if orphan_of is not None else process_job_spec(connector, tenant)
 
-    def tx(conn: Connection) -> inbox.Stored:
+    def tx(conn: SyncConn) -> inbox.Stored:
         return inbox.store_events(
             conn,
             connector=connector,
@@ -277,7 +275,7 @@ async def process_events(
         lease = new_lease(LEASE, now=app.clock())
         now = app.clock()
 
-        def claim(conn: Connection, now: datetime = now, token: Any = lease) -> list[Any]:
+        def claim(conn: SyncConn, now: datetime = now, token: Any = lease) -> list[Any]:
             return inbox.claim_pending(
                 conn, connector=connector, tenant=tenant, lease=token, now=now, limit=BATCH
             )
@@ -302,7 +300,7 @@ async def _trigger(
     now = app.clock()
     ids = [r.id for r in rows]
 
-    def tx(conn: Connection) -> list[int]:
+    def tx(conn: SyncConn) -> list[int]:
         if t is not None and t.connector == cls.name and t.status == "active" and streams:
             last = inbox.lock_triggers(conn, tenant, [s.name for s in streams])
             for s in streams:
@@ -356,7 +354,7 @@ async def _run_hook(
 
 
 async def _fail(db: Database, rows: Sequence[Any], failed: Mapping[int, str], token: str) -> None:
-    def tx(conn: Connection) -> None:
+    def tx(conn: SyncConn) -> None:
         for r in rows:
             if r.id in failed:
                 give_up = r.attempts >= MAX_EVENT_ATTEMPTS
@@ -392,7 +390,7 @@ def register_webhooks(registry: Registry, app: App, *, sweep_every: timedelta) -
         db = jctx.db if jctx.db is not None else await app.database()
         now = app.clock()
 
-        def tx(conn: Connection) -> list[str]:
+        def tx(conn: SyncConn) -> list[str]:
             owners = inbox.pending_owners(conn, now)
             specs = [process_job_spec(c, t) for c, t in owners if t]
             return enqueue_new_sync(conn, specs, now) if specs else []

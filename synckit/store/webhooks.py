@@ -37,6 +37,7 @@ __all__ = [
     "lock_triggers",
     "pending_owners",
     "recent_events",
+    "requeue",
     "set_trigger",
     "store_events",
     "webhook_counts",
@@ -276,3 +277,19 @@ def recent_events(
     if tenant is not None:
         stmt = stmt.where(c.tenant == tenant)
     return list(conn.execute(stmt).all())
+
+
+def requeue(conn: Connection, event: int, job: JobSpec, now: datetime) -> bool:
+    """Put a stored event (processed or failed) back to pending with its processing job;
+    False if there is no such event or it is an orphan (no tenant to process it for)."""
+    c = webhook_events.c
+    done = conn.execute(
+        update(webhook_events)
+        .where(c.id == event, c.tenant != "", c.status != ORPHANED)
+        .values(status=PENDING, attempts=0, last_error=None, processed_at=None, **leases.RELEASED)
+        .returning(c.id)
+    ).first()
+    if done is None:
+        return False
+    enqueue_new_sync(conn, [job], now)
+    return True
