@@ -376,3 +376,16 @@ async def test_synckit_web_serves_webhooks_outside_the_console_guard(
         assert r.status_code == 200
         assert (await c.post("/tenants/stripeish-t/pause")).status_code == 401
     assert [r.event_id for r in await _events(db)] == ["evt_web"]
+
+
+async def test_mounted_in_the_users_own_starlette_app(db: Database, app: App) -> None:
+    """``Mount("/webhooks", app=webhook_app(app))`` as docs/connectors.md shows it."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    asgi = Starlette(routes=[Mount("/webhooks", app=webhook_app(app, database=db))])
+    transport = httpx.ASGITransport(app=asgi)
+    async with httpx.AsyncClient(transport=transport, base_url="http://mine") as c:
+        r = await c.post("/webhooks/stripeish/stripeish-t", **_stripe({"id": "evt_mount"}))
+    assert r.status_code == 200
+    assert [r.event_id for r in await _events(db)] == ["evt_mount"]
