@@ -39,7 +39,7 @@ from synckit.connectors.webhooks import (
 from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.actions import poll_job_spec
 from synckit.runtime.handlers import Discard, JobContext, Registry
-from synckit.runtime.tenants import TenantNotFound, get_tenant, list_tenants
+from synckit.runtime.tenants import Tenant, TenantNotFound, get_tenant, list_tenants
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database, SyncConn
 from synckit.store.jobs import JobSpec, enqueue_new_sync
@@ -178,7 +178,22 @@ async def receive(
         reason = decl.verify.check(headers, body, endpoint_secret, now)
         if reason is not None:
             return await _refuse(db, connector, path_tenant or "", reason, now, log)
-    tenant, named = await _attribute(db, connector, decl, path_tenant, body)
+    known: Tenant | None = None
+    tenant: str | None
+    named: str | None
+    if endpoint_secret is None and not isinstance(decl.tenant, TenantFromBody) and path_tenant:
+        # The tenant named in the URL is read once, secrets opened (the common case).
+        try:
+            known = await get_tenant(db, path_tenant)
+        except TenantNotFound:
+            return await _refuse(db, connector, "", f"no tenant {path_tenant!r}", now, log)
+        except ConfigurationError as exc:  # its config does not open: not verifiable now
+            return await _refuse(db, connector, path_tenant, str(exc), now, log)
+        if known.connector != connector:
+            return await _refuse(db, connector, "", f"no tenant {path_tenant!r}", now, log)
+        tenant, named = known.tenant, path_tenant
+    else:
+        tenant, named = await _attribute(db, connector, decl, path_tenant, body)
     if tenant is None:
         if endpoint_secret is None:
             # Without a tenant there is no secret: the delivery cannot be verified.
@@ -186,7 +201,7 @@ async def receive(
         return await _store(db, decl, connector, "", headers, body, now, log, orphan_of=named or "")
     if endpoint_secret is None:
         try:
-            t = await get_tenant(db, tenant)
+            t = known if known is not None else await get_tenant(db, tenant)
         except ConfigurationError as exc:  # its config does not open: not verifiable now
             return await _refuse(db, connector, tenant, str(exc), now, log)
         secret = t.config.get(decl.verify.secret_field)
