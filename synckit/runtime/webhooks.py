@@ -39,6 +39,7 @@ from synckit.connectors.webhooks import (
 from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.actions import poll_job_spec
 from synckit.runtime.handlers import Discard, JobContext, Registry
+from synckit.runtime.instruments import record_webhook
 from synckit.runtime.tenants import Tenant, TenantNotFound, get_tenant, list_tenants
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database, SyncConn
@@ -116,6 +117,7 @@ async def _refuse(
         inbox.count_refusal(conn, connector=connector, tenant=tenant, reason=reason, now=now)
 
     await db.write(tx)
+    record_webhook(connector, "refused")
     if log is not None:
         log.warning("webhook.refused", connector=connector, tenant=tenant, reason=reason)
     return Answer(401, "refused\n")
@@ -248,6 +250,8 @@ async def _store(
         )
 
     stored = await db.write(tx)
+    record_webhook(connector, "orphaned" if orphan_of is not None else "stored", stored.stored)
+    record_webhook(connector, "duplicate", stored.duplicates)
     if log is not None:
         name = "webhook.orphaned" if orphan_of is not None else "webhook.stored"
         log.info(
@@ -299,9 +303,11 @@ async def process_events(
         if not rows:
             return done
         if getattr(cls, "on_webhook", None) is not None:
-            done += await _run_hook(db, app, tenant, rows, lease.token, log)
+            n = await _run_hook(db, app, tenant, rows, lease.token, log)
         else:
-            done += await _trigger(db, app, cls, decl, tenant, rows, lease.token)
+            n = await _trigger(db, app, cls, decl, tenant, rows, lease.token)
+        record_webhook(connector, "processed", n)
+        done += n
 
 
 async def _trigger(

@@ -25,6 +25,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from synckit.runtime.instruments import record_webhook
 from synckit.runtime.webhooks import Answer, receive, webhooks_of
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ def webhook_app(
             body = await asyncio.wait_for(_body(request, decl.max_body), read_timeout)
         except _TooLarge:
             log.warning("webhook.too_large", connector=connector, cap=decl.max_body)
+            record_webhook(connector, "too_large")
             return Response("body too large\n", 413, media_type="text/plain")
         except TimeoutError:
             return Response("body not received in time\n", 408, media_type="text/plain")

@@ -389,3 +389,24 @@ async def test_mounted_in_the_users_own_starlette_app(db: Database, app: App) ->
         r = await c.post("/webhooks/stripeish/stripeish-t", **_stripe({"id": "evt_mount"}))
     assert r.status_code == 200
     assert [r.event_id for r in await _events(db)] == ["evt_mount"]
+
+
+async def test_metrics_count_each_outcome(db: Database, client: httpx.AsyncClient) -> None:
+    from prometheus_client import REGISTRY
+
+    def value(outcome: str) -> float:
+        labels = {"connector": "stripeish", "outcome": outcome}
+        return REGISTRY.get_sample_value("synckit_webhooks_total", labels) or 0.0
+
+    before = {o: value(o) for o in ("stored", "duplicate", "refused", "too_large")}
+    await client.post("/stripeish/stripeish-t", **_stripe({"id": "evt_m"}))
+    await client.post("/stripeish/stripeish-t", **_stripe({"id": "evt_m"}))
+    await client.post("/stripeish/stripeish-t", **_stripe({"id": "evt_n"}, secret="whsec_bad"))
+    await client.post("/stripeish/stripeish-t", **_stripe({"id": "evt_o", "pad": "x" * 5000}))
+    after = {o: value(o) for o in before}
+    assert {o: after[o] - before[o] for o in before} == {
+        "stored": 1,
+        "duplicate": 1,
+        "refused": 1,
+        "too_large": 1,
+    }
