@@ -410,3 +410,21 @@ async def test_metrics_count_each_outcome(db: Database, client: httpx.AsyncClien
         "refused": 1,
         "too_large": 1,
     }
+
+
+async def test_a_client_that_never_finishes_its_body_gets_408(db: Database, app: App) -> None:
+    """The body's read is bounded (read_timeout): a slow client cannot hold the server."""
+    import asyncio
+
+    never = asyncio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b'{"id": '
+        await never.wait()  # the rest never comes
+        yield b"}"
+
+    transport = httpx.ASGITransport(app=webhook_app(app, database=db, read_timeout=0.2))
+    async with httpx.AsyncClient(transport=transport, base_url="http://hooks") as c:
+        r = await c.post("/stripeish/stripeish-t", content=body())
+    assert r.status_code == 408
+    assert await _events(db) == []
