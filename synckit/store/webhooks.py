@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from synckit.store import leases
 from synckit.store.jobs import JobSpec, enqueue_new_sync
 from synckit.store.leases import Lease
-from synckit.store.tables import webhook_events, webhook_refusals, webhook_triggers
+from synckit.store.tables import jobs, webhook_events, webhook_refusals, webhook_triggers
 
 __all__ = [
     "PENDING",
@@ -101,9 +101,21 @@ def store_events(
             .where(c.connector == connector, c.tenant == tenant, c.event_id == event_id)
             .values(duplicates=c.duplicates + 1)
         )
-    if stored and job is not None:
+    if stored and job is not None and not _pending(conn, job.unique_key):
+        # A job still pending takes these events when it runs. One that is running may
+        # have looked already: enqueue_new then finds it (its unique key) and does
+        # nothing either, and the sweep re-enqueues the tenant's pending events.
+        # Checking first spares a flood's transactions the wait on each other's
+        # uncommitted insert of the same unique key.
         enqueue_new_sync(conn, [job], now)
     return Stored(stored, duplicates)
+
+
+def _pending(conn: Connection, unique_key: str | None) -> bool:
+    found = conn.execute(
+        select(jobs.c.id).where(jobs.c.unique_key == unique_key, jobs.c.status == "pending")
+    ).first()
+    return found is not None
 
 
 def count_refusal(
