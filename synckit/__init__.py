@@ -32,6 +32,16 @@ if TYPE_CHECKING:
         Paginator,
     )
     from synckit.connectors.records import Deleted, Records
+    from synckit.connectors.webhooks import (
+        GitHubSignature,
+        GraphNotifications,
+        StandardWebhooks,
+        StripeSignature,
+        TenantFromBody,
+        TenantFromPath,
+        WebhookEvent,
+        Webhooks,
+    )
     from synckit.errors import (
         ApiError,
         ApiResponse,
@@ -154,6 +164,14 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "run_intent": ("synckit.runtime.intents", "run_intent"),
     "set_testing": ("synckit.errors", "set_testing"),
     "update_tenant": ("synckit.runtime.tenants", "update_tenant"),
+    "GitHubSignature": ("synckit.connectors.webhooks", "GitHubSignature"),
+    "GraphNotifications": ("synckit.connectors.webhooks", "GraphNotifications"),
+    "StandardWebhooks": ("synckit.connectors.webhooks", "StandardWebhooks"),
+    "StripeSignature": ("synckit.connectors.webhooks", "StripeSignature"),
+    "TenantFromBody": ("synckit.connectors.webhooks", "TenantFromBody"),
+    "TenantFromPath": ("synckit.connectors.webhooks", "TenantFromPath"),
+    "WebhookEvent": ("synckit.connectors.webhooks", "WebhookEvent"),
+    "Webhooks": ("synckit.connectors.webhooks", "Webhooks"),
 }
 
 __all__ = [
@@ -176,6 +194,8 @@ __all__ = [
     "ErrorBody",
     "ErrorClass",
     "ErrorDescription",
+    "GitHubSignature",
+    "GraphNotifications",
     "IdCursorPaginator",
     "Incremental",
     "IntentConflict",
@@ -205,12 +225,18 @@ __all__ = [
     "RetryPolicy",
     "RetryableError",
     "Snooze",
+    "StandardWebhooks",
     "Stream",
+    "StripeSignature",
     "SyncContext",
     "SynckitError",
     "Tenant",
+    "TenantFromBody",
+    "TenantFromPath",
     "TokenSet",
     "Watermark",
+    "WebhookEvent",
+    "Webhooks",
     "Worker",
     "add_tenant",
     "begin_authorization",

@@ -122,11 +122,22 @@ class App:
         if alerts_every is not None:
             # Pattern alerts, evaluated on the database of the worker that runs the job.
             register_alerts(self.registry, every=alerts_every)
+        self._webhooks_registered = False
+        if any(getattr(c, "webhooks", None) is not None for c in self._connectors.values()):
+            self._register_webhooks()
         self._db: Database | None = None
         self._owned: tuple[asyncio.AbstractEventLoop, Database] | None = None
         self._starts: weakref.WeakKeyDictionary[Database, _StartReads] = weakref.WeakKeyDictionary()
 
     # --- connectors -----------------------------------------------------------------------
+
+    def _register_webhooks(self) -> None:
+        """The webhook inbox's jobs, once a connector of the App declares webhooks."""
+        from synckit.runtime.webhooks import register_webhooks
+
+        if not self._webhooks_registered:
+            register_webhooks(self.registry, self, sweep_every=timedelta(seconds=30))
+            self._webhooks_registered = True
 
     def add_connector(self, cls: type[Connector[Any]]) -> None:
         """Know one more connector class (its ``name`` must be set and unique)."""
@@ -141,6 +152,8 @@ class App:
                 f"and {cls.__qualname__}"
             )
         self._connectors[cls.name] = cls
+        if getattr(cls, "webhooks", None) is not None and hasattr(self, "_webhooks_registered"):
+            self._register_webhooks()
 
     def _slot_want(self, row: Any) -> pacing.SlotWant | None:
         """A starting poll job's first slots, for its start read to reserve: those of an

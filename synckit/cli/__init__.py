@@ -7,7 +7,7 @@ code 2, never a traceback.
 
 Each command group is a module of this package (``jobs``, ``dlq``, ``tenants`` with
 ``oauth`` and ``bulk``, ``secrets``, ``demo``, ``breakers``, ``outbox``, ``status``, ``sync``,
-``worker``, ``db``, ``web``); ``options`` holds what they share and ``app_loader`` the
+``worker``, ``db``, ``web``, ``webhooks``); ``options`` holds what they share and ``app_loader`` the
 one ``--app`` loader. Nothing outside this package imports click or prints tables.
 The group imports a command's module when that command runs (:class:`LazyGroup`).
 """
@@ -75,6 +75,10 @@ __all__ = ["CliError", "cli", "main"]
             "Serve the operator console: overview, tenants (and why they wait), jobs, dead "
             "letters, outbox; live, with actions (pause, resume, sync now, re-authorise, "
             "reset breaker, retry, cancel, replay, resolve, ignore).",
+        ),
+        "webhooks": (
+            "synckit.cli.webhooks:webhooks",
+            "Inspect the webhook inbox: what was received, refused, orphaned, processed.",
         ),
         "worker": (
             "synckit.cli.worker:worker_cmd",

@@ -130,6 +130,8 @@ class Stream:
     connector's ``record_concurrency``). ``records`` declares where the stream's records
     land (:class:`~synckit.connectors.records.Records`): validated and merged into that
     table in each page's transaction; ``handle()`` is then optional (for side effects).
+    ``webhook_window``: webhook events trigger at most one cycle of the stream per
+    window (a flood coalesces; see :mod:`synckit.runtime.webhooks`).
     """
 
     name: str
@@ -137,6 +139,7 @@ class Stream:
     policy: CheckpointPolicy = "advance"
     concurrency: int | None = None
     records: Records | None = None
+    webhook_window: timedelta = timedelta(seconds=5)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -156,6 +159,10 @@ class Stream:
             raise ConfigurationError(f"stream {self.name!r}: concurrency must be at least 1")
         if self.records is not None and not isinstance(self.records, Records):
             raise ConfigurationError(f"stream {self.name!r}: records must be a Records(...)")
+        if not isinstance(self.webhook_window, timedelta) or self.webhook_window < timedelta(0):
+            raise ConfigurationError(
+                f"stream {self.name!r}: webhook_window must be a non-negative timedelta"
+            )
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ class _Instruments:
     api_latency: Histogram
     records: Counter
     alerts: Counter
+    webhooks: Counter
 
 
 @functools.cache
@@ -63,6 +64,7 @@ def _instruments() -> _Instruments | None:
             ["connector", "stream", "outcome"],
         ),
         alerts=Counter("synckit_alerts_fired", "Alerts delivered", ["rule"]),
+        webhooks=Counter("synckit_webhooks", "Webhook events by outcome", ["connector", "outcome"]),
     )
 
 
@@ -107,3 +109,10 @@ def record_alert(rule: str) -> None:
     """Count one delivered alert of ``rule``."""
     if (m := _instruments()) is not None:
         m.alerts.labels(rule=rule).inc()
+
+
+def record_webhook(connector: str, outcome: str, n: int = 1) -> None:
+    """Count ``n`` webhook events of ``connector`` by outcome (stored, duplicate, refused,
+    orphaned, too_large, processed)."""
+    if n and (m := _instruments()) is not None:
+        m.webhooks.labels(connector=connector, outcome=outcome).inc(n)

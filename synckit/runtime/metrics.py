@@ -14,7 +14,9 @@ are fed by the worker (:func:`metrics_observer`, an outcome observer) and by con
   its pacing wait) to its response's headers, or to its failure;
 * ``synckit_records_synced_total{connector, stream, outcome}``: records a poll cycle
   committed, ``ok`` or ``failed`` (dead-lettered);
-* ``synckit_alerts_fired_total{rule}``.
+* ``synckit_alerts_fired_total{rule}``;
+* ``synckit_webhooks_total{connector, outcome}``: webhook events stored, duplicate,
+  refused, orphaned, too_large (deliveries over the cap) and processed.
 
 The gauges describe shared state, which only the database knows, so a custom collector
 reads it on each scrape (:class:`DatabaseCollector`):

@@ -531,3 +531,56 @@ workers = Table(
     _ts("stopped_at"),
     Index("ix_workers_last_seen_at", "last_seen_at"),
 )
+
+
+#: The webhook inbox (migration 0015, synckit.store.webhooks): one row per provider event
+#: of a tenant, stored before the delivery is answered 2xx. ``tenant`` is '' for an
+#: orphan (verified, but naming no known tenant; ``claimed`` holds what it named).
+#: status: pending | processed | failed | orphaned.
+webhook_events = Table(
+    "webhook_events",
+    metadata,
+    Column("id", BigID, primary_key=True, autoincrement=True),
+    Column("connector", String(200), nullable=False),
+    Column("tenant", String(200), nullable=False),
+    Column("event_id", String(300), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("claimed", String(200)),
+    Column("headers", JSONType, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("duplicates", Integer, nullable=False, server_default="0"),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("last_error", Text),
+    _ts("received_at", nullable=False),
+    _ts("processed_at"),
+    Column("lease_token", String(100)),
+    _ts("lease_expires_at"),
+    UniqueConstraint("connector", "tenant", "event_id", name="uq_webhook_events_event"),
+    Index(
+        "ix_webhook_events_pending",
+        "tenant",
+        "id",
+        postgresql_where=text("status = 'pending'"),
+        sqlite_where=text("status = 'pending'"),
+    ),
+)
+
+#: Deliveries refused (401), counted per connector and tenant ('' when none was named).
+webhook_refusals = Table(
+    "webhook_refusals",
+    metadata,
+    Column("connector", String(200), primary_key=True),
+    Column("tenant", String(200), primary_key=True),
+    Column("count", BigInteger, nullable=False, server_default="0"),
+    Column("last_reason", Text),
+    _ts("last_at", nullable=False),
+)
+
+#: When events last triggered a cycle of a tenant's stream (the coalescing window).
+webhook_triggers = Table(
+    "webhook_triggers",
+    metadata,
+    Column("tenant", String(200), primary_key=True),
+    Column("stream", String(200), primary_key=True),
+    _ts("last_at", nullable=False),
+)

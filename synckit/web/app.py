@@ -1203,10 +1203,13 @@ def create_app(config: WebConfig, *, database: Database | None = None) -> Starle
         Route(CALLBACK_PATH, oauth_callback),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    starlette = Starlette(
-        routes=routes,
-        middleware=[Middleware(_CsrfSeed), Middleware(_Guard)],
-        lifespan=lifespan,
-    )
+    middleware = [Middleware(_CsrfSeed), Middleware(_Guard)]
+    if config.app is not None:
+        # Provider webhooks at /webhooks/, outside the console's guards (they are signed).
+        from synckit.web.webhooks import WebhookRouter, webhook_app
+
+        hooks = webhook_app(config.app, database=lambda: state.db)
+        middleware.insert(0, Middleware(WebhookRouter, webhooks=hooks))
+    starlette = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     starlette.state.console = state
     return starlette

@@ -28,6 +28,9 @@ TABLES = {
     "pending_authorizations",
     "poll_ticks",
     "workers",
+    "webhook_events",
+    "webhook_refusals",
+    "webhook_triggers",
 }
 
 

@@ -337,6 +337,11 @@ def test_the_cli_imports_at_module_level() -> None:
         ("synckit.cli.db", "synckit.cli.app_loader"),
         ("synckit.cli.records", "synckit.cli.app_loader"),
         ("synckit.cli.records", "rich.table"),
+        # `synckit webhooks`: rich, the store and the runtime only in the command run.
+        ("synckit.cli.webhooks", "rich.table"),
+        ("synckit.cli.webhooks", "synckit.clock"),
+        ("synckit.cli.webhooks", "synckit.runtime.webhooks"),
+        ("synckit.cli.webhooks", "synckit.store"),
     }
     found = set()
     for path in sorted((ROOT / "cli").glob("*.py")):

@@ -1,0 +1,425 @@
+"""Webhooks received and processed: the inbox's runtime side.
+
+**Receiving** (:func:`receive`, called by :mod:`synckit.web.webhooks` with the raw
+body): the connector's :class:`~synckit.connectors.webhooks.Webhooks` declaration says
+whose the delivery is and how it is signed; the tenant's secret is read from its sealed
+config; a delivery that does not verify is counted (``webhook_refusals``) and answered
+401, never stored. A verified one is stored, with the job that processes it, in one
+short transaction, and only then answered 2xx: a provider never gets a 2xx for an event
+that is not stored. An event id already stored for the tenant is a duplicate (2xx,
+counted, stored once). With ``Webhooks(secret_env=...)`` (one secret for the endpoint,
+as Stripe Connect or a GitHub App sign) a verified delivery naming no known tenant is
+kept as an orphan (``tenant`` '') for operators to see.
+
+**Processing** (the ``synckit.webhooks`` job, one per connector and tenant, coalesced
+by its unique key): pending events are claimed under the one lease; the connector's
+``on_webhook(ctx, events)`` hook runs if it has one, else each triggered stream gets a
+cycle now, at most one per :attr:`~synckit.connectors.base.Stream.webhook_window`
+(:func:`trigger_at`), enqueued in the same transaction that marks the events
+processed. A recurring sweep (``synckit.webhooks.sweep``) re-enqueues the processing of
+pending events whose job was lost to a race or a crash. No transaction is held across
+the hook's network I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from synckit.connectors.webhooks import (
+    GraphNotifications,
+    TenantFromBody,
+    WebhookEvent,
+    Webhooks,
+)
+from synckit.errors.exceptions import ConfigurationError
+from synckit.runtime.actions import poll_job_spec
+from synckit.runtime.handlers import Discard, JobContext, Registry
+from synckit.runtime.instruments import record_webhook
+from synckit.runtime.tenants import Tenant, TenantNotFound, get_tenant, list_tenants
+from synckit.store import webhooks as inbox
+from synckit.store.db import Database, SyncConn
+from synckit.store.jobs import JobSpec, enqueue_new_sync
+from synckit.store.leases import new_lease
+
+if TYPE_CHECKING:
+    from synckit.app import App
+
+__all__ = [
+    "PROCESS_KIND",
+    "SWEEP_KIND",
+    "Answer",
+    "process_events",
+    "process_job_spec",
+    "receive",
+    "register_webhooks",
+    "trigger_at",
+    "webhooks_of",
+]
+
+PROCESS_KIND = "synckit.webhooks"
+SWEEP_KIND = "synckit.webhooks.sweep"
+SWEEP_NAME = "synckit.webhooks-sweep"
+#: Events claimed per batch, how long a claim holds them, and the attempts an event gets
+#: at ``on_webhook`` before it is left ``failed`` for an operator.
+BATCH = 100
+LEASE = timedelta(minutes=5)
+MAX_EVENT_ATTEMPTS = 5
+#: The Graph validation token echoed is at most this long (Graph's are ~100 characters).
+MAX_TOKEN = 1024
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The HTTP answer to one delivery."""
+
+    status: int
+    text: str
+    content_type: str = "text/plain; charset=utf-8"
+
+
+def webhooks_of(app: App, connector: str) -> Webhooks | None:
+    """The connector's declaration, or None (no such connector, or it takes none)."""
+    cls = app.connectors.get(connector)
+    decl = getattr(cls, "webhooks", None) if cls is not None else None
+    return decl if isinstance(decl, Webhooks) else None
+
+
+def process_job_spec(connector: str, tenant: str) -> JobSpec:
+    """The job that processes a tenant's pending events (one unfinished at a time)."""
+    return JobSpec(
+        kind=PROCESS_KIND,
+        payload={"connector": connector, "tenant": tenant},
+        unique_key=f"webhooks:{connector}:{tenant}",
+        max_attempts=10,
+    )
+
+
+def trigger_at(last: datetime | None, window: timedelta, now: datetime) -> datetime:
+    """When events arriving at ``now`` should run a stream's cycle, given the time of the
+    last cycle they triggered: now, or once ``window`` has passed since that one."""
+    if last is None or last + window <= now:
+        return now
+    return last + window
+
+
+# --- receiving ------------------------------------------------------------------------------
+
+
+async def _refuse(
+    db: Database, connector: str, tenant: str, reason: str, now: datetime, log: Any
+) -> Answer:
+    def tx(conn: SyncConn) -> None:
+        inbox.count_refusal(conn, connector=connector, tenant=tenant, reason=reason, now=now)
+
+    await db.write(tx)
+    record_webhook(connector, "refused")
+    if log is not None:
+        log.warning("webhook.refused", connector=connector, tenant=tenant, reason=reason)
+    return Answer(401, "refused\n")
+
+
+async def _attribute(
+    db: Database, connector: str, decl: Webhooks, path_tenant: str | None, body: bytes
+) -> tuple[str | None, str | None]:
+    """(the tenant the delivery names, what it named): the tenant is None when no
+    known tenant of ``connector`` matches."""
+    if not isinstance(decl.tenant, TenantFromBody):
+        named = path_tenant
+    else:
+        named = decl.tenant.value(body)
+        field = decl.tenant.config_field
+        if named is not None and field is not None:
+            # Matched on a config field that is no secret: no key is needed to read it.
+            for t in await list_tenants(db, connector=connector, reveal=False):
+                if str(t.config.get(field)) == named:
+                    return t.tenant, named
+            return None, named
+    if not named:
+        return None, named
+    try:
+        t = await get_tenant(db, named, reveal=False)
+    except (TenantNotFound, ConfigurationError):
+        return None, named
+    return (t.tenant if t.connector == connector else None), named
+
+
+async def receive(
+    db: Database,
+    app: App,
+    connector: str,
+    *,
+    path_tenant: str | None,
+    headers: Mapping[str, str],
+    query: Mapping[str, str],
+    body: bytes,
+    now: datetime,
+    log: Any = None,
+) -> Answer:
+    """Verify, attribute and store one delivery; the answer to give (see the module
+    docstring). ``headers`` are lower-cased; ``body`` is the raw body, already capped."""
+    decl = webhooks_of(app, connector)
+    if decl is None:
+        return Answer(404, "no webhooks for this connector\n")
+    if isinstance(decl.verify, GraphNotifications) and "validationToken" in query:
+        token = query["validationToken"]
+        if len(token) > MAX_TOKEN:
+            return Answer(400, "validationToken too long\n")
+        return Answer(200, token)
+    endpoint_secret: str | None = None
+    if decl.secret_env is not None:
+        endpoint_secret = os.environ.get(decl.secret_env)
+        if not endpoint_secret:
+            if log is not None:
+                log.error("webhook.no_secret", connector=connector, env=decl.secret_env)
+            return Answer(503, "webhook secret not configured\n")
+        reason = decl.verify.check(headers, body, endpoint_secret, now)
+        if reason is not None:
+            return await _refuse(db, connector, path_tenant or "", reason, now, log)
+    known: Tenant | None = None
+    tenant: str | None
+    named: str | None
+    if endpoint_secret is None and not isinstance(decl.tenant, TenantFromBody) and path_tenant:
+        # The tenant named in the URL is read once, secrets opened (the common case).
+        try:
+            known = await get_tenant(db, path_tenant)
+        except TenantNotFound:
+            return await _refuse(db, connector, "", f"no tenant {path_tenant!r}", now, log)
+        except ConfigurationError as exc:  # its config does not open: not verifiable now
+            return await _refuse(db, connector, path_tenant, str(exc), now, log)
+        if known.connector != connector:
+            return await _refuse(db, connector, "", f"no tenant {path_tenant!r}", now, log)
+        tenant, named = known.tenant, path_tenant
+    else:
+        tenant, named = await _attribute(db, connector, decl, path_tenant, body)
+    if tenant is None:
+        if endpoint_secret is None:
+            # Without a tenant there is no secret: the delivery cannot be verified.
+            return await _refuse(db, connector, "", f"no tenant {named!r}", now, log)
+        return await _store(db, decl, connector, "", headers, body, now, log, orphan_of=named or "")
+    if endpoint_secret is None:
+        try:
+            t = known if known is not None else await get_tenant(db, tenant)
+        except ConfigurationError as exc:  # its config does not open: not verifiable now
+            return await _refuse(db, connector, tenant, str(exc), now, log)
+        secret = t.config.get(decl.verify.secret_field)
+        if not isinstance(secret, str) or not secret:
+            why = f"tenant's config has no {decl.verify.secret_field!r}"
+            return await _refuse(db, connector, tenant, why, now, log)
+        try:
+            reason = decl.verify.check(headers, body, secret, now)
+        except ConfigurationError as exc:  # a secret that is not of the scheme's shape
+            reason = str(exc)
+        if reason is not None:
+            return await _refuse(db, connector, tenant, reason, now, log)
+    return await _store(db, decl, connector, tenant, headers, body, now, log)
+
+
+async def _store(
+    db: Database,
+    decl: Webhooks,
+    connector: str,
+    tenant: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    now: datetime,
+    log: Any,
+    *,
+    orphan_of: str | None = None,
+) -> Answer:
+    events = decl.verify.events(headers, body)
+    if not events:
+        return Answer(400, "no events in the delivery\n")
+    kept = {k: headers[k][:500] for k in decl.verify.kept_headers if k in headers}
+    job = None if orphan_of is not None else process_job_spec(connector, tenant)
+
+    def tx(conn: SyncConn) -> inbox.Stored:
+        return inbox.store_events(
+            conn,
+            connector=connector,
+            tenant=tenant,
+            events=events,
+            headers=kept,
+            now=now,
+            orphan_of=orphan_of,
+            job=job,
+        )
+
+    stored = await db.write(tx)
+    record_webhook(connector, "orphaned" if orphan_of is not None else "stored", stored.stored)
+    record_webhook(connector, "duplicate", stored.duplicates)
+    if log is not None:
+        name = "webhook.orphaned" if orphan_of is not None else "webhook.stored"
+        log.info(
+            name,
+            connector=connector,
+            tenant=tenant or orphan_of,
+            stored=stored.stored,
+            duplicates=stored.duplicates,
+        )
+    return Answer(
+        200, f'{{"stored": {stored.stored}, "duplicates": {stored.duplicates}}}', "application/json"
+    )
+
+
+# --- processing -----------------------------------------------------------------------------
+
+
+def _event(r: Any) -> WebhookEvent:
+    return WebhookEvent(
+        id=r.id,
+        event_id=r.event_id,
+        tenant=r.tenant,
+        connector=r.connector,
+        headers=dict(r.headers or {}),
+        body=bytes(r.body),
+        received_at=r.received_at,
+    )
+
+
+async def process_events(
+    db: Database, app: App, connector: str, tenant: str, *, log: Any = None
+) -> int:
+    """Process the tenant's pending events until none is left; how many were processed."""
+    cls = app.connectors.get(connector)
+    decl = webhooks_of(app, connector)
+    if cls is None or decl is None:
+        raise Discard(f"connector {connector!r} takes no webhooks in this app")
+    done = 0
+    while True:
+        lease = new_lease(LEASE, now=app.clock())
+        now = app.clock()
+
+        def claim(conn: SyncConn, now: datetime = now, token: Any = lease) -> list[Any]:
+            return inbox.claim_pending(
+                conn, connector=connector, tenant=tenant, lease=token, now=now, limit=BATCH
+            )
+
+        rows = await db.write(claim)
+        if not rows:
+            return done
+        if getattr(cls, "on_webhook", None) is not None:
+            n = await _run_hook(db, app, tenant, rows, lease.token, log)
+        else:
+            n = await _trigger(db, app, cls, decl, tenant, rows, lease.token)
+        record_webhook(connector, "processed", n)
+        done += n
+
+
+async def _trigger(
+    db: Database, app: App, cls: Any, decl: Webhooks, tenant: str, rows: Sequence[Any], token: str
+) -> int:
+    try:
+        t = await get_tenant(db, tenant, reveal=False)
+    except TenantNotFound:
+        t = None
+    streams = [s for s in cls.declared_streams() if decl.streams is None or s.name in decl.streams]
+    now = app.clock()
+    ids = [r.id for r in rows]
+
+    def tx(conn: SyncConn) -> list[int]:
+        if t is not None and t.connector == cls.name and t.status == "active" and streams:
+            last = inbox.lock_triggers(conn, tenant, [s.name for s in streams])
+            for s in streams:
+                at = trigger_at(last.get(s.name), s.webhook_window, now)
+                spec = dataclasses.replace(
+                    poll_job_spec(tenant, t.connector, s.name, t.resource_key), run_at=at
+                )
+                # A cycle already queued for the stream takes these events too.
+                if enqueue_new_sync(conn, [spec], now):
+                    inbox.set_trigger(conn, tenant, s.name, at)
+        # A tenant gone, paused or re-authorising: nothing to trigger; polling resumes
+        # with the tenant and catches up what these events announced.
+        return inbox.finish_events(conn, ids, token, now)
+
+    return len(await db.write(tx))
+
+
+async def _run_hook(
+    db: Database, app: App, tenant: str, rows: Sequence[Any], token: str, log: Any
+) -> int:
+    events = [_event(r) for r in rows]
+    failed: dict[int, str] = {}
+    async with app.context(db, tenant, log=log) as ctx:
+        hook = ctx.connector.on_webhook  # type: ignore[attr-defined]  # an optional hook
+        try:
+            await hook(ctx, events)
+        except Exception as exc:
+            if len(events) == 1:
+                failed[events[0].id] = f"{type(exc).__name__}: {exc}"
+            else:
+                for e in events:  # one at a time: a bad event fails alone
+                    try:
+                        await hook(ctx, [e])
+                    except Exception as one:
+                        failed[e.id] = f"{type(one).__name__}: {one}"
+                    else:
+                        now = app.clock()
+                        await db.write(
+                            lambda c, i=e.id, n=now: inbox.finish_events(c, [i], token, n)
+                        )
+                if not failed:
+                    return len(events)
+                ok = len(events) - len(failed)
+                await _fail(db, rows, failed, token)
+                return ok
+    if failed:
+        await _fail(db, rows, failed, token)
+        return 0
+    now = app.clock()
+    return len(await db.write(lambda c: inbox.finish_events(c, [e.id for e in events], token, now)))
+
+
+async def _fail(db: Database, rows: Sequence[Any], failed: Mapping[int, str], token: str) -> None:
+    def tx(conn: SyncConn) -> None:
+        for r in rows:
+            if r.id in failed:
+                give_up = r.attempts >= MAX_EVENT_ATTEMPTS
+                inbox.fail_events(conn, [r.id], token, failed[r.id], give_up=give_up)
+
+    await db.write(tx)
+    # The job fails so that its retry (with backoff) tries the events again.
+    raise _HookFailed(
+        f"on_webhook failed for {len(failed)} event(s): {next(iter(failed.values()))}"
+    )
+
+
+class _HookFailed(Exception):
+    """Some events failed in ``on_webhook``; they stay pending (or failed) in the inbox."""
+
+
+def register_webhooks(registry: Registry, app: App, *, sweep_every: timedelta) -> None:
+    """The processing job and the recurring sweep, on ``app``'s registry."""
+
+    async def process(jctx: JobContext) -> None:
+        p = jctx.payload
+        if not (
+            isinstance(p, Mapping)
+            and all(isinstance(p.get(k), str) for k in ("connector", "tenant"))
+        ):
+            raise Discard(f"malformed webhooks payload: {str(p)[:200]}")
+        db = jctx.db if jctx.db is not None else await app.database()
+        n = await process_events(db, app, p["connector"], p["tenant"], log=jctx.log)
+        if n:
+            jctx.log.info("webhook.processed", events=n)
+
+    async def sweep(jctx: JobContext) -> None:
+        db = jctx.db if jctx.db is not None else await app.database()
+        now = app.clock()
+
+        def tx(conn: SyncConn) -> list[str]:
+            owners = inbox.pending_owners(conn, now)
+            specs = [process_job_spec(c, t) for c, t in owners if t]
+            return enqueue_new_sync(conn, specs, now) if specs else []
+
+        enqueued = await db.write(tx)
+        if enqueued:
+            jctx.log.info("webhook.sweep_enqueued", jobs=len(enqueued))
+
+    registry.add(PROCESS_KIND, process, timeout=600.0)
+    registry.add(SWEEP_KIND, sweep, timeout=120.0)
+    registry.recurring(SWEEP_NAME, SWEEP_KIND, every=sweep_every)
