@@ -251,9 +251,16 @@ def _json_id(body: bytes, key: str) -> str | None:
 class Verifier(Protocol):
     """What :class:`Webhooks` needs of a verification scheme."""
 
-    secret_field: str
-    #: The headers kept with a stored event (lower-case).
-    kept_headers: tuple[str, ...]
+    # Read-only (properties), so a frozen dataclass satisfies it.
+    @property
+    def secret_field(self) -> str:
+        """The field of the tenant's config that holds the secret."""
+        ...
+
+    @property
+    def kept_headers(self) -> tuple[str, ...]:
+        """The headers kept with a stored event (lower-case)."""
+        ...
 
     def check(
         self, headers: Mapping[str, str], body: bytes, secret: str, now: datetime
