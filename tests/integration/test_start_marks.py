@@ -348,9 +348,11 @@ async def test_a_stop_before_the_handlers_begin_gives_their_attempts_back(
 
 #: How soon after a kill -9 the jobs the dead worker had claimed ahead (not started) must
 #: start in a surviving worker, with the lease at its default (60 s). The mechanism (a
-#: 2 s start lease renewed by the heartbeat, rescue every second) takes about 3 s; the
-#: rest is room for a busy machine.
-TAKEOVER_BUDGET = 5.0
+#: 2 s start lease renewed by the heartbeat, rescue every second) takes about 3 s on a
+#: quiet machine; 5.6 s was seen with the cores oversubscribed 14 times. The budget is
+#: a third of the default lease: still well short of what waiting for the lease to
+#: expire would take, so the test fails if the start lease stops doing its work.
+TAKEOVER_BUDGET = 20.0
 
 
 def _by_pid(pid: int) -> object:
