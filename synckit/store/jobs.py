@@ -2322,6 +2322,14 @@ async def cancel_job(db: Database, job_id: int, reason: str = "cancelled by oper
     )
 
 
+async def unfinished_with_key(db: Database, unique_key: str) -> JobInfo | None:
+    """The pending or running job holding ``unique_key`` (at most one exists), or None."""
+    stmt = _INFO.where(jobs.c.unique_key == unique_key, jobs.c.status.in_(["pending", "running"]))
+    async with db.read() as conn:
+        row = (await conn.execute(stmt.limit(1))).first()
+    return JobInfo.from_row(row, full=False) if row is not None else None
+
+
 async def retry_job(db: Database, job_id: int) -> JobInfo:
     """Run the job again now; an ended job starts over with fresh attempts."""
     info = await get_job(db, job_id)
@@ -2635,5 +2643,6 @@ __all__ = [
     "set_priority",
     "start_many",
     "start_many_sync",
+    "unfinished_with_key",
     "unreadable_run_at",
 ]

@@ -1007,7 +1007,8 @@ def replay_message(summary: Any) -> tuple[str, bool]:
     if not summary.claimed:
         return "replay: no pending or review dead letter matched: nothing to replay", True
     words = {
-        "resolved": "resolved",
+        "resolved": "replayed and resolved",
+        "not_rerun": "resolved without re-run",
         "retry": "failed again, retry scheduled",
         "review": "failed again, sent to review",
         "ignored": "ignored",
@@ -1025,8 +1026,8 @@ def replay_message(summary: Any) -> tuple[str, bool]:
             reasons = why.get(outcome, [])
             shown = f" ({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''})"
             parts.append(f"{n} {word}{shown if reasons else ''}")
-    ran = summary.resolved + summary.retry + summary.review + summary.ignored + summary.deferred
-    bad = bool(summary.blocked) or not ran
+    settled = summary.resolved + summary.not_rerun + summary.retry + summary.review
+    bad = bool(summary.blocked) or not (settled + summary.ignored + summary.deferred)
     return f"replay of {summary.claimed} dead letter(s): " + "; ".join(parts), bad
 
 

@@ -252,7 +252,7 @@ def test_replaying_a_dead_letter_group_resolves_its_rows(page: Any, site: dict[s
     page.on("dialog", lambda dialog: dialog.accept())  # the confirmation with the count
     page.goto("/dlq")
     page.click("button[data-group='acme/server_error']")
-    page.wait_for_selector("text=replay of 3 dead letter(s): 3 resolved")
+    page.wait_for_selector("text=replay of 3 dead letter(s): 3 replayed and resolved")
 
     async def statuses(db: Any) -> dict[str, str]:
         return {
