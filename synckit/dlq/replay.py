@@ -18,8 +18,9 @@ PostgreSQL and on SQLite. For each row it picks what to do (:meth:`ReplayProcess
   review after ``max_attempts`` replays instead of cycling forever through fresh rows.
   Nothing is re-run when the job succeeded since, is queued again, or another
   unfinished job holds its unique key (a dead poll cycle whose stream's next cycle is
-  queued): the row is resolved as ``not_rerun``, with that reason. When a job :class:`~synckit.runtime.handlers.Registry` is given and has no handler for
-  the kind, the row is ignored;
+  queued): the row is resolved as ``not_rerun``, with that reason. When a job
+  :class:`~synckit.runtime.handlers.Registry` is given and has no handler for the kind,
+  the row is ignored;
 * anything else cannot be replayed and is ``ignored`` with the reason (no replayer for
   the kind, a payload that does not parse, a record payload that is not a JSON object,
   a replayer raising :class:`Unreplayable`).
