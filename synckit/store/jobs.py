@@ -71,7 +71,16 @@ from synckit.errors.breaker import (
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
 from synckit.store import notify
 from synckit.store.db import Database, _Busy
-from synckit.store.pages import Page, off_index, page_size, paged, scan_window
+from synckit.store.pages import (
+    COUNT_CAP,
+    Count,
+    Page,
+    bounded,
+    off_index,
+    page_size,
+    paged,
+    scan_window,
+)
 from synckit.store.tables import UTCDateTime, connections, jobs, resources
 
 JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
@@ -2478,11 +2487,37 @@ async def job_kinds(conn: AsyncConnection, *, limit: int = 1000) -> list[str]:
 
 @dataclass(frozen=True)
 class JobFilter:
+    """Which jobs a listing shows; ``hidden_kinds`` are left out unless ``kind`` names
+    one (the console hides the runtime's own housekeeping jobs by default)."""
+
     kind: str | None = None
     status: str | None = None
     resource_key: str | None = None
     created_since: datetime | None = None
     created_until: datetime | None = None
+    hidden_kinds: tuple[str, ...] = ()
+
+    @property
+    def hides(self) -> tuple[str, ...]:
+        return () if self.kind else self.hidden_kinds
+
+
+def _job_where(flt: JobFilter, kind: Any = jobs.c.kind) -> list[Any]:
+    c = jobs.c
+    where: list[Any] = []
+    if flt.kind:
+        where.append(kind == flt.kind)
+    if flt.hides:
+        where.append(kind.not_in(flt.hides))
+    if flt.status:
+        where.append(c.status == flt.status)
+    if flt.resource_key:
+        where.append(c.resource_key == flt.resource_key)
+    if flt.created_since:
+        where.append(c.created_at >= flt.created_since)
+    if flt.created_until:
+        where.append(c.created_at < flt.created_until)
+    return where
 
 
 def _job_select(
@@ -2494,17 +2529,7 @@ def _job_select(
     kind: Any = jobs.c.kind,
 ) -> Any:
     c = jobs.c
-    stmt = _INFO.where(*extra).order_by(c.id.desc()).limit(size + 1)
-    if flt.kind:
-        stmt = stmt.where(kind == flt.kind)
-    if flt.status:
-        stmt = stmt.where(c.status == flt.status)
-    if flt.resource_key:
-        stmt = stmt.where(c.resource_key == flt.resource_key)
-    if flt.created_since:
-        stmt = stmt.where(c.created_at >= flt.created_since)
-    if flt.created_until:
-        stmt = stmt.where(c.created_at < flt.created_until)
+    stmt = _INFO.where(*extra, *_job_where(flt, kind)).order_by(c.id.desc()).limit(size + 1)
     if before_id is not None:
         stmt = stmt.where(c.id < before_id)
     if floor is not None:
@@ -2533,8 +2558,11 @@ async def _parts(conn: AsyncConnection, flt: JobFilter) -> list[list[Any]]:
         if any(s in FINISHED for s in wanted):
             parts.append([text(_FINISHED_BY_RESOURCE)])
         return parts
-    if conn.dialect.name == "sqlite" and flt.status and not flt.kind:
-        return [[jobs.c.kind == k] for k in await job_kinds(conn)]
+    if conn.dialect.name == "sqlite" and not flt.kind and (flt.status or flt.hides):
+        # Hidden kinds too: the other kinds pair by pair, each walked newest first.
+        kinds = [k for k in await job_kinds(conn) if k not in flt.hides]
+        statuses = [flt.status] if flt.status else list(JOB_STATUSES)
+        return [[jobs.c.kind == k, jobs.c.status == s] for k in kinds for s in statuses]
     if conn.dialect.name == "sqlite" and flt.kind and not flt.status:
         return [[jobs.c.status == s] for s in JOB_STATUSES]
     return [[]]
@@ -2575,6 +2603,22 @@ async def job_page(
         raw = await _rows(conn, flt, before_id, floor, size)
     rows = [JobInfo.from_row(r, full=False) for r in raw]
     return paged(rows, size, lambda j: j.id, floor, top)
+
+
+async def count_jobs(db: Database, flt: JobFilter, *, cap: int = COUNT_CAP) -> Count | None:
+    """How many jobs match ``flt``, read through the indexes :func:`job_page` uses and no
+    further than ``cap`` rows (see :class:`~synckit.store.pages.Count`); None for a
+    creation-time filter, which no index serves (counting it could read every job)."""
+    if flt.created_since or flt.created_until:
+        return None
+    async with db.read() as conn:
+        kind = off_index(conn, jobs.c.kind) if flt.resource_key else jobs.c.kind
+        total = Count(0)
+        for extra in await _parts(conn, flt):
+            if total.more:
+                break
+            total += await bounded(conn, jobs, *extra, *_job_where(flt, kind), cap=cap - total.n)
+    return Count(min(total.n, cap), total.more or total.n > cap)
 
 
 async def poll_jobs(
@@ -2624,6 +2668,7 @@ __all__ = [
     "StuckJob",
     "cancel_job",
     "claim",
+    "count_jobs",
     "count_unreadable_run_at",
     "enqueue",
     "enqueue_many",

@@ -56,6 +56,7 @@ from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter
 from synckit.store.resources import get_resource, reset_resource
 from synckit.web.explain import CycleFacts, duration_text, tenant_why
+from synckit.web.paging import INTERNAL_KINDS, page_links
 from synckit.web.security import (
     csrf_valid,
     host_refusal,
@@ -464,6 +465,12 @@ async def tenants_page(request: Request) -> Response:
         after=q.get("after") or None,
         prefix=q.get("prefix") or None,
     )
+    total = await console.tenant_total(
+        db,
+        status=q.get("status") or None,
+        connector=q.get("connector") or None,
+        prefix=q.get("prefix") or None,
+    )
     running = await job_store.running_counts(db, [t.resource_key for t in page.rows])
     now = utcnow()
     rows = [
@@ -489,14 +496,21 @@ async def tenants_page(request: Request) -> Response:
         rows=rows,
         page=page,
         filters={k: q.get(k, "") for k in ("status", "connector", "prefix")},
-        next_query=_next_query(request, "after", page.next_cursor),
+        total=total,
+        **_links(request, "after", page.next_cursor),
     )
+
+
+def _links(request: Request, name: str, cursor: str | None) -> dict[str, Any]:
+    """The page's next and previous links (:func:`synckit.web.paging.page_links`)."""
+    nxt, prev = page_links(request.query_params.multi_items(), name, cursor)
+    return {"next_query": nxt, "prev_query": prev}
 
 
 def _next_query(request: Request, name: str, cursor: str | None) -> str | None:
     if cursor is None:
         return None
-    params = {k: v for k, v in request.query_params.items() if k != name and v}
+    params = {k: v for k, v in request.query_params.items() if k not in (name, "back") and v}
     params[name] = cursor
     return urlencode(params)
 
@@ -726,6 +740,7 @@ def _job_filter(request: Request) -> job_store.JobFilter:
         status=q.get("status") or None,
         resource_key=resource_key,
         created_since=_since(q.get("since")),
+        hidden_kinds=() if q.get("internal") else INTERNAL_KINDS,
     )
 
 
@@ -739,12 +754,7 @@ async def jobs_page(request: Request) -> Response:
     if q.get("tenant") and not flt.resource_key:
         try:
             t = await tenant_store.get_tenant(db, q["tenant"], reveal=False)
-            flt = job_store.JobFilter(
-                kind=flt.kind,
-                status=flt.status,
-                resource_key=t.resource_key,
-                created_since=flt.created_since,
-            )
+            flt = dataclasses.replace(flt, resource_key=t.resource_key)
         except tenant_store.TenantNotFound:
             # Named, not queried: the old sentinel key ("\x00...") was a driver error on
             # PostgreSQL, whose text cannot hold a NUL.
@@ -759,8 +769,16 @@ async def jobs_page(request: Request) -> Response:
         page=page,
         scan_window=pages.SCAN_WINDOW,
         statuses=JOB_STATUSES,
-        filters={k: q.get(k, "") for k in ("kind", "status", "tenant", "resource", "since")},
-        next_query=_next_query(request, "before", page.next_cursor),
+        filters={
+            k: q.get(k, "") for k in ("kind", "status", "tenant", "resource", "since", "internal")
+        },
+        total=await job_store.count_jobs(db, flt),
+        hidden=flt.hides,
+        show_internal=urlencode(
+            [(k, v) for k, v in q.multi_items() if k not in ("before", "back") and v]
+            + [("internal", "1")]
+        ),
+        **_links(request, "before", page.next_cursor),
         here=str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
     )
 
@@ -874,6 +892,9 @@ def _refused_filter(request: Request, template: str, exc: BadFilter, **values: A
         groups=empty,
         groups_next=None,
         next_query=None,
+        prev_query=None,
+        total=None,
+        hidden=(),
         export_query="",
         scan_window=pages.SCAN_WINDOW,
         filters={
@@ -911,7 +932,8 @@ async def dlq_page(request: Request) -> Response:
         page=page,
         statuses=dlq_store.STATUSES,
         filters={k: q.get(k, "") for k in ("tenant", "class", "kind", "status", "since")},
-        next_query=_next_query(request, "before", page.next_cursor),
+        total=await console.dlq_total(db, flt),
+        **_links(request, "before", page.next_cursor),
         export_query=urlencode(
             {k: v for k, v in q.items() if k not in ("before", "groups_after") and v}
         ),
@@ -1088,7 +1110,13 @@ async def outbox_page(request: Request) -> Response:
         counts=await outbox_store.count_by_status(db),
         statuses=OUTBOX_STATUSES,
         filters={k: q.get(k, "") for k in ("status", "topic", "key")},
-        next_query=_next_query(request, "before", page.next_cursor),
+        total=await console.outbox_total(
+            db,
+            status=q.get("status") or None,
+            topic=q.get("topic") or None,
+            key=q.get("key") or None,
+        ),
+        **_links(request, "before", page.next_cursor),
         here=str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
     )
 

@@ -48,3 +48,81 @@ async def test_a_resolved_dead_letter_shows_no_next_retry(db: Database, migrated
         resolved = text_of(client.get(f"/dlq/{a0}").text)
         assert "resolved" in resolved and "next retry" not in resolved
         assert "next retry" in text_of(client.get(f"/dlq/{a1}").text)
+
+
+JOB_LINK = re.compile(r'<a href="/jobs/(\d+)">')
+REL = re.compile(r'<a href="\?([^"]*)" rel="(next|prev)">')
+
+
+def job_ids(html: str) -> list[int]:
+    return [int(i) for i in JOB_LINK.findall(html)]
+
+
+def links(html: str) -> dict[str, str]:
+    return {rel: unescape(q) for q, rel in REL.findall(html)}
+
+
+async def test_internal_job_kinds_are_hidden_unless_asked_for(
+    db: Database, migrated_url: str
+) -> None:
+    from synckit.store import jobs as job_store
+
+    mine = await job_store.enqueue(db, "send.invoice", {"n": 1})
+    tick = await job_store.enqueue(db, "synckit.schedule", {})
+    sweep = await job_store.enqueue(db, "synckit.dlq_replay", {}, resource_key="shop:acme")
+    poll = await job_store.enqueue(db, "synckit.poll", {"tenant": "acme"})
+    with console(migrated_url) as client:
+        shown = client.get("/jobs").text
+        assert set(job_ids(shown)) == {mine.id, poll.id}
+        assert "Not shown: the runtime's own jobs (synckit.schedule" in text_of(shown)
+        assert "2 job(s) match" in text_of(shown)
+        show = re.search(r'href="\?([^"]*)" id="show-internal-link"', shown)
+        assert show is not None
+        every = client.get("/jobs?" + unescape(show.group(1))).text
+        assert set(job_ids(every)) == {mine.id, tick.id, sweep.id, poll.id}
+        assert "4 job(s) match" in text_of(every) and "Not shown" not in every
+        named = client.get("/jobs?kind=synckit.schedule").text
+        assert job_ids(named) == [tick.id] and "1 job(s) match" in text_of(named)
+        for status in ("pending", "succeeded"):
+            by_state = client.get(f"/jobs?status={status}").text
+            want = {mine.id, poll.id} if status == "pending" else set()
+            assert set(job_ids(by_state)) == want
+        by_tenant = client.get("/jobs?resource=shop:acme").text
+        assert job_ids(by_tenant) == [] and "0 job(s) match" in text_of(by_tenant)
+
+
+async def test_pages_carry_their_total_and_lead_back_as_they_led_forward(
+    db: Database, migrated_url: str
+) -> None:
+    from synckit.store import jobs as job_store
+
+    made = [
+        (await job_store.enqueue(db, "send.invoice", {"n": i})).id for i in range(120)
+    ]
+    newest_first = sorted(made, reverse=True)
+    with console(migrated_url) as client:
+        first = client.get("/jobs?kind=send.invoice").text
+        assert "120 job(s) match" in text_of(first)
+        assert job_ids(first) == newest_first[:50] and "prev" not in links(first)
+        second = client.get("/jobs?" + links(first)["next"]).text
+        assert job_ids(second) == newest_first[50:100]
+        third = client.get("/jobs?" + links(second)["next"]).text
+        assert job_ids(third) == newest_first[100:] and "next" not in links(third)
+        assert "120 job(s) match" in text_of(third)
+        back = client.get("/jobs?" + links(third)["prev"]).text
+        assert job_ids(back) == newest_first[50:100]
+        home = client.get("/jobs?" + links(back)["prev"]).text
+        assert job_ids(home) == newest_first[:50] and "prev" not in links(home)
+        assert "kind=send.invoice" in links(back)["prev"]
+
+
+async def test_the_other_lists_carry_their_totals(db: Database, migrated_url: str) -> None:
+    await seed(db)
+    with console(migrated_url) as client:
+        assert "4 tenant(s) match" in text_of(client.get("/tenants").text)
+        assert "1 tenant(s) match" in text_of(client.get("/tenants?prefix=glo").text)
+        dlq = text_of(client.get("/dlq").text)
+        assert re.search(r"\b5 dead letter\(s\) match", dlq), dlq
+        assert "3 dead letter(s) match" in text_of(client.get("/dlq?tenant=acme").text)
+        outbox = text_of(client.get("/outbox").text)
+        assert re.search(r"\b\d+ message\(s\) match", outbox), outbox
