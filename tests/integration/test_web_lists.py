@@ -96,9 +96,7 @@ async def test_pages_carry_their_total_and_lead_back_as_they_led_forward(
 ) -> None:
     from synckit.store import jobs as job_store
 
-    made = [
-        (await job_store.enqueue(db, "send.invoice", {"n": i})).id for i in range(120)
-    ]
+    made = [(await job_store.enqueue(db, "send.invoice", {"n": i})).id for i in range(120)]
     newest_first = sorted(made, reverse=True)
     with console(migrated_url) as client:
         first = client.get("/jobs?kind=send.invoice").text
