@@ -860,6 +860,7 @@ class Worker:
         return self.outcomes.fail_sync(
             conn,
             job,
+            max_attempts=self._limit_of(job),
             now=now,
             error_class=o.error_class,
             message=reason,
@@ -867,9 +868,7 @@ class Worker:
         )
 
     def _limit_of(self, job: ClaimedJob) -> int:
-        # A handler registered with max_attempts sets the limit for its kind.
-        spec = self.registry.get(job.kind)
-        return spec.max_attempts if spec and spec.max_attempts is not None else job.max_attempts
+        return self.registry.attempt_limit(job.kind, job.max_attempts)
 
     def _retry_policy_of(self, job: ClaimedJob) -> RetryPolicy:
         """The registry's policy for this job (a connector's, say), else the worker's."""
@@ -903,6 +902,7 @@ class Worker:
             return self.outcomes.fail_sync(
                 conn,
                 job,
+                max_attempts=self._limit_of(job),
                 now=now,
                 error_class=c.error_class.value,
                 message=message,
@@ -923,6 +923,7 @@ class Worker:
             recorded = self.outcomes.fail_sync(
                 conn,
                 job,
+                max_attempts=self._limit_of(job),
                 now=now,
                 error_class=c.error_class.value,
                 message=message,
@@ -944,6 +945,7 @@ class Worker:
         return self.outcomes.fail_sync(
             conn,
             job,
+            max_attempts=self._limit_of(job),
             now=now,
             error_class=c.error_class.value,
             message=message,

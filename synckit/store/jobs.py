@@ -1659,6 +1659,9 @@ def _append_error(conn: Connection, job_id: int, entry: dict[str, Any]) -> list[
         {k: v for k, v in e.items() if k != "traceback"} if isinstance(e, dict) else e
         for e in list(current or [])
     ]
+    last = history[-1] if history and isinstance(history[-1], dict) else {}
+    previous = last.get("run", len(history))
+    entry["run"] = (previous if isinstance(previous, int) else len(history)) + 1
     history.append(entry)
     return history[-20:]  # a job that failed 10,000 times keeps its recent story
 
@@ -1674,6 +1677,7 @@ def fail_sync(
     traceback: str | None = None,
     count_attempt: bool = True,
     detail: str | None = None,
+    max_attempts: int | None = None,
 ) -> str | None:
     """Record a failed attempt: back to pending at ``retry_at``, or dead when it is None.
 
@@ -1682,13 +1686,23 @@ def fail_sync(
     only), both as given (the caller redacts them). A dead job is written to
     ``dead_letters`` in the same transaction. Returns the new status, or None when the
     claim no longer held (the job was rescued or cancelled).
+
+    Each entry says how this run was counted: ``run`` numbers the job's failed runs,
+    ``attempt`` is the attempts counted once it failed (an uncounted run, paced or
+    waiting for re-authorisation, repeats the number before it) and ``counted`` whether
+    it spent one. ``max_attempts``, the limit the worker gives up by (a handler's own),
+    is stored on the row, so that what the console and the CLI show is that limit.
     """
-    entry = {
-        "attempt": job.attempts,
+    spent = job.attempts if count_attempt or not job.started else job.attempts - 1
+    entry: dict[str, Any] = {
+        "attempt": spent,
+        "counted": count_attempt,
         "at": now.isoformat(),
         "error_class": error_class,
         "message": message[:2000],
     }
+    if max_attempts is not None:
+        entry["of"] = max_attempts
     if detail and detail != message:
         entry["detail"] = detail[:4000]
     if traceback:
@@ -1711,6 +1725,8 @@ def fail_sync(
         values["finished_at"] = now
     if not count_attempt:
         values["attempts"] = _UNCHARGED
+    if max_attempts is not None:
+        values["max_attempts"] = max_attempts
     res = conn.execute(
         update(jobs)
         .where(
@@ -1820,6 +1836,7 @@ class OutcomeStore(Protocol):
         traceback: str | None = None,
         count_attempt: bool = True,
         detail: str | None = None,
+        max_attempts: int | None = None,
     ) -> str | None: ...
 
     def snooze_sync(
@@ -2112,6 +2129,7 @@ async def rescue_expired(
                 lease_expires_at=None,
                 last_error=case((unstarted, jobs.c.last_error), else_=message),
                 error_class=case((unstarted, jobs.c.error_class), else_="transient"),
+                max_attempts=limit_of,  # the limit it was held to, shown as it
                 updated_at=now,
             )
             .returning(

@@ -55,6 +55,7 @@ from synckit.store.audit import Totals
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter
 from synckit.store.resources import get_resource, reset_resource
+from synckit.web.attempts import run_label, uncounted_runs
 from synckit.web.explain import CycleFacts, duration_text, tenant_why
 from synckit.web.paging import INTERNAL_KINDS, page_links
 from synckit.web.security import (
@@ -164,6 +165,13 @@ class _State:
         self.db: Database | None = None
         self.env = _env()
         self.firing: tuple[datetime, list[Any], bool] | None = None
+        # The attempts a job gets, by the worker's rule: a handler's max_attempts (known
+        # with --app), else the row's, which the worker sets to the limit it applied.
+        rule = getattr(getattr(config.app, "registry", None), "attempt_limit", None)
+        self.limit_of: Callable[[str, int], int] = (
+            rule if callable(rule) else (lambda _kind, stored: stored)
+        )
+        self.env.globals["limit_of"] = self.limit_of
 
     @property
     def database(self) -> Database:
@@ -529,7 +537,9 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
     running = (await job_store.running_counts(db, [t.resource_key])).get(t.resource_key, 0)
     cycles = await job_store.poll_jobs(db, t.resource_key, t.tenant, kind=POLL_KIND)
     why = tenant_why(
-        cycle=cycle_facts(cycles[0]) if cycles else None,
+        cycle=cycle_facts(cycles[0], st.limit_of(POLL_KIND, cycles[0].max_attempts))
+        if cycles
+        else None,
         scheduled=await console.has_schedule(db, t.tenant),
         workers_alive=await worker_store.alive_count(db, now=now),
         status=t.status,
@@ -563,14 +573,15 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
     }
 
 
-def cycle_facts(job: job_store.JobInfo) -> CycleFacts:
-    """A cycle job as :func:`~synckit.web.explain.tenant_why` reads it (error redacted)."""
+def cycle_facts(job: job_store.JobInfo, limit: int | None = None) -> CycleFacts:
+    """A cycle job as :func:`~synckit.web.explain.tenant_why` reads it (error redacted);
+    ``limit``: the attempts the worker gives it, when known beyond the row's."""
     return CycleFacts(
         id=job.id,
         status=job.status,
         run_at=job.run_at,
         attempts=job.attempts,
-        max_attempts=job.max_attempts,
+        max_attempts=job.max_attempts if limit is None else limit,
         last_error=_red(job.last_error) or None,
         error_class=job.error_class,
     )
@@ -793,18 +804,28 @@ async def job_page(request: Request) -> Response:
         info = await job_store.get_job(db, job_id)
     except JobNotFound as exc:
         return render(request, "error.html", status_code=404, message=str(exc))
+    limit = _state(request).limit_of(info.kind, info.max_attempts)
     timeline: list[tuple[str, datetime | None, str]] = [("created", info.created_at, "")]
-    for e in info.errors:
+    labels = [run_label(e, i, limit) for i, e in enumerate(info.errors, 1)]
+    for e, label in zip(info.errors, labels, strict=True):
         timeline.append(
             (
-                f"attempt {e.get('attempt', '?')} failed",
+                label,
                 _parse_at(e.get("at")),
                 f"{e.get('error_class', '')}: {e.get('message', e.get('error', ''))}",
             )
         )
     if info.finished_at:
         timeline.append((info.status, info.finished_at, ""))
-    return render(request, "job.html", job=info, timeline=timeline)
+    return render(
+        request,
+        "job.html",
+        job=info,
+        limit=limit,
+        uncounted=uncounted_runs(info.errors),
+        labels=labels,
+        timeline=timeline,
+    )
 
 
 def _parse_at(value: Any) -> datetime | None:

@@ -124,3 +124,47 @@ async def test_the_other_lists_carry_their_totals(db: Database, migrated_url: st
         assert "3 dead letter(s) match" in text_of(client.get("/dlq?tenant=acme").text)
         outbox = text_of(client.get("/outbox").text)
         assert re.search(r"\b\d+ message\(s\) match", outbox), outbox
+
+
+async def test_attempt_counts_are_the_workers(db: Database, migrated_url: str) -> None:
+    """A kind whose handler allows 3 attempts, enqueued with the row's 10: a paced run
+    spends none, three failures spend three and the worker gives up at 3 of 3. The
+    row, the job page, its run numbers and the list all say what the worker counted."""
+    from synckit.errors import RetryPolicy
+    from synckit.errors.exceptions import RateLimited
+    from synckit.runtime.handlers import JobContext, Registry
+    from synckit.runtime.worker import Worker
+    from synckit.store import jobs as job_store
+
+    reg = Registry()
+    runs: list[int] = []
+
+    @reg.handler("flaky.sync", max_attempts=3)
+    async def flaky(ctx: JobContext) -> None:
+        runs.append(ctx.job.attempts)
+        if len(runs) == 1:
+            raise RateLimited("429 slow down")
+        raise RuntimeError(f"boom {len(runs)}")
+
+    made = await job_store.enqueue(db, "flaky.sync", {"n": 1}, max_attempts=10)
+    worker = Worker(db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05)
+    await worker.run_until_idle()
+    info = await job_store.get_job(db, made.id)
+    assert (info.status, info.attempts, info.max_attempts, len(runs)) == ("dead", 3, 3, 4)
+    assert [(e["run"], e["attempt"], e["counted"]) for e in info.errors] == [
+        (1, 0, False),
+        (2, 1, True),
+        (3, 2, True),
+        (4, 3, True),
+    ]
+    with console(migrated_url) as client:
+        page = text_of(client.get(f"/jobs/{made.id}").text)
+        assert "attempts 3 of 3 (1 more run(s) failed without spending one" in page
+        for label in (
+            "run 1 failed (not counted)",
+            "run 2 failed (attempt 1 of 3)",
+            "run 4 failed (attempt 3 of 3)",
+        ):
+            assert label in page, label
+        row = re.search(rf'<a href="/jobs/{made.id}">.*?</tr>', client.get("/jobs").text, re.S)
+        assert row is not None and "3/3" in row.group(0)
