@@ -67,7 +67,7 @@ from synckit.runtime.http import shared_connections
 from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
 from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
 from synckit.store import jobs as store
-from synckit.store import resources
+from synckit.store import queue_history, resources
 from synckit.store.connections import mark_needs_reauth_sync
 from synckit.store.db import Database, SyncConn, connection_lost, savepoint
 from synckit.store.jobs import ClaimedJob, ClaimStore, JobSpec, OutcomeStore
@@ -75,6 +75,8 @@ from synckit.store.notify import listen, watch_sqlite
 from synckit.store.resources import BreakerStore
 
 log = structlog.get_logger("synckit.worker")
+#: Seconds between a worker's tries at the queue-depth sample (one row a minute).
+QUEUE_SAMPLE_EVERY = 30.0
 
 
 @dataclass
@@ -1279,7 +1281,7 @@ class Worker:
                 self._wake.set()
 
     async def _maintenance(self) -> None:
-        last_rescue = 0.0
+        last_rescue = last_sample = 0.0
         last_prune = time.monotonic()
         backoff = _Backoff()
         while True:
@@ -1288,6 +1290,10 @@ class Worker:
                 await self._maintenance_once(rescue=due_rescue)
                 if due_rescue:
                     last_rescue = time.monotonic()
+                if time.monotonic() - last_sample >= QUEUE_SAMPLE_EVERY:
+                    # The console's depth chart: one row a minute, by the first worker.
+                    last_sample = time.monotonic()
+                    await queue_history.sample(self.db, now=self.clock())
                 if time.monotonic() - last_prune >= 3600:
                     last_prune = time.monotonic()
                     await store.prune(self.db, older_than=self.prune_after, now=self.clock())
