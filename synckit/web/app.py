@@ -50,6 +50,7 @@ from synckit.runtime.poll import POLL_KIND, list_checkpoints
 from synckit.store import console, pages
 from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
+from synckit.store import queue_history
 from synckit.store import workers as worker_store
 from synckit.store.audit import Totals
 from synckit.store.db import Database, open_database
@@ -425,6 +426,7 @@ async def _overview_values(request: Request) -> dict[str, Any]:
     async with db.read() as conn:
         jobs_by_state = await console.job_counts(conn, cap=cap)
         per_minute = await console.throughput(conn, now=now, minutes=HISTORY_MINUTES)
+        depths = await queue_history.history(conn, now=now, minutes=HISTORY_MINUTES)
         growth = await console.dlq_growth(conn, now=now, cap=cap)
         dlq_open = await console.dlq_open(conn, cap=cap)
         outbox_pending = await console.outbox_pending(conn, cap=cap)
@@ -438,6 +440,9 @@ async def _overview_values(request: Request) -> dict[str, Any]:
     peak = max([ok + failed for _m, ok, failed in per_minute] + [1])
     return {
         "per_minute": per_minute,
+        "depths": depths,
+        "depth_series": queue_history.SERIES,
+        "depth_peak": max([q.depth for _m, q in depths if q is not None] + [1]),
         "history_hours": HISTORY_MINUTES // 60,
         "peak": peak,
         "last_hour": sum(ok + failed for _m, ok, failed in per_minute[-60:]),

@@ -168,3 +168,27 @@ async def test_attempt_counts_are_the_workers(db: Database, migrated_url: str) -
             assert label in page, label
         row = re.search(rf'<a href="/jobs/{made.id}">.*?</tr>', client.get("/jobs").text, re.S)
         assert row is not None and "3/3" in row.group(0)
+
+
+async def test_the_overview_charts_the_sampled_queue_depth_with_paced_apart(
+    db: Database, migrated_url: str
+) -> None:
+    from synckit.clock import utcnow
+    from synckit.store import queue_history
+
+    await seed(db)  # globex is paced: its due cycle is paced, not ready
+    with console(migrated_url) as client:
+        assert "No samples yet" in text_of(client.get("/").text)
+        now = utcnow()
+        async with db.read() as conn:
+            counts, _capped = await queue_history.read_depth(conn, now=now)
+        assert await queue_history.sample(db, now=now)
+        html = client.get("/").text
+    assert "No samples yet" not in text_of(html)
+    chart = re.search(r'id="depth-history".*?</div>', html, re.S)
+    assert chart is not None
+    titles = re.findall(r'<span class="bar" style="[^"]*" title="([^"]*)"', chart.group(0))
+    assert len(titles) == 1, titles
+    said = ", ".join(f"{counts[name]} {name}" for name in queue_history.SERIES)
+    assert said in unescape(titles[0])
+    assert chart.group(0).count('class="bar gap"') == 179
