@@ -47,10 +47,9 @@ from synckit.runtime.audit import window_start
 from synckit.runtime.budget import BudgetPolicy, BudgetStatus
 from synckit.runtime.logging import redact, redact_text
 from synckit.runtime.poll import POLL_KIND, list_checkpoints
-from synckit.store import console, pages
+from synckit.store import console, pages, queue_history
 from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
-from synckit.store import queue_history
 from synckit.store import workers as worker_store
 from synckit.store.audit import Totals
 from synckit.store.db import Database, open_database
