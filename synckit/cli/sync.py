@@ -21,13 +21,14 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from synckit.cli.app_loader import app_option, load_app
-from synckit.cli.options import CliError, Seconds, cell, database_option, run
+from synckit.cli.options import CliError, Seconds, cell, database_option, markup_escaped, run
 from synckit.clock import utcnow
-from synckit.runtime.actions import CycleProgress, enqueue_cycles
+from synckit.runtime.actions import CycleProgress, enqueue_cycles, waiting_hint
 from synckit.runtime.tenants import TenantNotFound, get_tenant, list_tenants
 from synckit.store.db import Database
 from synckit.store.jobs import get_job
 from synckit.store.views import CycleCounts, checkpoint_moment, cycle_counts, job_created_at
+from synckit.store.workers import alive_count
 
 __all__ = ["CycleBlocked", "follow", "sync_command"]
 
@@ -56,6 +57,21 @@ async def _refresh(db: Database, tenant: str, connector: str, cycle: CycleProgre
             if started is None or at >= started:
                 cycle.pages += 1
             cycle._checkpoint_at = at
+
+
+async def _hint(db: Database, cycle: CycleProgress) -> str:
+    """What the pending cycle waits for (:func:`~synckit.runtime.actions.waiting_hint`)."""
+    info = await get_job(db, cycle.job_id)
+    now = utcnow()
+    return waiting_hint(
+        run_at=info.run_at,
+        last_error=info.last_error,
+        error_class=info.error_class,
+        attempts=info.attempts,
+        max_attempts=info.max_attempts,
+        workers_alive=await alive_count(db, now=now),
+        now=now,
+    )
 
 
 class CycleBlocked(Exception):
@@ -145,10 +161,9 @@ async def follow(
             ):
                 hinted = True
                 if out is not None:
-                    out.print(
-                        "[yellow]not claimed yet: is a worker running? "
-                        "(`synckit worker --app ...`; a paced or broken tenant waits too)[/]"
-                    )
+                    for c in cycles:
+                        line = markup_escaped(f"{c.stream}: {await _hint(db, c)}")
+                        out.print(f"[yellow]{line}[/]")
             if give_up_after is not None and waited > give_up_after:
                 raise CliError(
                     f"the cycle has not ended after {give_up_after:g}s "

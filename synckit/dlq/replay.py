@@ -16,8 +16,11 @@ PostgreSQL and on SQLite. For each row it picks what to do (:meth:`ReplayProcess
   again, the worker reopens this very row (``job:<id>``), whose ``replay_attempts`` and
   ``next_retry_at`` (kept on resolution) carry on, so a job that always fails reaches
   review after ``max_attempts`` replays instead of cycling forever through fresh rows.
-  When a job :class:`~synckit.runtime.handlers.Registry` is given and has no handler for
-  the kind, the row is ignored;
+  Nothing is re-run when the job succeeded since, is queued again, or another
+  unfinished job holds its unique key (a dead poll cycle whose stream's next cycle is
+  queued): the row is resolved as ``not_rerun``, with that reason. When a job
+  :class:`~synckit.runtime.handlers.Registry` is given and has no handler for the kind,
+  the row is ignored;
 * anything else cannot be replayed and is ``ignored`` with the reason (no replayer for
   the kind, a payload that does not parse, a record payload that is not a JSON object,
   a replayer raising :class:`Unreplayable`).
@@ -171,9 +174,12 @@ def replayers_from_app(app: object, db: Database) -> tuple[Replayers, Registry |
     return replayers, registry if isinstance(registry, Registry) else None
 
 
-Outcome = Literal["resolved", "retry", "review", "ignored", "deferred", "skipped", "blocked"]
+Outcome = Literal[
+    "resolved", "not_rerun", "retry", "review", "ignored", "deferred", "skipped", "blocked"
+]
 OUTCOMES: tuple[Outcome, ...] = (
     "resolved",
+    "not_rerun",
     "retry",
     "review",
     "ignored",
@@ -219,10 +225,16 @@ class ReplaySummary:
     ``(tenant, error_class)``; ``reasons`` counts ``(outcome, reason)`` for rows that were
     ignored, skipped, deferred or blocked (left as they were: the replay cannot run
     because of configuration, see :class:`ReplayBlocked`), and for rows resolved without
-    a replay of their own (a dead job put back in the queue, one that succeeded since)."""
+    a replay of their own (a dead job put back in the queue, one that succeeded since).
+
+    ``not_rerun`` counts rows resolved although this replay ran nothing, each with its
+    reason: the job succeeded since, is already queued again, or another unfinished job
+    holds its unique key (a dead poll cycle whose stream's next cycle is queued: that
+    cycle carries on from the checkpoint)."""
 
     claimed: int = 0
     resolved: int = 0
+    not_rerun: int = 0
     retry: int = 0
     review: int = 0
     ignored: int = 0
@@ -253,7 +265,15 @@ class _Done:
 
     row: DeadLetter
     action: Literal[
-        "resolve", "resolve_job", "enqueue", "retry", "review", "ignore", "skip", "blocked"
+        "resolve",
+        "resolve_job",
+        "not_rerun",
+        "enqueue",
+        "retry",
+        "review",
+        "ignore",
+        "skip",
+        "blocked",
     ]
     reason: str = ""
     error: ReplayError | None = None
@@ -547,20 +567,47 @@ class ReplayProcessor:
             return _Done(row, "enqueue", "re-enqueued")
         follow_up = self.clock() + next_retry_delay(row.replay_attempts + 1, self.rng)
         if info.status == "dead":
+            holder = await self._key_holder(info)
+            if holder is not None:
+                # Re-running it would break the key's one-unfinished-job rule; the holder
+                # is the same work, queued already (a poll cycle's next cycle, say).
+                return _Done(
+                    row,
+                    "not_rerun",
+                    f"not re-run: job {holder.id} ({holder.status}) holds its unique key "
+                    f"{info.unique_key!r} and does this work",
+                    replayed=False,
+                )
             try:
                 await jobs.retry_job(self.db, job_id)
             except JobNotFound:
                 return _Done(row, "enqueue", "re-enqueued")
             except JobStateError as exc:
-                return _Done(row, "resolve_job", f"job {job_id} not re-run: {exc}", None, follow_up)
+                # Changed meanwhile (a holder appeared, say): nothing ran, the row waits.
+                wait = self.clock() + _SKIP_WAIT
+                return _Done(row, "skip", f"job {job_id} not re-run: {exc}", None, wait)
             return _Done(row, "resolve_job", f"job {job_id} re-run", None, follow_up)
         if info.status in ("pending", "running"):
             return _Done(
-                row, "resolve_job", f"job {job_id} is already {info.status} again", None, follow_up
+                row,
+                "not_rerun",
+                f"not re-run: job {job_id} is already {info.status} again",
+                None,
+                follow_up,
+                replayed=False,
             )
         if info.status == "succeeded":
-            return _Done(row, "resolve", f"job {job_id} has succeeded since")
+            return _Done(
+                row, "not_rerun", f"not re-run: job {job_id} has succeeded since", replayed=False
+            )
         return _Done(row, "ignore", f"job {job_id} was {info.status}")
+
+    async def _key_holder(self, info: jobs.JobInfo) -> jobs.JobInfo | None:
+        """The unfinished job, other than this one, that holds ``info``'s unique key."""
+        if info.unique_key is None:
+            return None
+        holder = await jobs.unfinished_with_key(self.db, info.unique_key)
+        return holder if holder is not None and holder.id != info.id else None
 
     # --- recording ----------------------------------------------------------------------
 
@@ -608,7 +655,7 @@ class ReplayProcessor:
                 row = d.row
                 if d.action == "resolve":
                     continue
-                if d.action == "resolve_job":
+                if d.action in ("resolve_job", "not_rerun"):
                     ok = bool(
                         await store.mark_resolved(
                             conn,
@@ -616,11 +663,12 @@ class ReplayProcessor:
                             now=now,
                             reason=d.reason,
                             token=token,
-                            replayed=True,
+                            replayed=d.replayed,
                             next_retry_at=d.next_retry_at,
                         )
                     )
-                    result(d, "resolved") if ok else fenced(d)
+                    outcome: Outcome = "resolved" if d.action == "resolve_job" else "not_rerun"
+                    result(d, outcome) if ok else fenced(d)
                 elif d.action == "enqueue":
                     await self._record_enqueue(conn, d, token, now, result, fenced)
                 elif d.action == "retry":
@@ -730,7 +778,7 @@ def _summary_of(results: Sequence[ReplayResult]) -> ReplaySummary:
     reasons: Counter[tuple[str, str]] = Counter(
         (r.outcome, r.reason)
         for r in results
-        if r.outcome in ("ignored", "skipped", "deferred", "blocked")
+        if r.outcome in ("not_rerun", "ignored", "skipped", "deferred", "blocked")
         or (r.outcome == "resolved" and r.reason not in ("", "replayed"))
     )
     return ReplaySummary(

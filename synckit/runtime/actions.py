@@ -35,6 +35,7 @@ __all__ = [
     "enqueue_cycles",
     "oauth_config_for",
     "poll_job_spec",
+    "waiting_hint",
 ]
 
 #: Why a replay without the application skips a record row.
@@ -52,6 +53,44 @@ def poll_job_spec(tenant: str, connector: str, stream: str, resource_key: str) -
         resource_key=resource_key,
         unique_key=poll_key(tenant, stream),
         max_attempts=POLL_MAX_ATTEMPTS,
+    )
+
+
+def waiting_hint(
+    *,
+    run_at: datetime | None,
+    last_error: str | None,
+    error_class: str | None,
+    attempts: int,
+    max_attempts: int,
+    workers_alive: int,
+    now: datetime,
+) -> str:
+    """What a pending cycle waits for, in words (``synckit sync --wait``'s hint): pure.
+
+    Its retry time after an error, its first run time, or no worker to claim it; a due
+    cycle with workers alive waits for its tenant (paced, breaker open, in-flight limit:
+    ``synckit tenants show`` says which)."""
+    later = run_at is not None and run_at > now
+    if later and last_error:
+        assert run_at is not None
+        cause = f"{error_class}: {last_error}" if error_class else last_error
+        said = (
+            f"waiting to retry at {run_at.isoformat(timespec='seconds')} after "
+            f"{cause[:200]} (attempt {attempts} of {max_attempts})"
+        )
+    elif later:
+        assert run_at is not None
+        said = f"due at {run_at.isoformat(timespec='seconds')}"
+    else:
+        said = "due now"
+    if workers_alive == 0:
+        return f"{said}; no worker is alive to claim it (`synckit worker --app ...`)"
+    if later:
+        return said
+    return (
+        f"{said}, not claimed yet by the {workers_alive} worker(s) alive: its tenant waits "
+        "(paced, breaker open or in-flight limit; see `synckit tenants show`)"
     )
 
 

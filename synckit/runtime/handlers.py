@@ -221,6 +221,13 @@ class Registry:
     def get(self, kind: str) -> HandlerSpec | None:
         return self._handlers.get(kind)
 
+    def attempt_limit(self, kind: str, stored: int) -> int:
+        """How many attempts a job of ``kind`` gets: its handler's ``max_attempts`` when
+        registered with one, else the job's own (``stored``). The worker gives up by it,
+        and the console and CLI show it (one rule, so they agree)."""
+        spec = self._handlers.get(kind)
+        return spec.max_attempts if spec and spec.max_attempts is not None else stored
+
     @property
     def kinds(self) -> list[str]:
         return sorted(self._handlers)

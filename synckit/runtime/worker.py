@@ -67,7 +67,7 @@ from synckit.runtime.http import shared_connections
 from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
 from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
 from synckit.store import jobs as store
-from synckit.store import resources
+from synckit.store import queue_history, resources
 from synckit.store.connections import mark_needs_reauth_sync
 from synckit.store.db import Database, SyncConn, connection_lost, savepoint
 from synckit.store.jobs import ClaimedJob, ClaimStore, JobSpec, OutcomeStore
@@ -75,6 +75,8 @@ from synckit.store.notify import listen, watch_sqlite
 from synckit.store.resources import BreakerStore
 
 log = structlog.get_logger("synckit.worker")
+#: Seconds between a worker's tries at the queue-depth sample (one row a minute).
+QUEUE_SAMPLE_EVERY = 30.0
 
 
 @dataclass
@@ -860,6 +862,7 @@ class Worker:
         return self.outcomes.fail_sync(
             conn,
             job,
+            max_attempts=self._limit_of(job),
             now=now,
             error_class=o.error_class,
             message=reason,
@@ -867,9 +870,7 @@ class Worker:
         )
 
     def _limit_of(self, job: ClaimedJob) -> int:
-        # A handler registered with max_attempts sets the limit for its kind.
-        spec = self.registry.get(job.kind)
-        return spec.max_attempts if spec and spec.max_attempts is not None else job.max_attempts
+        return self.registry.attempt_limit(job.kind, job.max_attempts)
 
     def _retry_policy_of(self, job: ClaimedJob) -> RetryPolicy:
         """The registry's policy for this job (a connector's, say), else the worker's."""
@@ -903,6 +904,7 @@ class Worker:
             return self.outcomes.fail_sync(
                 conn,
                 job,
+                max_attempts=self._limit_of(job),
                 now=now,
                 error_class=c.error_class.value,
                 message=message,
@@ -923,6 +925,7 @@ class Worker:
             recorded = self.outcomes.fail_sync(
                 conn,
                 job,
+                max_attempts=self._limit_of(job),
                 now=now,
                 error_class=c.error_class.value,
                 message=message,
@@ -944,6 +947,7 @@ class Worker:
         return self.outcomes.fail_sync(
             conn,
             job,
+            max_attempts=self._limit_of(job),
             now=now,
             error_class=c.error_class.value,
             message=message,
@@ -1277,7 +1281,7 @@ class Worker:
                 self._wake.set()
 
     async def _maintenance(self) -> None:
-        last_rescue = 0.0
+        last_rescue = last_sample = 0.0
         last_prune = time.monotonic()
         backoff = _Backoff()
         while True:
@@ -1286,6 +1290,10 @@ class Worker:
                 await self._maintenance_once(rescue=due_rescue)
                 if due_rescue:
                     last_rescue = time.monotonic()
+                if time.monotonic() - last_sample >= QUEUE_SAMPLE_EVERY:
+                    # The console's depth chart: one row a minute, by the first worker.
+                    last_sample = time.monotonic()
+                    await queue_history.sample(self.db, now=self.clock())
                 if time.monotonic() - last_prune >= 3600:
                     last_prune = time.monotonic()
                     await store.prune(self.db, older_than=self.prune_after, now=self.clock())

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -48,14 +48,17 @@ __all__ = [
     "burning_tenants",
     "dlq_growth",
     "dlq_open",
+    "dlq_total",
     "job_counts",
     "open_breakers",
     "outbox_page",
     "outbox_pending",
     "outbox_topics",
+    "outbox_total",
     "tenant_counts",
     "tenant_page",
     "tenant_row",
+    "tenant_total",
     "tenant_totals",
     "throughput",
 ]
@@ -142,17 +145,11 @@ async def tenant_page(
         .order_by(c.tenant)
         .limit(size + 1)
     )
-    if status:
-        stmt = stmt.where(c.status == status)
-    if connector:
-        stmt = stmt.where(c.connector == connector)
+    stmt = stmt.where(*_tenant_where(status=status, connector=connector, prefix=prefix))
     if after:
         stmt = stmt.where(c.tenant > after)
     if only is not None:
         stmt = stmt.where(c.tenant == only)
-    if prefix:
-        # Not LIKE: SQLite's ignores case, and the prefix may hold % or _.
-        stmt = stmt.where(func.substr(c.tenant, 1, len(prefix)) == prefix)
     async with db.read() as conn:
         rows = [
             TenantRow(
@@ -174,6 +171,33 @@ async def tenant_page(
     more = len(rows) > size
     rows = rows[:size]
     return Page(rows, rows[-1].tenant if more else None)
+
+
+def _tenant_where(*, status: str | None, connector: str | None, prefix: str | None) -> list[Any]:
+    c = connections.c
+    where: list[Any] = []
+    if status:
+        where.append(c.status == status)
+    if connector:
+        where.append(c.connector == connector)
+    if prefix:
+        # Not LIKE: SQLite's ignores case, and the prefix may hold % or _.
+        where.append(func.substr(c.tenant, 1, len(prefix)) == prefix)
+    return where
+
+
+async def tenant_total(
+    db: Database,
+    *,
+    status: str | None = None,
+    connector: str | None = None,
+    prefix: str | None = None,
+    cap: int = COUNT_CAP,
+) -> Count:
+    """How many tenants :func:`tenant_page` lists with these filters (bounded)."""
+    where = _tenant_where(status=status, connector=connector, prefix=prefix)
+    async with db.read() as conn:
+        return await bounded(conn, connections, *where, cap=cap)
 
 
 async def has_schedule(db: Database, tenant: str) -> bool:
@@ -388,6 +412,35 @@ async def outbox_page(
     more = len(rows) > size
     rows = rows[:size]
     return Page(rows, str(rows[-1].id) if more else None)
+
+
+async def outbox_total(
+    db: Database,
+    *,
+    status: str | None = None,
+    topic: str | None = None,
+    key: str | None = None,
+    cap: int = COUNT_CAP,
+) -> Count:
+    """How many messages :func:`outbox_page` lists with these filters (bounded)."""
+    o = outbox.c
+    where = [
+        cond
+        for cond, given in (
+            (o.status == status, status),
+            (o.topic == topic, topic),
+            (o.key == key, key),
+        )
+        if given
+    ]
+    async with db.read() as conn:
+        return await bounded(conn, outbox, *where, cap=cap)
+
+
+async def dlq_total(db: Database, flt: dlq_store.DlqFilter, *, cap: int = COUNT_CAP) -> Count:
+    """How many dead letters :func:`~synckit.store.dead_letters.dlq_page` lists (bounded)."""
+    async with db.read() as conn:
+        return await bounded(conn, dead_letters, *flt.clauses(), cap=cap)
 
 
 async def outbox_topics(db: Database) -> list[tuple[str, str, int]]:

@@ -71,7 +71,16 @@ from synckit.errors.breaker import (
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
 from synckit.store import notify
 from synckit.store.db import Database, _Busy
-from synckit.store.pages import Page, off_index, page_size, paged, scan_window
+from synckit.store.pages import (
+    COUNT_CAP,
+    Count,
+    Page,
+    bounded,
+    off_index,
+    page_size,
+    paged,
+    scan_window,
+)
 from synckit.store.tables import UTCDateTime, connections, jobs, resources
 
 JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
@@ -1650,6 +1659,9 @@ def _append_error(conn: Connection, job_id: int, entry: dict[str, Any]) -> list[
         {k: v for k, v in e.items() if k != "traceback"} if isinstance(e, dict) else e
         for e in list(current or [])
     ]
+    last = history[-1] if history and isinstance(history[-1], dict) else {}
+    previous = last.get("run", len(history))
+    entry["run"] = (previous if isinstance(previous, int) else len(history)) + 1
     history.append(entry)
     return history[-20:]  # a job that failed 10,000 times keeps its recent story
 
@@ -1665,6 +1677,7 @@ def fail_sync(
     traceback: str | None = None,
     count_attempt: bool = True,
     detail: str | None = None,
+    max_attempts: int | None = None,
 ) -> str | None:
     """Record a failed attempt: back to pending at ``retry_at``, or dead when it is None.
 
@@ -1673,13 +1686,23 @@ def fail_sync(
     only), both as given (the caller redacts them). A dead job is written to
     ``dead_letters`` in the same transaction. Returns the new status, or None when the
     claim no longer held (the job was rescued or cancelled).
+
+    Each entry says how this run was counted: ``run`` numbers the job's failed runs,
+    ``attempt`` is the attempts counted once it failed (an uncounted run, paced or
+    waiting for re-authorisation, repeats the number before it) and ``counted`` whether
+    it spent one. ``max_attempts``, the limit the worker gives up by (a handler's own),
+    is stored on the row, so that what the console and the CLI show is that limit.
     """
-    entry = {
-        "attempt": job.attempts,
+    spent = job.attempts if count_attempt or not job.started else job.attempts - 1
+    entry: dict[str, Any] = {
+        "attempt": spent,
+        "counted": count_attempt,
         "at": now.isoformat(),
         "error_class": error_class,
         "message": message[:2000],
     }
+    if max_attempts is not None:
+        entry["of"] = max_attempts
     if detail and detail != message:
         entry["detail"] = detail[:4000]
     if traceback:
@@ -1702,6 +1725,8 @@ def fail_sync(
         values["finished_at"] = now
     if not count_attempt:
         values["attempts"] = _UNCHARGED
+    if max_attempts is not None:
+        values["max_attempts"] = max_attempts
     res = conn.execute(
         update(jobs)
         .where(
@@ -1811,6 +1836,7 @@ class OutcomeStore(Protocol):
         traceback: str | None = None,
         count_attempt: bool = True,
         detail: str | None = None,
+        max_attempts: int | None = None,
     ) -> str | None: ...
 
     def snooze_sync(
@@ -2103,6 +2129,7 @@ async def rescue_expired(
                 lease_expires_at=None,
                 last_error=case((unstarted, jobs.c.last_error), else_=message),
                 error_class=case((unstarted, jobs.c.error_class), else_="transient"),
+                max_attempts=limit_of,  # the limit it was held to, shown as it
                 updated_at=now,
             )
             .returning(
@@ -2322,6 +2349,14 @@ async def cancel_job(db: Database, job_id: int, reason: str = "cancelled by oper
     )
 
 
+async def unfinished_with_key(db: Database, unique_key: str) -> JobInfo | None:
+    """The pending or running job holding ``unique_key`` (at most one exists), or None."""
+    stmt = _INFO.where(jobs.c.unique_key == unique_key, jobs.c.status.in_(["pending", "running"]))
+    async with db.read() as conn:
+        row = (await conn.execute(stmt.limit(1))).first()
+    return JobInfo.from_row(row, full=False) if row is not None else None
+
+
 async def retry_job(db: Database, job_id: int) -> JobInfo:
     """Run the job again now; an ended job starts over with fresh attempts."""
     info = await get_job(db, job_id)
@@ -2470,11 +2505,37 @@ async def job_kinds(conn: AsyncConnection, *, limit: int = 1000) -> list[str]:
 
 @dataclass(frozen=True)
 class JobFilter:
+    """Which jobs a listing shows; ``hidden_kinds`` are left out unless ``kind`` names
+    one (the console hides the runtime's own housekeeping jobs by default)."""
+
     kind: str | None = None
     status: str | None = None
     resource_key: str | None = None
     created_since: datetime | None = None
     created_until: datetime | None = None
+    hidden_kinds: tuple[str, ...] = ()
+
+    @property
+    def hides(self) -> tuple[str, ...]:
+        return () if self.kind else self.hidden_kinds
+
+
+def _job_where(flt: JobFilter, kind: Any = jobs.c.kind) -> list[Any]:
+    c = jobs.c
+    where: list[Any] = []
+    if flt.kind:
+        where.append(kind == flt.kind)
+    if flt.hides:
+        where.append(kind.not_in(flt.hides))
+    if flt.status:
+        where.append(c.status == flt.status)
+    if flt.resource_key:
+        where.append(c.resource_key == flt.resource_key)
+    if flt.created_since:
+        where.append(c.created_at >= flt.created_since)
+    if flt.created_until:
+        where.append(c.created_at < flt.created_until)
+    return where
 
 
 def _job_select(
@@ -2486,17 +2547,7 @@ def _job_select(
     kind: Any = jobs.c.kind,
 ) -> Any:
     c = jobs.c
-    stmt = _INFO.where(*extra).order_by(c.id.desc()).limit(size + 1)
-    if flt.kind:
-        stmt = stmt.where(kind == flt.kind)
-    if flt.status:
-        stmt = stmt.where(c.status == flt.status)
-    if flt.resource_key:
-        stmt = stmt.where(c.resource_key == flt.resource_key)
-    if flt.created_since:
-        stmt = stmt.where(c.created_at >= flt.created_since)
-    if flt.created_until:
-        stmt = stmt.where(c.created_at < flt.created_until)
+    stmt = _INFO.where(*extra, *_job_where(flt, kind)).order_by(c.id.desc()).limit(size + 1)
     if before_id is not None:
         stmt = stmt.where(c.id < before_id)
     if floor is not None:
@@ -2525,8 +2576,11 @@ async def _parts(conn: AsyncConnection, flt: JobFilter) -> list[list[Any]]:
         if any(s in FINISHED for s in wanted):
             parts.append([text(_FINISHED_BY_RESOURCE)])
         return parts
-    if conn.dialect.name == "sqlite" and flt.status and not flt.kind:
-        return [[jobs.c.kind == k] for k in await job_kinds(conn)]
+    if conn.dialect.name == "sqlite" and not flt.kind and (flt.status or flt.hides):
+        # Hidden kinds too: the other kinds pair by pair, each walked newest first.
+        kinds = [k for k in await job_kinds(conn) if k not in flt.hides]
+        statuses = [flt.status] if flt.status else list(JOB_STATUSES)
+        return [[jobs.c.kind == k, jobs.c.status == s] for k in kinds for s in statuses]
     if conn.dialect.name == "sqlite" and flt.kind and not flt.status:
         return [[jobs.c.status == s] for s in JOB_STATUSES]
     return [[]]
@@ -2567,6 +2621,22 @@ async def job_page(
         raw = await _rows(conn, flt, before_id, floor, size)
     rows = [JobInfo.from_row(r, full=False) for r in raw]
     return paged(rows, size, lambda j: j.id, floor, top)
+
+
+async def count_jobs(db: Database, flt: JobFilter, *, cap: int = COUNT_CAP) -> Count | None:
+    """How many jobs match ``flt``, read through the indexes :func:`job_page` uses and no
+    further than ``cap`` rows (see :class:`~synckit.store.pages.Count`); None for a
+    creation-time filter, which no index serves (counting it could read every job)."""
+    if flt.created_since or flt.created_until:
+        return None
+    async with db.read() as conn:
+        kind = off_index(conn, jobs.c.kind) if flt.resource_key else jobs.c.kind
+        total = Count(0)
+        for extra in await _parts(conn, flt):
+            if total.more:
+                break
+            total += await bounded(conn, jobs, *extra, *_job_where(flt, kind), cap=cap - total.n)
+    return Count(min(total.n, cap), total.more or total.n > cap)
 
 
 async def poll_jobs(
@@ -2616,6 +2686,7 @@ __all__ = [
     "StuckJob",
     "cancel_job",
     "claim",
+    "count_jobs",
     "count_unreadable_run_at",
     "enqueue",
     "enqueue_many",
@@ -2635,5 +2706,6 @@ __all__ = [
     "set_priority",
     "start_many",
     "start_many_sync",
+    "unfinished_with_key",
     "unreadable_run_at",
 ]

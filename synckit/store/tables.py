@@ -533,6 +533,22 @@ workers = Table(
 )
 
 
+#: The queue's depth, sampled once a minute by a worker (migration 0017,
+#: synckit.store.queue_history): pending jobs by what they wait for, and running ones.
+#: ``capped``: more pending jobs than a sample reads (the counts are of the first ones).
+queue_samples = Table(
+    "queue_samples",
+    metadata,
+    _ts("minute", primary_key=True),
+    Column("ready", Integer, nullable=False),
+    Column("scheduled", Integer, nullable=False),
+    Column("retrying", Integer, nullable=False),
+    Column("paced", Integer, nullable=False),
+    Column("running", Integer, nullable=False),
+    Column("capped", Boolean, nullable=False, server_default=text("false")),
+)
+
+
 #: The webhook inbox (migration 0015, synckit.store.webhooks): one row per provider event
 #: of a tenant, stored before the delivery is answered 2xx. ``tenant`` is '' for an
 #: orphan (verified, but naming no known tenant; ``claimed`` holds what it named).

@@ -47,7 +47,7 @@ from synckit.runtime.audit import window_start
 from synckit.runtime.budget import BudgetPolicy, BudgetStatus
 from synckit.runtime.logging import redact, redact_text
 from synckit.runtime.poll import POLL_KIND, list_checkpoints
-from synckit.store import console, pages
+from synckit.store import console, pages, queue_history
 from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store import workers as worker_store
@@ -55,7 +55,9 @@ from synckit.store.audit import Totals
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter
 from synckit.store.resources import get_resource, reset_resource
+from synckit.web.attempts import run_label, uncounted_runs
 from synckit.web.explain import CycleFacts, duration_text, tenant_why
+from synckit.web.paging import INTERNAL_KINDS, page_links
 from synckit.web.security import (
     csrf_valid,
     host_refusal,
@@ -163,6 +165,13 @@ class _State:
         self.db: Database | None = None
         self.env = _env()
         self.firing: tuple[datetime, list[Any], bool] | None = None
+        # The attempts a job gets, by the worker's rule: a handler's max_attempts (known
+        # with --app), else the row's, which the worker sets to the limit it applied.
+        rule = getattr(getattr(config.app, "registry", None), "attempt_limit", None)
+        self.limit_of: Callable[[str, int], int] = (
+            rule if callable(rule) else (lambda _kind, stored: stored)
+        )
+        self.env.globals["limit_of"] = self.limit_of
 
     @property
     def database(self) -> Database:
@@ -416,6 +425,7 @@ async def _overview_values(request: Request) -> dict[str, Any]:
     async with db.read() as conn:
         jobs_by_state = await console.job_counts(conn, cap=cap)
         per_minute = await console.throughput(conn, now=now, minutes=HISTORY_MINUTES)
+        depths = await queue_history.history(conn, now=now, minutes=HISTORY_MINUTES)
         growth = await console.dlq_growth(conn, now=now, cap=cap)
         dlq_open = await console.dlq_open(conn, cap=cap)
         outbox_pending = await console.outbox_pending(conn, cap=cap)
@@ -429,6 +439,9 @@ async def _overview_values(request: Request) -> dict[str, Any]:
     peak = max([ok + failed for _m, ok, failed in per_minute] + [1])
     return {
         "per_minute": per_minute,
+        "depths": depths,
+        "depth_series": queue_history.SERIES,
+        "depth_peak": max([q.depth for _m, q in depths if q is not None] + [1]),
         "history_hours": HISTORY_MINUTES // 60,
         "peak": peak,
         "last_hour": sum(ok + failed for _m, ok, failed in per_minute[-60:]),
@@ -464,6 +477,12 @@ async def tenants_page(request: Request) -> Response:
         after=q.get("after") or None,
         prefix=q.get("prefix") or None,
     )
+    total = await console.tenant_total(
+        db,
+        status=q.get("status") or None,
+        connector=q.get("connector") or None,
+        prefix=q.get("prefix") or None,
+    )
     running = await job_store.running_counts(db, [t.resource_key for t in page.rows])
     now = utcnow()
     rows = [
@@ -489,14 +508,21 @@ async def tenants_page(request: Request) -> Response:
         rows=rows,
         page=page,
         filters={k: q.get(k, "") for k in ("status", "connector", "prefix")},
-        next_query=_next_query(request, "after", page.next_cursor),
+        total=total,
+        **_links(request, "after", page.next_cursor),
     )
+
+
+def _links(request: Request, name: str, cursor: str | None) -> dict[str, Any]:
+    """The page's next and previous links (:func:`synckit.web.paging.page_links`)."""
+    nxt, prev = page_links(request.query_params.multi_items(), name, cursor)
+    return {"next_query": nxt, "prev_query": prev}
 
 
 def _next_query(request: Request, name: str, cursor: str | None) -> str | None:
     if cursor is None:
         return None
-    params = {k: v for k, v in request.query_params.items() if k != name and v}
+    params = {k: v for k, v in request.query_params.items() if k not in (name, "back") and v}
     params[name] = cursor
     return urlencode(params)
 
@@ -515,7 +541,9 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
     running = (await job_store.running_counts(db, [t.resource_key])).get(t.resource_key, 0)
     cycles = await job_store.poll_jobs(db, t.resource_key, t.tenant, kind=POLL_KIND)
     why = tenant_why(
-        cycle=cycle_facts(cycles[0]) if cycles else None,
+        cycle=cycle_facts(cycles[0], st.limit_of(POLL_KIND, cycles[0].max_attempts))
+        if cycles
+        else None,
         scheduled=await console.has_schedule(db, t.tenant),
         workers_alive=await worker_store.alive_count(db, now=now),
         status=t.status,
@@ -549,14 +577,15 @@ async def _tenant_values(request: Request) -> dict[str, Any]:
     }
 
 
-def cycle_facts(job: job_store.JobInfo) -> CycleFacts:
-    """A cycle job as :func:`~synckit.web.explain.tenant_why` reads it (error redacted)."""
+def cycle_facts(job: job_store.JobInfo, limit: int | None = None) -> CycleFacts:
+    """A cycle job as :func:`~synckit.web.explain.tenant_why` reads it (error redacted);
+    ``limit``: the attempts the worker gives it, when known beyond the row's."""
     return CycleFacts(
         id=job.id,
         status=job.status,
         run_at=job.run_at,
         attempts=job.attempts,
-        max_attempts=job.max_attempts,
+        max_attempts=job.max_attempts if limit is None else limit,
         last_error=_red(job.last_error) or None,
         error_class=job.error_class,
     )
@@ -726,6 +755,7 @@ def _job_filter(request: Request) -> job_store.JobFilter:
         status=q.get("status") or None,
         resource_key=resource_key,
         created_since=_since(q.get("since")),
+        hidden_kinds=() if q.get("internal") else INTERNAL_KINDS,
     )
 
 
@@ -739,12 +769,7 @@ async def jobs_page(request: Request) -> Response:
     if q.get("tenant") and not flt.resource_key:
         try:
             t = await tenant_store.get_tenant(db, q["tenant"], reveal=False)
-            flt = job_store.JobFilter(
-                kind=flt.kind,
-                status=flt.status,
-                resource_key=t.resource_key,
-                created_since=flt.created_since,
-            )
+            flt = dataclasses.replace(flt, resource_key=t.resource_key)
         except tenant_store.TenantNotFound:
             # Named, not queried: the old sentinel key ("\x00...") was a driver error on
             # PostgreSQL, whose text cannot hold a NUL.
@@ -759,8 +784,16 @@ async def jobs_page(request: Request) -> Response:
         page=page,
         scan_window=pages.SCAN_WINDOW,
         statuses=JOB_STATUSES,
-        filters={k: q.get(k, "") for k in ("kind", "status", "tenant", "resource", "since")},
-        next_query=_next_query(request, "before", page.next_cursor),
+        filters={
+            k: q.get(k, "") for k in ("kind", "status", "tenant", "resource", "since", "internal")
+        },
+        total=await job_store.count_jobs(db, flt),
+        hidden=flt.hides,
+        show_internal=urlencode(
+            [(k, v) for k, v in q.multi_items() if k not in ("before", "back") and v]
+            + [("internal", "1")]
+        ),
+        **_links(request, "before", page.next_cursor),
         here=str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
     )
 
@@ -775,18 +808,28 @@ async def job_page(request: Request) -> Response:
         info = await job_store.get_job(db, job_id)
     except JobNotFound as exc:
         return render(request, "error.html", status_code=404, message=str(exc))
+    limit = _state(request).limit_of(info.kind, info.max_attempts)
     timeline: list[tuple[str, datetime | None, str]] = [("created", info.created_at, "")]
-    for e in info.errors:
+    labels = [run_label(e, i, limit) for i, e in enumerate(info.errors, 1)]
+    for e, label in zip(info.errors, labels, strict=True):
         timeline.append(
             (
-                f"attempt {e.get('attempt', '?')} failed",
+                label,
                 _parse_at(e.get("at")),
                 f"{e.get('error_class', '')}: {e.get('message', e.get('error', ''))}",
             )
         )
     if info.finished_at:
         timeline.append((info.status, info.finished_at, ""))
-    return render(request, "job.html", job=info, timeline=timeline)
+    return render(
+        request,
+        "job.html",
+        job=info,
+        limit=limit,
+        uncounted=uncounted_runs(info.errors),
+        labels=labels,
+        timeline=timeline,
+    )
 
 
 def _parse_at(value: Any) -> datetime | None:
@@ -874,6 +917,9 @@ def _refused_filter(request: Request, template: str, exc: BadFilter, **values: A
         groups=empty,
         groups_next=None,
         next_query=None,
+        prev_query=None,
+        total=None,
+        hidden=(),
         export_query="",
         scan_window=pages.SCAN_WINDOW,
         filters={
@@ -911,7 +957,8 @@ async def dlq_page(request: Request) -> Response:
         page=page,
         statuses=dlq_store.STATUSES,
         filters={k: q.get(k, "") for k in ("tenant", "class", "kind", "status", "since")},
-        next_query=_next_query(request, "before", page.next_cursor),
+        total=await console.dlq_total(db, flt),
+        **_links(request, "before", page.next_cursor),
         export_query=urlencode(
             {k: v for k, v in q.items() if k not in ("before", "groups_after") and v}
         ),
@@ -1007,7 +1054,8 @@ def replay_message(summary: Any) -> tuple[str, bool]:
     if not summary.claimed:
         return "replay: no pending or review dead letter matched: nothing to replay", True
     words = {
-        "resolved": "resolved",
+        "resolved": "replayed and resolved",
+        "not_rerun": "resolved without re-run",
         "retry": "failed again, retry scheduled",
         "review": "failed again, sent to review",
         "ignored": "ignored",
@@ -1025,8 +1073,8 @@ def replay_message(summary: Any) -> tuple[str, bool]:
             reasons = why.get(outcome, [])
             shown = f" ({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''})"
             parts.append(f"{n} {word}{shown if reasons else ''}")
-    ran = summary.resolved + summary.retry + summary.review + summary.ignored + summary.deferred
-    bad = bool(summary.blocked) or not ran
+    settled = summary.resolved + summary.not_rerun + summary.retry + summary.review
+    bad = bool(summary.blocked) or not (settled + summary.ignored + summary.deferred)
     return f"replay of {summary.claimed} dead letter(s): " + "; ".join(parts), bad
 
 
@@ -1087,7 +1135,13 @@ async def outbox_page(request: Request) -> Response:
         counts=await outbox_store.count_by_status(db),
         statuses=OUTBOX_STATUSES,
         filters={k: q.get(k, "") for k in ("status", "topic", "key")},
-        next_query=_next_query(request, "before", page.next_cursor),
+        total=await console.outbox_total(
+            db,
+            status=q.get("status") or None,
+            topic=q.get("topic") or None,
+            key=q.get("key") or None,
+        ),
+        **_links(request, "before", page.next_cursor),
         here=str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
     )
 

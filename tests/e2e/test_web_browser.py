@@ -7,20 +7,18 @@ page are taken on every run; with SYNCKIT_UPDATE_SCREENSHOTS=1 they replace docs
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT, wait_until  # tests/
+from console_browser import ROOT, SYNCKIT, console, env, page_on, seeded_db, with_db  # tests/
+from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT
+from web_app import SECRET  # tests/apps, on the path by console_browser
 
 from synckit.errors import RetryPolicy
 from synckit.runtime.handlers import JobContext, Registry
@@ -28,60 +26,14 @@ from synckit.runtime.worker import Worker
 from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store import migrate
-from synckit.store.db import open_database
 
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
 
-ROOT = Path(__file__).resolve().parents[2]
-APPS = ROOT / "tests" / "apps"
-CHROMIUM = os.environ.get("SYNCKIT_CHROMIUM", "/usr/bin/chromium")
-SYNCKIT = [sys.executable, "-m", "synckit.cli"]
-sys.path.insert(0, str(APPS))
-from web_app import SECRET, seed  # noqa: E402
-
 
 def _env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
-        "WEB_APP_PAGE_PAUSE": "0.7",
-    }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
-    def listening() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"synckit web exited: {log.read_text()[-2000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2):
-                return True
-        except OSError:
-            return False
-
-    wait_until(listening, lambda: f"synckit web did not listen: {log.read_text()[-2000:]}")
-
-
-def _run(coro: Any) -> Any:
-    # Playwright's sync API runs an event loop in this thread: use another one.
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-async def _with_db(url: str, fn: Any) -> Any:
-    db = open_database(url)
-    try:
-        return await fn(db)
-    finally:
-        await db.dispose()
+    return env(WEB_APP_PAGE_PAUSE="0.7")
 
 
 async def failed_job(db: Any) -> int:
@@ -106,66 +58,19 @@ async def failed_job(db: Any) -> int:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("web")
-    url = f"sqlite:///{tmp / 'synckit.db'}"
 
-    async def prepare(db: Any) -> Any:
-        await migrate.upgrade(db)
-        failed = await failed_job(db)  # before the seed: this worker runs only it
-        return {**await seed(db), "failed_job": failed}
+    async def before(db: Any) -> dict[str, Any]:
+        return {"failed_job": await failed_job(db)}  # before the seed: this worker runs only it
 
-    seeded = _run(_with_db(url, prepare))
-    port = _free_port()
-    log = tmp / "web.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                *SYNCKIT,
-                "web",
-                "--app",
-                "web_app:app",
-                "--database-url",
-                url,
-                "--port",
-                str(port),
-                "--refresh",
-                "0.5",
-            ],
-            env=_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        _wait_for_port(port, proc, log)
-        yield {"url": url, "base": f"http://127.0.0.1:{port}", "seeded": seeded, "tmp": tmp}
-    finally:
-        proc.terminate()
-        proc.wait(PROCESS_TIMEOUT)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        why = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
-        if os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1":
-            pytest.fail(why + " (SYNCKIT_REQUIRE_SERVICES=1; .ci/run installs it)")
-        pytest.skip(why)
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            b.close()
+    url, seeded = seeded_db(tmp, before=before)
+    with console(url, tmp, WEB_APP_PAGE_PAUSE="0.7") as base:
+        yield {"url": url, "base": base, "seeded": seeded, "tmp": tmp}
 
 
 @pytest.fixture
 def page(browser: Any, site: dict[str, Any]) -> Iterator[Any]:
-    context = browser.new_context(base_url=site["base"], viewport={"width": 1280, "height": 860})
-    pg = context.new_page()
-    pg.set_default_timeout(EVENT_TIMEOUT * 1000)  # waits for a selector are for events
-    try:
+    with page_on(browser, site["base"]) as pg:
         yield pg
-    finally:
-        context.close()
 
 
 def shot(page: Any, site: dict[str, Any], name: str) -> None:
@@ -199,7 +104,7 @@ def test_every_page_renders_without_a_secret_and_is_photographed(
         if name == "job":
             page.click("summary:has-text('traceback')")  # open, for the screenshot too
             text = page.inner_text("body")
-            assert "attempt 2 · " in text
+            assert "run 2 failed (attempt 2 of 2) · " in text
             assert "RuntimeError: 400 from https://api.example/v1/orders?api_key=***" in text
             assert "Traceback (most recent call last)" in text and "in sync_orders" in text
         if name == "tenants":
@@ -252,7 +157,7 @@ def test_replaying_a_dead_letter_group_resolves_its_rows(page: Any, site: dict[s
     page.on("dialog", lambda dialog: dialog.accept())  # the confirmation with the count
     page.goto("/dlq")
     page.click("button[data-group='acme/server_error']")
-    page.wait_for_selector("text=replay of 3 dead letter(s): 3 resolved")
+    page.wait_for_selector("text=replay of 3 dead letter(s): 3 replayed and resolved")
 
     async def statuses(db: Any) -> dict[str, str]:
         return {
@@ -261,7 +166,7 @@ def test_replaying_a_dead_letter_group_resolves_its_rows(page: Any, site: dict[s
             if r.kind == "record:default"
         }
 
-    assert _run(_with_db(site["url"], statuses)) == {f"order-{i}": "resolved" for i in range(3)}
+    assert with_db(site["url"], statuses) == {f"order-{i}": "resolved" for i in range(3)}
 
 
 def test_binding_beyond_loopback_without_a_token_refuses_to_start(
@@ -300,8 +205,8 @@ def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
     with OAuthTestServer() as provider:
         provider.add_client("console-client", "", auth_methods=["none"])
         provider.consenting_user = "alice"
-        env = {
-            **_env(),
+        oauth_env = {
+            "WEB_APP_PAGE_PAUSE": "0.7",
             "OAUTH_APP_TOKEN_URL": provider.token_url,
             "OAUTH_APP_AUTHORIZE_URL": provider.authorize_url,
             "OAUTH_APP_CLIENT_ID": "console-client",
@@ -317,34 +222,11 @@ def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
             async with db.begin() as conn:
                 await mark_needs_reauth(conn, "acme", reason="invalid_grant: revoked", now=utcnow())
 
-        _run(_with_db(url, prepare))
-        port = _free_port()
-        log = tmp_path / "web.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [
-                    *SYNCKIT,
-                    "web",
-                    "--app",
-                    "oauth_worker_app:app",
-                    "--database-url",
-                    url,
-                    "--port",
-                    str(port),
-                    "--refresh",
-                    "0.5",
-                ],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        try:
-            _wait_for_port(port, proc, log)
-            context = browser.new_context(
-                base_url=f"http://127.0.0.1:{port}", viewport={"width": 1280, "height": 860}
-            )
-            pg = context.new_page()
-            pg.set_default_timeout(EVENT_TIMEOUT * 1000)
+        with_db(url, prepare)
+        with (
+            console(url, tmp_path, app="oauth_worker_app:app", **oauth_env) as base,
+            page_on(browser, base) as pg,
+        ):
             pg.goto("/tenants/acme")
             assert "needs re-authorisation: invalid_grant" in pg.inner_text("#why")
             pg.click("button[value=reauthorize]")
@@ -356,15 +238,11 @@ def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
             pg.click("text=Back to acme")
             # Nothing the claim checks holds it back; no worker runs in this test.
             expect(pg.locator("#why")).to_have_text("no worker alive: nothing claims its jobs")
-            context.close()
-        finally:
-            proc.terminate()
-            proc.wait(PROCESS_TIMEOUT)
 
     async def status(db: Any) -> str:
         from synckit.runtime.tenants import get_tenant
 
         return (await get_tenant(db, "acme", reveal=False)).status
 
-    assert _run(_with_db(url, status)) == "active"
+    assert with_db(url, status) == "active"
     assert provider.stats.codes_exchanged == 1

@@ -6,153 +6,29 @@ storage paths run on both engines in tests/integration).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from console_browser import (  # tests/
+    CHROMIUM,
+    SYNCKIT,
+    console,
+    env,
+    page_on,
+    seeded_db,
+    with_db,
+)
 
 from synckit.store import dead_letters as dlq_store
-from synckit.store import migrate
-from synckit.store.db import open_database
 
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
-
-ROOT = Path(__file__).resolve().parents[2]
-APPS = ROOT / "tests" / "apps"
-CHROMIUM = os.environ.get("SYNCKIT_CHROMIUM", "/usr/bin/chromium")
-SYNCKIT = [sys.executable, "-m", "synckit.cli"]
-sys.path.insert(0, str(APPS))
-from web_app import seed  # noqa: E402
-
-
-def env(**changes: str | None) -> dict[str, str]:
-    out = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
-    }
-    for k, v in changes.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = v
-    return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def run(coro: Any) -> Any:
-    # Playwright's sync API runs an event loop in this thread: use another one.
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-def with_db(url: str, fn: Any) -> Any:
-    async def go() -> Any:
-        db = open_database(url)
-        try:
-            return await fn(db)
-        finally:
-            await db.dispose()
-
-    return run(go())
-
-
-def seeded_db(tmp: Path) -> tuple[str, dict[str, Any]]:
-    url = f"sqlite:///{tmp / 'synckit.db'}"
-
-    async def prepare(db: Any) -> Any:
-        await migrate.upgrade(db)
-        return await seed(db)
-
-    return url, with_db(url, prepare)
-
-
-@contextmanager
-def console(url: str, tmp: Path, *args: str, **env_changes: str | None) -> Iterator[str]:
-    """``synckit web --app web_app:app`` on ``url``; yields its base URL."""
-    port = free_port()
-    log = tmp / f"web-{port}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                *SYNCKIT,
-                "web",
-                "--app",
-                "web_app:app",
-                "--database-url",
-                url,
-                "--port",
-                str(port),
-                "--refresh",
-                "0.5",
-                *args,
-            ],
-            env=env(**env_changes),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"synckit web exited: {log.read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"no listener: {log.read_text()[-2000:]}") from None
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(20)
-
-
-@pytest.fixture(scope="module")
-def pw() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        why = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
-        if os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1":
-            pytest.fail(why + " (SYNCKIT_REQUIRE_SERVICES=1; .ci/run installs it)")
-        pytest.skip(why)
-    with playwright_api.sync_playwright() as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def browser(pw: Any) -> Iterator[Any]:
-    b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-    try:
-        yield b
-    finally:
-        b.close()
-
-
-@contextmanager
-def page_on(browser: Any, base: str) -> Iterator[Any]:
-    context = browser.new_context(base_url=base, viewport={"width": 1280, "height": 860})
-    try:
-        yield context.new_page()
-    finally:
-        context.close()
 
 
 def dlq_state(url: str) -> dict[int, tuple[Any, ...]]:
@@ -406,3 +282,137 @@ def test_the_workers_page_lists_a_live_worker_and_marks_it_lost_once_killed(
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+
+
+def test_the_queue_depth_bars_have_a_colour_and_a_height_and_paced_its_own(
+    browser: Any, tmp_path: Path
+) -> None:
+    async def samples(db: Any) -> None:
+        from datetime import timedelta
+
+        from synckit.clock import utcnow
+        from synckit.store.tables import queue_samples
+
+        minute = utcnow().replace(second=0, microsecond=0)
+        async with db.begin() as conn:
+            for ago, ready, paced in ((3, 20, 0), (2, 10, 30), (1, 0, 5)):
+                await conn.execute(
+                    queue_samples.insert().values(
+                        minute=minute - timedelta(minutes=ago),
+                        ready=ready,
+                        scheduled=0,
+                        retrying=2,
+                        paced=paced,
+                        running=1,
+                    )
+                )
+
+    url, _seeded = seeded_db(tmp_path)
+    with_db(url, samples)
+    with console(url, tmp_path) as base, page_on(browser, base) as page:
+        page.goto("/")
+        drawn = page.eval_on_selector_all(
+            "#depth-history .bar i",
+            """els => els.map(e => {
+                const s = getComputedStyle(e);
+                return [e.className, e.getBoundingClientRect().height, s.backgroundColor];
+            })""",
+        )
+        shown = page.locator("#depth-history .bar:not(.gap)")
+        assert shown.count() == 3
+        assert "10 ready, 2 retrying, 30 paced" in (shown.nth(1).get_attribute("title") or "")
+    painted = [(cls, h, colour) for cls, h, colour in drawn if h > 0]
+    colours = {cls: colour for cls, _h, colour in painted}
+    assert set(colours) == {"q-running", "q-ready", "q-retrying", "q-paced"}, drawn
+    assert colours["q-paced"] == "rgb(183, 121, 31)" != colours["q-ready"]
+    assert "rgba(0, 0, 0, 0)" not in colours.values()
+    # The deepest minute (43) fills the chart: its 30 paced are the tallest segment.
+    tallest = max(painted, key=lambda p: p[1])
+    assert tallest[0] == "q-paced" and tallest[1] > 20
+
+
+# --- 6. lists --------------------------------------------------------------------------------
+
+
+def test_internal_kinds_are_one_click_away_and_pages_lead_back(
+    browser: Any, tmp_path: Path
+) -> None:
+    from synckit.store import jobs as job_store
+
+    async def receipts(db: Any) -> dict[str, Any]:
+        return {
+            "receipts": [
+                (await job_store.enqueue(db, "send.receipt", {"n": i})).id for i in range(60)
+            ]
+        }
+
+    async def newest_tick(db: Any) -> int:
+        made: int = (await job_store.enqueue(db, "synckit.schedule", {})).id
+        return made
+
+    url, _seeded = seeded_db(tmp_path, before=receipts)
+    tick = with_db(url, newest_tick)
+    with console(url, tmp_path) as base, page_on(browser, base) as page:
+        page.goto("/jobs")
+        assert page.locator(f"#jobs a[href='/jobs/{tick}']").count() == 0
+        expect(page.locator("#hidden-kinds")).to_contain_text("synckit.schedule")
+        page.click("#show-internal-link")
+        expect(page.locator(f"#jobs a[href='/jobs/{tick}']")).to_have_count(1)
+        assert page.locator("#show-internal").is_checked()
+        page.goto("/jobs?kind=send.receipt")
+        expect(page.locator("#total")).to_have_text("60 job(s) match")
+        first = page.locator("#jobs tbody tr").count()
+        page.click("a[rel=next]")
+        expect(page.locator("#jobs tbody tr")).to_have_count(60 - first)
+        page.click("a[rel=prev]")
+        expect(page.locator("#jobs tbody tr")).to_have_count(first)
+        assert page.locator("a[rel=prev]").count() == 0
+
+
+# --- 2. outcomes as they happened ------------------------------------------------------------
+
+
+def test_a_dead_cycle_replayed_while_its_next_cycle_is_queued_says_nothing_was_re_run(
+    browser: Any, tmp_path: Path
+) -> None:
+    async def dead_cycle(db: Any) -> dict[str, Any]:
+        from sqlalchemy import update
+
+        from synckit.clock import utcnow
+        from synckit.store import jobs as job_store
+        from synckit.store.tables import jobs
+
+        key = "poll:acme:orders"
+        dead = await job_store.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
+        async with db.begin() as conn:
+            await conn.execute(update(jobs).where(jobs.c.id == dead.id).values(status="dead"))
+            await job_store.dead_letter_job(
+                conn,
+                job_id=dead.id,
+                kind="synckit.poll",
+                payload={"tenant": "acme"},
+                resource_key="shop:acme",
+                error_class="transient",
+                message="timeout",
+                traceback=None,
+                trace_id=None,
+                attempts=5,
+                now=utcnow(),
+            )
+        queued = await job_store.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
+        (letter,) = [r async for r in dlq_store.iter_rows(db, dlq_store.DlqFilter())]
+        return {"letter": letter.id, "queued": queued.id}
+
+    url, seeded = seeded_db(tmp_path, before=dead_cycle)
+    with console(url, tmp_path) as base, page_on(browser, base) as page:
+        page.goto(f"/dlq/{seeded['letter']}")
+        assert "next retry" in page.inner_text(".facts")
+        page.click("button[value=replay]")
+        flash = page.locator("#flash")
+        expect(flash).to_contain_text("1 resolved without re-run")
+        assert f"job {seeded['queued']} (pending) holds its unique key" in flash.inner_text()
+        assert "replayed and resolved" not in flash.inner_text()
+        assert "bad" not in (flash.get_attribute("class") or "")
+        facts = page.inner_text(".facts")
+        assert "next retry" not in facts
+        expect(page.locator("h1 .state")).to_have_text("resolved")

@@ -439,3 +439,55 @@ async def test_a_pending_row_without_a_replay_time_is_made_due(db: Database) -> 
     replayers, seen = recorder()
     summary = await processor(db, replayers, Clock()).run_once()
     assert seen == [a] and summary.resolved == 1
+
+
+async def test_a_dead_cycle_whose_next_cycle_is_queued_is_resolved_without_a_re_run(
+    db: Database,
+) -> None:
+    """A dead poll cycle cannot be re-run while its stream's next cycle (same unique key)
+    is queued: the row is resolved as not re-run, naming that cycle; nothing runs, no
+    replay is counted, and the console says so (issue 34)."""
+    from synckit.web.app import replay_message
+
+    key = "poll:acme:orders"
+    dead = await jobs.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
+    async with db.begin() as conn:
+        await conn.execute(
+            update(jobs_table).where(jobs_table.c.id == dead.id).values(status="dead", attempts=5)
+        )
+        await jobs.dead_letter_job(
+            conn,
+            job_id=dead.id,
+            kind="synckit.poll",
+            payload={"tenant": "acme"},
+            resource_key=None,
+            error_class="transient",
+            message="timeout",
+            traceback=None,
+            trace_id=None,
+            attempts=5,
+            now=T0 - timedelta(minutes=5),
+        )
+    queued = await jobs.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
+    assert queued.id != dead.id
+    summary = await ReplayProcessor(db, rng=Fixed(), clock=Clock()).run_once()
+    assert (summary.claimed, summary.not_rerun, summary.resolved) == (1, 1, 0)
+    (row,) = [r async for r in store.iter_rows(db, store.DlqFilter())]
+    assert row.status == "resolved" and row.replay_attempts == 0
+    assert f"job {queued.id} (pending) holds its unique key" in (row.status_reason or "")
+    assert (await jobs.get_job(db, dead.id)).status == "dead"
+    text, bad = replay_message(summary)
+    assert "1 resolved without re-run (not re-run: job" in text and not bad
+    assert "replayed and resolved" not in text
+
+
+async def test_a_job_that_succeeded_since_is_not_re_run(db: Database) -> None:
+    job_id, dl = await dead_job(db)
+    async with db.begin() as conn:
+        await conn.execute(
+            update(jobs_table).where(jobs_table.c.id == job_id).values(status="succeeded")
+        )
+    summary = await ReplayProcessor(db, rng=Fixed(), clock=Clock()).run_once()
+    assert summary.not_rerun == 1 and summary.resolved == 0
+    row = await store.get(db, dl)
+    assert row.status_reason == f"not re-run: job {job_id} has succeeded since"

@@ -28,6 +28,7 @@ TABLES = {
     "pending_authorizations",
     "poll_ticks",
     "workers",
+    "queue_samples",
     "webhook_events",
     "webhook_refusals",
     "webhook_triggers",
