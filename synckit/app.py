@@ -19,6 +19,7 @@ Handlers get no database from the queue, so the App holds one: the one given to
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -41,6 +42,7 @@ from synckit.runtime import pacing
 from synckit.runtime.alerts import get_alert_router, register_alerts
 from synckit.runtime.context import open_context, prepare_process
 from synckit.runtime.handlers import Discard, JobContext, Registry
+from synckit.runtime.http import network_of
 from synckit.runtime.pacing import PaceView
 from synckit.runtime.poll import (
     POLL_KIND,
@@ -88,6 +90,11 @@ class App:
     costs a test no wall time. A database the App uses takes its clock as
     :attr:`~synckit.store.db.Database.clock`: ``enqueue_many(db, ...)`` stamps jobs by
     it, so the App's ``run_until_idle`` finds them due.
+
+    ``proxy`` is the URL of a proxy every connector's requests go through; without one,
+    they honour the environment's ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` and
+    ``NO_PROXY``. ``ca_bundle`` is a PEM file of the certificate authorities to trust
+    instead of the default bundle (a company's TLS-inspecting proxy, a private API's CA).
     """
 
     def __init__(
@@ -102,7 +109,11 @@ class App:
         dlq_replay_every: timedelta | None = timedelta(minutes=1),
         alerts_every: timedelta | None = timedelta(minutes=1),
         clock: Callable[[], datetime] | None = None,
+        proxy: str | None = None,
+        ca_bundle: str | os.PathLike[str] | None = None,
     ) -> None:
+        #: How connectors' clients reach their APIs (proxy, trusted CAs).
+        self.network = network_of(proxy, ca_bundle)
         self._connectors: dict[str, type[Connector[Any]]] = {}
         for cls in connectors:
             self.add_connector(cls)
@@ -345,6 +356,7 @@ class App:
             trace_id=trace_id,
             log=log,
             transport=self.transport,
+            network=self.network,
             clock=self.clock,
         ) as ctx:
             yield ctx
@@ -422,6 +434,7 @@ class App:
             resource_key=t.resource_key,
             stream=stream,
             transport=self.transport,
+            network=self.network,
             clock=self.clock,
         ) as ctx:
             decl = cls.stream(stream).records
@@ -494,6 +507,7 @@ class App:
             trace_id=jctx.job.trace_id,
             log=jctx.log,
             transport=self.transport,
+            network=self.network,
             clock=self.clock,
             pace=pace,
             first_slots=first,
