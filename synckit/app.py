@@ -36,12 +36,18 @@ from synckit.connectors.context import SyncContext
 from synckit.connectors.records import Records
 from synckit.dlq.replay import ReplayProcessor, register_dlq_replay, replayers_from_app
 from synckit.errors.backoff import RetryPolicy
-from synckit.errors.exceptions import ConfigurationError, PermanentError
+from synckit.errors.exceptions import (
+    ConfigurationError,
+    Discard,
+    PermanentError,
+    SecretCorrupt,
+    TenantNotFound,
+)
 from synckit.errors.pace import PacePolicy
 from synckit.runtime import pacing
 from synckit.runtime.alerts import get_alert_router, register_alerts
 from synckit.runtime.context import open_context, prepare_process
-from synckit.runtime.handlers import Discard, JobContext, Registry
+from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.http import network_of
 from synckit.runtime.pacing import PaceView
 from synckit.runtime.poll import (
@@ -58,15 +64,7 @@ from synckit.runtime.poll import (
 )
 from synckit.runtime.records import RecordsReader, land
 from synckit.runtime.records import prepare as prepare_landing
-from synckit.runtime.secrets import SecretCorrupt
-from synckit.runtime.tenants import (
-    _COLUMNS,
-    Tenant,
-    TenantNotFound,
-    _tenant,
-    add_tenant,
-    get_tenant,
-)
+from synckit.runtime.tenants import _COLUMNS, Tenant, _tenant, add_tenant, get_tenant
 from synckit.runtime.worker import Worker
 from synckit.store import checkpoints
 from synckit.store.db import Database, SyncConn, is_driver_error, open_database, savepoint
@@ -398,14 +396,13 @@ class App:
         ``kind`` is the dead letter's (``record:<stream>``). The call is paced and
         classified like a poll cycle's. Rows that can never be replayed (the tenant is
         gone or uses another connector now, the kind is not a record kind) raise
-        :class:`synckit.dlq.replay.Unreplayable`; what configuration prevents (the
+        :class:`synckit.errors.exceptions.Unreplayable`; what configuration prevents (the
         tenant's secrets do not open with ``$SYNCKIT_SECRET_KEY``, this App lacks the
-        connector or stream) raises :class:`synckit.dlq.replay.ReplayBlocked`, which
+        connector or stream) raises :class:`synckit.errors.exceptions.ReplayBlocked`, which
         leaves the row as it was; a paused tenant raises
-        :class:`~synckit.runtime.tenants.TenantError` (replay it once resumed).
+        :class:`~synckit.errors.exceptions.TenantError` (replay it once resumed).
         """
-        from synckit.dlq.replay import ReplayBlocked, Unreplayable
-        from synckit.runtime.tenants import TenantError
+        from synckit.errors.exceptions import ReplayBlocked, TenantError, Unreplayable
 
         try:
             stream = stream_of_kind(kind)

@@ -1,6 +1,8 @@
 """Error handling decisions: classification, Retry-After parsing, backoff, circuit breaker.
 
-Everything here is pure: values in, frozen dataclasses out, no I/O, no logging.
+Everything here is pure: values in, frozen dataclasses out, no I/O, no logging. The
+exceptions themselves are in :mod:`synckit.errors.exceptions` (importable from
+``synckit``).
 """
 
 from synckit.errors.backoff import (
@@ -33,22 +35,6 @@ from synckit.errors.classify import (
     classify,
 )
 from synckit.errors.error_body import ErrorBody, ErrorDescription
-from synckit.errors.exceptions import (
-    ApiError,
-    ApiResponse,
-    ConfigurationError,
-    DatabaseError,
-    DatabaseUnavailable,
-    HandlerOutcome,
-    JobError,
-    JobNotFound,
-    JobStateError,
-    NeedsReauth,
-    PermanentError,
-    RateLimited,
-    RetryableError,
-    SynckitError,
-)
 from synckit.errors.headers import (
     MAX_WAIT,
     HeadersLike,
@@ -75,8 +61,6 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_WAIT",
     "MAX_WAIT",
-    "ApiError",
-    "ApiResponse",
     "BodyRule",
     "BreakerDecision",
     "BreakerOutcome",
@@ -85,28 +69,16 @@ __all__ = [
     "BreakerState",
     "Classification",
     "ClassifyRules",
-    "ConfigurationError",
-    "DatabaseError",
-    "DatabaseUnavailable",
     "ErrorBody",
     "ErrorClass",
     "ErrorDescription",
-    "HandlerOutcome",
     "HeadersLike",
-    "JobError",
-    "JobNotFound",
-    "JobStateError",
-    "NeedsReauth",
     "PaceDecision",
     "PacePolicy",
-    "PermanentError",
     "RateLimitInfo",
-    "RateLimited",
     "RetryDecision",
     "RetryPolicy",
-    "RetryableError",
     "Slot",
-    "SynckitError",
     "breaker_allows",
     "breaker_claim_probe",
     "breaker_open",

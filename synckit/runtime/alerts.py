@@ -67,7 +67,7 @@ import structlog
 from synckit.clock import utcnow
 from synckit.connectors.schedule import cached_schedule
 from synckit.errors.backoff import backoff_delay
-from synckit.errors.exceptions import ConfigurationError, SynckitError
+from synckit.errors.exceptions import AlertDeliveryError, ConfigurationError, SynckitError
 from synckit.errors.headers import server_wait
 from synckit.runtime.audit import window_start
 from synckit.runtime.budget import BudgetLevel, BudgetPolicy, pause_tenants
@@ -937,10 +937,6 @@ async def recent_alerts(conn: Conn, *, since: datetime, limit: int = 100) -> lis
 AlertSink = Callable[[Alert], Awaitable[None]]
 
 
-class AlertDeliveryError(SynckitError):
-    """A sink could not deliver an alert."""
-
-
 class LogSink:
     """Logs each alert as the structlog event ``alert.fired``."""
 
@@ -1329,7 +1325,6 @@ __all__ = [
     "POLL_KIND",
     "Alert",
     "AlertData",
-    "AlertDeliveryError",
     "AlertEvaluator",
     "AlertRouter",
     "AlertRule",

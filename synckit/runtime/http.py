@@ -9,7 +9,7 @@ Two layers, because they see different things:
   declared :class:`~synckit.connectors.base.RateLimit`, the rate that spreads the quota
   the API reported (``X-RateLimit-*``, IETF ``RateLimit``) over the time to its reset, or
   the lower of the two. A wait longer than the connector's ``max_inline_wait`` raises
-  :class:`~synckit.errors.RateLimited` (with ``paced_until``) instead of sleeping, so the
+  :class:`~synckit.errors.exceptions.RateLimited` (with ``paced_until``) instead of sleeping, so the
   worker puts the job back. After each response it notes the reported quota (stored with
   the next slot, not by a write of its own), and a success reporting an exhausted quota
   defers the resource until the reset.
@@ -21,9 +21,10 @@ Two layers, because they see different things:
   (:func:`synckit.runtime.pacing.record_rate_limit`: in-flight answers of one burst are
   one event); when the pace it leads to fits in ``max_inline_wait`` the request is sent
   again after it (at most :data:`MAX_INLINE_RETRIES` times; a non-idempotent method only
-  after a refusal, a 429 or a rate-limited 403/509), else :class:`~synckit.errors.RateLimited`
-  carries the clamped wait. Transport errors (timeouts, resets) are translated the same
-  way, ``from`` the httpx error. Hooks never check status codes.
+  after a refusal, a 429 or a rate-limited 403/509), else
+  :class:`~synckit.errors.exceptions.RateLimited` carries the clamped wait. Transport
+  errors (timeouts, resets) are translated the same way, ``from`` the httpx error.
+  Hooks never check status codes.
 
 The Pacer touches the database only when it must: while a rate applies, one short
 transaction reserves the slots of this process's next requests on the tenant's shared
@@ -706,7 +707,7 @@ def api_error(
     response: httpx.Response | None = None,
 ) -> HandlerOutcome:
     """The synckit exception for a failed call, its message naming the request; with the
-    ``response`` it is also an :class:`~synckit.errors.ApiError` carrying it."""
+    ``response`` it is also an :class:`~synckit.errors.exceptions.ApiError` carrying it."""
     if request is not None or response is not None:
         # The reason may quote the API's error body, which may echo a credential.
         reason = classification.reason

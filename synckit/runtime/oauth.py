@@ -61,7 +61,11 @@ from authlib.deprecate import AuthlibDeprecationWarning
 
 from synckit.clock import utcnow
 from synckit.connectors.auth import ClientAuthMethod, GrantType, OAuth2Config
-from synckit.errors.exceptions import NeedsReauth, RetryableError
+from synckit.errors.exceptions import (
+    NeedsReauth,
+    TokenEndpointUnavailable,
+    UnprovenUnauthorized,
+)
 from synckit.errors.headers import server_wait
 from synckit.redaction import redact_text
 from synckit.runtime import pacing
@@ -122,15 +126,6 @@ _SHORT_WAIT = timedelta(seconds=1)
 
 #: The longest part of the cause kept in a stored reason (the hint follows it).
 _CAUSE_CHARS = 300
-
-
-class TokenEndpointUnavailable(RetryableError):
-    """The token endpoint could not give an answer (unreachable, 5xx, 429, garbage)."""
-
-
-class UnprovenUnauthorized(RetryableError):
-    """The API kept answering 401, but never to a token minted for the request: no proof
-    that the grant is gone, so the request is retried later instead."""
 
 
 # --- decisions (pure) ---------------------------------------------------------------------
@@ -731,8 +726,8 @@ async def reauth(
 
     A token set with only a refresh token is refreshed by the first request. The
     tenant's waiting jobs are claimed again from now on (workers are woken). Raises
-    :class:`~synckit.runtime.secrets.ConnectionNotFound` for an unknown tenant and
-    :class:`~synckit.errors.ConfigurationError` when tokens cannot be stored securely.
+    :class:`~synckit.errors.exceptions.ConnectionNotFound` for an unknown tenant and
+    :class:`~synckit.errors.exceptions.ConfigurationError` when tokens cannot be stored securely.
     """
     cipher = cipher or TokenCipher.from_env()
     now = now or utcnow()
@@ -759,8 +754,6 @@ __all__ = [
     "OAuth2Config",
     "ReauthResult",
     "RefreshResult",
-    "TokenEndpointUnavailable",
-    "UnprovenUnauthorized",
     "reauth",
     "reauth_reason",
     "refresh_due",

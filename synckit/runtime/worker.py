@@ -58,11 +58,19 @@ from synckit.errors import (
     retry_delay,
 )
 from synckit.errors.backoff import backoff_delay
-from synckit.errors.exceptions import DatabaseError, NeedsReauth, PermanentError, SynckitError
+from synckit.errors.exceptions import (
+    Cancel,
+    DatabaseError,
+    Discard,
+    NeedsReauth,
+    PermanentError,
+    Snooze,
+    SynckitError,
+)
 from synckit.errors.pace import PacePolicy
 from synckit.errors.waits import DEFAULT_MAX_WAIT, moment_after
 from synckit.runtime import cron, outbox, pacing
-from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
+from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.http import shared_connections
 from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
 from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Row, Text, and_, bindparam, cast, delete, func, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.exceptions import ConnectionExists, ConnectionNotFound
 from synckit.redaction import redact_text
 from synckit.store.db import Conn, Database, SyncConn
 from synckit.store.dead_letters import storable_text
@@ -37,10 +37,6 @@ CONNECTION_STATUSES = frozenset({"active", "paused", "needs_reauth"})
 #: start check writes it, the ``unreadable_connection`` alert rule looks for it; here,
 #: beside the statuses, so ``synckit status`` reads it without the key machinery).
 UNREADABLE_ROW_REASON = "connection row unreadable:"
-
-
-class ConnectionNotFound(ConfigurationError):
-    """No connection row for the tenant (create the tenant first)."""
 
 
 # --- token sets and the refresh lease ----------------------------------------------------
@@ -347,10 +343,6 @@ _GUARDED = ("created_at", "updated_at")
 _GUARDED_COLUMNS = tuple(
     guarded_moment(connections.c[c.name]) if c.name in _GUARDED else c for c in TENANT_COLUMNS
 )
-
-
-class ConnectionExists(ConfigurationError):
-    """A connection row for the tenant exists already (a concurrent add)."""
 
 
 async def connector_of(conn: Conn, tenant: str) -> str | None:

@@ -77,7 +77,7 @@ from synckit.errors.dlq_policy import (
     dead_cycle_streak,
     decide_capture,
 )
-from synckit.errors.exceptions import SynckitError
+from synckit.errors.exceptions import DeadLetterNotFound, DlqError
 from synckit.redaction import redact_text
 from synckit.store import leases
 from synckit.store.db import Database
@@ -94,8 +94,6 @@ __all__ = [
     "STATUSES",
     "Captured",
     "DeadLetter",
-    "DeadLetterNotFound",
-    "DlqError",
     "DlqFilter",
     "DlqGroup",
     "Failure",
@@ -153,14 +151,6 @@ _GROUP_COLUMNS = {
     "class": dead_letters.c.error_class,
     "status": dead_letters.c.status,
 }
-
-
-class DlqError(SynckitError):
-    """A dead-letter operation was refused."""
-
-
-class DeadLetterNotFound(DlqError):
-    """No dead letter has the given id."""
 
 
 # --- rows -------------------------------------------------------------------------------

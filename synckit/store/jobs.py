@@ -68,7 +68,7 @@ from synckit.errors.breaker import (
     BreakerState,
     breaker_claim_probe,
 )
-from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
+from synckit.errors.exceptions import JobError, JobNotFound, JobStateError, PayloadError
 from synckit.store import notify
 from synckit.store.db import Database, _Busy
 from synckit.store.pages import Page, off_index, page_size, paged, scan_window
@@ -88,10 +88,6 @@ START_LEASE = timedelta(seconds=2)
 # index when the query's predicate visibly implies the index's.
 _PENDING: Any = literal_column("'pending'")
 _RUNNING: Any = literal_column("'running'")
-
-
-class PayloadError(JobError):
-    """A job payload that cannot be stored as JSON."""
 
 
 #: An unescaped NUL in serialised JSON: an odd run of backslashes before ``u0000``.
@@ -2612,7 +2608,6 @@ __all__ = [
     "JobFilter",
     "JobInfo",
     "JobSpec",
-    "PayloadError",
     "StuckJob",
     "cancel_job",
     "claim",

@@ -38,7 +38,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from synckit.clock import parse_duration, utcnow
-from synckit.errors.exceptions import JobNotFound, SynckitError
+from synckit.errors.exceptions import DeadLetterNotFound, JobNotFound, SynckitError, TenantNotFound
 from synckit.printable import printable
 from synckit.runtime import outbox as outbox_store
 from synckit.runtime import tenants as tenant_store
@@ -565,7 +565,7 @@ def cycle_facts(job: job_store.JobInfo) -> CycleFacts:
 async def tenant_page(request: Request) -> Response:
     try:
         values = await _tenant_values(request)
-    except tenant_store.TenantNotFound as exc:
+    except TenantNotFound as exc:
         return render(request, "error.html", status_code=404, message=str(exc))
     return render(request, "tenant.html", **values)
 
@@ -573,7 +573,7 @@ async def tenant_page(request: Request) -> Response:
 async def tenant_live(request: Request) -> Response:
     try:
         values = await _tenant_values(request)
-    except tenant_store.TenantNotFound as exc:
+    except TenantNotFound as exc:
         return PlainTextResponse(printable(str(exc)), status_code=404)
     return render(request, "_tenant_live.html", **values)
 
@@ -745,7 +745,7 @@ async def jobs_page(request: Request) -> Response:
                 resource_key=t.resource_key,
                 created_since=flt.created_since,
             )
-        except tenant_store.TenantNotFound:
+        except TenantNotFound:
             # Named, not queried: the old sentinel key ("\x00...") was a driver error on
             # PostgreSQL, whose text cannot hold a NUL.
             missing = BadFilter(f"no tenant {q['tenant']!r}")
@@ -925,9 +925,9 @@ async def dlq_row_page(request: Request) -> Response:
     row_id = _int(raw)
     try:
         if row_id is None:
-            raise dlq_store.DeadLetterNotFound(f"no dead letter with id {raw}")
+            raise DeadLetterNotFound(f"no dead letter with id {raw}")
         row = await dlq_store.get(db, row_id)
-    except dlq_store.DeadLetterNotFound as exc:
+    except DeadLetterNotFound as exc:
         return render(request, "error.html", status_code=404, message=str(exc))
     return render(request, "dlq_row.html", row=row)
 

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, insert, select
 
-from synckit.errors import BreakerSnapshot, BreakerState, RetryableError, breaker_allows
+from synckit.errors import BreakerSnapshot, BreakerState, breaker_allows
+from synckit.errors.exceptions import RetryableError
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store

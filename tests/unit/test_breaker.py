@@ -14,7 +14,6 @@ from synckit.errors import (
     BreakerSnapshot,
     BreakerState,
     Classification,
-    ConfigurationError,
     ErrorClass,
     breaker_allows,
     breaker_claim_probe,
@@ -23,6 +22,7 @@ from synckit.errors import (
     reopen_cooldown,
 )
 from synckit.errors.breaker import open_cooldown
+from synckit.errors.exceptions import ConfigurationError
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 # Threshold 5, cool-down 30 s doubling up to 10 min (the default cool-down is 5 s; these
