@@ -73,7 +73,8 @@ class Gate:
 
     @property
     def why(self) -> HoldKind | None:
-        """The hold that lasts longest (a timed one before the in-flight limit)."""
+        """The hold that lasts longest (a timed one before the in-flight limit; on a tie
+        the breaker's, then the probe's, then the pace's)."""
         if not self.holds:
             return None
         until = self.until
@@ -92,27 +93,22 @@ def gate(facts: LaneFacts, now: datetime) -> Gate:
     one job through, the probe (whatever runs already); a closed one lets through what
     ``max_in_flight`` leaves, held while none is left.
     """
+    # In this order: on a tie the first is the why (an open breaker writes its cool-down
+    # end into next_available_at too: it is the breaker that holds).
     holds: list[Hold] = []
-    if _after(facts.next_available_at, now):
-        holds.append(Hold("paced", facts.next_available_at))
     if facts.state == "open" and _after(facts.cooldown_until, now):
         holds.append(Hold("breaker", facts.cooldown_until))
-    if (
-        facts.state == "half_open"
-        and facts.probe_in_flight
-        and _after(facts.probe_expires_at, now)
-    ):
+    if facts.state == "half_open" and facts.probe_in_flight and _after(facts.probe_expires_at, now):
         holds.append(Hold("probe", facts.probe_expires_at))
-    if holds:
-        return Gate(tuple(holds))
+    if _after(facts.next_available_at, now):
+        holds.append(Hold("paced", facts.next_available_at))
     if facts.state in ("open", "half_open"):
-        return Gate(probe=True, room=1)
-    if facts.max_in_flight is None:
-        return Gate()
-    room = facts.max_in_flight - facts.running
-    if room <= 0:
-        return Gate((Hold("in_flight", None),), room=0)
-    return Gate(room=room)
+        # The probe goes whatever runs already.
+        return Gate(tuple(holds), probe=not holds, room=0 if holds else 1)
+    room = None if facts.max_in_flight is None else max(0, facts.max_in_flight - facts.running)
+    if room == 0:
+        holds.append(Hold("in_flight", None))
+    return Gate(tuple(holds), room=0 if holds else room)
 
 
 def _after(moment: datetime | None, now: datetime) -> bool:

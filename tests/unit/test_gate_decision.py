@@ -1,5 +1,5 @@
 """The gate's named cases: each hold, until when, and why (the claim is held to the same
-rule by tests/integration/test_gate.py)."""
+rule by tests/integration/test_gate.py; every reason is listed, for the console)."""
 
 from __future__ import annotations
 
@@ -46,5 +46,13 @@ def test_the_in_flight_limit_holds_until_a_job_ends() -> None:
 def test_the_longest_hold_is_the_why() -> None:
     much_later = LATER + timedelta(hours=1)
     g = gate(LaneFacts(state="open", cooldown_until=LATER, next_available_at=much_later), NOW)
-    assert g.holds == (Hold("paced", much_later), Hold("breaker", LATER))
+    assert g.holds == (Hold("breaker", LATER), Hold("paced", much_later))
     assert (g.until, g.why) == (much_later, "paced")
+    tie = gate(LaneFacts(state="open", cooldown_until=LATER, next_available_at=LATER), NOW)
+    assert (tie.until, tie.why) == (LATER, "breaker")
+
+
+def test_every_reason_is_listed_when_several_hold() -> None:
+    g = gate(LaneFacts(next_available_at=LATER, max_in_flight=1, running=1), NOW)
+    assert g.holds == (Hold("paced", LATER), Hold("in_flight", None))
+    assert (g.open, g.until, g.why, g.room) == (False, LATER, "paced", 0)
