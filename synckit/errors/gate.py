@@ -14,7 +14,7 @@ Pure: values in, a frozen value out, the clock as an argument.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Literal
 
 __all__ = ["Gate", "Hold", "HoldKind", "LaneFacts", "gate"]
@@ -112,4 +112,11 @@ def gate(facts: LaneFacts, now: datetime) -> Gate:
 
 
 def _after(moment: datetime | None, now: datetime) -> bool:
-    return moment is not None and moment > now
+    # A naive timestamp (a hand-edited row, a driver without zones) is UTC.
+    if moment is None:
+        return False
+    return _utc(moment) > _utc(now)
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
