@@ -1,8 +1,9 @@
 """The one lease: a row held by one process while it works outside any transaction.
 
-``dead_letters`` (a replay), ``intents`` (a create on a remote API) and ``outbox`` (a
-publish to a broker) carry the same two columns (migration 0011): ``lease_token``, who
-holds the row, and ``lease_expires_at``, until when. The work they cover is network I/O,
+``dead_letters`` (a replay), ``intents`` (a create on a remote API), ``outbox`` (a
+publish to a broker), ``webhook_events`` and ``alerts`` (a delivery to the alert sinks,
+migration 0020) carry the same two columns (migration 0011): ``lease_token``, who holds
+the row, and ``lease_expires_at``, until when. The work they cover is network I/O,
 so no transaction may stay open across it; the lease is what keeps other processes off
 the row meanwhile. Three operations, all of them single statements:
 

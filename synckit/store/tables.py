@@ -472,8 +472,10 @@ alerts = Table(
     Column("delivered", JSONType, nullable=False),
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("last_error", Text),
+    # Delivery holds a row under the one lease (store/leases.py, migration 0020).
     _ts("lease_expires_at"),
     _ts("finished_at"),
+    Column("lease_token", String(100)),
     # De-duplication: at most one row per rule, subject and window, whoever inserts it.
     UniqueConstraint("dedupe_key", name="uq_alerts_dedupe_key"),
     # Recent alerts, newest first (status, the console), and pruning by age.
