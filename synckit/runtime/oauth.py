@@ -9,12 +9,13 @@ the provider be down then, the still-valid token is used.
 
 Single flight across every process, without a database lock across the provider call
 ----------------------------------------------------------------------------------
-A refresh takes the connection row's *lease* (``refresh_owner``, ``refresh_until``) in a
-short transaction, calls the provider with no transaction open, then saves the new token
-set, with the provider's rotated refresh token, fenced by the lease (only if it still
-holds it), before any request uses the new access token. Others wait for the lease (or
-keep using their still-valid token) and then use the stored one; a crashed refresher's
-lease expires (``2 x timeout + 5 s``). Within one process an asyncio lock per tenant keeps
+A refresh takes the connection row's *lease* (``refresh_owner``, ``refresh_until``: the
+one lease of :mod:`synckit.store.leases` on the row's own columns) in a short
+transaction, calls the provider with no transaction open, then saves the new token set,
+with the provider's rotated refresh token, fenced by the lease (only if it still holds
+it), before any request uses the new access token. Others wait for the lease (or keep
+using their still-valid token) and then use the stored one; a crashed refresher's lease
+expires (``2 x timeout + 5 s``). Within one process an asyncio lock per tenant keeps
 coroutines from polling the row together. What to do at each look at the row is the pure
 :func:`refresh_step`.
 
