@@ -19,6 +19,7 @@ Handlers get no database from the queue, so the App holds one: the one given to
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -35,12 +36,19 @@ from synckit.connectors.context import SyncContext
 from synckit.connectors.records import Records
 from synckit.dlq.replay import ReplayProcessor, register_dlq_replay, replayers_from_app
 from synckit.errors.backoff import RetryPolicy
-from synckit.errors.exceptions import ConfigurationError, PermanentError
+from synckit.errors.exceptions import (
+    ConfigurationError,
+    Discard,
+    PermanentError,
+    SecretCorrupt,
+    TenantNotFound,
+)
 from synckit.errors.pace import PacePolicy
 from synckit.runtime import pacing
 from synckit.runtime.alerts import get_alert_router, register_alerts
 from synckit.runtime.context import open_context, prepare_process
-from synckit.runtime.handlers import Discard, JobContext, Registry
+from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.http import network_of
 from synckit.runtime.pacing import PaceView
 from synckit.runtime.poll import (
     POLL_KIND,
@@ -56,15 +64,7 @@ from synckit.runtime.poll import (
 )
 from synckit.runtime.records import RecordsReader, land
 from synckit.runtime.records import prepare as prepare_landing
-from synckit.runtime.secrets import SecretCorrupt
-from synckit.runtime.tenants import (
-    _COLUMNS,
-    Tenant,
-    TenantNotFound,
-    _tenant,
-    add_tenant,
-    get_tenant,
-)
+from synckit.runtime.tenants import _COLUMNS, Tenant, _tenant, add_tenant, get_tenant
 from synckit.runtime.worker import Worker
 from synckit.store import checkpoints
 from synckit.store.db import Database, SyncConn, is_driver_error, open_database, savepoint
@@ -88,6 +88,11 @@ class App:
     costs a test no wall time. A database the App uses takes its clock as
     :attr:`~synckit.store.db.Database.clock`: ``enqueue_many(db, ...)`` stamps jobs by
     it, so the App's ``run_until_idle`` finds them due.
+
+    ``proxy`` is the URL of a proxy every connector's requests go through; without one,
+    they honour the environment's ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` and
+    ``NO_PROXY``. ``ca_bundle`` is a PEM file of the certificate authorities to trust
+    instead of the default bundle (a company's TLS-inspecting proxy, a private API's CA).
     """
 
     def __init__(
@@ -102,7 +107,11 @@ class App:
         dlq_replay_every: timedelta | None = timedelta(minutes=1),
         alerts_every: timedelta | None = timedelta(minutes=1),
         clock: Callable[[], datetime] | None = None,
+        proxy: str | None = None,
+        ca_bundle: str | os.PathLike[str] | None = None,
     ) -> None:
+        #: How connectors' clients reach their APIs (proxy, trusted CAs).
+        self.network = network_of(proxy, ca_bundle)
         self._connectors: dict[str, type[Connector[Any]]] = {}
         for cls in connectors:
             self.add_connector(cls)
@@ -345,6 +354,7 @@ class App:
             trace_id=trace_id,
             log=log,
             transport=self.transport,
+            network=self.network,
             clock=self.clock,
         ) as ctx:
             yield ctx
@@ -386,14 +396,13 @@ class App:
         ``kind`` is the dead letter's (``record:<stream>``). The call is paced and
         classified like a poll cycle's. Rows that can never be replayed (the tenant is
         gone or uses another connector now, the kind is not a record kind) raise
-        :class:`synckit.dlq.replay.Unreplayable`; what configuration prevents (the
+        :class:`synckit.errors.exceptions.Unreplayable`; what configuration prevents (the
         tenant's secrets do not open with ``$SYNCKIT_SECRET_KEY``, this App lacks the
-        connector or stream) raises :class:`synckit.dlq.replay.ReplayBlocked`, which
+        connector or stream) raises :class:`synckit.errors.exceptions.ReplayBlocked`, which
         leaves the row as it was; a paused tenant raises
-        :class:`~synckit.runtime.tenants.TenantError` (replay it once resumed).
+        :class:`~synckit.errors.exceptions.TenantError` (replay it once resumed).
         """
-        from synckit.dlq.replay import ReplayBlocked, Unreplayable
-        from synckit.runtime.tenants import TenantError
+        from synckit.errors.exceptions import ReplayBlocked, TenantError, Unreplayable
 
         try:
             stream = stream_of_kind(kind)
@@ -422,6 +431,7 @@ class App:
             resource_key=t.resource_key,
             stream=stream,
             transport=self.transport,
+            network=self.network,
             clock=self.clock,
         ) as ctx:
             decl = cls.stream(stream).records
@@ -494,6 +504,7 @@ class App:
             trace_id=jctx.job.trace_id,
             log=jctx.log,
             transport=self.transport,
+            network=self.network,
             clock=self.clock,
             pace=pace,
             first_slots=first,

@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 
 from synckit.cli.options import Seconds, log_settings
-from synckit.errors import SynckitError
+from synckit.errors.exceptions import SynckitError
 from synckit.examples.graph_mail.demo import LOG_FILE, DemoResult, render_summary, run_demo
 from synckit.runtime.logging import configure_logging
 

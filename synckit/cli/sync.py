@@ -23,8 +23,9 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from synckit.cli.app_loader import app_option, load_app
 from synckit.cli.options import CliError, Seconds, cell, database_option, markup_escaped, run
 from synckit.clock import utcnow
+from synckit.errors.exceptions import TenantNotFound
 from synckit.runtime.actions import CycleProgress, enqueue_cycles, waiting_hint
-from synckit.runtime.tenants import TenantNotFound, get_tenant, list_tenants
+from synckit.runtime.tenants import get_tenant, list_tenants
 from synckit.store.db import Database
 from synckit.store.jobs import get_job
 from synckit.store.views import CycleCounts, checkpoint_moment, cycle_counts, job_created_at

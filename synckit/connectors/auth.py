@@ -59,7 +59,7 @@ class OAuth2Config:
     itself with PKCE in the connect flow) must have none. ``authorize_url`` is the
     provider's consent page, needed only by the connect flow
     (:mod:`synckit.runtime.authorize`). A contradictory config raises
-    :class:`~synckit.errors.ConfigurationError`.
+    :class:`~synckit.errors.exceptions.ConfigurationError`.
     """
 
     token_url: str

@@ -244,7 +244,7 @@ class Connector(typing.Generic[ConfigT]):
     ``max_inline_wait``
         the longest a request waits inline for pacing (and for a rate-limited answer's
         wait, before it is sent again); a longer wait ends the job with
-        :class:`~synckit.errors.RateLimited` so the worker defers it instead of sleeping.
+        :class:`~synckit.errors.exceptions.RateLimited` so the worker defers it instead of sleeping.
     ``max_wait``
         the cap on every wait honoured for this connector, server-given or
         handler-given (default 24 h): a longer one is clamped to it, never discarded.
@@ -289,7 +289,7 @@ class Connector(typing.Generic[ConfigT]):
     def __init__(self, tenant: str, config: ConfigT | Mapping[str, Any] | None = None) -> None:
         """Bind the connector to ``tenant``; ``config`` is validated by ``config_model``.
 
-        An invalid config raises :class:`~synckit.errors.ConfigurationError` naming the
+        An invalid config raises :class:`~synckit.errors.exceptions.ConfigurationError` naming the
         fields at fault.
         """
         self.tenant = tenant
@@ -311,8 +311,8 @@ class Connector(typing.Generic[ConfigT]):
     async def handle(self, ctx: SyncContext, record: Any) -> None:
         """Process one record. Raising fails this record only (it goes to the DLQ).
 
-        Raising :class:`~synckit.errors.RateLimited` or
-        :class:`~synckit.errors.NeedsReauth` (which ``ctx.http`` does for 429 and 401)
+        Raising :class:`~synckit.errors.exceptions.RateLimited` or
+        :class:`~synckit.errors.exceptions.NeedsReauth` (which ``ctx.http`` does for 429 and 401)
         ends the whole cycle instead: the page is read again later.
         """
         raise NotImplementedError(f"connector {self.name!r} does not handle records")

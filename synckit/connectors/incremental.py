@@ -68,12 +68,11 @@ from synckit.connectors.base import Page
 from synckit.connectors.context import SyncContext
 from synckit.connectors.paging import IdCursorPaginator, Paginator, json_path
 from synckit.errors.classify import ErrorClass
-from synckit.errors.exceptions import ConfigurationError, PermanentError
+from synckit.errors.exceptions import ConfigurationError, ListingOrderError, PermanentError
 
 __all__ = [
     "Incremental",
     "ListingOrder",
-    "ListingOrderError",
     "NewestFirstFeed",
     "Watermark",
     "parse_instant",
@@ -84,12 +83,6 @@ log = structlog.get_logger("synckit.incremental")
 #: How a listing is sorted by ``updated_at``; ``auto``: found from the listing itself.
 ListingOrder = Literal["ascending", "descending", "auto"]
 _ORDERS = ("ascending", "descending", "auto")
-
-
-class ListingOrderError(PermanentError):
-    """A listing that is neither ascending nor descending by its update time, or not in
-    the order declared (or found before) for its stream. Retrying cannot help: the query
-    or the declaration is wrong, so the cycle fails rather than skip records quietly."""
 
 
 def parse_instant(value: Any) -> datetime | None:

@@ -12,17 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from synckit.errors.exceptions import PermanentError, RetryableError
-
 IntentOutcome = Literal["created", "found", "stored"]
-
-
-class IntentConflict(PermanentError):
-    """The intent key was used before with a different request."""
-
-
-class IntentBusy(RetryableError):
-    """Another worker has held the intent for longer than this run could wait."""
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ body; the incremental helper in :mod:`synckit.connectors.incremental`).
 The requests go through the client given, so with ``ctx.http`` a failed page raises what
 the runtime acts on (a 429 paces the tenant, a 410 is ``not_found``...). A body that is
 not what the paginator was declared for (no list at ``records``, a cursor that does not
-change) raises :class:`~synckit.errors.PermanentError` naming the problem.
+change) raises :class:`~synckit.errors.exceptions.PermanentError` naming the problem.
 
 A next-page URL an API sends (:class:`NextUrlPaginator`, :class:`LinkHeaderPaginator`) is
 followed only on the origin (scheme, host, port) of the page that named it: the client

@@ -54,26 +54,29 @@ import structlog
 from synckit.clock import utcnow
 from synckit.errors.classify import classify
 from synckit.errors.dlq_policy import REVIEW_CLASSES, UniformSource, next_retry_delay
-from synckit.errors.exceptions import ConfigurationError, JobNotFound, JobStateError
+from synckit.errors.exceptions import (
+    ConfigurationError,
+    JobNotFound,
+    JobStateError,
+    PayloadError,
+    Unreplayable,
+)
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.store import dead_letters as store
 from synckit.store import jobs
 from synckit.store.db import Conn, Database
-from synckit.store.dead_letters import DeadLetter, DlqError, DlqFilter, ReplayError
-from synckit.store.jobs import PayloadError
+from synckit.store.dead_letters import DeadLetter, DlqFilter, ReplayError
 from synckit.store.leases import new_lease
 
 __all__ = [
     "DLQ_REPLAY_KIND",
     "Plan",
     "RecordReplayApp",
-    "ReplayBlocked",
     "ReplayProcessor",
     "ReplayResult",
     "ReplaySummary",
     "Replayer",
     "Replayers",
-    "Unreplayable",
     "app_record_replayer",
     "register_dlq_replay",
     "replayers_from_app",
@@ -87,25 +90,6 @@ OnReview = Callable[[str, str, int], object]
 DLQ_REPLAY_KIND = "synckit.dlq_replay"
 #: How long a row without a replayer waits when the processor is told to skip such rows.
 _SKIP_WAIT = timedelta(hours=1)
-
-
-class Unreplayable(DlqError):
-    """Raised by a replayer: this row can never be replayed (unknown connector, a payload
-    of the wrong shape...). The row is marked ``ignored`` with ``reason``."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class ReplayBlocked(ConfigurationError):
-    """Raised by a replayer: this row cannot be replayed *here*, because of configuration
-    (``$SYNCKIT_SECRET_KEY`` unset or wrong, no App) and not because of the row itself.
-
-    The processor leaves such a row as it was (an operator's replay gives it back
-    unchanged; an automatic one tries again later without spending an attempt): a row is
-    never ignored, resolved or consumed for a reason that is not about it. Any
-    :class:`~synckit.errors.ConfigurationError` a replayer raises counts as this."""
 
 
 class Replayers:

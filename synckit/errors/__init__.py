@@ -1,6 +1,8 @@
 """Error handling decisions: classification, Retry-After parsing, backoff, circuit breaker.
 
-Everything here is pure: values in, frozen dataclasses out, no I/O, no logging.
+Everything here is pure: values in, frozen dataclasses out, no I/O, no logging. The
+exceptions themselves are in :mod:`synckit.errors.exceptions` (importable from
+``synckit``).
 """
 
 from synckit.errors.backoff import (
@@ -11,12 +13,10 @@ from synckit.errors.backoff import (
     set_testing,
 )
 from synckit.errors.breaker import (
-    BreakerDecision,
     BreakerOutcome,
     BreakerPolicy,
     BreakerSnapshot,
     BreakerState,
-    breaker_allows,
     breaker_claim_probe,
     breaker_open,
     breaker_outcome,
@@ -33,29 +33,12 @@ from synckit.errors.classify import (
     classify,
 )
 from synckit.errors.error_body import ErrorBody, ErrorDescription
-from synckit.errors.exceptions import (
-    ApiError,
-    ApiResponse,
-    ConfigurationError,
-    DatabaseError,
-    DatabaseUnavailable,
-    HandlerOutcome,
-    JobError,
-    JobNotFound,
-    JobStateError,
-    NeedsReauth,
-    PermanentError,
-    RateLimited,
-    RetryableError,
-    SynckitError,
-)
 from synckit.errors.headers import (
     MAX_WAIT,
     HeadersLike,
     RateLimitInfo,
     parse_rate_limit,
     parse_retry_after,
-    parse_retry_after_ms,
     server_wait,
     server_wait_signal,
 )
@@ -75,39 +58,23 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_WAIT",
     "MAX_WAIT",
-    "ApiError",
-    "ApiResponse",
     "BodyRule",
-    "BreakerDecision",
     "BreakerOutcome",
     "BreakerPolicy",
     "BreakerSnapshot",
     "BreakerState",
     "Classification",
     "ClassifyRules",
-    "ConfigurationError",
-    "DatabaseError",
-    "DatabaseUnavailable",
     "ErrorBody",
     "ErrorClass",
     "ErrorDescription",
-    "HandlerOutcome",
     "HeadersLike",
-    "JobError",
-    "JobNotFound",
-    "JobStateError",
-    "NeedsReauth",
     "PaceDecision",
     "PacePolicy",
-    "PermanentError",
     "RateLimitInfo",
-    "RateLimited",
     "RetryDecision",
     "RetryPolicy",
-    "RetryableError",
     "Slot",
-    "SynckitError",
-    "breaker_allows",
     "breaker_claim_probe",
     "breaker_open",
     "breaker_outcome",
@@ -121,7 +88,6 @@ __all__ = [
     "pace_decision",
     "parse_rate_limit",
     "parse_retry_after",
-    "parse_retry_after_ms",
     "quota_rate",
     "reopen_cooldown",
     "reserve_slot",

@@ -4,9 +4,10 @@ A breaker guards one resource (a tenant's connection, or a whole API). The runti
 keeps its :class:`BreakerSnapshot` in the ``resources`` table and, shared by every
 worker, does three things with these functions:
 
-1. before a call, :func:`breaker_allows` says ``"allow"``, ``"deny"`` or ``"probe"``;
-   on ``"probe"`` the worker must *claim* the probe with a compare-and-set update to
-   the snapshot :func:`breaker_claim_probe` returns, so exactly one worker probes;
+1. before a call, the gate (:func:`synckit.errors.gate.gate`) says whether it may go,
+   and whether it is the probe; the claim then stores the snapshot
+   :func:`breaker_claim_probe` returns, in the same transaction, so exactly one worker
+   probes;
 2. after the call, :func:`breaker_transition` folds the outcome into the snapshot.
 
 States::
@@ -24,8 +25,8 @@ the probe so another can be claimed. A first opening lasts the server's wait whe
 failure carried one (an outage that says "3 s left" opens 3 s), else ``cooldown``; only
 re-openings grow. A probe whose worker died is presumed lost after ``probe_timeout``.
 
-The claim decides :func:`breaker_allows` in SQL (``store/jobs.py``), held to this
-function by a property test on both engines; it stores :func:`breaker_claim_probe`.
+The claim decides the gate in SQL (``store/jobs.py``), held to it by a property test on
+both engines; it stores :func:`breaker_claim_probe`.
 """
 
 from __future__ import annotations
@@ -40,12 +41,10 @@ from synckit.errors.exceptions import ConfigurationError
 from synckit.errors.waits import clamp_wait, moment_after
 
 __all__ = [
-    "BreakerDecision",
     "BreakerOutcome",
     "BreakerPolicy",
     "BreakerSnapshot",
     "BreakerState",
-    "breaker_allows",
     "breaker_claim_probe",
     "breaker_outcome",
     "breaker_transition",
@@ -53,7 +52,6 @@ __all__ = [
     "reopen_cooldown",
 ]
 
-BreakerDecision = Literal["allow", "probe", "deny"]
 
 _MICROSECOND = timedelta(microseconds=1)
 # Doubling past this many re-opens exceeds any cap a timedelta can hold.
@@ -179,25 +177,10 @@ def open_cooldown(
     return max(asked, grown)
 
 
-def breaker_allows(snapshot: BreakerSnapshot, now: datetime) -> BreakerDecision:
-    """Whether a call may go through now.
-
-    ``"probe"`` means one trial call may go, once the caller has atomically stored
-    :func:`breaker_claim_probe`'s result; if that store loses the race, treat it as deny.
-    """
-    if snapshot.state is BreakerState.CLOSED:
-        return "allow"
-    if snapshot.state is BreakerState.OPEN:
-        return "deny" if _before(now, snapshot.cooldown_until) else "probe"
-    if snapshot.probe_in_flight and _before(now, snapshot.probe_expires_at):
-        return "deny"
-    return "probe"
-
-
 def breaker_claim_probe(
     snapshot: BreakerSnapshot, now: datetime, policy: BreakerPolicy = _DEFAULT_POLICY
 ) -> BreakerSnapshot:
-    """The snapshot to store when claiming the probe that :func:`breaker_allows` offered."""
+    """The snapshot to store when claiming the probe the gate offered."""
     return replace(
         snapshot,
         state=BreakerState.HALF_OPEN,

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from synckit.errors.backoff import backoff_delay
+from synckit.errors.gate import LaneFacts, gate
 
 __all__ = [
     "BASE_DELAY",
@@ -130,19 +131,27 @@ def blocked_until(
     cooldown_until: datetime | None,
     next_available_at: datetime | None,
     probe_in_flight: bool,
+    probe_expires_at: datetime | None,
     now: datetime,
 ) -> datetime | None:
     """When a resource lets replays call it again, or None when it does now.
 
-    A resource waits while its breaker is open (until ``cooldown_until``), while it is
-    paced (``next_available_at``), and for a short :data:`PROBE_WAIT` while a half-open
-    breaker's only probe is in flight. The latest of these wins.
+    The claim's gate (:func:`synckit.errors.gate.gate`) decides: a replay waits while the
+    resource's breaker cools down, while it is paced, and while a half-open breaker's
+    probe runs and has not expired (a lost probe holds nothing). A live probe is waited
+    for in steps of at most :data:`PROBE_WAIT` (it may end long before it would
+    expire). The latest of these wins. Replays are not held by the in-flight limit.
     """
-    waits: list[datetime] = []
-    if next_available_at is not None and next_available_at > now:
-        waits.append(next_available_at)
-    if state == "open" and cooldown_until is not None and cooldown_until > now:
-        waits.append(cooldown_until)
-    if state == "half_open" and probe_in_flight:
-        waits.append(now + PROBE_WAIT)
+    facts = LaneFacts(
+        state=state or "closed",
+        cooldown_until=cooldown_until,
+        next_available_at=next_available_at,
+        probe_in_flight=probe_in_flight,
+        probe_expires_at=probe_expires_at,
+    )
+    waits = [
+        min(h.until, now + PROBE_WAIT) if h.kind == "probe" else h.until
+        for h in gate(facts, now).holds
+        if h.until is not None
+    ]
     return max(waits) if waits else None

@@ -31,7 +31,6 @@ __all__ = [
     "RateLimitInfo",
     "parse_rate_limit",
     "parse_retry_after",
-    "parse_retry_after_ms",
     "server_wait",
     "server_wait_signal",
 ]
@@ -188,17 +187,6 @@ def _rfc9110_century(when: datetime, yy: int, this_year: int) -> datetime | None
         return when.replace(year=year)
     except ValueError:
         return None
-
-
-def parse_retry_after_ms(headers: HeadersLike) -> timedelta | None:
-    """The wait in ``retry-after-ms`` or, failing that, ``x-ms-retry-after-ms`` (Azure)."""
-    for name in ("retry-after-ms", "x-ms-retry-after-ms"):
-        millis = _number(_header(headers, name))
-        if millis is not None:
-            wait = _seconds(millis / 1000)
-            if wait is not None:
-                return wait
-    return None
 
 
 def server_wait(headers: HeadersLike, now: datetime) -> timedelta | None:

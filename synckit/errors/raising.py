@@ -5,46 +5,19 @@ from __future__ import annotations
 from synckit.errors.classify import Classification, ErrorClass
 from synckit.errors.exceptions import (
     ApiError,
+    ApiNeedsReauth,
+    ApiPermanentError,
+    ApiRateLimited,
     ApiResponse,
+    ApiRetryableError,
+    ClassifiedError,
+    ClassifiedPermanentError,
     HandlerOutcome,
     NeedsReauth,
-    PermanentError,
     RateLimited,
-    RetryableError,
 )
 
-
-class ClassifiedError(RetryableError):
-    """A retryable failure that carries its classification (the runtime keeps the class)."""
-
-    def __init__(self, classification: Classification) -> None:
-        super().__init__(classification.reason, retry_after=classification.retry_after)
-        self.classification = classification
-
-
-class ClassifiedPermanentError(PermanentError):
-    """A failure that retrying cannot fix, with its classification (validation, 403, 404)."""
-
-    def __init__(self, classification: Classification) -> None:
-        super().__init__(classification.reason)
-        self.classification = classification
-
-
 # The same categories, for a failure the API answered: each one is also an ApiError.
-class ApiRetryableError(ClassifiedError, ApiError):
-    """A retryable failure the API answered (``.response`` holds what it said)."""
-
-
-class ApiPermanentError(ClassifiedPermanentError, ApiError):
-    """A failure the API answered that retrying cannot fix (``.response``)."""
-
-
-class ApiRateLimited(RateLimited, ApiError):
-    """A rate limit the API answered (``.response``)."""
-
-
-class ApiNeedsReauth(NeedsReauth, ApiError):
-    """Credentials the API refused (``.response``)."""
 
 
 def exception_for(

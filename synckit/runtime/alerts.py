@@ -67,7 +67,7 @@ import structlog
 from synckit.clock import utcnow
 from synckit.connectors.schedule import cached_schedule
 from synckit.errors.backoff import backoff_delay
-from synckit.errors.exceptions import ConfigurationError, SynckitError
+from synckit.errors.exceptions import AlertDeliveryError, ConfigurationError, SynckitError
 from synckit.errors.headers import server_wait
 from synckit.runtime.audit import window_start
 from synckit.runtime.budget import BudgetLevel, BudgetPolicy, pause_tenants
@@ -833,6 +833,8 @@ class Delivery:
     sinks: list[str]
     new: bool
     delivered: dict[str, str] = field(default_factory=dict)
+    #: The delivery lease's token the row is held under (None: not recorded).
+    lease_token: str | None = None
 
 
 def _row_of(alert: Alert) -> AlertRow:
@@ -895,10 +897,14 @@ async def claim_deliveries(
             [n for n in sinks if n not in s.delivered],
             False,
             dict(s.delivered),
+            claimed.lease.token,
         )
         for s in claimed.owed
     ]
-    out.extend(Delivery(rid, unique[key], list(sinks), True) for rid, key in claimed.new)
+    out.extend(
+        Delivery(rid, unique[key], list(sinks), True, lease_token=claimed.lease.token)
+        for rid, key in claimed.new
+    )
     return out
 
 
@@ -909,15 +915,19 @@ async def finish_deliveries(
     now: datetime,
     sinks: Sequence[str],
 ) -> None:
-    """Note which sinks took each alert; finish the alerts every sink now has."""
-    outcomes: list[store_alerts.DeliveryOutcome] = []
+    """Note which sinks took each alert; finish the alerts every sink now has. Only
+    under the lease the deliveries were claimed with: an alert another evaluator took
+    over once it ran out is left to that one."""
+    by_token: dict[str, list[store_alerts.DeliveryOutcome]] = {}
     for d, took, error in done:
-        if d.record_id is None:
+        if d.record_id is None or d.lease_token is None:
             continue
         delivered = {**d.delivered, **{n: now.isoformat() for n in took}}
         complete = all(n in delivered for n in sinks)
-        outcomes.append(store_alerts.DeliveryOutcome(d.record_id, delivered, complete, error))
-    await store_alerts.finish_deliveries(conn, outcomes, now=now)
+        outcome = store_alerts.DeliveryOutcome(d.record_id, delivered, complete, error)
+        by_token.setdefault(d.lease_token, []).append(outcome)
+    for token, outcomes in by_token.items():
+        await store_alerts.finish_deliveries(conn, outcomes, now=now, token=token)
 
 
 async def record_alerts(conn: Conn, alerts: Sequence[Alert], *, now: datetime) -> list[Alert]:
@@ -935,10 +945,6 @@ async def recent_alerts(conn: Conn, *, since: datetime, limit: int = 100) -> lis
 # --- sinks and routing ------------------------------------------------------------------
 
 AlertSink = Callable[[Alert], Awaitable[None]]
-
-
-class AlertDeliveryError(SynckitError):
-    """A sink could not deliver an alert."""
 
 
 class LogSink:
@@ -1329,7 +1335,6 @@ __all__ = [
     "POLL_KIND",
     "Alert",
     "AlertData",
-    "AlertDeliveryError",
     "AlertEvaluator",
     "AlertRouter",
     "AlertRule",

@@ -34,11 +34,14 @@ import structlog
 from authlib.common.security import generate_token
 
 from synckit.clock import utcnow
-from synckit.errors.exceptions import ConfigurationError, SynckitError
+from synckit.errors.exceptions import (
+    AuthorizationRefused,
+    ConfigurationError,
+    TokenEndpointUnavailable,
+)
 from synckit.runtime.oauth import (
     OAuth2Config,
     ReauthResult,
-    TokenEndpointUnavailable,
     _Refused,
     authlib_client,
     readable_expiry,
@@ -57,25 +60,11 @@ DEFAULT_TTL = timedelta(minutes=10)
 
 __all__ = [
     "DEFAULT_TTL",
-    "AuthorizationRefused",
     "begin_authorization",
     "complete_authorization",
     "receive_callback",
     "reseal_verifiers",
 ]
-
-
-class AuthorizationRefused(SynckitError):
-    """The callback cannot complete a connection (wrong or used state, consent refused,
-    the provider refused the code). The message is one line, without secrets.
-
-    ``final`` is true when the flow is over (the user or the provider said no); false
-    when only this callback was wrong (its state), so a listener keeps waiting.
-    """
-
-    def __init__(self, message: str, *, final: bool = False) -> None:
-        super().__init__(message)
-        self.final = final
 
 
 @dataclass(frozen=True)
@@ -113,9 +102,9 @@ async def begin_authorization(
 ) -> str:
     """The provider's consent URL for ``tenant``; its ``state`` and PKCE verifier are stored.
 
-    Raises :class:`~synckit.errors.ConfigurationError` when ``config`` has no
+    Raises :class:`~synckit.errors.exceptions.ConfigurationError` when ``config`` has no
     ``authorize_url`` or tokens cannot be stored securely, and
-    :class:`~synckit.runtime.secrets.ConnectionNotFound` for an unknown tenant.
+    :class:`~synckit.errors.exceptions.ConnectionNotFound` for an unknown tenant.
     """
     if not config.authorize_url:
         raise ConfigurationError(
@@ -213,7 +202,7 @@ async def complete_authorization(
 
     Stores the sealed token set and makes the connection active. Raises
     :class:`AuthorizationRefused` for a wrong, expired or replayed ``state``, a refused
-    consent or a refused code; :class:`~synckit.runtime.oauth.TokenEndpointUnavailable`
+    consent or a refused code; :class:`~synckit.errors.exceptions.TokenEndpointUnavailable`
     when the provider could not answer (the consent must then be started again: its
     state is spent).
     """

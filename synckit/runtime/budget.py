@@ -98,13 +98,6 @@ class BudgetPolicy:
     def status(self, totals: Totals) -> BudgetStatus:
         return budget_status(totals.ok, totals.failed, self.budget)
 
-    def should_pause(self, status: BudgetStatus) -> bool:
-        return (
-            self.pause_on_alert
-            and status.level is BudgetLevel.ALERT
-            and status.operations >= self.min_operations
-        )
-
 
 async def tenant_budgets(
     conn: Conn, *, now: datetime, policy: BudgetPolicy | None = None
@@ -128,26 +121,6 @@ async def pause_tenants(
     return paused
 
 
-def pause_reason(status: BudgetStatus, window: timedelta) -> str:
-    hours = window.total_seconds() / 3600
-    return (
-        f"error budget exhausted: {status.failed} of {status.operations} operations failed "
-        f"in {hours:g}h ({status.rate:.2%}, {status.burn:.0%} of a {status.budget:.2%} budget)"
-    )
-
-
-async def enforce_budgets(conn: Conn, *, now: datetime, policy: BudgetPolicy) -> list[str]:
-    """Pause every tenant the policy says to pause; return those paused now."""
-    if not policy.pause_on_alert:
-        return []
-    paused: list[str] = []
-    for tenant, status in (await tenant_budgets(conn, now=now, policy=policy)).items():
-        if policy.should_pause(status):
-            reason = pause_reason(status, policy.window)
-            paused += await pause_tenants(conn, [tenant], reason=reason, now=now)
-    return paused
-
-
 __all__ = [
     "DEFAULT_BUDGET",
     "DEFAULT_WINDOW",
@@ -155,8 +128,6 @@ __all__ = [
     "BudgetPolicy",
     "BudgetStatus",
     "budget_status",
-    "enforce_budgets",
-    "pause_reason",
     "pause_tenants",
     "tenant_budgets",
 ]

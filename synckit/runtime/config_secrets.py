@@ -27,8 +27,8 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic import types as pydantic_types
 
-from synckit.errors.exceptions import ConfigurationError
-from synckit.runtime.secrets import SecretCorrupt, SecretUnavailable, TokenCipher, is_sealed_value
+from synckit.errors.exceptions import ConfigurationError, SecretCorrupt, SecretUnavailable
+from synckit.runtime.secrets import TokenCipher, is_sealed_value
 
 __all__ = [
     "MASK",
@@ -170,7 +170,7 @@ def seal_config(
     """``config`` as stored: every secret value (see :func:`secret_paths`) sealed.
 
     Values sealed already are kept as they are. Raises
-    :class:`~synckit.errors.ConfigurationError` when there is a secret to seal and no key
+    :class:`~synckit.errors.exceptions.ConfigurationError` when there is a secret to seal and no key
     (unless the cipher is in insecure development mode).
     """
     stored = _copy(config)
@@ -209,9 +209,9 @@ def open_config(
     """A stored config with its sealed values opened (``reveal``) or masked (``***``,
     no key needed), and the paths of those values.
 
-    Raises :class:`~synckit.errors.ConfigurationError` for a config that is not a JSON
+    Raises :class:`~synckit.errors.exceptions.ConfigurationError` for a config that is not a JSON
     object or a sealed value that cannot be opened
-    (:class:`~synckit.runtime.secrets.SecretUnavailable` when the key is missing),
+    (:class:`~synckit.errors.exceptions.SecretUnavailable` when the key is missing),
     naming the field.
     """
     if stored is None:

@@ -27,14 +27,16 @@ from synckit.connectors.auth import OAuth2
 from synckit.connectors.base import DEFAULT_STREAM, Connector, pace_policy_of
 from synckit.connectors.context import SyncContext
 from synckit.runtime.http import (
+    DEFAULT_NETWORK,
     PacedTransport,
     Pacer,
     SyncClient,
     borrow_transport,
     tls_context,
+    transport_for,
 )
-from synckit.runtime.http1 import new_transport
 from synckit.runtime.logging import bind_known_secrets, scrub_values, secret_values
+from synckit.runtime.network import Network
 from synckit.runtime.pacing import FirstSlots, PaceView
 from synckit.store.db import Database
 
@@ -207,6 +209,7 @@ async def open_context(
     clock: Callable[[], datetime] = utcnow,
     pace: PaceView | None = None,
     first_slots: FirstSlots | None = None,
+    network: Network = DEFAULT_NETWORK,
 ) -> AsyncIterator[RuntimeContext]:
     """A :class:`RuntimeContext` for ``connector``'s tenant; its HTTP client closes on exit.
 
@@ -216,7 +219,8 @@ async def open_context(
     (:func:`~synckit.runtime.http.borrow_transport`) and gives them back on exit;
     elsewhere it opens its own, closed on exit. ``pace`` and ``first_slots``, read and
     reserved by the caller just now (a poll job's start read), seed the pacing: the first
-    request needs no read or reservation of its own.
+    request needs no read or reservation of its own. ``network``: the proxy and CAs
+    the client's own connections use (``App(proxy=..., ca_bundle=...)``).
 
     The secret values of the tenant's config are scrubbed, by value, from every text
     redacted while the context is open (log lines, stored error texts), and from the
@@ -228,7 +232,7 @@ async def open_context(
         try:
             ctx, client, paced = _build(
                 db, connector, resource_key, stream, trace_id, log, transport, clock, pace,
-                first_slots,
+                first_slots, network,
             )  # fmt: skip
             try:
                 # Auth is built last: an OAuth flow needs the context (database, tenant).
@@ -267,6 +271,7 @@ def _build(
     clock: Callable[[], datetime],
     pace: PaceView | None = None,
     first_slots: FirstSlots | None = None,
+    network: Network = DEFAULT_NETWORK,
 ) -> tuple[RuntimeContext, SyncClient, PacedTransport]:
     trace_id = trace_id or uuid.uuid4().hex
     bound = (log if log is not None else structlog.get_logger("synckit.connector")).bind(
@@ -288,11 +293,13 @@ def _build(
     borrowed = False
     if transport is None:
         # In a worker, the connections a previous cycle left open (http.borrow_transport).
-        transport = borrow_transport(connector.name)
+        transport = borrow_transport(connector.name, network)
         borrowed = transport is not None
         if transport is None:
-            transport = new_transport(tls_context())
-    paced = PacedTransport(transport, pacer, connector=connector.name, borrowed=borrowed)
+            transport = transport_for(network)
+    paced = PacedTransport(
+        transport, pacer, connector=connector.name, borrowed=borrowed, network=network
+    )
     if not isinstance(timeout, httpx.Timeout):
         timeout = httpx.Timeout(timeout)
     client = SyncClient(

@@ -17,37 +17,13 @@ import structlog
 from synckit.connectors.schedule import MAX_INTERVAL, cron_problem
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.breaker import BreakerPolicy
-from synckit.errors.exceptions import ConfigurationError, HandlerOutcome
+from synckit.errors.exceptions import ConfigurationError
 from synckit.errors.pace import PacePolicy
 from synckit.store.db import Database
 from synckit.store.jobs import ClaimedJob, JobSpec
 from synckit.store.outbox import NewMessage, _new_row
 
 Handler = Callable[["JobContext"], Awaitable[None]]
-
-
-class Snooze(HandlerOutcome):
-    """Put the job back to sleep for ``delay`` without counting the attempt."""
-
-    def __init__(self, delay: timedelta) -> None:
-        super().__init__(f"snoozed for {delay}")
-        self.delay = delay
-
-
-class Cancel(HandlerOutcome):
-    """End the job as cancelled (it should not have run: the thing it was for is gone)."""
-
-    def __init__(self, reason: str = "cancelled by handler") -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class Discard(HandlerOutcome):
-    """End the job as discarded (it is not worth doing), without dead-lettering it."""
-
-    def __init__(self, reason: str = "discarded by handler") -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass

@@ -9,7 +9,7 @@ Two layers, because they see different things:
   declared :class:`~synckit.connectors.base.RateLimit`, the rate that spreads the quota
   the API reported (``X-RateLimit-*``, IETF ``RateLimit``) over the time to its reset, or
   the lower of the two. A wait longer than the connector's ``max_inline_wait`` raises
-  :class:`~synckit.errors.RateLimited` (with ``paced_until``) instead of sleeping, so the
+  :class:`~synckit.errors.exceptions.RateLimited` (with ``paced_until``) instead of sleeping, so the
   worker puts the job back. After each response it notes the reported quota (stored with
   the next slot, not by a write of its own), and a success reporting an exhausted quota
   defers the resource until the reset.
@@ -21,9 +21,10 @@ Two layers, because they see different things:
   (:func:`synckit.runtime.pacing.record_rate_limit`: in-flight answers of one burst are
   one event); when the pace it leads to fits in ``max_inline_wait`` the request is sent
   again after it (at most :data:`MAX_INLINE_RETRIES` times; a non-idempotent method only
-  after a refusal, a 429 or a rate-limited 403/509), else :class:`~synckit.errors.RateLimited`
-  carries the clamped wait. Transport errors (timeouts, resets) are translated the same
-  way, ``from`` the httpx error. Hooks never check status codes.
+  after a refusal, a 429 or a rate-limited 403/509), else
+  :class:`~synckit.errors.exceptions.RateLimited` carries the clamped wait. Transport
+  errors (timeouts, resets) are translated the same way, ``from`` the httpx error.
+  Hooks never check status codes.
 
 The Pacer touches the database only when it must: while a rate applies, one short
 transaction reserves the slots of this process's next requests on the tenant's shared
@@ -40,6 +41,7 @@ import collections
 import dataclasses
 import functools
 import itertools
+import os
 import ssl
 import time
 import weakref
@@ -54,7 +56,7 @@ import structlog
 from synckit.clock import Waiter
 from synckit.connectors.base import Connector, RateLimit
 from synckit.errors.classify import Classification, ClassifyRules, ErrorClass
-from synckit.errors.exceptions import HandlerOutcome, RateLimited
+from synckit.errors.exceptions import ConfigurationError, HandlerOutcome, RateLimited
 from synckit.errors.headers import parse_rate_limit, server_wait
 from synckit.errors.pace import PacePolicy
 from synckit.errors.raising import exception_for
@@ -64,6 +66,7 @@ from synckit.runtime import pacing
 from synckit.runtime.api_errors import api_response
 from synckit.runtime.http1 import IDEMPOTENT, Http11Transport, new_transport
 from synckit.runtime.instruments import record_api_latency
+from synckit.runtime.network import PROXY_SCHEMES, Network
 from synckit.store.db import Database
 
 __all__ = [
@@ -162,11 +165,45 @@ def _shared(db: Database, key: str) -> _Shared:
 
 
 @functools.cache
-def tls_context() -> ssl.SSLContext:
-    """The TLS context of every connector's transport, built once per process (loading
-    the CA bundle costs ~50 ms of CPU: built per cycle, it capped a worker at ~15 poll
-    cycles/s)."""
-    return httpx.create_ssl_context()
+def tls_context(ca_bundle: str | None = None) -> ssl.SSLContext:
+    """The TLS context of every connector's transport, built once per process and CA
+    bundle (loading one costs ~50 ms of CPU: built per cycle, it capped a worker at ~15
+    poll cycles/s). ``ca_bundle``: a PEM file of the CAs to trust instead of the default
+    bundle (``App(ca_bundle=...)``)."""
+    if ca_bundle is None:
+        return httpx.create_ssl_context()
+    return ssl.create_default_context(cafile=ca_bundle)
+
+
+#: A client's network when its App names none: the environment's proxies, the default CAs.
+DEFAULT_NETWORK = Network()
+
+
+def network_of(proxy: str | None, ca_bundle: str | os.PathLike[str] | None) -> Network:
+    """The :class:`Network` of ``App(proxy=..., ca_bundle=...)``, checked now: a proxy URL
+    httpx cannot use, or a CA bundle that does not load, is one ConfigurationError line."""
+    if proxy is not None:
+        try:
+            url = httpx.URL(proxy)
+        except httpx.InvalidURL as exc:
+            raise ConfigurationError(f"proxy {proxy!r} is not a URL: {exc}") from None
+        if url.scheme not in PROXY_SCHEMES or not url.host:
+            raise ConfigurationError(
+                f"proxy {redact_text(proxy)!r} must be an http:// or https:// URL with a host"
+            )
+    bundle = os.fspath(ca_bundle) if ca_bundle is not None else None
+    if bundle is not None:
+        try:
+            tls_context(bundle)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(f"ca_bundle {bundle!r} does not load: {exc}") from None
+    return Network(proxy=proxy, ca_bundle=bundle)
+
+
+def transport_for(network: Network) -> Http11Transport:
+    """A new transport reaching the network as ``network`` says (its proxies, from the
+    environment's variables as they are now, and CAs)."""
+    return new_transport(tls_context(network.ca_bundle), network.proxies())
 
 
 # --- connections kept across a worker's cycles ------------------------------------------
@@ -188,7 +225,9 @@ IDLE_TRANSPORTS = 256
 @dataclasses.dataclass(eq=False)
 class _Lending:
     holders: int = 0
-    idle: dict[str, list[httpx.AsyncBaseTransport]] = dataclasses.field(default_factory=dict)
+    idle: dict[tuple[str, Network], list[httpx.AsyncBaseTransport]] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 _lending: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Lending] = (
@@ -214,27 +253,31 @@ async def shared_connections() -> AsyncIterator[None]:
                     await _close_quietly(transport)
 
 
-def borrow_transport(connector: str) -> httpx.AsyncBaseTransport | None:
-    """A transport for one context of ``connector``, with the connections a previous
-    context left open, or None when no worker lends transports on this event loop
+def borrow_transport(
+    connector: str, network: Network = DEFAULT_NETWORK
+) -> httpx.AsyncBaseTransport | None:
+    """A transport for one context of ``connector`` on ``network``, with the connections
+    a previous context left open, or None when no worker lends transports on this event loop
     (:func:`shared_connections`). Its connections carry no credential: auth is the
     client's. Give it back with :func:`give_back_transport`."""
     lending = _lending.get(asyncio.get_running_loop())
     if lending is None or lending.holders == 0:
         return None
-    idle = lending.idle.get(connector)
+    idle = lending.idle.get((connector, network))
     if idle:
         return idle.pop()  # the most recently used: its connections are the freshest
-    return new_transport(tls_context())
+    return transport_for(network)
 
 
-async def give_back_transport(connector: str, transport: httpx.AsyncBaseTransport) -> None:
+async def give_back_transport(
+    connector: str, transport: httpx.AsyncBaseTransport, network: Network = DEFAULT_NETWORK
+) -> None:
     """Return a borrowed transport to the free list, or close it: when nobody lends any
     more, when the list is full, or when a connection of it is still busy (a response
     the connector never closed must not hold a connection of the next cycle)."""
     lending = _lending.get(asyncio.get_running_loop())
     if lending is not None and lending.holders > 0 and _all_idle(transport):
-        idle = lending.idle.setdefault(connector, [])
+        idle = lending.idle.setdefault((connector, network), [])
         if len(idle) < IDLE_TRANSPORTS:
             idle.append(transport)
             return
@@ -609,11 +652,13 @@ class PacedTransport(httpx.AsyncBaseTransport):
         before_send: Callable[[httpx.Request], Awaitable[None]] | None = None,
         connector: str | None = None,
         borrowed: bool = False,
+        network: Network = DEFAULT_NETWORK,
     ) -> None:
         self.inner = inner
-        #: ``inner`` came from :func:`borrow_transport` (for ``connector``): closing this
-        #: gives it back instead of closing it.
+        #: ``inner`` came from :func:`borrow_transport` (for ``connector`` on ``network``):
+        #: closing this gives it back instead of closing it.
         self.borrowed = borrowed
+        self.network = network
         self.pacer = pacer
         #: The connector's name, for the API metrics (None: not counted).
         self.connector = connector
@@ -646,7 +691,7 @@ class PacedTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         if self.borrowed:
-            await give_back_transport(self.connector or "", self.inner)
+            await give_back_transport(self.connector or "", self.inner, self.network)
         else:
             await self.inner.aclose()
 
@@ -662,7 +707,7 @@ def api_error(
     response: httpx.Response | None = None,
 ) -> HandlerOutcome:
     """The synckit exception for a failed call, its message naming the request; with the
-    ``response`` it is also an :class:`~synckit.errors.ApiError` carrying it."""
+    ``response`` it is also an :class:`~synckit.errors.exceptions.ApiError` carrying it."""
     if request is not None or response is not None:
         # The reason may quote the API's error body, which may echo a credential.
         reason = classification.reason

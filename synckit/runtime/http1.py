@@ -17,6 +17,12 @@ handshake, ``ReadTimeout`` / ``WriteTimeout``, ``ReadError`` / ``WriteError`` on
 httpx's limits (100 connections, 20 kept alive for 5 s). A server that answers while the
 request body is still being sent (a 413) has its answer read.
 
+A request whose origin goes through a proxy (:class:`~synckit.runtime.network.Network`:
+the App's, or the environment's less ``NO_PROXY``) goes through httpx's own transport for
+that proxy (httpcore's: a ``CONNECT`` tunnel for ``https://``, forwarding for ``http://``).
+A server whose certificate is not trusted is refused with one line naming it and the
+verifier's reason.
+
 When something has patched httpx's or httpcore's transports (respx's mock router does), the
 request goes through :func:`synckit.runtime.network.new_httpcore_transport` instead, so a
 mock sees it as it would see any httpx client's.
@@ -28,7 +34,7 @@ import asyncio
 import collections
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 import h11
@@ -40,9 +46,10 @@ from synckit.runtime.network import (
     _Protocol,
     _reason,
     new_httpcore_transport,
+    proxy_for,
 )
 
-__all__ = ["Http11Transport", "new_transport"]
+__all__ = ["Http11Transport", "new_transport", "untrusted"]
 
 _DEFAULT_PORTS = {b"http": 80, b"https": 443}
 # The functions respx (or any mock) replaces; compared before each request.
@@ -149,6 +156,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
         self,
         ssl_context: ssl.SSLContext,
         *,
+        proxies: Mapping[str, str] | None = None,
         max_connections: int = 100,
         max_keepalive_connections: int = 20,
         keepalive_expiry: float = 5.0,
@@ -163,14 +171,22 @@ class Http11Transport(httpx.AsyncBaseTransport):
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self._fallback: httpx.AsyncHTTPTransport | None = None
         self._closed = False
+        #: By scheme, the proxies to go through (``Network.proxies``); empty: none.
+        self._proxies = dict(proxies or {})
+        #: Each origin's proxy, once looked up (None: direct).
+        self._via: dict[tuple[bytes, str, int], str | None] = {}
+        #: httpx's own transport per proxy URL.
+        self._proxied: dict[str, httpx.AsyncHTTPTransport] = {}
 
     # -- what synckit's lending asks ---------------------------------------------------
 
     def all_idle(self) -> bool:
         """No connection is serving a request (an answer nobody closed holds one)."""
-        fallback = self._fallback
-        if fallback is not None:
-            connections = getattr(getattr(fallback, "_pool", None), "connections", None)
+        others = list(self._proxied.values())
+        if self._fallback is not None:
+            others.append(self._fallback)
+        for other in others:
+            connections = getattr(getattr(other, "_pool", None), "connections", None)
             if connections is None or not all(c.is_idle() or c.is_closed() for c in connections):
                 return False
         return not self._active and not self._connecting
@@ -191,6 +207,10 @@ class Http11Transport(httpx.AsyncBaseTransport):
         if not url.raw_host:
             raise httpx.UnsupportedProtocol("Request URL is missing a host.")
         origin = (scheme, url.raw_host.decode("ascii"), url.port or _DEFAULT_PORTS[scheme])
+        if self._proxies:
+            proxied = self._proxied_transport(origin)
+            if proxied is not None:
+                return await proxied.handle_async_request(request)
         timeouts = request.extensions.get("timeout", {})
         retried = False
         while True:
@@ -225,6 +245,25 @@ class Http11Transport(httpx.AsyncBaseTransport):
             conn.close()
         if self._fallback is not None:
             await self._fallback.aclose()
+        proxied, self._proxied = self._proxied, {}
+        for transport in proxied.values():
+            await transport.aclose()
+
+    def _proxied_transport(self, origin: tuple[bytes, str, int]) -> httpx.AsyncBaseTransport | None:
+        """httpx's transport through the proxy ``origin`` goes through, or None (direct)."""
+        try:
+            via = self._via[origin]
+        except KeyError:
+            scheme, host, port = origin
+            via = self._via[origin] = proxy_for(self._proxies, scheme.decode(), host, port)
+        if via is None:
+            return None
+        transport = self._proxied.get(via)
+        if transport is None:
+            transport = self._proxied[via] = httpx.AsyncHTTPTransport(
+                verify=self._ssl, proxy=httpx.Proxy(via)
+            )
+        return transport
 
     # -- connections ------------------------------------------------------------------
 
@@ -292,6 +331,8 @@ class Http11Transport(httpx.AsyncBaseTransport):
                 )
         except TimeoutError as exc:
             raise httpx.ConnectTimeout(f"timed out connecting to {host}:{port}") from exc
+        except ssl.SSLCertVerificationError as exc:
+            raise httpx.ConnectError(untrusted(host, port, exc)) from exc
         except (OSError, ssl.SSLError) as exc:
             raise httpx.ConnectError(_reason(exc)) from exc
         return _Conn(origin, protocol)
@@ -366,7 +407,18 @@ class Http11Transport(httpx.AsyncBaseTransport):
         )
 
 
-def new_transport(ssl_context: ssl.SSLContext) -> Http11Transport:
+def untrusted(host: str, port: int, exc: ssl.SSLCertVerificationError) -> str:
+    """One line: the server whose certificate was refused, why, and what to do."""
+    why = exc.verify_message or _reason(exc)
+    return (
+        f"TLS certificate of {host}:{port} not trusted ({why}); if its CA is one you "
+        "trust, give it to App(ca_bundle=...)"
+    )
+
+
+def new_transport(
+    ssl_context: ssl.SSLContext, proxies: Mapping[str, str] | None = None
+) -> Http11Transport:
     """The transport of a connector's client: HTTP/1.1 with httpx's default limits (100
-    connections, 20 kept alive for 5 s)."""
-    return Http11Transport(ssl_context)
+    connections, 20 kept alive for 5 s), through ``proxies`` (``Network.proxies()``)."""
+    return Http11Transport(ssl_context, proxies=proxies)

@@ -61,17 +61,11 @@ import httpx
 import structlog
 
 from synckit.clock import utcnow
-from synckit.connectors.intents import (
-    Create,
-    Find,
-    IntentBusy,
-    IntentConflict,
-    IntentOutcome,
-    IntentResult,
-    RemoteRecord,
-)
+from synckit.connectors.intents import Create, Find, IntentOutcome, IntentResult, RemoteRecord
 from synckit.errors.exceptions import (
     DatabaseError,
+    IntentBusy,
+    IntentConflict,
     PermanentError,
 )
 from synckit.runtime.handlers import Handler, JobContext
@@ -501,8 +495,6 @@ __all__ = [
     "Create",
     "Find",
     "FindingWriter",
-    "IntentBusy",
-    "IntentConflict",
     "IntentOutcome",
     "IntentResult",
     "RemoteRecord",

@@ -18,15 +18,9 @@ import structlog
 from pydantic import BaseModel
 
 from synckit.clock import utcnow
-from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.exceptions import ConfigurationError, SecretCorrupt, SecretUnavailable
 from synckit.runtime.config_secrets import open_config
-from synckit.runtime.secrets import (
-    ENV_KEY,
-    SecretCorrupt,
-    SecretUnavailable,
-    TokenCipher,
-    reseal_token_sets,
-)
+from synckit.runtime.secrets import ENV_KEY, TokenCipher, reseal_token_sets
 from synckit.store import connections as connection_store
 from synckit.store.connections import UNREADABLE_ROW_REASON
 from synckit.store.db import Database
@@ -191,7 +185,7 @@ def describe_unopenable(problems: Sequence[Unopenable], cipher: TokenCipher) -> 
 async def require_openable_secrets(
     db: Database, cipher: TokenCipher | None = None
 ) -> list[Unopenable]:
-    """The worker's start check: raise :class:`~synckit.errors.ConfigurationError` (one
+    """The worker's start check: raise :class:`~synckit.errors.exceptions.ConfigurationError` (one
     line, see :func:`describe_unopenable`) when a key is missing or unusable; hold the
     tenants whose rows are corrupt (:func:`hold_unreadable`) and return what was found
     in them, so that one damaged row costs only its tenant."""

@@ -18,13 +18,19 @@ raises :class:`httpcore.ReadError` (or ``WriteError``), a deadline ``ReadTimeout
 (httpx turns them into its own exceptions, which synckit classifies); an idle connection
 reads as ``is_readable`` when its peer has sent anything, an end of stream included, so
 the pool does not reuse a connection the server closed.
+
+:class:`Network` is how a connector's client reaches its API: through a proxy (the
+``App``'s own, or the environment's ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` less
+the hosts ``NO_PROXY`` names) and trusting which certificate authorities.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
-from collections.abc import Iterable
+import urllib.request
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import httpcore
@@ -32,12 +38,57 @@ import httpx
 from httpcore._backends.base import SOCKET_OPTION, AsyncNetworkBackend, AsyncNetworkStream
 from httpcore._utils import is_socket_readable
 
-__all__ = ["AsyncioBackend", "new_httpcore_transport"]
+__all__ = ["AsyncioBackend", "Network", "new_httpcore_transport", "proxy_for"]
 
 # Reading pauses while this much is buffered and not yet read (as asyncio's streams do).
 _HIGH_WATER = 256 * 1024
 # Happy eyeballs, as anyio's connect_tcp does it.
 _HAPPY_EYEBALLS_DELAY = 0.25
+
+
+#: The proxy URL schemes httpx speaks without an extra package.
+PROXY_SCHEMES = ("http", "https")
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """How ``ctx.http`` reaches an API (``App(proxy=..., ca_bundle=...)``).
+
+    ``proxy``: the URL of a proxy every request goes through (``http://`` or
+    ``https://``, credentials in the URL if it wants them); ``None``: the environment's
+    ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` (either case), less the hosts
+    ``NO_PROXY`` names. ``ca_bundle``: a PEM file of the certificate authorities to trust
+    instead of the default bundle (a company's own CA, a test server's).
+    """
+
+    proxy: str | None = None
+    ca_bundle: str | None = None
+
+    def proxies(self) -> dict[str, str]:
+        """By scheme (``http``, ``https``, ``all``), the proxy to go through, and under
+        ``no`` the hosts to reach directly (the environment's, read now)."""
+        if self.proxy is not None:
+            return {"all": self.proxy}
+        found = urllib.request.getproxies_environment()
+        proxies = {k: v for k, v in found.items() if k in ("http", "https", "all", "no") and v}
+        for key in ("http", "https", "all"):
+            url = proxies.get(key)
+            if url is not None and "://" not in url:
+                proxies[key] = f"http://{url}"  # ``proxy:3128``, as curl reads it
+        return proxies
+
+
+def proxy_for(proxies: Mapping[str, str], scheme: str, host: str, port: int) -> str | None:
+    """The proxy a request to ``scheme://host:port`` goes through, or None (no proxy
+    for its scheme, or ``NO_PROXY`` names its host: a suffix, ``*``, with or without the
+    port)."""
+    url = proxies.get(scheme) or proxies.get("all")
+    if url is None:
+        return None
+    # The environment's NO_PROXY, as urllib reads it (its "no" entry says one is set).
+    if "no" in proxies and urllib.request.proxy_bypass(f"{host}:{port}"):
+        return None
+    return url
 
 
 #: The (error, timeout) exception classes a read or a write raises.

@@ -9,12 +9,13 @@ the provider be down then, the still-valid token is used.
 
 Single flight across every process, without a database lock across the provider call
 ----------------------------------------------------------------------------------
-A refresh takes the connection row's *lease* (``refresh_owner``, ``refresh_until``) in a
-short transaction, calls the provider with no transaction open, then saves the new token
-set, with the provider's rotated refresh token, fenced by the lease (only if it still
-holds it), before any request uses the new access token. Others wait for the lease (or
-keep using their still-valid token) and then use the stored one; a crashed refresher's
-lease expires (``2 x timeout + 5 s``). Within one process an asyncio lock per tenant keeps
+A refresh takes the connection row's *lease* (``refresh_owner``, ``refresh_until``: the
+one lease of :mod:`synckit.store.leases` on the row's own columns) in a short
+transaction, calls the provider with no transaction open, then saves the new token set,
+with the provider's rotated refresh token, fenced by the lease (only if it still holds
+it), before any request uses the new access token. Others wait for the lease (or keep
+using their still-valid token) and then use the stored one; a crashed refresher's lease
+expires (``2 x timeout + 5 s``). Within one process an asyncio lock per tenant keeps
 coroutines from polling the row together. What to do at each look at the row is the pure
 :func:`refresh_step`.
 
@@ -61,7 +62,11 @@ from authlib.deprecate import AuthlibDeprecationWarning
 
 from synckit.clock import utcnow
 from synckit.connectors.auth import ClientAuthMethod, GrantType, OAuth2Config
-from synckit.errors.exceptions import NeedsReauth, RetryableError
+from synckit.errors.exceptions import (
+    NeedsReauth,
+    TokenEndpointUnavailable,
+    UnprovenUnauthorized,
+)
 from synckit.errors.headers import server_wait
 from synckit.redaction import redact_text
 from synckit.runtime import pacing
@@ -122,15 +127,6 @@ _SHORT_WAIT = timedelta(seconds=1)
 
 #: The longest part of the cause kept in a stored reason (the hint follows it).
 _CAUSE_CHARS = 300
-
-
-class TokenEndpointUnavailable(RetryableError):
-    """The token endpoint could not give an answer (unreachable, 5xx, 429, garbage)."""
-
-
-class UnprovenUnauthorized(RetryableError):
-    """The API kept answering 401, but never to a token minted for the request: no proof
-    that the grant is gone, so the request is retried later instead."""
 
 
 # --- decisions (pure) ---------------------------------------------------------------------
@@ -731,8 +727,8 @@ async def reauth(
 
     A token set with only a refresh token is refreshed by the first request. The
     tenant's waiting jobs are claimed again from now on (workers are woken). Raises
-    :class:`~synckit.runtime.secrets.ConnectionNotFound` for an unknown tenant and
-    :class:`~synckit.errors.ConfigurationError` when tokens cannot be stored securely.
+    :class:`~synckit.errors.exceptions.ConnectionNotFound` for an unknown tenant and
+    :class:`~synckit.errors.exceptions.ConfigurationError` when tokens cannot be stored securely.
     """
     cipher = cipher or TokenCipher.from_env()
     now = now or utcnow()
@@ -759,8 +755,6 @@ __all__ = [
     "OAuth2Config",
     "ReauthResult",
     "RefreshResult",
-    "TokenEndpointUnavailable",
-    "UnprovenUnauthorized",
     "reauth",
     "reauth_reason",
     "refresh_due",

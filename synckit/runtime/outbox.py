@@ -65,8 +65,10 @@ from synckit.clock import utcnow
 from synckit.errors import Classification, ErrorClass, RetryPolicy, retry_delay
 from synckit.errors.exceptions import (
     DatabaseError,
-    PermanentError,
-    RetryableError,
+    OutboxError,
+    PublisherUnavailable,
+    PublishFailed,
+    PublishRejected,
 )
 from synckit.store import notify
 from synckit.store import outbox as store
@@ -75,12 +77,8 @@ from synckit.store.leases import new_lease
 from synckit.store.outbox import (
     NOTIFY_CHANNEL,
     NewMessage,
-    OutboxError,
     OutboxInfo,
     OutboxMessage,
-    OutboxMessageNotFound,
-    OutboxPayloadError,
-    OutboxStateError,
     add,
     add_many,
     add_many_sync,
@@ -108,17 +106,10 @@ __all__ = [
     "CallbackPublisher",
     "LogPublisher",
     "NewMessage",
-    "OutboxError",
     "OutboxInfo",
     "OutboxMessage",
-    "OutboxMessageNotFound",
-    "OutboxPayloadError",
     "OutboxRelay",
-    "OutboxStateError",
-    "PublishFailed",
-    "PublishRejected",
     "Publisher",
-    "PublisherUnavailable",
     "RabbitPublisher",
     "RelayStats",
     "add",
@@ -162,18 +153,6 @@ DEFAULT_RETRY_POLICY = RetryPolicy(
 
 
 # --- errors ---------------------------------------------------------------------------
-
-
-class PublishFailed(RetryableError):
-    """Publishing failed for now (broker down, connection lost, timeout): retry later."""
-
-
-class PublisherUnavailable(PublishFailed):
-    """The publisher cannot reach its broker at all; nothing was attempted."""
-
-
-class PublishRejected(PermanentError):
-    """The broker refused this message for good (unroutable, too large, nacked)."""
 
 
 # --- publishers -----------------------------------------------------------------------
@@ -501,7 +480,7 @@ class OutboxRelay:
         """Publish one batch; return how many messages the broker confirmed.
 
         Raises :class:`PublisherUnavailable` when the broker cannot be reached and
-        :class:`~synckit.errors.DatabaseError` when the database cannot.
+        :class:`~synckit.errors.exceptions.DatabaseError` when the database cannot.
         """
         return (await self.relay_batch()).published
 

@@ -20,13 +20,14 @@ to SQLite's writer thread, ``run_sync`` on PostgreSQL, statements built once):
 
 A crash therefore re-processes at most the page it interrupted. Errors about the whole
 API abort the cycle without committing the page: anything ``poll()`` raises, and
-:class:`~synckit.errors.RateLimited` / :class:`~synckit.errors.NeedsReauth` (or a
-database outage) raised by ``handle()``; the job then fails and is retried by the
-worker's rules, which pace the resource. Any other exception of ``handle()`` fails that
-record only. A rate limit spends no attempt (the cycle is rescheduled for when the
-resource is available and resumes from its last committed page), and neither does a
-failure after a committed page: a cycle is given up only after ``POLL_MAX_ATTEMPTS``
-attempts that committed nothing.
+:class:`~synckit.errors.exceptions.RateLimited` /
+:class:`~synckit.errors.exceptions.NeedsReauth` (or a database outage) raised by
+``handle()``; the job then fails and is retried by the worker's rules, which pace the
+resource. Any other exception of ``handle()`` fails that record only. A rate limit
+spends no attempt (the cycle is rescheduled for when the resource is available and
+resumes from its last committed page), and neither does a failure after a committed
+page: a cycle is given up only after ``POLL_MAX_ATTEMPTS`` attempts that committed
+nothing.
 
 The *scheduler* (a recurring job, kind ``synckit.schedule``) keeps one tick per tenant and
 stream in ``cron_ticks`` (named ``poll:<tenant>:<stream>``, beside the recurring jobs'
@@ -59,12 +60,12 @@ from synckit.connectors.records import Records, key_from_raw
 from synckit.connectors.schedule import DEFAULT_SCHEDULE, PollSchedule, parse_schedule
 from synckit.errors.classify import Classification, classify
 from synckit.errors.exceptions import (
+    Cancel,
     ConfigurationError,
     DatabaseError,
     NeedsReauth,
     RateLimited,
 )
-from synckit.runtime.handlers import Cancel
 from synckit.runtime.instruments import record_records
 from synckit.runtime.logging import redact_text
 from synckit.runtime.records import Landing, land, prepare
@@ -596,7 +597,7 @@ async def run_cycle(
     """Run one poll cycle of ``ctx.stream`` for ``connector``'s tenant (see the module doc).
 
     ``job`` is the poll job running it, whose claim is checked at every page commit
-    (:class:`~synckit.runtime.handlers.Cancel` if it was lost); None outside the queue.
+    (:class:`~synckit.errors.exceptions.Cancel` if it was lost); None outside the queue.
     ``progressed`` is called after each committed page (the job's
     :meth:`~synckit.runtime.handlers.JobContext.progressed`: committed pages are progress,
     so a cycle failing after them does not spend an attempt). ``start`` is the stream's

@@ -39,11 +39,15 @@ from typing import Any
 import structlog
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.exceptions import (
+    ConfigurationError,
+    InsecureTokenStorageWarning,
+    SecretCorrupt,
+    SecretUnavailable,
+)
 from synckit.store import connections as connection_store
 from synckit.store.connections import (
     REASON_CHARS,
-    ConnectionNotFound,
     hand_back_refresh_lease,
     mark_needs_reauth,
     read_connection,
@@ -70,10 +74,6 @@ INSECURE = "$insecure"
 _MASK = "***"
 
 log = structlog.get_logger("synckit.secrets")
-
-
-class InsecureTokenStorageWarning(UserWarning):
-    """Tokens are being stored unencrypted (``SYNCKIT_INSECURE_DEV_TOKENS=1``)."""
 
 
 def _mask(secret: str | None) -> str | None:
@@ -251,24 +251,6 @@ def key_id(key: str) -> str:
     Stored beside what the key sealed, so a missing key can be named in an error without
     revealing anything about it."""
     return hashlib.sha256(b"synckit-key-id:" + key.strip().encode()).hexdigest()[:8]
-
-
-class SecretUnavailable(ConfigurationError):
-    """A stored secret cannot be opened with the configured keys.
-
-    ``key_id`` names the key it was sealed with when that is known (the key the
-    environment lacks), else ``None``."""
-
-    def __init__(self, message: str, *, key_id: str | None = None) -> None:
-        super().__init__(message)
-        self.key_id = key_id
-
-
-class SecretCorrupt(ConfigurationError):
-    """A stored secret, or the row holding it, is damaged: no key opens it (not JSON, a
-    config that is not an object, bytes in no known format, a seal its own key cannot
-    open). Unlike :class:`SecretUnavailable`, the keys are not the problem: the worker
-    holds only the row's tenant and runs the others."""
 
 
 #: What a key id looks like (:func:`key_id`): anything else in its place is damage.
@@ -541,10 +523,6 @@ __all__ = [
     "REASON_CHARS",
     "SEALED",
     "SEALED_KEY",
-    "ConnectionNotFound",
-    "InsecureTokenStorageWarning",
-    "SecretCorrupt",
-    "SecretUnavailable",
     "TokenCipher",
     "TokenSet",
     "hand_back_refresh_lease",

@@ -26,6 +26,7 @@ from enum import Enum
 from typing import Any
 
 from synckit.clock import utcnow
+from synckit.errors.gate import Gate, LaneFacts, gate
 from synckit.redaction import redact_text
 from synckit.runtime.alerts import (
     Alert,
@@ -83,6 +84,10 @@ class TenantStatus:
     #: ``(field, reason)`` of what the tenant's rows hold that could not be read: an
     #: unknown status or breaker state (shown as stored, marked), a corrupt timestamp.
     unreadable: tuple[tuple[str, str], ...] = ()
+    #: What holds the tenant's jobs now, as the claim's gate decides from its breaker and
+    #: pace (``breaker``, ``paced``, ``probe``), and until when; None: nothing does.
+    held_by: str | None = None
+    held_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +227,15 @@ async def _page(conn: Conn, *, limit: int, after: str | None) -> list[Connection
     return await load_connections(conn, limit=limit, after=after)
 
 
+def _gate_of(b: BreakerInfo | None, now: datetime) -> Gate:
+    """The claim's gate over what the report reads of a resource: its breaker state and
+    next available time (an open breaker's cool-down end, or the pace's)."""
+    if b is None:
+        return Gate()
+    cooldown = b.next_available_at if b.state == "open" else None
+    return gate(LaneFacts(b.state, cooldown, b.next_available_at), now)
+
+
 def _tenants(
     states: Sequence[ConnectionState],
     breakers: dict[str, BreakerInfo],
@@ -251,6 +265,7 @@ def _tenants(
         dl = dlq_of.get(tenant, {})
         last = s.last_success_at if s else None
         bad = _unreadable(s, b)
+        held = _gate_of(b, now)
         out.append(
             TenantStatus(
                 tenant=tenant,
@@ -273,6 +288,8 @@ def _tenants(
                 consecutive_failures=b.consecutive_failures if b else 0,
                 last_error_class=b.last_error_class if b else None,
                 unreadable=bad,
+                held_by=held.why,
+                held_until=held.until,
             )
         )
     return out

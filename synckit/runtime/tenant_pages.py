@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from synckit.runtime.tenants import Tenant, TenantNotFound
+from synckit.errors.exceptions import TenantNotFound
+from synckit.runtime.tenants import Tenant
 
 # The tenants module's own row reader (config, secrets, status, timestamps), so that a
 # tenant reads the same here as everywhere else.

@@ -31,7 +31,13 @@ from pydantic import BaseModel, Secret, SecretBytes, SecretStr
 
 from synckit.clock import utcnow
 from synckit.connectors.schedule import DEFAULT_SCHEDULE, parse_schedule
-from synckit.errors.exceptions import ConfigurationError, SynckitError
+from synckit.errors.exceptions import (
+    ConfigurationError,
+    ConnectionExists,
+    SecretCorrupt,
+    TenantError,
+    TenantNotFound,
+)
 from synckit.runtime import pacing
 from synckit.runtime.config_secrets import (
     ConfigPath,
@@ -41,7 +47,7 @@ from synckit.runtime.config_secrets import (
     seal_config,
     secret_paths,
 )
-from synckit.runtime.secrets import SecretCorrupt, TokenCipher
+from synckit.runtime.secrets import TokenCipher
 from synckit.store import connections as connection_store
 from synckit.store import jobs as job_store
 from synckit.store.checkpoints import delete_checkpoints
@@ -57,8 +63,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ResealResult",
     "Tenant",
-    "TenantError",
-    "TenantNotFound",
     "add_tenant",
     "get_tenant",
     "list_tenants",
@@ -78,14 +82,6 @@ _COLUMNS = connection_store.TENANT_COLUMNS
 
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+\-]{0,99}", re.ASCII)
 _MAX_SCHEDULE = 100
-
-
-class TenantError(SynckitError):
-    """A tenant operation was refused (it exists already, it is not paused, ...)."""
-
-
-class TenantNotFound(TenantError):
-    """No tenant has the given name."""
 
 
 class ConnectorSource(Protocol):
@@ -337,7 +333,7 @@ async def add_tenant(
     """Add a tenant of ``connector`` (a class, or a name the ``app`` knows).
 
     ``config`` is validated by the connector's ``config_model``: an invalid one raises a
-    one-line :class:`~synckit.errors.ConfigurationError` naming the fields. ``schedule``
+    one-line :class:`~synckit.errors.exceptions.ConfigurationError` naming the fields. ``schedule``
     is ``every <n><s|m|h|d>`` or a cron expression. The tenant's resource is created
     with the connector's ``max_in_flight`` and ``rate_limit``. A tenant that exists
     already is refused (:class:`TenantError`).
@@ -374,7 +370,7 @@ async def add_tenant(
                 schedule=schedule,
                 now=now,
             )
-    except connection_store.ConnectionExists as exc:  # a concurrent add of the same tenant
+    except ConnectionExists as exc:  # a concurrent add of the same tenant
         raise TenantError(f"tenant {tenant!r} exists already") from exc
     return await get_tenant(db, tenant)
 

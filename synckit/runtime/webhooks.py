@@ -36,11 +36,11 @@ from synckit.connectors.webhooks import (
     WebhookEvent,
     Webhooks,
 )
-from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.exceptions import ConfigurationError, Discard, TenantNotFound
 from synckit.runtime.actions import poll_job_spec
-from synckit.runtime.handlers import Discard, JobContext, Registry
+from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.instruments import record_webhook
-from synckit.runtime.tenants import Tenant, TenantNotFound, get_tenant, list_tenants
+from synckit.runtime.tenants import Tenant, get_tenant, list_tenants
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database, SyncConn
 from synckit.store.jobs import JobSpec, enqueue_new_sync

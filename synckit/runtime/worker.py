@@ -58,11 +58,20 @@ from synckit.errors import (
     retry_delay,
 )
 from synckit.errors.backoff import backoff_delay
-from synckit.errors.exceptions import DatabaseError, NeedsReauth, PermanentError, SynckitError
+from synckit.errors.exceptions import (
+    Cancel,
+    DatabaseError,
+    Discard,
+    NeedsReauth,
+    PermanentError,
+    Snooze,
+    SynckitError,
+)
+from synckit.errors.gate import LaneFacts, gate
 from synckit.errors.pace import PacePolicy
 from synckit.errors.waits import DEFAULT_MAX_WAIT, moment_after
 from synckit.runtime import cron, outbox, pacing
-from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
+from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.http import shared_connections
 from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
 from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
@@ -281,8 +290,9 @@ class Worker:
         self._avg_run: float | None = None
         # Resources this worker's own outcomes just paced or opened: jobs of theirs that
         # were claimed ahead are put back instead of run (other workers' changes are
-        # seen by the next claim, and by ctx.http before every request).
-        self._blocked_until: dict[str, datetime] = {}
+        # seen by the next claim, and by ctx.http before every request): what this
+        # worker learnt of each lane, for the gate to decide on.
+        self._learnt: dict[str, LaneFacts] = {}
         self._unrecorded_failures: dict[str, int] = {}
         self.retry_policy = retry_policy or registry.retry_policy or RetryPolicy()
         self.breaker_policy = breaker_policy or registry.breaker_policy or BreakerPolicy()
@@ -508,11 +518,12 @@ class Worker:
                 # Not started: shutdown releases it (a charged attempt is given back).
                 self._tasks.pop(job.id, None)
                 return
-            until = self._blocked_until.get(job.resource_key or "")
-            if until is not None and until > self.clock() and not job.probe:
+            learnt = self._learnt.get(job.resource_key or "")
+            held = gate(learnt, self.clock()).until if learnt is not None else None
+            if held is not None and not job.probe:
                 # Claimed ahead before this worker learnt its resource must wait.
                 self._tasks.pop(job.id, None)
-                self._put_outcome(_Outcome(job, "snooze", snooze_until=until))
+                self._put_outcome(_Outcome(job, "snooze", snooze_until=held))
                 return
             if not job.started:
                 started_job = await self._mark_started(job)
@@ -1110,14 +1121,14 @@ class Worker:
                 conn, job, key, c, now, sent_at, _moment_or_none(r.next_available_at)
             )
             if paced is not None:
-                self._block(key, paced)
+                self._block(key, paced=paced)
                 self._log.info("resource.throttled", resource_key=key, until=paced)
         before = self._snapshot(r)
         after = breaker_transition(
             before, breaker_outcome(c), now, self.breaker_policy, server_wait=c.retry_after
         )
         if after.state is BreakerState.OPEN and after.cooldown_until is not None:
-            self._block(r.resource_key, after.cooldown_until)
+            self._block(r.resource_key, open_until=after.cooldown_until)
         self._store_snapshot(conn, r.resource_key, before, after, now, **extra)
         if r.parent_key and after.state is BreakerState.OPEN and before.state is not after.state:
             self._maybe_open_parent(conn, r.parent_key, now)
@@ -1168,12 +1179,19 @@ class Worker:
             last_error=f"{open_children} of {len(children)} tenants failing",
         )
 
-    def _block(self, key: str, until: datetime) -> None:
+    def _block(
+        self, key: str, *, paced: datetime | None = None, open_until: datetime | None = None
+    ) -> None:
+        """Remember that ``key`` is paced until ``paced`` or its breaker open until
+        ``open_until`` (the later of what was learnt wins), for :func:`gate`."""
         # Written from the database writer thread, read on the event loop: a plain dict
         # assignment is atomic under the GIL, and a stale read only delays the put-back.
-        current = self._blocked_until.get(key)
-        if current is None or until > current:
-            self._blocked_until[key] = until
+        facts = self._learnt.get(key, LaneFacts())
+        if paced is not None and (facts.next_available_at or paced) <= paced:
+            facts = replace(facts, next_available_at=paced)
+        if open_until is not None and (facts.cooldown_until or open_until) <= open_until:
+            facts = replace(facts, state="open", cooldown_until=open_until)
+        self._learnt[key] = facts
 
     # --- background duties --------------------------------------------------------------
 

@@ -9,8 +9,9 @@ Two families, both for :mod:`synckit.runtime.alerts` (which holds the rules, the
   review (:func:`dlq_in_review`);
 * the ``alerts`` table, one row per rule, subject and window (``dedupe_key``, unique):
   :func:`claim_deliveries` records new alerts as undelivered and takes a delivery lease on
-  them and on the earlier ones some sink has not taken, :func:`finish_deliveries` notes
-  which sinks took them, :func:`recent_alerts` reads them by ``fired_at`` and
+  them and on the earlier ones some sink has not taken (the one lease of
+  :mod:`synckit.store.leases`), :func:`finish_deliveries` notes which sinks took them,
+  fenced by that lease's token, :func:`recent_alerts` reads them by ``fired_at`` and
   :func:`prune_alerts` deletes finished ones. Rows travel as :class:`AlertRow`, plain
   values; the runtime turns them into alerts.
 
@@ -36,7 +37,6 @@ from sqlalchemy import (
     delete,
     func,
     literal_column,
-    or_,
     select,
     update,
 )
@@ -47,6 +47,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
 from synckit.store.jobs import guarded_moment, read_moment, read_payload
+from synckit.store.leases import RELEASED, Lease, claim, fenced, free, new_lease
 from synckit.store.tables import alerts as alerts_table
 from synckit.store.tables import checkpoints, connections, dead_letters, jobs
 
@@ -280,8 +281,10 @@ class StoredAlert:
 @dataclass(frozen=True)
 class Claimed:
     """What :func:`claim_deliveries` took: earlier alerts owed to some sink (by id) and the
-    alerts it recorded for the first time, as ``(id, dedupe_key)`` in id order."""
+    alerts it recorded for the first time, as ``(id, dedupe_key)`` in id order, all held
+    under ``lease`` (give its token to :func:`finish_deliveries`)."""
 
+    lease: Lease
     owed: list[StoredAlert] = field(default_factory=list)
     new: list[tuple[int, str]] = field(default_factory=list)
 
@@ -331,7 +334,7 @@ def _read_row(row: Any) -> tuple[AlertRow, dict[str, str]]:
     return alert, {str(k): str(v) for k, v in delivered.items()}
 
 
-def _new_row(key: str, alert: AlertRow, *, now: datetime, lease: timedelta) -> dict[str, Any]:
+def _new_row(key: str, alert: AlertRow, *, now: datetime, lease: Lease) -> dict[str, Any]:
     return {
         "dedupe_key": key,
         "rule": alert.rule,
@@ -346,7 +349,7 @@ def _new_row(key: str, alert: AlertRow, *, now: datetime, lease: timedelta) -> d
         "recorded_at": now,
         "delivered": {},
         "attempts": 0,
-        "lease_expires_at": now + lease,
+        **lease.values(),
     }
 
 
@@ -366,7 +369,9 @@ async def claim_deliveries(
 
     Safe under concurrent evaluators on either engine: the unique key decides which
     insert records an alert, and a retry takes only rows no other transaction holds
-    (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite has one writer).
+    (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite has one writer) and no live lease
+    holds (:mod:`synckit.store.leases`: the rows are held under one fresh lease,
+    ``Claimed.lease``).
 
     The inserts come first, before this transaction locks any row. On PostgreSQL an
     insert whose key is on a row another transaction has updated and not committed
@@ -377,7 +382,7 @@ async def claim_deliveries(
     transaction holds only rows nobody else can see while it may wait; the statements
     after the inserts never wait (``SKIP LOCKED``), so no cycle can form."""
     c = alerts_table.c
-    out = Claimed()
+    out = Claimed(new_lease(lease, now=now))
     # In key order, so that two evaluators inserting the same new alerts wait for each
     # other in one order.
     keys = sorted(new)
@@ -385,7 +390,7 @@ async def claim_deliveries(
         batch = keys[start : start + _INSERT_BATCH]
         inserted = await conn.execute(
             _insert_new(conn)
-            .values([_new_row(k, new[k], now=now, lease=lease) for k in batch])
+            .values([_new_row(k, new[k], now=now, lease=out.lease) for k in batch])
             .returning(c.id, c.dedupe_key)
         )
         out.new.extend((int(rid), str(key)) for rid, key in sorted(inserted.all()))
@@ -399,25 +404,21 @@ async def claim_deliveries(
     stale = await conn.execute(
         update(alerts_table)
         .where(c.id.in_(overdue.scalar_subquery()))
-        .values(finished_at=now, lease_expires_at=None)
+        .values(finished_at=now, **RELEASED)
         .returning(c.dedupe_key, c.last_error)
     )
     for key, error in stale:
         log.error("alert.delivery_given_up", record=key, error=error)
     # The alerts inserted above are leased until now + lease: not taken again here.
-    free = or_(c.lease_expires_at.is_(None), c.lease_expires_at <= now)
     due = (
         select(c.id)
-        .where(unfinished, free)
+        .where(unfinished, free(alerts_table, now))
         .order_by(c.id)
         .limit(_RETRY_BATCH)
         .with_for_update(skip_locked=True)
     )
     taken = await conn.execute(
-        update(alerts_table)
-        .where(c.id.in_(due.scalar_subquery()))
-        .values(lease_expires_at=now + lease)
-        .returning(*_ROW)
+        claim(alerts_table, out.lease, c.id.in_(due.scalar_subquery()), now=now).returning(*_ROW)
     )
     for row in sorted(taken.all(), key=lambda r: int(r.id)):
         try:
@@ -428,7 +429,7 @@ async def claim_deliveries(
             await conn.execute(
                 update(alerts_table)
                 .where(c.id == row.id)
-                .values(finished_at=now, lease_expires_at=None, last_error=f"unreadable: {exc}")
+                .values(finished_at=now, **RELEASED, last_error=f"unreadable: {exc}")
             )
             continue
         out.owed.append(StoredAlert(int(row.id), alert, done))
@@ -455,22 +456,33 @@ class DeliveryOutcome:
 
 
 async def finish_deliveries(
-    conn: AsyncConnection, outcomes: Sequence[DeliveryOutcome], *, now: datetime
-) -> None:
-    """Note which sinks took each alert; finish the alerts every sink now has."""
+    conn: AsyncConnection, outcomes: Sequence[DeliveryOutcome], *, now: datetime, token: str
+) -> list[int]:
+    """Note which sinks took each alert and finish the alerts every sink now has, on the
+    rows the lease ``token`` still holds (``Claimed.lease``), releasing them. Returns the
+    ids it could not note: another evaluator took them over once this lease ran out
+    (logged ``alert.delivery_fenced``; the new holder's outcome stands)."""
     c = alerts_table.c
+    lost: list[int] = []
     for o in outcomes:
-        await conn.execute(
-            update(alerts_table)
-            .where(c.id == o.record_id)
-            .values(
-                delivered=dict(o.delivered),
-                finished_at=now if o.complete else None,
-                lease_expires_at=None,
-                attempts=c.attempts + 1,
-                last_error=None if o.complete else (o.error or "")[:1000],
+        noted = await conn.execute(
+            fenced(
+                alerts_table,
+                token,
+                c.id == o.record_id,
+                values={
+                    "delivered": dict(o.delivered),
+                    "finished_at": now if o.complete else None,
+                    "attempts": c.attempts + 1,
+                    "last_error": None if o.complete else (o.error or "")[:1000],
+                },
             )
         )
+        if noted.rowcount == 0:
+            lost.append(o.record_id)
+    if lost:
+        log.warning("alert.delivery_fenced", ids=lost[:20], count=len(lost))
+    return lost
 
 
 async def recent_alerts(

@@ -15,14 +15,15 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Text, and_, bindparam, cast, delete, func, or_, select, text, update
+from sqlalchemy import Row, Text, and_, bindparam, cast, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.exceptions import ConnectionExists, ConnectionNotFound
 from synckit.redaction import redact_text
 from synckit.store.db import Conn, Database, SyncConn
 from synckit.store.dead_letters import storable_text
 from synckit.store.jobs import NOTIFY_CHANNEL, guarded_moment
+from synckit.store.leases import Lease, LeaseColumns, claim, fenced
 from synckit.store.resources import readable
 from synckit.store.tables import checkpoints, connections, dead_letters, pending_authorizations
 
@@ -37,10 +38,6 @@ CONNECTION_STATUSES = frozenset({"active", "paused", "needs_reauth"})
 #: start check writes it, the ``unreadable_connection`` alert rule looks for it; here,
 #: beside the statuses, so ``synckit status`` reads it without the key machinery).
 UNREADABLE_ROW_REASON = "connection row unreadable:"
-
-
-class ConnectionNotFound(ConfigurationError):
-    """No connection row for the tenant (create the tenant first)."""
 
 
 # --- token sets and the refresh lease ----------------------------------------------------
@@ -119,9 +116,10 @@ async def mark_needs_reauth(conn: Conn, tenant: str, *, reason: str, now: dateti
     )
 
 
-# Who refreshes a tenant's token set, until when (connections.refresh_owner/_until). The
-# lease is taken and given back in short transactions; the call to the provider runs
-# between them with no transaction open.
+# Who refreshes a tenant's token set, until when (connections.refresh_owner/_until): the
+# one lease of store/leases.py on the row's own two columns. It is taken and given back in
+# short transactions; the call to the provider runs between them with no transaction open.
+REFRESH_LEASE = LeaseColumns(token="refresh_owner", expires_at="refresh_until")
 
 
 async def take_refresh_lease(
@@ -129,17 +127,13 @@ async def take_refresh_lease(
 ) -> bool:
     """Take the lease if it is free or expired (compare-and-set); True if taken."""
     res = await conn.execute(
-        update(connections)
-        .where(
+        claim(
+            connections,
+            Lease(owner, until),
             connections.c.tenant == tenant,
-            or_(
-                connections.c.refresh_owner.is_(None),
-                connections.c.refresh_until.is_(None),
-                connections.c.refresh_until <= now,
-            ),
-        )
-        .values(refresh_owner=owner, refresh_until=until)
-        .returning(connections.c.tenant)
+            now=now,
+            columns=REFRESH_LEASE,
+        ).returning(connections.c.tenant)
     )
     return res.first() is not None
 
@@ -154,18 +148,16 @@ async def save_refreshed_token_set(
     now: datetime,
 ) -> bool:
     """Store the refreshed (sealed) set and end the lease, only if ``owner`` still holds
-    it; True if stored."""
+    it (the fence: a holder whose lease ran out and that another took over stores
+    nothing); True if stored."""
     res = await conn.execute(
-        update(connections)
-        .where(connections.c.tenant == tenant, connections.c.refresh_owner == owner)
-        .values(
-            token_set=sealed,
-            token_expires_at=expires_at,
-            refresh_owner=None,
-            refresh_until=None,
-            updated_at=now,
-        )
-        .returning(connections.c.tenant)
+        fenced(
+            connections,
+            owner,
+            connections.c.tenant == tenant,
+            values={"token_set": sealed, "token_expires_at": expires_at, "updated_at": now},
+            columns=REFRESH_LEASE,
+        ).returning(connections.c.tenant)
     )
     return res.first() is not None
 
@@ -179,12 +171,16 @@ async def hand_back_refresh_lease(
     until: datetime | None = None,
 ) -> bool:
     """End ``owner``'s lease; or, with ``hold_as``/``until``, keep it held under another
-    name until then (a token endpoint that asked for a wait is not called before it)."""
+    token until then (a token endpoint that asked for a wait is not called before it)."""
+    hold = Lease(hold_as, until) if hold_as and until else None
     res = await conn.execute(
-        update(connections)
-        .where(connections.c.tenant == tenant, connections.c.refresh_owner == owner)
-        .values(refresh_owner=hold_as, refresh_until=until if hold_as else None)
-        .returning(connections.c.tenant)
+        fenced(
+            connections,
+            owner,
+            connections.c.tenant == tenant,
+            values=hold.values(REFRESH_LEASE) if hold else {},
+            columns=REFRESH_LEASE,
+        ).returning(connections.c.tenant)
     )
     return res.first() is not None
 
@@ -347,10 +343,6 @@ _GUARDED = ("created_at", "updated_at")
 _GUARDED_COLUMNS = tuple(
     guarded_moment(connections.c[c.name]) if c.name in _GUARDED else c for c in TENANT_COLUMNS
 )
-
-
-class ConnectionExists(ConfigurationError):
-    """A connection row for the tenant exists already (a concurrent add)."""
 
 
 async def connector_of(conn: Conn, tenant: str) -> str | None:

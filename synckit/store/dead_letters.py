@@ -77,7 +77,7 @@ from synckit.errors.dlq_policy import (
     dead_cycle_streak,
     decide_capture,
 )
-from synckit.errors.exceptions import SynckitError
+from synckit.errors.exceptions import DeadLetterNotFound, DlqError
 from synckit.redaction import redact_text
 from synckit.store import leases
 from synckit.store.db import Database
@@ -94,8 +94,6 @@ __all__ = [
     "STATUSES",
     "Captured",
     "DeadLetter",
-    "DeadLetterNotFound",
-    "DlqError",
     "DlqFilter",
     "DlqGroup",
     "Failure",
@@ -153,14 +151,6 @@ _GROUP_COLUMNS = {
     "class": dead_letters.c.error_class,
     "status": dead_letters.c.status,
 }
-
-
-class DlqError(SynckitError):
-    """A dead-letter operation was refused."""
-
-
-class DeadLetterNotFound(DlqError):
-    """No dead letter has the given id."""
 
 
 # --- rows -------------------------------------------------------------------------------
@@ -1361,11 +1351,13 @@ async def resource_waits(
             r.c.cooldown_until,
             r.c.next_available_at,
             r.c.probe_job_id,
+            r.c.probe_expires_at,
             p.c.resource_key.label("p_key"),
             p.c.state.label("p_state"),
             p.c.cooldown_until.label("p_cooldown_until"),
             p.c.next_available_at.label("p_next_available_at"),
             p.c.probe_job_id.label("p_probe_job_id"),
+            p.c.probe_expires_at.label("p_probe_expires_at"),
         )
         .select_from(r.outerjoin(p, p.c.resource_key == r.c.parent_key))
         .where(r.c.resource_key.in_(unique))
@@ -1378,6 +1370,7 @@ async def resource_waits(
             cooldown_until=row.cooldown_until,
             next_available_at=row.next_available_at,
             probe_in_flight=row.probe_job_id is not None,
+            probe_expires_at=row.probe_expires_at,
             now=now,
         )
         if own is not None:
@@ -1388,6 +1381,7 @@ async def resource_waits(
                 cooldown_until=row.p_cooldown_until,
                 next_available_at=row.p_next_available_at,
                 probe_in_flight=row.p_probe_job_id is not None,
+                probe_expires_at=row.p_probe_expires_at,
                 now=now,
             )
             if parent is not None:

@@ -68,7 +68,8 @@ from synckit.errors.breaker import (
     BreakerState,
     breaker_claim_probe,
 )
-from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
+from synckit.errors.exceptions import JobError, JobNotFound, JobStateError, PayloadError
+from synckit.errors.gate import LaneFacts, gate
 from synckit.store import notify
 from synckit.store.db import Database, _Busy
 from synckit.store.pages import (
@@ -97,10 +98,6 @@ START_LEASE = timedelta(seconds=2)
 # index when the query's predicate visibly implies the index's.
 _PENDING: Any = literal_column("'pending'")
 _RUNNING: Any = literal_column("'running'")
-
-
-class PayloadError(JobError):
-    """A job payload that cannot be stored as JSON."""
 
 
 #: An unescaped NUL in serialised JSON: an odd run of backslashes before ``u0000``.
@@ -775,8 +772,9 @@ def _later(col: Any, now: Any) -> Any:
 
 
 def _breaker_denies(r: Any, now: Any) -> Any:
-    """SQL: :func:`~synckit.errors.breaker_allows` says ``"deny"`` for the row ``r`` (a
-    property test holds the two together on both engines)."""
+    """SQL: the row ``r``'s breaker holds it (:func:`~synckit.errors.gate.gate`'s
+    ``breaker`` and ``probe`` holds; a property test holds the claim and the gate
+    together on both engines)."""
     return or_(
         and_(r.c.state == "open", _later(r.c.cooldown_until, now)),
         and_(
@@ -788,7 +786,8 @@ def _breaker_denies(r: Any, now: Any) -> Any:
 
 
 def _resource_blocked(r: Any, now: Any) -> Any:
-    """SQL: the resource row ``r`` does not allow a call now (pacing or an open breaker)."""
+    """SQL: the gate holds the resource row ``r`` until a moment (pacing, an open
+    breaker, a live probe): :func:`~synckit.errors.gate.gate` for the database."""
     # Every term is NULL-safe, so that NOT (...) means "available" and never "unknown".
     return or_(_later(r.c.next_available_at, now), _breaker_denies(r, now))
 
@@ -1219,19 +1218,19 @@ def _claim_sync(
     claimed: list[ClaimedJob] = []
     unreadable: list[Unreadable] = []
     lanes_rows = _available_lanes(conn, now, max_lanes=limit)
-    # Room per lane: 1 for a breaker probe, else what max_in_flight leaves (None: no cap).
+    # Room per lane, as the gate says: 1 for a breaker probe, else what max_in_flight
+    # leaves (None: no cap). The lanes' SQL has already left out those held until a
+    # moment (the same gate, written for the database), so only the state and the
+    # in-flight count are read here.
     room_of: dict[str | None, int | None] = {}
     probes: set[str] = set()
     room_state: dict[str, str] = {}
     for r in lanes_rows:
         room_state[r.resource_key] = r.state
-        if r.state in ("open", "half_open"):
-            room_of[r.resource_key] = 1
+        g = gate(LaneFacts(r.state, max_in_flight=r.max_in_flight, running=r.running or 0), now)
+        room_of[r.resource_key] = g.room
+        if g.probe:
             probes.add(r.resource_key)
-        elif r.max_in_flight is not None:
-            room_of[r.resource_key] = r.max_in_flight - r.running
-        else:
-            room_of[r.resource_key] = None
     room_of[None] = None  # the lane of jobs without a resource key
     served: set[str] = set()
     # Lanes that gave fewer jobs than asked: no due job left there now.
@@ -2682,7 +2681,6 @@ __all__ = [
     "JobFilter",
     "JobInfo",
     "JobSpec",
-    "PayloadError",
     "StuckJob",
     "cancel_job",
     "claim",

@@ -1,8 +1,9 @@
 """The one lease: a row held by one process while it works outside any transaction.
 
-``dead_letters`` (a replay), ``intents`` (a create on a remote API) and ``outbox`` (a
-publish to a broker) carry the same two columns (migration 0011): ``lease_token``, who
-holds the row, and ``lease_expires_at``, until when. The work they cover is network I/O,
+``dead_letters`` (a replay), ``intents`` (a create on a remote API), ``outbox`` (a
+publish to a broker), ``webhook_events`` and ``alerts`` (a delivery to the alert sinks,
+migration 0017) carry the same two columns (migration 0011): ``lease_token``, who holds
+the row, and ``lease_expires_at``, until when. The work they cover is network I/O,
 so no transaction may stay open across it; the lease is what keeps other processes off
 the row meanwhile. Three operations, all of them single statements:
 
@@ -38,10 +39,39 @@ from sqlalchemy import ColumnElement, Table, Update, or_, update
 
 from synckit.clock import utcnow
 
-__all__ = ["RELEASED", "Lease", "claim", "fenced", "free", "held", "new_lease", "taken"]
+__all__ = [
+    "LEASE_COLUMNS",
+    "RELEASED",
+    "Lease",
+    "LeaseColumns",
+    "claim",
+    "fenced",
+    "free",
+    "held",
+    "new_lease",
+    "taken",
+]
+
+
+@dataclass(frozen=True)
+class LeaseColumns:
+    """The names of a table's two lease columns: the holder's token and the lease's end.
+    Every leased table uses :data:`LEASE_COLUMNS` but ``connections``, whose OAuth
+    refresh lease predates them (``refresh_owner``, ``refresh_until``)."""
+
+    token: str = "lease_token"
+    expires_at: str = "lease_expires_at"
+
+    def released(self) -> dict[str, Any]:
+        """The values of a row no lease holds."""
+        return {self.token: None, self.expires_at: None}
+
+
+#: The lease columns of migration 0011 (and 0020 for ``alerts``).
+LEASE_COLUMNS = LeaseColumns()
 
 #: The values of a row no lease holds.
-RELEASED: Mapping[str, Any] = {"lease_token": None, "lease_expires_at": None}
+RELEASED: Mapping[str, Any] = LEASE_COLUMNS.released()
 
 
 @dataclass(frozen=True)
@@ -51,9 +81,9 @@ class Lease:
     token: str
     expires_at: datetime
 
-    def values(self) -> dict[str, Any]:
+    def values(self, columns: LeaseColumns = LEASE_COLUMNS) -> dict[str, Any]:
         """The column values that hold a row under this lease."""
-        return {"lease_token": self.token, "lease_expires_at": self.expires_at}
+        return {columns.token: self.token, columns.expires_at: self.expires_at}
 
 
 def new_lease(duration: timedelta, *, now: datetime | None = None) -> Lease:
@@ -61,20 +91,22 @@ def new_lease(duration: timedelta, *, now: datetime | None = None) -> Lease:
     return Lease(secrets.token_hex(16), (now or utcnow()) + duration)
 
 
-def free(table: Table, now: datetime) -> ColumnElement[bool]:
+def free(table: Table, now: datetime, columns: LeaseColumns = LEASE_COLUMNS) -> ColumnElement[bool]:
     """Rows of ``table`` no lease holds at ``now``: no token, or a lease that ended."""
-    c = table.c
-    return or_(c.lease_token.is_(None), c.lease_expires_at.is_(None), c.lease_expires_at <= now)
+    token, until = table.c[columns.token], table.c[columns.expires_at]
+    return or_(token.is_(None), until.is_(None), until <= now)
 
 
-def held(table: Table, token: str) -> ColumnElement[bool]:
+def held(table: Table, token: str, columns: LeaseColumns = LEASE_COLUMNS) -> ColumnElement[bool]:
     """Rows of ``table`` still held under ``token`` (the fence)."""
-    return table.c.lease_token == token
+    return table.c[columns.token] == token
 
 
-def taken(table: Table, now: datetime) -> ColumnElement[bool]:
+def taken(
+    table: Table, now: datetime, columns: LeaseColumns = LEASE_COLUMNS
+) -> ColumnElement[bool]:
     """Rows of ``table`` held at ``now`` under a lease that has not ended."""
-    return ~free(table, now)
+    return ~free(table, now, columns)
 
 
 def claim(
@@ -83,13 +115,18 @@ def claim(
     *where: ColumnElement[bool],
     now: datetime,
     values: Mapping[str, Any] | None = None,
+    columns: LeaseColumns = LEASE_COLUMNS,
 ) -> Update:
     """``UPDATE table`` that takes the free rows matching ``where`` under ``lease``.
 
     ``values`` are written with the lease (a DLQ row's next replay time, say). Callers
     add ``RETURNING`` and execute it in a short transaction they commit before the work.
     """
-    return update(table).where(*where, free(table, now)).values(**lease.values(), **(values or {}))
+    return (
+        update(table)
+        .where(*where, free(table, now, columns))
+        .values(**lease.values(columns), **(values or {}))
+    )
 
 
 def fenced(
@@ -98,8 +135,9 @@ def fenced(
     *where: ColumnElement[bool],
     values: Mapping[str, Any],
     release: bool = True,
+    columns: LeaseColumns = LEASE_COLUMNS,
 ) -> Update:
     """``UPDATE table`` writing ``values`` to the rows matching ``where`` that ``token``
     still holds; with ``release`` (the default) the lease ends with the write."""
-    changes = {**(RELEASED if release else {}), **values}
-    return update(table).where(*where, held(table, token)).values(**changes)
+    changes = {**(columns.released() if release else {}), **values}
+    return update(table).where(*where, held(table, token, columns)).values(**changes)

@@ -39,7 +39,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from synckit.clock import utcnow
 from synckit.errors import ErrorClass
-from synckit.errors.exceptions import SynckitError
+from synckit.errors.exceptions import (
+    OutboxError,
+    OutboxMessageNotFound,
+    OutboxPayloadError,
+    OutboxStateError,
+)
 from synckit.redaction import redact_text
 from synckit.store import leases, notify
 from synckit.store.db import Database
@@ -53,12 +58,8 @@ __all__ = [
     "MAX_TOPIC_BYTES",
     "NOTIFY_CHANNEL",
     "NewMessage",
-    "OutboxError",
     "OutboxInfo",
     "OutboxMessage",
-    "OutboxMessageNotFound",
-    "OutboxPayloadError",
-    "OutboxStateError",
     "Recorded",
     "add",
     "add_many",
@@ -93,22 +94,6 @@ _INSERT_CHUNK = 1000
 _PENDING: Any = literal_column("'pending'")
 
 # --- errors ---------------------------------------------------------------------------
-
-
-class OutboxError(SynckitError):
-    """An outbox operation was refused."""
-
-
-class OutboxPayloadError(OutboxError):
-    """A message that cannot be stored: payload not JSON-serialisable, bad topic, key or id."""
-
-
-class OutboxMessageNotFound(OutboxError):
-    """No outbox message has the given id."""
-
-
-class OutboxStateError(OutboxError):
-    """The message's status does not allow the operation (retrying a published message)."""
 
 
 # --- messages -------------------------------------------------------------------------

@@ -53,13 +53,12 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.exceptions import RecordsSchemaError
 from synckit.store.db import Database, savepoint
 from synckit.store.tables import JSONType, UTCDateTime, record_tables
 
 __all__ = [
     "NOTIFY_CHANNEL",
-    "RecordsSchemaError",
     "StoredRow",
     "TableOwner",
     "TableSql",
@@ -115,10 +114,6 @@ class _Column:
 
 def _kind(spec: TableSpec, name: str) -> str:
     return next(c.kind for c in spec.columns if c.name == name)
-
-
-class RecordsSchemaError(ConfigurationError):
-    """A declared records table that ``db upgrade`` cannot bring to its declaration."""
 
 
 @dataclass(frozen=True)

@@ -472,8 +472,10 @@ alerts = Table(
     Column("delivered", JSONType, nullable=False),
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("last_error", Text),
+    # Delivery holds a row under the one lease (store/leases.py, migration 0017).
     _ts("lease_expires_at"),
     _ts("finished_at"),
+    Column("lease_token", String(100)),
     # De-duplication: at most one row per rule, subject and window, whoever inserts it.
     UniqueConstraint("dedupe_key", name="uq_alerts_dedupe_key"),
     # Recent alerts, newest first (status, the console), and pruning by age.
@@ -533,7 +535,7 @@ workers = Table(
 )
 
 
-#: The queue's depth, sampled once a minute by a worker (migration 0017,
+#: The queue's depth, sampled once a minute by a worker (migration 0016,
 #: synckit.store.queue_history): pending jobs by what they wait for, and running ones.
 #: ``capped``: more pending jobs than a sample reads (the counts are of the first ones).
 queue_samples = Table(

@@ -39,6 +39,7 @@ import pytest
 import pytest_asyncio
 
 from synckit.errors import RetryPolicy, is_testing, set_testing
+from synckit.errors.exceptions import NothingDueWarning
 from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker, WorkerStats
 from synckit.store import migrate
@@ -47,7 +48,6 @@ from synckit.testing.clock import FakeClock
 from synckit.testing.fakeapi import FakeAPI
 
 __all__ = [
-    "NothingDueWarning",
     "RunUntilIdle",
     "fake_api",
     "instant_retries",
@@ -143,10 +143,6 @@ async def run_worker_until_idle(
     if stats.claimed == 0:
         await _say_why_nothing_ran(db, worker.clock())
     return stats
-
-
-class NothingDueWarning(UserWarning):
-    """``run_until_idle`` ran nothing while jobs wait for a later time on its clock."""
 
 
 async def _say_why_nothing_ran(db: Database, now: datetime) -> None:

@@ -38,7 +38,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from synckit.clock import parse_duration, utcnow
-from synckit.errors.exceptions import JobNotFound, SynckitError
+from synckit.errors.exceptions import DeadLetterNotFound, JobNotFound, SynckitError, TenantNotFound
 from synckit.printable import printable
 from synckit.runtime import outbox as outbox_store
 from synckit.runtime import tenants as tenant_store
@@ -594,7 +594,7 @@ def cycle_facts(job: job_store.JobInfo, limit: int | None = None) -> CycleFacts:
 async def tenant_page(request: Request) -> Response:
     try:
         values = await _tenant_values(request)
-    except tenant_store.TenantNotFound as exc:
+    except TenantNotFound as exc:
         return render(request, "error.html", status_code=404, message=str(exc))
     return render(request, "tenant.html", **values)
 
@@ -602,7 +602,7 @@ async def tenant_page(request: Request) -> Response:
 async def tenant_live(request: Request) -> Response:
     try:
         values = await _tenant_values(request)
-    except tenant_store.TenantNotFound as exc:
+    except TenantNotFound as exc:
         return PlainTextResponse(printable(str(exc)), status_code=404)
     return render(request, "_tenant_live.html", **values)
 
@@ -770,7 +770,7 @@ async def jobs_page(request: Request) -> Response:
         try:
             t = await tenant_store.get_tenant(db, q["tenant"], reveal=False)
             flt = dataclasses.replace(flt, resource_key=t.resource_key)
-        except tenant_store.TenantNotFound:
+        except TenantNotFound:
             # Named, not queried: the old sentinel key ("\x00...") was a driver error on
             # PostgreSQL, whose text cannot hold a NUL.
             missing = BadFilter(f"no tenant {q['tenant']!r}")
@@ -972,9 +972,9 @@ async def dlq_row_page(request: Request) -> Response:
     row_id = _int(raw)
     try:
         if row_id is None:
-            raise dlq_store.DeadLetterNotFound(f"no dead letter with id {raw}")
+            raise DeadLetterNotFound(f"no dead letter with id {raw}")
         row = await dlq_store.get(db, row_id)
-    except dlq_store.DeadLetterNotFound as exc:
+    except DeadLetterNotFound as exc:
         return render(request, "error.html", status_code=404, message=str(exc))
     return render(request, "dlq_row.html", row=row)
 

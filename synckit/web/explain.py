@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from synckit.errors.gate import LaneFacts, gate
+
 __all__ = ["CycleFacts", "Why", "duration_text", "tenant_why"]
 
 
@@ -52,6 +54,11 @@ def duration_text(seconds: float) -> str:
     return f"{s // 86400}d {s % 86400 // 3600}h"
 
 
+def _moment(until: datetime | None) -> datetime:
+    assert until is not None  # a breaker, probe or pace hold always has an end
+    return until
+
+
 def _at(moment: datetime, now: datetime) -> str:
     left = duration_text((moment - now).total_seconds())
     return f"{moment.strftime('%Y-%m-%d %H:%M:%S')} UTC (in {left})"
@@ -71,6 +78,7 @@ def tenant_why(
     cycle: CycleFacts | None = None,
     scheduled: bool | None = None,
     workers_alive: int | None = None,
+    probe_until: datetime | None = None,
 ) -> list[Why]:
     """Every reason the tenant's work waits at ``now``, most fundamental first; empty
     when nothing holds it back.
@@ -80,7 +88,9 @@ def tenant_why(
     the pace (``Retry-After``, ``X-RateLimit-Reset``, a default pace). ``cycle`` is the
     newest poll cycle (None: never one), ``scheduled`` whether the scheduler has a tick
     for the tenant (None: not known), ``workers_alive`` how many workers heartbeat (None:
-    not known).
+    not known), ``probe_until`` when a half-open breaker's running probe is presumed lost
+    (None: no probe runs). What holds the lane is :func:`synckit.errors.gate.gate`'s
+    decision, the claim's own.
     """
     out: list[Why] = []
     if status == "paused":
@@ -91,20 +101,36 @@ def tenant_why(
         )
     elif status not in ("active", "-"):
         out.append(Why(status, f"{status}: {status_reason or 'no reason given'}"))
-    if breaker == "open":
-        until = cooldown_until or next_available_at
-        if until and until > now:
-            out.append(Why("breaker", f"breaker open until {_at(until, now)}"))
-        else:
-            out.append(
-                Why("breaker", "breaker open, cool-down over: the next job is a probe", False)
-            )
+    # The claim's own gate decides what holds the lane; the words are said here.
+    held = {
+        h.kind: h.until
+        for h in gate(
+            LaneFacts(
+                state=breaker,
+                cooldown_until=(cooldown_until or next_available_at) if breaker == "open" else None,
+                next_available_at=next_available_at,
+                probe_in_flight=probe_until is not None,
+                probe_expires_at=probe_until,
+                max_in_flight=max_in_flight,
+                running=running,
+            ),
+            now,
+        ).holds
+    }
+    if "breaker" in held:
+        out.append(Why("breaker", f"breaker open until {_at(_moment(held['breaker']), now)}"))
+    elif breaker == "open":
+        out.append(Why("breaker", "breaker open, cool-down over: the next job is a probe", False))
+    if "probe" in held:
+        until = _at(_moment(held["probe"]), now)
+        out.append(Why("breaker", f"breaker half-open: its probe job runs (presumed lost {until})"))
     elif breaker == "half_open":
         out.append(Why("breaker", "breaker half-open: one probe job at a time", False))
-    if breaker == "closed" and next_available_at is not None and next_available_at > now:
+    # While the breaker is open, next_available_at is its cool-down's end: said once.
+    if "paced" in held and held["paced"] != held.get("breaker"):
         because = f" ({paced_reason})" if paced_reason else ""
-        out.append(Why("paced", f"paced until {_at(next_available_at, now)}{because}"))
-    if max_in_flight is not None and running >= max_in_flight:
+        out.append(Why("paced", f"paced until {_at(_moment(held['paced']), now)}{because}"))
+    if "in_flight" in held:
         out.append(
             Why("in_flight", f"in-flight limit reached: {running} of {max_in_flight} running")
         )

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from synckit.dlq import DeadLetter, Replayers, ReplayProcessor, Unreplayable
-from synckit.errors.exceptions import PermanentError, RetryableError
+from synckit.dlq import DeadLetter, Replayers, ReplayProcessor
+from synckit.errors.exceptions import PermanentError, RetryableError, Unreplayable
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.store.db import Database, open_database
 

@@ -13,7 +13,7 @@ import sys
 from datetime import timedelta
 
 from synckit import Connector
-from synckit.errors import RateLimited
+from synckit.errors.exceptions import RateLimited
 from synckit.runtime.context import open_context
 from synckit.store.db import open_database
 

@@ -12,8 +12,9 @@ from typing import Any
 from engines import sqlite_only  # tests/
 from inprocess import run_cli  # tests/
 
+from synckit.errors.exceptions import PublishRejected
 from synckit.runtime import outbox
-from synckit.runtime.outbox import CallbackPublisher, NewMessage, OutboxMessage, PublishRejected
+from synckit.runtime.outbox import CallbackPublisher, NewMessage, OutboxMessage
 from synckit.store.db import open_database
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]

@@ -123,6 +123,9 @@ def test_status_as_json_on_a_seeded_database(migrated_url: str) -> None:
         "open",
     )
     assert beta["next_available_at"] is not None and beta["lag_seconds"] is None
+    # What holds each tenant's jobs, as the claim's gate decides.
+    assert (acme["held_by"], acme["held_until"]) == (None, None)
+    assert (beta["held_by"], beta["held_until"]) == ("breaker", beta["next_available_at"])
     assert data["queue"] == {"synckit.poll": {"pending": 2}, "send_mail": {"pending": 2}}
     assert data["dead_letters"] == {"pending": 2, "review": 1}
     firing = {(a["rule"], a["subject"]) for a in data["alerts_firing"]}

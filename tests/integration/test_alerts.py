@@ -17,11 +17,11 @@ from structlog.testing import capture_logs
 
 from synckit.clock import utcnow
 from synckit.errors import RetryPolicy
+from synckit.errors.exceptions import AlertDeliveryError
 from synckit.runtime import cron
 from synckit.runtime.alerts import (
     ALERTS_KIND,
     Alert,
-    AlertDeliveryError,
     AlertEvaluator,
     AlertRouter,
     BudgetRule,

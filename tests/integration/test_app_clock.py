@@ -9,10 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from synckit import App, Connector, JobContext, enqueue, enqueue_many
+from synckit.errors.exceptions import NothingDueWarning
 from synckit.store.db import Database
 from synckit.store.jobs import JobSpec, get_job
 from synckit.testing import FakeClock
-from synckit.testing.fixtures import NothingDueWarning, run_worker_until_idle
+from synckit.testing.fixtures import run_worker_until_idle
 
 
 class Quiet(Connector):

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import structlog
-from sqlalchemy import insert, select
+from sqlalchemy import insert
 from structlog.testing import capture_logs
 
 from synckit.errors import RetryPolicy
@@ -24,7 +24,7 @@ from synckit.runtime.audit import (
     record_audit_many_sync,
     totals_by_version,
 )
-from synckit.runtime.budget import BudgetLevel, BudgetPolicy, enforce_budgets, tenant_budgets
+from synckit.runtime.budget import BudgetLevel, BudgetPolicy, tenant_budgets
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import configure_logging, shared_processors
 from synckit.runtime.worker import Worker
@@ -236,25 +236,6 @@ async def test_budget_figures_over_the_rolling_window(db: Database) -> None:
     async with db.begin() as conn:
         narrow = await tenant_budgets(conn, now=NOW, policy=BudgetPolicy(window=timedelta(hours=2)))
     assert {t: (s.ok, s.failed) for t, s in narrow.items()} == {"acme": (480, 20)}
-
-
-async def test_budget_alert_pauses_the_tenant_when_asked(db: Database) -> None:
-    """With pause_on_alert, a tenant in alert is paused with a reason; others are not."""
-    await seed_budget_data(db)
-    async with db.begin() as conn:
-        assert await enforce_budgets(conn, now=NOW, policy=BudgetPolicy()) == []
-        paused = await enforce_budgets(
-            conn, now=NOW, policy=BudgetPolicy(pause_on_alert=True, budget=0.0005)
-        )
-    # gamma is in alert at a 0.05% budget too, but waits for re-auth: left alone.
-    assert paused == ["acme", "beta"]
-    async with db.begin() as conn:
-        state = {
-            r.tenant: (r.status, r.status_reason) for r in await conn.execute(select(connections))
-        }
-    assert state["acme"][0] == "paused"
-    assert "error budget exhausted: 40 of 1000 operations failed" in str(state["acme"][1])
-    assert state["gamma"] == ("needs_reauth", None)
 
 
 def worker(db: Database, registry: Registry, **kw: Any) -> Worker:

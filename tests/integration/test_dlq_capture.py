@@ -29,11 +29,11 @@ from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit import App, BearerToken, Connector, Page, SyncContext
 from synckit.clock import utcnow
-from synckit.errors import PermanentError
+from synckit.errors.exceptions import PermanentError, PublishRejected
 from synckit.runtime import outbox as outbox_store
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import redact_text
-from synckit.runtime.outbox import CallbackPublisher, OutboxMessage, OutboxRelay, PublishRejected
+from synckit.runtime.outbox import CallbackPublisher, OutboxMessage, OutboxRelay
 from synckit.runtime.worker import Worker
 from synckit.store import dead_letters as store
 from synckit.store import jobs

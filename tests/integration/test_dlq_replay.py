@@ -11,15 +11,8 @@ import pytest
 from sqlalchemy import text, update
 from structlog.testing import capture_logs
 
-from synckit.dlq import (
-    DLQ_REPLAY_KIND,
-    DeadLetter,
-    Replayers,
-    ReplayProcessor,
-    Unreplayable,
-    register_dlq_replay,
-)
-from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError
+from synckit.dlq import DLQ_REPLAY_KIND, DeadLetter, Replayers, ReplayProcessor, register_dlq_replay
+from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError, Unreplayable
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
 from synckit.store import dead_letters as store

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text, update
 
+from synckit.errors.exceptions import DlqError
 from synckit.store import dead_letters as store
 from synckit.store.db import Database
 from synckit.store.dead_letters import DlqFilter
@@ -282,7 +283,7 @@ async def test_group_counts(db: Database) -> None:
     }
     by_status = await store.group_counts(db, ["status"], DlqFilter(tenants=("t1",)))
     assert sum(g.count for g in by_status) == 20
-    with pytest.raises(store.DlqError):
+    with pytest.raises(DlqError):
         await store.group_counts(db, ["payload"])
 
 

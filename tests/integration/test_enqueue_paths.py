@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import select
 from waits import PROCESS_TIMEOUT, await_until, wait_until  # tests/
 
-from synckit.errors.exceptions import DatabaseError, DatabaseUnavailable
+from synckit.errors.exceptions import DatabaseError, DatabaseUnavailable, JobError, PayloadError
 from synckit.store import jobs as store
 from synckit.store.db import BUSY, Database, InlineSqlite, open_database
 from synckit.store.jobs import JobSpec
@@ -73,7 +73,7 @@ async def test_a_database_stays_hashable_and_equal_to_itself(db: Database) -> No
 
 
 async def test_one_job_is_refused_before_anything_is_written(db: Database) -> None:
-    with pytest.raises(store.PayloadError, match="not JSON-serialisable"):
+    with pytest.raises(PayloadError, match="not JSON-serialisable"):
         await store.enqueue(db, "k", {"when": object()})
     assert await rows(db) == []
 
@@ -296,9 +296,9 @@ async def test_what_the_jobs_table_cannot_hold_is_refused_by_name(
 ) -> None:
     """Refused before any write, on both engines alike (PostgreSQL refuses a NUL, a value
     past a column, an integer past 32 bits; SQLite stores them): one job and a batch."""
-    with pytest.raises(store.JobError, match=says):
+    with pytest.raises(JobError, match=says):
         await store.enqueue(db, spec.kind, spec.payload, **_options(spec))
-    with pytest.raises(store.JobError, match=says):
+    with pytest.raises(JobError, match=says):
         await store.enqueue_many(db, [JobSpec("fine"), spec])
     assert await store.count_by_status(db) == {}
 

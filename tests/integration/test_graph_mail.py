@@ -14,7 +14,7 @@ from cryptography.fernet import Fernet
 
 from synckit import App, get_tenant, update_tenant
 from synckit.dlq import DlqFilter, iter_rows
-from synckit.errors import NeedsReauth, PermanentError
+from synckit.errors.exceptions import NeedsReauth, PermanentError
 from synckit.examples.graph_mail import (
     SEND_KIND,
     GraphMail,

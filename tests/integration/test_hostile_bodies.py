@@ -211,7 +211,7 @@ async def test_a_next_link_to_another_host_never_carries_the_tenants_token(db: D
     from pydantic import BaseModel
 
     from synckit import BearerToken, NextUrlPaginator
-    from synckit.errors import PermanentError
+    from synckit.errors.exceptions import PermanentError
 
     class Cfg(BaseModel):
         api_token: str

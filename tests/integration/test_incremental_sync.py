@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from synckit import App, Connector, CursorPaginator, Incremental, Page, SyncContext
-from synckit.errors import ErrorClass, PermanentError
+from synckit.errors import ErrorClass
+from synckit.errors.exceptions import PermanentError
 from synckit.store.db import Database
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

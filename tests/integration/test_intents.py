@@ -13,11 +13,10 @@ import structlog
 from sqlalchemy import select
 
 from synckit.errors import RetryPolicy, set_testing
-from synckit.errors.exceptions import PermanentError
+from synckit.errors.exceptions import IntentConflict, PermanentError
 from synckit.runtime.handlers import Registry
 from synckit.runtime.intents import (
     WRITE_KIND,
-    IntentConflict,
     RemoteRecord,
     current_idempotency_headers,
     fingerprint,

@@ -18,19 +18,19 @@ from cryptography.fernet import Fernet
 from sqlalchemy import insert, select
 
 from synckit.cli.oauth import reauth_command
-from synckit.errors.exceptions import ConfigurationError, NeedsReauth, RetryableError
-from synckit.runtime.oauth import (
-    OAuth2Auth,
-    OAuth2Config,
+from synckit.errors.exceptions import (
+    ConfigurationError,
+    ConnectionNotFound,
+    InsecureTokenStorageWarning,
+    NeedsReauth,
+    RetryableError,
     TokenEndpointUnavailable,
-    reauth,
 )
+from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, reauth
 from synckit.runtime.secrets import (
     FERNET_MARKER,
     MAX_TOKEN_LIFETIME,
     PLAINTEXT_MARKER,
-    ConnectionNotFound,
-    InsecureTokenStorageWarning,
     TokenCipher,
     TokenSet,
 )

@@ -21,11 +21,8 @@ from cryptography.fernet import Fernet
 from sqlalchemy import select
 from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
-from synckit.runtime.authorize import (
-    AuthorizationRefused,
-    begin_authorization,
-    complete_authorization,
-)
+from synckit.errors.exceptions import AuthorizationRefused
+from synckit.runtime.authorize import begin_authorization, complete_authorization
 from synckit.runtime.oauth import OAuth2Config
 from synckit.runtime.poll import load_checkpoint
 from synckit.runtime.secrets import TokenCipher

@@ -27,18 +27,21 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT, await_until, wait_until  # tests/
 
 from synckit.errors import RetryPolicy
+from synckit.errors.exceptions import (
+    OutboxError,
+    OutboxMessageNotFound,
+    OutboxPayloadError,
+    OutboxStateError,
+    PublisherUnavailable,
+    PublishRejected,
+)
 from synckit.runtime import outbox
 from synckit.runtime.outbox import (
     CallbackPublisher,
     LogPublisher,
     NewMessage,
     OutboxMessage,
-    OutboxMessageNotFound,
-    OutboxPayloadError,
     OutboxRelay,
-    OutboxStateError,
-    PublisherUnavailable,
-    PublishRejected,
 )
 from synckit.store import outbox as outbox_store
 from synckit.store.db import Database, open_database
@@ -174,7 +177,7 @@ async def test_bad_topic_key_or_message_id_is_refused(db: Database) -> None:
 
 async def test_add_refuses_a_database_instead_of_a_transaction(db: Database) -> None:
     """add() needs the caller's connection or session, not the Database: it must join a tx."""
-    with pytest.raises(outbox.OutboxError, match="AsyncConnection or AsyncSession"):
+    with pytest.raises(OutboxError, match="AsyncConnection or AsyncSession"):
         await outbox.add(db, "t", {})  # type: ignore[arg-type]
 
 

@@ -24,7 +24,8 @@ from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT  # tests/
 
 from synckit import Connector, RateLimit
 from synckit.clock import utcnow
-from synckit.errors import RateLimited, classify
+from synckit.errors import classify
+from synckit.errors.exceptions import RateLimited
 from synckit.errors.pace import PacePolicy
 from synckit.runtime import pacing
 from synckit.runtime.context import open_context

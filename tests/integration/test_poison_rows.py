@@ -10,7 +10,7 @@ import structlog
 from sqlalchemy import insert, select, text
 from structlog.testing import capture_logs
 
-from synckit.errors import RetryableError
+from synckit.errors.exceptions import RetryableError
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker, WorkerStats
 from synckit.store import jobs as store

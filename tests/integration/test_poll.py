@@ -27,9 +27,8 @@ from waits import EVENT_TIMEOUT, await_until  # tests/
 from synckit import App, BearerToken, Connector, Page, RateLimit, Stream, SyncContext
 from synckit.clock import utcnow
 from synckit.connectors.schedule import parse_schedule
-from synckit.dlq.replay import Unreplayable
-from synckit.errors import NeedsReauth, RateLimited, RetryPolicy
-from synckit.runtime.handlers import Cancel
+from synckit.errors import RetryPolicy
+from synckit.errors.exceptions import Cancel, NeedsReauth, RateLimited, Unreplayable
 from synckit.runtime.intents import RemoteRecord
 from synckit.runtime.poll import load_checkpoint, poll_key, run_cycle, save_checkpoint
 from synckit.store import jobs as store
@@ -1257,7 +1256,7 @@ async def test_run_cycle_reports_a_poll_that_is_not_a_generator(db: Database, ap
 
     app = App([Odd])
     await app.add_tenant(db, "acme", "odd", {"api_token": "x"})
-    from synckit.errors import ConfigurationError
+    from synckit.errors.exceptions import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="not a Page"):
         async with app.context(db, "acme") as ctx:
@@ -1280,7 +1279,7 @@ async def test_queued_jobs_of_a_removed_tenant_are_discarded(db: Database, api: 
 async def test_update_tenant_validates_config_and_reschedules(db: Database, api: FakeApi) -> None:
     """A new config is validated like at add; a new schedule starts from its next tick."""
     from synckit import update_tenant
-    from synckit.errors import ConfigurationError
+    from synckit.errors.exceptions import ConfigurationError
 
     cls = make(api)
     app = await setup(db, cls)

@@ -10,12 +10,20 @@ import pytest
 from sqlalchemy import func, insert, select, update
 
 from synckit.errors import RetryPolicy
-from synckit.errors.exceptions import JobNotFound, JobStateError, RateLimited
-from synckit.runtime.handlers import Cancel, Discard, JobContext, Registry, Snooze
+from synckit.errors.exceptions import (
+    Cancel,
+    Discard,
+    JobNotFound,
+    JobStateError,
+    PayloadError,
+    RateLimited,
+    Snooze,
+)
+from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec, PayloadError
+from synckit.store.jobs import JobSpec
 from synckit.store.tables import connections, dead_letters, jobs, resources
 
 

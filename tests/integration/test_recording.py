@@ -6,17 +6,14 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from sqlalchemy import delete, insert, select
+from sqlalchemy import insert, select
 
-from synckit.errors import BreakerSnapshot, BreakerState, RetryableError, breaker_allows
+from synckit.errors.exceptions import RetryableError
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
 from synckit.store.db import Database
 from synckit.store.jobs import JobSpec
-from synckit.store.tables import resources
 
 
 async def test_a_3_000_000_day_wait_is_clamped_and_the_batch_beside_it_records(
@@ -100,52 +97,6 @@ async def test_a_follow_up_the_database_refuses_fails_only_its_own_job(db: Datab
     for info in refused:
         assert info.status == "pending" and info.attempts == 1, info
         assert "outcome could not be recorded" in (info.last_error or ""), info.last_error
-
-
-_moments = st.one_of(
-    st.none(),
-    st.integers(min_value=-3600, max_value=3600).map(
-        lambda s: datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=s)
-    ),
-)
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
-    state=st.sampled_from(list(BreakerState)),
-    cooldown_until=_moments,
-    probe=st.booleans(),
-    probe_expires_at=_moments,
-)
-async def test_the_claims_breaker_sql_is_breaker_allows(
-    db: Database,
-    state: BreakerState,
-    cooldown_until: datetime | None,
-    probe: bool,
-    probe_expires_at: datetime | None,
-) -> None:
-    """For any stored breaker, the claim's SQL denies exactly when breaker_allows does."""
-    now = datetime(2026, 1, 1, tzinfo=UTC)
-    snapshot = BreakerSnapshot(
-        state=state,
-        cooldown_until=cooldown_until,
-        probe_in_flight=probe,
-        probe_expires_at=probe_expires_at,
-    )
-    async with db.begin() as conn:
-        await conn.execute(delete(resources))
-        await conn.execute(
-            insert(resources).values(
-                resource_key="r",
-                state=state.value,
-                cooldown_until=cooldown_until,
-                probe_job_id=1 if probe else None,
-                probe_expires_at=probe_expires_at,
-                updated_at=now,
-            )
-        )
-        denied = (await conn.execute(select(store._breaker_denies(resources, now)))).scalar()
-    assert bool(denied) == (breaker_allows(snapshot, now) == "deny")
 
 
 async def test_a_needs_reauth_reason_is_stored_redacted(db: Database) -> None:

@@ -26,11 +26,12 @@ from sqlalchemy import select
 
 from synckit import App, BearerToken, Connector, Page, SyncContext
 from synckit.errors import RetryPolicy
+from synckit.errors.exceptions import PublishRejected
 from synckit.runtime import outbox as outbox_store
 from synckit.runtime.alerts import Alert
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import configure_logging
-from synckit.runtime.outbox import CallbackPublisher, OutboxMessage, OutboxRelay, PublishRejected
+from synckit.runtime.outbox import CallbackPublisher, OutboxMessage, OutboxRelay
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
 from synckit.store.db import Database

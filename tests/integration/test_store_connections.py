@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from synckit.clock import utcnow
+from synckit.errors.exceptions import ConnectionExists, ConnectionNotFound
 from synckit.store import connections as store
 from synckit.store.db import Database
 
@@ -30,7 +31,7 @@ async def test_a_tenant_is_added_once_and_read_back(db: Database) -> None:
     """A second insert of the same tenant (a concurrent add that passed the check) is
     ConnectionExists, and nothing of it is kept."""
     await _add(db, "acme")
-    with pytest.raises(store.ConnectionExists, match="'acme' exists already"):
+    with pytest.raises(ConnectionExists, match="'acme' exists already"):
         await _add(db, "acme", schedule="every 1h")
     async with db.begin() as conn:
         row = await store.read_tenant_row(conn, "acme")
@@ -102,7 +103,7 @@ async def test_the_refresh_lease_is_one_holders_at_a_time(db: Database) -> None:
             None,
         )
     async with db.begin() as conn:
-        with pytest.raises(store.ConnectionNotFound):
+        with pytest.raises(ConnectionNotFound):
             await store.write_token_set(conn, "nobody", sealed=b"x", expires_at=None, now=now)
         rows = await store.token_sets_page(conn, after="", limit=10)
         assert [(r.tenant, r.token_set) for r in rows] == [("acme", b"two")]

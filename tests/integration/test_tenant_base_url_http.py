@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from synckit import Connector, NextUrlPaginator, Page
-from synckit.errors import ConfigurationError, PermanentError
+from synckit.errors.exceptions import ConfigurationError, PermanentError
 from synckit.runtime.context import open_context
 from synckit.store.db import Database
 

@@ -13,12 +13,11 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from synckit.connectors.schedule import parse_schedule
-from synckit.errors import ConfigurationError
 from synckit.errors.backoff import backoff_delay
+from synckit.errors.exceptions import AlertDeliveryError, ConfigurationError
 from synckit.runtime.alerts import (
     Alert,
     AlertData,
-    AlertDeliveryError,
     AlertRouter,
     BudgetRule,
     CallbackSink,
@@ -517,7 +516,7 @@ def test_stored_severities_are_the_severity_enum() -> None:
 async def test_evaluator_without_any_database_says_so() -> None:
     """An evaluator given no database and run outside a worker refuses by name; there is
     no process-wide registry to bind one through."""
-    from synckit.errors import SynckitError
+    from synckit.errors.exceptions import SynckitError
     from synckit.runtime.alerts import register_alerts
     from synckit.runtime.handlers import Registry
 

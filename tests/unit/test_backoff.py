@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from synckit.errors import (
     Classification,
-    ConfigurationError,
     ErrorClass,
     RetryPolicy,
     is_testing,
@@ -21,6 +20,7 @@ from synckit.errors import (
     set_testing,
 )
 from synckit.errors.backoff import backoff_delay
+from synckit.errors.exceptions import ConfigurationError
 
 NO_JITTER = RetryPolicy(jitter=0.0)
 

@@ -14,20 +14,34 @@ from synckit.errors import (
     BreakerSnapshot,
     BreakerState,
     Classification,
-    ConfigurationError,
     ErrorClass,
-    breaker_allows,
     breaker_claim_probe,
     breaker_outcome,
     breaker_transition,
     reopen_cooldown,
 )
 from synckit.errors.breaker import open_cooldown
+from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.gate import LaneFacts, gate
 
 T0 = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 # Threshold 5, cool-down 30 s doubling up to 10 min (the default cool-down is 5 s; these
 # tests pin the doubling with rounder numbers).
 POLICY = BreakerPolicy(cooldown=timedelta(seconds=30))
+
+
+def allows(snapshot: BreakerSnapshot, now: datetime) -> str:
+    """What the claim's gate lets through for this breaker: allow, probe or deny."""
+    g = gate(
+        LaneFacts(
+            state=snapshot.state.value,
+            cooldown_until=snapshot.cooldown_until,
+            probe_in_flight=snapshot.probe_in_flight,
+            probe_expires_at=snapshot.probe_expires_at,
+        ),
+        now,
+    )
+    return "deny" if not g.open else "probe" if g.probe else "allow"
 
 
 def fail_times(snapshot: BreakerSnapshot, n: int, now: datetime = T0) -> BreakerSnapshot:
@@ -42,7 +56,7 @@ def opened(now: datetime = T0) -> BreakerSnapshot:
 
 def test_fresh_breaker_is_closed_and_allows() -> None:
     """A new breaker lets calls through."""
-    assert breaker_allows(BreakerSnapshot(), T0) == "allow"
+    assert allows(BreakerSnapshot(), T0) == "allow"
 
 
 def test_failures_below_threshold_keep_it_closed() -> None:
@@ -50,7 +64,7 @@ def test_failures_below_threshold_keep_it_closed() -> None:
     snapshot = fail_times(BreakerSnapshot(), 4)
     assert snapshot.state is BreakerState.CLOSED
     assert snapshot.consecutive_failures == 4
-    assert breaker_allows(snapshot, T0) == "allow"
+    assert allows(snapshot, T0) == "allow"
 
 
 def test_threshold_failure_opens_with_the_first_cooldown() -> None:
@@ -84,9 +98,9 @@ def test_ignored_outcomes_neither_count_nor_reset() -> None:
 def test_open_denies_until_the_cooldown_ends_then_offers_a_probe() -> None:
     """Open: deny before cooldown_until, probe from then on."""
     snapshot = opened()
-    assert breaker_allows(snapshot, T0 + timedelta(seconds=29)) == "deny"
-    assert breaker_allows(snapshot, T0 + timedelta(seconds=30)) == "probe"
-    assert breaker_allows(snapshot, T0 + timedelta(hours=5)) == "probe"
+    assert allows(snapshot, T0 + timedelta(seconds=29)) == "deny"
+    assert allows(snapshot, T0 + timedelta(seconds=30)) == "probe"
+    assert allows(snapshot, T0 + timedelta(hours=5)) == "probe"
 
 
 def test_claimed_probe_denies_others_until_it_expires() -> None:
@@ -95,14 +109,14 @@ def test_claimed_probe_denies_others_until_it_expires() -> None:
     snapshot = breaker_claim_probe(opened(), claim_at, POLICY)
     assert snapshot.state is BreakerState.HALF_OPEN
     assert snapshot.probe_in_flight
-    assert breaker_allows(snapshot, claim_at) == "deny"
-    assert breaker_allows(snapshot, claim_at + POLICY.probe_timeout) == "probe"
+    assert allows(snapshot, claim_at) == "deny"
+    assert allows(snapshot, claim_at + POLICY.probe_timeout) == "probe"
 
 
 def test_half_open_without_a_probe_in_flight_offers_a_probe() -> None:
     """Half-open with no claimed probe lets one be claimed."""
     snapshot = BreakerSnapshot(state=BreakerState.HALF_OPEN, probe_in_flight=False)
-    assert breaker_allows(snapshot, T0) == "probe"
+    assert allows(snapshot, T0) == "probe"
 
 
 def test_probe_success_closes_and_resets_everything() -> None:
@@ -115,7 +129,7 @@ def test_probe_success_closes_and_resets_everything() -> None:
     snapshot = breaker_claim_probe(snapshot, now, POLICY)
     snapshot = breaker_transition(snapshot, "success", now, POLICY)
     assert snapshot == BreakerSnapshot()
-    assert breaker_allows(snapshot, now) == "allow"
+    assert allows(snapshot, now) == "allow"
 
 
 def test_probe_failures_double_the_cooldown_up_to_the_cap() -> None:
@@ -143,7 +157,7 @@ def test_ignored_probe_result_releases_the_probe() -> None:
     snapshot = breaker_transition(snapshot, "ignored", now, POLICY)
     assert snapshot.state is BreakerState.HALF_OPEN
     assert not snapshot.probe_in_flight
-    assert breaker_allows(snapshot, now) == "probe"
+    assert allows(snapshot, now) == "probe"
 
 
 def test_stragglers_during_cooldown_change_nothing() -> None:
@@ -172,13 +186,13 @@ def test_naive_datetimes_from_the_database_are_accepted() -> None:
         opened_at=T0.replace(tzinfo=None),
         cooldown_until=(T0 + timedelta(seconds=30)).replace(tzinfo=None),
     )
-    assert breaker_allows(naive, T0 + timedelta(seconds=10)) == "deny"
-    assert breaker_allows(naive, T0 + timedelta(seconds=30)) == "probe"
+    assert allows(naive, T0 + timedelta(seconds=10)) == "deny"
+    assert allows(naive, T0 + timedelta(seconds=30)) == "probe"
 
 
 def test_open_without_cooldown_offers_a_probe() -> None:
     """An open row missing its cool-down (hand-edited) does not stay closed forever."""
-    assert breaker_allows(BreakerSnapshot(state=BreakerState.OPEN), T0) == "probe"
+    assert allows(BreakerSnapshot(state=BreakerState.OPEN), T0) == "probe"
 
 
 @pytest.mark.parametrize(
@@ -251,14 +265,14 @@ def test_any_sequence_keeps_the_snapshot_consistent(steps: list[tuple[str, int]]
     for action, seconds in steps:
         now += timedelta(seconds=seconds)
         if action == "claim":
-            if breaker_allows(snapshot, now) == "probe":
+            if allows(snapshot, now) == "probe":
                 snapshot = breaker_claim_probe(snapshot, now, POLICY)
         else:
             snapshot = breaker_transition(snapshot, action, now, POLICY)  # type: ignore[arg-type]
         if snapshot.state is BreakerState.CLOSED:
             assert snapshot.cooldown_until is None
             assert snapshot.consecutive_failures < POLICY.failure_threshold
-            assert breaker_allows(snapshot, now) == "allow"
+            assert allows(snapshot, now) == "allow"
         elif snapshot.state is BreakerState.OPEN:
             assert snapshot.cooldown_until is not None and snapshot.opened_at is not None
             assert snapshot.cooldown_until - snapshot.opened_at <= POLICY.cooldown_cap
@@ -365,5 +379,5 @@ def test_a_lost_probe_is_replaced_after_the_probe_timeout() -> None:
     policy = BreakerPolicy(probe_timeout=timedelta(seconds=20))
     snap = breaker_claim_probe(opened(), T0 + timedelta(seconds=30), policy)
     assert snap.probe_expires_at == T0 + timedelta(seconds=50)
-    assert breaker_allows(snap, T0 + timedelta(seconds=49)) == "deny"
-    assert breaker_allows(snap, T0 + timedelta(seconds=50)) == "probe"
+    assert allows(snap, T0 + timedelta(seconds=49)) == "deny"
+    assert allows(snap, T0 + timedelta(seconds=50)) == "probe"

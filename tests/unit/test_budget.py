@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from synckit.runtime.audit import Totals
 from synckit.runtime.budget import BudgetLevel, BudgetPolicy, budget_status
 
 
@@ -86,16 +85,6 @@ def test_more_failures_never_improve_the_level(total: int, a: int, b: int) -> No
     la = budget_status(total - fa, fa).level
     lb = budget_status(total - fb, fb).level
     assert order.index(la) <= order.index(lb)
-
-
-def test_policy_pauses_only_in_alert_with_enough_volume() -> None:
-    """Pausing needs the option, an alert level and min_operations operations."""
-    policy = BudgetPolicy(pause_on_alert=True, min_operations=100)
-    assert policy.should_pause(policy.status(Totals(ok=900, failed=100)))
-    assert not policy.should_pause(policy.status(Totals(ok=5, failed=3)))
-    assert not policy.should_pause(policy.status(Totals(ok=999, failed=1)))
-    off = BudgetPolicy()
-    assert not off.should_pause(off.status(Totals(ok=900, failed=100)))
 
 
 def test_policy_validates_itself() -> None:

@@ -11,15 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import synckit.errors
-from synckit.errors import (
-    ClassifyRules,
-    ErrorClass,
-    NeedsReauth,
-    PermanentError,
-    RateLimited,
-    RetryableError,
-    classify,
-)
+import synckit.errors.exceptions
+from synckit.errors import ClassifyRules, ErrorClass, classify
+from synckit.errors.exceptions import NeedsReauth, PermanentError, RateLimited, RetryableError
 
 NOW = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 REQUEST = httpx.Request("GET", "https://api.example.com/items")
@@ -138,7 +132,7 @@ def test_reason_is_the_status_line() -> None:
         (httpx.ProxyError("proxy"), ErrorClass.TRANSIENT),
         (TimeoutError(), ErrorClass.TRANSIENT),
         (ConnectionResetError(), ErrorClass.TRANSIENT),
-        (synckit.errors.DatabaseUnavailable("down"), ErrorClass.TRANSIENT),
+        (synckit.errors.exceptions.DatabaseUnavailable("down"), ErrorClass.TRANSIENT),
         (httpx.DecodingError("bad gzip"), ErrorClass.SERVER_ERROR),
         (json.JSONDecodeError("Expecting value", "<html>", 0), ErrorClass.SERVER_ERROR),
         (ValueError("bug"), ErrorClass.UNKNOWN),

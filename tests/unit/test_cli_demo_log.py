@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import synckit.cli.demo as demo_cli
 from synckit.cli import cli
-from synckit.errors import SynckitError
+from synckit.errors.exceptions import SynckitError
 
 
 @pytest.fixture

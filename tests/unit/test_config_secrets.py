@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, SecretStr
 from secrets_app import VaultConfig
 
-from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.exceptions import (
+    ConfigurationError,
+    InsecureTokenStorageWarning,
+    SecretCorrupt,
+    SecretUnavailable,
+)
 from synckit.runtime.config_secrets import (
     MASK,
     dotted,
@@ -24,15 +29,7 @@ from synckit.runtime.config_secrets import (
     secret_paths,
 )
 from synckit.runtime.keys import Unopenable, describe_unopenable
-from synckit.runtime.secrets import (
-    FERNET_V1_MARKER,
-    InsecureTokenStorageWarning,
-    SecretCorrupt,
-    SecretUnavailable,
-    TokenCipher,
-    TokenSet,
-    key_id,
-)
+from synckit.runtime.secrets import FERNET_V1_MARKER, TokenCipher, TokenSet, key_id
 
 K1, K2 = Fernet.generate_key().decode(), Fernet.generate_key().decode()
 

@@ -13,7 +13,8 @@ from pydantic import BaseModel, SecretStr
 
 from synckit import Connector, Page, RateLimit, Stream, SyncContext
 from synckit.connectors.base import _FINAL, DEFAULT_STREAM, BearerToken, NoConfig
-from synckit.errors import ClassifyRules, ConfigurationError, ErrorClass
+from synckit.errors import ClassifyRules, ErrorClass
+from synckit.errors.exceptions import ConfigurationError
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 

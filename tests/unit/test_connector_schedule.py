@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from synckit.connectors.schedule import cached_schedule, parse_schedule
-from synckit.errors import ConfigurationError
+from synckit.errors.exceptions import ConfigurationError
 
 NOW = datetime(2024, 5, 1, 12, 0, 7, tzinfo=UTC)
 

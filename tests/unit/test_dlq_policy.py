@@ -97,6 +97,7 @@ def test_a_closed_resource_does_not_wait() -> None:
             cooldown_until=None,
             next_available_at=None,
             probe_in_flight=False,
+            probe_expires_at=None,
             now=NOW,
         )
         is None
@@ -112,6 +113,7 @@ def test_an_open_breaker_waits_until_its_cooldown() -> None:
             cooldown_until=later,
             next_available_at=None,
             probe_in_flight=False,
+            probe_expires_at=None,
             now=NOW,
         )
         == later
@@ -122,6 +124,7 @@ def test_an_open_breaker_waits_until_its_cooldown() -> None:
             cooldown_until=NOW - timedelta(seconds=1),
             next_available_at=None,
             probe_in_flight=False,
+            probe_expires_at=None,
             now=NOW,
         )
         is None
@@ -133,29 +136,64 @@ def test_pacing_and_a_breaker_together_wait_for_the_later() -> None:
     a, b = NOW + timedelta(minutes=1), NOW + timedelta(minutes=9)
     assert (
         blocked_until(
-            state="open", cooldown_until=a, next_available_at=b, probe_in_flight=False, now=NOW
+            state="open",
+            cooldown_until=a,
+            next_available_at=b,
+            probe_in_flight=False,
+            probe_expires_at=None,
+            now=NOW,
         )
         == b
     )
     assert (
         blocked_until(
-            state="closed", cooldown_until=None, next_available_at=a, probe_in_flight=False, now=NOW
+            state="closed",
+            cooldown_until=None,
+            next_available_at=a,
+            probe_in_flight=False,
+            probe_expires_at=None,
+            now=NOW,
         )
         == a
     )
 
 
 def test_a_half_open_breaker_with_its_probe_out_waits_briefly() -> None:
-    """Half-open: replays wait PROBE_WAIT while the probe is in flight, not otherwise."""
+    """Half-open: replays wait PROBE_WAIT while the probe is in flight (less when it
+    expires sooner), not otherwise; an expired probe is lost and holds nothing."""
     assert (
         blocked_until(
             state="half_open",
             cooldown_until=None,
             next_available_at=None,
             probe_in_flight=True,
+            probe_expires_at=NOW + timedelta(minutes=5),
             now=NOW,
         )
         == NOW + PROBE_WAIT
+    )
+    soon = NOW + timedelta(seconds=3)
+    assert (
+        blocked_until(
+            state="half_open",
+            cooldown_until=None,
+            next_available_at=None,
+            probe_in_flight=True,
+            probe_expires_at=soon,
+            now=NOW,
+        )
+        == soon
+    )
+    assert (
+        blocked_until(
+            state="half_open",
+            cooldown_until=None,
+            next_available_at=None,
+            probe_in_flight=True,
+            probe_expires_at=NOW - timedelta(seconds=1),
+            now=NOW,
+        )
+        is None
     )
     assert (
         blocked_until(
@@ -163,6 +201,7 @@ def test_a_half_open_breaker_with_its_probe_out_waits_briefly() -> None:
             cooldown_until=None,
             next_available_at=None,
             probe_in_flight=False,
+            probe_expires_at=None,
             now=NOW,
         )
         is None

@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from synckit import ApiError, Connector, ErrorBody, ErrorDescription, NeedsReauth, RateLimited
-from synckit.errors import BodyRule, ClassifyRules, ErrorClass, PermanentError, classify
+from synckit.errors import BodyRule, ClassifyRules, ErrorClass, classify
+from synckit.errors.exceptions import PermanentError
 from synckit.errors.raising import exception_for
 from synckit.runtime.api_errors import api_response
 from synckit.runtime.http import api_error

@@ -16,7 +16,6 @@ from synckit.errors.headers import (
     RateLimitInfo,
     parse_rate_limit,
     parse_retry_after,
-    parse_retry_after_ms,
     server_wait,
     server_wait_signal,
 )
@@ -175,41 +174,35 @@ def test_retry_after_never_raises_on_any_text(value: str) -> None:
     assert result is None or result >= timedelta(0)
 
 
-# --- millisecond headers -------------------------------------------------------------
+# --- millisecond headers (read by server_wait; disagreeing headers: below) ----------
 
 
 def test_retry_after_ms_header_is_milliseconds() -> None:
     """retry-after-ms keeps sub-second precision."""
-    assert parse_retry_after_ms({"retry-after-ms": "1500"}) == timedelta(milliseconds=1500)
+    assert server_wait({"retry-after-ms": "1500"}, NOW) == timedelta(milliseconds=1500)
 
 
 def test_x_ms_retry_after_ms_header_is_read() -> None:
     """Azure's x-ms-retry-after-ms is read, case-insensitively."""
     headers = {"X-MS-Retry-After-Ms": "250.5"}
-    assert parse_retry_after_ms(headers) == timedelta(microseconds=250500)
-
-
-def test_retry_after_ms_wins_over_x_ms_retry_after_ms() -> None:
-    """When both millisecond headers are present, retry-after-ms is used."""
-    headers = {"retry-after-ms": "100", "x-ms-retry-after-ms": "900"}
-    assert parse_retry_after_ms(headers) == timedelta(milliseconds=100)
+    assert server_wait(headers, NOW) == timedelta(microseconds=250500)
 
 
 def test_garbage_retry_after_ms_falls_through_to_x_ms_header() -> None:
     """An unreadable retry-after-ms does not hide a readable x-ms-retry-after-ms."""
     headers = {"retry-after-ms": "later", "x-ms-retry-after-ms": "900"}
-    assert parse_retry_after_ms(headers) == timedelta(milliseconds=900)
+    assert server_wait(headers, NOW) == timedelta(milliseconds=900)
 
 
 @pytest.mark.parametrize("value", ["", "-1", "abc", "1e5"])
 def test_retry_after_ms_garbage_is_none(value: str) -> None:
     """Unreadable millisecond values give None."""
-    assert parse_retry_after_ms({"retry-after-ms": value}) is None
+    assert server_wait({"retry-after-ms": value}, NOW) is None
 
 
 def test_retry_after_ms_absurd_is_clamped() -> None:
     """An absurd millisecond wait is clamped to MAX_WAIT, not ignored."""
-    assert parse_retry_after_ms({"retry-after-ms": "9" * 30}) == MAX_WAIT
+    assert server_wait({"retry-after-ms": "9" * 30}, NOW) == MAX_WAIT
 
 
 # --- server_wait ---------------------------------------------------------------------

@@ -24,8 +24,8 @@ from synckit import (
     Page,
     SyncContext,
 )
-from synckit.errors import ConfigurationError
 from synckit.errors.classify import classify
+from synckit.errors.exceptions import ConfigurationError
 from synckit.errors.raising import exception_for
 from synckit.testing import FakeAPI, NewestFirstList
 

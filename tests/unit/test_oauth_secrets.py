@@ -10,13 +10,12 @@ from cryptography.fernet import Fernet
 from hypothesis import given
 from hypothesis import strategies as st
 
-from synckit.errors.exceptions import ConfigurationError
+from synckit.errors.exceptions import ConfigurationError, InsecureTokenStorageWarning
 from synckit.runtime.oauth import OAuth2Config
 from synckit.runtime.secrets import (
     FERNET_MARKER,
     MAX_TOKEN_LIFETIME,
     PLAINTEXT_MARKER,
-    InsecureTokenStorageWarning,
     TokenCipher,
     TokenSet,
     token_lifetime,

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from synckit.errors import ConfigurationError, RateLimited, RetryableError, classify
+from synckit.errors import classify
+from synckit.errors.exceptions import ConfigurationError, RateLimited, RetryableError
 from synckit.errors.pace import (
     LearnedRate,
     PacePolicy,

@@ -24,7 +24,7 @@ from synckit import (
 )
 from synckit.connectors.incremental import Watermark, parse_instant
 from synckit.connectors.paging import json_path
-from synckit.errors import ConfigurationError, PermanentError
+from synckit.errors.exceptions import ConfigurationError, PermanentError
 
 ITEMS = [{"id": i} for i in range(7)]
 

@@ -11,7 +11,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from synckit import ConfigurationError, Connector, Page, Records, Stream
-from synckit.store.records import RecordsSchemaError, plan_upgrade
+from synckit.errors.exceptions import RecordsSchemaError
+from synckit.store.records import plan_upgrade
 
 
 class Colour(Enum):

@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from synckit import Connector, Page, SyncContext
-from synckit.errors import ConfigurationError
+from synckit.errors.exceptions import ConfigurationError
 
 
 class ShopConfig(BaseModel):

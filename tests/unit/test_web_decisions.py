@@ -145,8 +145,12 @@ def test_every_reason_has_one_line_and_only_when_it_holds(
     assert ("paused" in kinds) == (status == "paused")
     assert ("needs_reauth" in kinds) == (status == "needs_reauth")
     assert ("breaker" in kinds) == (breaker != "closed")
-    assert ("paced" in kinds) == (breaker == "closed" and paced is not None and paced > 0)
-    assert ("in_flight" in kinds) == (limit is not None and running >= limit)
+    # As the claim's gate: an open breaker's cool-down is its pace (said once); a breaker
+    # that is not closed lets its probe through whatever runs.
+    assert ("paced" in kinds) == (breaker != "open" and paced is not None and paced > 0)
+    assert ("in_flight" in kinds) == (
+        breaker == "closed" and limit is not None and running >= limit
+    )
 
 
 @given(st.floats(0, 10 * 86400))

@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from synckit.runtime.alerts import Alert, AlertDeliveryError, Severity, WebhookSink
+from synckit.errors.exceptions import AlertDeliveryError
+from synckit.runtime.alerts import Alert, Severity, WebhookSink
 
 ALERT = Alert(
     rule="needs_reauth",

@@ -17,6 +17,7 @@ from typing import Any
 
 from synckit.errors import BreakerPolicy, classify
 from synckit.errors.classify import ErrorClass
+from synckit.errors.gate import gate
 from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker
 from synckit.store.jobs import ClaimedJob
@@ -143,14 +144,16 @@ def test_failures_open_the_breaker_and_block_the_resource_in_this_worker() -> No
     row = fake.rows["a"]
     assert row["state"] == "open" and row["opened_at"] == NOW
     assert row["last_error_class"] == _failure().error_class.value
-    assert worker._blocked_until["a"] == row["cooldown_until"] > NOW
+    held = gate(worker._learnt["a"], NOW)
+    assert (held.why, held.until) == ("breaker", row["cooldown_until"])
+    assert row["cooldown_until"] > NOW
 
 
 def test_a_failure_of_an_unknown_resource_writes_nothing() -> None:
     fake = FakeBreakers()
     worker = _worker(fake)
     assert worker._resource_failure(None, _job("gone"), _failure(), NOW, None) is None  # type: ignore[arg-type]
-    assert fake.writes == [] and worker._blocked_until == {}
+    assert fake.writes == [] and worker._learnt == {}
 
 
 def test_the_api_wide_breaker_opens_when_enough_tenants_fail_together() -> None:

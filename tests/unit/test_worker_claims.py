@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from synckit.errors import DatabaseUnavailable
+from synckit.errors.exceptions import DatabaseUnavailable
 from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker
 from synckit.store.jobs import ClaimedJob

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from synckit.errors import PermanentError, RateLimited, RetryableError, RetryPolicy
+from synckit.errors import RetryPolicy
+from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError
 from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker, _Outcome
 from synckit.store.jobs import ClaimedJob

@@ -15,12 +15,11 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from synckit import App, Tenant, get_tenant
-from synckit.errors import PermanentError
+from synckit.errors.exceptions import Discard, PermanentError, TenantNotFound
 from synckit.examples.graph_mail.connector import GraphMail, GraphMailConfig, OutgoingMail
-from synckit.runtime.handlers import Discard, JobContext
+from synckit.runtime.handlers import JobContext
 from synckit.runtime.oauth import reauth
 from synckit.runtime.secrets import TokenSet
-from synckit.runtime.tenants import TenantNotFound
 from synckit.store.db import Database
 from synckit.store.jobs import Enqueued, enqueue
 

@@ -52,7 +52,8 @@ from synckit import (
     SyncContext,
 )
 from synckit.connectors.intents import IntentResult, RemoteRecord
-from synckit.errors import ErrorClass, PermanentError
+from synckit.errors import ErrorClass
+from synckit.errors.exceptions import PermanentError
 
 __all__ = [
     "GRAPH_SCOPE",

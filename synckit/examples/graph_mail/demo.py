@@ -41,7 +41,8 @@ from rich.table import Table
 from rich.text import Text
 
 from synckit.clock import utcnow
-from synckit.errors import BreakerPolicy, RetryPolicy, SynckitError
+from synckit.errors import BreakerPolicy, RetryPolicy
+from synckit.errors.exceptions import SynckitError
 from synckit.runtime.audit import RETRIED_PREFIX, audit_observer
 from synckit.runtime.http import SENT_AT
 from synckit.store import migrate

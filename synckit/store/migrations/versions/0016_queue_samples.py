@@ -4,7 +4,7 @@ One row per minute (``synckit.store.queue_history``), written by whichever worke
 there first: pending jobs that are ready, scheduled for later, waiting to retry after an
 error, or paced (their resource's rate limit), and running jobs. Kept for a day.
 
-Revision ID: 0017
+Revision ID: 0016
 Revises: 0015
 Create Date: 2026-11-28 15:20:00
 """
@@ -16,7 +16,7 @@ from alembic import op
 
 import synckit.store.tables
 
-revision = "0017"
+revision = "0016"
 down_revision = "0015"
 branch_labels = None
 depends_on = None
