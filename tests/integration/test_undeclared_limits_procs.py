@@ -20,7 +20,6 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from test_flow_control_procs import breakers_open, summary
 
 from bench.sync import fresh_database, run_workers
