@@ -472,8 +472,8 @@ def schedule_opens_at(
 
 #: How far ahead one process reserves a reported quota's slots (:func:`reserve_slots`).
 RESERVE_HORIZON = 0.5
-#: How far ahead one process reserves a declared rate's slots. Longer than an adaptive
-#: rate's (which changes with every answer): at 0.5 s a tenant paced at 10/s on
+#: How far ahead one process reserves a declared (or learnt) rate's slots. Longer than a
+#: quota's rate (which changes with every answer): at 0.5 s a tenant paced at 10/s on
 #: PostgreSQL spent ~10% more worker CPU on its reservations, and each one's round trip
 #: was a chance to start a slot late.
 DECLARED_HORIZON = 1.0

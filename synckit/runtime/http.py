@@ -27,8 +27,9 @@ Two layers, because they see different things:
 
 The Pacer touches the database only when it must: while a rate applies, one short
 transaction reserves the slots of this process's next requests on the tenant's shared
-schedule (the next half second's worth of a declared rate, one slot of an adaptive
-rate; the shared schedule is what keeps every process of the tenant at the rate),
+schedule (the next second's worth of a declared or learnt rate, half a second's of a
+reported quota's; the shared schedule is what keeps every process of the tenant at the
+rate),
 otherwise a read of the resource's pacing at most every
 :data:`REFRESH_SECONDS` per process and resource.
 """
