@@ -314,27 +314,33 @@ def learn_from_limit(
     (a count of one second can straddle two of the API's windows and read high; the
     peak is ``accepted``). With a learnt rate, a refusal cuts
     it to ``decrease`` times itself, and the
-    rate before the cut becomes the ``peak``. A refusal while the learnt rate has not yet
-    regained half of the last cut, made less than three ``recover`` ago, is left alone:
-    the cut took the rate below where the refusals began, so this one is not the rate's
-    doing (an API that refuses a share of requests at random would otherwise drive the
-    rate to nothing); after that, a peak too high to be reached again (a limit that
-    tightened) is forgotten. Pure.
+    rate before the cut becomes the ``peak``. A lone refusal while the learnt rate has
+    not yet regained half of the last cut, made less than three ``recover`` ago, is left
+    alone: the cut took the rate below where the refusals began, so this one is not the
+    rate's doing (an API that refuses a share of requests at random would otherwise drive
+    the rate to nothing); after that, a peak too high to be reached again (a limit that
+    tightened) is forgotten. A refusal less than ``learn_after`` after the previous event
+    began is not lone: refusals that close are the limit's (as when learning starts), so
+    it cuts even below the last cut. A peak read too high (a count straddling two of the
+    API's windows) would otherwise hold the rate above the limit, every refusal left
+    alone, for three ``recover``. Pure.
     """
     if not policy.learn:
         return state
     now = _utc(now)
+    since = now - _utc(previous_at) if previous_at is not None else None
+    close = since is not None and timedelta(0) <= since < policy.learn_after
     if state.rate is None or not (state.rate > 0 and math.isfinite(state.rate)):
         if accepted is None or not (accepted > 0 and math.isfinite(accepted)):
             return state
-        since = now - _utc(previous_at) if previous_at is not None else None
-        if since is None or not timedelta(0) <= since < policy.learn_after:
+        if not close:
             return state
         peak = min(accepted, _MAX_LEARNED)
         return LearnedRate(rate=max(policy.min_rate, peak * policy.decrease), peak=peak, cut_at=now)
     sending = state.rate
     if (
-        state.peak is not None
+        not close
+        and state.peak is not None
         and state.cut_at is not None
         and timedelta(0) <= now - _utc(state.cut_at) < policy.recover * 3
         and sending < state.peak * (1 + policy.decrease) / 2
@@ -466,8 +472,8 @@ def schedule_opens_at(
 
 #: How far ahead one process reserves a reported quota's slots (:func:`reserve_slots`).
 RESERVE_HORIZON = 0.5
-#: How far ahead one process reserves a declared rate's slots. Longer than an adaptive
-#: rate's (which changes with every answer): at 0.5 s a tenant paced at 10/s on
+#: How far ahead one process reserves a declared (or learnt) rate's slots. Longer than a
+#: quota's rate (which changes with every answer): at 0.5 s a tenant paced at 10/s on
 #: PostgreSQL spent ~10% more worker CPU on its reservations, and each one's round trip
 #: was a chance to start a slot late.
 DECLARED_HORIZON = 1.0

@@ -28,8 +28,9 @@ Two layers, because they see different things:
 
 The Pacer touches the database only when it must: while a rate applies, one short
 transaction reserves the slots of this process's next requests on the tenant's shared
-schedule (the next half second's worth of a declared rate, one slot of an adaptive
-rate; the shared schedule is what keeps every process of the tenant at the rate),
+schedule (the next second's worth of a declared or learnt rate, half a second's of a
+reported quota's; the shared schedule is what keeps every process of the tenant at the
+rate),
 otherwise a read of the resource's pacing at most every
 :data:`REFRESH_SECONDS` per process and resource.
 """
@@ -97,6 +98,9 @@ SENT_AT = "synckit.sent_at"
 ACCEPTED_WINDOW = 1.0
 #: How far back (seconds) a process looks for its busiest such window.
 ACCEPTED_SPAN = 5.0
+#: ``request.extensions`` key: whether the request waited for the learnt rate (only
+#: such requests' successes raise it).
+RATE_BOUND = "synckit.rate_bound"
 
 
 @dataclasses.dataclass(eq=False)
@@ -120,34 +124,64 @@ class _Shared:
     #: to the resource wait (a request let through meanwhile would ignore the pace).
     recording: int = 0
     recorded: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    #: Successes not yet added to a learnt rate; when the latest success was sent; the
-    #: monotonic times of the last few seconds' requests (the rate a refusal learns from).
+    #: Successes not yet added to a learnt rate (those of requests the rate held back:
+    #: a process that sends slower than its learnt rate has not tried it, and raising it
+    #: then would only take it, untried, above the limit); when the latest success was
+    #: sent; the monotonic times the last few seconds' successful requests were sent
+    #: (the rate a refusal learns from).
     successes: int = 0
     succeeded_at: datetime | None = None
     #: When (monotonic) this process's latest request under a learnt rate may go or went.
     learned_sent: float = -1e18
     accepted: collections.deque[float] = dataclasses.field(default_factory=collections.deque)
+    #: The busiest-window reading (:meth:`accepted_rate`) at this process's latest
+    #: refusal, and when (monotonic) it was taken.
+    refused_reading: float = 0.0
+    refused_mono: float = -1e18
 
-    def success(self, sent_at: datetime | None) -> None:
-        self.successes += 1
+    def success(self, sent_at: datetime | None, sent_mono: float, *, bound: bool) -> None:
+        if bound:
+            self.successes += 1
         if sent_at is not None and (self.succeeded_at is None or sent_at > self.succeeded_at):
             self.succeeded_at = sent_at
-        now = time.monotonic()
-        self.accepted.append(now)
-        while self.accepted and self.accepted[0] < now - ACCEPTED_SPAN:
+        self.accepted.append(sent_mono)
+        cutoff = time.monotonic() - ACCEPTED_SPAN
+        while self.accepted and self.accepted[0] < cutoff:
             self.accepted.popleft()
 
-    def accepted_rate(self) -> float:
-        """The most successes in any :data:`ACCEPTED_WINDOW` seconds of the last
-        :data:`ACCEPTED_SPAN`, per second: what the API let through in a window, read
-        where this process's own pace (or a random refusal) did not thin it out."""
-        times = [t for t in self.accepted if t >= time.monotonic() - ACCEPTED_SPAN]
+    def accepted_rate(self, since: float = -1e18) -> float:
+        """The most successful requests sent in any :data:`ACCEPTED_WINDOW` seconds of
+        the last :data:`ACCEPTED_SPAN` (and after ``since``, monotonic), per second: what
+        the API let through in a window, read where this process's own pace (or a random
+        refusal) did not thin it out. Counted by when the requests left, which is what
+        the API counts: their answers can come back bunched (a busy event loop handles
+        several at once)."""
+        start = max(since, time.monotonic() - ACCEPTED_SPAN)
+        times = sorted(t for t in self.accepted if t >= start)
         most, first = 0, 0
         for last, t in enumerate(times):
             while t - times[first] > ACCEPTED_WINDOW:
                 first += 1
             most = max(most, last - first + 1)
         return most / ACCEPTED_WINDOW
+
+    def accepted_at_refusal(self) -> float:
+        """The rate a refusal learns from: :meth:`accepted_rate` since this process's
+        previous refusal, or the lower of it and the reading then, when that was at most
+        :data:`ACCEPTED_SPAN` ago. A one-second count reads high when it straddles two of
+        the API's windows (a limit of 3 a second read 5 or 6 when requests bunched at a
+        window's end); two readings of separate stretches both do far less often. Nothing
+        sent since the previous refusal: 0 (nothing to learn from), the previous reading
+        kept."""
+        now = time.monotonic()
+        reading = self.accepted_rate(since=self.refused_mono)
+        if reading <= 0:
+            return 0.0
+        accepted = reading
+        if now - self.refused_mono <= ACCEPTED_SPAN and self.refused_reading > 0:
+            accepted = min(reading, self.refused_reading)
+        self.refused_reading, self.refused_mono = reading, now
+        return accepted
 
 
 _shared_views: weakref.WeakValueDictionary[tuple[int, str, str], _Shared] = (
@@ -399,23 +433,28 @@ class Pacer:
         available = st.view.available_at if st.view else None
         return available is not None and available > self.clock()
 
-    async def before_request(self) -> None:
-        """Return when a request may go; raise RateLimited if that is too far off."""
-        await self._before_request()
+    async def before_request(self) -> bool:
+        """Return when a request may go; raise RateLimited if that is too far off.
+        Returns whether a learnt rate held the request back (its success may raise it)."""
+        held = await self._before_request()
         st = self.state
         learned = st.view.learned if self.learn and st.view is not None else None
-        if learned:
-            # Under a learnt rate, this process's own requests also keep its interval
-            # between them: a reservation's round trip varies (a busy database), and a
-            # slow one followed by a quick one sent two requests closer than the rate,
-            # which an API counting per second refused even below its limit.
-            now = time.monotonic()
-            go = max(now, st.learned_sent + 1.0 / learned)
-            st.learned_sent = go
-            if go > now:
-                await self.waiter.sleep(go - now)
+        if not learned:
+            return False
+        # Under a learnt rate, this process's own requests also keep its interval
+        # between them: a reservation's round trip varies (a busy database), and a
+        # slow one followed by a quick one sent two requests closer than the rate,
+        # which an API counting per second refused even below its limit.
+        now = time.monotonic()
+        go = max(now, st.learned_sent + 1.0 / learned)
+        st.learned_sent = go
+        if go > now:
+            await self.waiter.sleep(go - now)
+        return held or go > now
 
-    async def _before_request(self) -> None:
+    async def _before_request(self) -> bool:
+        """:meth:`before_request`'s wait for the resource; whether the request waited
+        for a slot of the schedule."""
         started = self.waiter.mark()
         st = self.state
         while True:
@@ -430,7 +469,7 @@ class Pacer:
                         await self.waiter.sleep(reserved)
                         if self._paced_meanwhile():
                             continue
-                    return
+                    return reserved > 0
                 if st.taking is not None:
                     # Another request of this process is reserving: wait for its slots
                     # (requests of a page's records, concurrent, each reserved a batch
@@ -472,13 +511,13 @@ class Pacer:
                 ):
                     st.schedule_opens_at = opens
                 if result.wait <= 0:
-                    return
+                    return False
                 if result.wait > budget:
                     why = {"paced": "is paced", "quota": "has spent its quota"}
                     raise self._too_long(result.wait, why.get(result.why, "is rate limited"))
                 await self.waiter.sleep(result.wait)
                 if result.reserved and not self._paced_meanwhile():
-                    return
+                    return result.why == "rate"
                 continue
             if time.monotonic() - st.read_at > REFRESH_SECONDS:
                 st.view = await pacing.read_pace(self.db, self.resource_key)
@@ -488,7 +527,7 @@ class Pacer:
             available = st.view.available_at if st.view else None
             wait = (available - now).total_seconds() if available is not None else 0.0
             if wait <= 0:
-                return
+                return False
             if wait > budget:
                 raise self._too_long(wait, "is paced")
             await self.waiter.sleep(wait)
@@ -560,7 +599,7 @@ class Pacer:
                 now=self.clock(),
                 policy=policy,
                 succeeded_at=st.succeeded_at,
-                accepted=st.accepted_rate(),
+                accepted=st.accepted_at_refusal(),
                 learn=self.learn,
             )
         finally:
@@ -572,14 +611,22 @@ class Pacer:
         return until
 
     async def after_response(
-        self, response: httpx.Response, sent_at: datetime | None = None
+        self,
+        response: httpx.Response,
+        sent_at: datetime | None = None,
+        *,
+        sent_mono: float | None = None,
+        rate_bound: bool = False,
     ) -> None:
         """Note the quota the response reports; a success that spent it defers the
         resource until the reset (Retry-After, when given, is the client's business). A
-        success is counted for the streak and the learnt rate."""
+        success is counted for the streak and, sent at ``sent_mono`` (monotonic; None:
+        now), for the rate a refusal learns from; when a learnt rate held the request
+        back (``rate_bound``), it also raises that rate."""
         now = self.clock()
         if response.status_code < 400:
-            self.state.success(sent_at)
+            sent = time.monotonic() if sent_mono is None else sent_mono
+            self.state.success(sent_at, sent, bound=rate_bound)
         quota = parse_rate_limit(response.headers, now)
         if quota is None:
             return
@@ -667,11 +714,12 @@ class PacedTransport(httpx.AsyncBaseTransport):
         self.before_send = before_send
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        await self.pacer.before_request()
+        request.extensions[RATE_BOUND] = await self.pacer.before_request()
         if self.before_send is not None:
             await self.before_send(request)
         state = self.pacer.state
         request.extensions[SENT_AT] = self.pacer.clock()
+        sent_mono = time.monotonic()
         state.in_flight += 1
         started = time.perf_counter()
         status: int | None = None
@@ -683,7 +731,12 @@ class PacedTransport(httpx.AsyncBaseTransport):
             if self.connector is not None:
                 record_api_latency(self.connector, status, time.perf_counter() - started)
         try:
-            await self.pacer.after_response(response, request.extensions[SENT_AT])
+            await self.pacer.after_response(
+                response,
+                request.extensions[SENT_AT],
+                sent_mono=sent_mono,
+                rate_bound=request.extensions[RATE_BOUND],
+            )
         except BaseException:
             await response.aclose()
             raise

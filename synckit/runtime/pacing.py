@@ -293,7 +293,7 @@ def take_slot_sync(
     with a rate, the request's slot on the shared schedule is reserved when its wait is at
     most ``max_wait`` seconds (a longer one reserves nothing: the caller defers). With
     ``ahead``, the slots of the next requests within
-    :data:`~synckit.errors.pace.DECLARED_HORIZON` (a declared rate) or
+    :data:`~synckit.errors.pace.DECLARED_HORIZON` (a declared or learnt rate) or
     :data:`~synckit.errors.pace.RESERVE_HORIZON` (a quota's) are reserved too
     (:func:`~synckit.errors.pace.reserve_slots`, returned in ``more``, ``interval``
     apart): one transaction then serves several requests of a busy tenant instead of one.
@@ -469,15 +469,15 @@ def _slot(
                     )
         else:
             # A declared burst is the connector's; an adaptive rate sends one at a time.
-            # Reserved ahead, a declared rate's slots reach DECLARED_HORIZON; an adaptive
-            # rate's stop at the quota's reset and at its remaining requests (those in
-            # flight reserved), so they never spend more than the quota the API reported.
+            # Reserved ahead, a declared or learnt rate's slots reach DECLARED_HORIZON (a
+            # learnt rate moves slowly: a cut is regained in recover seconds; at 0.5 s a
+            # tenant learnt at 2-4/s reserved every request alone); a quota's stop at its
+            # reset and at its remaining requests (those in flight reserved), so they
+            # never spend more than the quota the API reported.
             declared = declared_rate is not None and rate == declared_rate
             reach: tuple[float, int] | None = None
-            if ahead and declared:
+            if ahead and (declared or (learned is not None and rate == learned)):
                 reach = (DECLARED_HORIZON, RESERVE_MAX)
-            elif ahead and learned is not None and rate == learned:
-                reach = (RESERVE_HORIZON, RESERVE_MAX)
             elif ahead and quota is not None and quota.reset_at is not None:
                 left = quota.remaining - max(in_flight, 0) if quota.remaining is not None else 0
                 until_reset = (quota.reset_at - now).total_seconds()

@@ -432,6 +432,29 @@ async def test_a_learnt_rate_is_cut_on_a_bare_429_and_paces_every_worker(db: Dat
     assert (await row(db, "api:l")).learned_rate is None
 
 
+async def test_a_learnt_rate_reserves_a_second_ahead_in_one_write(db: Database) -> None:
+    """Learnt at 4/s, one reservation takes the next second's four slots, 0.25 s apart
+    (at half a second, a tenant learnt at 2-4/s reserved every request alone); the next
+    reservation, by any process, comes after them."""
+    no_wait = classify(exc=RateLimited("x"), now=NOW)
+    for at in (NOW - timedelta(seconds=1.5), NOW):
+        await pacing.record_rate_limit(
+            db, "api:ahead", no_wait, sent_at=at, now=at, policy=PacePolicy(), accepted=5.0,
+            learn=True,
+        )  # fmt: skip
+    after = NOW + timedelta(seconds=3)
+
+    def take(conn: Any) -> Any:
+        return pacing.take_slot_sync(
+            conn, "api:ahead", declared_rate=None, burst=1, in_flight=0, observed=None,
+            now=after, max_wait=30.0, ahead=True,
+        )  # fmt: skip
+
+    first = await db.write(take)
+    assert (first.wait, first.more, first.interval) == (0.0, (0.25, 0.5, 0.75), 0.25)
+    assert (await db.write(take)).wait == pytest.approx(1.0)
+
+
 async def test_record_rate_limit_runs_in_a_synchronous_write_transaction(db: Database) -> None:
     """The worker's path: record_rate_limit_sync inside Database.write."""
     c = classify(exc=RateLimited("x", retry_after=timedelta(seconds=5)), now=NOW)

@@ -542,6 +542,23 @@ def test_a_refusal_below_the_last_cut_is_not_the_rates_doing() -> None:
     assert learn_from_limit(cut, 9.0, soon, PacePolicy(learn=False)) == cut
 
 
+def test_a_refusal_close_after_another_cuts_even_below_the_last_cut() -> None:
+    """Refusals less than learn_after apart are the limit's, as when learning starts: a
+    rate learnt too high (a count that straddled two of the API's windows read 6 of an
+    API allowing 3) comes down cut by cut instead of being left alone for 3 x recover;
+    a lone refusal below the last cut still is."""
+    high = learn_from_limit(LearnedRate(), 6.0, NOW, POLICY, NOW - timedelta(seconds=1))
+    assert high.rate == pytest.approx(4.8)
+    later = NOW + timedelta(seconds=2)
+    cut = learn_from_limit(high, 6.0, later, POLICY, NOW)
+    assert (cut.rate, cut.peak) == (pytest.approx(3.84), pytest.approx(4.8))
+    again = learn_from_limit(cut, 6.0, later + timedelta(seconds=2), POLICY, later)
+    assert again.rate == pytest.approx(0.8 * 3.84)
+    # Alone (the previous refusal learn_after ago or more), below half the regain: kept.
+    alone = later + POLICY.learn_after + timedelta(seconds=1)
+    assert learn_from_limit(cut, 6.0, alone, POLICY, later) == cut
+
+
 @settings(max_examples=1000, deadline=None)
 @given(
     rate=st.none() | st.floats(min_value=1e-3, max_value=1e5),
