@@ -43,6 +43,8 @@ from synckit.redaction import REDACTED, is_secret_key, redact_text
 SCOPE = "synckit"
 
 _NULL: contextlib.nullcontext[None] = contextlib.nullcontext(None)
+#: A context manager that does nothing (yields None): a span site's "no span here".
+NULL = _NULL
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 # (provider, tracer) of the last lookup: a provider set later is seen at the next call.
@@ -172,8 +174,14 @@ def _span(t: Any, name: str, kind: str, attrs: Mapping[str, Any]) -> Iterator[An
             yield s
         except BaseException as exc:
             if not _control_flow(exc):
-                fail(s, exc, getattr(exc, "error_class", None) and str(exc.error_class))
+                fail(s, exc, _error_class_of(exc))
             raise
+
+
+def _error_class_of(exc: BaseException) -> str | None:
+    """An exception's synckit error class (``transient``, ``rate_limited``...), if it says."""
+    ec = getattr(exc, "error_class", None)
+    return str(getattr(ec, "value", ec)) if ec is not None else None
 
 
 def _control_flow(exc: BaseException) -> bool:
@@ -184,6 +192,49 @@ def _control_flow(exc: BaseException) -> bool:
     return isinstance(exc, Snooze | Cancel | Discard | StopAsyncIteration | GeneratorExit) or (
         type(exc).__name__ == "CancelledError"
     )
+
+
+def start(name: str, **attrs: Any) -> Any:
+    """Start a span, a child of the current one, that is not made current (see
+    :func:`use`) and is ended by :func:`end`; None when tracing is off."""
+    t = tracer()
+    if t is None:
+        return None
+    return t.start_span(
+        name, attributes=attributes({k.replace("__", "."): v for k, v in attrs.items()})
+    )
+
+
+def use(span: Any) -> contextlib.AbstractContextManager[Any]:
+    """Make ``span`` (from :func:`start`) current inside a ``with`` block, without ending
+    it (None: nothing to do)."""
+    if span is None:
+        return _NULL
+    from opentelemetry import trace
+
+    return trace.use_span(
+        span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+    )
+
+
+def end(span: Any, exc: BaseException | None = None) -> None:
+    """End ``span`` (None: nothing to do), failed by ``exc`` when given (a job's snooze
+    or cancel is no failure)."""
+    if span is None:
+        return
+    if exc is not None and not _control_flow(exc):
+        fail(span, exc, _error_class_of(exc))
+    span.end()
+
+
+def ender(span: Any) -> Any:
+    """A done-callback for the task ``span`` covers: ends it, failed by the task's error."""
+
+    def done(task: Any) -> None:
+        exc = None if task.cancelled() else task.exception()
+        end(span, exc)
+
+    return done
 
 
 def current_traceparent() -> str | None:
@@ -227,6 +278,47 @@ def _remote(traceparent: str | None) -> Any:
         int(m.group(1), 16), int(m.group(2), 16), True, TraceFlags(int(m.group(3), 16))
     )
     return sc if sc.is_valid else None
+
+
+# --- HTTP -------------------------------------------------------------------------------
+
+
+def http_span(request: Any, resend_count: int = 0) -> contextlib.AbstractContextManager[Any]:
+    """The span of one request sent through ``ctx.http`` (an ``httpx.Request``), with the
+    HTTP client semantic conventions: the URL without its query string, fragment or
+    user info (a query may carry an API key)."""
+    t = tracer()
+    if t is None:
+        return _NULL
+    url = request.url
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return _span(
+        t,
+        request.method,
+        "CLIENT",
+        {
+            "http.request.method": request.method,
+            "url.full": str(url.copy_with(query=None, fragment=None, userinfo=b"")),
+            "url.scheme": url.scheme,
+            "server.address": url.host,
+            "server.port": port,
+            "http.request.resend_count": resend_count or None,
+        },
+    )
+
+
+def http_response(span: Any, status: int, classification: Any) -> None:
+    """What a response tells its span: the status, and for a failure its ``error.type``
+    (the status code, as the conventions have it) and synckit's error class."""
+    span.set_attribute("http.response.status_code", status)
+    if classification is None:
+        return
+    span.set_attribute("synckit.error_class", str(classification.error_class.value))
+    if status >= 400:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("error.type", str(status))
+        span.set_status(Status(StatusCode.ERROR))
 
 
 # --- jobs -------------------------------------------------------------------------------
