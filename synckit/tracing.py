@@ -435,12 +435,6 @@ def _publish_span(t: Any, message: Any) -> Iterator[Any]:
             raise
 
 
-def message_traceparent(stored: str | None) -> str | None:
-    """The ``traceparent`` header of a message being published: the current (publish)
-    span's when tracing is on, else the one stored with the message, if any."""
-    return current_traceparent() or stored
-
-
 # --- configuration ----------------------------------------------------------------------
 
 
@@ -512,7 +506,6 @@ __all__ = [
     "enter",
     "fail",
     "job_attributes",
-    "message_traceparent",
     "publish_span",
     "set_attributes",
     "shutdown",
