@@ -12,7 +12,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -210,8 +209,10 @@ def run_burst(url: str, spans_file: Path, tmp_path: Path) -> None:
         "SYNCKIT_LOG_FORMAT": "json",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "synckit.cli", "worker", "--app", "traced_app:registry"]
-        + ["--database-url", url, "--burst"],
+        [
+            *(sys.executable, "-m", "synckit.cli", "worker"),
+            *("--app", "traced_app:registry", "--database-url", url, "--burst"),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -219,7 +220,6 @@ def run_burst(url: str, spans_file: Path, tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    return None
 
 
 async def test_a_follow_ups_span_continues_its_parents_trace_across_two_worker_processes(
