@@ -2357,6 +2357,10 @@ async def retry_job(db: Database, job_id: int) -> JobInfo:
     values: dict[str, Any] = {"status": "pending", "run_at": utcnow(), "finished_at": None}
     if info.status in FINISHED:
         values["attempts"] = 0
+    if (parent := current_traceparent()) is not None:
+        # Re-run inside a span (a DLQ replay, `synckit jobs retry` traced): its new run
+        # continues that trace.
+        values["trace_parent"] = parent
     return await _change(db, job_id, "retry", values)
 
 
