@@ -55,8 +55,8 @@ def collect() -> list[ReadableSpan]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
-    with tempfile.TemporaryDirectory() as tmp:
-        asyncio.run(run_demo(Path(tmp), out=Console(file=open(os.devnull, "w"))))
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as quiet:
+        asyncio.run(run_demo(Path(tmp), out=Console(file=quiet)))
     return list(exporter.get_finished_spans())
 
 
