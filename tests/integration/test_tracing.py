@@ -154,6 +154,8 @@ async def test_the_span_tree_of_a_poll_cycle_with_a_429_a_retried_page_and_a_fai
     assert first["attributes"]["synckit.job.outcome"] == "failure"
     assert first["attributes"]["synckit.job.status"] == "pending"
     assert first["attributes"]["synckit.error_class"] == "transient"
+    # The breaker's decision on that failure: one failure leaves it closed.
+    assert first["attributes"]["synckit.breaker.state"] == "closed"
     assert second["attributes"]["synckit.job.status"] == "succeeded"
     assert second["status"] == "UNSET"
 
@@ -379,3 +381,28 @@ async def test_tracing_off_leaves_rows_and_trace_ids_as_they_were(db: Database) 
     assert rows[enqueued.id].trace_parent is None
     assert rows[enqueued.id].trace_id == "t-given"
     assert rows[other.id].trace_parent is None and len(rows[other.id].trace_id) == 32
+
+
+async def test_an_intents_span_says_whether_it_created_or_found_what_was_stored(
+    db: Database, spans: InMemorySpanExporter
+) -> None:
+    """The first run creates (its create's request a child of the intent's span); the
+    second returns the stored result without calling the API."""
+    from synckit.runtime.intents import RemoteRecord, run_intent
+
+    calls = []
+
+    async def create(idempotency_key: str) -> RemoteRecord:
+        with trace.get_tracer("test").start_as_current_span("test.create"):
+            calls.append(idempotency_key)
+        return RemoteRecord(f"r-{len(calls)}")
+
+    for _ in range(2):
+        await run_intent(db, tenant="acme", connector="items", key="copy:1", create=create)
+    assert len(calls) == 1
+    got = exported(spans)
+    intents = sorted((s for s in got if s["name"] == "synckit.intent"), key=lambda s: s["start"])
+    assert [s["attributes"]["synckit.intent.outcome"] for s in intents] == ["created", "stored"]
+    assert all(s["attributes"]["synckit.tenant"] == "acme" for s in intents)
+    [made] = [s for s in got if s["name"] == "test.create"]
+    assert made["parent_id"] == intents[0]["span_id"]
