@@ -731,7 +731,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--engines", default=",".join(ENGINES))
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--keep-logs", type=Path, help="Keep the worker logs in this directory.")
+    p.add_argument(
+        "--tracing",
+        choices=("off", "memory"),
+        default="off",
+        help="OpenTelemetry in the workers: off (no provider), or on to the SDK's in-memory"
+        " exporter behind a batch processor (FLOW_TRACING=memory in tests/apps/flow_app.py).",
+    )
     a = p.parse_args(argv)
+    if a.tracing == "memory":
+        os.environ["FLOW_TRACING"] = "memory"  # the workers inherit it
     engines = [e for e in a.engines.split(",") if e]
     scenarios = [x for x in a.scenarios.split(",") if x]
     for e in engines:

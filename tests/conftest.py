@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from services import service_unavailable
 from sqlalchemy.engine import make_url
 
 from synckit.store import migrate
@@ -56,16 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 PG_URL = os.environ.get("SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-REQUIRE_SERVICES = os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1"
 ENGINES = ["sqlite", "postgresql"]
-
-
-def service_unavailable(name: str, reason: str) -> None:
-    """Skip the test, or fail it when the services are required (CI)."""
-    message = f"{name} unavailable: {reason}"
-    if REQUIRE_SERVICES:
-        pytest.fail(message + " (SYNCKIT_REQUIRE_SERVICES=1)")
-    pytest.skip(message)
 
 
 def _tcp_reachable(host: str, port: int) -> str | None:

@@ -20,6 +20,7 @@ import click
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from synckit import tracing
 from synckit.cli.app_loader import app_option, load_app
 from synckit.cli.options import CliError, Seconds, cell, database_option, markup_escaped, run
 from synckit.clock import utcnow
@@ -216,8 +217,17 @@ def sync_command(
         raise CliError("name one TENANT, or give --all or --connector NAME")
     app = load_app(app_spec)
     out = Console(stderr=True)
+    # With OTEL_TRACES_EXPORTER (or the app's own provider), the cycles enqueued here are
+    # children of this command's span: one trace from the command to the API calls.
+    tracing.configure_from_env()
 
     async def go(db: Database) -> list[_Followed]:
+        with tracing.span(
+            "synckit.sync", synckit__tenant=tenant, synckit__connector=connector_name
+        ):
+            return await _go(db)
+
+    async def _go(db: Database) -> list[_Followed]:
         names = [tenant] if tenant is not None else await _active(db, connector_name, out)
         followed = []
         for name in names:
@@ -241,7 +251,10 @@ def sync_command(
                 f.blocked = str(exc)
         return followed
 
-    followed = run(go, database_url)
+    try:
+        followed = run(go, database_url)
+    finally:
+        tracing.shutdown()
     failed = False
     for f in followed:
         if as_json:

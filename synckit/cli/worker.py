@@ -11,6 +11,7 @@ from datetime import timedelta
 import click
 import structlog
 
+from synckit import tracing
 from synckit.cli.app_loader import app_option_saying, load_registry
 from synckit.cli.options import (
     LOOPS,
@@ -112,6 +113,9 @@ def worker_cmd(
 ) -> None:
     """Run jobs until SIGTERM/SIGINT (or, with --burst, until the queue is idle)."""
     registry, database_url = load_registry(app_spec, database_url)
+    # Traces: the app's own TracerProvider (set as its module loaded), else the OTEL_*
+    # variables' (OTEL_TRACES_EXPORTER), else none and no cost.
+    tracing.configure_from_env()
     lease_time = parse_duration(lease)
     loop = loop_factory(loop_name)
     if lease_time < timedelta(seconds=1):
@@ -151,7 +155,10 @@ def worker_cmd(
                 await server.close()
 
     tune_gc()
-    stats = run(go, database_url, loop=loop)
+    try:
+        stats = run(go, database_url, loop=loop)
+    finally:
+        tracing.shutdown()  # the spans still batched go out before the process ends
     if burst:
         click.echo(json.dumps(vars(stats), sort_keys=True))
 

@@ -51,6 +51,7 @@ from typing import Any, Literal, Protocol
 
 import structlog
 
+from synckit import tracing
 from synckit.clock import utcnow
 from synckit.errors.classify import classify
 from synckit.errors.dlq_policy import REVIEW_CLASSES, UniformSource, next_retry_delay
@@ -489,6 +490,27 @@ class ReplayProcessor:
         return _summary_of(results)
 
     async def _replay_one(self, row: DeadLetter, *, automatic: bool) -> _Done:
+        with tracing.span(
+            "synckit.dlq.replay",
+            synckit__tenant=row.tenant,
+            synckit__connector=row.connector,
+            synckit__dlq__id=row.id,
+            synckit__dlq__kind=row.kind,
+            synckit__dlq__record_id=row.record_id,
+            synckit__dlq__replay_attempt=row.replay_attempts + 1,
+            synckit__dlq__automatic=automatic,
+        ) as span:
+            done = await self._replay_one_bare(row, automatic=automatic)
+            if span is not None:
+                tracing.set_attributes(
+                    span,
+                    synckit__dlq__action=done.action,
+                    synckit__dlq__reason=done.reason,
+                    synckit__error_class=done.error.error_class if done.error else None,
+                )
+            return done
+
+    async def _replay_one_bare(self, row: DeadLetter, *, automatic: bool) -> _Done:
         now = self.clock()
         if automatic and row.replay_attempts >= self.max_attempts:
             # Its replays were spent before it came due (a re-run job that died again, or

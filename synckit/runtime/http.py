@@ -54,6 +54,7 @@ from typing import Any
 import httpx
 import structlog
 
+from synckit import tracing
 from synckit.clock import Waiter
 from synckit.connectors.base import Connector, RateLimit
 from synckit.errors.classify import Classification, ClassifyRules, ErrorClass
@@ -867,39 +868,65 @@ class SyncClient(OneParseClient):
         started = waiter.mark()
         retries = 0
         while True:
-            response, c = await self._send_once(request, **kwargs)
-            if c is None:
-                return response
-            if c.error_class is not ErrorClass.RATE_LIMITED:
-                raise api_error(c, request, response)
-            sent_at = response.request.extensions.get(SENT_AT)
-            until = await self.pacer.record_rate_limit(
-                c, sent_at if isinstance(sent_at, datetime) else None, self.pacer.policy
+            # One span per request sent (a resend is a span of its own), as the HTTP
+            # client conventions have it; nothing at all when tracing is off.
+            with tracing.http_span(request, retries) as span:
+                response, c = await self._send_once(request, **kwargs)
+                if span is not None:
+                    tracing.http_response(span, response.status_code, c)
+                if c is None:
+                    return response
+                wait = await self._resend_wait(request, response, c, started, retries, span)
+            retries += 1
+            if wait > 0:
+                await waiter.sleep(wait)
+
+    async def _resend_wait(
+        self,
+        request: httpx.Request,
+        response: httpx.Response,
+        c: Classification,
+        started: float,
+        retries: int,
+        span: Any,
+    ) -> float:
+        """A failed response: how long to wait before sending the request again inline
+        (a rate limit whose pace fits the bounds), else its error raised."""
+        if c.error_class is not ErrorClass.RATE_LIMITED:
+            raise api_error(c, request, response)
+        sent_at = response.request.extensions.get(SENT_AT)
+        until = await self.pacer.record_rate_limit(
+            c, sent_at if isinstance(sent_at, datetime) else None, self.pacer.policy
+        )
+        now = self.clock()
+        wait = max((until - now).total_seconds(), 0.0) if until is not None else 0.0
+        inline_left = self.pacer.max_wait - self.pacer.waiter.elapsed(started)
+        if (
+            retries < MAX_INLINE_RETRIES
+            and wait <= inline_left
+            and _may_resend(request, response.status_code)
+        ):
+            log.info(
+                "http.rate_limited_inline",
+                resource_key=self.pacer.resource_key,
+                wait=wait,
+                retry=retries + 1,
             )
-            now = self.clock()
-            wait = max((until - now).total_seconds(), 0.0) if until is not None else 0.0
-            inline_left = self.pacer.max_wait - waiter.elapsed(started)
-            if (
-                retries < MAX_INLINE_RETRIES
-                and wait <= inline_left
-                and _may_resend(request, response.status_code)
-            ):
-                retries += 1
-                log.info(
-                    "http.rate_limited_inline",
-                    resource_key=self.pacer.resource_key,
-                    wait=wait,
-                    retry=retries,
-                )
-                if wait > 0:
-                    await waiter.sleep(wait)
-                continue
-            error = api_error(c, request, response)
-            if isinstance(error, RateLimited):
-                error.paced_until = until
-                if until is not None:
-                    error.retry_after = clamp_wait(until - now, self.connector.max_wait)
-            raise error
+            tracing.set_attributes(
+                span, synckit__pace__outcome="resend", synckit__pace__wait_s=wait
+            )
+            return wait
+        error = api_error(c, request, response)
+        if isinstance(error, RateLimited):
+            error.paced_until = until
+            if until is not None:
+                error.retry_after = clamp_wait(until - now, self.connector.max_wait)
+        tracing.set_attributes(
+            span,
+            synckit__pace__outcome="raise",
+            synckit__pace__until=until.isoformat() if until is not None else None,
+        )
+        raise error
 
     async def _send_once(
         self, request: httpx.Request, **kwargs: Any

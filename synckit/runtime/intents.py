@@ -60,6 +60,7 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 import structlog
 
+from synckit import tracing
 from synckit.clock import utcnow
 from synckit.connectors.intents import Create, Find, IntentOutcome, IntentResult, RemoteRecord
 from synckit.errors.exceptions import (
@@ -285,6 +286,45 @@ async def run_intent(
         ``find`` or ``create`` raise (the intent stays pending; the next run asks ``find``),
         and :class:`IntentBusy` if another worker holds the intent for too long.
     """
+    with tracing.span(
+        "synckit.intent",
+        synckit__tenant=tenant,
+        synckit__connector=connector,
+        synckit__intent__key=key,
+    ) as span:
+        result = await _run_intent(
+            db,
+            tenant=tenant,
+            connector=connector,
+            key=key,
+            create=create,
+            find=find,
+            request=request,
+            idempotency_header=idempotency_header,
+            call_timeout=call_timeout,
+            lease_margin=lease_margin,
+            clock=clock,
+        )
+        tracing.set_attributes(
+            span, synckit__intent__outcome=result.outcome, synckit__remote_id=result.remote_id
+        )
+        return result
+
+
+async def _run_intent(
+    db: Database,
+    *,
+    tenant: str,
+    connector: str,
+    key: str,
+    create: Create,
+    find: Find | None,
+    request: Any,
+    idempotency_header: str | None,
+    call_timeout: float,
+    lease_margin: timedelta,
+    clock: Callable[[], datetime],
+) -> IntentResult:
     if not key:
         raise PermanentError("an intent needs a non-empty key")
     fp = fingerprint(request)

@@ -36,6 +36,7 @@ from synckit.redaction import (
     scrub_values,
     secret_values,
 )
+from synckit.tracing import current_ids
 
 
 def redact_secrets(
@@ -77,6 +78,18 @@ def iso_times(_logger: Any, _method: str, event: EventDict) -> EventDict:
     return event
 
 
+def add_trace_ids(
+    _logger: Any, _method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """With OpenTelemetry tracing on (:mod:`synckit.tracing`), the current span's
+    ``trace_id`` and ``span_id``, so that logs and traces join; off, the event keeps the
+    ``trace_id`` bound to it (the job's own)."""
+    ids = current_ids()
+    if ids is not None:
+        event["trace_id"], event["span_id"] = ids
+    return event
+
+
 def shared_processors() -> list[Processor]:
     """The pipeline every event passes before rendering (also usable with ``capture_logs``).
 
@@ -85,6 +98,7 @@ def shared_processors() -> list[Processor]:
     """
     return [
         structlog.contextvars.merge_contextvars,
+        add_trace_ids,
         structlog.stdlib.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.StackInfoRenderer(),
@@ -257,6 +271,7 @@ def bind_claimed_job_in_task(job: Any) -> None:
 __all__ = [
     "REDACTED",
     "SECRET_KEYS",
+    "add_trace_ids",
     "bind_claimed_job",
     "bind_claimed_job_in_task",
     "bind_job_context",

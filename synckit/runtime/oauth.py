@@ -60,6 +60,7 @@ import httpx
 import structlog
 from authlib.deprecate import AuthlibDeprecationWarning
 
+from synckit import tracing
 from synckit.clock import utcnow
 from synckit.connectors.auth import ClientAuthMethod, GrantType, OAuth2Config
 from synckit.errors.exceptions import (
@@ -416,8 +417,15 @@ class OAuth2Auth(httpx.Auth):
         expiry). :attr:`RefreshResult.minted` says which it was: only a token this call
         obtained from the provider counts as minted.
         """
-        async with _refresh_lock(self.db, self.tenant):
-            return await self._refresh(failed)
+        with tracing.span(
+            "synckit.oauth.refresh",
+            synckit__tenant=self.tenant,
+            synckit__oauth__reason="refused" if failed is not None else "expiry",
+        ) as span:
+            async with _refresh_lock(self.db, self.tenant):
+                result = await self._refresh(failed)
+            tracing.set_attributes(span, synckit__oauth__minted=result.minted)
+            return result
 
     async def _refresh(self, failed: TokenSet | None) -> RefreshResult:
         cfg = self.config

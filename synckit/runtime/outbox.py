@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -61,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from synckit import tracing
 from synckit.clock import utcnow
 from synckit.errors import Classification, ErrorClass, RetryPolicy, retry_delay
 from synckit.errors.exceptions import (
@@ -341,7 +343,7 @@ class RabbitPublisher:
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             timestamp=message.created_at,
-            headers={"x-outbox-key": message.key} if message.key is not None else None,
+            headers=_headers(message),
             app_id="synckit",
         )
         try:
@@ -397,6 +399,17 @@ class RabbitPublisher:
             # transport had, or wait for ever on a hung broker; nothing is left to save.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), self.connect_timeout)
+
+
+def _headers(message: OutboxMessage) -> dict[str, Any] | None:
+    """A message's AMQP headers: its ordering key, and the W3C ``traceparent`` of the span
+    it was published (or, tracing off here, written) in, so a consumer continues the trace."""
+    headers: dict[str, Any] = {}
+    if message.key is not None:
+        headers["x-outbox-key"] = message.key
+    if message.trace_parent:
+        headers["traceparent"] = message.trace_parent
+    return headers or None
 
 
 def _mask_amqp(url: str) -> str:
@@ -564,7 +577,15 @@ class OutboxRelay:
             if loop.time() > stop_starting:
                 return False  # left for the next claim, not attempted
             try:
-                await self.publisher.publish(m)
+                # The publish's span (tracing on) is a child of the span the message was
+                # written in; the message carries the publish span's traceparent.
+                with tracing.publish_span(m) as span:
+                    if span is None:
+                        await self.publisher.publish(m)
+                    else:
+                        tp = tracing.current_traceparent()
+                        await self.publisher.publish(dataclasses.replace(m, trace_parent=tp))
+                        span.set_attribute("synckit.outbox.confirmed", True)
             except PublishRejected as exc:
                 out.rejected.append((m, str(exc) or type(exc).__name__))
                 return True  # refused for good: the rest of its key flows on

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from synckit import tracing
 from synckit.clock import utcnow
 from synckit.connectors.base import Connector, Page
 from synckit.connectors.records import Records, key_from_raw
@@ -603,6 +604,36 @@ async def run_cycle(
     so a cycle failing after them does not spend an attempt). ``start`` is the stream's
     :func:`read_cycle_start`, when the caller read it with the tenant; read here if None.
     """
+    with tracing.span(
+        f"synckit.poll {ctx.stream}",
+        synckit__tenant=connector.tenant,
+        synckit__connector=connector.name,
+        synckit__stream=ctx.stream,
+        synckit__job__id=job.id if job is not None else None,
+    ) as span:
+        result = await _run_cycle(
+            db, connector, ctx, job=job, clock=clock, progressed=progressed, start=start
+        )
+        tracing.set_attributes(
+            span,
+            synckit__pages=result.pages,
+            synckit__records=result.ok,
+            synckit__failed=result.failed,
+            synckit__held=result.held,
+        )
+        return result
+
+
+async def _run_cycle(
+    db: Database,
+    connector: Connector[Any],
+    ctx: SyncContext,
+    *,
+    job: ClaimedJob | None,
+    clock: Callable[[], datetime],
+    progressed: Callable[[], None] | None,
+    start: CycleStart | None,
+) -> CycleResult:
     cls = type(connector)
     stream = cls.stream(ctx.stream)
     concurrency = stream.concurrency or cls.record_concurrency
@@ -628,9 +659,22 @@ async def run_cycle(
     # were ~8% of a trivial cycle's CPU.
     started_from = checkpoint
 
-    async def commit(outcome: _PageOutcome, cursor: Any, advance: bool) -> None:
+    async def commit(outcome: _PageOutcome, cursor: Any, advance: bool, span: Any = None) -> None:
         """Commit one handled page, then count it (the rest of the cycle reads what it
-        counts: the checkpoint, whether dead letters are open)."""
+        counts: the checkpoint, whether dead letters are open). ``span`` is the page's
+        (tracing on), ended here."""
+        if span is None:
+            return await _commit(outcome, cursor, advance)
+        with tracing.use(span):
+            await _commit(outcome, cursor, advance)
+            tracing.set_attributes(
+                span,
+                synckit__records=len(outcome.ok_ids),
+                synckit__failed=len(outcome.failures),
+                synckit__checkpoint__committed=cursor is not _KEEP,
+            )
+
+    async def _commit(outcome: _PageOutcome, cursor: Any, advance: bool) -> None:
         nonlocal open_dead_letters, pages, ok, failed, checkpoint
         failed_ids = {f.record_id for f in outcome.failures}
         # A record twice in one page that failed once stays failed.
@@ -639,7 +683,27 @@ async def run_cycle(
         # run_sync on PostgreSQL): the write lock is held for the statements only, not
         # for a thread round trip per statement. Pages of cycles committing together
         # share a transaction on either engine (Database.write_grouped).
-        committed = await db.write_grouped(
+        capture = (
+            tracing.span(
+                "synckit.dlq.capture",
+                synckit__tenant=tenant,
+                synckit__connector=name,
+                synckit__stream=stream.name,
+                synckit__records=len(outcome.failures),
+                synckit__error_class=sorted({f.error_class for f in outcome.failures}),
+            )
+            if outcome.failures
+            else tracing.NULL
+        )
+        with capture:
+            committed = await _write(outcome, cursor, succeeded)
+        if not committed:
+            assert job is not None
+            raise Cancel(f"poll job {job.id} lost its claim; the page is not committed")
+        _counted(outcome, cursor, advance)
+
+    async def _write(outcome: _PageOutcome, cursor: Any, succeeded: list[str]) -> bool:
+        return await db.write_grouped(
             _commit_page,
             _PageCommit(
                 tenant=tenant,
@@ -661,9 +725,9 @@ async def run_cycle(
             order=(tenant, name),
             many=_commit_pages,
         )
-        if not committed:
-            assert job is not None
-            raise Cancel(f"poll job {job.id} lost its claim; the page is not committed")
+
+    def _counted(outcome: _PageOutcome, cursor: Any, advance: bool) -> None:
+        nonlocal open_dead_letters, pages, ok, failed, checkpoint
         if outcome.landing is not None and outcome.landing.refused:
             # Records the database refused as the page landed: dead letters now too.
             refused = outcome.landing.refused
@@ -690,6 +754,32 @@ async def run_cycle(
                 reason="hold policy: the checkpoint stays before the first failed page",
             )
 
+    async def _handled(page: Page) -> tuple[_PageOutcome, Any, bool]:
+        """Handle a page's records: its outcome, the cursor to commit, whether the
+        checkpoint advances."""
+        if stream.records is None or cls.handles():
+            outcome = await handle_page(
+                connector, ctx, page.records, concurrency=concurrency, clock=clock
+            )
+        else:  # records as data: nothing to run per record
+            outcome = _PageOutcome()
+        if stream.records is not None and outcome.abort is None:
+            _prepare_landing(connector, ctx, stream.records, page, outcome, clock)
+        if outcome.abort is not None:
+            ctx.log.warning(
+                "poll.aborted",
+                pages_from=_short(started_from),
+                page=pages + 1,
+                error=str(outcome.abort)[:300],
+                error_type=type(outcome.abort).__name__,
+            )
+            raise outcome.abort
+        advance = not (outcome.failures and stream.policy == "hold")
+        cursor = page.checkpoint if advance and page.checkpoint is not None else _KEEP
+        if cursor is not _KEEP:
+            _check_checkpoint(connector, stream.name, cursor)
+        return outcome, cursor, advance
+
     # A page's commit waits its turn at the database (SQLite's one writer; a group on
     # PostgreSQL): it was the longest part of a page (~100 ms of ~190 in bench.sync's
     # declared run). So the commit runs in a task of its own while the connector fetches
@@ -706,32 +796,24 @@ async def run_cycle(
                 raise ConfigurationError(
                     f"connector {name!r}: poll() yielded {type(page).__name__}, not a Page"
                 )
-            if stream.records is None or cls.handles():
-                outcome = await handle_page(
-                    connector, ctx, page.records, concurrency=concurrency, clock=clock
-                )
-            else:  # records as data: nothing to run per record
-                outcome = _PageOutcome()
-            if stream.records is not None and outcome.abort is None:
-                _prepare_landing(connector, ctx, stream.records, page, outcome, clock)
-            if outcome.abort is not None:
-                ctx.log.warning(
-                    "poll.aborted",
-                    pages_from=_short(started_from),
-                    page=pages + 1,
-                    error=str(outcome.abort)[:300],
-                    error_type=type(outcome.abort).__name__,
-                )
-                raise outcome.abort
-            advance = not (outcome.failures and stream.policy == "hold")
-            cursor = page.checkpoint if advance and page.checkpoint is not None else _KEEP
-            if cursor is not _KEEP:
-                _check_checkpoint(connector, stream.name, cursor)
+            # The page's span: its records handled, then its commit (ended there).
+            page_span = tracing.start(
+                "synckit.page", synckit__page=pages + 1, synckit__stream=stream.name
+            )
+            try:
+                with tracing.use(page_span):
+                    outcome, cursor, advance = await _handled(page)
+            except BaseException as exc:
+                tracing.end(page_span, exc)
+                raise
             if not advance:
-                await commit(outcome, cursor, advance)
+                await commit(outcome, cursor, advance, page_span)
+                tracing.end(page_span)
                 held = True
                 break
-            committing = asyncio.create_task(commit(outcome, cursor, advance))
+            committing = asyncio.create_task(commit(outcome, cursor, advance, page_span))
+            if page_span is not None:
+                committing.add_done_callback(tracing.ender(page_span))
         if committing is not None:
             done, committing = committing, None
             await done

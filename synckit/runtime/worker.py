@@ -41,6 +41,7 @@ from typing import Any, ClassVar, Literal, cast
 
 import structlog
 
+from synckit import tracing
 from synckit.clock import utcnow
 from synckit.errors import (
     BreakerOutcome,
@@ -104,6 +105,8 @@ class _Outcome:
     #: When the handler started: requests it sent went out after this (pacing's
     #: "in flight when the limit hit" is judged against it).
     started_at: datetime | None = None
+    #: The status recorded (:meth:`Worker._after`): what the job's span ends with.
+    recorded: str | None = "succeeded"
 
 
 @dataclass(frozen=True)
@@ -306,6 +309,9 @@ class Worker:
         #: When set, this worker also relays the transactional outbox to it.
         self.outbox_publisher = outbox_publisher
         self._held: dict[int, ClaimedJob] = {}
+        # Spans of the jobs held here (tracing on), and what their recording decided.
+        self._spans: dict[int, Any] = {}
+        self._decisions: dict[int, dict[str, Any]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._outcomes: asyncio.Queue[_Outcome] = asyncio.Queue()
         # Jobs that have their handler slot and wait for their start to be recorded.
@@ -498,6 +504,10 @@ class Worker:
     def _start(self, job: ClaimedJob) -> None:
         self.stats.claimed += 1
         self._held[job.id] = job
+        # The job's span runs from its claim to the recording of its outcome.
+        span = tracing.start_job(job)
+        if span is not None:
+            self._spans[job.id] = span
         # A job the claim started takes its slot now, before any job claimed earlier
         # that still waits for one: it was charged on the promise of running at once.
         slotted = job.started and job.resource_key not in self._unrecorded_failures
@@ -517,6 +527,7 @@ class Worker:
             if self._stopping.is_set():
                 # Not started: shutdown releases it (a charged attempt is given back).
                 self._tasks.pop(job.id, None)
+                self._end_span(job.id, "released")
                 return
             learnt = self._learnt.get(job.resource_key or "")
             held = gate(learnt, self.clock()).until if learnt is not None else None
@@ -533,6 +544,7 @@ class Worker:
                     self._tasks.pop(job.id, None)
                     self._held.pop(job.id, None)
                     self._slot_free.set()
+                    self._end_span(job.id, "lost_claim")
                     return
                 job = started_job
                 if job.id in self._held:
@@ -541,6 +553,10 @@ class Worker:
             # Every event logged while the handler runs carries the job's context (this
             # task runs this one job, so the binding ends with it).
             bind_claimed_job_in_task(job)
+            if self._spans:
+                span = self._spans.get(job.id)
+                tracing.set_attributes(span, synckit__job__attempt=job.attempts)
+                tracing.enter(span)
             await self._execute_bound(job)
             took = time.monotonic() - started
             self._avg_run = took if self._avg_run is None else 0.8 * self._avg_run + 0.2 * took
@@ -629,6 +645,7 @@ class Worker:
             # release (or the cancel) already decides what happens to it.
             self._tasks.pop(job.id, None)
             self._slot_free.set()
+            self._end_span(job.id, "cancelled")
             raise
         except Exception as exc:
             outcome = _Outcome(
@@ -694,6 +711,8 @@ class Worker:
             for o in batch:
                 self._held.pop(o.job.id, None)
                 self._outcomes.task_done()
+                if self._spans:
+                    self._end_span(o.job.id, o.kind, o)
                 key = o.job.resource_key
                 if o.kind == "failure" and key and key in self._unrecorded_failures:
                     self._unrecorded_failures[key] -= 1
@@ -731,6 +750,10 @@ class Worker:
             held, started = got
         self.stats.succeeded += len(held)
         self.stats.fenced += len(done) - len(held)
+        if self._spans:
+            for o in batch:
+                if o.job.id not in held:
+                    o.recorded = None
         return started
 
     async def _record(self, batch: list[_Outcome], marks: list[tuple[int, int]]) -> set[int]:
@@ -743,6 +766,9 @@ class Worker:
         # A success whose follow-ups or messages the database refused is in results, as
         # the failure it was recorded as.
         refused = sum(1 for o, _ in results if o.kind == "success")
+        for o in successes:
+            if o.job.id not in held:
+                o.recorded = None  # fenced (or refused: _after says which)
         self.stats.succeeded += len(held)
         self.stats.fenced += len(successes) - len(held) - refused
         if woke_jobs:
@@ -970,7 +996,27 @@ class Worker:
             count_attempt=not o.progress,
         )
 
+    def _end_span(self, job_id: int, outcome: str, o: _Outcome | None = None) -> None:
+        """End the span of job ``job_id`` (if tracing made one) with its outcome."""
+        span = self._spans.pop(job_id, None)
+        if span is None:
+            return
+        decision = self._decisions.pop(job_id, None)
+        if decision:
+            tracing.set_attributes(span, **decision)
+        if o is None:
+            tracing.end_job(span, outcome)
+            return
+        tracing.end_job(
+            span,
+            outcome,
+            status=o.recorded,
+            exc=o.exc if o.kind == "failure" else None,
+            error_class=o.error_class,
+        )
+
     def _after(self, o: _Outcome, status: str | None) -> None:
+        o.recorded = status
         job = o.job
         tenant, connector = (None, None)
         if isinstance(job.payload, dict):
@@ -1129,6 +1175,16 @@ class Worker:
         )
         if after.state is BreakerState.OPEN and after.cooldown_until is not None:
             self._block(r.resource_key, open_until=after.cooldown_until)
+        if job.id in self._spans:  # what the job's span tells: the pace and the breaker
+            self._decisions[job.id] = {
+                "synckit__pace__until": paced.isoformat() if paced is not None else None,
+                "synckit__breaker__state": after.state.value,
+                "synckit__breaker__transition": (
+                    f"{before.state.value}->{after.state.value}"
+                    if before.state is not after.state
+                    else None
+                ),
+            }
         self._store_snapshot(conn, r.resource_key, before, after, now, **extra)
         if r.parent_key and after.state is BreakerState.OPEN and before.state is not after.state:
             self._maybe_open_parent(conn, r.parent_key, now)

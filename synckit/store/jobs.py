@@ -83,6 +83,7 @@ from synckit.store.pages import (
     scan_window,
 )
 from synckit.store.tables import UTCDateTime, connections, jobs, resources
+from synckit.tracing import current_traceparent, trace_id_of
 
 JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
 FINISHED: tuple[JobStatus, ...] = ("succeeded", "dead", "cancelled", "discarded")
@@ -126,7 +127,13 @@ def _check_payload(kind: str, payload: Any) -> str:
 
 
 #: The text columns a spec fills, with the longest value each holds (``tables.jobs``).
-_TEXT_LIMITS = (("kind", 200), ("resource_key", 200), ("unique_key", 300), ("trace_id", 64))
+_TEXT_LIMITS = (
+    ("kind", 200),
+    ("resource_key", 200),
+    ("unique_key", 300),
+    ("trace_id", 64),
+    ("trace_parent", 64),
+)
 #: The database's integer columns: ``Integer`` (priority, attempts) and ``BigInteger`` (ids).
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
@@ -170,6 +177,9 @@ class JobSpec:
     max_attempts: int | None = None
     unique_key: str | None = None
     trace_id: str | None = None
+    #: The W3C traceparent of the span it is made in (None when tracing is off): its
+    #: job's span continues that trace (:mod:`synckit.tracing`).
+    trace_parent: str | None = field(default_factory=current_traceparent)
 
     def row(self, now: datetime) -> dict[str, Any]:
         return self.row_and_json(now)[0]
@@ -195,7 +205,8 @@ class JobSpec:
             "max_attempts": self.max_attempts or DEFAULT_MAX_ATTEMPTS,
             "run_at": run_at,
             "unique_key": self.unique_key,
-            "trace_id": self.trace_id or uuid.uuid4().hex,
+            "trace_id": self.trace_id or trace_id_of(self.trace_parent) or uuid.uuid4().hex,
+            "trace_parent": self.trace_parent,
             "created_at": now,
             "updated_at": now,
         }, payload_json
@@ -226,6 +237,8 @@ class ClaimedJob:
     probe: bool = False
     #: Its start is recorded (attempt charged); False for a job claimed ahead.
     started: bool = False
+    #: The W3C traceparent it was enqueued under (:attr:`JobSpec.trace_parent`).
+    trace_parent: str | None = None
 
 
 Executor = Database | AsyncConnection | AsyncSession
@@ -424,12 +437,13 @@ def _enqueue_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) -> 
 # same reasoning as SQLAlchemy's own ``sort_by_parameter_order`` for serial keys.
 _PG_INSERT_MANY: Any = text(
     "INSERT INTO jobs (kind, payload, resource_key, status, priority, attempts,"
-    " max_attempts, run_at, trace_id, created_at, updated_at)"
-    " SELECT k, p::jsonb, r, 'pending', pr, 0, m, ra, t, :now, :now"
+    " max_attempts, run_at, trace_id, trace_parent, created_at, updated_at)"
+    " SELECT k, p::jsonb, r, 'pending', pr, 0, m, ra, t, tp, :now, :now"
     " FROM unnest(CAST(:kind AS text[]), CAST(:payload AS text[]),"
     " CAST(:resource_key AS text[]), CAST(:priority AS int[]),"
     " CAST(:max_attempts AS int[]), CAST(:run_at AS timestamptz[]),"
-    " CAST(:trace_id AS text[])) WITH ORDINALITY AS u(k, p, r, pr, m, ra, t, ord)"
+    " CAST(:trace_id AS text[]), CAST(:trace_parent AS text[]))"
+    " WITH ORDINALITY AS u(k, p, r, pr, m, ra, t, tp, ord)"
     " ORDER BY ord RETURNING id"
 ).bindparams(bindparam("now", type_=jobs.c.created_at.type))
 
@@ -441,7 +455,15 @@ def _insert_many_pg(
     JSON text); their ids in row order."""
     params: dict[str, Any] = {
         name: [r[name] for r in rows]
-        for name in ("kind", "resource_key", "priority", "max_attempts", "run_at", "trace_id")
+        for name in (
+            "kind",
+            "resource_key",
+            "priority",
+            "max_attempts",
+            "run_at",
+            "trace_id",
+            "trace_parent",
+        )
     }
     params["payload"] = payloads
     params["now"] = now
@@ -452,11 +474,11 @@ def _insert_many_pg(
 # holds SQLite's write lock, so the new rowids ascend in row order; sorting them is exact.
 _SQLITE_INSERT_MANY: Any = text(
     "INSERT INTO jobs (kind, payload, resource_key, status, priority, attempts,"
-    " max_attempts, run_at, trace_id, created_at, updated_at)"
+    " max_attempts, run_at, trace_id, trace_parent, created_at, updated_at)"
     " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
     " json_extract(value, '$[2]'), 'pending', json_extract(value, '$[3]'), 0,"
     " json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]'),"
-    " :now, :now FROM json_each(:rows) ORDER BY key RETURNING id"
+    " json_extract(value, '$[7]'), :now, :now FROM json_each(:rows) ORDER BY key RETURNING id"
 )
 
 
@@ -474,6 +496,7 @@ def _insert_many_sqlite(
                 r["max_attempts"],
                 _SQLITE_TS_TEXT(r["run_at"]),
                 r["trace_id"],
+                r["trace_parent"],
             ]
             for r, p in zip(rows, payloads, strict=True)
         ]
@@ -493,6 +516,7 @@ _ROW_COLUMNS = (
     "run_at",
     "unique_key",
     "trace_id",
+    "trace_parent",
     "created_at",
     "updated_at",
 )
@@ -503,12 +527,12 @@ _ROW_COLUMNS = (
 # not the outer query reads them.
 _PG_INSERT_ONE = (
     f"WITH ins AS (INSERT INTO jobs ({', '.join(_ROW_COLUMNS)}) VALUES ($1, $2::jsonb, $3,"
-    " $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING id)"
+    " $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id)"
     f" SELECT id, pg_notify('{NOTIFY_CHANNEL}', '') FROM ins"
 )
 # The lane's mark comes with the job (see _mark_lanes_sync): $3 is its key, $8 its run_at.
 _PG_INSERT_ONE_IN_LANE = (
-    f"WITH lane AS ({_LANE_COLUMNS} VALUES ($3, 'closed', $11, $8){_MARK_CONFLICT}), "
+    f"WITH lane AS ({_LANE_COLUMNS} VALUES ($3, 'closed', $12, $8){_MARK_CONFLICT}), "
     + _PG_INSERT_ONE.removeprefix("WITH ")
 )
 
@@ -639,15 +663,15 @@ _SQLITE_TS_TEXT: Any = jobs.c.run_at.type.dialect_impl(_SQLITE_DIALECT).bind_pro
 )
 _NEW_COLUMNS = (
     "kind, payload, resource_key, status, priority, attempts, max_attempts, run_at,"
-    " unique_key, trace_id, created_at, updated_at"
+    " unique_key, trace_id, trace_parent, created_at, updated_at"
 )
 _PG_ENQUEUE_NEW: Any = text(
     "WITH v AS (SELECT * FROM unnest(CAST(:kind AS text[]), CAST(:payload AS text[]),"
     " CAST(:resource_key AS text[]), CAST(:priority AS int[]), CAST(:max_attempts AS int[]),"
-    " CAST(:run_at AS timestamptz[]), CAST(:unique_key AS text[]), CAST(:trace_id AS text[]))"
-    " WITH ORDINALITY AS u(k, p, r, pr, m, ra, uk, t, ord)),"
+    " CAST(:run_at AS timestamptz[]), CAST(:unique_key AS text[]), CAST(:trace_id AS text[]),"
+    " CAST(:trace_parent AS text[])) WITH ORDINALITY AS u(k, p, r, pr, m, ra, uk, t, tp, ord)),"
     f" ins AS (INSERT INTO jobs ({_NEW_COLUMNS})"
-    " SELECT k, p::jsonb, r, 'pending', pr, 0, m, ra, uk, t, :now, :now FROM v ORDER BY ord"
+    " SELECT k, p::jsonb, r, 'pending', pr, 0, m, ra, uk, t, tp, :now, :now FROM v ORDER BY ord"
     " ON CONFLICT (unique_key) WHERE status IN ('pending', 'running') DO NOTHING"
     " RETURNING unique_key, resource_key, run_at),"
     f" lane AS ({_LANE_COLUMNS} SELECT resource_key, 'closed', :now, min(run_at) FROM ins"
@@ -660,7 +684,8 @@ _SQLITE_ENQUEUE_NEW: Any = text(
     " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
     " json_extract(value, '$[2]'), 'pending', json_extract(value, '$[3]'), 0,"
     " json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]'),"
-    " json_extract(value, '$[7]'), :now, :now FROM json_each(:rows) WHERE true"
+    " json_extract(value, '$[7]'), json_extract(value, '$[8]'), :now, :now"
+    " FROM json_each(:rows) WHERE true"
     " ON CONFLICT (unique_key) WHERE status IN ('pending', 'running') DO NOTHING"
     " RETURNING unique_key"
 )
@@ -688,6 +713,7 @@ def enqueue_new_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) 
                 "run_at",
                 "unique_key",
                 "trace_id",
+                "trace_parent",
             )
         }
         params["payload"] = [p for _, p in rows]
@@ -707,6 +733,7 @@ def enqueue_new_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) 
                 _SQLITE_TS_TEXT(r["run_at"]),
                 r["unique_key"],
                 r["trace_id"],
+                r["trace_parent"],
             ]
             for r, p in rows
         ]
@@ -880,12 +907,13 @@ _CLAIMED_COLUMNS = (
     jobs.c.max_attempts,
     jobs.c.priority,
     jobs.c.trace_id,
+    jobs.c.trace_parent,
     guarded_moment(jobs.c.run_at),
 )
 _PG_CLAIMED_SQL = (
     "jobs.id, jobs.kind, CAST(jobs.payload AS text) AS payload, jobs.resource_key,"
-    " jobs.attempts, jobs.max_attempts,"
-    f" jobs.priority, jobs.trace_id, CASE WHEN jobs.run_at >= {_MOMENT_LO} AND jobs.run_at"
+    " jobs.attempts, jobs.max_attempts, jobs.priority, jobs.trace_id, jobs.trace_parent,"
+    f" CASE WHEN jobs.run_at >= {_MOMENT_LO} AND jobs.run_at"
     f" <= {_MOMENT_HI} THEN jobs.run_at ELSE {_OUT_OF_RANGE_SQL} END AS run_at"
 )
 
@@ -1324,6 +1352,7 @@ def _claimed(r: Row[Any], token: int, probe: bool, started: bool) -> ClaimedJob 
         claim_token=token,
         probe=probe,
         started=started,
+        trace_parent=r.trace_parent,
     )
 
 
@@ -2362,6 +2391,10 @@ async def retry_job(db: Database, job_id: int) -> JobInfo:
     values: dict[str, Any] = {"status": "pending", "run_at": utcnow(), "finished_at": None}
     if info.status in FINISHED:
         values["attempts"] = 0
+    if (parent := current_traceparent()) is not None:
+        # Re-run inside a span (a DLQ replay, `synckit jobs retry` traced): its new run
+        # continues that trace.
+        values["trace_parent"] = parent
     return await _change(db, job_id, "retry", values)
 
 

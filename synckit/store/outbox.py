@@ -51,6 +51,7 @@ from synckit.store.db import Database
 from synckit.store.jobs import guarded_columns, json_holds_nul, read_moment, read_payload
 from synckit.store.leases import Lease
 from synckit.store.tables import dead_letters, outbox
+from synckit.tracing import current_traceparent
 
 __all__ = [
     "MAX_KEY_CHARS",
@@ -113,6 +114,8 @@ class OutboxMessage:
     message_id: str
     attempts: int
     created_at: datetime
+    #: The W3C traceparent of the span it was written in (:mod:`synckit.tracing`).
+    trace_parent: str | None = None
 
     def body(self) -> bytes:
         """The payload as compact UTF-8 JSON: what goes on the wire."""
@@ -127,6 +130,8 @@ class NewMessage:
     payload: Any
     key: str | None = None
     message_id: str | None = None
+    #: The W3C traceparent of the span it is made in (None when tracing is off).
+    trace_parent: str | None = field(default_factory=current_traceparent)
 
 
 def _new_row(m: NewMessage, now: datetime) -> dict[str, Any]:
@@ -170,6 +175,7 @@ def _new_row(m: NewMessage, now: datetime) -> dict[str, Any]:
         "status": "pending",
         "next_attempt_at": now,
         "created_at": now,
+        "trace_parent": m.trace_parent if isinstance(m.trace_parent, str) else None,
     }
 
 
@@ -270,6 +276,7 @@ def _message(r: Row[Any]) -> OutboxMessage:
         message_id=r.message_id,
         attempts=r.attempts,
         created_at=r.created_at,
+        trace_parent=r.trace_parent,
     )
 
 
@@ -313,6 +320,7 @@ def _claim_statement(now: datetime, limit: int) -> Any:
             outbox.c.message_id,
             outbox.c.attempts,
             outbox.c.created_at,
+            outbox.c.trace_parent,
         )
         .select_from(outbox.outerjoin(waiting, waiting.c.key == outbox.c.key))
         .where(

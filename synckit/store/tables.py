@@ -127,6 +127,8 @@ jobs = Table(
     Column("error_class", String(32)),
     Column("errors", JSONType),
     Column("trace_id", String(64)),
+    # The W3C traceparent of the span it was enqueued in (migration 0018, synckit.tracing).
+    Column("trace_parent", String(64)),
     Column("recurring", String(200)),
     _ts("created_at", nullable=False),
     _ts("updated_at", nullable=False),
@@ -414,6 +416,8 @@ outbox = Table(
     # The lease (migration 0011, synckit.store.leases): who holds the row, until when.
     Column("lease_token", String(100)),
     _ts("lease_expires_at"),
+    # The W3C traceparent of the span it was written in (migration 0018, synckit.tracing).
+    Column("trace_parent", String(64)),
     Index(
         "ix_outbox_pending",
         "next_attempt_at",

@@ -99,6 +99,17 @@ def app_from_env() -> App:
 
 app = app_from_env()
 
+if os.environ.get("FLOW_TRACING") == "memory":
+    # bench.sync --tracing memory: every span made and exported, kept in memory.
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    _provider = TracerProvider()
+    _provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))
+    trace.set_tracer_provider(_provider)
+
 
 def env_for(
     api_url: str,

@@ -21,7 +21,7 @@ from typing import Any
 import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, AbstractQueue
-from conftest import service_unavailable
+from services import service_unavailable
 from sqlalchemy import select
 from waits import EVENT_TIMEOUT, await_until  # tests/
 

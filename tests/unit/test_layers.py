@@ -83,12 +83,19 @@ def test_only_the_store_sends_sql_text() -> None:
     assert offenders == set(), "SQL sent outside synckit.store"
 
 
-#: What the store may build on: itself and the pure modules below everything.
-STORE_BUILDS_ON = ("synckit.store", "synckit.errors", "synckit.clock", "synckit.redaction")
+#: What the store may build on: itself and the pure modules below everything
+#: (``synckit.tracing`` imports only redaction: a row made in a span keeps its traceparent).
+STORE_BUILDS_ON = (
+    "synckit.store",
+    "synckit.errors",
+    "synckit.clock",
+    "synckit.redaction",
+    "synckit.tracing",
+)
 
 
 def test_the_store_does_not_import_the_layers_above_it() -> None:
-    """``synckit.store`` builds on ``errors``, the clock and redaction (pure), never on
+    """``synckit.store`` builds on ``errors``, the clock, redaction and tracing, never on
     the runtime, connectors, the DLQ, the console or the commands, even inside a function."""
     for name, imported in _modules().items():
         if name.startswith("synckit.store"):
