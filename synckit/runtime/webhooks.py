@@ -40,7 +40,10 @@ from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.actions import poll_job_spec
 from synckit.runtime.handlers import Discard, JobContext, Registry
 from synckit.runtime.instruments import record_webhook
+from synckit.runtime.poll import record_failure
+from synckit.runtime.records import land, prepare
 from synckit.runtime.tenants import Tenant, TenantNotFound, get_tenant, list_tenants
+from synckit.store import dead_letters as dlq_store
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database, SyncConn
 from synckit.store.jobs import JobSpec, enqueue_new_sync
@@ -53,10 +56,12 @@ __all__ = [
     "PROCESS_KIND",
     "SWEEP_KIND",
     "Answer",
+    "dead_letter_kind",
     "process_events",
     "process_job_spec",
     "receive",
     "register_webhooks",
+    "replay_event",
     "trigger_at",
     "webhooks_of",
 ]
@@ -302,7 +307,9 @@ async def process_events(
         rows = await db.write(claim)
         if not rows:
             return done
-        if getattr(cls, "on_webhook", None) is not None:
+        if decl.records is not None:
+            n = await _land(db, app, cls, decl.records, tenant, rows, lease.token, log)
+        elif getattr(cls, "on_webhook", None) is not None:
             n = await _run_hook(db, app, tenant, rows, lease.token, log)
         else:
             n = await _trigger(db, app, cls, decl, tenant, rows, lease.token)
@@ -337,6 +344,119 @@ async def _trigger(
         return inbox.finish_events(conn, ids, token, now)
 
     return len(await db.write(tx))
+
+
+def dead_letter_kind(connector: str) -> str:
+    """The dead-letter kind of a connector's failed webhook events."""
+    return f"webhook:{connector}"
+
+
+class _LeaseLost(Exception):
+    """Another worker holds some of the batch's events now: nothing of it lands here."""
+
+
+async def _land(
+    db: Database,
+    app: App,
+    cls: Any,
+    stream_name: str,
+    tenant: str,
+    rows: Sequence[Any],
+    token: str,
+    log: Any,
+) -> int:
+    """Land the events' records in the stream's table, the batch in one transaction with
+    the events' processed marks; a failed event becomes one dead letter."""
+    stream = cls.stream(stream_name)
+    decl = stream.records
+    if decl is None:
+        raise Discard(
+            f"connector {cls.name!r}: Webhooks(records={stream_name!r}) names a stream "
+            "without Records"
+        )
+    events = [_event(r) for r in rows]
+    raws: list[Any] = []
+    owner: list[int] = []  # the event each record came from
+    errors: dict[int, Exception] = {}
+    async with app.context(db, tenant, stream=stream_name, log=log) as ctx:
+        connector = ctx.connector
+        hook = getattr(connector, "webhook_records", None)
+        for i, e in enumerate(events):
+            try:
+                got = list(await hook(ctx, e)) if hook is not None else [e.json()]
+            except Exception as exc:  # connector code or a body that is no JSON
+                errors[i] = exc
+                continue
+            raws.extend(got)
+            owner.extend([i] * len(got))
+        index = {id(r): i for i, r in enumerate(raws)}
+
+        def failure_of(raw: Any, exc: Exception) -> tuple[int, Exception]:
+            return owner[index[id(raw)]], exc
+
+        landing, refused, _ = prepare(decl, tenant, stream_name, raws, failure_of)
+        for i, why in refused:
+            errors.setdefault(i, why)
+        now = app.clock()
+        kind = dead_letter_kind(cls.name)
+
+        def failures(bad: Mapping[int, Exception]) -> list[dlq_store.Failure]:
+            out = []
+            for i, exc in sorted(bad.items()):
+                e = events[i]
+                f = record_failure(connector, f"event:{e.event_id}", e.event_id, exc, now)
+                out.append(
+                    dlq_store.Failure(
+                        tenant=tenant,
+                        connector=cls.name,
+                        kind=kind,
+                        record_id=f.record_id,
+                        payload={"event": e.id, "event_id": e.event_id},
+                        error_class=f.error_class,
+                        message=f.message,
+                        traceback=f.traceback,
+                        source="webhook",
+                    )
+                )
+            return out
+
+        def tx(conn: SyncConn) -> int:
+            bad = dict(errors)
+            if any(b.rows or b.deletes for b in landing.batches):
+                land(conn, landing, now)  # the database's refusals: their events fail
+                for i, why in landing.refused:
+                    bad.setdefault(i, why)
+            ok = [e.id for i, e in enumerate(events) if i not in bad]
+            failed_ids = [events[i].id for i in bad]
+            if len(inbox.finish_events(conn, ok, token, now)) != len(ok) or len(
+                inbox.fail_events(conn, failed_ids, token, "see the dead letter", give_up=True)
+            ) != len(failed_ids):
+                raise _LeaseLost
+            if bad:
+                dlq_store.capture_many(conn, failures(bad), now=now)
+            if ok:
+                dlq_store.resolve_records(
+                    conn,
+                    tenant=tenant,
+                    connector=cls.name,
+                    kind=kind,
+                    record_ids=[
+                        f"event:{e.event_id}" for i, e in enumerate(events) if i not in bad
+                    ],
+                    now=now,
+                    reason="the event was processed",
+                )
+            return len(ok)
+
+        try:
+            n = await db.write(tx)
+        except _LeaseLost:
+            if log is not None:
+                log.warning("webhook.lease_lost", tenant=tenant, events=len(events))
+            return 0
+    if errors and log is not None:
+        log.warning("webhook.failed", tenant=tenant, events=len(errors))
+    return n
 
 
 async def _run_hook(
@@ -386,6 +506,25 @@ async def _fail(db: Database, rows: Sequence[Any], failed: Mapping[int, str], to
     raise _HookFailed(
         f"on_webhook failed for {len(failed)} event(s): {next(iter(failed.values()))}"
     )
+
+
+async def replay_event(db: Database, app: App, payload: Any, now: datetime) -> None:
+    """Put a dead-lettered event (its payload ``{"event": inbox id}``) back to pending
+    with its processing job: processed again, it lands or is dead-lettered again."""
+    from synckit.dlq.replay import Unreplayable
+
+    event = payload.get("event") if isinstance(payload, Mapping) else None
+    if not isinstance(event, int):
+        raise Unreplayable(f"not a webhook event's dead letter: {str(payload)[:200]}")
+
+    def tx(conn: SyncConn) -> bool:
+        row = inbox.event_row(conn, event)
+        if row is None or not row.tenant:
+            return False
+        return inbox.requeue(conn, event, process_job_spec(row.connector, row.tenant), now)
+
+    if not await db.write(tx):
+        raise Unreplayable(f"webhook event {event} is no longer in the inbox")
 
 
 class _HookFailed(Exception):
