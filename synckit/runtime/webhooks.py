@@ -42,7 +42,8 @@ from synckit.runtime.handlers import Discard, JobContext, Registry
 from synckit.runtime.instruments import record_webhook
 from synckit.runtime.poll import record_failure
 from synckit.runtime.records import land, prepare
-from synckit.runtime.tenants import Tenant, TenantNotFound, get_tenant, list_tenants
+from synckit.runtime.tenants import TenantNotFound, get_tenant, opened_config
+from synckit.store import connections as connection_store
 from synckit.store import dead_letters as dlq_store
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database, SyncConn
@@ -133,24 +134,122 @@ async def _attribute(
 ) -> tuple[str | None, str | None]:
     """(the tenant the delivery names, what it named): the tenant is None when no
     known tenant of ``connector`` matches."""
-    if not isinstance(decl.tenant, TenantFromBody):
-        named = path_tenant
-    else:
+    named = path_tenant
+    if isinstance(decl.tenant, TenantFromBody):
         named = decl.tenant.value(body)
-        field = decl.tenant.config_field
-        if named is not None and field is not None:
-            # Matched on a config field that is no secret: no key is needed to read it.
-            for t in await list_tenants(db, connector=connector, reveal=False):
-                if str(t.config.get(field)) == named:
-                    return t.tenant, named
-            return None, named
     if not named:
         return None, named
-    try:
-        t = await get_tenant(db, named, reveal=False)
-    except (TenantNotFound, ConfigurationError):
-        return None, named
-    return (t.tenant if t.connector == connector else None), named
+    field = decl.tenant.config_field if isinstance(decl.tenant, TenantFromBody) else None
+
+    def read(conn: SyncConn) -> str | None:
+        name: str | None = named
+        if field is not None:
+            # Matched on a config field that is no secret, in SQL: nothing is decrypted.
+            name = connection_store.tenant_by_config_field(conn, connector, field, named)
+        row = connection_store.webhook_tenant_row(conn, name) if name else None
+        return row.tenant if row is not None and row.connector == connector else None
+
+    return await db.run_read(read), named
+
+
+#: Verifier secrets opened from tenants' sealed configs, by (tenant, field, the config's
+#: stored text): a config changed (a new secret, a resealed one) is a new key, so
+#: nothing stale is used; Fernet opens a config once, not on every delivery.
+_SECRETS: dict[tuple[str, str, str], str] = {}
+_MAX_SECRETS = 10_000
+
+
+def _secret(row: Any, field: str) -> str:
+    """The tenant's verifier secret (cached), or ConfigurationError saying why not."""
+    key = (str(row.tenant), field, str(row.config_text))
+    found = _SECRETS.get(key)
+    if found is not None:
+        return found
+    secret = opened_config(row.tenant, row.config_text).get(field)
+    if not isinstance(secret, str) or not secret:
+        raise ConfigurationError(f"tenant's config has no {field!r}")
+    if len(_SECRETS) >= _MAX_SECRETS:
+        _SECRETS.clear()
+    _SECRETS[key] = secret
+    return secret
+
+
+@dataclass(frozen=True)
+class _Refused:
+    tenant: str
+    reason: str
+
+
+async def _verify_and_store(
+    db: Database,
+    decl: Webhooks,
+    connector: str,
+    named: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    now: datetime,
+    log: Any,
+) -> Answer:
+    """The common case (each tenant's own secret): read the tenant, verify, and store or
+    count the refusal, all in one short transaction that concurrent deliveries share
+    (:meth:`Database.write_grouped`: one commit for many on PostgreSQL)."""
+    field = decl.tenant.config_field if isinstance(decl.tenant, TenantFromBody) else None
+    kept = {k: headers[k][:500] for k in decl.verify.kept_headers if k in headers}
+
+    def tx(conn: SyncConn) -> inbox.Stored | _Refused | None:
+        name: str | None = named
+        if field is not None:
+            name = connection_store.tenant_by_config_field(conn, connector, field, named)
+        row = connection_store.webhook_tenant_row(conn, name) if name else None
+        if row is None or row.connector != connector:
+            why = _Refused("", f"no tenant {named!r}")
+        else:
+            try:
+                reason = decl.verify.check(
+                    headers, body, _secret(row, decl.verify.secret_field), now
+                )
+            except ConfigurationError as exc:  # no secret, or one not of the scheme's shape
+                reason = str(exc)
+            if reason is None:
+                events = decl.verify.events(headers, body)
+                if not events:
+                    return None
+                return inbox.store_events(
+                    conn,
+                    connector=connector,
+                    tenant=row.tenant,
+                    events=events,
+                    headers=kept,
+                    now=now,
+                    job=process_job_spec(connector, row.tenant),
+                )
+            why = _Refused(row.tenant, reason)
+        inbox.count_refusal(
+            conn, connector=connector, tenant=why.tenant, reason=why.reason, now=now
+        )
+        return why
+
+    done = await db.write_grouped(tx, order=(connector, named))
+    if done is None:
+        return Answer(400, "no events in the delivery\n")
+    if isinstance(done, _Refused):
+        record_webhook(connector, "refused")
+        if log is not None:
+            log.warning(
+                "webhook.refused", connector=connector, tenant=done.tenant, reason=done.reason
+            )
+        return Answer(401, "refused\n")
+    return _stored(connector, done, "", log)
+
+
+def _stored(connector: str, stored: inbox.Stored, orphan_of: str | None, log: Any) -> Answer:
+    record_webhook(connector, "orphaned" if orphan_of else "stored", stored.stored)
+    record_webhook(connector, "duplicate", stored.duplicates)
+    if log is not None and orphan_of:
+        log.info("webhook.orphaned", connector=connector, tenant=orphan_of, stored=stored.stored)
+    return Answer(
+        200, f'{{"stored": {stored.stored}, "duplicates": {stored.duplicates}}}', "application/json"
+    )
 
 
 async def receive(
@@ -175,52 +274,23 @@ async def receive(
         if len(token) > MAX_TOKEN:
             return Answer(400, "validationToken too long\n")
         return Answer(200, token)
-    endpoint_secret: str | None = None
-    if decl.secret_env is not None:
-        endpoint_secret = os.environ.get(decl.secret_env)
-        if not endpoint_secret:
-            if log is not None:
-                log.error("webhook.no_secret", connector=connector, env=decl.secret_env)
-            return Answer(503, "webhook secret not configured\n")
-        reason = decl.verify.check(headers, body, endpoint_secret, now)
-        if reason is not None:
-            return await _refuse(db, connector, path_tenant or "", reason, now, log)
-    known: Tenant | None = None
-    tenant: str | None
-    named: str | None
-    if endpoint_secret is None and not isinstance(decl.tenant, TenantFromBody) and path_tenant:
-        # The tenant named in the URL is read once, secrets opened (the common case).
-        try:
-            known = await get_tenant(db, path_tenant)
-        except TenantNotFound:
-            return await _refuse(db, connector, "", f"no tenant {path_tenant!r}", now, log)
-        except ConfigurationError as exc:  # its config does not open: not verifiable now
-            return await _refuse(db, connector, path_tenant, str(exc), now, log)
-        if known.connector != connector:
-            return await _refuse(db, connector, "", f"no tenant {path_tenant!r}", now, log)
-        tenant, named = known.tenant, path_tenant
-    else:
-        tenant, named = await _attribute(db, connector, decl, path_tenant, body)
-    if tenant is None:
-        if endpoint_secret is None:
+    if decl.secret_env is None:
+        named = decl.tenant.value(body) if isinstance(decl.tenant, TenantFromBody) else path_tenant
+        if not named:
             # Without a tenant there is no secret: the delivery cannot be verified.
             return await _refuse(db, connector, "", f"no tenant {named!r}", now, log)
+        return await _verify_and_store(db, decl, connector, named, headers, body, now, log)
+    endpoint_secret = os.environ.get(decl.secret_env)
+    if not endpoint_secret:
+        if log is not None:
+            log.error("webhook.no_secret", connector=connector, env=decl.secret_env)
+        return Answer(503, "webhook secret not configured\n")
+    reason = decl.verify.check(headers, body, endpoint_secret, now)
+    if reason is not None:
+        return await _refuse(db, connector, path_tenant or "", reason, now, log)
+    tenant, named = await _attribute(db, connector, decl, path_tenant, body)
+    if tenant is None:
         return await _store(db, decl, connector, "", headers, body, now, log, orphan_of=named or "")
-    if endpoint_secret is None:
-        try:
-            t = known if known is not None else await get_tenant(db, tenant)
-        except ConfigurationError as exc:  # its config does not open: not verifiable now
-            return await _refuse(db, connector, tenant, str(exc), now, log)
-        secret = t.config.get(decl.verify.secret_field)
-        if not isinstance(secret, str) or not secret:
-            why = f"tenant's config has no {decl.verify.secret_field!r}"
-            return await _refuse(db, connector, tenant, why, now, log)
-        try:
-            reason = decl.verify.check(headers, body, secret, now)
-        except ConfigurationError as exc:  # a secret that is not of the scheme's shape
-            reason = str(exc)
-        if reason is not None:
-            return await _refuse(db, connector, tenant, reason, now, log)
     return await _store(db, decl, connector, tenant, headers, body, now, log)
 
 
@@ -254,21 +324,8 @@ async def _store(
             job=job,
         )
 
-    stored = await db.write(tx)
-    record_webhook(connector, "orphaned" if orphan_of is not None else "stored", stored.stored)
-    record_webhook(connector, "duplicate", stored.duplicates)
-    if log is not None:
-        name = "webhook.orphaned" if orphan_of is not None else "webhook.stored"
-        log.info(
-            name,
-            connector=connector,
-            tenant=tenant or orphan_of,
-            stored=stored.stored,
-            duplicates=stored.duplicates,
-        )
-    return Answer(
-        200, f'{{"stored": {stored.stored}, "duplicates": {stored.duplicates}}}', "application/json"
-    )
+    stored = await db.write_grouped(tx, order=(connector, tenant))
+    return _stored(connector, stored, orphan_of, log)
 
 
 # --- processing -----------------------------------------------------------------------------
