@@ -48,16 +48,6 @@ CONNECTOR = webhooks_app.Logged.name  # the tests' Stripe-signed connector
 app = webhooks_app.app
 
 
-def serve(url: str, port: int) -> None:
-    """The web process: the receiver alone, one uvicorn worker."""
-    import uvicorn
-
-    from synckit.web.webhooks import webhook_app
-
-    app.use_database_url(url)
-    uvicorn.run(webhook_app(app), host="127.0.0.1", port=port, log_level="warning")
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -154,7 +144,7 @@ def run_engine(engine: str, n: int, concurrency: int) -> dict[str, Any]:
             asyncio.run(_setup(url))
             port = _free_port()
             server = subprocess.Popen(
-                [sys.executable, "-m", "bench.webhooks", "--serve", url, str(port)]
+                [sys.executable, webhooks_app.__file__, "--serve", url, str(port)]
             )
             try:
                 return asyncio.run(_send(port, n, concurrency, server.pid))
@@ -177,11 +167,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--engines", nargs="+", default=["sqlite", "postgresql"])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--serve", nargs=2, metavar=("URL", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve:
-        serve(args.serve[0], int(args.serve[1]))
-        return
     results = {e: run_engine(e, args.n, args.concurrency) for e in args.engines}
     if args.json:
         print(json.dumps(results, indent=2))

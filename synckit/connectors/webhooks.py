@@ -43,7 +43,7 @@ import hmac
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from synckit.errors.exceptions import ConfigurationError
@@ -425,6 +425,10 @@ class Webhooks:
     or the database refuses one of its records) becomes one dead letter (kind
     ``webhook:<connector>``; replaying it processes the event again) and the rest land.
     With ``Records(version=...)`` an older event never regresses a row.
+
+    ``lease``: how long a processing claim holds a batch of events; the events of a
+    worker killed mid-batch wait this long before another worker takes them (a claim
+    that outlives it is fenced off: nothing of its batch lands).
     """
 
     verify: Verifier
@@ -433,6 +437,7 @@ class Webhooks:
     max_body: int = MAX_BODY
     secret_env: str | None = None
     records: str | None = None
+    lease: timedelta = timedelta(minutes=5)
 
     def __post_init__(self) -> None:
         if not isinstance(self.verify, _SCHEMES) and not (
@@ -447,5 +452,7 @@ class Webhooks:
             isinstance(self.streams, str) or not all(isinstance(s, str) for s in self.streams)
         ):
             raise ConfigurationError("Webhooks.streams must be a list of stream names")
+        if not isinstance(self.lease, timedelta) or self.lease <= timedelta(0):
+            raise ConfigurationError("Webhooks.lease must be a positive timedelta")
         if self.records is not None and (not isinstance(self.records, str) or not self.records):
             raise ConfigurationError("Webhooks.records must be the name of a stream with Records")

@@ -70,10 +70,9 @@ __all__ = [
 PROCESS_KIND = "synckit.webhooks"
 SWEEP_KIND = "synckit.webhooks.sweep"
 SWEEP_NAME = "synckit.webhooks-sweep"
-#: Events claimed per batch, how long a claim holds them, and the attempts an event gets
+#: Events claimed per batch (held for ``Webhooks.lease``), and the attempts an event gets
 #: at ``on_webhook`` before it is left ``failed`` for an operator.
 BATCH = 100
-LEASE = timedelta(minutes=5)
 MAX_EVENT_ATTEMPTS = 5
 #: The Graph validation token echoed is at most this long (Graph's are ~100 characters).
 MAX_TOKEN = 1024
@@ -353,7 +352,7 @@ async def process_events(
         raise Discard(f"connector {connector!r} takes no webhooks in this app")
     done = 0
     while True:
-        lease = new_lease(LEASE, now=app.clock())
+        lease = new_lease(decl.lease, now=app.clock())
         now = app.clock()
 
         def claim(conn: SyncConn, now: datetime = now, token: Any = lease) -> list[Any]:
