@@ -6,6 +6,7 @@ arrival."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -182,3 +183,41 @@ async def test_an_older_event_never_regresses_a_row_in_any_order(
     await client.post("/charges/t1", **_event("f6", "ch_a", 6, "2026-02-06T00:00:00Z"))
     assert await process_events(db, app, "charges", "t1") == 3
     assert await _rows(app, db) == {"ch_a": 6, "ch_b": 5}
+
+
+async def test_console_page_lists_events_per_connector_and_replays_one(
+    db: Database, migrated_url: str, app: App, client: httpx.AsyncClient
+) -> None:
+    from starlette.testclient import TestClient
+
+    from synckit.web import WebConfig, create_app
+    from synckit.web.app import CSRF_COOKIE
+
+    BROKEN.add("evt_bad")
+    await client.post("/charges/t1", **_event("evt_good", "ch_g", 1, "2026-01-01T00:00:00Z"))
+    await client.post("/charges/t1", **_event("evt_bad", "ch_b", 2, "2026-01-01T00:00:00Z"))
+    await process_events(db, app, "charges", "t1")
+    bad = next(e for e in await db.run_read(inbox.recent_events) if e.event_id == "evt_bad")
+
+    def browse(read_only: bool) -> tuple[str, str, int]:
+        config = WebConfig(database_url=migrated_url, app=app, read_only=read_only)
+        with TestClient(create_app(config), base_url="http://127.0.0.1") as c:
+            page = c.get("/webhook-events").text
+            failed = c.get("/webhook-events?connector=charges&status=failed").text
+            c.get("/login")
+            token = c.cookies.get(CSRF_COOKIE)
+            r = c.post(
+                "/webhook-events/replay",
+                data={"csrf": token, "ids": [str(bad.id)]},
+                follow_redirects=False,
+            )
+            return page, failed, r.status_code
+
+    page, failed, status = await asyncio.to_thread(browse, True)
+    assert "evt_good" in page and "evt_bad" in page and 'href="/webhook-events"' in page
+    assert "evt_bad" in failed and "evt_good" not in failed
+    assert status == 403  # read-only: no replay
+    assert (await db.run_read(inbox.event_row, bad.id)).status == "failed"
+    _, _, status = await asyncio.to_thread(browse, False)
+    assert status == 303
+    assert (await db.run_read(inbox.event_row, bad.id)).status == "pending"
