@@ -77,12 +77,15 @@ async def _send(port: int, n: int, concurrency: int, pid: int) -> dict[str, Any]
     base = f"http://127.0.0.1:{port}"
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
-        for _ in range(200):  # the server is up once it answers
+        up_by = time.monotonic() + 120  # the server is up once it answers (a loaded
+        while True:  # machine can take many seconds to start a process)
             try:
                 await client.post(f"/{CONNECTOR}/none", content=b"{}")
                 break
             except httpx.TransportError:
-                await asyncio.sleep(0.05)
+                if time.monotonic() > up_by:
+                    raise
+                await asyncio.sleep(0.1)
         latencies: list[float] = []
         statuses: dict[int, int] = {}
         queue = iter(range(n))
