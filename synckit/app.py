@@ -388,6 +388,13 @@ class App:
         async with self.context(db, t, stream=stream, trace_id=trace_id, log=log) as ctx:
             return await run_cycle(db, ctx.connector, ctx, job=job, clock=self.clock)
 
+    async def replay_webhook(self, db: Database, payload: Any) -> None:
+        """Process a dead-lettered webhook event again (its dead letter's ``payload``):
+        it goes back to the inbox as pending, with its processing job."""
+        from synckit.runtime.webhooks import replay_event
+
+        await replay_event(db, self, payload, self.clock())
+
     async def replay_record(
         self, db: Database, tenant: str, connector: str, kind: str, payload: Any
     ) -> None:

@@ -85,6 +85,10 @@ class Records:
     ``sweep``: rows a completed full sync did not see are soft-deleted. ``children``:
     child tables, each a ``Records`` with ``rows``, a function of the parent's (mapped)
     record giving its child records; a child's rows are replaced with its parent's.
+    ``version``: a field (int, timestamp, date or text ordered as its value, such as
+    ``updated_at``) that orders a record's versions; a record older than its row (or
+    without a version, when the row has one) leaves the row as it is, whatever order
+    webhook deliveries and poll pages arrive in.
     """
 
     model: type[BaseModel]
@@ -95,6 +99,7 @@ class Records:
     sweep: bool = False
     children: tuple[Records, ...] = ()
     rows: Callable[[Any], Iterable[Any]] | None = None
+    version: str | None = None
     spec: TableSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +151,8 @@ class TableSpec:
     columns: tuple[ColumnSpec, ...]
     key: tuple[str, ...]
     child: bool = False
+    #: The column ordering a row's versions (``Records.version``), if any.
+    version: str | None = None
 
     def column(self, name: str) -> ColumnSpec:
         for c in self.columns:
@@ -233,7 +240,18 @@ def _spec_of(r: Records) -> TableSpec:
             raise ConfigurationError(
                 f"{where}: key field {k!r} must be a required str or int field"
             )
-    return TableSpec(r.table, columns, r.keys, child=r.rows is not None)
+    if r.version is not None:
+        v = names.get(r.version)
+        if v is None:
+            raise ConfigurationError(
+                f"{where}: version field {r.version!r} is not a field of {r.model.__name__}"
+            )
+        if v.kind not in ("int", "timestamp", "date", "text") or r.version in r.keys:
+            raise ConfigurationError(
+                f"{where}: version field {r.version!r} must be an int, datetime, date or str "
+                "field outside the key"
+            )
+    return TableSpec(r.table, columns, r.keys, child=r.rows is not None, version=r.version)
 
 
 def describe_record_error(exc: ValidationError) -> str:

@@ -43,7 +43,7 @@ import hmac
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from synckit.errors.exceptions import ConfigurationError
@@ -415,6 +415,20 @@ class Webhooks:
     endpoint (providers that sign every account's events alike: Stripe Connect, a GitHub
     App) instead of each tenant's ``secret_field``; a verified delivery naming no known
     tenant is then kept as an orphan for operators.
+
+    ``records`` names a stream declared with ``Stream(records=Records(...))``: each
+    event's records land in its table, a claimed batch of events in one transaction
+    with their processed marks. The records of an event are the connector's
+    ``webhook_records(ctx, event)`` (async: it may fetch what a notification only
+    names), or by default the event's JSON body as one record; ``Records.map`` then
+    maps them as it maps a poll page's. An event that fails (the hook raises, the model
+    or the database refuses one of its records) becomes one dead letter (kind
+    ``webhook:<connector>``; replaying it processes the event again) and the rest land.
+    With ``Records(version=...)`` an older event never regresses a row.
+
+    ``lease``: how long a processing claim holds a batch of events; the events of a
+    worker killed mid-batch wait this long before another worker takes them (a claim
+    that outlives it is fenced off: nothing of its batch lands).
     """
 
     verify: Verifier
@@ -422,6 +436,8 @@ class Webhooks:
     streams: Sequence[str] | None = None
     max_body: int = MAX_BODY
     secret_env: str | None = None
+    records: str | None = None
+    lease: timedelta = timedelta(minutes=5)
 
     def __post_init__(self) -> None:
         if not isinstance(self.verify, _SCHEMES) and not (
@@ -436,3 +452,7 @@ class Webhooks:
             isinstance(self.streams, str) or not all(isinstance(s, str) for s in self.streams)
         ):
             raise ConfigurationError("Webhooks.streams must be a list of stream names")
+        if not isinstance(self.lease, timedelta) or self.lease <= timedelta(0):
+            raise ConfigurationError("Webhooks.lease must be a positive timedelta")
+        if self.records is not None and (not isinstance(self.records, str) or not self.records):
+            raise ConfigurationError("Webhooks.records must be the name of a stream with Records")

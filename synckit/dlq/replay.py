@@ -155,6 +155,13 @@ def replayers_from_app(app: object, db: Database) -> tuple[Replayers, Registry |
         replayers = Replayers()
     if callable(getattr(app, "replay_record", None)) and replayers.lookup("record:") is None:
         replayers.register_prefix("record:", app_record_replayer(app, db))  # type: ignore[arg-type]
+    webhook = getattr(app, "replay_webhook", None)
+    if callable(webhook) and replayers.lookup("webhook:") is None:
+
+        async def replay_webhook(row: DeadLetter) -> None:
+            await webhook(db, row.payload)
+
+        replayers.register_prefix("webhook:", replay_webhook)
     registry = getattr(app, "registry", None)
     return replayers, registry if isinstance(registry, Registry) else None
 

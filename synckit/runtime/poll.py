@@ -113,6 +113,7 @@ __all__ = [
     "poll_key",
     "read_cursor",
     "read_cycle_start",
+    "record_failure",
     "record_id_of",
     "record_kind",
     "resolve_records",
@@ -469,6 +470,14 @@ def _failure(
         message=message,
         traceback=trace[-20_000:],
     )
+
+
+def record_failure(
+    connector: Connector[Any], rid: str, record: Any, exc: Exception, now: datetime
+) -> RecordFailure:
+    """One failed record as it goes to the dead-letter queue: classified by the
+    connector, its message and traceback redacted (call it where the tenant is bound)."""
+    return _failure(connector, rid, record, exc, now)
 
 
 async def handle_page(

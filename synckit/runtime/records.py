@@ -164,6 +164,8 @@ def prepare(
     upserts: dict[tuple[Any, ...], tuple[int, tuple[Any, ...], list[list[Any]]]] = {}
     deletes: dict[tuple[Any, ...], int] = {}
     failed_keys: list[tuple[Any, ...]] = []
+    # With a version column, the newest record of a key wins, whatever its place.
+    vi = [c.name for c in spec.columns].index(spec.version) if spec.version is not None else None
     for i, raw in enumerate(records):
         try:
             if decl.deleted is not None and decl.deleted(raw):
@@ -206,6 +208,10 @@ def prepare(
             if sync is not None and (k := key_from_raw(raw, spec)) is not None:
                 failed_keys.append(k)
             continue
+        if vi is not None and key in upserts:
+            seen_v, new_v = upserts[key][1][vi], values[vi]
+            if seen_v is not None and (new_v is None or new_v < seen_v):
+                continue  # older than a record of the same key on this page
         deletes.pop(key, None)
         upserts.pop(key, None)  # re-inserted last: the row keeps the last record's place
         upserts[key] = (i, values, kids)

@@ -66,6 +66,7 @@ __all__ = [
     "add_tenant",
     "get_tenant",
     "list_tenants",
+    "opened_config",
     "pause_tenant",
     "remove_tenant",
     "reseal_configs",
@@ -271,6 +272,19 @@ def _stored_config(text: str | None) -> object:
         return json.loads(text)
     except (ValueError, RecursionError):
         raise SecretCorrupt("the stored config is not JSON") from None
+
+
+def opened_config(
+    tenant: str, config_text: str | None, cipher: TokenCipher | None = None
+) -> dict[str, Any]:
+    """A tenant's stored config (its JSON text) with its secrets opened; a config that
+    cannot be opened raises :class:`ConfigurationError` naming the tenant and field."""
+    try:
+        config, _ = open_config(_stored_config(config_text), cipher, reveal=True)
+    except ConfigurationError as exc:
+        kind = SecretCorrupt if isinstance(exc, SecretCorrupt) else ConfigurationError
+        raise kind(f"tenant {tenant!r}: {exc}") from None
+    return config
 
 
 def _tenant(r: Any, *, reveal: bool, cipher: TokenCipher | None) -> Tenant:

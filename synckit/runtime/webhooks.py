@@ -40,7 +40,11 @@ from synckit.errors.exceptions import ConfigurationError, Discard, TenantNotFoun
 from synckit.runtime.actions import poll_job_spec
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.instruments import record_webhook
-from synckit.runtime.tenants import Tenant, get_tenant, list_tenants
+from synckit.runtime.poll import record_failure
+from synckit.runtime.records import land, prepare
+from synckit.runtime.tenants import get_tenant, opened_config
+from synckit.store import connections as connection_store
+from synckit.store import dead_letters as dlq_store
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database, SyncConn
 from synckit.store.jobs import JobSpec, enqueue_new_sync
@@ -53,10 +57,12 @@ __all__ = [
     "PROCESS_KIND",
     "SWEEP_KIND",
     "Answer",
+    "dead_letter_kind",
     "process_events",
     "process_job_spec",
     "receive",
     "register_webhooks",
+    "replay_event",
     "trigger_at",
     "webhooks_of",
 ]
@@ -64,10 +70,9 @@ __all__ = [
 PROCESS_KIND = "synckit.webhooks"
 SWEEP_KIND = "synckit.webhooks.sweep"
 SWEEP_NAME = "synckit.webhooks-sweep"
-#: Events claimed per batch, how long a claim holds them, and the attempts an event gets
+#: Events claimed per batch (held for ``Webhooks.lease``), and the attempts an event gets
 #: at ``on_webhook`` before it is left ``failed`` for an operator.
 BATCH = 100
-LEASE = timedelta(minutes=5)
 MAX_EVENT_ATTEMPTS = 5
 #: The Graph validation token echoed is at most this long (Graph's are ~100 characters).
 MAX_TOKEN = 1024
@@ -128,24 +133,122 @@ async def _attribute(
 ) -> tuple[str | None, str | None]:
     """(the tenant the delivery names, what it named): the tenant is None when no
     known tenant of ``connector`` matches."""
-    if not isinstance(decl.tenant, TenantFromBody):
-        named = path_tenant
-    else:
+    named = path_tenant
+    if isinstance(decl.tenant, TenantFromBody):
         named = decl.tenant.value(body)
-        field = decl.tenant.config_field
-        if named is not None and field is not None:
-            # Matched on a config field that is no secret: no key is needed to read it.
-            for t in await list_tenants(db, connector=connector, reveal=False):
-                if str(t.config.get(field)) == named:
-                    return t.tenant, named
-            return None, named
     if not named:
         return None, named
-    try:
-        t = await get_tenant(db, named, reveal=False)
-    except (TenantNotFound, ConfigurationError):
-        return None, named
-    return (t.tenant if t.connector == connector else None), named
+    field = decl.tenant.config_field if isinstance(decl.tenant, TenantFromBody) else None
+
+    def read(conn: SyncConn) -> str | None:
+        name: str | None = named
+        if field is not None:
+            # Matched on a config field that is no secret, in SQL: nothing is decrypted.
+            name = connection_store.tenant_by_config_field(conn, connector, field, named)
+        row = connection_store.webhook_tenant_row(conn, name) if name else None
+        return row.tenant if row is not None and row.connector == connector else None
+
+    return await db.run_read(read), named
+
+
+#: Verifier secrets opened from tenants' sealed configs, by (tenant, field, the config's
+#: stored text): a config changed (a new secret, a resealed one) is a new key, so
+#: nothing stale is used; Fernet opens a config once, not on every delivery.
+_SECRETS: dict[tuple[str, str, str], str] = {}
+_MAX_SECRETS = 10_000
+
+
+def _secret(row: Any, field: str) -> str:
+    """The tenant's verifier secret (cached), or ConfigurationError saying why not."""
+    key = (str(row.tenant), field, str(row.config_text))
+    found = _SECRETS.get(key)
+    if found is not None:
+        return found
+    secret = opened_config(row.tenant, row.config_text).get(field)
+    if not isinstance(secret, str) or not secret:
+        raise ConfigurationError(f"tenant's config has no {field!r}")
+    if len(_SECRETS) >= _MAX_SECRETS:
+        _SECRETS.clear()
+    _SECRETS[key] = secret
+    return secret
+
+
+@dataclass(frozen=True)
+class _Refused:
+    tenant: str
+    reason: str
+
+
+async def _verify_and_store(
+    db: Database,
+    decl: Webhooks,
+    connector: str,
+    named: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    now: datetime,
+    log: Any,
+) -> Answer:
+    """The common case (each tenant's own secret): read the tenant, verify, and store or
+    count the refusal, all in one short transaction that concurrent deliveries share
+    (:meth:`Database.write_grouped`: one commit for many on PostgreSQL)."""
+    field = decl.tenant.config_field if isinstance(decl.tenant, TenantFromBody) else None
+    kept = {k: headers[k][:500] for k in decl.verify.kept_headers if k in headers}
+
+    def tx(conn: SyncConn) -> inbox.Stored | _Refused | None:
+        name: str | None = named
+        if field is not None:
+            name = connection_store.tenant_by_config_field(conn, connector, field, named)
+        row = connection_store.webhook_tenant_row(conn, name) if name else None
+        if row is None or row.connector != connector:
+            why = _Refused("", f"no tenant {named!r}")
+        else:
+            try:
+                reason = decl.verify.check(
+                    headers, body, _secret(row, decl.verify.secret_field), now
+                )
+            except ConfigurationError as exc:  # no secret, or one not of the scheme's shape
+                reason = str(exc)
+            if reason is None:
+                events = decl.verify.events(headers, body)
+                if not events:
+                    return None
+                return inbox.store_events(
+                    conn,
+                    connector=connector,
+                    tenant=row.tenant,
+                    events=events,
+                    headers=kept,
+                    now=now,
+                    job=process_job_spec(connector, row.tenant),
+                )
+            why = _Refused(row.tenant, reason)
+        inbox.count_refusal(
+            conn, connector=connector, tenant=why.tenant, reason=why.reason, now=now
+        )
+        return why
+
+    done = await db.write_grouped(tx, order=(connector, named))
+    if done is None:
+        return Answer(400, "no events in the delivery\n")
+    if isinstance(done, _Refused):
+        record_webhook(connector, "refused")
+        if log is not None:
+            log.warning(
+                "webhook.refused", connector=connector, tenant=done.tenant, reason=done.reason
+            )
+        return Answer(401, "refused\n")
+    return _stored(connector, done, "", log)
+
+
+def _stored(connector: str, stored: inbox.Stored, orphan_of: str | None, log: Any) -> Answer:
+    record_webhook(connector, "orphaned" if orphan_of else "stored", stored.stored)
+    record_webhook(connector, "duplicate", stored.duplicates)
+    if log is not None and orphan_of:
+        log.info("webhook.orphaned", connector=connector, tenant=orphan_of, stored=stored.stored)
+    return Answer(
+        200, f'{{"stored": {stored.stored}, "duplicates": {stored.duplicates}}}', "application/json"
+    )
 
 
 async def receive(
@@ -170,52 +273,23 @@ async def receive(
         if len(token) > MAX_TOKEN:
             return Answer(400, "validationToken too long\n")
         return Answer(200, token)
-    endpoint_secret: str | None = None
-    if decl.secret_env is not None:
-        endpoint_secret = os.environ.get(decl.secret_env)
-        if not endpoint_secret:
-            if log is not None:
-                log.error("webhook.no_secret", connector=connector, env=decl.secret_env)
-            return Answer(503, "webhook secret not configured\n")
-        reason = decl.verify.check(headers, body, endpoint_secret, now)
-        if reason is not None:
-            return await _refuse(db, connector, path_tenant or "", reason, now, log)
-    known: Tenant | None = None
-    tenant: str | None
-    named: str | None
-    if endpoint_secret is None and not isinstance(decl.tenant, TenantFromBody) and path_tenant:
-        # The tenant named in the URL is read once, secrets opened (the common case).
-        try:
-            known = await get_tenant(db, path_tenant)
-        except TenantNotFound:
-            return await _refuse(db, connector, "", f"no tenant {path_tenant!r}", now, log)
-        except ConfigurationError as exc:  # its config does not open: not verifiable now
-            return await _refuse(db, connector, path_tenant, str(exc), now, log)
-        if known.connector != connector:
-            return await _refuse(db, connector, "", f"no tenant {path_tenant!r}", now, log)
-        tenant, named = known.tenant, path_tenant
-    else:
-        tenant, named = await _attribute(db, connector, decl, path_tenant, body)
-    if tenant is None:
-        if endpoint_secret is None:
+    if decl.secret_env is None:
+        named = decl.tenant.value(body) if isinstance(decl.tenant, TenantFromBody) else path_tenant
+        if not named:
             # Without a tenant there is no secret: the delivery cannot be verified.
             return await _refuse(db, connector, "", f"no tenant {named!r}", now, log)
+        return await _verify_and_store(db, decl, connector, named, headers, body, now, log)
+    endpoint_secret = os.environ.get(decl.secret_env)
+    if not endpoint_secret:
+        if log is not None:
+            log.error("webhook.no_secret", connector=connector, env=decl.secret_env)
+        return Answer(503, "webhook secret not configured\n")
+    reason = decl.verify.check(headers, body, endpoint_secret, now)
+    if reason is not None:
+        return await _refuse(db, connector, path_tenant or "", reason, now, log)
+    tenant, named = await _attribute(db, connector, decl, path_tenant, body)
+    if tenant is None:
         return await _store(db, decl, connector, "", headers, body, now, log, orphan_of=named or "")
-    if endpoint_secret is None:
-        try:
-            t = known if known is not None else await get_tenant(db, tenant)
-        except ConfigurationError as exc:  # its config does not open: not verifiable now
-            return await _refuse(db, connector, tenant, str(exc), now, log)
-        secret = t.config.get(decl.verify.secret_field)
-        if not isinstance(secret, str) or not secret:
-            why = f"tenant's config has no {decl.verify.secret_field!r}"
-            return await _refuse(db, connector, tenant, why, now, log)
-        try:
-            reason = decl.verify.check(headers, body, secret, now)
-        except ConfigurationError as exc:  # a secret that is not of the scheme's shape
-            reason = str(exc)
-        if reason is not None:
-            return await _refuse(db, connector, tenant, reason, now, log)
     return await _store(db, decl, connector, tenant, headers, body, now, log)
 
 
@@ -249,21 +323,8 @@ async def _store(
             job=job,
         )
 
-    stored = await db.write(tx)
-    record_webhook(connector, "orphaned" if orphan_of is not None else "stored", stored.stored)
-    record_webhook(connector, "duplicate", stored.duplicates)
-    if log is not None:
-        name = "webhook.orphaned" if orphan_of is not None else "webhook.stored"
-        log.info(
-            name,
-            connector=connector,
-            tenant=tenant or orphan_of,
-            stored=stored.stored,
-            duplicates=stored.duplicates,
-        )
-    return Answer(
-        200, f'{{"stored": {stored.stored}, "duplicates": {stored.duplicates}}}', "application/json"
-    )
+    stored = await db.write_grouped(tx, order=(connector, tenant))
+    return _stored(connector, stored, orphan_of, log)
 
 
 # --- processing -----------------------------------------------------------------------------
@@ -291,7 +352,7 @@ async def process_events(
         raise Discard(f"connector {connector!r} takes no webhooks in this app")
     done = 0
     while True:
-        lease = new_lease(LEASE, now=app.clock())
+        lease = new_lease(decl.lease, now=app.clock())
         now = app.clock()
 
         def claim(conn: SyncConn, now: datetime = now, token: Any = lease) -> list[Any]:
@@ -302,7 +363,9 @@ async def process_events(
         rows = await db.write(claim)
         if not rows:
             return done
-        if getattr(cls, "on_webhook", None) is not None:
+        if decl.records is not None:
+            n = await _land(db, app, cls, decl.records, tenant, rows, lease.token, log)
+        elif getattr(cls, "on_webhook", None) is not None:
             n = await _run_hook(db, app, tenant, rows, lease.token, log)
         else:
             n = await _trigger(db, app, cls, decl, tenant, rows, lease.token)
@@ -337,6 +400,119 @@ async def _trigger(
         return inbox.finish_events(conn, ids, token, now)
 
     return len(await db.write(tx))
+
+
+def dead_letter_kind(connector: str) -> str:
+    """The dead-letter kind of a connector's failed webhook events."""
+    return f"webhook:{connector}"
+
+
+class _LeaseLost(Exception):
+    """Another worker holds some of the batch's events now: nothing of it lands here."""
+
+
+async def _land(
+    db: Database,
+    app: App,
+    cls: Any,
+    stream_name: str,
+    tenant: str,
+    rows: Sequence[Any],
+    token: str,
+    log: Any,
+) -> int:
+    """Land the events' records in the stream's table, the batch in one transaction with
+    the events' processed marks; a failed event becomes one dead letter."""
+    stream = cls.stream(stream_name)
+    decl = stream.records
+    if decl is None:
+        raise Discard(
+            f"connector {cls.name!r}: Webhooks(records={stream_name!r}) names a stream "
+            "without Records"
+        )
+    events = [_event(r) for r in rows]
+    raws: list[Any] = []
+    owner: list[int] = []  # the event each record came from
+    errors: dict[int, Exception] = {}
+    async with app.context(db, tenant, stream=stream_name, log=log) as ctx:
+        connector = ctx.connector
+        hook = getattr(connector, "webhook_records", None)
+        for i, e in enumerate(events):
+            try:
+                got = list(await hook(ctx, e)) if hook is not None else [e.json()]
+            except Exception as exc:  # connector code or a body that is no JSON
+                errors[i] = exc
+                continue
+            raws.extend(got)
+            owner.extend([i] * len(got))
+        index = {id(r): i for i, r in enumerate(raws)}
+
+        def failure_of(raw: Any, exc: Exception) -> tuple[int, Exception]:
+            return owner[index[id(raw)]], exc
+
+        landing, refused, _ = prepare(decl, tenant, stream_name, raws, failure_of)
+        for i, why in refused:
+            errors.setdefault(i, why)
+        now = app.clock()
+        kind = dead_letter_kind(cls.name)
+
+        def failures(bad: Mapping[int, Exception]) -> list[dlq_store.Failure]:
+            out = []
+            for i, exc in sorted(bad.items()):
+                e = events[i]
+                f = record_failure(connector, f"event:{e.event_id}", e.event_id, exc, now)
+                out.append(
+                    dlq_store.Failure(
+                        tenant=tenant,
+                        connector=cls.name,
+                        kind=kind,
+                        record_id=f.record_id,
+                        payload={"event": e.id, "event_id": e.event_id},
+                        error_class=f.error_class,
+                        message=f.message,
+                        traceback=f.traceback,
+                        source="webhook",
+                    )
+                )
+            return out
+
+        def tx(conn: SyncConn) -> int:
+            bad = dict(errors)
+            if any(b.rows or b.deletes for b in landing.batches):
+                land(conn, landing, now)  # the database's refusals: their events fail
+                for i, why in landing.refused:
+                    bad.setdefault(i, why)
+            ok = [e.id for i, e in enumerate(events) if i not in bad]
+            failed_ids = [events[i].id for i in bad]
+            if len(inbox.finish_events(conn, ok, token, now)) != len(ok) or len(
+                inbox.fail_events(conn, failed_ids, token, "see the dead letter", give_up=True)
+            ) != len(failed_ids):
+                raise _LeaseLost
+            if bad:
+                dlq_store.capture_many(conn, failures(bad), now=now)
+            if ok:
+                dlq_store.resolve_records(
+                    conn,
+                    tenant=tenant,
+                    connector=cls.name,
+                    kind=kind,
+                    record_ids=[
+                        f"event:{e.event_id}" for i, e in enumerate(events) if i not in bad
+                    ],
+                    now=now,
+                    reason="the event was processed",
+                )
+            return len(ok)
+
+        try:
+            n = await db.write(tx)
+        except _LeaseLost:
+            if log is not None:
+                log.warning("webhook.lease_lost", tenant=tenant, events=len(events))
+            return 0
+    if errors and log is not None:
+        log.warning("webhook.failed", tenant=tenant, events=len(errors))
+    return n
 
 
 async def _run_hook(
@@ -386,6 +562,25 @@ async def _fail(db: Database, rows: Sequence[Any], failed: Mapping[int, str], to
     raise _HookFailed(
         f"on_webhook failed for {len(failed)} event(s): {next(iter(failed.values()))}"
     )
+
+
+async def replay_event(db: Database, app: App, payload: Any, now: datetime) -> None:
+    """Put a dead-lettered event (its payload ``{"event": inbox id}``) back to pending
+    with its processing job: processed again, it lands or is dead-lettered again."""
+    from synckit.errors.exceptions import Unreplayable
+
+    event = payload.get("event") if isinstance(payload, Mapping) else None
+    if not isinstance(event, int):
+        raise Unreplayable(f"not a webhook event's dead letter: {str(payload)[:200]}")
+
+    def tx(conn: SyncConn) -> bool:
+        row = inbox.event_row(conn, event)
+        if row is None or not row.tenant:
+            return False
+        return inbox.requeue(conn, event, process_job_spec(row.connector, row.tenant), now)
+
+    if not await db.write(tx):
+        raise Unreplayable(f"webhook event {event} is no longer in the inbox")
 
 
 class _HookFailed(Exception):

@@ -388,6 +388,35 @@ async def read_tenant_row(conn: Conn, tenant: str, *, guarded: bool = False) -> 
     return (await conn.execute(select(*columns).where(connections.c.tenant == tenant))).first()
 
 
+def webhook_tenant_row(conn: SyncConn, tenant: str) -> Any:
+    """``tenant``'s (tenant, connector, status, config_text), or None: what a webhook
+    delivery's verification needs, read in the delivery's own transaction."""
+    c = connections.c
+    return conn.execute(
+        select(c.tenant, c.connector, c.status, cast(c.config, Text).label("config_text")).where(
+            c.tenant == tenant
+        )
+    ).first()
+
+
+def tenant_by_config_field(conn: SyncConn, connector: str, field: str, value: str) -> str | None:
+    """The tenant of ``connector`` whose (plain, not sealed) config ``field`` is
+    ``value``, matched in SQL (one statement, no row is decrypted), or None."""
+    c = connections.c
+    got: Any
+    if conn.dialect.name == "postgresql":
+        got = c.config.op("->>")(field)
+    else:
+        got = func.json_extract(c.config, "$." + field)
+    row = conn.execute(
+        select(c.tenant)
+        .where(c.connector == connector, cast(got, Text) == value)
+        .order_by(c.tenant)
+        .limit(1)
+    ).first()
+    return None if row is None else str(row.tenant)
+
+
 def _filtered(stmt: Any, connector: str | None, status: str | None) -> Any:
     if connector:
         stmt = stmt.where(connections.c.connector == connector)

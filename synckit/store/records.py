@@ -99,6 +99,8 @@ class TableSpec(Protocol):
     def key(self) -> tuple[str, ...]: ...
     @property
     def child(self) -> bool: ...
+    @property
+    def version(self) -> str | None: ...
     def as_json(self) -> list[dict[str, Any]]: ...
     def __hash__(self) -> int: ...
 
@@ -407,6 +409,10 @@ class TableSql:
         if spec.child:
             sets.append("_parent = excluded._parent")
         where = f"({changed}) OR r._sync {distinct} {sync_new}"
+        if spec.version is not None:
+            # An older version (or none, where the row has one) never regresses the row.
+            v = spec.version
+            where = f"({where}) AND (r.{v} IS NULL OR excluded.{v} >= r.{v})"
         extra = ["_parent"] if spec.child else []
         all_cols = ["tenant", *cols, "_synced_at", "_seq", "_added_seq", "_sync", *extra]
         conflict = ", ".join(["tenant", *keys])

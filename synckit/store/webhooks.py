@@ -27,6 +27,7 @@ from synckit.store.tables import jobs, webhook_events, webhook_refusals, webhook
 
 __all__ = [
     "PENDING",
+    "STATUSES",
     "Stored",
     "WebhookCounts",
     "claim_pending",
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 PENDING, PROCESSED, FAILED, ORPHANED = "pending", "processed", "failed", "orphaned"
+STATUSES = (PENDING, PROCESSED, FAILED, ORPHANED)
 
 
 def _insert(conn: Connection) -> Any:
@@ -265,9 +267,15 @@ def event_row(conn: Connection, event: int) -> Row[Any] | None:
 
 
 def recent_events(
-    conn: Connection, *, tenant: str | None = None, limit: int = 50
+    conn: Connection,
+    *,
+    tenant: str | None = None,
+    limit: int = 50,
+    connector: str | None = None,
+    status: str | None = None,
 ) -> list[Row[Any]]:
-    """The newest stored events (without bodies), optionally of one tenant."""
+    """The newest stored events (without bodies), optionally of one tenant, connector
+    and/or status."""
     c = webhook_events.c
     stmt = (
         select(
@@ -288,6 +296,10 @@ def recent_events(
     )
     if tenant is not None:
         stmt = stmt.where(c.tenant == tenant)
+    if connector is not None:
+        stmt = stmt.where(c.connector == connector)
+    if status is not None:
+        stmt = stmt.where(c.status == status)
     return list(conn.execute(stmt).all())
 
 

@@ -55,6 +55,7 @@ from synckit.store.audit import Totals
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter
 from synckit.store.resources import get_resource, reset_resource
+from synckit.web import webhook_events
 from synckit.web.attempts import run_label, uncounted_runs
 from synckit.web.explain import CycleFacts, duration_text, tenant_why
 from synckit.web.paging import INTERNAL_KINDS, page_links
@@ -1251,6 +1252,7 @@ def create_app(config: WebConfig, *, database: Database | None = None) -> Starle
         Route("/dlq/{row_id:int}", dlq_row_page),
         Route("/outbox", outbox_page),
         Route("/workers", workers_page),
+        *webhook_events.routes(),
         Route("/live/workers", workers_live),
         Route("/outbox/retry", outbox_action, methods=["POST"]),
         Route("/login", login, methods=["GET", "POST"]),

@@ -1,8 +1,14 @@
-"""A connector taking webhooks whose ``on_webhook`` appends each event id to
-``$WEBHOOKS_APP_LOG``, and a script entry that processes one tenant's events.
+"""Connectors taking webhooks, and script entries for the tests that run processes.
+
+``logged``: ``on_webhook`` appends each event id to ``$WEBHOOKS_APP_LOG`` (also the
+connector of ``bench.webhooks``). ``landed``: each event's ``data`` lands in the
+``wh_items`` records table (``Webhooks(records=...)``), under a short lease so that a
+killed worker's events come back quickly.
 
 ``python webhooks_app.py URL TENANT``: process the tenant's pending events in this
 process (several run at once in tests/integration/test_webhooks_procs.py).
+``python webhooks_app.py --serve URL PORT``: the receiver alone (uvicorn, one process).
+Workers run with ``synckit worker --app webhooks_app:app`` from this directory.
 """
 
 from __future__ import annotations
@@ -11,11 +17,12 @@ import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel, SecretStr
 
-from synckit import App, Connector, Page, Stream, StripeSignature, SyncContext, Webhooks
+from synckit import App, Connector, Page, Records, Stream, StripeSignature, SyncContext, Webhooks
 from synckit.connectors.webhooks import WebhookEvent
 
 
@@ -47,7 +54,39 @@ def _log(events: Sequence[WebhookEvent]) -> None:
         f.write("".join(f"{os.getpid()} {e.event_id}\n" for e in events))
 
 
-app = App(connectors=[Logged])
+class Item(BaseModel):
+    id: str
+    n: int
+
+
+class Landed(Connector[HookConfig]):
+    name = "landed"
+    base_url = "http://127.0.0.1:9/"
+    streams = [Stream("items", records=Records(Item, table="wh_items", map=lambda e: e["data"]))]
+    webhooks = Webhooks(
+        verify=StripeSignature(secret_field="webhook_secret"),
+        records="items",
+        lease=timedelta(seconds=3),
+    )
+
+    async def poll(self, ctx: SyncContext, checkpoint: Any) -> AsyncIterator[Page]:
+        if False:  # pragma: no cover
+            yield Page([])
+
+    async def handle(self, ctx: SyncContext, record: Any) -> None:
+        return None
+
+
+app = App(connectors=[Logged, Landed])
+
+
+def _serve(url: str, port: int) -> None:
+    import uvicorn
+
+    from synckit.web.webhooks import webhook_app
+
+    app.use_database_url(url)
+    uvicorn.run(webhook_app(app), host="127.0.0.1", port=port, log_level="warning")
 
 
 async def _main(url: str, tenant: str) -> None:
@@ -63,4 +102,7 @@ async def _main(url: str, tenant: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_main(sys.argv[1], sys.argv[2]))
+    if sys.argv[1] == "--serve":
+        _serve(sys.argv[2], int(sys.argv[3]))
+    else:
+        asyncio.run(_main(sys.argv[1], sys.argv[2]))
