@@ -256,6 +256,14 @@ class _PageCommit:
     now: datetime
     #: The page's records for their declared tables (synckit.runtime.records), if any.
     landing: Landing | None = None
+    #: The stream's policy is ``hold``: a record the database refuses as the page lands
+    #: keeps the checkpoint where it was, as a record the model refused would have.
+    hold: bool = False
+
+
+def _held_by_landing(p: _PageCommit) -> bool:
+    """Whether a ``hold`` page decides its checkpoint only once its records landed."""
+    return p.hold and p.landing is not None and p.cursor is not _KEEP
 
 
 def _failures_of(p: _PageCommit) -> Sequence[RecordFailure]:
@@ -272,6 +280,17 @@ def _ok_of(p: _PageCommit) -> int:
 def _commit_page(conn: SyncConn, p: _PageCommit) -> bool:
     """The page's one transaction (:meth:`Database.write`); False, with nothing written,
     when the job no longer holds its claim."""
+    if _held_by_landing(p):
+        # The claim first (its row locked on PostgreSQL until the commit), then the
+        # records; the checkpoint advances only if the database refused none of them.
+        if p.job is not None and not checkpoints.holds_claim(conn, p.job.id, p.job.claim_token):
+            return False
+        assert p.landing is not None
+        land(conn, p.landing, p.now)
+        if not p.landing.refused:
+            save_checkpoint(conn, p.tenant, p.connector, p.stream, p.cursor, p.now)
+        _commit_page_rest(conn, p)
+        return True
     if p.job is not None and p.cursor is not _KEEP:
         if not checkpoints.save_checkpoint_held(
             conn,
@@ -304,7 +323,9 @@ def _commit_pages(conn: SyncConn, pages: list[_PageCommit]) -> list[bool]:
     records_store.lock_seqs(
         conn, sorted({t for p in pages if p.landing is not None for t in p.landing.tables})
     )
-    held = [p for p in pages if p.job is not None and p.cursor is not _KEEP]
+    held = [
+        p for p in pages if p.job is not None and p.cursor is not _KEEP and not _held_by_landing(p)
+    ]
     streams = {(p.tenant, p.connector, p.stream) for p in held}
     if len(streams) < len(held):  # one stream twice: an upsert may not touch a row twice
         return [_commit_page(conn, p) for p in pages]
@@ -617,6 +638,8 @@ async def run_cycle(
     open_dead_letters = start.open_dead_letters
     pages = ok = failed = 0
     held = False
+    # A hold stream's page whose records the database refused (known once it committed).
+    held_by_db = False
     source = connector.poll(ctx, checkpoint)
     if not hasattr(source, "__anext__"):
         raise ConfigurationError(
@@ -630,7 +653,7 @@ async def run_cycle(
     async def commit(outcome: _PageOutcome, cursor: Any, advance: bool) -> None:
         """Commit one handled page, then count it (the rest of the cycle reads what it
         counts: the checkpoint, whether dead letters are open)."""
-        nonlocal open_dead_letters, pages, ok, failed, checkpoint
+        nonlocal open_dead_letters, pages, ok, failed, checkpoint, held_by_db
         failed_ids = {f.record_id for f in outcome.failures}
         # A record twice in one page that failed once stays failed.
         succeeded = [rid for rid in outcome.ok_ids if rid not in failed_ids]
@@ -655,6 +678,7 @@ async def run_cycle(
                 resource_key=ctx.resource_key,
                 now=clock(),
                 landing=outcome.landing,
+                hold=stream.policy == "hold",
             ),
             # Every group locks the tenants' audit buckets in one order.
             order=(tenant, name),
@@ -669,6 +693,9 @@ async def run_cycle(
             outcome.failures.extend(refused)
             gone = {f.record_id for f in refused}
             outcome.ok_ids = [rid for rid in outcome.ok_ids if rid not in gone]
+            if stream.policy == "hold":  # the checkpoint stayed (_commit_page)
+                cursor, advance = _KEEP, False
+                held_by_db = True
         open_dead_letters = open_dead_letters or bool(outcome.failures)
         pages += 1
         if progressed is not None:
@@ -701,6 +728,9 @@ async def run_cycle(
             if committing is not None:
                 done, committing = committing, None
                 await done
+            if held_by_db:
+                held = True
+                break
             if not isinstance(page, Page):
                 raise ConfigurationError(
                     f"connector {name!r}: poll() yielded {type(page).__name__}, not a Page"
@@ -734,6 +764,7 @@ async def run_cycle(
         if committing is not None:
             done, committing = committing, None
             await done
+        held = held or held_by_db
     except asyncio.CancelledError:
         if committing is not None:
             committing.cancel()  # a cancelled cycle commits nothing more

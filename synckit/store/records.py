@@ -54,7 +54,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from synckit.errors.exceptions import ConfigurationError
-from synckit.store.db import Database, savepoint
+from synckit.store.db import Database
 from synckit.store.tables import JSONType, UTCDateTime, record_tables
 
 __all__ = [
@@ -430,10 +430,12 @@ class TableSql:
                 [":tenant", *picks, ":now", ":base + v.n", ":base + v.n", ":sync"]
                 + (["v.parent"] if spec.child else [])
             )
+            # The rows whose data changed took one of this statement's seqs (> :base);
+            # the others were only marked seen by a full sync (``_sync``): not a change.
             self.upsert_many = text(
-                f"INSERT INTO {t} AS r ({', '.join(all_cols)}) SELECT {values}"
+                f"WITH u AS (INSERT INTO {t} AS r ({', '.join(all_cols)}) SELECT {values}"
                 f" FROM unnest({', '.join(arrays)}) WITH ORDINALITY AS v({', '.join(names)}, n)"
-                f"{tail}"
+                f"{tail} RETURNING r._seq) SELECT count(*) FROM u WHERE _seq > :base"
             )
             one_values = ", ".join(
                 [":tenant"]
@@ -447,7 +449,8 @@ class TableSql:
                 + (["CAST(:parents AS text)"] if spec.child else [])
             )
             self.upsert_one = text(
-                f"INSERT INTO {t} AS r ({', '.join(all_cols)}) VALUES ({one_values}){tail}"
+                f"WITH u AS (INSERT INTO {t} AS r ({', '.join(all_cols)}) VALUES ({one_values})"
+                f"{tail} RETURNING r._seq) SELECT count(*) FROM u WHERE _seq >= :base"
             )
             kcols = ", ".join(
                 f"CAST(:k{i} AS {_PG_ARRAY[_kind(spec, k)]}[])" for i, k in enumerate(keys)
@@ -481,6 +484,9 @@ class TableSql:
                 f" WHERE tenant = ? AND {match} AND _deleted_at IS NULL"
             )
             self.touch_sqlite = f"UPDATE {t} SET _sync = ? WHERE tenant = ? AND {match}"
+            self.seqs_sqlite = (
+                f"SELECT count(*) FROM {t} WHERE tenant = ? AND _seq >= ? AND _seq < ?"
+            )
             self.children_sqlite = (
                 f"SELECT {', '.join(keys)}, _parent FROM {t} WHERE tenant = ?"
                 " AND _parent IN (SELECT value FROM json_each(?)) AND _deleted_at IS NULL"
@@ -511,7 +517,8 @@ class TableSql:
     ) -> int:
         """Merge ``rows`` (column values, in ``spec.columns`` order; no key twice), the
         i-th with ``_seq`` ``base + i``: one statement. Raises what the database raises
-        for any row (the caller then lands them one by one). How many rows changed."""
+        for any row (the caller then lands them one by one). How many rows changed (a row
+        a full sync only marked seen did not)."""
         if not rows:
             return 0
         if self.postgres:
@@ -521,7 +528,7 @@ class TableSql:
             params.update(tenant=tenant, now=now, base=base - 1, sync=sync)
             if self.spec.child:
                 params["parents"] = list(parents or ())
-            return int(conn.execute(self.upsert_many, params).rowcount or 0)
+            return int(conn.execute(self.upsert_many, params).scalar() or 0)
         stamp = _sqlite_ts(now)
         extra = self.spec.child
         batch = [
@@ -529,42 +536,37 @@ class TableSql:
             + ([parents[i]] if extra and parents is not None else [])
             for i, r in enumerate(rows)
         ]
-        return _executemany(conn, self.upsert_sqlite, batch)
+        touched = _executemany(conn, self.upsert_sqlite, batch)
+        if sync is None or not touched:  # no full sync: every row it touched changed
+            return touched
+        # A full sync also marks unchanged rows seen (``_sync``): only those that took one
+        # of this batch's seqs changed (index ``(tenant, _seq)``).
+        args = (tenant, base, base + len(rows))
+        return int(_raw(conn).execute(self.seqs_sqlite, args).fetchone()[0])
 
-    def upsert_each(
+    def upsert_row(
         self,
         conn: Connection,
         tenant: str,
-        rows: Sequence[tuple[Any, ...]],
+        row: tuple[Any, ...],
         *,
-        base: int,
+        seq: int,
         now: dt.datetime,
         sync: str | None,
-        parents: Sequence[str] | None = None,
-    ) -> tuple[int, dict[int, BaseException]]:
-        """:meth:`upsert` row by row, each in a savepoint: the rows the database refuses
-        fail alone. How many changed, and the refused rows' errors by index."""
-        errors: dict[int, BaseException] = {}
-        changed = 0
-        for i, r in enumerate(rows):
-            try:
-                with savepoint(conn):
-                    if self.postgres:
-                        params: dict[str, Any] = {f"c{j}": v for j, v in enumerate(r)}
-                        params.update(tenant=tenant, now=now, base=base + i, sync=sync)
-                        if self.spec.child:
-                            params["parents"] = parents[i] if parents else None
-                        changed += int(conn.execute(self.upsert_one, params).rowcount or 0)
-                    else:
-                        changed += self.upsert(
-                            conn, tenant, [r], base=base + i, now=now, sync=sync,
-                            parents=[parents[i]] if parents else None,
-                        )  # fmt: skip
-            except Exception as exc:
-                if not is_record_error(conn, exc):
-                    raise
-                errors[i] = exc
-        return changed, errors
+        parent: str | None = None,
+    ) -> int:
+        """Merge one row with ``_seq`` ``seq`` (the caller holds a savepoint: the database
+        may refuse it); 1 if it changed."""
+        if self.postgres:
+            params: dict[str, Any] = {f"c{j}": v for j, v in enumerate(row)}
+            params.update(tenant=tenant, now=now, base=seq, sync=sync)
+            if self.spec.child:
+                params["parents"] = parent
+            return int(conn.execute(self.upsert_one, params).scalar() or 0)
+        return self.upsert(
+            conn, tenant, [row], base=seq, now=now, sync=sync,
+            parents=[parent] if self.spec.child and parent is not None else None,
+        )  # fmt: skip
 
     def delete(
         self,
