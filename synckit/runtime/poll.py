@@ -68,6 +68,7 @@ from synckit.runtime.handlers import Cancel
 from synckit.runtime.instruments import record_records
 from synckit.runtime.logging import redact_text
 from synckit.runtime.records import Landing, land, prepare
+from synckit.runtime.records import destination as records_destination
 from synckit.store import checkpoints, ticks
 from synckit.store import dead_letters as dlq_store
 from synckit.store import records as records_store
@@ -259,11 +260,18 @@ class _PageCommit:
     #: The stream's policy is ``hold``: a record the database refuses as the page lands
     #: keeps the checkpoint where it was, as a record the model refused would have.
     hold: bool = False
+    #: The records already landed, in their own database (``Records(database=URL)``).
+    landed: bool = False
+
+
+def _to_land(p: _PageCommit) -> Landing | None:
+    """The records this transaction lands (none when they landed elsewhere)."""
+    return None if p.landed else p.landing
 
 
 def _held_by_landing(p: _PageCommit) -> bool:
     """Whether a ``hold`` page decides its checkpoint only once its records landed."""
-    return p.hold and p.landing is not None and p.cursor is not _KEEP
+    return p.hold and _to_land(p) is not None and p.cursor is not _KEEP
 
 
 def _failures_of(p: _PageCommit) -> Sequence[RecordFailure]:
@@ -307,8 +315,8 @@ def _commit_page(conn: SyncConn, p: _PageCommit) -> bool:
         return False
     elif p.cursor is not _KEEP:
         save_checkpoint(conn, p.tenant, p.connector, p.stream, p.cursor, p.now)
-    if p.landing is not None:
-        land(conn, p.landing, p.now)
+    if (landing := _to_land(p)) is not None:
+        land(conn, landing, p.now)
     _commit_page_rest(conn, p)
     return True
 
@@ -321,7 +329,7 @@ def _commit_pages(conn: SyncConn, pages: list[_PageCommit]) -> list[bool]:
     own, ~12% of a PostgreSQL worker's CPU (``bench.tenants``)."""
     # Records tables' sequences first, in name order (synckit.store.records.lock_seqs).
     records_store.lock_seqs(
-        conn, sorted({t for p in pages if p.landing is not None for t in p.landing.tables})
+        conn, sorted({t for p in pages if (w := _to_land(p)) is not None for t in w.tables})
     )
     held = [
         p for p in pages if p.job is not None and p.cursor is not _KEEP and not _held_by_landing(p)
@@ -353,8 +361,8 @@ def _commit_pages(conn: SyncConn, pages: list[_PageCommit]) -> list[bool]:
     for p in pages:
         if id(p) in saved:
             if saved[id(p)]:
-                if p.landing is not None:
-                    land(conn, p.landing, p.now)
+                if (landing := _to_land(p)) is not None:
+                    land(conn, landing, p.now)
                 _commit_page_rest(conn, p, audit=False)
                 _, counts = audits.setdefault(minute_of(p.now), (p.now, []))
                 counts.append(
@@ -594,6 +602,43 @@ def _prepare_landing(
     outcome.landing = landing
 
 
+def _land_elsewhere(
+    conn: SyncConn,
+    landing: Landing,
+    tenant: str,
+    connector: str,
+    stream: str,
+    cursor: Any,
+    hold: bool,
+    now: datetime,
+) -> None:
+    """A page's records in their own database (``Records(database=URL)``), with the
+    checkpoint that covers them (:func:`records_store.save_landing`), in one transaction
+    there; a ``hold`` page whose records the database refused keeps the checkpoint."""
+    land(conn, landing, now)
+    if cursor is not _KEEP and not (hold and landing.refused):
+        records_store.save_landing(conn, tenant, connector, stream, cursor, now)
+
+
+async def _landed_checkpoint(
+    db: Database,
+    far: Database,
+    tenant: str,
+    connector: str,
+    stream: str,
+    checkpoint: Any,
+    clock: Callable[[], datetime],
+) -> Any:
+    """The checkpoint a cycle of a stream whose records live in another database starts
+    from: the one landed there with its rows. When this database's is behind (a crash
+    between the two commits), it is brought up to it first."""
+    landed = await far.run_read(records_store.read_landing, tenant, connector, stream)
+    if landed is records_store.NO_LANDING or landed == checkpoint:
+        return checkpoint
+    await db.write(save_checkpoint, tenant, connector, stream, landed, clock())
+    return landed
+
+
 def _check_checkpoint(connector: Connector[Any], stream: str, cursor: Any) -> None:
     try:
         json.dumps(cursor, allow_nan=False)
@@ -631,6 +676,9 @@ async def run_cycle(
     if start is None:
         start = await db.write(read_cycle_start, tenant, name, stream.name)
     checkpoint = start.checkpoint
+    far = records_destination(stream.records) if stream.records is not None else None
+    if far is not None:
+        checkpoint = await _landed_checkpoint(db, far, tenant, name, stream.name, checkpoint, clock)
     # Open dead letters of this stream appear only through its own cycles (one at a time,
     # by its unique key; a cycle that lost its claim commits nothing), so one look at the
     # start, kept true once a page dead-letters a record, tells whether a page has any to
@@ -654,6 +702,19 @@ async def run_cycle(
         """Commit one handled page, then count it (the rest of the cycle reads what it
         counts: the checkpoint, whether dead letters are open)."""
         nonlocal open_dead_letters, pages, ok, failed, checkpoint, held_by_db
+        landed = False
+        if far is not None and outcome.landing is not None:
+            # Records in another database: their transaction there, with the checkpoint
+            # that covers them, commits first; then this database's (checkpoint, dead
+            # letters, audit). A crash between leaves that one ahead: the next cycle starts
+            # from it (_landed_checkpoint), so no page lands twice or is skipped.
+            await far.write(
+                _land_elsewhere, outcome.landing, tenant, name, stream.name, cursor,
+                stream.policy == "hold", clock(),
+            )  # fmt: skip
+            landed = True
+            if outcome.landing.refused and stream.policy == "hold":
+                cursor, advance = _KEEP, False
         failed_ids = {f.record_id for f in outcome.failures}
         # A record twice in one page that failed once stays failed.
         succeeded = [rid for rid in outcome.ok_ids if rid not in failed_ids]
@@ -679,6 +740,7 @@ async def run_cycle(
                 now=clock(),
                 landing=outcome.landing,
                 hold=stream.policy == "hold",
+                landed=landed,
             ),
             # Every group locks the tenants' audit buckets in one order.
             order=(tenant, name),

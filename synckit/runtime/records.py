@@ -17,6 +17,7 @@ and changes since a cursor.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import operator
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,13 +37,14 @@ from synckit.connectors.records import (
 )
 from synckit.errors.exceptions import ConfigurationError, PermanentError
 from synckit.store import records as store
-from synckit.store.db import Database, SyncConn, savepoint
+from synckit.store.db import Database, SyncConn, open_database, savepoint
 
 __all__ = [
     "Change",
     "Changes",
     "Landing",
     "RecordsReader",
+    "destination",
     "land",
     "prepare",
 ]
@@ -246,6 +248,24 @@ def prepare(
         failed_keys=failed_keys,
     )
     return landing, failures, failed
+
+
+# --- another database ------------------------------------------------------------------------
+
+_DESTINATIONS: dict[str, tuple[asyncio.AbstractEventLoop, Database]] = {}
+
+
+def destination(decl: Records) -> Database | None:
+    """The database ``decl``'s tables live in when it is not synckit's own
+    (``Records(database=URL)``): one engine per URL and event loop, opened on first use."""
+    if decl.database is None:
+        return None
+    loop = asyncio.get_running_loop()
+    found = _DESTINATIONS.get(decl.database)
+    if found is None or found[0] is not loop:
+        found = (loop, open_database(decl.database))
+        _DESTINATIONS[decl.database] = found
+    return found[1]
 
 
 # --- in the page's transaction -------------------------------------------------------------

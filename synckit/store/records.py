@@ -59,6 +59,7 @@ from synckit.store.tables import JSONType, UTCDateTime, record_tables
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "NO_LANDING",
     "RecordsSchemaError",
     "StoredRow",
     "TableOwner",
@@ -68,10 +69,14 @@ __all__ = [
     "lock_seqs",
     "notify_changes",
     "plan_upgrade",
+    "prepare_destination",
     "read_changes",
+    "read_landing",
     "read_rows",
+    "record_landings",
     "recorded_spec",
     "recorded_specs",
+    "save_landing",
     "table_sql",
     "take_seqs",
     "upgrade_tables",
@@ -128,6 +133,8 @@ class TableOwner:
     spec: TableSpec
     connector: str
     stream: str
+    #: the URL of the database it lives in, when not synckit's own
+    database: str | None = None
 
 
 # --- the schema plan (a pure decision) ------------------------------------------------
@@ -324,6 +331,71 @@ async def recorded_specs(db: Database) -> dict[str, Any]:
     async with db.read() as conn:
         rows = await conn.execute(select(record_tables))
         return {r.name: r for r in rows}
+
+
+# --- a destination database (records tables in another database) -----------------------
+
+#: In a destination database (``Records(database=URL)``): each stream's checkpoint as of
+#: the rows landed there, written in the same transaction as those rows. The runtime's
+#: own checkpoint is written after, in its database; a crash between the two leaves this
+#: one ahead, and the next cycle starts from it (``poll.run_cycle``).
+record_landings = Table(
+    "record_landings",
+    MetaData(),
+    Column("tenant", String(200), nullable=False),
+    Column("connector", String(200), nullable=False),
+    Column("stream", String(200), nullable=False),
+    Column("cursor", Text, nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    PrimaryKeyConstraint("tenant", "connector", "stream", name="pk_record_landings"),
+)
+
+
+def prepare_destination(conn: Connection) -> None:
+    """Create, in a destination database, the tables synckit keeps there beside the
+    records tables: ``record_tables`` (their columns, their change sequences) and
+    :data:`record_landings`. Idempotent; under the schema lock."""
+    from synckit.store.migrate import lock_schema  # (Alembic: only for this)
+
+    lock_schema(conn)
+    record_tables.create(conn, checkfirst=True)
+    record_landings.create(conn, checkfirst=True)
+
+
+def save_landing(
+    conn: Connection, tenant: str, connector: str, stream: str, cursor: Any, now: dt.datetime
+) -> None:
+    """Store ``cursor`` as the stream's landed checkpoint, in the caller's transaction
+    (the one landing the page's rows)."""
+    values = {"cursor": json.dumps(cursor, sort_keys=True), "updated_at": now}
+    done = conn.execute(
+        record_landings.update()
+        .where(record_landings.c.tenant == tenant)
+        .where(record_landings.c.connector == connector)
+        .where(record_landings.c.stream == stream)
+        .values(**values)
+    )
+    if not done.rowcount:
+        conn.execute(
+            record_landings.insert().values(
+                tenant=tenant, connector=connector, stream=stream, **values
+            )
+        )
+
+
+#: :func:`read_landing` of a stream that has landed no checkpoint.
+NO_LANDING: Any = object()
+
+
+def read_landing(conn: Connection, tenant: str, connector: str, stream: str) -> Any:
+    """The stream's landed checkpoint, or :data:`NO_LANDING`."""
+    found = conn.execute(
+        select(record_landings.c.cursor)
+        .where(record_landings.c.tenant == tenant)
+        .where(record_landings.c.connector == connector)
+        .where(record_landings.c.stream == stream)
+    ).scalar()
+    return NO_LANDING if found is None else json.loads(found)
 
 
 # --- change sequences ---------------------------------------------------------------------
