@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -140,14 +139,12 @@ async def test_a_kill_between_the_two_commits_lands_no_page_twice(
     checkpoints agree."""
     api.data["acme"] = [order(i, lines=1) for i in range(300)]
     env = {**os.environ, "RECORDS_APP_URL": api.url, "PYTHONPATH": str(APPS)}
-    proc = subprocess.run(
-        [sys.executable, str(APPS / "records_far.py"), migrated_url, far_url, "acme", "2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=PROCESS_TIMEOUT,
-    )
-    assert proc.returncode == -9, proc.stderr[-2000:]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(APPS / "records_far.py"), migrated_url, far_url, "acme", "2",
+        env=env, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), PROCESS_TIMEOUT)
+    assert proc.returncode == -9, err.decode()[-2000:]
     landed = await landing(far)
     assert landed is not NO_LANDING and landed["page"] == 3
     assert (await checkpoint(db))["page"] == 2  # the runtime's commit of page 2 was lost
