@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -611,13 +612,21 @@ def _land_elsewhere(
     cursor: Any,
     hold: bool,
     now: datetime,
+    failures: Sequence[RecordFailure],
+    ok: int,
 ) -> None:
     """A page's records in their own database (``Records(database=URL)``), with the
-    checkpoint that covers them (:func:`records_store.save_landing`), in one transaction
-    there; a ``hold`` page whose records the database refused keeps the checkpoint."""
+    checkpoint that covers them (:func:`records_store.save_landing`) and what the
+    runtime's commit of the page writes besides (its dead letters and audit counts), in
+    one transaction there; a ``hold`` page whose records the database refused keeps the
+    checkpoint."""
     land(conn, landing, now)
     if cursor is not _KEEP and not (hold and landing.refused):
-        records_store.save_landing(conn, tenant, connector, stream, cursor, now)
+        page = {
+            "ok": ok - len(landing.refused),
+            "failures": [dataclasses.asdict(f) for f in [*failures, *landing.refused]],
+        }
+        records_store.save_landing(conn, tenant, connector, stream, cursor, now, page)
 
 
 async def _landed_checkpoint(
@@ -628,15 +637,32 @@ async def _landed_checkpoint(
     stream: str,
     checkpoint: Any,
     clock: Callable[[], datetime],
-) -> Any:
+) -> tuple[Any, bool]:
     """The checkpoint a cycle of a stream whose records live in another database starts
     from: the one landed there with its rows. When this database's is behind (a crash
-    between the two commits), it is brought up to it first."""
-    landed = await far.run_read(records_store.read_landing, tenant, connector, stream)
+    between the two commits), it is brought up to it first, with the dead letters and
+    audit counts of that page; and whether there were dead letters."""
+    landed, page = await far.run_read(records_store.read_landing_page, tenant, connector, stream)
     if landed is records_store.NO_LANDING or landed == checkpoint:
-        return checkpoint
-    await db.write(save_checkpoint, tenant, connector, stream, landed, clock())
-    return landed
+        return checkpoint, False
+    failures = [RecordFailure(**f) for f in (page or {}).get("failures", ())]
+
+    def catch_up(conn: SyncConn) -> None:
+        # What that page's lost commit wrote: the checkpoint, dead letters, audit counts.
+        now = clock()
+        save_checkpoint(conn, tenant, connector, stream, landed, now)
+        if failures:
+            dead_letter_records(
+                conn, tenant=tenant, connector=connector, kind=record_kind(stream),
+                failures=failures, trace_id=None, job_id=None, resource_key=None, now=now,
+            )  # fmt: skip
+        record_audit_sync(
+            conn, tenant, connector, now, int((page or {}).get("ok", 0)),
+            Counter(f.error_class for f in failures),
+        )  # fmt: skip
+
+    await db.write(catch_up)
+    return landed, bool(failures)
 
 
 def _check_checkpoint(connector: Connector[Any], stream: str, cursor: Any) -> None:
@@ -677,13 +703,16 @@ async def run_cycle(
         start = await db.write(read_cycle_start, tenant, name, stream.name)
     checkpoint = start.checkpoint
     far = records_destination(stream.records) if stream.records is not None else None
+    caught_up = False
     if far is not None:
-        checkpoint = await _landed_checkpoint(db, far, tenant, name, stream.name, checkpoint, clock)
+        checkpoint, caught_up = await _landed_checkpoint(
+            db, far, tenant, name, stream.name, checkpoint, clock
+        )
     # Open dead letters of this stream appear only through its own cycles (one at a time,
     # by its unique key; a cycle that lost its claim commits nothing), so one look at the
     # start, kept true once a page dead-letters a record, tells whether a page has any to
     # resolve: most pages of most streams then skip that statement.
-    open_dead_letters = start.open_dead_letters
+    open_dead_letters = start.open_dead_letters or caught_up
     pages = ok = failed = 0
     held = False
     # A hold stream's page whose records the database refused (known once it committed).
@@ -710,7 +739,7 @@ async def run_cycle(
             # from it (_landed_checkpoint), so no page lands twice or is skipped.
             await far.write(
                 _land_elsewhere, outcome.landing, tenant, name, stream.name, cursor,
-                stream.policy == "hold", clock(),
+                stream.policy == "hold", clock(), outcome.failures, len(outcome.ok_ids),
             )  # fmt: skip
             landed = True
             if outcome.landing.refused and stream.policy == "hold":

@@ -72,6 +72,7 @@ __all__ = [
     "prepare_destination",
     "read_changes",
     "read_landing",
+    "read_landing_page",
     "read_rows",
     "record_landings",
     "recorded_spec",
@@ -346,6 +347,9 @@ record_landings = Table(
     Column("connector", String(200), nullable=False),
     Column("stream", String(200), nullable=False),
     Column("cursor", Text, nullable=False),
+    # What the runtime's commit of that page writes besides the checkpoint (its dead
+    # letters, its audit counts), as JSON: written there again if that commit was lost.
+    Column("page", Text),
     Column("updated_at", UTCDateTime(), nullable=False),
     PrimaryKeyConstraint("tenant", "connector", "stream", name="pk_record_landings"),
 )
@@ -363,11 +367,22 @@ def prepare_destination(conn: Connection) -> None:
 
 
 def save_landing(
-    conn: Connection, tenant: str, connector: str, stream: str, cursor: Any, now: dt.datetime
+    conn: Connection,
+    tenant: str,
+    connector: str,
+    stream: str,
+    cursor: Any,
+    now: dt.datetime,
+    page: Any = None,
 ) -> None:
     """Store ``cursor`` as the stream's landed checkpoint, in the caller's transaction
-    (the one landing the page's rows)."""
-    values = {"cursor": json.dumps(cursor, sort_keys=True), "updated_at": now}
+    (the one landing the page's rows), and ``page``: what the runtime's commit of that
+    page writes besides (JSON; values it cannot encode as text)."""
+    values = {
+        "cursor": json.dumps(cursor, sort_keys=True),
+        "page": None if page is None else json.dumps(page, default=str),
+        "updated_at": now,
+    }
     done = conn.execute(
         record_landings.update()
         .where(record_landings.c.tenant == tenant)
@@ -389,13 +404,23 @@ NO_LANDING: Any = object()
 
 def read_landing(conn: Connection, tenant: str, connector: str, stream: str) -> Any:
     """The stream's landed checkpoint, or :data:`NO_LANDING`."""
+    return read_landing_page(conn, tenant, connector, stream)[0]
+
+
+def read_landing_page(
+    conn: Connection, tenant: str, connector: str, stream: str
+) -> tuple[Any, Any]:
+    """The stream's landed checkpoint (or :data:`NO_LANDING`) and its page's ``page``
+    (:func:`save_landing`; None)."""
     found = conn.execute(
-        select(record_landings.c.cursor)
+        select(record_landings.c.cursor, record_landings.c.page)
         .where(record_landings.c.tenant == tenant)
         .where(record_landings.c.connector == connector)
         .where(record_landings.c.stream == stream)
-    ).scalar()
-    return NO_LANDING if found is None else json.loads(found)
+    ).first()
+    if found is None:
+        return NO_LANDING, None
+    return json.loads(found.cursor), None if found.page is None else json.loads(found.page)
 
 
 # --- change sequences ---------------------------------------------------------------------
