@@ -63,13 +63,14 @@ from synckit.runtime.poll import (
     stream_of_kind,
 )
 from synckit.runtime.records import RecordsReader, land
+from synckit.runtime.records import destination as records_destination
 from synckit.runtime.records import prepare as prepare_landing
 from synckit.runtime.tenants import _COLUMNS, Tenant, _tenant, add_tenant, get_tenant
 from synckit.runtime.worker import Worker
 from synckit.store import checkpoints
 from synckit.store.db import Database, SyncConn, is_driver_error, open_database, savepoint
 from synckit.store.jobs import ClaimedJob
-from synckit.store.records import TableOwner, upgrade_tables
+from synckit.store.records import TableOwner, prepare_destination, upgrade_tables
 
 __all__ = ["App"]
 
@@ -246,6 +247,7 @@ class App:
         owners: dict[str, str] = {}
         for name, cls in sorted(self._connectors.items()):
             for s in cls.declared_streams():
+                far = s.records.database if s.records is not None else None
                 for r in s.records.tables() if s.records is not None else ():
                     here = f"{name}/{s.name}"
                     if r.table in owners:
@@ -254,14 +256,29 @@ class App:
                             f"{here}: give each stream a table of its own"
                         )
                     owners[r.table] = here
-                    out.append(TableOwner(r.spec, name, s.name))
+                    out.append(TableOwner(r.spec, name, s.name, r.database or far))
         return out
 
     async def upgrade_records(self, db: Database) -> list[str]:
         """Create or extend the records tables the App declares (``synckit db upgrade
         --app``); what was done, a line each. Refuses a change it cannot apply with one
         line naming the field and the table (:class:`RecordsSchemaError`)."""
-        return await upgrade_tables(db, self.record_tables(), self.clock())
+        owners = self.record_tables()
+        done = await upgrade_tables(db, [o for o in owners if o.database is None], self.clock())
+        for url in sorted({o.database for o in owners if o.database is not None}):
+            # Tables in another database: created there, beside its own record_tables and
+            # record_landings (synckit.store.records.prepare_destination).
+            far = open_database(url)
+            try:
+                await far.write(prepare_destination)
+                mine = [o for o in owners if o.database == url]
+                done += [
+                    f"{line} in {far.display_url}"
+                    for line in await upgrade_tables(far, mine, self.clock())
+                ]
+            finally:
+                await far.dispose()
+        return done
 
     def records(
         self,
@@ -276,7 +293,8 @@ class App:
             page = await app.records("acme", "messages").changes(since=cursor, limit=100)
 
         ``connector`` is needed only when two connectors have a stream of that name.
-        ``db`` defaults to the App's database (:meth:`database`).
+        ``db`` defaults to the App's database (:meth:`database`); a stream whose
+        ``Records`` name another database is read there.
         """
         found = [
             (name, s)
@@ -293,6 +311,8 @@ class App:
         decl = found[0][1].records
         if decl is None:
             raise ConfigurationError(f"stream {stream!r} declares no records")
+        if decl.database is not None:  # the tables live in another database
+            return RecordsReader(lambda: _destination_of(decl), decl, tenant)
         return RecordsReader(db if db is not None else self.database, decl, tenant)
 
     async def aclose(self) -> None:
@@ -545,7 +565,13 @@ async def _land_one(
         if landing.refused:
             raise landing.refused[0]
 
-    await db.write(tx)
+    await (records_destination(decl) or db).write(tx)
+
+
+async def _destination_of(decl: Records) -> Database:
+    far = records_destination(decl)
+    assert far is not None
+    return far
 
 
 # --- what a poll job reads first -----------------------------------------------------------

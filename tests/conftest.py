@@ -13,7 +13,6 @@ import asyncio
 import compileall
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -21,7 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from services import service_unavailable
+from services import PG_URL, _pg_admin, postgres_problem, service_unavailable
 from sqlalchemy.engine import make_url
 
 from synckit.store import migrate
@@ -56,37 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(tree, quiet=1)
 
 
-PG_URL = os.environ.get("SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 ENGINES = ["sqlite", "postgresql"]
-
-
-def _tcp_reachable(host: str, port: int) -> str | None:
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return None
-    except OSError as exc:
-        return f"{host}:{port}: {exc}"
-
-
-_pg_problem: list[str | None] = []
-
-
-def postgres_problem() -> str | None:
-    """Why PostgreSQL cannot be used, or None (checked once per session)."""
-    if not _pg_problem:
-        url = make_url(PG_URL)
-        _pg_problem.append(_tcp_reachable(url.host or "127.0.0.1", url.port or 5432))
-    return _pg_problem[0]
-
-
-async def _pg_admin(sql: str) -> None:
-    admin = open_database(PG_URL, pool_size=1)
-    try:
-        async with admin.engine.connect() as conn:
-            await conn.exec_driver_sql(sql)
-            await conn.commit()
-    finally:
-        await admin.dispose()
 
 
 @pytest.fixture(params=ENGINES)

@@ -89,6 +89,8 @@ class Records:
     ``updated_at``) that orders a record's versions; a record older than its row (or
     without a version, when the row has one) leaves the row as it is, whatever order
     webhook deliveries and poll pages arrive in.
+    ``database``: the URL of another database (SQLite or PostgreSQL) to keep the tables
+    in, children included (default: synckit's own database).
     """
 
     model: type[BaseModel]
@@ -100,6 +102,9 @@ class Records:
     children: tuple[Records, ...] = ()
     rows: Callable[[Any], Iterable[Any]] | None = None
     version: str | None = None
+    #: Another database (an SQLAlchemy URL, SQLite or PostgreSQL) to create the tables
+    #: in; None: synckit's own. See "Records" in docs/architecture.md for what is atomic.
+    database: str | None = None
     spec: TableSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -121,6 +126,18 @@ class Records:
                 )
             if child.sweep or child.children:
                 raise ConfigurationError(f"{where}: a child table cannot sweep or have children")
+            if child.database is not None:
+                raise ConfigurationError(
+                    f"{where}: a child table lands in its parent's database (drop its database=)"
+                )
+        if self.database is not None and not (
+            isinstance(self.database, str)
+            and self.database.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql")
+        ):
+            raise ConfigurationError(
+                f"{where}: database must be an SQLite or PostgreSQL URL (sqlite:///path, "
+                "postgresql://...)"
+            )
         object.__setattr__(self, "spec", _spec_of(self))
 
     @property

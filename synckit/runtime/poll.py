@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -70,6 +71,7 @@ from synckit.errors.exceptions import (
 from synckit.runtime.instruments import record_records
 from synckit.runtime.logging import redact_text
 from synckit.runtime.records import Landing, land, prepare
+from synckit.runtime.records import destination as records_destination
 from synckit.store import checkpoints, ticks
 from synckit.store import dead_letters as dlq_store
 from synckit.store import records as records_store
@@ -259,6 +261,21 @@ class _PageCommit:
     now: datetime
     #: The page's records for their declared tables (synckit.runtime.records), if any.
     landing: Landing | None = None
+    #: The stream's policy is ``hold``: a record the database refuses as the page lands
+    #: keeps the checkpoint where it was, as a record the model refused would have.
+    hold: bool = False
+    #: The records already landed, in their own database (``Records(database=URL)``).
+    landed: bool = False
+
+
+def _to_land(p: _PageCommit) -> Landing | None:
+    """The records this transaction lands (none when they landed elsewhere)."""
+    return None if p.landed else p.landing
+
+
+def _held_by_landing(p: _PageCommit) -> bool:
+    """Whether a ``hold`` page decides its checkpoint only once its records landed."""
+    return p.hold and _to_land(p) is not None and p.cursor is not _KEEP
 
 
 def _failures_of(p: _PageCommit) -> Sequence[RecordFailure]:
@@ -275,6 +292,17 @@ def _ok_of(p: _PageCommit) -> int:
 def _commit_page(conn: SyncConn, p: _PageCommit) -> bool:
     """The page's one transaction (:meth:`Database.write`); False, with nothing written,
     when the job no longer holds its claim."""
+    if _held_by_landing(p):
+        # The claim first (its row locked on PostgreSQL until the commit), then the
+        # records; the checkpoint advances only if the database refused none of them.
+        if p.job is not None and not checkpoints.holds_claim(conn, p.job.id, p.job.claim_token):
+            return False
+        assert p.landing is not None
+        land(conn, p.landing, p.now)
+        if not p.landing.refused:
+            save_checkpoint(conn, p.tenant, p.connector, p.stream, p.cursor, p.now)
+        _commit_page_rest(conn, p)
+        return True
     if p.job is not None and p.cursor is not _KEEP:
         if not checkpoints.save_checkpoint_held(
             conn,
@@ -291,8 +319,8 @@ def _commit_page(conn: SyncConn, p: _PageCommit) -> bool:
         return False
     elif p.cursor is not _KEEP:
         save_checkpoint(conn, p.tenant, p.connector, p.stream, p.cursor, p.now)
-    if p.landing is not None:
-        land(conn, p.landing, p.now)
+    if (landing := _to_land(p)) is not None:
+        land(conn, landing, p.now)
     _commit_page_rest(conn, p)
     return True
 
@@ -305,9 +333,11 @@ def _commit_pages(conn: SyncConn, pages: list[_PageCommit]) -> list[bool]:
     own, ~12% of a PostgreSQL worker's CPU (``bench.tenants``)."""
     # Records tables' sequences first, in name order (synckit.store.records.lock_seqs).
     records_store.lock_seqs(
-        conn, sorted({t for p in pages if p.landing is not None for t in p.landing.tables})
+        conn, sorted({t for p in pages if (w := _to_land(p)) is not None for t in w.tables})
     )
-    held = [p for p in pages if p.job is not None and p.cursor is not _KEEP]
+    held = [
+        p for p in pages if p.job is not None and p.cursor is not _KEEP and not _held_by_landing(p)
+    ]
     streams = {(p.tenant, p.connector, p.stream) for p in held}
     if len(streams) < len(held):  # one stream twice: an upsert may not touch a row twice
         return [_commit_page(conn, p) for p in pages]
@@ -335,8 +365,8 @@ def _commit_pages(conn: SyncConn, pages: list[_PageCommit]) -> list[bool]:
     for p in pages:
         if id(p) in saved:
             if saved[id(p)]:
-                if p.landing is not None:
-                    land(conn, p.landing, p.now)
+                if (landing := _to_land(p)) is not None:
+                    land(conn, landing, p.now)
                 _commit_page_rest(conn, p, audit=False)
                 _, counts = audits.setdefault(minute_of(p.now), (p.now, []))
                 counts.append(
@@ -584,6 +614,68 @@ def _prepare_landing(
     outcome.landing = landing
 
 
+def _land_elsewhere(
+    conn: SyncConn,
+    landing: Landing,
+    tenant: str,
+    connector: str,
+    stream: str,
+    cursor: Any,
+    hold: bool,
+    now: datetime,
+    failures: Sequence[RecordFailure],
+    ok: int,
+) -> None:
+    """A page's records in their own database (``Records(database=URL)``), with the
+    checkpoint that covers them (:func:`records_store.save_landing`) and what the
+    runtime's commit of the page writes besides (its dead letters and audit counts), in
+    one transaction there; a ``hold`` page whose records the database refused keeps the
+    checkpoint."""
+    land(conn, landing, now)
+    if cursor is not _KEEP and not (hold and landing.refused):
+        page = {
+            "ok": ok - len(landing.refused),
+            "failures": [dataclasses.asdict(f) for f in [*failures, *landing.refused]],
+        }
+        records_store.save_landing(conn, tenant, connector, stream, cursor, now, page)
+
+
+async def _landed_checkpoint(
+    db: Database,
+    far: Database,
+    tenant: str,
+    connector: str,
+    stream: str,
+    checkpoint: Any,
+    clock: Callable[[], datetime],
+) -> tuple[Any, bool]:
+    """The checkpoint a cycle of a stream whose records live in another database starts
+    from: the one landed there with its rows. When this database's is behind (a crash
+    between the two commits), it is brought up to it first, with the dead letters and
+    audit counts of that page; and whether there were dead letters."""
+    landed, page = await far.run_read(records_store.read_landing_page, tenant, connector, stream)
+    if landed is records_store.NO_LANDING or landed == checkpoint:
+        return checkpoint, False
+    failures = [RecordFailure(**f) for f in (page or {}).get("failures", ())]
+
+    def catch_up(conn: SyncConn) -> None:
+        # What that page's lost commit wrote: the checkpoint, dead letters, audit counts.
+        now = clock()
+        save_checkpoint(conn, tenant, connector, stream, landed, now)
+        if failures:
+            dead_letter_records(
+                conn, tenant=tenant, connector=connector, kind=record_kind(stream),
+                failures=failures, trace_id=None, job_id=None, resource_key=None, now=now,
+            )  # fmt: skip
+        record_audit_sync(
+            conn, tenant, connector, now, int((page or {}).get("ok", 0)),
+            Counter(f.error_class for f in failures),
+        )  # fmt: skip
+
+    await db.write(catch_up)
+    return landed, bool(failures)
+
+
 def _check_checkpoint(connector: Connector[Any], stream: str, cursor: Any) -> None:
     try:
         json.dumps(cursor, allow_nan=False)
@@ -651,13 +743,21 @@ async def _run_cycle(
     if start is None:
         start = await db.write(read_cycle_start, tenant, name, stream.name)
     checkpoint = start.checkpoint
+    far = records_destination(stream.records) if stream.records is not None else None
+    caught_up = False
+    if far is not None:
+        checkpoint, caught_up = await _landed_checkpoint(
+            db, far, tenant, name, stream.name, checkpoint, clock
+        )
     # Open dead letters of this stream appear only through its own cycles (one at a time,
     # by its unique key; a cycle that lost its claim commits nothing), so one look at the
     # start, kept true once a page dead-letters a record, tells whether a page has any to
     # resolve: most pages of most streams then skip that statement.
-    open_dead_letters = start.open_dead_letters
+    open_dead_letters = start.open_dead_letters or caught_up
     pages = ok = failed = 0
     held = False
+    # A hold stream's page whose records the database refused (known once it committed).
+    held_by_db = False
     source = connector.poll(ctx, checkpoint)
     if not hasattr(source, "__anext__"):
         raise ConfigurationError(
@@ -684,7 +784,19 @@ async def _run_cycle(
             )
 
     async def _commit(outcome: _PageOutcome, cursor: Any, advance: bool) -> None:
-        nonlocal open_dead_letters, pages, ok, failed, checkpoint
+        landed = False
+        if far is not None and outcome.landing is not None:
+            # Records in another database: their transaction there, with the checkpoint
+            # that covers them, commits first; then this database's (checkpoint, dead
+            # letters, audit). A crash between leaves that one ahead: the next cycle starts
+            # from it (_landed_checkpoint), so no page lands twice or is skipped.
+            await far.write(
+                _land_elsewhere, outcome.landing, tenant, name, stream.name, cursor,
+                stream.policy == "hold", clock(), outcome.failures, len(outcome.ok_ids),
+            )  # fmt: skip
+            landed = True
+            if outcome.landing.refused and stream.policy == "hold":
+                cursor, advance = _KEEP, False
         failed_ids = {f.record_id for f in outcome.failures}
         # A record twice in one page that failed once stays failed.
         succeeded = [rid for rid in outcome.ok_ids if rid not in failed_ids]
@@ -705,13 +817,15 @@ async def _run_cycle(
             else tracing.NULL
         )
         with capture:
-            committed = await _write(outcome, cursor, succeeded)
+            committed = await _write(outcome, cursor, succeeded, landed)
         if not committed:
             assert job is not None
             raise Cancel(f"poll job {job.id} lost its claim; the page is not committed")
         _counted(outcome, cursor, advance)
 
-    async def _write(outcome: _PageOutcome, cursor: Any, succeeded: list[str]) -> bool:
+    async def _write(
+        outcome: _PageOutcome, cursor: Any, succeeded: list[str], landed: bool
+    ) -> bool:
         return await db.write_grouped(
             _commit_page,
             _PageCommit(
@@ -729,6 +843,8 @@ async def _run_cycle(
                 resource_key=ctx.resource_key,
                 now=clock(),
                 landing=outcome.landing,
+                hold=stream.policy == "hold",
+                landed=landed,
             ),
             # Every group locks the tenants' audit buckets in one order.
             order=(tenant, name),
@@ -736,13 +852,16 @@ async def _run_cycle(
         )
 
     def _counted(outcome: _PageOutcome, cursor: Any, advance: bool) -> None:
-        nonlocal open_dead_letters, pages, ok, failed, checkpoint
+        nonlocal open_dead_letters, pages, ok, failed, checkpoint, held_by_db
         if outcome.landing is not None and outcome.landing.refused:
             # Records the database refused as the page landed: dead letters now too.
             refused = outcome.landing.refused
             outcome.failures.extend(refused)
             gone = {f.record_id for f in refused}
             outcome.ok_ids = [rid for rid in outcome.ok_ids if rid not in gone]
+            if stream.policy == "hold":  # the checkpoint stayed (_commit_page)
+                cursor, advance = _KEEP, False
+                held_by_db = True
         open_dead_letters = open_dead_letters or bool(outcome.failures)
         pages += 1
         if progressed is not None:
@@ -801,6 +920,9 @@ async def _run_cycle(
             if committing is not None:
                 done, committing = committing, None
                 await done
+            if held_by_db:
+                held = True
+                break
             if not isinstance(page, Page):
                 raise ConfigurationError(
                     f"connector {name!r}: poll() yielded {type(page).__name__}, not a Page"
@@ -826,6 +948,7 @@ async def _run_cycle(
         if committing is not None:
             done, committing = committing, None
             await done
+        held = held or held_by_db
     except asyncio.CancelledError:
         if committing is not None:
             committing.cancel()  # a cancelled cycle commits nothing more

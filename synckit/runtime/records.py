@@ -17,9 +17,10 @@ and changes since a cursor.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import operator
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,13 +37,14 @@ from synckit.connectors.records import (
 )
 from synckit.errors.exceptions import ConfigurationError, PermanentError
 from synckit.store import records as store
-from synckit.store.db import Database, SyncConn, savepoint
+from synckit.store.db import Database, SyncConn, open_database, savepoint
 
 __all__ = [
     "Change",
     "Changes",
     "Landing",
     "RecordsReader",
+    "destination",
     "land",
     "prepare",
 ]
@@ -254,47 +256,82 @@ def prepare(
     return landing, failures, failed
 
 
+# --- another database ------------------------------------------------------------------------
+
+_DESTINATIONS: dict[str, tuple[asyncio.AbstractEventLoop, Database]] = {}
+
+
+def destination(decl: Records) -> Database | None:
+    """The database ``decl``'s tables live in when it is not synckit's own
+    (``Records(database=URL)``): one engine per URL and event loop, opened on first use."""
+    if decl.database is None:
+        return None
+    loop = asyncio.get_running_loop()
+    found = _DESTINATIONS.get(decl.database)
+    if found is None or found[0] is not loop:
+        found = (loop, open_database(decl.database))
+        _DESTINATIONS[decl.database] = found
+    return found[1]
+
+
 # --- in the page's transaction -------------------------------------------------------------
 
 
-def _refused(landing: Landing, batch: _Batch, errors: Mapping[int, BaseException]) -> None:
-    for i, exc in errors.items():
-        owner = batch.owners[i]
-        if owner in landing.refused_owners:
-            continue
-        landing.refused_owners.add(owner)
-        line = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        reason = line[0][:500] if line else type(exc).__name__
-        err = PermanentError(f"the database refused the record ({batch.spec.table}): {reason}")
-        landing.refused.append(landing.failure_of(landing.raws[owner], err))
-
-
-def _upsert(conn: SyncConn, landing: Landing, batch: _Batch, now: dt.datetime, base: int) -> None:
-    sql = store.table_sql(batch.spec, conn.dialect.name == "postgresql")
-    keep = [i for i, o in enumerate(batch.owners) if o not in landing.refused_owners]
-    rows = batch.rows if len(keep) == len(batch.rows) else [batch.rows[i] for i in keep]
-    owners = batch.owners if len(keep) == len(batch.rows) else [batch.owners[i] for i in keep]
-    parents: list[str] | None = None
-    if batch.spec.child:
-        parents = (
-            batch.parents if len(keep) == len(batch.rows) else [batch.parents[i] for i in keep]
-        )
-    if not rows:
+def _refuse(landing: Landing, owner: int, table: str, exc: BaseException) -> None:
+    if owner in landing.refused_owners:
         return
+    landing.refused_owners.add(owner)
+    line = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    reason = line[0][:500] if line else type(exc).__name__
+    err = PermanentError(f"the database refused the record ({table}): {reason}")
+    landing.refused.append(landing.failure_of(landing.raws[owner], err))
+
+
+def _upsert_all(
+    conn: SyncConn, landing: Landing, parts: Sequence[tuple[_Batch, int]], now: dt.datetime
+) -> None:
+    """Merge the rows of every table of the page (``parts``: each batch, and the first of
+    its seqs): one statement per table, all in one savepoint. When the database refuses
+    a row, that is rolled back and each record lands alone, in its own savepoint, with
+    its child rows: a record and its children land together or fail together."""
+    postgres = conn.dialect.name == "postgresql"
+    sqls = [store.table_sql(batch.spec, postgres) for batch, _ in parts]
     try:
+        changed = 0
         with savepoint(conn):
-            landing.changed += sql.upsert(
-                conn, landing.tenant, rows, base=base, now=now, sync=landing.sync, parents=parents
-            )
+            for sql, (batch, base) in zip(sqls, parts, strict=True):
+                changed += sql.upsert(
+                    conn, landing.tenant, batch.rows, base=base, now=now, sync=landing.sync,
+                    parents=batch.parents if batch.spec.child else None,
+                )  # fmt: skip
+        landing.changed += changed
         return
     except Exception as exc:
         if not store.is_record_error(conn, exc):
             raise
-    changed, errors = sql.upsert_each(
-        conn, landing.tenant, rows, base=base, now=now, sync=landing.sync, parents=parents
-    )
-    landing.changed += changed
-    _refused(landing, _Batch(batch.spec, rows, [], owners), errors)
+    # One record at a time: its rows in every table (by the record they came from).
+    by_owner: dict[int, list[tuple[int, int]]] = {}
+    for t, (batch, _) in enumerate(parts):
+        for i, owner in enumerate(batch.owners):
+            by_owner.setdefault(owner, []).append((t, i))
+    for owner, places in by_owner.items():
+        changed = 0
+        at = 0
+        try:
+            with savepoint(conn):
+                for at, i in places:
+                    batch, base = parts[at]
+                    changed += sqls[at].upsert_row(
+                        conn, landing.tenant, batch.rows[i], seq=base + i, now=now,
+                        sync=landing.sync,
+                        parent=batch.parents[i] if batch.spec.child else None,
+                    )  # fmt: skip
+        except Exception as exc:
+            if not store.is_record_error(conn, exc):
+                raise
+            _refuse(landing, owner, parts[at][0].spec.table, exc)
+            continue
+        landing.changed += changed
 
 
 def land(conn: SyncConn, landing: Landing, now: dt.datetime) -> None:
@@ -309,11 +346,26 @@ def land(conn: SyncConn, landing: Landing, now: dt.datetime) -> None:
         store.lock_seqs(conn, landing.tables)
     psql = store.table_sql(parent.spec, postgres)
     n = len(parent.rows) + len(parent.deletes)
-    if n:
-        base = store.take_seqs(conn, parent.spec.table, n)
-        _upsert(conn, landing, parent, now, base)
+    pbase = store.take_seqs(conn, parent.spec.table, n) if n else 0
+    parts: list[tuple[_Batch, int]] = [(parent, pbase)]
+    # Child rows of the replaced parents that this page does not land again: deleted,
+    # unless their parent is refused (it keeps its rows as they were).
+    stale: list[list[tuple[tuple[Any, ...], str]]] = []
+    for batch in children:
+        csql = store.table_sql(batch.spec, postgres)
+        landed = set(batch.keys)
+        gone = [
+            (k, p)
+            for k, p in csql.children(conn, landing.tenant, batch.replaced)
+            if k not in landed
+        ]
+        n = len(batch.rows) + len(gone)
+        parts.append((batch, store.take_seqs(conn, batch.spec.table, n) if n else 0))
+        stale.append(gone)
+    _upsert_all(conn, landing, [(b, base) for b, base in parts if b.rows], now)
+    if parent.deletes:
         landing.changed += psql.delete(
-            conn, landing.tenant, parent.deletes, base=base + len(parent.rows), now=now
+            conn, landing.tenant, parent.deletes, base=pbase + len(parent.rows), now=now
         )
     swept: list[tuple[Any, ...]] = []
     if landing.sync is not None:
@@ -330,29 +382,23 @@ def land(conn: SyncConn, landing: Landing, now: dt.datetime) -> None:
             if swept:
                 base = store.take_seqs(conn, parent.spec.table, len(swept))
                 landing.changed += psql.delete(conn, landing.tenant, swept, base=base, now=now)
-    for batch in children:
+    refused_parents = {
+        key_text(parent.keys[i]) for i, o in enumerate(parent.owners) if o in landing.refused_owners
+    }
+    for (batch, base), gone in zip(parts[1:], stale, strict=True):
         csql = store.table_sql(batch.spec, postgres)
-        replaced = [*batch.replaced, *(key_text(k) for k in swept)]
-        ok_rows = [i for i, o in enumerate(batch.owners) if o not in landing.refused_owners]
-        landed = {batch.keys[i] for i in ok_rows}
-        refused_parents = {
-            key_text(parent.keys[i])
-            for i, o in enumerate(parent.owners)
-            if o in landing.refused_owners
-        }
-        stale = [
-            k
-            for k, p in csql.children(conn, landing.tenant, replaced)
-            if k not in landed and p not in refused_parents
-        ]
-        n = len(ok_rows) + len(stale)
-        if not n:
-            continue
-        base = store.take_seqs(conn, batch.spec.table, n)
-        _upsert(conn, landing, batch, now, base)
-        landing.changed += csql.delete(
-            conn, landing.tenant, stale, base=base + len(ok_rows), now=now
-        )
+        keys = [k for k, p in gone if p not in refused_parents]
+        if keys:
+            landing.changed += csql.delete(
+                conn, landing.tenant, keys, base=base + len(batch.rows), now=now
+            )
+        if swept:
+            orphans = [
+                k for k, _ in csql.children(conn, landing.tenant, [key_text(k) for k in swept])
+            ]
+            if orphans:
+                more = store.take_seqs(conn, batch.spec.table, len(orphans))
+                landing.changed += csql.delete(conn, landing.tenant, orphans, base=more, now=now)
     if landing.changed and postgres:
         store.notify_changes(conn, landing.tenant, landing.stream)
 

@@ -54,11 +54,12 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from synckit.errors.exceptions import RecordsSchemaError
-from synckit.store.db import Database, savepoint
+from synckit.store.db import Database
 from synckit.store.tables import JSONType, UTCDateTime, record_tables
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "NO_LANDING",
     "StoredRow",
     "TableOwner",
     "TableSql",
@@ -67,10 +68,15 @@ __all__ = [
     "lock_seqs",
     "notify_changes",
     "plan_upgrade",
+    "prepare_destination",
     "read_changes",
+    "read_landing",
+    "read_landing_page",
     "read_rows",
+    "record_landings",
     "recorded_spec",
     "recorded_specs",
+    "save_landing",
     "table_sql",
     "take_seqs",
     "upgrade_tables",
@@ -125,6 +131,8 @@ class TableOwner:
     spec: TableSpec
     connector: str
     stream: str
+    #: the URL of the database it lives in, when not synckit's own
+    database: str | None = None
 
 
 # --- the schema plan (a pure decision) ------------------------------------------------
@@ -323,6 +331,95 @@ async def recorded_specs(db: Database) -> dict[str, Any]:
         return {r.name: r for r in rows}
 
 
+# --- a destination database (records tables in another database) -----------------------
+
+#: In a destination database (``Records(database=URL)``): each stream's checkpoint as of
+#: the rows landed there, written in the same transaction as those rows. The runtime's
+#: own checkpoint is written after, in its database; a crash between the two leaves this
+#: one ahead, and the next cycle starts from it (``poll.run_cycle``).
+record_landings = Table(
+    "record_landings",
+    MetaData(),
+    Column("tenant", String(200), nullable=False),
+    Column("connector", String(200), nullable=False),
+    Column("stream", String(200), nullable=False),
+    Column("cursor", Text, nullable=False),
+    # What the runtime's commit of that page writes besides the checkpoint (its dead
+    # letters, its audit counts), as JSON: written there again if that commit was lost.
+    Column("page", Text),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    PrimaryKeyConstraint("tenant", "connector", "stream", name="pk_record_landings"),
+)
+
+
+def prepare_destination(conn: Connection) -> None:
+    """Create, in a destination database, the tables synckit keeps there beside the
+    records tables: ``record_tables`` (their columns, their change sequences) and
+    :data:`record_landings`. Idempotent; under the schema lock."""
+    from synckit.store.migrate import lock_schema  # (Alembic: only for this)
+
+    lock_schema(conn)
+    record_tables.create(conn, checkfirst=True)
+    record_landings.create(conn, checkfirst=True)
+
+
+def save_landing(
+    conn: Connection,
+    tenant: str,
+    connector: str,
+    stream: str,
+    cursor: Any,
+    now: dt.datetime,
+    page: Any = None,
+) -> None:
+    """Store ``cursor`` as the stream's landed checkpoint, in the caller's transaction
+    (the one landing the page's rows), and ``page``: what the runtime's commit of that
+    page writes besides (JSON; values it cannot encode as text)."""
+    values = {
+        "cursor": json.dumps(cursor, sort_keys=True),
+        "page": None if page is None else json.dumps(page, default=str),
+        "updated_at": now,
+    }
+    done = conn.execute(
+        record_landings.update()
+        .where(record_landings.c.tenant == tenant)
+        .where(record_landings.c.connector == connector)
+        .where(record_landings.c.stream == stream)
+        .values(**values)
+    )
+    if not done.rowcount:
+        conn.execute(
+            record_landings.insert().values(
+                tenant=tenant, connector=connector, stream=stream, **values
+            )
+        )
+
+
+#: :func:`read_landing` of a stream that has landed no checkpoint.
+NO_LANDING: Any = object()
+
+
+def read_landing(conn: Connection, tenant: str, connector: str, stream: str) -> Any:
+    """The stream's landed checkpoint, or :data:`NO_LANDING`."""
+    return read_landing_page(conn, tenant, connector, stream)[0]
+
+
+def read_landing_page(
+    conn: Connection, tenant: str, connector: str, stream: str
+) -> tuple[Any, Any]:
+    """The stream's landed checkpoint (or :data:`NO_LANDING`) and its page's ``page``
+    (:func:`save_landing`; None)."""
+    found = conn.execute(
+        select(record_landings.c.cursor, record_landings.c.page)
+        .where(record_landings.c.tenant == tenant)
+        .where(record_landings.c.connector == connector)
+        .where(record_landings.c.stream == stream)
+    ).first()
+    if found is None:
+        return NO_LANDING, None
+    return json.loads(found.cursor), None if found.page is None else json.loads(found.page)
+
+
 # --- change sequences ---------------------------------------------------------------------
 
 _TAKE = text(
@@ -431,10 +528,12 @@ class TableSql:
                 [":tenant", *picks, ":now", ":base + v.n", ":base + v.n", ":sync"]
                 + (["v.parent"] if spec.child else [])
             )
+            # The rows whose data changed took one of this statement's seqs (> :base);
+            # the others were only marked seen by a full sync (``_sync``): not a change.
             self.upsert_many = text(
-                f"INSERT INTO {t} AS r ({', '.join(all_cols)}) SELECT {values}"
+                f"WITH u AS (INSERT INTO {t} AS r ({', '.join(all_cols)}) SELECT {values}"
                 f" FROM unnest({', '.join(arrays)}) WITH ORDINALITY AS v({', '.join(names)}, n)"
-                f"{tail}"
+                f"{tail} RETURNING r._seq) SELECT count(*) FROM u WHERE _seq > :base"
             )
             one_values = ", ".join(
                 [":tenant"]
@@ -448,7 +547,8 @@ class TableSql:
                 + (["CAST(:parents AS text)"] if spec.child else [])
             )
             self.upsert_one = text(
-                f"INSERT INTO {t} AS r ({', '.join(all_cols)}) VALUES ({one_values}){tail}"
+                f"WITH u AS (INSERT INTO {t} AS r ({', '.join(all_cols)}) VALUES ({one_values})"
+                f"{tail} RETURNING r._seq) SELECT count(*) FROM u WHERE _seq >= :base"
             )
             kcols = ", ".join(
                 f"CAST(:k{i} AS {_PG_ARRAY[_kind(spec, k)]}[])" for i, k in enumerate(keys)
@@ -482,6 +582,9 @@ class TableSql:
                 f" WHERE tenant = ? AND {match} AND _deleted_at IS NULL"
             )
             self.touch_sqlite = f"UPDATE {t} SET _sync = ? WHERE tenant = ? AND {match}"
+            self.seqs_sqlite = (
+                f"SELECT count(*) FROM {t} WHERE tenant = ? AND _seq >= ? AND _seq < ?"
+            )
             self.children_sqlite = (
                 f"SELECT {', '.join(keys)}, _parent FROM {t} WHERE tenant = ?"
                 " AND _parent IN (SELECT value FROM json_each(?)) AND _deleted_at IS NULL"
@@ -512,7 +615,8 @@ class TableSql:
     ) -> int:
         """Merge ``rows`` (column values, in ``spec.columns`` order; no key twice), the
         i-th with ``_seq`` ``base + i``: one statement. Raises what the database raises
-        for any row (the caller then lands them one by one). How many rows changed."""
+        for any row (the caller then lands them one by one). How many rows changed (a row
+        a full sync only marked seen did not)."""
         if not rows:
             return 0
         if self.postgres:
@@ -522,7 +626,7 @@ class TableSql:
             params.update(tenant=tenant, now=now, base=base - 1, sync=sync)
             if self.spec.child:
                 params["parents"] = list(parents or ())
-            return int(conn.execute(self.upsert_many, params).rowcount or 0)
+            return int(conn.execute(self.upsert_many, params).scalar() or 0)
         stamp = _sqlite_ts(now)
         extra = self.spec.child
         batch = [
@@ -530,42 +634,37 @@ class TableSql:
             + ([parents[i]] if extra and parents is not None else [])
             for i, r in enumerate(rows)
         ]
-        return _executemany(conn, self.upsert_sqlite, batch)
+        touched = _executemany(conn, self.upsert_sqlite, batch)
+        if sync is None or not touched:  # no full sync: every row it touched changed
+            return touched
+        # A full sync also marks unchanged rows seen (``_sync``): only those that took one
+        # of this batch's seqs changed (index ``(tenant, _seq)``).
+        args = (tenant, base, base + len(rows))
+        return int(_raw(conn).execute(self.seqs_sqlite, args).fetchone()[0])
 
-    def upsert_each(
+    def upsert_row(
         self,
         conn: Connection,
         tenant: str,
-        rows: Sequence[tuple[Any, ...]],
+        row: tuple[Any, ...],
         *,
-        base: int,
+        seq: int,
         now: dt.datetime,
         sync: str | None,
-        parents: Sequence[str] | None = None,
-    ) -> tuple[int, dict[int, BaseException]]:
-        """:meth:`upsert` row by row, each in a savepoint: the rows the database refuses
-        fail alone. How many changed, and the refused rows' errors by index."""
-        errors: dict[int, BaseException] = {}
-        changed = 0
-        for i, r in enumerate(rows):
-            try:
-                with savepoint(conn):
-                    if self.postgres:
-                        params: dict[str, Any] = {f"c{j}": v for j, v in enumerate(r)}
-                        params.update(tenant=tenant, now=now, base=base + i, sync=sync)
-                        if self.spec.child:
-                            params["parents"] = parents[i] if parents else None
-                        changed += int(conn.execute(self.upsert_one, params).rowcount or 0)
-                    else:
-                        changed += self.upsert(
-                            conn, tenant, [r], base=base + i, now=now, sync=sync,
-                            parents=[parents[i]] if parents else None,
-                        )  # fmt: skip
-            except Exception as exc:
-                if not is_record_error(conn, exc):
-                    raise
-                errors[i] = exc
-        return changed, errors
+        parent: str | None = None,
+    ) -> int:
+        """Merge one row with ``_seq`` ``seq`` (the caller holds a savepoint: the database
+        may refuse it); 1 if it changed."""
+        if self.postgres:
+            params: dict[str, Any] = {f"c{j}": v for j, v in enumerate(row)}
+            params.update(tenant=tenant, now=now, base=seq, sync=sync)
+            if self.spec.child:
+                params["parents"] = parent
+            return int(conn.execute(self.upsert_one, params).scalar() or 0)
+        return self.upsert(
+            conn, tenant, [row], base=seq, now=now, sync=sync,
+            parents=[parent] if self.spec.child and parent is not None else None,
+        )  # fmt: skip
 
     def delete(
         self,

@@ -174,3 +174,13 @@ def wait_for(predicate: Any, budget: float = 120.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached within the budget")
         time.sleep(0.05)
+
+
+def far_app(url: str) -> App:
+    """The shop, its orders and lines in another database (``Records(database=url)``)."""
+    import dataclasses
+
+    class FarShop(Shop):
+        streams = (Stream("orders", records=dataclasses.replace(ORDERS, database=url)),)
+
+    return App([FarShop])
