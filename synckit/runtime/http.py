@@ -94,6 +94,19 @@ MAX_INLINE_RETRIES = 3
 REFRESH_SECONDS = 0.5
 #: ``request.extensions`` key holding when the request left (after its pacing wait).
 SENT_AT = "synckit.sent_at"
+#: Set by :class:`SyncClient` on the requests it sends (a :class:`_Hold`): a refusal
+#: answered to one holds the process's other requests to the resource until the client
+#: has recorded it.
+HOLD_REFUSALS = "synckit.hold_refusals"
+
+
+@dataclasses.dataclass(slots=True)
+class _Hold:
+    """Whether a request's refusal holds its pacer (one per send, shared by resends)."""
+
+    held: bool = False
+
+
 #: The window (seconds) in which a process counts the successes a learnt rate starts
 #: from: one second, the window most undeclared limits count in.
 ACCEPTED_WINDOW = 1.0
@@ -582,6 +595,30 @@ class Pacer:
                 "resource.deferred", resource_key=self.resource_key, until=until, reason=reason
             )
 
+    def hold(self, hold: _Hold) -> None:
+        """Hold this process's requests to the resource (as :meth:`record_rate_limit`
+        does while it records) until :meth:`release` with the same ``hold``."""
+        if hold.held:
+            return
+        hold.held = True
+        self.state.recording += 1
+        self.state.recorded.clear()
+
+    def release(self, hold: _Hold) -> None:
+        """End :meth:`hold`, if ``hold`` holds."""
+        if not hold.held:
+            return
+        hold.held = False
+        st = self.state
+        st.recording -= 1
+        if not st.recording:
+            st.recorded.set()
+
+    def paced_since_passed(self) -> bool:
+        """Whether a request that passed :meth:`before_request` must pass it again: a
+        refusal is being recorded, or the resource is paced now."""
+        return bool(self.state.recording) or self._paced_meanwhile()
+
     async def record_rate_limit(
         self, c: Classification, sent_at: datetime | None, policy: PacePolicy
     ) -> datetime | None:
@@ -715,9 +752,15 @@ class PacedTransport(httpx.AsyncBaseTransport):
         self.before_send = before_send
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        request.extensions[RATE_BOUND] = await self.pacer.before_request()
-        if self.before_send is not None:
+        while True:
+            request.extensions[RATE_BOUND] = await self.pacer.before_request()
+            if self.before_send is None:
+                break
             await self.before_send(request)
+            # The credential may have taken a while (a token refresh): a refusal answered
+            # meanwhile paces this request too, as it would have before the pacing.
+            if not self.pacer.paced_since_passed():
+                break
         state = self.pacer.state
         request.extensions[SENT_AT] = self.pacer.clock()
         sent_mono = time.monotonic()
@@ -731,6 +774,14 @@ class PacedTransport(httpx.AsyncBaseTransport):
             state.in_flight -= 1
             if self.connector is not None:
                 record_api_latency(self.connector, status, time.perf_counter() - started)
+        hold = request.extensions.get(HOLD_REFUSALS)
+        if isinstance(hold, _Hold) and (
+            response.status_code == 429 or "retry-after" in response.headers
+        ):
+            # A refusal: until the client has read, classified and recorded it, this
+            # process's other requests to the resource wait (reading its body yields to
+            # them, and one let through would not see the pace). The client releases it.
+            self.pacer.hold(hold)
         try:
             await self.pacer.after_response(
                 response,
@@ -739,6 +790,8 @@ class PacedTransport(httpx.AsyncBaseTransport):
                 rate_bound=request.extensions[RATE_BOUND],
             )
         except BaseException:
+            if isinstance(hold, _Hold):
+                self.pacer.release(hold)
             await response.aclose()
             raise
         return response
@@ -867,16 +920,21 @@ class SyncClient(OneParseClient):
         waiter = self.pacer.waiter
         started = waiter.mark()
         retries = 0
+        hold = request.extensions[HOLD_REFUSALS] = _Hold()
         while True:
             # One span per request sent (a resend is a span of its own), as the HTTP
             # client conventions have it; nothing at all when tracing is off.
-            with tracing.http_span(request, retries) as span:
-                response, c = await self._send_once(request, **kwargs)
-                if span is not None:
-                    tracing.http_response(span, response.status_code, c)
-                if c is None:
-                    return response
-                wait = await self._resend_wait(request, response, c, started, retries, span)
+            try:
+                with tracing.http_span(request, retries) as span:
+                    response, c = await self._send_once(request, **kwargs)
+                    if span is not None:
+                        tracing.http_response(span, response.status_code, c)
+                    if c is None:
+                        return response
+                    wait = await self._resend_wait(request, response, c, started, retries, span)
+            finally:
+                # The refusal is recorded (or was not one): the process's requests go on.
+                self.pacer.release(hold)
             retries += 1
             if wait > 0:
                 await waiter.sleep(wait)
