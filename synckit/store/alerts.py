@@ -30,6 +30,7 @@ from typing import Any
 
 import structlog
 from sqlalchemy import (
+    ARRAY,
     any_,
     bindparam,
     case,
@@ -40,16 +41,13 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
 from synckit.store.jobs import guarded_moment, read_moment, read_payload
 from synckit.store.leases import RELEASED, Lease, claim, fenced, free, new_lease
 from synckit.store.tables import alerts as alerts_table
-from synckit.store.tables import checkpoints, connections, dead_letters, jobs
+from synckit.store.tables import checkpoints, connections, dead_letters, dialect_insert, jobs
 
 log = structlog.get_logger("synckit.alerts")
 
@@ -438,8 +436,7 @@ async def claim_deliveries(
 
 def _insert_new(conn: AsyncConnection) -> Any:
     """An INSERT into ``alerts`` that passes over a key already recorded."""
-    dialect_insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    return dialect_insert(alerts_table).on_conflict_do_nothing(
+    return dialect_insert(conn)(alerts_table).on_conflict_do_nothing(
         index_elements=[alerts_table.c.dedupe_key]
     )
 

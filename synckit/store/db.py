@@ -1091,6 +1091,10 @@ def open_database(
         ) from exc
     if engine.dialect.name == "postgresql":
         _install_pg_session(engine)
+        # The partial indexes' PostgreSQL predicates, set once the dialect is in use.
+        from synckit.store.tables import postgresql_partial_indexes
+
+        postgresql_partial_indexes()
     if engine.dialect.name == "sqlite":
         _install_sqlite_pragmas(engine)
         sync_url = parsed.set(drivername="sqlite+pysqlite")

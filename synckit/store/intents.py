@@ -15,14 +15,13 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.errors.exceptions import SynckitError
 from synckit.store import leases
 from synckit.store.db import Database
 from synckit.store.leases import Lease
-from synckit.store.tables import intents
+from synckit.store.tables import dialect_insert, intents
 
 __all__ = ["IntentRow", "claim", "finish", "release"]
 
@@ -85,7 +84,7 @@ async def claim(
     (another fingerprint, already done, or the lease that holds it).
     """
     async with db.begin() as conn:
-        insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+        insert = dialect_insert(conn)
         await conn.execute(
             insert(intents)
             .values(

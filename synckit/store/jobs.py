@@ -36,6 +36,7 @@ from typing import Any, Literal, Protocol
 
 import structlog
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
     Integer,
     Row,
@@ -55,7 +56,7 @@ from sqlalchemy import (
     type_coerce,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -82,7 +83,7 @@ from synckit.store.pages import (
     paged,
     scan_window,
 )
-from synckit.store.tables import UTCDateTime, connections, jobs, resources
+from synckit.store.tables import UTCDateTime, connections, dialect_insert, jobs, resources
 from synckit.tracing import current_traceparent, trace_id_of
 
 JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
@@ -362,7 +363,7 @@ def _earliest(rows: Iterable[Mapping[str, Any]]) -> dict[str, datetime]:
 
 
 def _insert(conn: AsyncConnection | Connection) -> Any:
-    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    return dialect_insert(conn)
 
 
 _INSERT_ONE: Any = insert(jobs).returning(jobs.c.id)
@@ -1432,7 +1433,7 @@ _COMPLETE_SQLITE: Any = _complete_statement(
     jobs.c.id.in_(select(literal_column("value")).select_from(func.json_each(bindparam("ids"))))
 )
 _COMPLETE_PG: Any = _complete_statement(
-    jobs.c.id == func.any(bindparam("ids", type_=postgresql.ARRAY(BigInteger)))
+    jobs.c.id == func.any(bindparam("ids", type_=ARRAY(BigInteger)))
 )
 
 
@@ -1460,9 +1461,7 @@ def _start_statement(ids_match: Any) -> Any:
 _START_SQLITE: Any = _start_statement(
     jobs.c.id.in_(select(literal_column("value")).select_from(func.json_each(bindparam("ids"))))
 )
-_START_PG: Any = _start_statement(
-    jobs.c.id == func.any(bindparam("ids", type_=postgresql.ARRAY(BigInteger)))
-)
+_START_PG: Any = _start_statement(jobs.c.id == func.any(bindparam("ids", type_=ARRAY(BigInteger))))
 
 
 def start_many_sync(

@@ -33,7 +33,6 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection as SyncConnection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
@@ -50,7 +49,7 @@ from synckit.store import leases, notify
 from synckit.store.db import Database
 from synckit.store.jobs import guarded_columns, json_holds_nul, read_moment, read_payload
 from synckit.store.leases import Lease
-from synckit.store.tables import dead_letters, outbox
+from synckit.store.tables import dead_letters, dialect_insert, outbox
 from synckit.tracing import current_traceparent
 
 __all__ = [
@@ -183,7 +182,7 @@ def _new_row(m: NewMessage, now: datetime) -> dict[str, Any]:
 
 
 def _insert(conn: AsyncConnection | SyncConnection) -> Any:
-    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    return dialect_insert(conn)
 
 
 async def _connection(target: AsyncConnection | AsyncSession) -> AsyncConnection:

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Column, Text, bindparam, func, literal_column, or_, select, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import ARRAY, Column, Text, bindparam, func, literal_column, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 

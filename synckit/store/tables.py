@@ -30,7 +30,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.types import TypeDecorator
 
 NAMING_CONVENTION = {
@@ -94,7 +94,50 @@ class UTCDateTime(TypeDecorator[datetime]):
         return process
 
 
-JSONType = JSON().with_variant(JSONB(), "postgresql")
+class _JSONOrJSONB(TypeDecorator[Any]):
+    """``JSON`` everywhere, ``JSONB`` on PostgreSQL (as ``JSON().with_variant(JSONB(),
+    "postgresql")``), without importing the PostgreSQL dialect until a PostgreSQL engine
+    uses the type: commands run on SQLite (``status``, ``jobs ls``) never load it."""
+
+    impl = JSON
+    cache_ok = True
+    # As JSON's default (none_as_null=False): Python's None is stored as JSON null.
+    should_evaluate_none = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(JSON())
+
+
+JSONType = _JSONOrJSONB()
+
+
+def postgresql_partial_indexes() -> None:
+    """Gives every partial index its predicate on PostgreSQL too: the same ``WHERE`` as
+    on SQLite (the tables below state it once, as ``sqlite_where``). Called when a
+    PostgreSQL engine is opened (``open_database``), since naming ``postgresql_where``
+    in a table's definition imports the PostgreSQL dialect, which commands on SQLite have
+    no use for. Idempotent."""
+    for table in metadata.tables.values():
+        for index in table.indexes:
+            where = index.dialect_options["sqlite"]["where"]
+            if where is not None:
+                index.dialect_kwargs["postgresql_where"] = where
+
+
+def dialect_insert(conn: Any) -> Any:
+    """The ``insert`` of ``conn``'s dialect (the one with ``on_conflict_do_*``); the
+    PostgreSQL dialect is imported on the first PostgreSQL use, never on SQLite."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+
+        return insert
+    return sqlite.insert
+
+
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (and so auto-increment).
 BigID = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -139,7 +182,6 @@ jobs = Table(
         "ix_jobs_running",
         "resource_key",
         "lease_expires_at",
-        postgresql_where=text("status = 'running'"),
         sqlite_where=text("status = 'running'"),
     ),
     # One unfinished job per unique key.
@@ -147,7 +189,6 @@ jobs = Table(
         "uq_jobs_unique_key_unfinished",
         "unique_key",
         unique=True,
-        postgresql_where=text("status IN ('pending', 'running')"),
         sqlite_where=text("status IN ('pending', 'running')"),
     ),
     # Kind first: an index led by status would win SQLite's planner for every claim
@@ -165,7 +206,6 @@ Index(
     jobs.c.priority.desc(),
     jobs.c.run_at,
     jobs.c.id,
-    postgresql_where=text("status = 'pending' AND resource_key IS NULL"),
     sqlite_where=text("status = 'pending' AND resource_key IS NULL"),
 )
 # Due jobs of one resource lane, in claim order.
@@ -175,7 +215,6 @@ Index(
     jobs.c.priority.desc(),
     jobs.c.run_at,
     jobs.c.id,
-    postgresql_where=text("status = 'pending' AND resource_key IS NOT NULL"),
     sqlite_where=text("status = 'pending' AND resource_key IS NOT NULL"),
 )
 # Finished jobs of one resource, newest first (migration 0009: the console's tenant pages,
@@ -188,7 +227,6 @@ Index(
     "ix_jobs_finished_by_resource",
     jobs.c.resource_key,
     jobs.c.id,
-    postgresql_where=text(_FINISHED_IN_LANE),
     sqlite_where=text(_FINISHED_IN_LANE),
 )
 
@@ -225,7 +263,6 @@ dead_letters = Table(
         "ix_dead_letters_due",
         "next_retry_at",
         "id",
-        postgresql_where=text("status = 'pending'"),
         sqlite_where=text("status = 'pending'"),
     ),
     Index("ix_dead_letters_tenant_status", "tenant", "status", "error_class"),
@@ -301,7 +338,6 @@ resources = Table(
 Index(
     "ix_resources_lanes",
     resources.c.last_claimed_at.asc().nulls_first(),
-    postgresql_where=text("due_at IS NOT NULL"),
     sqlite_where=text("due_at IS NOT NULL"),
 )
 
@@ -360,7 +396,6 @@ connections = Table(
     Index(
         "ix_connections_unscheduled",
         "connector",
-        postgresql_where=text(UNSCHEDULED),
         sqlite_where=text(UNSCHEDULED),
     ),
 )
@@ -422,21 +457,18 @@ outbox = Table(
         "ix_outbox_pending",
         "next_attempt_at",
         "id",
-        postgresql_where=text("status = 'pending'"),
         sqlite_where=text("status = 'pending'"),
     ),
     # The relay's claim: pending messages in id order, and the first pending one of a key.
     Index(
         "ix_outbox_pending_id",
         "id",
-        postgresql_where=text("status = 'pending'"),
         sqlite_where=text("status = 'pending'"),
     ),
     Index(
         "ix_outbox_pending_key",
         "key",
         "id",
-        postgresql_where=text("status = 'pending'"),
         sqlite_where=text("status = 'pending'"),
     ),
 )
@@ -488,7 +520,6 @@ alerts = Table(
     Index(
         "ix_alerts_unfinished",
         "id",
-        postgresql_where=text("finished_at IS NULL"),
         sqlite_where=text("finished_at IS NULL"),
     ),
 )
@@ -582,7 +613,6 @@ webhook_events = Table(
         "ix_webhook_events_pending",
         "tenant",
         "id",
-        postgresql_where=text("status = 'pending'"),
         sqlite_where=text("status = 'pending'"),
     ),
 )

@@ -18,12 +18,17 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Row, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
 from synckit.store import leases
 from synckit.store.jobs import JobSpec, enqueue_new_sync
 from synckit.store.leases import Lease
-from synckit.store.tables import jobs, webhook_events, webhook_refusals, webhook_triggers
+from synckit.store.tables import (
+    dialect_insert,
+    jobs,
+    webhook_events,
+    webhook_refusals,
+    webhook_triggers,
+)
 
 __all__ = [
     "PENDING",
@@ -49,7 +54,7 @@ STATUSES = (PENDING, PROCESSED, FAILED, ORPHANED)
 
 
 def _insert(conn: Connection) -> Any:
-    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    return dialect_insert(conn)
 
 
 @dataclass(frozen=True)

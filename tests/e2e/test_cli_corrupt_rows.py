@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
+from inprocess import run_cli  # tests/
 from sqlalchemy import select, text, update
 
 from synckit.runtime.keys import UNREADABLE_ROW_REASON
@@ -80,7 +81,13 @@ def api_url() -> Iterator[str]:
         server.server_close()
 
 
-def synckit(*args: str, api: str = "http://127.0.0.1:9") -> subprocess.CompletedProcess[str]:
+def synckit(
+    *args: str, api: str = "http://127.0.0.1:9", process: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``synckit *args``: in this process (tests/inprocess.py), or with ``process=True`` in
+    a process of its own (the workers: what the module is about)."""
+    if not process:
+        return run_cli(*args, env={"SYNCKIT_SECRET_KEY": KEY, "CONNECTOR_APP_URL": api})
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
@@ -159,7 +166,7 @@ def test_corrupt_connection_rows_hold_only_their_tenants(
         assert f"tenant {tenant} (" in line and ") is corrupt:" in line, line
     assert "missing key" not in line and "no key is missing: the row is damaged" in line, line
 
-    worker = synckit("worker", "--burst", "--app", APP, *db, api=api_url)
+    worker = synckit("worker", "--burst", "--app", APP, *db, api=api_url, process=True)
     assert worker.returncode == 0, worker.stderr[-3000:]
     assert with_db(migrated_url, lambda d: load_checkpoint(d, "canary", "demo", "default")) == {
         "page": 2
@@ -187,5 +194,5 @@ def test_corrupt_connection_rows_hold_only_their_tenants(
     assert firing == set(CORRUPT)
     # Held, they no longer stop anything: the check passes, a second worker starts.
     assert synckit("secrets", "check", *db).returncode == 0
-    again = synckit("worker", "--burst", "--app", APP, *db, api=api_url)
+    again = synckit("worker", "--burst", "--app", APP, *db, api=api_url, process=True)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from inprocess import run_cli  # tests/
 from sqlalchemy import text
 
 from synckit.store.db import open_database
@@ -116,7 +117,9 @@ def test_a_new_optional_field_adds_a_column_and_incompatible_changes_are_refused
 
 def test_records_ls_show_and_changes_read_the_table(db_url: str, tmp_path: Path) -> None:
     """After a sync, `records ls/show/changes` print the rows and the change feed, paged
-    by the cursor `changes --json` gives back."""
+    by the cursor `changes --json` gives back. The upgrade runs as a process; the
+    commands that print run in this process (tests/inprocess.py: same exit code and
+    output, without a Python start-up each)."""
     sys.path.insert(0, str(APPS))
     from records_app import OrdersApi, order
 
@@ -124,24 +127,24 @@ def test_records_ls_show_and_changes_read_the_table(db_url: str, tmp_path: Path)
     try:
         assert upgrade(db_url).returncode == 0
         env = {"RECORDS_APP_URL": api.url}
-        assert synckit(
+        assert run_cli(
             "tenants", "add", "acme", "shop", "--app", "records_app:app",
-            "--database-url", db_url, **env,
+            "--database-url", db_url, env=env,
         ).returncode == 0  # fmt: skip
         api.data["acme"] = [order(i) for i in range(5)]
         asyncio.run(_poll(db_url, api.url))
         app = ["--app", "records_app:app", "--database-url", db_url]
-        ls = synckit("records", "ls", "acme", "orders", *app, "--json")
+        ls = run_cli("records", "ls", "acme", "orders", *app, "--json")
         assert ls.returncode == 0, ls.stderr
         assert [json.loads(line)["id"] for line in ls.stdout.splitlines()] == [
             f"o{i:06d}" for i in range(5)
         ]
-        show = synckit("records", "show", "acme", "orders", "o000003", *app, "--json")
+        show = run_cli("records", "show", "acme", "orders", "o000003", *app, "--json")
         assert json.loads(show.stdout)["customer"] == "c3"
-        first = synckit("records", "changes", "acme", "orders", "--limit", "3", *app, "--json")
+        first = run_cli("records", "changes", "acme", "orders", "--limit", "3", *app, "--json")
         page = json.loads(first.stdout)
         assert [c["op"] for c in page["changes"]] == ["added"] * 3 and page["more"]
-        rest = synckit(
+        rest = run_cli(
             "records", "changes", "acme", "orders", "--since", str(page["cursor"]), *app, "--json"
         )
         page2 = json.loads(rest.stdout)

@@ -1,15 +1,15 @@
-"""`synckit webhooks ls | show | replay` run as subprocesses, on both engines."""
+"""`synckit webhooks ls | show | replay` on both engines, run in the test's process
+(tests/inprocess.py): what they print and store, exit codes and one-line errors
+included, is the same as a process's; a Python start-up per command is not."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from datetime import timedelta
 
+from inprocess import run_cli  # tests/
 from sqlalchemy import Connection, select
-from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.clock import utcnow
 from synckit.runtime.webhooks import process_job_spec
@@ -18,14 +18,9 @@ from synckit.store import webhooks as inbox
 from synckit.store.db import Database
 from synckit.store.tables import jobs
 
-SYNCKIT = [sys.executable, "-m", "synckit.cli"]
-
 
 def synckit(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run(
-        [*SYNCKIT, *args], capture_output=True, text=True, env=env, timeout=PROCESS_TIMEOUT
-    )
+    return run_cli(*args, env={"COLUMNS": "200"})
 
 
 async def seed(db: Database) -> None:

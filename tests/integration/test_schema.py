@@ -133,3 +133,24 @@ async def test_sqlite_connections_carry_pragmas(db: Database) -> None:
         sync = (await conn.exec_driver_sql("PRAGMA synchronous")).scalar()
     assert (mode, fks, sync) == ("wal", 1, 1)
     assert busy is not None and int(busy) >= 1000
+
+
+async def test_every_partial_index_has_its_predicate_on_the_engine(db: Database) -> None:
+    """The tables state each partial index's predicate once (``sqlite_where``, so that
+    defining them imports no PostgreSQL dialect); opening a PostgreSQL database gives
+    PostgreSQL the same predicate. Each index's DDL, compiled for the engine in use,
+    ends with its ``WHERE`` (13 partial indexes)."""
+    from sqlalchemy.schema import CreateIndex
+
+    dialect = db.engine.dialect
+    partial = [
+        index
+        for table in metadata.tables.values()
+        for index in table.indexes
+        if index.dialect_options["sqlite"]["where"] is not None
+    ]
+    assert len(partial) == 13
+    for index in partial:
+        where = str(index.dialect_options["sqlite"]["where"])
+        ddl = str(CreateIndex(index).compile(dialect=dialect))
+        assert ddl.endswith(f"WHERE {where}"), (dialect.name, ddl)

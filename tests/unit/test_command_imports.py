@@ -51,6 +51,9 @@ DATABASE = ("sqlalchemy", "aiosqlite", "asyncpg", "sqlite3", "alembic", "synckit
 HTTP = ("httpx", "httpcore", "h11", "anyio", "authlib")
 #: The Graph mail demo, its simulator and the examples: only `synckit demo` loads them.
 DEMO = ("synckit.examples",)
+#: PostgreSQL's dialect and drivers: a command on a SQLite database loads none of them
+#: (the tables name PostgreSQL's types and index predicates without importing it).
+POSTGRESQL = ("sqlalchemy.dialects.postgresql", "asyncpg", "psycopg", "psycopg2")
 #: The operator console and its server: only `synckit web`.
 WEB = ("synckit.web", "starlette", "jinja2", "uvicorn")
 
@@ -83,6 +86,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # status evaluates the alert rules on the spot (its documented behaviour), so it
     # loads synckit.runtime.alerts, but none of the sinks' HTTP client.
     "status": (
+        *POSTGRESQL,
         *HTTP,
         *DEMO,
         *WEB,
@@ -98,6 +102,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "synckit.connectors.base",
     ),
     "tenants ls": (
+        *POSTGRESQL,
         *HTTP,
         *DEMO,
         *WEB,
@@ -110,6 +115,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "synckit.connectors.base",
     ),
     "jobs ls": (
+        *POSTGRESQL,
         *HTTP,
         *DEMO,
         *WEB,
@@ -124,8 +130,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "synckit.runtime.worker",
     ),
     # A worker runs the application's jobs: the HTTP client and the runtime are its
-    # work; the demo, the console, Alembic and (on SQLite) asyncpg are not.
-    "worker --app queue_app:registry --burst": (*DEMO, *WEB, "asyncpg", "alembic"),
+    # work; the demo, the console, Alembic and (on SQLite) PostgreSQL's dialect are not.
+    "worker --app queue_app:registry --burst": (*DEMO, *WEB, *POSTGRESQL, "alembic"),
 }
 
 
