@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, Text, and_, bindparam, cast, delete, func, select, text, update
+from sqlalchemy import Row, Text, and_, bindparam, cast, delete, func, literal, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from synckit.errors.exceptions import ConnectionExists, ConnectionNotFound
@@ -405,7 +405,8 @@ def tenant_by_config_field(conn: SyncConn, connector: str, field: str, value: st
     c = connections.c
     got: Any
     if conn.dialect.name == "postgresql":
-        got = c.config.op("->>")(field)
+        # The key as text: JSONType would bind it as JSONB (jsonb ->> jsonb: no operator).
+        got = c.config.op("->>")(literal(field, Text))
     else:
         got = func.json_extract(c.config, "$." + field)
     row = conn.execute(
