@@ -636,9 +636,14 @@ async def test_migration_0010_moves_alert_records_out_of_jobs(db_url: str) -> No
             back = {
                 r.unique_key: r
                 for r in await conn.execute(
-                    select(jobs).where(
-                        jobs.c.unique_key.in_([f"alert:{done.key}", f"alert:{owed.key}"])
-                    )
+                    # The columns of 0009's jobs table: later migrations add others.
+                    select(
+                        jobs.c.unique_key,
+                        jobs.c.kind,
+                        jobs.c.status,
+                        jobs.c.payload,
+                        jobs.c.finished_at,
+                    ).where(jobs.c.unique_key.in_([f"alert:{done.key}", f"alert:{owed.key}"]))
                 )
             }
         assert {(r.kind, r.status) for r in back.values()} == {
