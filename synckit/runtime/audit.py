@@ -43,6 +43,7 @@ class _Tally:
     ok: int = 0
     failed: dict[str, int] = field(default_factory=dict)
     retried: dict[str, int] = field(default_factory=dict)
+    paced: int = 0
 
 
 def outcome_subject(job_payload: Any, resource_key: str | None) -> tuple[str, str]:
@@ -58,8 +59,9 @@ def tally_outcomes(
     outcomes: Iterable[RecordedOutcome],
 ) -> dict[tuple[str, str], _Tally]:
     """Counts by ``(tenant, connector)``: succeeded is ok, dead a final failure, a
-    scheduled retry a retried attempt; snoozes, cancels, discards and jobs with no
-    tenant at all (internal jobs such as the alert evaluator) are not counted."""
+    scheduled retry a retried attempt, a paced attempt paced; snoozes, cancels, discards
+    and jobs with no tenant at all (internal jobs such as the alert evaluator) are not
+    counted."""
     out: dict[tuple[str, str], _Tally] = {}
     for o in outcomes:
         subject = outcome_subject(o.job.payload, o.job.resource_key)
@@ -74,6 +76,8 @@ def tally_outcomes(
         elif o.status == "pending":
             t = out.setdefault(subject, _Tally())
             t.retried[cls] = t.retried.get(cls, 0) + 1
+        elif o.status == "paced":
+            out.setdefault(subject, _Tally()).paced += 1
     return out
 
 
@@ -89,7 +93,7 @@ def audit_observer(app_version: str | None = None) -> OutcomeObserver:
         record_audit_many_sync(
             conn,
             [
-                AuditCounts(tenant, connector, t.ok, t.failed, t.retried)
+                AuditCounts(tenant, connector, t.ok, t.failed, t.retried, t.paced)
                 for (tenant, connector), t in tallies.items()
             ],
             now,

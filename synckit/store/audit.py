@@ -2,7 +2,7 @@
 application version.
 
 ``audit_buckets`` holds counters, never a row per operation: one row per
-``(tenant, connector, minute, app_version)`` whose ``ok`` and ``failed`` grow by upserts
+``(tenant, connector, minute, app_version)`` whose ``ok``, ``failed`` and ``paced`` grow by upserts
 that add. Writers call :func:`record_audit` inside their own transaction (the worker's
 :func:`synckit.runtime.audit.audit_observer` runs inside the transaction that records job
 outcomes), so a count commits atomically with the outcome it counts.
@@ -16,6 +16,9 @@ What the counters mean
     are counted under ``"retried:<class>"`` keys, which are *not* part of ``failed``.
     :class:`ClassCounts` splits the two. ``failed_by_class`` is NULL while a row has
     neither, so "rows with any failure" is a plain ``IS NOT NULL`` on both engines.
+    ``paced`` counts attempts that ended paced (rate limited: rescheduled for when the
+    resource is available, no attempt spent): neither a success nor a failure, so no
+    rate or budget reads it; the console's throughput chart draws it.
 
 How the JSON counts are merged
     Adding to counts inside a JSON value needs engine-specific SQL (``jsonb_set`` and
@@ -102,6 +105,7 @@ class AuditRow:
     ok: int
     failed: int
     failed_by_class: Mapping[str, int] = field(default_factory=dict)
+    paced: int = 0
 
     @property
     def classes(self) -> ClassCounts:
@@ -119,10 +123,11 @@ class AuditRow:
 # is a plain IS NOT NULL.
 _ADD_SQL = (
     "INSERT INTO audit_buckets"
-    " (tenant, connector, minute, app_version, ok, failed, failed_by_class)"
-    " VALUES (:tenant, :connector, :minute, :app_version, :ok, :failed, NULL)"
+    " (tenant, connector, minute, app_version, ok, failed, paced, failed_by_class)"
+    " VALUES (:tenant, :connector, :minute, :app_version, :ok, :failed, :paced, NULL)"
     " ON CONFLICT (tenant, connector, minute, app_version) DO UPDATE SET"
-    " ok = audit_buckets.ok + excluded.ok, failed = audit_buckets.failed + excluded.failed"
+    " ok = audit_buckets.ok + excluded.ok, failed = audit_buckets.failed + excluded.failed,"
+    " paced = audit_buckets.paced + excluded.paced"
 )
 _MINUTE = bindparam("minute", type_=audit_buckets.c.minute.type)
 _UPSERT = (
@@ -156,6 +161,7 @@ async def record_audit(
     *,
     app_version: str | None = None,
     retried_by_class: Mapping[str, int] | None = None,
+    paced: int = 0,
 ) -> None:
     """:func:`record_audit_sync` on an async connection."""
     await conn.run_sync(
@@ -168,6 +174,7 @@ async def record_audit(
             failed_by_class,
             app_version=app_version,
             retried_by_class=retried_by_class,
+            paced=paced,
         )
     )
 
@@ -182,18 +189,19 @@ def record_audit_sync(
     *,
     app_version: str | None = None,
     retried_by_class: Mapping[str, int] | None = None,
+    paced: int = 0,
 ) -> None:
     """Add ``ok`` successes and ``failed_by_class`` final failures to the bucket of ``now``.
 
     Runs in the caller's transaction. ``retried_by_class`` counts failed attempts that
-    will be retried (not failures of the operation). ``app_version`` defaults to
-    :func:`current_app_version`.
+    will be retried (not failures of the operation); ``paced`` attempts that ended paced.
+    ``app_version`` defaults to :func:`current_app_version`.
     """
     failed_by_class = {k: int(v) for k, v in failed_by_class.items() if v}
     retried = {k: int(v) for k, v in (retried_by_class or {}).items() if v}
-    if any(v < 0 for v in (ok, *failed_by_class.values(), *retried.values())):
+    if any(v < 0 for v in (ok, paced, *failed_by_class.values(), *retried.values())):
         raise ValueError("audit counts cannot be negative")
-    if not ok and not failed_by_class and not retried:
+    if not ok and not paced and not failed_by_class and not retried:
         return
     version = current_app_version() if app_version is None else app_version[:64]
     key = {
@@ -203,7 +211,7 @@ def record_audit_sync(
         "app_version": version,
     }
     current = conn.execute(
-        _UPSERT, {**key, "ok": ok, "failed": sum(failed_by_class.values())}
+        _UPSERT, {**key, "ok": ok, "failed": sum(failed_by_class.values()), "paced": paced}
     ).scalar()
     delta = merge_counts(failed_by_class, {RETRIED_PREFIX + k: v for k, v in retried.items()})
     if not delta:
@@ -223,6 +231,7 @@ class AuditCounts:
     ok: int
     failed_by_class: Mapping[str, int] = field(default_factory=dict)
     retried_by_class: Mapping[str, int] = field(default_factory=dict)
+    paced: int = 0
 
 
 def record_audit_many_sync(
@@ -243,11 +252,20 @@ def record_audit_many_sync(
     for c in sorted(counts, key=lambda c: (c.tenant[:200], c.connector[:200])):
         if any(c.failed_by_class.values()) or any(c.retried_by_class.values()):
             classed.append(c)
-        elif c.ok < 0:
+        elif c.ok < 0 or c.paced < 0:
             raise ValueError("audit counts cannot be negative")
-        elif c.ok:
+        elif c.ok or c.paced:
             key = {"tenant": c.tenant[:200], "connector": c.connector[:200]}
-            plain.append({**key, "minute": minute, "app_version": version, "ok": c.ok, "failed": 0})
+            plain.append(
+                {
+                    **key,
+                    "minute": minute,
+                    "app_version": version,
+                    "ok": c.ok,
+                    "failed": 0,
+                    "paced": c.paced,
+                }
+            )
     if plain:
         conn.execute(_ADD_COUNTS, plain)
     for c in classed:
@@ -260,6 +278,7 @@ def record_audit_many_sync(
             c.failed_by_class,
             app_version=version,
             retried_by_class=c.retried_by_class,
+            paced=c.paced,
         )
 
 
@@ -284,6 +303,7 @@ async def read_audit(
         c.ok,
         c.failed,
         cast(c.failed_by_class, Text).label("failed_by_class"),
+        c.paced,
     ).where(c.minute >= since)
     if until is not None:
         stmt = stmt.where(c.minute < until)
@@ -307,6 +327,7 @@ async def read_audit(
                 ok=r.ok,
                 failed=r.failed,
                 failed_by_class=dict(counts) if isinstance(counts, dict) else {},
+                paced=int(r.paced or 0),
             )
         )
     return out

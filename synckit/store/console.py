@@ -250,22 +250,25 @@ async def authorization_tenant(db: Database, state: str) -> str | None:
 
 async def throughput(
     conn: AsyncConnection, *, now: datetime, minutes: int = 60
-) -> list[tuple[datetime, int, int]]:
-    """``(minute, ok, failed)`` for each of the last ``minutes`` minutes (audit counts),
-    oldest first, minutes without outcomes included as zeros."""
+) -> list[tuple[datetime, int, int, int]]:
+    """``(minute, ok, failed, paced)`` for each of the last ``minutes`` minutes (audit
+    counts), oldest first, minutes without outcomes included as zeros."""
     start = now.replace(second=0, microsecond=0) - timedelta(minutes=minutes - 1)
     b = audit_buckets.c
     rows = await conn.execute(
-        select(b.minute, func.sum(b.ok), func.sum(b.failed))
+        select(b.minute, func.sum(b.ok), func.sum(b.failed), func.sum(b.paced))
         .where(b.minute >= start)
         .group_by(b.minute)
     )
-    found = {m.replace(second=0, microsecond=0): (int(o or 0), int(f or 0)) for m, o, f in rows}
+    found = {
+        m.replace(second=0, microsecond=0): (int(o or 0), int(f or 0), int(p or 0))
+        for m, o, f, p in rows
+    }
     out = []
     for i in range(minutes):
         minute = start + timedelta(minutes=i)
-        ok, failed = found.get(minute, (0, 0))
-        out.append((minute, ok, failed))
+        ok, failed, paced = found.get(minute, (0, 0, 0))
+        out.append((minute, ok, failed, paced))
     return out
 
 

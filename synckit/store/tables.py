@@ -483,6 +483,8 @@ audit_buckets = Table(
     Column("ok", Integer, nullable=False, server_default="0"),
     Column("failed", Integer, nullable=False, server_default="0"),
     Column("failed_by_class", JSONType),
+    # Attempts that ended paced (migration 0019): neither successes nor failures.
+    Column("paced", Integer, nullable=False, server_default="0"),
     Index("ix_audit_buckets_minute", "minute"),
 )
 

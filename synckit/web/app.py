@@ -437,7 +437,7 @@ async def _overview_values(request: Request) -> dict[str, Any]:
         alerts = await recent_alerts(conn, since=now - timedelta(hours=1), limit=20)
     firing, evaluated = await _firing(_state(request), now)
     seen = await worker_store.list_workers(db, now=now)
-    peak = max([ok + failed for _m, ok, failed in per_minute] + [1])
+    peak = max([ok + failed + paced for _m, ok, failed, paced in per_minute] + [1])
     return {
         "per_minute": per_minute,
         "depths": depths,
@@ -445,7 +445,7 @@ async def _overview_values(request: Request) -> dict[str, Any]:
         "depth_peak": max([q.depth for _m, q in depths if q is not None] + [1]),
         "history_hours": HISTORY_MINUTES // 60,
         "peak": peak,
-        "last_hour": sum(ok + failed for _m, ok, failed in per_minute[-60:]),
+        "last_hour": sum(ok + failed for _m, ok, failed, _p in per_minute[-60:]),
         "firing": firing,
         "alerts_evaluated": evaluated,
         "workers_alive": sum(1 for w in seen if w.state == "alive"),

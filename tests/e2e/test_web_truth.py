@@ -201,6 +201,7 @@ def test_select_all_and_all_matching_say_their_count(browser: Any, tmp_path: Pat
 
 
 def test_the_throughput_bars_have_a_colour_and_a_height(browser: Any, tmp_path: Path) -> None:
+    """Succeeded, failed and paced per minute: each series painted in its own colour."""
     url, _seeded = seeded_db(tmp_path)
 
     async def audit(db: Any) -> None:
@@ -211,9 +212,11 @@ def test_the_throughput_bars_have_a_colour_and_a_height(browser: Any, tmp_path: 
 
         minute = utcnow().replace(second=0, microsecond=0)
         async with db.begin() as conn:
-            for ago, ok, failed in ((2, 30, 10), (5, 12, 0), (9, 0, 6)):
+            for ago, ok, failed, paced in ((2, 30, 10, 0), (5, 12, 0, 8), (9, 0, 6, 0)):
                 at = minute - timedelta(minutes=ago) + timedelta(seconds=5)
-                await record_audit(conn, "acme", "shop", at, ok, {"server_error": failed})
+                await record_audit(
+                    conn, "acme", "shop", at, ok, {"server_error": failed}, paced=paced
+                )
 
     with_db(url, audit)
     with console(url, tmp_path) as base, page_on(browser, base) as page:
@@ -225,16 +228,24 @@ def test_the_throughput_bars_have_a_colour_and_a_height(browser: Any, tmp_path: 
                 return [e.className, e.getBoundingClientRect().height, s.backgroundColor];
             })""",
         )
+        key = page.eval_on_selector("h2 .key.paced", "e => getComputedStyle(e).backgroundColor")
     painted = [(cls, h, colour) for cls, h, colour in drawn if h > 0]
     transparent = "rgba(0, 0, 0, 0)"
-    assert {cls for cls, _h, _c in painted} == {"ok", "bad"}, drawn[-12:]
+    assert {cls for cls, _h, _c in painted} == {"ok", "bad", "paced"}, drawn[-12:]
     assert all(colour != transparent for _cls, _h, colour in painted), painted
-    ok_colour = {c for cls, _h, c in painted if cls == "ok"}
-    bad_colour = {c for cls, _h, c in painted if cls == "bad"}
-    assert ok_colour == {"rgb(30, 138, 76)"} and bad_colour == {"rgb(192, 57, 43)"}
+    colours = {cls: {c for k, _h, c in painted if k == cls} for cls in ("ok", "bad", "paced")}
+    assert colours == {
+        "ok": {"rgb(30, 138, 76)"},
+        "bad": {"rgb(192, 57, 43)"},
+        "paced": {"rgb(183, 121, 31)"},  # --warn, as the queue-depth chart's paced
+    }
+    assert key == "rgb(183, 121, 31)"  # the legend's key matches the bars
     # The tallest minute (40 operations) fills the chart; 12 of 40 is about 30% of it.
     tallest = max(h for cls, h, _c in painted if cls == "ok")
     assert len([1 for cls, _h, _c in painted if cls == "ok"]) == 2 and tallest > 20
+    # One minute paced 8: drawn once, 8/30 of the tallest succeeded bar (30 ok).
+    paced = [h for cls, h, _c in painted if cls == "paced"]
+    assert len(paced) == 1 and 0.2 * tallest < paced[0] < 0.34 * tallest, (paced, tallest)
 
 
 # --- 4. workers ------------------------------------------------------------------------------

@@ -21,10 +21,12 @@ from web_app import SECRET, app, seed
 
 from synckit.clock import utcnow
 from synckit.errors import RetryPolicy
+from synckit.errors.exceptions import RateLimited
+from synckit.runtime.audit import audit_observer
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as job_store
-from synckit.store.audit import record_audit
+from synckit.store.audit import minute_of, read_audit, record_audit
 from synckit.store.db import Database
 from synckit.store.tables import dead_letters
 from synckit.web import WebConfig, create_app
@@ -106,7 +108,7 @@ async def test_resolving_one_or_a_selection_writes_what_dlq_resolve_writes_and_i
     assert all(e["who"] == "local@testclient" for e in actions)
 
 
-BAR = re.compile(r'title="(\d{4}-\d\d-\d\d \d\d:\d\d):00: (\d+) ok, (\d+) failed"')
+BAR = re.compile(r'title="(\d{4}-\d\d-\d\d \d\d:\d\d):00: (\d+) ok, (\d+) failed, (\d+) paced"')
 
 
 async def test_overview_throughput_per_minute_and_dlq_growth_match_the_seeded_rows(
@@ -165,7 +167,7 @@ async def test_overview_throughput_per_minute_and_dlq_growth_match_the_seeded_ro
     with console(migrated_url) as client:
         for path in ("/", "/live/overview"):
             html = client.get(path).text
-            bars = {m: (int(o), int(f)) for m, o, f in BAR.findall(html)}
+            bars = {m: (int(o), int(f)) for m, o, f, _p in BAR.findall(html)}
             assert len(bars) == 180, (path, len(bars))
             shown = {m: v for m, v in bars.items() if v != (0, 0)}
             assert shown == expected, (path, shown)
@@ -173,6 +175,63 @@ async def test_overview_throughput_per_minute_and_dlq_growth_match_the_seeded_ro
             last_hour = sum(ok + failed for ago, _, ok, failed in audit if ago < 60)
             assert f"Last hour {last_hour:,} operations" in page
             assert "4 new in the last hour (2 the hour before)" in page, page[:2000]
+
+
+async def test_a_paced_attempt_is_counted_in_its_minute_and_drawn_as_paced(
+    db: Database, migrated_url: str
+) -> None:
+    """Issue 34 item 5: a job attempt that ends paced (rate limited) is counted in the
+    paced tally of its minute, in the transaction that records it, and the overview's
+    throughput chart shows it beside succeeded and failed."""
+    reg = Registry()
+
+    @reg.handler("sync.orders")
+    async def sync_orders(ctx: JobContext) -> None:
+        if ctx.job.payload["n"] == 1:
+            raise RateLimited("429 from the shop", retry_after=timedelta(minutes=5))
+
+    for n in (1, 2):
+        await job_store.enqueue(
+            db,
+            "sync.orders",
+            {"tenant": f"t{n}", "connector": "shop", "n": n},
+            resource_key=f"t{n}",
+        )
+    before = utcnow()
+    worker = Worker(
+        db,
+        reg,
+        retry_policy=RetryPolicy.deterministic(),
+        poll_interval=0.05,
+        observers=[audit_observer()],
+    )
+    stats = await worker.run_until_idle()
+    after = utcnow()
+    assert (stats.paced, stats.succeeded, stats.retried, stats.dead) == (1, 1, 0, 0)
+    async with db.read() as conn:
+        rows = {r.tenant: r for r in await read_audit(conn, since=minute_of(before))}
+    assert set(rows) == {"t1", "t2"}
+    paced, ok = rows["t1"], rows["t2"]
+    assert (paced.ok, paced.failed, paced.paced, dict(paced.failed_by_class)) == (0, 0, 1, {})
+    assert (ok.ok, ok.failed, ok.paced) == (1, 0, 0)
+    assert minute_of(before) <= paced.minute <= minute_of(after)
+
+    key = paced.minute.strftime("%Y-%m-%d %H:%M")
+    with console(migrated_url) as client:
+        for path in ("/", "/live/overview"):
+            html = client.get(path).text
+            bars = {m: (int(o), int(f), int(p)) for m, o, f, p in BAR.findall(html)}
+            assert len(bars) == 180, (path, len(bars))
+            shown = {m: v for m, v in bars.items() if v != (0, 0, 0)}
+            if ok.minute == paced.minute:
+                assert shown == {key: (1, 0, 1)}, (path, shown)
+            else:
+                assert shown[key] == (0, 0, 1), (path, shown)
+            assert 'paced <span class="key paced"></span>' in html
+            # The paced series has a height of its own in the bar of that minute.
+            bar = re.search(r'style="([^"]*)" title="' + key + r":00:", html)
+            assert bar and "--h-paced: " in bar.group(1), path
+            assert "--h-paced: 0.0" not in bar.group(1), bar.group(1)
 
 
 class Upstream(RuntimeError):
