@@ -95,6 +95,7 @@ def main() -> None:
                     shoot("dead-letter", f"/dlq/{letter}")
                 shoot("outbox", "/outbox")
                 shoot("workers", "/workers")
+                shoot("webhook-events", "/webhook-events")
                 browser.close()
         finally:
             web.terminate()
