@@ -24,6 +24,14 @@ class Request:
     at: float
 
 
+class _Server(ThreadingHTTPServer):
+    # The standard library listens with a backlog of 5: several worker processes
+    # connecting at once on a busy machine overflow it, their SYNs are dropped and
+    # retried a second later, and a test meets a connect timeout that no real API
+    # would cause.
+    request_queue_size = 128
+
+
 @dataclass
 class LoopbackServer:
     """Serves ``responder(request) -> (status, headers, body)`` and records every request."""
@@ -55,7 +63,7 @@ class LoopbackServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         if self.tls is not None:
             # The handshake runs in the request's thread, on its first read: a client
             # that refuses the certificate does not stall the accepting loop.

@@ -10,6 +10,11 @@ every other module to it.
 
 from typing import TYPE_CHECKING, Any
 
+from synckit.store import lazy_asyncio
+
+# SQLAlchemy's asyncio extension without the ORM it does not need (start-up, issue 35).
+lazy_asyncio.install()
+
 if TYPE_CHECKING:
     from synckit.store.tables import UTCDateTime
 

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 import structlog
 from sqlalchemy import (
@@ -59,7 +59,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from synckit.clock import utcnow
@@ -84,6 +84,9 @@ from synckit.store.pages import (
     scan_window,
 )
 from synckit.store.tables import UTCDateTime, connections, dialect_insert, jobs, resources
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
 from synckit.tracing import current_traceparent, trace_id_of
 
 JobStatus = Literal["pending", "running", "succeeded", "dead", "cancelled", "discarded"]
@@ -242,13 +245,13 @@ class ClaimedJob:
     trace_parent: str | None = None
 
 
-Executor = Database | AsyncConnection | AsyncSession
+Executor: TypeAlias = "Database | AsyncConnection | AsyncSession"
 
 
 async def _connection(target: AsyncConnection | AsyncSession) -> AsyncConnection:
-    if isinstance(target, AsyncSession):
-        return await target.connection()
-    return target
+    if isinstance(target, AsyncConnection):
+        return target
+    return await target.connection()
 
 
 def _notify_sql(conn: AsyncConnection | Connection) -> str | None:

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import (
     Row,
@@ -34,7 +34,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection as SyncConnection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.clock import utcnow
 from synckit.errors import ErrorClass
@@ -48,8 +48,12 @@ from synckit.redaction import redact_text
 from synckit.store import leases, notify
 from synckit.store.db import Database
 from synckit.store.jobs import guarded_columns, json_holds_nul, read_moment, read_payload
+from synckit.store.lazy_asyncio import is_async_session
 from synckit.store.leases import Lease
 from synckit.store.tables import dead_letters, dialect_insert, outbox
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
 from synckit.tracing import current_traceparent
 
 __all__ = [
@@ -186,7 +190,7 @@ def _insert(conn: AsyncConnection | SyncConnection) -> Any:
 
 
 async def _connection(target: AsyncConnection | AsyncSession) -> AsyncConnection:
-    if isinstance(target, AsyncSession):
+    if is_async_session(target):
         return await target.connection()
     if isinstance(target, AsyncConnection):
         return target

@@ -69,7 +69,7 @@ async def test_three_workers_dead_letter_every_declined_invoice_with_its_message
         api.close()
     assert {r.record_id for r in rows} == {f"{t}-c{i}" for t in TENANTS for i in range(4)}
     for r in rows:
-        assert r.error_class == "validation"
+        assert r.error_class == "validation", (r.record_id, r.error_class, r.error_message)
         assert (
             "HTTP 402 Payment Required: card_error/card_declined: "
             "Your card has insufficient funds." in r.error_message

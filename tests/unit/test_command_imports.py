@@ -56,6 +56,9 @@ DEMO = ("synckit.examples",)
 POSTGRESQL = ("sqlalchemy.dialects.postgresql", "asyncpg", "psycopg", "psycopg2")
 #: The operator console and its server: only `synckit web`.
 WEB = ("synckit.web", "starlette", "jinja2", "uvicorn")
+#: SQLAlchemy's ORM: the store runs on Core (synckit/store/lazy_asyncio.py keeps the
+#: asyncio extension from loading it).
+ORM = ("sqlalchemy.orm",)
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "--help": (
@@ -87,6 +90,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # loads synckit.runtime.alerts, but none of the sinks' HTTP client.
     "status": (
         *POSTGRESQL,
+        *ORM,
         *HTTP,
         *DEMO,
         *WEB,
@@ -103,6 +107,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     ),
     "tenants ls": (
         *POSTGRESQL,
+        *ORM,
         *HTTP,
         *DEMO,
         *WEB,
@@ -116,6 +121,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     ),
     "jobs ls": (
         *POSTGRESQL,
+        *ORM,
         *HTTP,
         *DEMO,
         *WEB,
