@@ -20,6 +20,17 @@ from synckit.store.tables import resources
 from synckit.testing.hostile import Behaviour, HostileAPI, RetryAfterStyle, Stats
 
 WORKERS = 3
+#: Time is the behaviour here, so the runs are bounded, by budgets a busy machine does not
+#: reach (the worker processes start, the API thread waits for the GIL) while the failure
+#: each guards against would: a breaker's 30 s cool-down, a minute's pace.
+#: Waiting for a run to finish (an event; reaching it means a bug).
+RUN_BUDGET_S = 120
+#: Beyond a run's ideal length.
+SLACK_S = 15.0
+#: The longest pause of a tenant whose server asked for less than a second.
+PAUSE_BUDGET_S = 4.0
+#: From the outage's end to a tenant's next success.
+RESUME_BUDGET_S = 8.0
 
 
 def gaps(stats: Stats, tenant: str) -> list[tuple[float, int]]:
@@ -66,7 +77,7 @@ async def test_five_percent_429s_pace_without_breaker_or_attempt(
             tenants=tenants,
             workers=WORKERS,
             rate_limit=20,
-            within=25,
+            within=RUN_BUDGET_S,
             logs_dir=tmp_path,
         )
     assert run.stats.random_429 >= 3, "the seed must give the run some 429s"
@@ -84,7 +95,7 @@ async def test_five_percent_429s_pace_without_breaker_or_attempt(
     worst = max(
         sum(1 for _, s, _ in t.events if s == 429) + pages / 20 for t in run.stats.tenants.values()
     )
-    assert run.wall_s <= worst + 5.0, summary(run)
+    assert run.wall_s <= worst + SLACK_S, summary(run)
 
 
 @pytest.mark.parametrize(
@@ -122,7 +133,7 @@ async def test_a_burst_of_in_flight_rate_limits_is_one_pacing_event(
             tenants=tenants,
             workers=WORKERS,
             sink=True,
-            within=25,
+            within=RUN_BUDGET_S,
             logs_dir=tmp_path,
         )
     assert run.stats.rate_limited > 0, f"{style}: the limit must be hit to test anything"
@@ -131,9 +142,9 @@ async def test_a_burst_of_in_flight_rate_limits_is_one_pacing_event(
     assert run.failed_attempts == 0, summary(run)
     for name in run.stats.tenants:
         longest = max(g for g, _ in gaps(run.stats, name))
-        assert longest <= 2.0, f"{name} paused {longest:.1f}s; the server asked for < 1s"
+        assert longest <= PAUSE_BUDGET_S, f"{name} paused {longest:.1f}s; the server asked for < 1s"
     ideal = pages * (records + 1) / 10
-    assert run.wall_s <= ideal * 1.5 + 3.0, summary(run)
+    assert run.wall_s <= ideal * 1.5 + SLACK_S, summary(run)
 
 
 @pytest.mark.parametrize("tenants", [3])
@@ -141,7 +152,8 @@ async def test_a_three_second_outage_resumes_within_two_seconds_of_its_end(
     migrated_url: str, tmp_path: Path, tenants: int
 ) -> None:
     """Every request answers 503 with Retry-After = the seconds left, for 3 s: each tenant
-    unfinished by then succeeds again within 2 s of the end, not after a 30 s cool-down."""
+    unfinished by then succeeds again within seconds of the end (2 s on a quiet machine;
+    RESUME_BUDGET_S), not after a 30 s cool-down."""
     api = HostileAPI()
     behaviour = Behaviour(pages=40, records=10, latency=0.02, outage_after=1.0, outage_for=3.0)
     with api.serve_in_thread():
@@ -152,13 +164,13 @@ async def test_a_three_second_outage_resumes_within_two_seconds_of_its_end(
             tenants=tenants,
             workers=WORKERS,
             rate_limit=10,
-            within=25,
+            within=RUN_BUDGET_S,
             logs_dir=tmp_path,
         )
     assert run.stats.outage_503 > 0, "the outage must meet requests"
     recovery = run.stats.recovery_s()
     assert recovery, "some tenant must be unfinished when the outage ends"
-    late = {k: v for k, v in recovery.items() if v is None or v > 2.0}
+    late = {k: v for k, v in recovery.items() if v is None or v > RESUME_BUDGET_S}
     assert not late, f"resumed late: {late}; {summary(run)}"
     assert run.done, summary(run)
 
@@ -192,7 +204,7 @@ async def test_the_token_endpoint_is_not_hammered_during_its_outage(
             sink=True,
             rate_limit=20,
             token_url=f"{url}/oauth/token",
-            within=25,
+            within=RUN_BUDGET_S,
             logs_dir=tmp_path,
             extra_env=env,
             on_started=lambda: api.start_outage(3.0, after=2.5),
