@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples  # type: ignore[import-not-found]
 
 from synckit.errors import (
     Classification,
@@ -304,7 +305,7 @@ _CLASSIFICATIONS = st.builds(
 _ATTEMPTS = st.integers() | st.integers(min_value=1, max_value=60) | st.just(10**400)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(
     c=_CLASSIFICATIONS,
     attempt=_ATTEMPTS,
@@ -330,7 +331,7 @@ def test_every_delay_lies_between_floor_and_cap_or_buffered_server_wait(
     assert not decision.defer or decision.server_told
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(attempt=st.integers(min_value=1, max_value=40), draw=st.floats(0.0, 0.999))
 def test_backoff_grows_with_attempts_under_equal_jitter(attempt: int, draw: float) -> None:
     """Under equal jitter, the worst delay of attempt n+1 is never below the best of attempt n/2."""
@@ -341,7 +342,7 @@ def test_backoff_grows_with_attempts_under_equal_jitter(attempt: int, draw: floa
     assert later.delay >= earlier.delay / 2
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(
     policy=policies(),
     a=st.timedeltas(min_value=timedelta(0)),
@@ -411,7 +412,7 @@ def test_backoff_delay_refuses_knobs_that_cannot_work(knobs: dict[str, object]) 
         backoff_delay(2, 0.5, **args)  # type: ignore[arg-type]
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(
     attempt=_ATTEMPTS,
     uniform=st.floats(allow_nan=True, allow_infinity=True),
@@ -439,7 +440,7 @@ def test_backoff_delay_stays_in_its_bounds_for_any_draw(
     assert max(floor, least) <= delay <= max(floor, cap)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     attempt=st.integers(min_value=1, max_value=80),
     policy=policies(),

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples  # type: ignore[import-not-found]
 
 from synckit.errors import (
     BreakerOutcome,
@@ -248,7 +249,7 @@ def test_invalid_breaker_policy_is_refused(kwargs: dict[str, object]) -> None:
         BreakerPolicy(**kwargs)  # type: ignore[arg-type]  # kwargs values vary in type
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     steps=st.lists(
         st.tuples(

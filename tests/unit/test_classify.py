@@ -9,6 +9,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples  # type: ignore[import-not-found]
 
 import synckit.errors
 import synckit.errors.exceptions
@@ -615,7 +616,7 @@ _BODIES = (
 )
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(
     status=_STATUS,
     headers=st.lists(st.tuples(_NAMES, _VALUES), max_size=5),
@@ -731,7 +732,7 @@ def _hostile_exception(
     return hostile()  # type: ignore[no-any-return]
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(base=_BASES, hooks=_HOOKS, raised=_RAISED, value=_ODD_VALUES, with_response=st.booleans())
 def test_classify_never_raises_on_hostile_exceptions(
     base: type[BaseException],

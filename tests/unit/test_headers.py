@@ -9,6 +9,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples  # type: ignore[import-not-found]
 
 from synckit.errors import headers as headers_module
 from synckit.errors.headers import (
@@ -82,7 +83,7 @@ def test_retry_after_two_digit_year_follows_rfc9110(
         assert wait == timedelta(seconds=expected)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(9800, 1, 1)),
     st.integers(min_value=0, max_value=99),
@@ -156,7 +157,7 @@ def test_retry_after_just_under_the_clamp_is_kept() -> None:
     assert parse_retry_after("315532800", NOW) == timedelta(seconds=315532800)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.integers(min_value=0, max_value=10**30), st.integers(min_value=0, max_value=10**30))
 def test_retry_after_seconds_are_monotone(a: int, b: int) -> None:
     """A longer Retry-After never parses to a shorter wait."""
@@ -166,7 +167,7 @@ def test_retry_after_seconds_are_monotone(a: int, b: int) -> None:
     assert wait_low <= wait_high <= MAX_WAIT
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(st.text())
 def test_retry_after_never_raises_on_any_text(value: str) -> None:
     """Arbitrary text never makes parse_retry_after raise, and results are never negative."""
@@ -222,7 +223,7 @@ def test_server_wait_on_a_tie_names_the_millisecond_header() -> None:
     assert server_wait_signal(headers, NOW) == (timedelta(seconds=3), "x-ms-retry-after-ms")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.integers(min_value=0, max_value=10**9),
     st.integers(min_value=0, max_value=10**12),
@@ -391,7 +392,7 @@ _HEADER_VALUES = (
 )
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(st.dictionaries(_HEADER_NAMES, _HEADER_VALUES, max_size=6), st.datetimes())
 def test_header_parsers_never_raise(headers: dict[str, str], now: datetime) -> None:
     """Arbitrary header maps and clocks never make the parsers raise."""
@@ -406,7 +407,7 @@ _CASED_NAMES = st.one_of(
 ).flatmap(lambda n: st.sampled_from([n, n.upper(), n.title()]))
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     st.dictionaries(_CASED_NAMES, _HEADER_VALUES, max_size=6),
     st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1)),

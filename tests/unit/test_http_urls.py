@@ -11,6 +11,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples  # type: ignore[import-not-found]
 
 from synckit.runtime.http import OneParseClient
 
@@ -52,7 +53,7 @@ def _built(client: httpx.AsyncClient, url: str, params: Any) -> str:
 
 
 @pytest.mark.parametrize("base", BASES)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(path=_paths, query=st.one_of(st.just(""), _text.map(lambda q: "?" + q)), params=_params)
 def test_the_url_is_the_one_httpx_builds(base: str, path: str, query: str, params: Any) -> None:
     ours, theirs = _clients(base)

@@ -9,6 +9,7 @@ longer breaks the rule fails the test too, so the list stays the true remainder.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import synckit
@@ -23,6 +24,12 @@ STILL_BUILDING_SQL: set[str] = set()
 OWN_TABLES: set[str] = set()
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+@functools.cache  # every rule reads the same source: parse it once per process
 def _modules() -> dict[str, set[str]]:
     """Every module of the package and the names it imports (``a.b`` and ``a.b.name``)."""
     out: dict[str, set[str]] = {}
@@ -30,7 +37,7 @@ def _modules() -> dict[str, set[str]]:
         parts = path.relative_to(ROOT.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         imported: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 imported.add(node.module)
                 imported.update(f"{node.module}.{a.name}" for a in node.names)
@@ -70,7 +77,7 @@ def test_only_the_store_sends_sql_text() -> None:
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         if name.startswith("synckit.store") or name in OWN_TABLES:
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(path)):
             sends = isinstance(node, ast.Attribute) and node.attr == "exec_driver_sql"
             reads_as_sql = isinstance(node, ast.JoinedStr | ast.Constant) and any(
                 isinstance(v, ast.Constant)
@@ -154,12 +161,13 @@ def _synckit_imports(tree: ast.AST, *, in_functions: bool) -> set[str]:
     return found
 
 
+@functools.cache
 def _runtime_imports(*, in_functions: bool) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for path in sorted(ROOT.rglob("*.py")):
         parts = path.relative_to(ROOT.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         out[name] = _synckit_imports(tree, in_functions=in_functions)
     return out
 
@@ -353,7 +361,7 @@ def test_the_cli_imports_at_module_level() -> None:
     found = set()
     for path in sorted((ROOT / "cli").glob("*.py")):
         name = "synckit.cli" + ("" if path.stem == "__init__" else f".{path.stem}")
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         for fn in ast.walk(tree):
             if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue

@@ -8,6 +8,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples  # type: ignore[import-not-found]
 
 from synckit.errors import classify
 from synckit.errors.exceptions import ConfigurationError, RateLimited, RetryableError
@@ -174,7 +175,7 @@ def test_retry_after_zero_inside_a_streak_keeps_the_earned_backoff() -> None:
     assert decide(limited({"Retry-After": "0"})).until == NOW
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(
     streak=st.integers(min_value=1, max_value=10**6),
     wait=st.integers(min_value=0, max_value=10**9),
@@ -274,7 +275,7 @@ _STATES = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(
     headers=st.dictionaries(_HEADER_NAMES, _HEADER_VALUES, max_size=5),
     status=st.sampled_from([429, 403, 503, 509]),
@@ -294,7 +295,7 @@ def test_any_headers_give_a_pace_within_the_cap(
         assert d.streak >= 1
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(
     a=st.integers(min_value=0, max_value=10**30),
     b=st.integers(min_value=0, max_value=10**30),
@@ -309,7 +310,7 @@ def test_a_longer_retry_after_never_paces_shorter(a: int, b: int, policy: PacePo
     assert paces[0] <= paces[1] <= policy.max_wait
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(
     a=st.timedeltas(min_value=timedelta(0)),
     b=st.timedeltas(min_value=timedelta(0)),
@@ -340,7 +341,7 @@ def test_quota_rate_spreads_what_is_left_over_the_time_to_reset() -> None:
     assert quota_rate(5, NOW, NOW) is None  # the window reset: nothing known of the next
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     remaining=st.integers(min_value=0, max_value=10**9),
     in_flight=st.integers(min_value=0, max_value=1000),
@@ -383,7 +384,7 @@ def test_a_stored_schedule_opens_its_burst_before_it() -> None:
     assert schedule_opens_at(datetime.min.replace(tzinfo=UTC), rate=1, burst=5) is None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     rate=st.floats(allow_nan=True, allow_infinity=True),
     burst=st.integers(min_value=-3, max_value=10**18),
@@ -407,7 +408,7 @@ def test_slots_before_counts_what_the_schedule_lets_go_before_a_moment() -> None
     assert slots_before(None, NOW, datetime.max.replace(tzinfo=UTC), rate=1e300) >= 2**40
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     ahead_ms=st.integers(min_value=-2000, max_value=2000),
     until_ms=st.integers(min_value=1, max_value=3000),
@@ -436,7 +437,7 @@ def test_a_schedule_ahead_of_a_slow_clock_is_honoured() -> None:
     assert slot.wait == 5.0 and slot.tat == NOW + timedelta(seconds=6)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     rate=st.floats(allow_nan=True, allow_infinity=True),
     burst=st.integers(min_value=-3, max_value=10**18),
@@ -474,7 +475,7 @@ def test_a_slow_rate_reserves_one_slot_and_a_far_schedule_none() -> None:
     offset=st.floats(min_value=-100, max_value=100, allow_nan=False),
     max_wait=st.floats(min_value=0, max_value=100, allow_nan=False),
 )
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_reserving_ahead_is_what_asking_once_per_request_would_leave(
     rate: float, burst: int, offset: float, max_wait: float
 ) -> None:
@@ -559,7 +560,7 @@ def test_a_refusal_close_after_another_cuts_even_below_the_last_cut() -> None:
     assert learn_from_limit(cut, 6.0, alone, POLICY, later) == cut
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(
     rate=st.none() | st.floats(min_value=1e-3, max_value=1e5),
     peak=st.none() | st.floats(min_value=1e-3, max_value=1e5),

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples  # type: ignore[import-not-found]
 
 from synckit import (
     CursorPaginator,
@@ -241,7 +242,7 @@ versions = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     versions,
     st.integers(1, 4),

@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import examples  # type: ignore[import-not-found]
 from pydantic import BaseModel, SecretStr
 from secret_shapes import SHAPES
 
@@ -220,7 +221,7 @@ _RULE_PIECES = st.lists(
 ).map("".join)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(text=st.one_of(_RULE_PIECES, st.text(max_size=40)))
 def test_the_search_before_the_rules_skips_only_texts_no_rule_changes(text: str) -> None:
     assert redaction._apply_rules(text) == redaction._mask_pairs_if_hinted(_every_rule(text))
@@ -228,7 +229,7 @@ def test_the_search_before_the_rules_skips_only_texts_no_rule_changes(text: str)
         assert _every_rule(text) == text
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     event=st.dictionaries(
         st.sampled_from(["event", "token", "api_key", "count", "resource_key", "timestamp"]),
