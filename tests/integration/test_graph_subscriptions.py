@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import uvicorn
 from cryptography.fernet import Fernet
+from inprocess import run_cli  # tests/
 from starlette.testclient import TestClient
+from waits import await_until  # tests/
 
 from synckit import App, pause_tenant, remove_tenant, resume_tenant
 from synckit.connectors.subscriptions import renew_at
@@ -27,9 +29,6 @@ from synckit.testing import FakeClock, Reply
 from synckit.testing.fixtures import run_worker_until_idle
 from synckit.web import WebConfig, create_app
 from synckit.web.webhooks import webhook_app
-
-from inprocess import run_cli  # tests/
-from waits import EVENT_TIMEOUT  # tests/
 
 TENANT = "contoso"
 CLIENT_STATE = "a-client-state-secret-of-contoso"
@@ -70,9 +69,11 @@ async def receiver(db: Database, clock: FakeClock) -> AsyncIterator[tuple[App, s
         )
     )
     task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(EVENT_TIMEOUT):
-        while not server.started:
-            await asyncio.sleep(0.01)
+
+    async def started() -> bool:
+        return bool(server.started)
+
+    await await_until(started, "the receiver to start")
     port = server.servers[0].sockets[0].getsockname()[1]
     app.webhook_url = f"http://127.0.0.1:{port}/"
     try:
@@ -83,9 +84,7 @@ async def receiver(db: Database, clock: FakeClock) -> AsyncIterator[tuple[App, s
 
 
 @pytest.fixture
-async def app(
-    db: Database, sim: tuple[GraphSimulator, str], receiver: tuple[App, str]
-) -> App:
+async def app(db: Database, sim: tuple[GraphSimulator, str], receiver: tuple[App, str]) -> App:
     simulator, url = sim
     app, _ = receiver
     await app.upgrade_records(db)
