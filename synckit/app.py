@@ -178,6 +178,17 @@ class App:
                 f"two connectors are named {cls.name!r}: {other.__qualname__} "
                 f"and {cls.__qualname__}"
             )
+        if getattr(getattr(cls, "webhooks", None), "subscription", None) is not None:
+            missing = [
+                hook
+                for hook in ("create_subscription", "renew_subscription", "delete_subscription")
+                if not callable(getattr(cls, hook, None))
+            ]
+            if missing:
+                raise ConfigurationError(
+                    f"connector {cls.name!r} declares a webhook subscription but has no "
+                    + ", ".join(missing)
+                )
         self._connectors[cls.name] = cls
         if getattr(cls, "webhooks", None) is not None and hasattr(self, "_webhooks_registered"):
             self._register_webhooks()

@@ -55,6 +55,7 @@ from synckit.errors import ErrorClass
 from synckit.errors.exceptions import ConfigurationError, Discard, TenantNotFound
 from synckit.runtime.actions import poll_job_spec
 from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.instruments import record_subscription
 from synckit.runtime.logging import redact_text
 from synckit.runtime.tenants import get_tenant
 from synckit.store import subscriptions as subs
@@ -238,6 +239,7 @@ async def maintain_subscription(
 
     if not await db.write(tx):
         return "gone"
+    record_subscription(row.connector, did)
     if log is not None:
         log.info(
             f"subscription.{did}",
@@ -294,6 +296,7 @@ async def _failed(
 
     if not await db.write(tx):
         return "gone"
+    record_subscription(row.connector, decided.state if fell_back else "retry")
     if log is not None:
         event = f"subscription.{decided.state}" if fell_back else "subscription.retry"
         log.warning(
@@ -324,6 +327,7 @@ async def _delete(db: Database, app: App, row: subs.SubscriptionRow, log: Any) -
                     error=_message(exc),
                 )
     await db.write(lambda c: subs.delete(c, row.tenant, row.stream))
+    record_subscription(row.connector, "deleted")
     if log is not None:
         log.info("subscription.deleted", tenant=row.tenant, stream=row.stream)
     return "deleted"

@@ -16,6 +16,7 @@ import pytest
 import uvicorn
 from cryptography.fernet import Fernet
 from inprocess import run_cli  # tests/
+from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 from waits import await_until  # tests/
 
@@ -180,6 +181,7 @@ async def test_renewed_before_expiry_and_a_404_on_renewal_recreates_it(
     assert simulator.stats.subscriptions_renewed[TENANT] == 1
 
     simulator.forget_subscription(str(renewed.subscription_id))
+    recreated = _counted("recreated")
     await _until(app, db, clock, renewed.next_at)
     again = await _row(db)
     assert again is not None and again.state == "active"
@@ -187,6 +189,12 @@ async def test_renewed_before_expiry_and_a_404_on_renewal_recreates_it(
     assert [s["id"] for s in simulator.subscriptions(TENANT)] == [again.subscription_id]
     assert simulator.stats.subscriptions_created[TENANT] == 2
     assert simulator.stats.validations[TENANT] == 2
+    assert _counted("recreated") == recreated + 1
+
+
+def _counted(outcome: str) -> float:
+    labels = {"connector": "graph_mail", "outcome": outcome}
+    return REGISTRY.get_sample_value("synckit_webhook_subscriptions_total", labels) or 0.0
 
 
 async def test_repeated_renewal_failures_lapse_it_the_stream_polls_and_operators_see_it(

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from synckit import ConfigurationError, Subscription, Webhooks
+from synckit import App, ConfigurationError, Connector, Subscription, Webhooks
 from synckit.connectors.subscriptions import (
     ACTIVE,
     FAILED,
@@ -115,3 +115,14 @@ def test_a_bad_declaration_is_refused_when_it_is_made(bad: dict[str, object]) ->
 def test_webhooks_take_only_a_subscription_declaration() -> None:
     with pytest.raises(ConfigurationError, match="subscription"):
         Webhooks(verify=GraphNotifications(secret_field="s"), subscription={"days": 3})  # type: ignore[arg-type]
+
+
+def test_a_connector_declaring_a_subscription_without_its_hooks_is_refused() -> None:
+    class NoHooks(Connector):
+        name = "nohooks"
+        webhooks = Webhooks(
+            verify=GraphNotifications(secret_field="s"), subscription=Subscription()
+        )
+
+    with pytest.raises(ConfigurationError, match="create_subscription, renew_subscription"):
+        App([NoHooks])
