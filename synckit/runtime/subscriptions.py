@@ -137,7 +137,9 @@ async def sweep_subscriptions(db: Database, app: App) -> list[str]:
         for name, cls, decl in declared:
             for stream in subscribed_streams(cls, decl):
                 subs.add_missing(conn, connector=name, stream=stream, now=now)
-        work = set(subs.due(conn, now)) | set(subs.not_active(conn))
+        # Only this App's connectors: another App may share the database.
+        names = [name for name, _, _ in declared]
+        work = set(subs.due(conn, now, names)) | set(subs.not_active(conn, names))
         specs = [subscription_job_spec(t, c, s) for t, c, s in sorted(work)]
         return enqueue_new_sync(conn, specs, now) if specs else []
 
@@ -172,7 +174,9 @@ async def maintain_subscription(
     cls = app.connectors.get(row.connector)
     decl = getattr(cls, "webhooks", None) if cls is not None else None
     policy = decl.subscription if isinstance(decl, Webhooks) else None
-    if row.tenant_status != "active" or policy is None or cls is None:
+    if cls is None:
+        raise Discard(f"connector {row.connector!r} is not in this app")
+    if row.tenant_status != "active" or policy is None:
         return await _delete(db, app, row, log)
     assert isinstance(decl, Webhooks)
     if row.next_at > now:

@@ -114,24 +114,29 @@ def add_missing(
     return int(conn.execute(stmt).rowcount or 0)
 
 
-def due(conn: Connection, now: datetime, limit: int = 500) -> list[tuple[str, str, str]]:
-    """(tenant, connector, stream) of the rows due by ``now``, soonest first."""
+def due(
+    conn: Connection, now: datetime, connectors: Sequence[str], limit: int = 500
+) -> list[tuple[str, str, str]]:
+    """(tenant, connector, stream) of the rows of ``connectors`` due by ``now``, soonest
+    first."""
     stmt = (
         select(_S.tenant, _S.connector, _S.stream)
-        .where(_S.next_at <= now)
+        .where(_S.next_at <= now, _S.connector.in_(list(connectors)))
         .order_by(_S.next_at)
         .limit(limit)
     )
     return [(r.tenant, r.connector, r.stream) for r in conn.execute(stmt)]
 
 
-def not_active(conn: Connection, limit: int = 500) -> list[tuple[str, str, str]]:
-    """(tenant, connector, stream) of the rows whose tenant is no longer active (paused,
-    re-authorising): their subscriptions are to be deleted."""
+def not_active(
+    conn: Connection, connectors: Sequence[str], limit: int = 500
+) -> list[tuple[str, str, str]]:
+    """(tenant, connector, stream) of the rows of ``connectors`` whose tenant is no longer
+    active (paused, re-authorising): their subscriptions are to be deleted."""
     stmt = (
         select(_S.tenant, _S.connector, _S.stream)
         .join(connections, connections.c.tenant == _S.tenant)
-        .where(connections.c.status != "active")
+        .where(connections.c.status != "active", _S.connector.in_(list(connectors)))
         .order_by(_S.tenant, _S.stream)
         .limit(limit)
     )

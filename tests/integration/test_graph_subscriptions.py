@@ -7,6 +7,7 @@ the App and the simulator; each step runs the App's worker until nothing is due.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
@@ -20,10 +21,20 @@ from prometheus_client import REGISTRY
 from starlette.testclient import TestClient
 from waits import await_until  # tests/
 
-from synckit import App, pause_tenant, remove_tenant, resume_tenant
+from synckit import (
+    App,
+    Connector,
+    GraphNotifications,
+    Subscription,
+    Webhooks,
+    pause_tenant,
+    remove_tenant,
+    resume_tenant,
+)
 from synckit.connectors.subscriptions import renew_at
 from synckit.examples.graph_mail import GraphMail, GraphSimulator, connect_tenant, make_app
 from synckit.runtime.status import read_status
+from synckit.runtime.subscriptions import sweep_subscriptions
 from synckit.store import subscriptions as subs
 from synckit.store.db import Database
 from synckit.testing import FakeClock, Reply
@@ -291,3 +302,28 @@ async def test_without_a_webhook_url_no_subscription_is_made(
     app.webhook_url = None
     await _run(app, db)
     assert await _row(db) is None and sim[0].subscriptions() == []
+
+
+class _Other(Connector):
+    """Another App's connector with subscriptions (its hooks are never reached here)."""
+
+    name = "other_push"
+    webhooks = Webhooks(verify=GraphNotifications(secret_field="s"), subscription=Subscription())
+
+    async def create_subscription(self, ctx: Any, request: Any) -> Any:
+        raise AssertionError("not called")
+
+    renew_subscription = delete_subscription = create_subscription
+
+
+async def test_another_app_sharing_the_database_leaves_these_subscriptions_alone(
+    db: Database, app: App, sim: tuple[GraphSimulator, str], clock: FakeClock
+) -> None:
+    await _run(app, db)
+    before = await _row(db)
+    assert before is not None
+    other = App([_Other], clock=clock, webhook_url="http://127.0.0.1:9/webhooks")
+    await pause_tenant(db, TENANT)  # its row is now both due for deletion and due...
+    clock.advance(timedelta(days=3))  # ... for renewal, for an App that knows it
+    assert await sweep_subscriptions(db, other) == []
+    assert await _row(db) == dataclasses.replace(before, tenant_status="paused")
