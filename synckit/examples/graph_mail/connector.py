@@ -195,11 +195,12 @@ class GraphMail(Connector[GraphMailConfig]):
     # Delta pages: messages at "value", the next page's URL at "@odata.nextLink".
     paginator = NextUrlPaginator(records="value", next="@odata.nextLink")
     # Change notifications: each verified notification triggers a cycle of "messages"
-    # (at most one per Stream.webhook_window); the subscription lives 4230 minutes at
-    # most (Graph's limit for messages) and is renewed at 2/3 of that or 6 hours before.
+    # (at most one per Stream.webhook_window). Graph lets a subscription to messages
+    # live 4230 minutes at most; asking for 4200 leaves room for clock skew (a request
+    # past the limit is refused). It is renewed at 2/3 of that, or 6 hours before expiry.
     webhooks = Webhooks(
         verify=GraphNotifications(secret_field="client_state"),
-        subscription=Subscription(lifetime=timedelta(minutes=4230)),
+        subscription=Subscription(lifetime=timedelta(minutes=4200)),
     )
 
     # --- 2. auth ------------------------------------------------------------------------
