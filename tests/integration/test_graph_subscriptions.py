@@ -222,6 +222,7 @@ async def test_repeated_renewal_failures_lapse_it_the_stream_polls_and_operators
     refused = Reply.json({"error": {"code": "InvalidRequest", "message": "no renewal"}}, 400)
     simulator.api.script("PATCH", f"/v1.0/subscriptions/{row.subscription_id}", [refused] * 50)
     delta = "/v1.0/me/mailFolders/inbox/messages/delta"
+    lapsed, retried = _counted("lapsed"), _counted("retry")
     for failures in range(1, POLICY.max_failures + 1):
         await _until(app, db, clock, row.next_at)
         row = await _row(db)
@@ -229,6 +230,8 @@ async def test_repeated_renewal_failures_lapse_it_the_stream_polls_and_operators
         if failures < POLICY.max_failures:
             assert row.state == "active" and row.next_at <= (row.expires_at or row.next_at)
     assert row.state == "lapsed" and "no renewal" in (row.last_error or "")
+    assert _counted("lapsed") == lapsed + 1
+    assert _counted("retry") == retried + POLICY.max_failures - 1
     polls_at_lapse = len(simulator.api.calls("GET", delta))
     added = simulator.add_message(TENANT, subject="seen by polling")
     # The lapse enqueued a cycle at once; then the schedule (every 5m) goes on.
