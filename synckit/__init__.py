@@ -26,6 +26,11 @@ if TYPE_CHECKING:
         Paginator,
     )
     from synckit.connectors.records import Deleted, Records
+    from synckit.connectors.subscriptions import (
+        ProviderSubscription,
+        Subscription,
+        SubscriptionRequest,
+    )
     from synckit.connectors.webhooks import (
         GitHubSignature,
         GraphNotifications,
@@ -244,6 +249,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "TenantFromPath": ("synckit.connectors.webhooks", "TenantFromPath"),
     "WebhookEvent": ("synckit.connectors.webhooks", "WebhookEvent"),
     "Webhooks": ("synckit.connectors.webhooks", "Webhooks"),
+    "ProviderSubscription": ("synckit.connectors.subscriptions", "ProviderSubscription"),
+    "Subscription": ("synckit.connectors.subscriptions", "Subscription"),
+    "SubscriptionRequest": ("synckit.connectors.subscriptions", "SubscriptionRequest"),
 }
 
 __all__ = [
@@ -313,6 +321,7 @@ __all__ = [
     "Paginator",
     "PayloadError",
     "PermanentError",
+    "ProviderSubscription",
     "PublishFailed",
     "PublishRejected",
     "PublisherUnavailable",
@@ -331,6 +340,8 @@ __all__ = [
     "StandardWebhooks",
     "Stream",
     "StripeSignature",
+    "Subscription",
+    "SubscriptionRequest",
     "SyncContext",
     "SynckitError",
     "Tenant",

@@ -94,6 +94,11 @@ class App:
     they honour the environment's ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` and
     ``NO_PROXY``. ``ca_bundle`` is a PEM file of the certificate authorities to trust
     instead of the default bundle (a company's TLS-inspecting proxy, a private API's CA).
+
+    ``webhook_url`` is where providers reach ``synckit web``'s ``/webhooks`` (e.g.
+    ``https://sync.example.com/webhooks``; default ``$SYNCKIT_WEBHOOK_URL``): the
+    notification URL of the webhook subscriptions the App keeps
+    (:mod:`synckit.runtime.subscriptions`). Without one, none is made.
     """
 
     def __init__(
@@ -110,9 +115,12 @@ class App:
         clock: Callable[[], datetime] | None = None,
         proxy: str | None = None,
         ca_bundle: str | os.PathLike[str] | None = None,
+        webhook_url: str | None = None,
     ) -> None:
         #: How connectors' clients reach their APIs (proxy, trusted CAs).
         self.network = network_of(proxy, ca_bundle)
+        self.webhook_url = webhook_url
+        self._subscriptions_registered = False
         self._connectors: dict[str, type[Connector[Any]]] = {}
         for cls in connectors:
             self.add_connector(cls)
@@ -148,6 +156,15 @@ class App:
         if not self._webhooks_registered:
             register_webhooks(self.registry, self, sweep_every=timedelta(seconds=30))
             self._webhooks_registered = True
+        subscribed = any(
+            getattr(getattr(c, "webhooks", None), "subscription", None) is not None
+            for c in self._connectors.values()
+        )
+        if subscribed and not self._subscriptions_registered:
+            from synckit.runtime.subscriptions import register_subscriptions
+
+            register_subscriptions(self.registry, self, every=timedelta(minutes=1))
+            self._subscriptions_registered = True
 
     def add_connector(self, cls: type[Connector[Any]]) -> None:
         """Know one more connector class (its ``name`` must be set and unique)."""
@@ -161,6 +178,17 @@ class App:
                 f"two connectors are named {cls.name!r}: {other.__qualname__} "
                 f"and {cls.__qualname__}"
             )
+        if getattr(getattr(cls, "webhooks", None), "subscription", None) is not None:
+            missing = [
+                hook
+                for hook in ("create_subscription", "renew_subscription", "delete_subscription")
+                if not callable(getattr(cls, hook, None))
+            ]
+            if missing:
+                raise ConfigurationError(
+                    f"connector {cls.name!r} declares a webhook subscription but has no "
+                    + ", ".join(missing)
+                )
         self._connectors[cls.name] = cls
         if getattr(cls, "webhooks", None) is not None and hasattr(self, "_webhooks_registered"):
             self._register_webhooks()

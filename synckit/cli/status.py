@@ -95,6 +95,21 @@ def _marked(value: str, known: frozenset[str]) -> str:
 _SHOWN_UNREADABLE = frozenset({"status", "breaker", "next_available_at"})
 
 
+def _render_subscriptions(status: Status, console: Console) -> None:
+    """Webhook subscriptions by state; those lapsed or failed named, with why."""
+    if not status.subscriptions_by_state:
+        return
+    counts = ", ".join(f"{n} {escape(k)}" for k, n in sorted(status.subscriptions_by_state.items()))
+    console.print(f"Webhook subscriptions: {counts}")
+    for s in status.subscriptions_down:
+        console.print(
+            f"[bold red]subscription {escape(s.state)}[/bold red]: "
+            f"{escape(s.tenant)}/{escape(s.stream)} ({escape(s.connector)}), "
+            f"{s.failures} failure(s), next try {_when(s.next_at)}; the stream is polled "
+            f"on its schedule. Last error: {escape((s.last_error or '-')[:200])}"
+        )
+
+
 def render_status(status: Status, console: Console) -> None:
     """Print ``status`` as rich tables: tenants, queue, alerts, dead letters and outbox.
 
@@ -186,6 +201,7 @@ def render_status(status: Status, console: Console) -> None:
             f"their run_at cannot be read (ids {ids}{more}); "
             "see `synckit jobs ls --unreadable`"
         )
+    _render_subscriptions(status, console)
     alerts = Table(title="Alerts")
     for col in ("", "severity", "rule", "subject", "since", "message"):
         alerts.add_column(col)

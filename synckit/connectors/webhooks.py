@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from synckit.connectors.subscriptions import Subscription
 from synckit.errors.exceptions import ConfigurationError
 
 __all__ = [
@@ -429,6 +430,11 @@ class Webhooks:
     ``lease``: how long a processing claim holds a batch of events; the events of a
     worker killed mid-batch wait this long before another worker takes them (a claim
     that outlives it is fenced off: nothing of its batch lands).
+
+    ``subscription``: the provider sends events only while a subscription lives (Graph);
+    the runtime creates, renews and deletes it through the connector's
+    ``create_subscription`` / ``renew_subscription`` / ``delete_subscription`` hooks
+    (:mod:`synckit.connectors.subscriptions`).
     """
 
     verify: Verifier
@@ -438,6 +444,7 @@ class Webhooks:
     secret_env: str | None = None
     records: str | None = None
     lease: timedelta = timedelta(minutes=5)
+    subscription: Subscription | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.verify, _SCHEMES) and not (
@@ -456,3 +463,5 @@ class Webhooks:
             raise ConfigurationError("Webhooks.lease must be a positive timedelta")
         if self.records is not None and (not isinstance(self.records, str) or not self.records):
             raise ConfigurationError("Webhooks.records must be the name of a stream with Records")
+        if self.subscription is not None and not isinstance(self.subscription, Subscription):
+            raise ConfigurationError("Webhooks.subscription must be a Subscription(...)")

@@ -32,6 +32,7 @@ class _Instruments:
     records: Counter
     alerts: Counter
     webhooks: Counter
+    subscriptions: Counter
 
 
 @functools.cache
@@ -65,6 +66,11 @@ def _instruments() -> _Instruments | None:
         ),
         alerts=Counter("synckit_alerts_fired", "Alerts delivered", ["rule"]),
         webhooks=Counter("synckit_webhooks", "Webhook events by outcome", ["connector", "outcome"]),
+        subscriptions=Counter(
+            "synckit_webhook_subscriptions",
+            "Webhook subscription operations by outcome",
+            ["connector", "outcome"],
+        ),
     )
 
 
@@ -116,3 +122,10 @@ def record_webhook(connector: str, outcome: str, n: int = 1) -> None:
     orphaned, too_large, processed)."""
     if n and (m := _instruments()) is not None:
         m.webhooks.labels(connector=connector, outcome=outcome).inc(n)
+
+
+def record_subscription(connector: str, outcome: str) -> None:
+    """Count one webhook subscription operation of ``connector`` by outcome (created,
+    renewed, recreated, deleted, retry, lapsed, failed)."""
+    if (m := _instruments()) is not None:
+        m.subscriptions.labels(connector=connector, outcome=outcome).inc()

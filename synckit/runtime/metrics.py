@@ -16,7 +16,10 @@ are fed by the worker (:func:`metrics_observer`, an outcome observer) and by con
   committed, ``ok`` or ``failed`` (dead-lettered);
 * ``synckit_alerts_fired_total{rule}``;
 * ``synckit_webhooks_total{connector, outcome}``: webhook events stored, duplicate,
-  refused, orphaned, too_large (deliveries over the cap) and processed.
+  refused, orphaned, too_large (deliveries over the cap) and processed;
+* ``synckit_webhook_subscriptions_total{connector, outcome}``: subscriptions created,
+  renewed, recreated (after a 404), deleted, and failures (``retry``, ``lapsed``,
+  ``failed``).
 
 The gauges describe shared state, which only the database knows, so a custom collector
 reads it on each scrape (:class:`DatabaseCollector`):

@@ -43,6 +43,7 @@ from synckit.runtime.unreadable_jobs import (
     count_unreadable_run_at,
     unreadable_run_at,
 )
+from synckit.store import subscriptions as subscription_store
 from synckit.store.connections import CONNECTION_STATUSES
 from synckit.store.db import Conn, Database
 from synckit.store.views import (
@@ -91,6 +92,21 @@ class TenantStatus:
 
 
 @dataclass(frozen=True)
+class SubscriptionStatus:
+    """A webhook subscription that is not active: its stream relies on polling alone."""
+
+    tenant: str
+    connector: str
+    stream: str
+    state: str
+    failures: int
+    expires_at: datetime | None
+    #: When synckit tries again (creates it anew).
+    next_at: datetime
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
 class Status:
     database: str
     queue: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -114,6 +130,10 @@ class Status:
     #: Pending jobs whose ``run_at`` cannot be read (they never run), and the first few.
     unreadable_jobs: int = 0
     stuck_jobs: list[StuckJob] = field(default_factory=list)
+    #: Webhook subscriptions by state, and those lapsed or failed (their streams are
+    #: polled on their schedules alone), the first ``SUBSCRIPTIONS_SHOWN``.
+    subscriptions_by_state: dict[str, int] = field(default_factory=dict)
+    subscriptions_down: list[SubscriptionStatus] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -147,6 +167,8 @@ def _to_json_values(value: Any) -> Any:
 ALERTS_ON_THE_SPOT = 10_000
 #: How many of the jobs that never run (unreadable ``run_at``) a status names.
 STUCK_SHOWN = 10
+#: How many lapsed or failed webhook subscriptions a status names.
+SUBSCRIPTIONS_SHOWN = 50
 
 
 async def read_status(
@@ -200,6 +222,16 @@ async def read_status(
         recent = await recent_alerts(conn, since=now - alerts_since)
         stuck_count = await count_unreadable_run_at(conn)
         stuck = await unreadable_run_at(conn, limit=STUCK_SHOWN) if stuck_count else []
+        by_sub_state = await conn.run_sync(subscription_store.state_counts)
+        down = (
+            await conn.run_sync(
+                lambda c: subscription_store.list_subscriptions(
+                    c, states=("lapsed", "failed"), limit=SUBSCRIPTIONS_SHOWN
+                )
+            )
+            if by_sub_state.get("lapsed") or by_sub_state.get("failed")
+            else []
+        )
     tenants = _tenants(states, breakers, totals, by_dlq, budget, now, only_known=limit is not None)
     return Status(
         database=db.display_url,
@@ -218,6 +250,20 @@ async def read_status(
         alerts_evaluated=data is not None,
         unreadable_jobs=stuck_count,
         stuck_jobs=stuck,
+        subscriptions_by_state=by_sub_state,
+        subscriptions_down=[
+            SubscriptionStatus(
+                tenant=r.tenant,
+                connector=r.connector,
+                stream=r.stream,
+                state=r.state,
+                failures=r.failures,
+                expires_at=r.expires_at,
+                next_at=r.next_at,
+                last_error=redact_text(r.last_error) if r.last_error else None,
+            )
+            for r in down
+        ],
     )
 
 
@@ -309,6 +355,7 @@ def _unreadable(s: ConnectionState | None, b: BreakerInfo | None) -> tuple[tuple
 __all__ = [
     "ALERTS_ON_THE_SPOT",
     "Status",
+    "SubscriptionStatus",
     "TenantStatus",
     "read_status",
 ]

@@ -638,3 +638,31 @@ webhook_triggers = Table(
     Column("stream", String(200), primary_key=True),
     _ts("last_at", nullable=False),
 )
+
+#: A provider's webhook subscription for one tenant's stream (migration 0020,
+#: synckit.store.subscriptions): its id at the provider, when it expires, and when the
+#: runtime acts on it next (``next_at``: renew an active one, retry a pending, lapsed or
+#: failed one). state: pending | active | lapsed | failed. Deleted with its tenant.
+webhook_subscriptions = Table(
+    "webhook_subscriptions",
+    metadata,
+    Column(
+        "tenant",
+        String(200),
+        ForeignKey("connections.tenant", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("stream", String(200), primary_key=True),
+    Column("connector", String(200), nullable=False),
+    Column("subscription_id", String(500)),
+    Column("state", String(16), nullable=False),
+    _ts("expires_at"),
+    _ts("renewed_at"),
+    _ts("next_at", nullable=False),
+    Column("failures", Integer, nullable=False, server_default="0"),
+    Column("last_error", Text),
+    Column("last_error_class", String(64)),
+    _ts("created_at", nullable=False),
+    _ts("updated_at", nullable=False),
+    Index("ix_webhook_subscriptions_next_at", "next_at"),
+)

@@ -2,7 +2,8 @@
 ahead of the console's guards): the inbox counted per connector and tenant (received,
 duplicates, refused, orphaned, pending, processed, failed) and its newest events,
 filtered by connector, tenant and status; a stored event can be replayed (put back to
-pending with its processing job, as ``synckit webhooks replay`` does). Read-only
+pending with its processing job, as ``synckit webhooks replay`` does). The webhook
+subscriptions synckit keeps (created, renewed, lapsed, failed) are listed too. Read-only
 otherwise; the replay is refused in ``--read-only`` mode by the console's guard.
 """
 
@@ -16,6 +17,7 @@ from starlette.routing import Route
 
 from synckit.clock import utcnow
 from synckit.runtime.webhooks import process_job_spec
+from synckit.store import subscriptions as subscription_store
 from synckit.store import webhooks as inbox
 from synckit.store.db import SyncConn
 
@@ -41,17 +43,22 @@ async def webhooks_page(request: Request) -> Response:
         "status": _filter(request, "status", inbox.STATUSES),
     }
 
-    def read(conn: SyncConn) -> tuple[list[inbox.WebhookCounts], list[Any]]:
+    def read(conn: SyncConn) -> tuple[list[inbox.WebhookCounts], list[Any], list[Any]]:
         counts = inbox.webhook_counts(conn)
         events = inbox.recent_events(conn, limit=LIMIT, **filters)
-        return counts, events
+        tenant = filters["tenant"]
+        subs = subscription_store.list_subscriptions(
+            conn, tenants=[tenant] if tenant else None, limit=LIMIT
+        )
+        return counts, events, subs
 
-    counts, events = await db.run_read(read)
+    counts, events, subs = await db.run_read(read)
     return console.render(
         request,
         "webhooks.html",
         counts=counts,
         events=events,
+        subscriptions=subs,
         statuses=inbox.STATUSES,
         filters={k: v or "" for k, v in filters.items()},
         here=str(request.url.path) + (f"?{request.url.query}" if request.url.query else ""),

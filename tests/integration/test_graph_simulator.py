@@ -408,3 +408,93 @@ def test_the_module_serves_on_loopback_and_prints_its_base_url() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# --- change notifications --------------------------------------------------------------
+
+
+def _echoing(echo: bool) -> Any:
+    """A notification endpoint on loopback: echoes the validationToken (or not)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from loopback import LoopbackServer  # tests/
+
+    def respond(request: Any) -> tuple[int, dict[str, str], bytes]:
+        token = parse_qs(urlsplit(request.path).query).get("validationToken", [""])[0]
+        body = token if echo else "something else"
+        return 200, {"Content-Type": "text/plain"}, body.encode()
+
+    return LoopbackServer(respond)
+
+
+def _subscription(url: str, expires: datetime) -> dict[str, Any]:
+    return {
+        "changeType": "created,updated",
+        "notificationUrl": url,
+        "resource": "me/mailFolders('inbox')/messages",
+        "expirationDateTime": expires.isoformat().replace("+00:00", "Z"),
+        "clientState": "state-1",
+    }
+
+
+async def test_a_subscription_is_made_only_after_the_url_echoes_the_validation_token(
+    sim: GraphSimulator, graph: httpx.AsyncClient, clock: FakeClock
+) -> None:
+    good, bad = _echoing(True), _echoing(False)
+    try:
+        refused = await graph.post(
+            "/v1.0/subscriptions",
+            json=_subscription(bad.url + "/hook", clock() + timedelta(days=1)),
+        )
+        assert refused.status_code == 400 and "validation" in refused.text
+        assert sim.subscriptions("contoso") == []
+        made = await graph.post(
+            "/v1.0/subscriptions",
+            json=_subscription(good.url + "/hook", clock() + timedelta(days=1)),
+        )
+        assert made.status_code == 201, made.text
+        assert made.json()["clientState"] == "state-1"
+        (call,) = [r for r in good.requests if "validationToken=" in r.path]
+        assert call.method == "POST" and call.path.startswith("/hook?")
+        sim.add_message("contoso")
+        sim.add_message("fabrikam")  # another tenant's mailbox: no notification
+        assert sim.queued_notifications() == 1
+    finally:
+        good.close()
+        bad.close()
+
+
+async def test_subscription_expiry_is_capped_and_a_forgotten_or_expired_one_is_404(
+    sim: GraphSimulator, graph: httpx.AsyncClient, clock: FakeClock
+) -> None:
+    server = _echoing(True)
+    try:
+        url = server.url + "/hook"
+        too_far = clock() + timedelta(minutes=4231)
+        r = await graph.post("/v1.0/subscriptions", json=_subscription(url, too_far))
+        assert r.status_code == 400 and "4230 minutes" in r.text
+        made = (
+            await graph.post(
+                "/v1.0/subscriptions", json=_subscription(url, clock() + timedelta(hours=1))
+            )
+        ).json()
+        later = {"expirationDateTime": (clock() + timedelta(hours=5)).isoformat()}
+        renewed = await graph.patch(f"/v1.0/subscriptions/{made['id']}", json=later)
+        assert renewed.status_code == 200
+        assert renewed.json()["expirationDateTime"].startswith(
+            (clock() + timedelta(hours=5)).strftime("%Y-%m-%dT%H:%M")
+        )
+        clock.advance(timedelta(hours=6))
+        graph.headers.update(bearer(sim.issue_tokens("contoso")))  # the old one expired too
+        gone = await graph.patch(f"/v1.0/subscriptions/{made['id']}", json=later)
+        assert gone.status_code == 404
+        assert classify(gone, now=clock()).error_class is ErrorClass.NOT_FOUND
+        again = (
+            await graph.post(
+                "/v1.0/subscriptions", json=_subscription(url, clock() + timedelta(hours=1))
+            )
+        ).json()
+        sim.forget_subscription(again["id"])
+        assert (await graph.delete(f"/v1.0/subscriptions/{again['id']}")).status_code == 404
+    finally:
+        server.close()

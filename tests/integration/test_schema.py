@@ -32,6 +32,7 @@ TABLES = {
     "webhook_events",
     "webhook_refusals",
     "webhook_triggers",
+    "webhook_subscriptions",
 }
 
 

@@ -25,6 +25,17 @@ Read it top to bottom; each part teaches one thing synckit expects of a connecto
    is not idempotent. The send runs as an *intent*: we stamp the message with our own
    ``internetMessageId``, and a retry whose earlier attempt lost its answer first looks
    for that id in Sent Items. (:mod:`synckit.examples.graph_mail.app` runs sends as jobs.)
+6. **Change notifications** (``GraphMail.webhooks``): Graph pushes "something changed in
+   this folder" to ``synckit web``'s ``/webhooks/graph_mail/<tenant>`` while a
+   subscription lives; each notification carries the tenant's ``client_state`` (a secret
+   of its sealed config, checked on every notification) and triggers a delta cycle of
+   ``messages`` at once, instead of at the next scheduled poll. Subscriptions expire
+   within 4230 minutes: synckit creates one per tenant (the hooks
+   :meth:`GraphMail.create_subscription`, :meth:`GraphMail.renew_subscription`,
+   :meth:`GraphMail.delete_subscription`), renews it before it expires, recreates it
+   when Graph forgot it, and, if it lapses, the poll schedule (which never stops) carries
+   on alone. Set ``App(webhook_url=...)`` (or ``$SYNCKIT_WEBHOOK_URL``) to where Graph
+   reaches ``synckit web``'s ``/webhooks``.
 
 Nothing here retries, sleeps, or checks a status code: ``ctx.http`` raises the exception
 that tells the runtime what to do (wait out a 429's ``Retry-After``, back off on a 503,
@@ -35,21 +46,26 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SecretStr
 
 from synckit import (
     Connector,
+    GraphNotifications,
     NextUrlPaginator,
     OAuth2,
     OAuth2Config,
     Page,
+    ProviderSubscription,
     RateLimit,
     Records,
     Stream,
+    Subscription,
+    SubscriptionRequest,
     SyncContext,
+    Webhooks,
 )
 from synckit.connectors.intents import IntentResult, RemoteRecord
 from synckit.errors import ErrorClass
@@ -91,6 +107,9 @@ class GraphMailConfig(BaseModel):
     token_url: str | None = None
     #: Messages per delta page (Graph's ``Prefer: odata.maxpagesize``).
     page_size: int = Field(default=50, ge=1, le=1000)
+    #: The ``clientState`` of the tenant's change-notification subscription: a secret
+    #: Graph echoes in every notification (without it, no subscription is made).
+    client_state: SecretStr | None = None
 
     @property
     def token_endpoint(self) -> str:
@@ -175,6 +194,14 @@ class GraphMail(Connector[GraphMailConfig]):
     rate_limit = RateLimit(per_second=15, burst=30)
     # Delta pages: messages at "value", the next page's URL at "@odata.nextLink".
     paginator = NextUrlPaginator(records="value", next="@odata.nextLink")
+    # Change notifications: each verified notification triggers a cycle of "messages"
+    # (at most one per Stream.webhook_window). Graph lets a subscription to messages
+    # live 4230 minutes at most; asking for 4200 leaves room for clock skew (a request
+    # past the limit is refused). It is renewed at 2/3 of that, or 6 hours before expiry.
+    webhooks = Webhooks(
+        verify=GraphNotifications(secret_field="client_state"),
+        subscription=Subscription(lifetime=timedelta(minutes=4200)),
+    )
 
     # --- 2. auth ------------------------------------------------------------------------
 
@@ -285,6 +312,52 @@ class GraphMail(Connector[GraphMailConfig]):
 
         # The request is fingerprinted: the same key with another mail is refused.
         return await ctx.intent(key, create=create, find=find, request=mail.model_dump(mode="json"))
+
+    # --- 6. change notifications ----------------------------------------------------------
+
+    async def create_subscription(
+        self, ctx: SyncContext, request: SubscriptionRequest
+    ) -> ProviderSubscription:
+        """Subscribe to changes of the synced folder. Graph first calls the notification
+        URL with a ``validationToken`` (synckit's receiver echoes it) and only then
+        answers 201; a failure is an exception like any other (synckit retries)."""
+        response = await ctx.http.post(
+            f"{self.config.graph_url}/subscriptions",
+            json={
+                "changeType": "created,updated,deleted",
+                "notificationUrl": request.notification_url,
+                "resource": f"me/mailFolders('{self.config.folder}')/messages",
+                "expirationDateTime": _graph_time(request.expires_at),
+                "clientState": request.client_state,
+            },
+        )
+        return _subscription(response.json())
+
+    async def renew_subscription(
+        self, ctx: SyncContext, current: ProviderSubscription, expires_at: datetime
+    ) -> ProviderSubscription:
+        """Push the expiry back; a 404 (Graph forgot it) makes synckit create a new one."""
+        response = await ctx.http.patch(
+            f"{self.config.graph_url}/subscriptions/{current.id}",
+            json={"expirationDateTime": _graph_time(expires_at)},
+        )
+        return _subscription(response.json())
+
+    async def delete_subscription(self, ctx: SyncContext, current: ProviderSubscription) -> None:
+        await ctx.http.delete(f"{self.config.graph_url}/subscriptions/{current.id}")
+
+
+def _graph_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.0000000Z")
+
+
+def _subscription(body: Any) -> ProviderSubscription:
+    """Graph's subscription resource as synckit needs it (a malformed one is an error)."""
+    try:
+        expires = datetime.fromisoformat(str(body["expirationDateTime"]).replace("Z", "+00:00"))
+        return ProviderSubscription(str(body["id"]), expires.astimezone(UTC))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PermanentError(f"malformed subscription in Graph's answer: {exc!r}") from None
 
 
 def _error_class(exc: BaseException) -> ErrorClass | None:

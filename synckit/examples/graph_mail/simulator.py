@@ -36,6 +36,19 @@ behaves like Graph where a mail connector feels it:
   revokes a tenant's refresh tokens, so its next refresh gets ``invalid_grant``
   (AADSTS50173).
 
+* **Change notifications.** ``POST /v1.0/subscriptions`` (``changeType``,
+  ``notificationUrl``, ``resource`` ``me/mailFolders('{folder}')/messages`` or
+  ``me/messages``, ``expirationDateTime`` at most :data:`MAX_SUBSCRIPTION_LIFETIME` ahead,
+  ``clientState``) first validates the URL as Graph does: it POSTs
+  ``notificationUrl?validationToken=...`` and wants the token back, as ``text/plain``,
+  within 10 seconds (a blocking call from the simulator's thread: serve it with
+  ``serve_in_thread`` when the receiver runs in the caller's event loop), then answers 201
+  with the subscription. ``PATCH /v1.0/subscriptions/{id}`` renews it,
+  ``DELETE`` deletes it; an expired or forgotten one
+  (:meth:`GraphSimulator.forget_subscription`) answers 404. A message added, changed or
+  deleted in a subscribed folder queues a notification carrying the subscription's
+  ``clientState``; :meth:`GraphSimulator.send_notifications` delivers what is queued.
+
 All randomness is seeded (``seed``; each mailbox draws from its own generator), so the
 same requests meet the same faults on every run. ``python -m synckit.examples.graph_mail.simulator
 --port 0`` serves one for manual use and prints its base URL.
@@ -71,6 +84,7 @@ from synckit.testing.fakeapi import FakeAPI, Fault, RecordedRequest, Reply
 __all__ = [
     "FOLDERS",
     "HARD_THROTTLE_RATE",
+    "MAX_SUBSCRIPTION_LIFETIME",
     "REQUIRED_FIELDS",
     "GraphSimulator",
     "Mailbox",
@@ -91,6 +105,9 @@ REQUIRED_FIELDS = {
     "internetMessageId": "a string",
 }
 GRAPH_SCOPE = "https://graph.microsoft.com/.default offline_access"
+#: The longest a subscription to messages may live (Graph's limit: 4230 minutes).
+MAX_SUBSCRIPTION_LIFETIME = timedelta(minutes=4230)
+_RESOURCE = re.compile(r"/?me/(?:mailFolders\('([^']+)'\)/)?messages", re.IGNORECASE)
 
 _FILTER = re.compile(r"\s*internetMessageId\s+eq\s+'((?:[^']|'')*)'\s*", re.IGNORECASE)
 _PAGE_SIZE_PREFERENCE = re.compile(r"odata\.maxpagesize\s*=\s*(\d+)", re.IGNORECASE)
@@ -165,6 +182,18 @@ class _DeltaState:
 
 
 @dataclass
+class _GraphSubscription:
+    id: str
+    tenant: str
+    folder: str | None  # None: every folder (``me/messages``)
+    resource: str
+    change_types: frozenset[str]
+    notification_url: str
+    client_state: str | None
+    expires_at: datetime
+
+
+@dataclass
 class SimulatorStats:
     """What the simulator did, by tenant."""
 
@@ -177,6 +206,11 @@ class SimulatorStats:
     token_errors: Counter[str] = field(default_factory=Counter)
     full_syncs: Counter[str] = field(default_factory=Counter)
     expired_delta_tokens: Counter[str] = field(default_factory=Counter)
+    subscriptions_created: Counter[str] = field(default_factory=Counter)
+    subscriptions_renewed: Counter[str] = field(default_factory=Counter)
+    subscriptions_deleted: Counter[str] = field(default_factory=Counter)
+    validations: Counter[str] = field(default_factory=Counter)
+    notifications: Counter[str] = field(default_factory=Counter)
 
 
 # --- the token endpoint, from authlib's components -----------------------------------------
@@ -382,6 +416,8 @@ class GraphSimulator:
         self._delta_by_round: dict[int, str] = {}
         self._clients = {client_id: _Client(client_id, self.client_secret)}
         self._grants_by_refresh: dict[str, _Grant] = {}
+        self._subscriptions: dict[str, _GraphSubscription] = {}
+        self._queued: list[tuple[str, dict[str, Any]]] = []  # (subscription id, notification)
         self._authz = _AuthorizationServer(self)
         self._authz.register_token_generator(
             "default",
@@ -499,7 +535,9 @@ class GraphSimulator:
             rng = random.Random(f"{self.seed}:{tenant}:{self._counter}")
             data = self._new_message(mailbox, folder, rng, self.clock())
             data.update(fields)
-            return dict(self._store(tenant, folder, data).data)
+            item = self._store(tenant, folder, data)
+            self._changed(item, "created")
+            return dict(item.data)
 
     def update_message(self, tenant: str, message_id: str, **fields: Any) -> dict[str, Any]:
         """Change a message (it shows up again in the next delta round); returns it."""
@@ -507,6 +545,7 @@ class GraphSimulator:
             item = self._live(tenant, message_id)
             item.data.update(fields)
             self._touch(item)
+            self._changed(item, "updated")
             return dict(item.data)
 
     def delete_message(self, tenant: str, message_id: str) -> None:
@@ -515,6 +554,7 @@ class GraphSimulator:
             item = self._live(tenant, message_id)
             item.deleted = True
             self._touch(item)
+            self._changed(item, "deleted")
 
     def messages(self, tenant: str, folder: str = "inbox") -> list[dict[str, Any]]:
         """Copies of the messages in a folder, oldest first."""
@@ -606,6 +646,10 @@ class GraphSimulator:
             ("GET", "/v1.0/me/messages", self._list_all),
             ("GET", "/v1.0/me/messages/{id}", self._get_message),
             ("POST", "/v1.0/me/sendMail", self._send_mail),
+            ("POST", "/v1.0/subscriptions", self._create_subscription),
+            ("GET", "/v1.0/subscriptions/{id}", self._get_subscription),
+            ("PATCH", "/v1.0/subscriptions/{id}", self._renew_subscription),
+            ("DELETE", "/v1.0/subscriptions/{id}", self._delete_subscription),
         ]
         for method, path, func in graph:
             api.route(method, path, self._graph_handler(func))
@@ -831,12 +875,217 @@ class GraphSimulator:
                 "isRead": True,
                 "isDraft": False,
             }
-            self._store(mailbox.tenant, "sentitems", data)
+            self._changed(self._store(mailbox.tenant, "sentitems", data), "created")
         self.stats.sends[mailbox.tenant] += 1
         if mailbox.lost_send_rate > 0 and mailbox.rng.random() < mailbox.lost_send_rate:
             self.stats.lost_sends[mailbox.tenant] += 1
             return Fault.lost_response()  # sent and stored; the 202 never reaches the client
         return Reply.empty(202)
+
+    # --- change notifications ---------------------------------------------------------------
+
+    def subscriptions(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """The live subscriptions (of ``tenant``), as Graph shows them."""
+        with self.api.lock:
+            now = self.clock()
+            return [
+                self._subscription_body(sub)
+                for sub in self._subscriptions.values()
+                if (tenant in (None, sub.tenant)) and sub.expires_at > now
+            ]
+
+    def forget_subscription(self, subscription_id: str) -> None:
+        """Drop a subscription as Graph sometimes does: renewing it then answers 404."""
+        with self.api.lock:
+            self._subscriptions.pop(subscription_id, None)
+
+    def queued_notifications(self) -> int:
+        with self.api.lock:
+            return len(self._queued)
+
+    async def send_notifications(self) -> list[int]:
+        """POST every queued notification to its subscription's URL, one delivery per
+        subscription (``{"value": [...]}``); the status of each delivery (0: no answer).
+        Notifications of a subscription that expired meanwhile are dropped."""
+        with self.api.lock:
+            queued, self._queued = self._queued, []
+            now = self.clock()
+            batches: dict[str, list[dict[str, Any]]] = {}
+            urls: dict[str, str] = {}
+            for sub_id, note in queued:
+                sub = self._subscriptions.get(sub_id)
+                if sub is not None and sub.expires_at > now:
+                    batches.setdefault(sub_id, []).append(note)
+                    urls[sub_id] = sub.notification_url
+        statuses: list[int] = []
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            for sub_id, notes in batches.items():
+                try:
+                    r = await client.post(urls[sub_id], json={"value": notes})
+                    statuses.append(r.status_code)
+                except httpx.HTTPError:
+                    statuses.append(0)
+                self.stats.notifications[notes[0]["tenantId"]] += len(notes)
+        return statuses
+
+    def _changed(self, item: _Item, change: str) -> None:
+        """Queue a notification for each live subscription that covers ``item``."""
+        now = self.clock()
+        for sub in self._subscriptions.values():
+            if (
+                sub.tenant != item.tenant
+                or sub.expires_at <= now
+                or change not in sub.change_types
+                or sub.folder not in (None, item.folder)
+            ):
+                continue
+            resource = f"Users/{self._user_id(item.tenant)}/Messages/{item.id}"
+            note: dict[str, Any] = {
+                "id": self._opaque("ntf"),
+                "subscriptionId": sub.id,
+                "subscriptionExpirationDateTime": _iso(sub.expires_at),
+                "changeType": change,
+                "resource": resource,
+                "resourceData": {
+                    "@odata.type": "#Microsoft.Graph.Message",
+                    "@odata.id": resource,
+                    "id": item.id,
+                },
+                "tenantId": item.tenant,
+            }
+            if sub.client_state is not None:
+                note["clientState"] = sub.client_state
+            self._queued.append((sub.id, note))
+
+    def _user_id(self, tenant: str) -> str:
+        return str(uuid.UUID(self._digest(f"user:{tenant}")[:32]))
+
+    def _subscription_body(self, sub: _GraphSubscription) -> dict[str, Any]:
+        return {
+            "@odata.context": "https://graph.microsoft.com/v1.0/$metadata#subscriptions/$entity",
+            "id": sub.id,
+            "resource": sub.resource,
+            "changeType": ",".join(sorted(sub.change_types)),
+            "clientState": sub.client_state,
+            "notificationUrl": sub.notification_url,
+            "expirationDateTime": sub.expires_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+        }
+
+    def _expiry(self, raw: Any) -> datetime | Reply:
+        """A requested ``expirationDateTime``, or the 400 Graph answers."""
+        try:
+            moment = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+        except ValueError:
+            return _graph_error(400, "InvalidRequest", "expirationDateTime is not a date.")
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        now = self.clock()
+        if moment <= now:
+            return _graph_error(400, "InvalidRequest", "expirationDateTime is in the past.")
+        if moment > now + MAX_SUBSCRIPTION_LIFETIME:
+            return _graph_error(
+                400,
+                "InvalidRequest",
+                "Subscription expiration can only be 4230 minutes in the future.",
+            )
+        return moment
+
+    def _create_subscription(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
+        try:
+            body = request.json()
+        except ValueError:
+            return _graph_error(400, "BadRequest", "Unable to read JSON request payload.")
+        if not isinstance(body, dict):
+            return _graph_error(400, "BadRequest", "A subscription is a JSON object.")
+        url, resource = body.get("notificationUrl"), body.get("resource")
+        changes = {c.strip() for c in str(body.get("changeType") or "").split(",") if c.strip()}
+        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+            return _graph_error(400, "InvalidRequest", "notificationUrl must be an URL.")
+        m = _RESOURCE.fullmatch(str(resource or ""))
+        if m is None:
+            return _graph_error(400, "InvalidRequest", f"Unsupported resource {resource!r}.")
+        folder = _folder_name(m.group(1)) if m.group(1) else None
+        if m.group(1) and folder is None:
+            return _graph_error(404, "ErrorItemNotFound", "The specified folder was not found.")
+        if not changes or not changes <= {"created", "updated", "deleted"}:
+            return _graph_error(400, "InvalidRequest", "changeType is invalid.")
+        expires = self._expiry(body.get("expirationDateTime"))
+        if isinstance(expires, Reply):
+            return expires
+        problem = self._validate(url, mailbox.tenant)
+        if problem is not None:
+            return _graph_error(
+                400,
+                "InvalidRequest",
+                f"Subscription validation request failed. {problem}",
+            )
+        state = body.get("clientState")
+        sub = _GraphSubscription(
+            id=str(uuid.UUID(self._digest(f"sub:{self._opaque('s')}")[:32])),
+            tenant=mailbox.tenant,
+            folder=folder,
+            resource=str(resource),
+            change_types=frozenset(changes),
+            notification_url=url,
+            client_state=str(state) if state is not None else None,
+            expires_at=expires,
+        )
+        self._subscriptions[sub.id] = sub
+        self.stats.subscriptions_created[mailbox.tenant] += 1
+        return Reply.json(self._subscription_body(sub), 201)
+
+    def _validate(self, url: str, tenant: str) -> str | None:
+        """Graph's validation handshake: the URL must echo the token within 10 s."""
+        token = f"Validation: Testing client application reachability {self._opaque('vt')}"
+        self.stats.validations[tenant] += 1
+        try:
+            with httpx.Client(timeout=10.0) as client:
+                r = client.post(
+                    url, params={"validationToken": token}, headers={"Content-Type": "text/plain"}
+                )
+        except httpx.HTTPError as exc:
+            return f"The notification URL could not be reached: {type(exc).__name__}."
+        if r.status_code != 200 or r.text != token:
+            return (
+                "Response must exactly match validationToken query parameter "
+                f"(got {r.status_code})."
+            )
+        return None
+
+    def _live_subscription(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
+        sub = self._subscriptions.get(request.params["id"])
+        if sub is None or sub.tenant != mailbox.tenant or sub.expires_at <= self.clock():
+            return _graph_error(
+                404, "ResourceNotFound", f"The object '{request.params['id']}' doesn't exist."
+            )
+        return sub
+
+    def _get_subscription(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
+        sub = self._live_subscription(mailbox, request)
+        return sub if isinstance(sub, Reply) else self._subscription_body(sub)
+
+    def _renew_subscription(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
+        sub = self._live_subscription(mailbox, request)
+        if isinstance(sub, Reply):
+            return sub
+        try:
+            body = request.json()
+        except ValueError:
+            return _graph_error(400, "BadRequest", "Unable to read JSON request payload.")
+        expires = self._expiry(body.get("expirationDateTime") if isinstance(body, dict) else None)
+        if isinstance(expires, Reply):
+            return expires
+        sub.expires_at = expires
+        self.stats.subscriptions_renewed[mailbox.tenant] += 1
+        return self._subscription_body(sub)
+
+    def _delete_subscription(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
+        sub = self._live_subscription(mailbox, request)
+        if isinstance(sub, Reply):
+            return sub
+        del self._subscriptions[sub.id]
+        self.stats.subscriptions_deleted[mailbox.tenant] += 1
+        return Reply.empty(204)
 
     # --- internals -------------------------------------------------------------------------
 
