@@ -229,7 +229,7 @@ async def _store_known(
         job=process_job_spec(connector, known.tenant),
     )
     stored = await db.write_grouped(
-        _store_one, delivery, order=(connector, named), many=inbox.store_verified
+        _store_one, delivery, order=(connector, named), many=inbox.store_verified, pipeline=True
     )
     if stored is None:
         _KNOWN.pop((connector, named), None)

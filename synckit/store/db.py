@@ -316,6 +316,8 @@ class _Write:
     order: tuple[str, ...] = ()
     #: :meth:`Database.write_grouped`'s ``many``: runs the group's writes that share it.
     many: Callable[..., list[Any]] | None = None
+    #: :meth:`Database.write_grouped`'s ``pipeline``: a group of one runs as a group.
+    pipeline: bool = False
 
 
 class _WriteQueue:
@@ -687,6 +689,7 @@ class Database:
         *args: Any,
         order: tuple[str, ...] = (),
         many: Callable[[SyncConn, list[Any]], list[T]] | None = None,
+        pipeline: bool = False,
     ) -> T:
         """:meth:`write`, for short writes that many tasks make at once and that rarely
         fail (a poll page's commit). On SQLite it is :meth:`write` (whose group commit
@@ -715,6 +718,12 @@ class Database:
         theirs). It must do what ``fn`` does for each: when it raises, each write runs
         alone through ``fn`` (on PostgreSQL the group is redone write by write; on SQLite
         each in a savepoint of its own). It runs in the first one's context.
+
+        ``pipeline`` (PostgreSQL): a write that finds no group to share runs as a group
+        of one rather than alone beside the groups, so that the writes arriving meanwhile
+        wait for it and share the next transaction: one transaction at a time, each
+        taking all that waits (a flood of one-statement writes, such as webhook
+        deliveries, then costs a transaction per group, not per write).
         """
         if many is not None and len(args) != 1:
             raise TypeError("write_grouped(many=...) takes writes of one argument")
@@ -725,7 +734,7 @@ class Database:
         queue = self._grouped.get(loop)
         if queue is None:
             queue = self._grouped[loop] = _WriteQueue()
-        item = _Write(fn, args, contextvars.copy_context(), loop, future, order, many)
+        item = _Write(fn, args, contextvars.copy_context(), loop, future, order, many, pipeline)
         if queue.put(item):
             task = loop.create_task(self._run_groups(queue))
             self._group_tasks.add(task)
@@ -750,7 +759,7 @@ class Database:
             group = [item for item in group if not item.future.done()]
             if not group:
                 continue
-            if len(group) == 1:  # as write() would run it, in its caller's task
+            if len(group) == 1 and not group[0].pipeline:  # as write() would, in its task
                 _settle(group[0], _ALONE)
                 continue
             group.sort(key=lambda item: item.order)
