@@ -339,23 +339,25 @@ class _WriteQueue:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.items: list[_Write] = []
-        self.draining = False
+        #: Drains running (SQLite's writer thread: at most one).
+        self.draining = 0
 
-    def put(self, item: _Write) -> bool:
-        """Queue ``item``; True when the caller must start a drain on the writer thread."""
+    def put(self, item: _Write, drains: int = 1) -> bool:
+        """Queue ``item``; True when the caller must start a drain (on the writer thread;
+        on PostgreSQL a task), which it may while fewer than ``drains`` run."""
         with self.lock:
             self.items.append(item)
-            if self.draining:
+            if self.draining >= drains:
                 return False
-            self.draining = True
+            self.draining += 1
             return True
 
     def take(self) -> list[_Write]:
-        """The next group (empty: the drain ends, and the next put starts another)."""
+        """The next group (empty: this drain ends, and a later put starts another)."""
         with self.lock:
             group, self.items = self.items[: self.MAX], self.items[self.MAX :]
             if not group:
-                self.draining = False
+                self.draining -= 1
             return group
 
 
@@ -399,6 +401,10 @@ def _deliver(item: _Write, ok: bool, value: Any) -> None:
     with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
         item.loop.call_soon_threadsafe(settle)
 
+
+#: :meth:`Database.write_grouped(pipeline=True) <Database.write_grouped>`: the groups in
+#: flight at once on one event loop (two: one's statements run while the other commits).
+PIPELINE_DEPTH = 2
 
 #: :meth:`Database.write_grouped`'s answer to a caller whose write must run alone.
 _ALONE: Any = object()
@@ -721,9 +727,10 @@ class Database:
 
         ``pipeline`` (PostgreSQL): a write that finds no group to share runs as a group
         of one rather than alone beside the groups, so that the writes arriving meanwhile
-        wait for it and share the next transaction: one transaction at a time, each
-        taking all that waits (a flood of one-statement writes, such as webhook
-        deliveries, then costs a transaction per group, not per write).
+        wait for it and share a later transaction: at most :data:`PIPELINE_DEPTH`
+        transactions at a time, each taking all that waits when it begins (a flood of
+        one-statement writes, such as webhook deliveries, then costs a transaction per
+        group, not per write, and a group's statements overlap another's commit).
         """
         if many is not None and len(args) != 1:
             raise TypeError("write_grouped(many=...) takes writes of one argument")
@@ -735,7 +742,7 @@ class Database:
         if queue is None:
             queue = self._grouped[loop] = _WriteQueue()
         item = _Write(fn, args, contextvars.copy_context(), loop, future, order, many, pipeline)
-        if queue.put(item):
+        if queue.put(item, PIPELINE_DEPTH if pipeline else 1):
             task = loop.create_task(self._run_groups(queue))
             self._group_tasks.add(task)
             task.add_done_callback(self._group_tasks.discard)
@@ -749,7 +756,8 @@ class Database:
             await self._run_queued_groups(queue)
         except BaseException:  # cancelled (the loop closing): the waiting write alone
             with queue.lock:
-                rest, queue.items, queue.draining = queue.items, [], False
+                rest, queue.items = queue.items, []
+                queue.draining -= 1
             for item in rest:
                 _settle(item, _ALONE)
             raise
