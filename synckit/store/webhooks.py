@@ -91,8 +91,8 @@ _PG_STORE_VERIFIED: Any = text(
     "WITH v AS (SELECT * FROM unnest(CAST(:connector AS text[]), CAST(:tenant AS text[]),"
     " CAST(:config AS text[]), CAST(:event_id AS text[]), CAST(:headers AS text[]),"
     " CAST(:body AS bytea[]), CAST(:repeats AS int[]), CAST(:now AS timestamptz[]))"
-    " AS u(connector, tenant, config, event_id, headers, body, repeats, now))"
-    " INSERT INTO webhook_events"
+    " AS u(connector, tenant, config, event_id, headers, body, repeats, now)),"
+    " ins AS (INSERT INTO webhook_events"
     " (connector, tenant, event_id, status, headers, body, duplicates, received_at)"
     " SELECT v.connector, v.tenant, v.event_id, 'pending', v.headers::jsonb, v.body,"
     " v.repeats, v.now FROM v JOIN connections c ON c.tenant = v.tenant"
@@ -101,7 +101,11 @@ _PG_STORE_VERIFIED: Any = text(
     " ORDER BY v.connector, v.tenant, v.event_id"
     " ON CONFLICT (connector, tenant, event_id) DO UPDATE"
     " SET duplicates = webhook_events.duplicates + excluded.duplicates + 1"
-    " RETURNING connector, tenant, event_id, xmax = 0 AS new"
+    " RETURNING connector, tenant, event_id, xmax = 0 AS new),"
+    # And which of the processing jobs are pending already (no round trip of its own).
+    " pending AS (SELECT coalesce(array_agg(unique_key), '{}') AS keys FROM jobs"
+    " WHERE unique_key = ANY(CAST(:job_keys AS text[])) AND status = 'pending')"
+    " SELECT ins.*, pending.keys AS pending FROM ins, pending"
 )
 
 
@@ -153,14 +157,20 @@ def store_events(
     return Stored(stored, duplicates)
 
 
-def _enqueue_unless_pending(conn: Connection, jobs_: Sequence[JobSpec], now: datetime) -> None:
+def _enqueue_unless_pending(
+    conn: Connection,
+    jobs_: Sequence[JobSpec],
+    now: datetime,
+    pending: set[str | None] | None = None,
+) -> None:
     # A job still pending takes these events when it runs. One that is running may
     # have looked already: enqueue_new then finds it (its unique key) and does
     # nothing either, and the sweep re-enqueues the tenant's pending events.
     # Checking first spares a flood's transactions the wait on each other's
     # uncommitted insert of the same unique key.
-    keys = sorted({j.unique_key for j in jobs_ if j.unique_key is not None})
-    pending = {r[0] for r in conn.execute(_PENDING_JOBS, {"keys": keys})}
+    if pending is None:
+        keys = sorted({j.unique_key for j in jobs_ if j.unique_key is not None})
+        pending = {r[0] for r in conn.execute(_PENDING_JOBS, {"keys": keys})}
     todo = {j.unique_key: j for j in jobs_ if j.unique_key not in pending}
     if todo:
         enqueue_new_sync(conn, [todo[k] for k in sorted(todo, key=str)], now)
@@ -215,11 +225,13 @@ def store_verified(conn: Connection, deliveries: Sequence[Verified]) -> list[Sto
             else:
                 row["repeats"] += 1
     new: dict[tuple[str, str, str], bool] = {}
+    pending: set[str | None] = set()
     if rows:
         cols: dict[str, list[Any]] = {
             k: [] for k in ("connector", "tenant", "config", "event_id", "headers", "body")
         }
         cols["repeats"], cols["now"] = [], []
+        cols["job_keys"] = sorted({d.job.unique_key for d in deliveries if d.job.unique_key})
         for (connector, tenant, event_id), row in rows.items():
             d = row["d"]
             cols["connector"].append(connector)
@@ -232,6 +244,7 @@ def store_verified(conn: Connection, deliveries: Sequence[Verified]) -> list[Sto
             cols["now"].append(d.now)
         for r in conn.execute(_PG_STORE_VERIFIED, cols):
             new[(r.connector, r.tenant, r.event_id)] = bool(r.new)
+            pending = set(r.pending)
     results: list[Stored | None] = []
     firsts: set[tuple[str, str, str]] = set()
     jobs_: list[JobSpec] = []
@@ -249,7 +262,7 @@ def store_verified(conn: Connection, deliveries: Sequence[Verified]) -> list[Sto
         if stored:
             jobs_.append(d.job)
     if jobs_:
-        _enqueue_unless_pending(conn, jobs_, max(d.now for d in deliveries))
+        _enqueue_unless_pending(conn, jobs_, max(d.now for d in deliveries), pending)
     return results
 
 
