@@ -3,14 +3,18 @@
 
 Per engine (a temporary SQLite file; a PostgreSQL schema of its own, created and
 dropped here): 20 tenants of the tests' Stripe-signed connector
-(tests/apps/webhooks_app.py); one web process (uvicorn, one worker, ``webhook_app``
-alone) started as a subprocess on loopback; a sender posts ``--n`` deliveries signed
-with each tenant's secret, ``--concurrency`` at a time, every one a new event id. Each
-2xx comes after the event's commit (the durable inbox), so the figures are: deliveries
-acknowledged per second (wall clock over all of them), the p50 / p99 acknowledgement
-latency seen by the sender in milliseconds, and the web process's CPU time per
-acknowledgement with the load average (on a loaded machine the CPU per ack is the
-figure least distorted). Bar (issue 33): >= 1,000/s on PostgreSQL with p99 <= 50 ms.
+(tests/apps/webhooks_app.py); one web process (uvicorn as ``synckit web`` runs it:
+httptools and uvloop when installed, ``webhook_app`` alone) started as a subprocess on
+loopback. A sender, a process of its own so that it shares no interpreter with either,
+opens ``--concurrency`` keep-alive connections, warms every tenant up (five deliveries
+each, not counted: a running web process has read its tenants' secrets), then posts
+``--n`` deliveries, requests signed before the clock starts, each a new event id, each
+connection sending its next once the last is answered. Each 2xx comes after the event's
+commit (the durable inbox), so the figures are: deliveries acknowledged per second (wall
+clock over all of them), the p50 / p99 acknowledgement latency seen by the sender in
+milliseconds, the web process's CPU time per acknowledgement (from /proc: the figure a
+loaded machine distorts least), the sender's own CPU per acknowledgement, and the load
+average before and after. Bar (issue 33): >= 1,000/s on PostgreSQL with p99 <= 50 ms.
 
 Environment: ``SYNCKIT_SECRET_KEY`` (default: a key made for the run),
 ``SYNCKIT_BENCH_POSTGRES_URL`` (default postgresql://postgres@127.0.0.1:5432/test).

@@ -256,9 +256,11 @@ async def _verify_and_store(
     now: datetime,
     log: Any,
 ) -> Answer:
-    """The common case (each tenant's own secret): read the tenant, verify, and store or
-    count the refusal, all in one short transaction that concurrent deliveries share
-    (:meth:`Database.write_grouped`: one commit for many on PostgreSQL)."""
+    """The common case (each tenant's own secret). With the tenant's secret known
+    (:func:`_store_known`), verify and store in one statement shared by the group; else
+    read the tenant, verify, and store or count the refusal, all in one short transaction
+    that concurrent deliveries share (:meth:`Database.write_grouped`: one commit for many
+    on PostgreSQL), learning the secret for the next delivery."""
     field = decl.tenant.config_field if isinstance(decl.tenant, TenantFromBody) else None
     kept = {k: headers[k][:500] for k in decl.verify.kept_headers if k in headers}
     known = _KNOWN.get((connector, named))
