@@ -174,6 +174,73 @@ def _secret(row: Any, field: str) -> str:
 
 
 @dataclass(frozen=True)
+class _Known:
+    """A tenant's verifier secret as a delivery last read it, with the config text it
+    came from: a delivery that verifies with it is stored only while the tenant's config
+    is still that text (:func:`synckit.store.webhooks.store_verified` checks it in the
+    statement that stores), so nothing stale is ever used; any doubt takes the reading
+    path again."""
+
+    tenant: str
+    config_text: str
+    secret: str
+
+
+#: By (connector, the tenant the delivery named).
+_KNOWN: dict[tuple[str, str], _Known] = {}
+
+
+def _know(connector: str, named: str, known: _Known) -> None:
+    if len(_KNOWN) >= _MAX_SECRETS:
+        _KNOWN.clear()
+    _KNOWN[(connector, named)] = known
+
+
+async def _store_known(
+    db: Database,
+    decl: Webhooks,
+    connector: str,
+    named: str,
+    known: _Known,
+    headers: Mapping[str, str],
+    kept: Mapping[str, str],
+    body: bytes,
+    now: datetime,
+) -> inbox.Stored | Answer | None:
+    """The steady state: the delivery verified with the secret read before, stored in
+    one statement shared by the group's deliveries (no tenant read). None: it did not
+    verify with that secret, or the tenant's config changed since: take the reading path
+    (which refuses, or learns the new secret)."""
+    try:
+        if decl.verify.check(headers, body, known.secret, now) is not None:
+            return None
+    except ConfigurationError:
+        return None
+    events = decl.verify.events(headers, body)
+    if not events:
+        return Answer(400, "no events in the delivery\n")
+    delivery = inbox.Verified(
+        connector=connector,
+        tenant=known.tenant,
+        config_text=known.config_text,
+        events=tuple(events),
+        headers=kept,
+        now=now,
+        job=process_job_spec(connector, known.tenant),
+    )
+    stored = await db.write_grouped(
+        _store_one, delivery, order=(connector, named), many=inbox.store_verified, pipeline=True
+    )
+    if stored is None:
+        _KNOWN.pop((connector, named), None)
+    return stored
+
+
+def _store_one(conn: SyncConn, delivery: inbox.Verified) -> inbox.Stored | None:
+    return inbox.store_verified(conn, [delivery])[0]
+
+
+@dataclass(frozen=True)
 class _Refused:
     tenant: str
     reason: str
@@ -189,11 +256,18 @@ async def _verify_and_store(
     now: datetime,
     log: Any,
 ) -> Answer:
-    """The common case (each tenant's own secret): read the tenant, verify, and store or
-    count the refusal, all in one short transaction that concurrent deliveries share
-    (:meth:`Database.write_grouped`: one commit for many on PostgreSQL)."""
+    """The common case (each tenant's own secret). With the tenant's secret known
+    (:func:`_store_known`), verify and store in one statement shared by the group; else
+    read the tenant, verify, and store or count the refusal, all in one short transaction
+    that concurrent deliveries share (:meth:`Database.write_grouped`: one commit for many
+    on PostgreSQL), learning the secret for the next delivery."""
     field = decl.tenant.config_field if isinstance(decl.tenant, TenantFromBody) else None
     kept = {k: headers[k][:500] for k in decl.verify.kept_headers if k in headers}
+    known = _KNOWN.get((connector, named))
+    if known is not None:
+        stored = await _store_known(db, decl, connector, named, known, headers, kept, body, now)
+        if stored is not None:
+            return stored if isinstance(stored, Answer) else _stored(connector, stored, "", log)
 
     def tx(conn: SyncConn) -> inbox.Stored | _Refused | None:
         name: str | None = named
@@ -204,11 +278,12 @@ async def _verify_and_store(
             why = _Refused("", f"no tenant {named!r}")
         else:
             try:
-                reason = decl.verify.check(
-                    headers, body, _secret(row, decl.verify.secret_field), now
-                )
+                secret = _secret(row, decl.verify.secret_field)
+                reason = decl.verify.check(headers, body, secret, now)
             except ConfigurationError as exc:  # no secret, or one not of the scheme's shape
                 reason = str(exc)
+            else:
+                _know(connector, named, _Known(str(row.tenant), str(row.config_text), secret))
             if reason is None:
                 events = decl.verify.events(headers, body)
                 if not events:

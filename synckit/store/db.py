@@ -316,6 +316,8 @@ class _Write:
     order: tuple[str, ...] = ()
     #: :meth:`Database.write_grouped`'s ``many``: runs the group's writes that share it.
     many: Callable[..., list[Any]] | None = None
+    #: :meth:`Database.write_grouped`'s ``pipeline``: a group of one runs as a group.
+    pipeline: bool = False
 
 
 class _WriteQueue:
@@ -337,23 +339,25 @@ class _WriteQueue:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.items: list[_Write] = []
-        self.draining = False
+        #: Drains running (SQLite's writer thread: at most one).
+        self.draining = 0
 
-    def put(self, item: _Write) -> bool:
-        """Queue ``item``; True when the caller must start a drain on the writer thread."""
+    def put(self, item: _Write, drains: int = 1) -> bool:
+        """Queue ``item``; True when the caller must start a drain (on the writer thread;
+        on PostgreSQL a task), which it may while fewer than ``drains`` run."""
         with self.lock:
             self.items.append(item)
-            if self.draining:
+            if self.draining >= drains:
                 return False
-            self.draining = True
+            self.draining += 1
             return True
 
     def take(self) -> list[_Write]:
-        """The next group (empty: the drain ends, and the next put starts another)."""
+        """The next group (empty: this drain ends, and a later put starts another)."""
         with self.lock:
             group, self.items = self.items[: self.MAX], self.items[self.MAX :]
             if not group:
-                self.draining = False
+                self.draining -= 1
             return group
 
 
@@ -397,6 +401,12 @@ def _deliver(item: _Write, ok: bool, value: Any) -> None:
     with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
         item.loop.call_soon_threadsafe(settle)
 
+
+#: :meth:`Database.write_grouped(pipeline=True) <Database.write_grouped>`: the groups in
+#: flight at once on one event loop, so that groups' statements run while others commit
+#: (bench.webhooks at load ~9, interleaved pairs: 2 gave 919 and 1,219 acks/s, p99 111
+#: and 73 ms; 4 gave 1,556 and 1,863 acks/s, p99 61 and 39 ms; the same CPU per ack).
+PIPELINE_DEPTH = 4
 
 #: :meth:`Database.write_grouped`'s answer to a caller whose write must run alone.
 _ALONE: Any = object()
@@ -687,6 +697,7 @@ class Database:
         *args: Any,
         order: tuple[str, ...] = (),
         many: Callable[[SyncConn, list[Any]], list[T]] | None = None,
+        pipeline: bool = False,
     ) -> T:
         """:meth:`write`, for short writes that many tasks make at once and that rarely
         fail (a poll page's commit). On SQLite it is :meth:`write` (whose group commit
@@ -715,6 +726,13 @@ class Database:
         theirs). It must do what ``fn`` does for each: when it raises, each write runs
         alone through ``fn`` (on PostgreSQL the group is redone write by write; on SQLite
         each in a savepoint of its own). It runs in the first one's context.
+
+        ``pipeline`` (PostgreSQL): a write that finds no group to share runs as a group
+        of one rather than alone beside the groups, so that the writes arriving meanwhile
+        wait for it and share a later transaction: at most :data:`PIPELINE_DEPTH`
+        transactions at a time, each taking all that waits when it begins (a flood of
+        one-statement writes, such as webhook deliveries, then costs a transaction per
+        group, not per write, and a group's statements overlap another's commit).
         """
         if many is not None and len(args) != 1:
             raise TypeError("write_grouped(many=...) takes writes of one argument")
@@ -725,8 +743,8 @@ class Database:
         queue = self._grouped.get(loop)
         if queue is None:
             queue = self._grouped[loop] = _WriteQueue()
-        item = _Write(fn, args, contextvars.copy_context(), loop, future, order, many)
-        if queue.put(item):
+        item = _Write(fn, args, contextvars.copy_context(), loop, future, order, many, pipeline)
+        if queue.put(item, PIPELINE_DEPTH if pipeline else 1):
             task = loop.create_task(self._run_groups(queue))
             self._group_tasks.add(task)
             task.add_done_callback(self._group_tasks.discard)
@@ -740,7 +758,8 @@ class Database:
             await self._run_queued_groups(queue)
         except BaseException:  # cancelled (the loop closing): the waiting write alone
             with queue.lock:
-                rest, queue.items, queue.draining = queue.items, [], False
+                rest, queue.items = queue.items, []
+                queue.draining -= 1
             for item in rest:
                 _settle(item, _ALONE)
             raise
@@ -750,7 +769,7 @@ class Database:
             group = [item for item in group if not item.future.done()]
             if not group:
                 continue
-            if len(group) == 1:  # as write() would run it, in its caller's task
+            if len(group) == 1 and not group[0].pipeline:  # as write() would, in its task
                 _settle(group[0], _ALONE)
                 continue
             group.sort(key=lambda item: item.order)

@@ -12,19 +12,19 @@ takes a synchronous connection (run through :meth:`Database.write` or
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, select, update
+from sqlalchemy import Connection, LargeBinary, Row, bindparam, func, select, text, update
 
 from synckit.store import leases
 from synckit.store.jobs import JobSpec, enqueue_new_sync
 from synckit.store.leases import Lease
 from synckit.store.tables import (
     dialect_insert,
-    jobs,
     webhook_events,
     webhook_refusals,
     webhook_triggers,
@@ -34,6 +34,7 @@ __all__ = [
     "PENDING",
     "STATUSES",
     "Stored",
+    "Verified",
     "WebhookCounts",
     "claim_pending",
     "count_refusal",
@@ -46,6 +47,7 @@ __all__ = [
     "requeue",
     "set_trigger",
     "store_events",
+    "store_verified",
     "webhook_counts",
 ]
 
@@ -55,6 +57,56 @@ STATUSES = (PENDING, PROCESSED, FAILED, ORPHANED)
 
 def _insert(conn: Connection) -> Any:
     return dialect_insert(conn)
+
+
+#: The statements of a delivery's storing, built once (text with typed parameters: no
+#: statement is compiled per delivery, as an ``insert().values(...)`` of each was).
+_TS = webhook_events.c.received_at.type
+_INSERT_EVENT: Any = text(
+    "INSERT INTO webhook_events"
+    " (connector, tenant, event_id, status, claimed, headers, body, duplicates, received_at)"
+    " VALUES (:connector, :tenant, :event_id, :status, :claimed, :headers, :body, 0, :now)"
+    " ON CONFLICT (connector, tenant, event_id) DO NOTHING RETURNING id"
+).bindparams(
+    bindparam("headers", type_=webhook_events.c.headers.type),
+    bindparam("body", type_=LargeBinary()),
+    bindparam("now", type_=_TS),
+)
+_COUNT_DUPLICATE: Any = text(
+    "UPDATE webhook_events SET duplicates = duplicates + 1"
+    " WHERE connector = :connector AND tenant = :tenant AND event_id = :event_id"
+)
+_PENDING_JOBS: Any = text(
+    "SELECT unique_key FROM jobs WHERE unique_key IN :keys AND status = 'pending'"
+).bindparams(bindparam("keys", expanding=True))
+_CONFIG_IS: Any = text(
+    "SELECT 1 FROM connections"
+    " WHERE tenant = :tenant AND connector = :connector AND CAST(config AS TEXT) = :config"
+)
+# PostgreSQL: a group's deliveries in one statement. Each row is stored only while its
+# tenant's config is still the text its delivery was verified with (the join); a stored
+# event id counts the group's repeats of it as duplicates (one row per id in the
+# statement: ON CONFLICT DO UPDATE may touch a row once). ``xmax = 0``: the row is new.
+_PG_STORE_VERIFIED: Any = text(
+    "WITH v AS (SELECT * FROM unnest(CAST(:connector AS text[]), CAST(:tenant AS text[]),"
+    " CAST(:config AS text[]), CAST(:event_id AS text[]), CAST(:headers AS text[]),"
+    " CAST(:body AS bytea[]), CAST(:repeats AS int[]), CAST(:now AS timestamptz[]))"
+    " AS u(connector, tenant, config, event_id, headers, body, repeats, now)),"
+    " ins AS (INSERT INTO webhook_events"
+    " (connector, tenant, event_id, status, headers, body, duplicates, received_at)"
+    " SELECT v.connector, v.tenant, v.event_id, 'pending', v.headers::jsonb, v.body,"
+    " v.repeats, v.now FROM v JOIN connections c ON c.tenant = v.tenant"
+    " AND c.connector = v.connector AND CAST(c.config AS text) = v.config"
+    # One order in every group: two web processes' groups lock rows in the same order.
+    " ORDER BY v.connector, v.tenant, v.event_id"
+    " ON CONFLICT (connector, tenant, event_id) DO UPDATE"
+    " SET duplicates = webhook_events.duplicates + excluded.duplicates + 1"
+    " RETURNING connector, tenant, event_id, xmax = 0 AS new),"
+    # And which of the processing jobs are pending already (no round trip of its own).
+    " pending AS (SELECT coalesce(array_agg(unique_key), '{}') AS keys FROM jobs"
+    " WHERE unique_key = ANY(CAST(:job_keys AS text[])) AND status = 'pending')"
+    " SELECT ins.*, pending.keys AS pending FROM ins, pending"
+)
 
 
 @dataclass(frozen=True)
@@ -81,48 +133,137 @@ def store_events(
     ``job`` (the processing job, with a unique key) is enqueued in the same transaction
     when anything new was stored."""
     stored = duplicates = 0
-    ins = _insert(conn)
-    c = webhook_events.c
+    kept = dict(headers)
     for event_id, body in events:
+        key = {"connector": connector, "tenant": tenant, "event_id": event_id}
         new = conn.execute(
-            ins(webhook_events)
-            .values(
-                connector=connector,
-                tenant=tenant,
-                event_id=event_id,
-                status=ORPHANED if orphan_of is not None else PENDING,
-                claimed=orphan_of,
-                headers=dict(headers),
-                body=body,
-                received_at=now,
-            )
-            .on_conflict_do_nothing(index_elements=["connector", "tenant", "event_id"])
-            .returning(c.id)
+            _INSERT_EVENT,
+            {
+                **key,
+                "status": ORPHANED if orphan_of is not None else PENDING,
+                "claimed": orphan_of,
+                "headers": kept,
+                "body": body,
+                "now": now,
+            },
         ).first()
         if new is not None:
             stored += 1
             continue
         duplicates += 1
-        conn.execute(
-            update(webhook_events)
-            .where(c.connector == connector, c.tenant == tenant, c.event_id == event_id)
-            .values(duplicates=c.duplicates + 1)
-        )
-    if stored and job is not None and not _pending(conn, job.unique_key):
-        # A job still pending takes these events when it runs. One that is running may
-        # have looked already: enqueue_new then finds it (its unique key) and does
-        # nothing either, and the sweep re-enqueues the tenant's pending events.
-        # Checking first spares a flood's transactions the wait on each other's
-        # uncommitted insert of the same unique key.
-        enqueue_new_sync(conn, [job], now)
+        conn.execute(_COUNT_DUPLICATE, key)
+    if stored and job is not None:
+        _enqueue_unless_pending(conn, [job], now)
     return Stored(stored, duplicates)
 
 
-def _pending(conn: Connection, unique_key: str | None) -> bool:
-    found = conn.execute(
-        select(jobs.c.id).where(jobs.c.unique_key == unique_key, jobs.c.status == "pending")
-    ).first()
-    return found is not None
+def _enqueue_unless_pending(
+    conn: Connection,
+    jobs_: Sequence[JobSpec],
+    now: datetime,
+    pending: set[str | None] | None = None,
+) -> None:
+    # A job still pending takes these events when it runs. One that is running may
+    # have looked already: enqueue_new then finds it (its unique key) and does
+    # nothing either, and the sweep re-enqueues the tenant's pending events.
+    # Checking first spares a flood's transactions the wait on each other's
+    # uncommitted insert of the same unique key.
+    if pending is None:
+        keys = sorted({j.unique_key for j in jobs_ if j.unique_key is not None})
+        pending = {r[0] for r in conn.execute(_PENDING_JOBS, {"keys": keys})}
+    todo = {j.unique_key: j for j in jobs_ if j.unique_key not in pending}
+    if todo:
+        enqueue_new_sync(conn, [todo[k] for k in sorted(todo, key=str)], now)
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A delivery verified with the secret of its tenant's config as it was read
+    (``config_text``, the stored text), to store while that config is unchanged."""
+
+    connector: str
+    tenant: str
+    config_text: str
+    events: tuple[tuple[str, bytes], ...]
+    headers: Mapping[str, str]
+    now: datetime
+    job: JobSpec
+
+
+def store_verified(conn: Connection, deliveries: Sequence[Verified]) -> list[Stored | None]:
+    """Store each delivery as :func:`store_events` does, when its tenant's config is
+    still the text it was verified with; None for one whose config changed or whose
+    tenant is gone (verify it again). On PostgreSQL one statement stores them all."""
+    if conn.dialect.name != "postgresql":
+        out: list[Stored | None] = []
+        for d in deliveries:
+            params = {"tenant": d.tenant, "connector": d.connector, "config": d.config_text}
+            if conn.execute(_CONFIG_IS, params).first() is None:
+                out.append(None)
+                continue
+            out.append(
+                store_events(
+                    conn,
+                    connector=d.connector,
+                    tenant=d.tenant,
+                    events=d.events,
+                    headers=d.headers,
+                    now=d.now,
+                    job=d.job,
+                )
+            )
+        return out
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    skip: set[int] = set()  # a repeat verified with another config text: alone, later
+    for i, d in enumerate(deliveries):
+        for event_id, body in d.events:
+            row = rows.get((d.connector, d.tenant, event_id))
+            if row is None:
+                rows[(d.connector, d.tenant, event_id)] = {"d": d, "body": body, "repeats": 0}
+            elif row["d"].config_text != d.config_text:
+                skip.add(i)
+            else:
+                row["repeats"] += 1
+    new: dict[tuple[str, str, str], bool] = {}
+    pending: set[str | None] = set()
+    if rows:
+        cols: dict[str, list[Any]] = {
+            k: [] for k in ("connector", "tenant", "config", "event_id", "headers", "body")
+        }
+        cols["repeats"], cols["now"] = [], []
+        cols["job_keys"] = sorted({d.job.unique_key for d in deliveries if d.job.unique_key})
+        for (connector, tenant, event_id), row in rows.items():
+            d = row["d"]
+            cols["connector"].append(connector)
+            cols["tenant"].append(tenant)
+            cols["config"].append(d.config_text)
+            cols["event_id"].append(event_id)
+            cols["headers"].append(json.dumps(dict(d.headers)))
+            cols["body"].append(row["body"])
+            cols["repeats"].append(row["repeats"])
+            cols["now"].append(d.now)
+        for r in conn.execute(_PG_STORE_VERIFIED, cols):
+            new[(r.connector, r.tenant, r.event_id)] = bool(r.new)
+            pending = set(r.pending)
+    results: list[Stored | None] = []
+    firsts: set[tuple[str, str, str]] = set()
+    jobs_: list[JobSpec] = []
+    for i, d in enumerate(deliveries):
+        keys = [(d.connector, d.tenant, event_id) for event_id, _ in d.events]
+        if i in skip or any(k not in new for k in keys):
+            results.append(None)
+            continue
+        stored = 0
+        for k in keys:
+            if new[k] and k not in firsts:
+                firsts.add(k)
+                stored += 1
+        results.append(Stored(stored, len(keys) - stored))
+        if stored:
+            jobs_.append(d.job)
+    if jobs_:
+        _enqueue_unless_pending(conn, jobs_, max(d.now for d in deliveries), pending)
+    return results
 
 
 def count_refusal(

@@ -86,7 +86,10 @@ def _serve(url: str, port: int) -> None:
     from synckit.web.webhooks import webhook_app
 
     app.use_database_url(url)
-    uvicorn.run(webhook_app(app), host="127.0.0.1", port=port, log_level="warning")
+    # As `synckit web` runs it (no access log; httptools and uvloop when installed).
+    uvicorn.run(
+        webhook_app(app), host="127.0.0.1", port=port, log_level="warning", access_log=False
+    )
 
 
 async def _main(url: str, tenant: str) -> None:
