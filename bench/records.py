@@ -353,9 +353,13 @@ async def measure(
                 async with db.begin() as conn:
                     await conn.execute(text("DELETE FROM jobs WHERE kind = 'synckit.poll'"))
                 env = {"BENCH_RECORDS_URL": url, "PYTHONPATH": str(ROOT)}
+                # Each worker runs its share of the cycles: with room for all of them, the
+                # first worker to claim took every one and the others idled (the "per
+                # worker" figure then divided one worker's work by two).
+                share = str(-(-tenants_n // workers))
                 procs = [
                     spawn_worker(
-                        db_url, tmp / "w.log", "--concurrency", "16", env=env,
+                        db_url, tmp / "w.log", "--concurrency", share, env=env,
                         app="bench.records:app",
                     )
                     for _ in range(workers)
