@@ -250,7 +250,7 @@ async def test_a_hold_stream_holds_at_a_refused_record(
 
 
 async def test_a_one_table_page_takes_contiguous_seqs_and_a_refusal_still_lands_the_rest(
-    db: Database, held: tuple[App, Any]
+    db: Database, held: tuple[App, Any], tenant: str
 ) -> None:
     """A page of a table without children (on PostgreSQL its merge takes the page's seqs
     and notifies in one statement): its rows get the next seqs in order, an unchanged
@@ -261,7 +261,7 @@ async def test_a_one_table_page_takes_contiguous_seqs_and_a_refusal_still_lands_
     assert decl is not None and not decl.children
 
     async def land_page(records: list[Any], sync: str) -> tuple[int, int]:
-        landing, failures, _ = prepare(decl, "acme", "orders", records, lambda r, e: e, sync=sync)
+        landing, failures, _ = prepare(decl, tenant, "orders", records, lambda r, e: e, sync=sync)
         assert not failures
 
         def tx(conn: SyncConn) -> tuple[int, int]:
@@ -272,7 +272,9 @@ async def test_a_one_table_page_takes_contiguous_seqs_and_a_refusal_still_lands_
 
     async def seqs() -> tuple[dict[str, int], int]:
         async with db.read() as conn:
-            found = await conn.execute(text("SELECT id, _seq FROM held_orders"))
+            found = await conn.execute(
+                text("SELECT id, _seq FROM held_orders WHERE tenant = :t"), {"t": tenant}
+            )
             last = await conn.execute(
                 text("SELECT last_seq FROM record_tables WHERE name = 'held_orders'")
             )
@@ -281,18 +283,18 @@ async def test_a_one_table_page_takes_contiguous_seqs_and_a_refusal_still_lands_
     heard: asyncio.Queue[str] = asyncio.Queue()
 
     def listener(*args: Any) -> None:
-        if str(args[3]).startswith("acme "):  # other tests notify on the channel too
+        if str(args[3]).startswith(f"{tenant} "):  # other tests notify on the channel too
             heard.put_nowait(str(args[3]))
 
     async def notified() -> str | None:
         if not db.is_postgres:
             return None
         async with db.raw_pg() as raw:  # a marker: every earlier notification came first
-            await raw.execute(f"NOTIFY {NOTIFY_CHANNEL}, 'acme marker'")
+            await raw.execute(f"NOTIFY {NOTIFY_CHANNEL}, '{tenant} marker'")
         first = await asyncio.wait_for(heard.get(), EVENT_TIMEOUT)
-        if first == "acme marker":
+        if first == f"{tenant} marker":
             return None
-        assert await asyncio.wait_for(heard.get(), EVENT_TIMEOUT) == "acme marker"
+        assert await asyncio.wait_for(heard.get(), EVENT_TIMEOUT) == f"{tenant} marker"
         return first
 
     async with contextlib.AsyncExitStack() as stack:
@@ -301,7 +303,7 @@ async def test_a_one_table_page_takes_contiguous_seqs_and_a_refusal_still_lands_
             await raw.add_listener(NOTIFY_CHANNEL, listener)
         data = [order(i) for i in range(30)]
         assert await land_page(data, "s1") == (30, 0)
-        assert await notified() == ("acme orders" if db.is_postgres else None)
+        assert await notified() == (f"{tenant} orders" if db.is_postgres else None)
         got, last = await seqs()
         assert [got[f"o{i:06d}"] for i in range(30)] == list(range(1, 31)) and last == 30
         assert await land_page(data, "s2") == (0, 0)
@@ -310,7 +312,7 @@ async def test_a_one_table_page_takes_contiguous_seqs_and_a_refusal_still_lands_
         data[7] = order(7, version=1)
         data[9]["points"] = 2**70  # past a 64-bit column: the database refuses it
         assert await land_page(data, "s3") == (1, 1)
-        assert await notified() == ("acme orders" if db.is_postgres else None)
+        assert await notified() == (f"{tenant} orders" if db.is_postgres else None)
         got, last = await seqs()
         assert got["o000007"] > 60 and max(got.values()) <= last
         assert all(s <= 30 for k, s in got.items() if k != "o000007")
