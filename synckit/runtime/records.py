@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from synckit.connectors.records import (
     Deleted,
@@ -104,13 +104,9 @@ class _Shape:
     key: Callable[[Any], tuple[Any, ...]]
 
 
-_PLAIN = frozenset(("int", "bool", "date", "decimal", "float"))
-
-
-def _shape(spec: TableSpec) -> _Shape:
+def _shape(spec: TableSpec, model: type[BaseModel]) -> _Shape:
     names = [c.name for c in spec.columns]
-    conv = dict(converters(spec))
-    fixes = tuple((i, conv[c.name]) for i, c in enumerate(spec.columns) if c.kind not in _PLAIN)
+    fixes = tuple((i, f) for i, (_, f) in enumerate(converters(spec, model)) if f is not None)
     get = operator.itemgetter(*names)
     getkey = operator.itemgetter(*spec.key)
     return _Shape(
@@ -123,9 +119,35 @@ def _shape(spec: TableSpec) -> _Shape:
 def _conversions(decl: Records) -> dict[str, _Shape]:
     cached = decl.__dict__.get("_conversions")
     if cached is None:
-        cached = {r.table: _shape(r.spec) for r in decl.tables()}
+        cached = {r.table: _shape(r.spec, r.model) for r in decl.tables()}
         object.__setattr__(decl, "_conversions", cached)
     return cached
+
+
+def _validate_page(decl: Records, records: Sequence[Any]) -> list[Any] | None:
+    """The page's records validated by ``decl.model`` in one call (a list adapter: a
+    call per record cost ~1 µs more), when they go to the model as they are (no
+    ``deleted``, no ``map``); None when one of them is refused (each is then validated
+    alone, for its own error) or they do not go as they are."""
+    if decl.deleted is not None or decl.map is not None or len(records) < 2:
+        return None
+    if "_page_adapter" not in decl.__dict__:
+        model = decl.model
+        # A model with a model_validate of its own is asked record by record.
+        own = getattr(model.model_validate, "__func__", None) is not _MODEL_VALIDATE
+        made = None if own else TypeAdapter(list[model])  # type: ignore[valid-type]
+        object.__setattr__(decl, "_page_adapter", made)
+    adapter: TypeAdapter[list[Any]] | None = decl.__dict__["_page_adapter"]
+    if adapter is None:
+        return None
+    try:
+        out: list[Any] = adapter.validate_python(records)
+    except ValidationError:
+        return None
+    return out
+
+
+_MODEL_VALIDATE = BaseModel.model_validate.__func__  # type: ignore[attr-defined]
 
 
 def _row(obj: Any, spec: TableSpec, shape: _Shape) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -170,6 +192,7 @@ def prepare(
     failed_keys: list[tuple[Any, ...]] = []
     # With a version column, the newest record of a key wins, whatever its place.
     vi = [c.name for c in spec.columns].index(spec.version) if spec.version is not None else None
+    validated = _validate_page(decl, records)
     for i, raw in enumerate(records):
         try:
             if decl.deleted is not None and decl.deleted(raw):
@@ -190,7 +213,7 @@ def prepare(
                 deletes[key] = i
                 continue
             try:
-                obj = validate(data)
+                obj = validate(data) if validated is None else validated[i]
             except ValidationError as exc:
                 raise _refusal(decl, exc) from None
             key, values = _row(obj, spec, pconv)
