@@ -1,9 +1,10 @@
 """Records landing in declared tables: ``python -m bench.records [--json]``.
 
 ``--tenants`` tenants x ``--pages`` pages x 100 records, from a fake API on loopback (a
-process of its own, 0 ms latency, pages encoded once) into a declared table
-(``bench_orders``, upsert on tenant + id), per engine (``--engines``) and per number of
-``synckit worker`` processes (``--workers 1,2``). Keys, ``<run>_<engine>_<n>w``:
+process of its own, 0 ms latency, pages encoded once, each response in one send) into a
+declared table (``bench_orders``, upsert on tenant + id), per engine (``--engines``) and
+per number of ``synckit worker`` processes (``--workers 1,2``). Keys,
+``<run>_<engine>_<n>w``:
 
 * ``initial_*``: the first full sync of every tenant into an empty table;
 * ``incremental_*``: the API changes 10% of the records; each tenant's cycle asks for
@@ -12,10 +13,14 @@ process of its own, 0 ms latency, pages encoded once) into a declared table
 * ``replay_*``: every checkpoint wiped, every tenant synced again in full
   (``duplicates``: rows beyond one per key, must be 0; ``changed_rows`` must be 0).
 
-Each run gives ``records``, ``wall_s``, ``records_per_s``, ``records_per_s_per_worker``,
+Before them, off the clock, the workers start and sync two tenants each (a warm-up: the
+first compiles, prepared statements and lazy imports are a worker's once, not each
+record's; those rows are then deleted). Each run gives ``records``, ``wall_s`` (first
+cycle started to last cycle finished), ``records_per_s``, ``records_per_s_per_worker``,
 ``worker_cpu_us_per_record`` (the workers' user + system CPU over the run, per record
 fetched), ``db_cpu_us_per_record`` (PostgreSQL's server processes; on SQLite the
-database runs inside the workers, so it is part of the worker figure: null).
+database runs inside the workers, so it is part of the worker figure: null; every
+process of the server counts: other users of a shared server too).
 ``db_deadlocks`` (PostgreSQL) the deadlocks the server detected meanwhile (every
 database of the server: other users of a shared server count too).
 ``feed_query_ms_<engine>``: one change-feed page (100 changes) read at a cursor in the
@@ -138,6 +143,10 @@ def serve(pages: int, port_file: str) -> None:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # One send per response, no Nagle: written as headers, then body, the body waited
+        # for the client's delayed ACK of the headers (~40 ms a page on loopback).
+        wbufsize = 1 << 20
+        disable_nagle_algorithm = True
 
         def do_GET(self) -> None:
             from urllib.parse import parse_qsl, urlsplit
@@ -325,17 +334,18 @@ async def measure(
     from synckit.store.db import open_database
 
     sys.path[:0] = [str(ROOT / "tests")]
-    from procs import spawn_worker, stop_all
+    from procs import spawn_worker, stop_all, wait_started
 
     out: dict[str, Any] = {}
     total = tenants_n * pages * PER_PAGE
     tenants = [f"t{i:03d}" for i in range(tenants_n)]
+    warm = [f"warm{i}" for i in range(2 * workers)]
     with api_process(pages, tmp) as url:
         async with fresh_database(engine, tmp) as db_url:
             db = open_database(db_url)
             try:
                 await app.upgrade_records(db)
-                for t in tenants:
+                for t in [*warm, *tenants]:
                     await app.add_tenant(db, t, BenchShop.name, schedule="every 1d")
                 await app.schedule(db)  # the ticks of the new tenants: consumed, not run
                 from sqlalchemy import text
@@ -343,15 +353,25 @@ async def measure(
                 async with db.begin() as conn:
                     await conn.execute(text("DELETE FROM jobs WHERE kind = 'synckit.poll'"))
                 env = {"BENCH_RECORDS_URL": url, "PYTHONPATH": str(ROOT)}
+                # Each worker runs its share of the cycles: with room for all of them, the
+                # first worker to claim took every one and the others idled (the "per
+                # worker" figure then divided one worker's work by two).
+                share = str(-(-tenants_n // workers))
                 procs = [
                     spawn_worker(
-                        db_url, tmp / "w.log", "--concurrency", "16", env=env,
+                        db_url, tmp / "w.log", "--concurrency", share, env=env,
                         app="bench.records:app",
                     )
                     for _ in range(workers)
                 ]  # fmt: skip
                 try:
-                    await asyncio.sleep(3)  # imports and first connections, off the clock
+                    # Off the clock: imports, first connections, and the warm-up sync.
+                    await asyncio.to_thread(wait_started, procs)
+                    await _run(db, warm, procs, len(warm) * pages * PER_PAGE)
+                    async with db.begin() as conn:
+                        await conn.execute(
+                            text("DELETE FROM bench_orders WHERE tenant LIKE 'warm%'")
+                        )
                     out["initial"] = await _run(db, tenants, procs, total)
                     _, _, seq = await _table_counts(db)
                     _set_version(url, 1)

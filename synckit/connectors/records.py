@@ -322,9 +322,35 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def converters(spec: TableSpec) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
-    """``(field, value -> column value)`` for each column of ``spec``, in order."""
-    return tuple((c.name, _CONVERT[c.kind]) for c in spec.columns)
+def _validators(model: type[BaseModel]) -> bool:
+    d = model.__pydantic_decorators__
+    return bool(d.field_validators or d.model_validators or d.validators or d.root_validators)
+
+
+#: Column kinds whose validated values are stored as they are.
+_STORED_AS_VALIDATED = frozenset(("int", "bool", "date", "decimal", "float"))
+
+
+def converters(
+    spec: TableSpec, model: type[BaseModel] | None = None
+) -> tuple[tuple[str, Callable[[Any], Any] | None], ...]:
+    """``(field, value -> column value)`` for each column of ``spec``, in order; None
+    for a column whose validated value is stored as it is (numbers, dates and, given the
+    ``model``, the text of a field declared ``str``, which pydantic gives as a ``str``
+    when no validator of the model's may return something else)."""
+    fields = model.model_fields if model is not None and not _validators(model) else {}
+    out: list[tuple[str, Callable[[Any], Any] | None]] = []
+    for c in spec.columns:
+        info = fields.get(c.name)
+        plain_text = (
+            c.kind == "text"
+            and info is not None
+            and not info.metadata
+            and _unwrap(info.annotation)[0] is str
+        )
+        same = c.kind in _STORED_AS_VALIDATED or plain_text
+        out.append((c.name, None if same else _CONVERT[c.kind]))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

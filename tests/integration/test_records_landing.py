@@ -5,6 +5,7 @@ database refuses."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -243,3 +244,75 @@ async def test_a_hold_stream_holds_at_a_refused_record(
     assert not done.held and done.pages == 2 and done.failed == 0
     assert await _checkpoint(db) == {"page": 4}
     assert len(await rows(db, "held_orders", "acme")) == 30
+
+
+# --- a table without children: the merge takes its seqs itself ------------------------------
+
+
+async def test_a_one_table_page_takes_contiguous_seqs_and_a_refusal_still_lands_the_rest(
+    db: Database, held: tuple[App, Any], tenant: str
+) -> None:
+    """A page of a table without children (on PostgreSQL its merge takes the page's seqs
+    and notifies in one statement): its rows get the next seqs in order, an unchanged
+    re-sync takes seqs but changes no row, and a page with a record the database refuses
+    lands the others with seqs past every earlier one; ``last_seq`` is never behind a row.
+    PostgreSQL notifies the pages that changed a row, and only those."""
+    decl = HeldShop.streams[0].records
+    assert decl is not None and not decl.children
+
+    async def land_page(records: list[Any], sync: str) -> tuple[int, int]:
+        landing, failures, _ = prepare(decl, tenant, "orders", records, lambda r, e: e, sync=sync)
+        assert not failures
+
+        def tx(conn: SyncConn) -> tuple[int, int]:
+            land(conn, landing, records_app.App([records_app.Shop]).clock())
+            return landing.changed, len(landing.refused)
+
+        return await db.write(tx)
+
+    async def seqs() -> tuple[dict[str, int], int]:
+        async with db.read() as conn:
+            found = await conn.execute(
+                text("SELECT id, _seq FROM held_orders WHERE tenant = :t"), {"t": tenant}
+            )
+            last = await conn.execute(
+                text("SELECT last_seq FROM record_tables WHERE name = 'held_orders'")
+            )
+            return {r.id: r._seq for r in found}, int(last.scalar_one())
+
+    heard: asyncio.Queue[str] = asyncio.Queue()
+
+    def listener(*args: Any) -> None:
+        if str(args[3]).startswith(f"{tenant} "):  # other tests notify on the channel too
+            heard.put_nowait(str(args[3]))
+
+    async def notified() -> str | None:
+        if not db.is_postgres:
+            return None
+        async with db.raw_pg() as raw:  # a marker: every earlier notification came first
+            await raw.execute(f"NOTIFY {NOTIFY_CHANNEL}, '{tenant} marker'")
+        first = await asyncio.wait_for(heard.get(), EVENT_TIMEOUT)
+        if first == f"{tenant} marker":
+            return None
+        assert await asyncio.wait_for(heard.get(), EVENT_TIMEOUT) == f"{tenant} marker"
+        return first
+
+    async with contextlib.AsyncExitStack() as stack:
+        if db.is_postgres:
+            raw = await stack.enter_async_context(db.raw_pg())
+            await raw.add_listener(NOTIFY_CHANNEL, listener)
+        data = [order(i) for i in range(30)]
+        assert await land_page(data, "s1") == (30, 0)
+        assert await notified() == (f"{tenant} orders" if db.is_postgres else None)
+        got, last = await seqs()
+        assert [got[f"o{i:06d}"] for i in range(30)] == list(range(1, 31)) and last == 30
+        assert await land_page(data, "s2") == (0, 0)
+        assert await notified() is None
+        assert (await seqs())[0] == got
+        data[7] = order(7, version=1)
+        data[9]["points"] = 2**70  # past a 64-bit column: the database refuses it
+        assert await land_page(data, "s3") == (1, 1)
+        assert await notified() == (f"{tenant} orders" if db.is_postgres else None)
+        got, last = await seqs()
+        assert got["o000007"] > 60 and max(got.values()) <= last
+        assert all(s <= 30 for k, s in got.items() if k != "o000007")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from enum import Enum
 from typing import Literal
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from synckit import ConfigurationError, Connector, Page, Records, Stream
 from synckit.errors.exceptions import RecordsSchemaError
@@ -140,3 +140,48 @@ def test_plan_adds_new_optional_fields_and_refuses_what_it_cannot_apply() -> Non
         with pytest.raises(RecordsSchemaError, match=message) as caught:
             plan_upgrade(Records(model, table="rows").spec, _recorded(Row))
         assert "\n" not in str(caught.value) and "'rows'" in str(caught.value)
+
+
+class Upper(BaseModel):
+    id: str
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _count(cls, v: str) -> object:
+        return len(v)  # a validator may give a str field something else
+
+
+def test_row_values_are_the_columns_values_text_converted_only_where_it_may_not_be_text() -> None:
+    """A page's rows (validated in one call) hold each column's stored value: an enum's
+    text, JSON text for nested values, a number where a validator made one of a str
+    field; a str field with no validator keeps its str."""
+    from synckit.runtime.records import prepare
+
+    raw = {"id": "r1", "n": 1, "price": 2, "createdAt": "2026-01-01T00:00:00", "tags": ["x"]}
+    landing, failures, _ = prepare(
+        Records(Row, table="rows"), "t", "s", [raw, {**raw, "id": "r2"}], lambda r, e: e
+    )
+    assert not failures
+    names = [c.name for c in Records(Row, table="rows").spec.columns]
+    row = dict(zip(names, landing.batches[0].rows[0], strict=True))
+    assert row["id"] == "r1" and row["colour"] == "red" and row["tags"] == '["x"]'
+    assert row["at"] == datetime(2026, 1, 1, tzinfo=UTC) and row["price"] == 2.0
+    landing, _, _ = prepare(
+        Records(Upper, table="uppers"), "t", "s", [{"id": "a", "name": "abc"}], lambda r, e: e
+    )
+    assert landing.batches[0].rows == [("a", "3")]
+
+
+def test_a_page_with_a_record_the_model_refuses_fails_that_one_naming_its_field() -> None:
+    """Validated in one call, a page with a refused record is validated record by record:
+    the others become rows in order, the refused one a failure naming the field."""
+    from synckit.runtime.records import prepare
+
+    good = {"id": "r1", "n": 1, "price": 2, "createdAt": "2026-01-01T00:00:00"}
+    page = [good, {**good, "id": "r2", "n": "many"}, {**good, "id": "r3"}]
+    landing, failures, failed = prepare(
+        Records(Row, table="rows"), "t", "s", page, lambda r, e: (r["id"], str(e))
+    )
+    assert [r[0] for r in landing.batches[0].rows] == ["r1", "r3"] and failed == [1]
+    assert failures[0][0] == "r2" and "n: Input should be a valid integer" in failures[0][1]
