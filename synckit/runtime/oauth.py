@@ -121,11 +121,6 @@ MAX_401_RETRIES = 2
 #: How often a coroutine waiting for another process's refresh looks at the row.
 _LEASE_POLL = 0.03
 
-#: The lease's owner while the token endpoint's requested wait runs: nobody calls it, and
-#: nobody waits inline for it longer than _SHORT_WAIT (the job is retried after it).
-_ENDPOINT_WAIT = "token-endpoint-wait"
-_SHORT_WAIT = timedelta(seconds=1)
-
 #: The longest part of the cause kept in a stored reason (the hint follows it).
 _CAUSE_CHARS = 300
 
@@ -461,9 +456,11 @@ class OAuth2Auth(httpx.Auth):
             if taken:
                 return await self._refresh_holding_lease(row.connector, row.resource_key, stored)
             # Another process refreshes (or the endpoint asked for a wait): wait for it,
-            # inline only while that is short.
+            # inline only while that is short. A refresh holds the lease for lease_time
+            # at most, so a lease that ends later than that is the endpoint's wait, held
+            # by the refresher it answered: the job is retried after it.
             until = row.refresh_until or now
-            endpoint_wait = row.refresh_owner == _ENDPOINT_WAIT and until - now > _SHORT_WAIT
+            endpoint_wait = until - now > cfg.lease_time
             if until > deadline or endpoint_wait:
                 raise TokenEndpointUnavailable(
                     f"the token endpoint of tenant {self.tenant!r} is not to be called before "
@@ -561,13 +558,7 @@ class OAuth2Auth(httpx.Auth):
         now = self.clock()
         until = now + exc.retry_after if exc.retry_after else None
         async with self.db.begin() as conn:
-            await hand_back_refresh_lease(
-                conn,
-                self.tenant,
-                owner=self._owner,
-                hold_as=_ENDPOINT_WAIT if until else None,
-                until=until,
-            )
+            await hand_back_refresh_lease(conn, self.tenant, owner=self._owner, until=until)
         if until is not None and not still_valid(self._token or stored, now):
             # Nothing left to send: no request of the tenant before the endpoint's wait.
             await pacing.defer_resource(

@@ -167,18 +167,18 @@ async def hand_back_refresh_lease(
     tenant: str,
     *,
     owner: str,
-    hold_as: str | None = None,
     until: datetime | None = None,
 ) -> bool:
-    """End ``owner``'s lease; or, with ``hold_as``/``until``, keep it held under another
-    token until then (a token endpoint that asked for a wait is not called before it)."""
-    hold = Lease(hold_as, until) if hold_as and until else None
+    """End ``owner``'s lease; or, with ``until``, keep it held by ``owner`` until then (a
+    token endpoint that asked for a wait is not called before it). Fenced: False, and
+    nothing written, when ``owner`` no longer holds it."""
     res = await conn.execute(
         fenced(
             connections,
             owner,
             connections.c.tenant == tenant,
-            values=hold.values(REFRESH_LEASE) if hold else {},
+            values={REFRESH_LEASE.expires_at: until} if until else {},
+            release=until is None,
             columns=REFRESH_LEASE,
         ).returning(connections.c.tenant)
     )

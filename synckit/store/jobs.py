@@ -71,7 +71,7 @@ from synckit.errors.breaker import (
 )
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError, PayloadError
 from synckit.errors.gate import LaneFacts, gate
-from synckit.store import notify
+from synckit.store import leases, notify
 from synckit.store.db import Database, _Busy
 from synckit.store.pages import (
     COUNT_CAP,
@@ -95,6 +95,17 @@ DEFAULT_MAX_ATTEMPTS = 5
 #: (every third of it): when the worker dies, such jobs go back to the queue, uncharged,
 #: within about this long plus one rescue pass, whatever the full lease is.
 START_LEASE = timedelta(seconds=2)
+
+#: The jobs' lease on the one mechanism of :mod:`synckit.store.leases`: a claim writes
+#: its batch's token (``claim_token``, one per claim batch, so that one statement fences
+#: a whole batch), the lease's end and the worker's id; every outcome is fenced on the
+#: token (:func:`_fence`), so a worker whose lease ran out and whose job was rescued and
+#: claimed again cannot finish it. The raw SQL of the hot paths (``_CLAIM_LANES_PG``,
+#: ``_PG_START_SQL``, ``_SQLITE_COMPLETE_MANY``, ``_PG_COMPLETE_AND_START``, ``_HELD``)
+#: spells the same claim and fence.
+JOB_LEASE = leases.LeaseColumns(
+    token="claim_token", expires_at="lease_expires_at", holder="locked_by"
+)
 
 # Literals, not bound parameters: the planners of both engines can only use a partial
 # index when the query's predicate visibly implies the index's.
@@ -944,10 +955,8 @@ def _claiming(ids: Any) -> Any:
         .values(
             status="running",
             attempts=jobs.c.attempts + bindparam("charge", type_=Integer),
-            locked_by=bindparam("worker"),
-            claim_token=bindparam("token"),
+            **JOB_LEASE.holding(bindparam("token"), bindparam("until"), bindparam("worker")),
             heartbeat_at=bindparam("now"),
-            lease_expires_at=bindparam("until"),
             started_at=bindparam("started", type_=jobs.c.started_at.type),
             updated_at=bindparam("now"),
         )
@@ -1357,16 +1366,21 @@ def _claimed(r: Row[Any], token: int, probe: bool, started: bool) -> ClaimedJob 
     )
 
 
+def _fence(token: Any) -> ColumnElement[bool]:
+    """The jobs still held under ``token`` (a value or a bound parameter): the token is on
+    the row and the job is running. A rescue clears the token, so once another claim took
+    the job over, a late holder's outcome matches no row."""
+    return and_(leases.held(jobs, token, JOB_LEASE), jobs.c.status == _RUNNING)
+
+
 _QUARANTINE: Any = (
     update(jobs)
-    .where(jobs.c.id == bindparam("job_id"), jobs.c.claim_token == bindparam("token"))
+    .where(jobs.c.id == bindparam("job_id"), leases.held(jobs, bindparam("token"), JOB_LEASE))
     .values(
         status="dead",
         last_error=bindparam("reason"),
         error_class="validation",
-        locked_by=None,
-        claim_token=None,
-        lease_expires_at=None,
+        **JOB_LEASE.released(),
         finished_at=bindparam("now"),
         updated_at=bindparam("now"),
     )
@@ -1417,13 +1431,12 @@ def _complete_statement(ids_match: Any) -> Any:
     # per-execution expansion of an IN list.
     return (
         update(jobs)
-        .where(ids_match, jobs.c.claim_token == bindparam("token"), jobs.c.status == _RUNNING)
+        .where(ids_match, _fence(bindparam("token")))
         .values(
             status="succeeded",
             finished_at=bindparam("now"),
             updated_at=bindparam("now"),
-            locked_by=None,
-            lease_expires_at=None,
+            **JOB_LEASE.released(keep_token=True),
         )
         .returning(jobs.c.id)
     )
@@ -1441,12 +1454,7 @@ def _start_statement(ids_match: Any) -> Any:
     # Same shape as the completes: one statement per claim token, ids as one parameter.
     return (
         update(jobs)
-        .where(
-            ids_match,
-            jobs.c.claim_token == bindparam("token"),
-            jobs.c.status == _RUNNING,
-            jobs.c.started_at.is_(None),
-        )
+        .where(ids_match, _fence(bindparam("token")), jobs.c.started_at.is_(None))
         .values(
             attempts=jobs.c.attempts + 1,
             started_at=bindparam("now"),
@@ -1741,9 +1749,7 @@ def fail_sync(
         "last_error": message[:4000],
         "error_class": error_class,
         "errors": history,
-        "locked_by": None,
-        "claim_token": None,
-        "lease_expires_at": None,
+        **JOB_LEASE.released(),
         "updated_at": now,
     }
     if retry_at is not None:
@@ -1756,11 +1762,7 @@ def fail_sync(
         values["max_attempts"] = max_attempts
     res = conn.execute(
         update(jobs)
-        .where(
-            jobs.c.id == job.id,
-            jobs.c.claim_token == job.claim_token,
-            jobs.c.status == _RUNNING,
-        )
+        .where(jobs.c.id == job.id, _fence(job.claim_token))
         .values(**values)
         .returning(jobs.c.id)
     )
@@ -1885,16 +1887,12 @@ def snooze_sync(conn: Connection, job: ClaimedJob, *, now: datetime, until: date
     """Put the job back to pending until ``until`` without counting the attempt."""
     res = conn.execute(
         update(jobs)
-        .where(
-            jobs.c.id == job.id, jobs.c.claim_token == job.claim_token, jobs.c.status == _RUNNING
-        )
+        .where(jobs.c.id == job.id, _fence(job.claim_token))
         .values(
             status="pending",
             run_at=until,
             attempts=_UNCHARGED,
-            locked_by=None,
-            claim_token=None,
-            lease_expires_at=None,
+            **JOB_LEASE.released(),
             updated_at=now,
         )
         .returning(jobs.c.id)
@@ -1917,14 +1915,11 @@ def finish_sync(
     """End the job as cancelled or discarded by its handler, with the reason."""
     res = conn.execute(
         update(jobs)
-        .where(
-            jobs.c.id == job.id, jobs.c.claim_token == job.claim_token, jobs.c.status == _RUNNING
-        )
+        .where(jobs.c.id == job.id, _fence(job.claim_token))
         .values(
             status=status,
             last_error=reason,
-            locked_by=None,
-            lease_expires_at=None,
+            **JOB_LEASE.released(keep_token=True),
             finished_at=now,
             updated_at=now,
         )
@@ -2006,9 +2001,7 @@ async def release(
             .values(
                 status="pending",
                 attempts=_UNCHARGED,
-                locked_by=None,
-                claim_token=None,
-                lease_expires_at=None,
+                **JOB_LEASE.released(),
                 updated_at=now,
             )
             .returning(jobs.c.id, jobs.c.resource_key),
@@ -2137,7 +2130,7 @@ async def rescue_expired(
     async with db.begin() as conn:
         expired = (
             select(jobs.c.id)
-            .where(jobs.c.status == _RUNNING, jobs.c.lease_expires_at < now)
+            .where(jobs.c.status == _RUNNING, leases.ended(jobs, now, JOB_LEASE))
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
@@ -2151,9 +2144,7 @@ async def rescue_expired(
                 status=case((dies, "dead"), else_="pending"),
                 finished_at=case((dies, now), else_=None),
                 run_at=case((unstarted, jobs.c.run_at), else_=now),
-                locked_by=None,
-                claim_token=None,
-                lease_expires_at=None,
+                **JOB_LEASE.released(),
                 last_error=case((unstarted, jobs.c.last_error), else_=message),
                 error_class=case((unstarted, jobs.c.error_class), else_="transient"),
                 max_attempts=limit_of,  # the limit it was held to, shown as it
@@ -2368,9 +2359,7 @@ async def cancel_job(db: Database, job_id: int, reason: str = "cancelled by oper
             "status": "cancelled",
             "last_error": reason,
             "finished_at": utcnow(),
-            "locked_by": None,
-            "claim_token": None,
-            "lease_expires_at": None,
+            **JOB_LEASE.released(),
         },
         allow_running=True,
     )
