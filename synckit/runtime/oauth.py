@@ -72,19 +72,21 @@ from synckit.errors.headers import server_wait
 from synckit.redaction import redact_text
 from synckit.runtime import pacing
 from synckit.runtime.secrets import (
-    REASON_CHARS,
     TokenCipher,
     TokenSet,
-    hand_back_refresh_lease,
-    mark_needs_reauth,
-    read_connection,
     save_refreshed_token_set,
-    take_refresh_lease,
     token_lifetime,
     write_token_set,
 )
 from synckit.store import jobs as job_store
-from synckit.store.connections import notify_workers
+from synckit.store.connections import (
+    REASON_CHARS,
+    hand_back_refresh_lease,
+    mark_needs_reauth,
+    notify_workers,
+    read_connection,
+    take_refresh_lease,
+)
 from synckit.store.db import Database
 
 if TYPE_CHECKING:
