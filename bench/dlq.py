@@ -38,10 +38,11 @@ from typing import Any
 
 from sqlalchemy import text, update
 
-from synckit.dlq import DeadLetter, Replayers, ReplayProcessor
+from synckit.dlq import Replayers, ReplayProcessor
 from synckit.store import dead_letters as store
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
+from synckit.store.dead_letters import DeadLetter
 from synckit.store.tables import resources
 
 PG_URL = os.environ.get("SYNCKIT_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")

@@ -43,11 +43,11 @@ from synckit.runtime import outbox
 from synckit.runtime.alerts import Alert, record_alerts
 from synckit.runtime.pacing import defer_resource
 from synckit.runtime.poll import POLL_KIND
-from synckit.runtime.secrets import mark_needs_reauth
 from synckit.runtime.tenants import add_tenant, pause_tenant
 from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store import migrate
+from synckit.store.connections import mark_needs_reauth
 from synckit.store.db import Database, open_database
 from synckit.store.tables import audit_buckets, connections, dead_letters, jobs, resources
 from synckit.store.tables import outbox as outbox_table

@@ -110,7 +110,6 @@ if TYPE_CHECKING:
     from synckit.runtime.handlers import JobContext, Registry
     from synckit.runtime.intents import run_intent
     from synckit.runtime.oauth import OAuth2Auth, reauth
-    from synckit.runtime.outbox import add as outbox_add
     from synckit.runtime.secrets import TokenSet
     from synckit.runtime.tenants import (
         Tenant,
@@ -126,6 +125,7 @@ if TYPE_CHECKING:
     from synckit.store.db import Database, open_database
     from synckit.store.jobs import JobSpec, enqueue, enqueue_many
     from synckit.store.migrate import upgrade as migrate_database
+    from synckit.store.outbox import add as outbox_add
 
 # Names are imported on first use (PEP 562), so that `import synckit` (and every
 # `synckit` command, which imports the package) does not pay for Alembic, authlib and

@@ -54,8 +54,6 @@ from synckit.runtime.poll import (
     POLL_KIND,
     SCHEDULE_KIND,
     CycleResult,
-    CycleStart,
-    cycle_start_of,
     record_id_of,
     record_kind,
     run_cycle,
@@ -68,6 +66,7 @@ from synckit.runtime.records import prepare as prepare_landing
 from synckit.runtime.tenants import _COLUMNS, Tenant, _tenant, add_tenant, get_tenant
 from synckit.runtime.worker import Worker
 from synckit.store import checkpoints
+from synckit.store.checkpoints import CycleStart, cycle_start_of
 from synckit.store.db import Database, SyncConn, is_driver_error, open_database, savepoint
 from synckit.store.jobs import ClaimedJob
 from synckit.store.records import TableOwner, prepare_destination, upgrade_tables

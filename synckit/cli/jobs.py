@@ -25,10 +25,9 @@ from synckit.cli.options import (
 )
 from synckit.clock import utcnow
 from synckit.redaction import redact
-from synckit.runtime.unreadable_jobs import count_unreadable_run_at, unreadable_run_at
 from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobInfo
+from synckit.store.jobs import JobInfo, count_unreadable_run_at, unreadable_run_at
 from synckit.store.views import queue_depth
 
 __all__ = ["jobs"]

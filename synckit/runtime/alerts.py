@@ -73,7 +73,6 @@ from synckit.runtime.audit import window_start
 from synckit.runtime.budget import BudgetLevel, BudgetPolicy, pause_tenants
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import redact, redact_text
-from synckit.runtime.unreadable_jobs import StuckJob, unreadable_run_at
 from synckit.store import alerts as store_alerts
 from synckit.store.alerts import (
     DELIVERY_LEASE,
@@ -84,7 +83,6 @@ from synckit.store.alerts import (
     ConnectionState,
     DlqGrowth,
     ReviewGroup,
-    among,
     dlq_growth,
     dlq_in_review,
     load_connections,
@@ -100,6 +98,7 @@ from synckit.store.audit import (
 )
 from synckit.store.connections import UNREADABLE_ROW_REASON
 from synckit.store.db import Conn, Database
+from synckit.store.jobs import StuckJob, unreadable_run_at
 
 # Only the webhook sink speaks HTTP: ``synckit status`` evaluates the rules on the spot
 # and must not pay for an HTTP client (tests/unit/test_command_imports.py).
@@ -1329,10 +1328,6 @@ def register_alerts(
 
 __all__ = [
     "ALERTS_KIND",
-    "DELIVERY_LEASE",
-    "GIVE_UP_AFTER",
-    "KEEP_ALERTS",
-    "POLL_KIND",
     "Alert",
     "AlertData",
     "AlertEvaluator",
@@ -1341,17 +1336,14 @@ __all__ = [
     "AlertSink",
     "BudgetRule",
     "CallbackSink",
-    "ConnectionState",
     "DeadCyclesRule",
     "Delivery",
     "DeployRegression",
     "DlqAcceleration",
-    "DlqGrowth",
     "DlqReview",
     "LogSink",
     "NeedsReauthRule",
     "PollLag",
-    "ReviewGroup",
     "RuleSet",
     "ServerErrorBurst",
     "Severity",
@@ -1359,19 +1351,14 @@ __all__ = [
     "UnreadableConnectionRule",
     "UnreadableRunAt",
     "WebhookSink",
-    "among",
     "claim_deliveries",
     "dedupe_key",
-    "dlq_growth",
-    "dlq_in_review",
     "dlq_review_alert",
     "emit_alert",
     "finish_deliveries",
     "get_alert_router",
     "load_alert_data",
-    "load_connections",
     "poll_deadline",
-    "prune_alerts",
     "recent_alerts",
     "record_alerts",
     "register_alerts",

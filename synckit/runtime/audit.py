@@ -15,22 +15,11 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from synckit.store.audit import (
-    ENV_APP_VERSION,
     RETRIED_PREFIX,
     AuditCounts,
-    AuditRow,
-    ClassCounts,
-    Totals,
-    VersionTotals,
     current_app_version,
-    merge_counts,
     minute_of,
-    read_audit,
-    record_audit,
     record_audit_many_sync,
-    record_audit_sync,
-    totals_by_tenant,
-    totals_by_version,
 )
 from synckit.store.db import SyncConn
 
@@ -109,22 +98,9 @@ def window_start(now: datetime, window: timedelta) -> datetime:
 
 
 __all__ = [
-    "ENV_APP_VERSION",
     "RETRIED_PREFIX",
-    "AuditRow",
-    "ClassCounts",
-    "Totals",
-    "VersionTotals",
     "audit_observer",
-    "current_app_version",
-    "merge_counts",
-    "minute_of",
     "outcome_subject",
-    "read_audit",
-    "record_audit",
-    "record_audit_sync",
     "tally_outcomes",
-    "totals_by_tenant",
-    "totals_by_version",
     "window_start",
 ]

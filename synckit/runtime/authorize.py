@@ -49,8 +49,9 @@ from synckit.runtime.oauth import (
     token_client,
     token_endpoint_error,
 )
-from synckit.runtime.secrets import TokenCipher, TokenSet, read_connection
+from synckit.runtime.secrets import TokenCipher, TokenSet
 from synckit.store import connections as connection_store
+from synckit.store.connections import read_connection
 from synckit.store.db import Database
 
 log = structlog.get_logger("synckit.oauth")

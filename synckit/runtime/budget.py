@@ -20,8 +20,9 @@ from enum import StrEnum
 
 import structlog
 
-from synckit.runtime.audit import Totals, totals_by_tenant, window_start
+from synckit.runtime.audit import window_start
 from synckit.store import connections
+from synckit.store.audit import Totals, totals_by_tenant
 from synckit.store.db import Conn
 
 DEFAULT_BUDGET = 0.005

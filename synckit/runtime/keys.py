@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from synckit.app import App
 
 __all__ = [
-    "UNREADABLE_ROW_REASON",
     "RotateResult",
     "Unopenable",
     "describe_unopenable",

@@ -67,7 +67,7 @@ from synckit.runtime.instruments import (
 from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
 from synckit.store.checkpoints import oldest_active_checkpoints
 from synckit.store.db import Conn, Database, SyncConn
-from synckit.store.jobs import read_moment
+from synckit.store.moments import read_moment
 from synckit.store.views import (
     BreakerInfo,
     breaker_states,

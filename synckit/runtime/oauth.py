@@ -72,19 +72,21 @@ from synckit.errors.headers import server_wait
 from synckit.redaction import redact_text
 from synckit.runtime import pacing
 from synckit.runtime.secrets import (
-    REASON_CHARS,
     TokenCipher,
     TokenSet,
-    hand_back_refresh_lease,
-    mark_needs_reauth,
-    read_connection,
     save_refreshed_token_set,
-    take_refresh_lease,
     token_lifetime,
     write_token_set,
 )
 from synckit.store import jobs as job_store
-from synckit.store.connections import notify_workers
+from synckit.store.connections import (
+    REASON_CHARS,
+    hand_back_refresh_lease,
+    mark_needs_reauth,
+    notify_workers,
+    read_connection,
+    take_refresh_lease,
+)
 from synckit.store.db import Database
 
 if TYPE_CHECKING:
@@ -120,11 +122,6 @@ MAX_401_RETRIES = 2
 
 #: How often a coroutine waiting for another process's refresh looks at the row.
 _LEASE_POLL = 0.03
-
-#: The lease's owner while the token endpoint's requested wait runs: nobody calls it, and
-#: nobody waits inline for it longer than _SHORT_WAIT (the job is retried after it).
-_ENDPOINT_WAIT = "token-endpoint-wait"
-_SHORT_WAIT = timedelta(seconds=1)
 
 #: The longest part of the cause kept in a stored reason (the hint follows it).
 _CAUSE_CHARS = 300
@@ -461,9 +458,11 @@ class OAuth2Auth(httpx.Auth):
             if taken:
                 return await self._refresh_holding_lease(row.connector, row.resource_key, stored)
             # Another process refreshes (or the endpoint asked for a wait): wait for it,
-            # inline only while that is short.
+            # inline only while that is short. A refresh holds the lease for lease_time
+            # at most, so a lease that ends later than that is the endpoint's wait, held
+            # by the refresher it answered: the job is retried after it.
             until = row.refresh_until or now
-            endpoint_wait = row.refresh_owner == _ENDPOINT_WAIT and until - now > _SHORT_WAIT
+            endpoint_wait = until - now > cfg.lease_time
             if until > deadline or endpoint_wait:
                 raise TokenEndpointUnavailable(
                     f"the token endpoint of tenant {self.tenant!r} is not to be called before "
@@ -561,13 +560,7 @@ class OAuth2Auth(httpx.Auth):
         now = self.clock()
         until = now + exc.retry_after if exc.retry_after else None
         async with self.db.begin() as conn:
-            await hand_back_refresh_lease(
-                conn,
-                self.tenant,
-                owner=self._owner,
-                hold_as=_ENDPOINT_WAIT if until else None,
-                until=until,
-            )
+            await hand_back_refresh_lease(conn, self.tenant, owner=self._owner, until=until)
         if until is not None and not still_valid(self._token or stored, now):
             # Nothing left to send: no request of the tenant before the endpoint's wait.
             await pacing.defer_resource(

@@ -54,7 +54,6 @@ from synckit.errors.pace import (
 )
 from synckit.store.db import Conn, Database, SyncConn
 from synckit.store.resources import (
-    configure_pacing,
     defer_resource_sync,
     lock_free_resources_sync,
     lock_resource_sync,
@@ -69,9 +68,7 @@ __all__ = [
     "Quota",
     "SlotResult",
     "SlotWant",
-    "configure_pacing",
     "defer_resource",
-    "defer_resource_sync",
     "read_pace",
     "read_pace_sync",
     "record_rate_limit",

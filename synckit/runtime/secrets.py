@@ -46,13 +46,6 @@ from synckit.errors.exceptions import (
     SecretUnavailable,
 )
 from synckit.store import connections as connection_store
-from synckit.store.connections import (
-    REASON_CHARS,
-    hand_back_refresh_lease,
-    mark_needs_reauth,
-    read_connection,
-    take_refresh_lease,
-)
 from synckit.store.db import Conn, Database
 
 ENV_KEY = "SYNCKIT_SECRET_KEY"
@@ -520,18 +513,13 @@ __all__ = [
     "FERNET_V1_MARKER",
     "INSECURE",
     "PLAINTEXT_MARKER",
-    "REASON_CHARS",
     "SEALED",
     "SEALED_KEY",
     "TokenCipher",
     "TokenSet",
-    "hand_back_refresh_lease",
     "is_sealed_value",
     "key_id",
-    "mark_needs_reauth",
-    "read_connection",
     "reseal_token_sets",
     "save_refreshed_token_set",
-    "take_refresh_lease",
     "write_token_set",
 ]

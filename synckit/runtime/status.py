@@ -28,24 +28,15 @@ from typing import Any
 from synckit.clock import utcnow
 from synckit.errors.gate import Gate, LaneFacts, gate
 from synckit.redaction import redact_text
-from synckit.runtime.alerts import (
-    Alert,
-    ConnectionState,
-    RuleSet,
-    load_alert_data,
-    load_connections,
-    recent_alerts,
-)
-from synckit.runtime.audit import Totals, totals_by_tenant, window_start
+from synckit.runtime.alerts import Alert, RuleSet, load_alert_data, recent_alerts
+from synckit.runtime.audit import window_start
 from synckit.runtime.budget import BudgetPolicy
-from synckit.runtime.unreadable_jobs import (
-    StuckJob,
-    count_unreadable_run_at,
-    unreadable_run_at,
-)
 from synckit.store import subscriptions as subscription_store
+from synckit.store.alerts import ConnectionState, load_connections
+from synckit.store.audit import Totals, totals_by_tenant
 from synckit.store.connections import CONNECTION_STATUSES
 from synckit.store.db import Conn, Database
+from synckit.store.jobs import StuckJob, count_unreadable_run_at, unreadable_run_at
 from synckit.store.views import (
     BreakerInfo,
     audit_totals_of,

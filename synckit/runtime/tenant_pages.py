@@ -5,7 +5,7 @@ row read through guards.
 ``after``) and the number of tenants by status in the same transaction, so it costs the
 same at 100,000 tenants as at 10; ``synckit tenants show`` reads one tenant and its
 checkpoints. A corrupt row is shown, never fatal: timestamps come back guarded
-(:func:`synckit.store.jobs.guarded_moment`, so a value no datetime holds does not fail
+(:func:`synckit.store.moments.guarded_moment`, so a value no datetime holds does not fail
 the driver's fetch), configs and cursors as text, each parsed per row and named in
 ``unreadable`` when it does not read.
 
@@ -28,7 +28,7 @@ from synckit.runtime.tenants import Tenant
 from synckit.runtime.tenants import _tenant as _read_tenant
 from synckit.store import connections as connection_store
 from synckit.store.db import Conn, Database
-from synckit.store.jobs import read_moment
+from synckit.store.moments import read_moment
 
 __all__ = ["Checkpoint", "TenantPage", "page_tenants", "read_checkpoints", "read_tenant"]
 

@@ -38,7 +38,6 @@ from synckit.errors.exceptions import (
     TenantError,
     TenantNotFound,
 )
-from synckit.runtime import pacing
 from synckit.runtime.config_secrets import (
     ConfigPath,
     mask_config,
@@ -52,7 +51,7 @@ from synckit.store import connections as connection_store
 from synckit.store import jobs as job_store
 from synckit.store.checkpoints import delete_checkpoints
 from synckit.store.db import Database
-from synckit.store.resources import read_moments
+from synckit.store.resources import configure_pacing, read_moments
 from synckit.store.ticks import delete_poll_ticks
 
 # Named in annotations only: connectors.base brings httpx, which `synckit tenants ls`
@@ -366,7 +365,7 @@ async def add_tenant(
             if existing is not None:
                 raise TenantError(f"tenant {tenant!r} exists already (connector {existing!r})")
             rate = cls.rate_limit
-            await pacing.configure_pacing(
+            await configure_pacing(
                 conn,
                 resource_key,
                 parent_key=parent_key,

@@ -4,7 +4,7 @@ A claim takes a pending job once ``run_at <= now``. A stored ``run_at`` that no 
 datetime holds (SQLite text ``'garbage'``, a PostgreSQL year 20000 or ``infinity``)
 compares as later than any real time, so that job stays pending forever without a
 word; one below the readable range is claimed and quarantined by the claim itself.
-This module finds both, by the same range :func:`synckit.store.jobs.guarded_moment`
+This module finds both, by the same range :func:`synckit.store.moments.guarded_moment`
 guards, for ``synckit status``, ``synckit jobs ls`` and the alert rule
 :class:`synckit.runtime.alerts.UnreadableRunAt` (which the worker's periodic alert
 evaluation runs, so that the claim path pays nothing for it).
@@ -16,6 +16,5 @@ Each query walks the two partial indexes of pending jobs (``ix_jobs_due``,
 from __future__ import annotations
 
 # The reads live with every other statement on jobs (synckit.store.jobs).
-from synckit.store.jobs import StuckJob, count_unreadable_run_at, unreadable_run_at
 
-__all__ = ["StuckJob", "count_unreadable_run_at", "unreadable_run_at"]
+__all__ = []

@@ -75,13 +75,15 @@ from synckit.runtime import cron, outbox, pacing
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.http import shared_connections
 from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
-from synckit.runtime.outbox import NewMessage, OutboxRelay, Publisher
+from synckit.runtime.outbox import OutboxRelay, Publisher
 from synckit.store import jobs as store
 from synckit.store import queue_history, resources
 from synckit.store.connections import mark_needs_reauth_sync
 from synckit.store.db import Database, SyncConn, connection_lost, savepoint
 from synckit.store.jobs import ClaimedJob, ClaimStore, JobSpec, OutcomeStore
+from synckit.store.moments import read_moment
 from synckit.store.notify import listen, watch_sqlite
+from synckit.store.outbox import NewMessage
 from synckit.store.resources import BreakerStore
 
 log = structlog.get_logger("synckit.worker")
@@ -150,7 +152,7 @@ def _full_text(exc: BaseException) -> str:
 
 def _moment_or_none(value: object) -> datetime | None:
     try:
-        return store.read_moment(value)
+        return read_moment(value)
     except ValueError:
         return None  # unreadable: no pace to keep (the claim reads it so too)
 
@@ -1060,7 +1062,7 @@ class Worker:
         bad: list[str] = []
         for name in _RESOURCE_MOMENTS:
             try:
-                moments[name] = store.read_moment(r._mapping[name])
+                moments[name] = read_moment(r._mapping[name])
             except ValueError as exc:
                 moments[name] = None
                 bad.append(f"{name}: {exc}")

@@ -44,8 +44,8 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
-from synckit.store.jobs import guarded_moment, read_moment, read_payload
 from synckit.store.leases import RELEASED, Lease, claim, fenced, free, new_lease
+from synckit.store.moments import guarded_moment, read_moment, read_payload
 from synckit.store.tables import alerts as alerts_table
 from synckit.store.tables import checkpoints, connections, dead_letters, dialect_insert, jobs
 

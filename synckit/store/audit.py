@@ -43,7 +43,7 @@ from sqlalchemy import Text, bindparam, cast, func, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.store.jobs import guarded_moment, read_moment, read_payload
+from synckit.store.moments import guarded_moment, read_moment, read_payload
 from synckit.store.tables import audit_buckets
 
 ENV_APP_VERSION = "SYNCKIT_APP_VERSION"

@@ -371,7 +371,7 @@ async def delete_checkpoints(conn: AsyncConnection, tenant: str) -> None:
 async def oldest_active_checkpoints(conn: AsyncConnection) -> list[tuple[str, str, Any]]:
     """``(connector, stream, stored)`` per connector and stream: when the oldest checkpoint
     of an active tenant was stored, as the driver hands it over (text on SQLite; read it
-    with :func:`~synckit.store.jobs.read_moment`, which names a value no datetime holds).
+    with :func:`~synckit.store.moments.read_moment`, which names a value no datetime holds).
     One grouped read."""
     oldest = type_coerce(func.min(checkpoints.c.updated_at), String)
     rows = await conn.execute(

@@ -20,10 +20,11 @@ from sqlalchemy.exc import IntegrityError
 
 from synckit.errors.exceptions import ConnectionExists, ConnectionNotFound
 from synckit.redaction import redact_text
+from synckit.store import resources as resources_store
 from synckit.store.db import Conn, Database, SyncConn
-from synckit.store.dead_letters import storable_text
-from synckit.store.jobs import NOTIFY_CHANNEL, guarded_moment
+from synckit.store.jobs import NOTIFY_CHANNEL
 from synckit.store.leases import Lease, LeaseColumns, claim, fenced
+from synckit.store.moments import guarded_moment, storable_text
 from synckit.store.resources import readable
 from synckit.store.tables import checkpoints, connections, dead_letters, pending_authorizations
 
@@ -167,22 +168,41 @@ async def hand_back_refresh_lease(
     tenant: str,
     *,
     owner: str,
-    hold_as: str | None = None,
     until: datetime | None = None,
 ) -> bool:
-    """End ``owner``'s lease; or, with ``hold_as``/``until``, keep it held under another
-    token until then (a token endpoint that asked for a wait is not called before it)."""
-    hold = Lease(hold_as, until) if hold_as and until else None
+    """End ``owner``'s lease; or, with ``until``, keep it held by ``owner`` until then (a
+    token endpoint that asked for a wait is not called before it). Fenced: False, and
+    nothing written, when ``owner`` no longer holds it."""
     res = await conn.execute(
         fenced(
             connections,
             owner,
             connections.c.tenant == tenant,
-            values=hold.values(REFRESH_LEASE) if hold else {},
+            values={REFRESH_LEASE.expires_at: until} if until else {},
+            release=until is None,
             columns=REFRESH_LEASE,
         ).returning(connections.c.tenant)
     )
     return res.first() is not None
+
+
+def pause_lanes_sql(source: str) -> Any:
+    """SQL pausing the active connections of the lanes ``source`` gives (``resource_key``,
+    ``reason``; the DLQ's capture, when a lane's failures say so), stamped ``:now``."""
+    return text(
+        "UPDATE connections SET status = 'paused', status_reason = v.reason,"
+        f" updated_at = :now FROM {source}"
+        " WHERE connections.resource_key = v.resource_key AND connections.status = 'active'"
+    ).bindparams(bindparam("now", type_=connections.c.updated_at.type))
+
+
+def poll_spec_marks_sql(source: str) -> Any:
+    """SQL writing each tenant's ``poll_spec`` marker from ``source`` (``tenant``,
+    ``marker``): what the scheduler last saw of it (store/ticks.py)."""
+    return text(
+        f"UPDATE connections SET poll_spec = v.marker FROM {source}"
+        " WHERE connections.tenant = v.tenant"
+    )
 
 
 async def token_sets_page(conn: Conn, *, after: str, limit: int) -> Sequence[Row[Any]]:
@@ -383,7 +403,7 @@ async def insert_connection(
 
 async def read_tenant_row(conn: Conn, tenant: str, *, guarded: bool = False) -> Any:
     """``tenant``'s row in :data:`TENANT_COLUMNS`, or None; ``guarded`` reads the
-    timestamps through :func:`~synckit.store.jobs.guarded_moment` (the read commands)."""
+    timestamps through :func:`~synckit.store.moments.guarded_moment` (the read commands)."""
     columns = _GUARDED_COLUMNS if guarded else TENANT_COLUMNS
     return (await conn.execute(select(*columns).where(connections.c.tenant == tenant))).first()
 
@@ -598,20 +618,7 @@ def _statements(postgres: bool) -> tuple[Any, Any, Any, Any]:
     )
     stamp = bindparam("now", type_=connections.c.created_at.type)
     existing = text(f"SELECT tenant FROM connections WHERE tenant IN (SELECT name FROM {names})")
-    # As pacing.configure_pacing: the resource exists, with the connector's limits.
-    lanes = text(
-        "INSERT INTO resources (resource_key, parent_key, state, max_in_flight, rate_per_s,"
-        f" burst, updated_at) SELECT resource_key, parent_key, 'closed', max_in_flight, rate,"
-        f" burst, :now FROM {src} WHERE true ON CONFLICT (resource_key) DO UPDATE SET"
-        " parent_key = excluded.parent_key, max_in_flight = excluded.max_in_flight,"
-        " rate_per_s = excluded.rate_per_s, burst = excluded.burst,"
-        " updated_at = excluded.updated_at"
-    ).bindparams(stamp)
-    parents = text(
-        "INSERT INTO resources (resource_key, state, updated_at)"
-        f" SELECT DISTINCT parent_key, 'closed', :now FROM {src} WHERE true"
-        " ON CONFLICT (resource_key) DO NOTHING"
-    ).bindparams(stamp)
+    lanes, parents = resources_store.bulk_lanes_sql(src)
     insert = text(
         "INSERT INTO connections (tenant, connector, resource_key, config, schedule, status,"
         f" created_at, updated_at) SELECT tenant, connector, resource_key, {config}, schedule,"

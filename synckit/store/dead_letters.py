@@ -33,7 +33,7 @@ a replay runs, so a replay may itself write to the database, on SQLite too.
 never in memory at once and no long transaction pins the database.
 
 **Corrupt rows.** ``payload`` and ``history`` are read as text and parsed here, the
-timestamps guarded (:func:`~synckit.store.jobs.guarded_moment`) and parsed here too. A
+timestamps guarded (:func:`~synckit.store.moments.guarded_moment`) and parsed here too. A
 payload that does not parse (text in SQLite, a JSONB number past Python's digit limit)
 shows up as :attr:`DeadLetter.payload_error`; a history or timestamp that cannot be read
 ('garbage' in SQLite, year 20000 in PostgreSQL) is None; each is named in
@@ -80,9 +80,10 @@ from synckit.errors.dlq_policy import (
 from synckit.errors.exceptions import DeadLetterNotFound, DlqError
 from synckit.redaction import redact_text
 from synckit.store import leases
+from synckit.store.connections import pause_lanes_sql
 from synckit.store.db import Database
-from synckit.store.jobs import guarded_moment, read_moment
 from synckit.store.leases import Lease
+from synckit.store.moments import REPLACEMENT, guarded_moment, read_moment, storable_text
 from synckit.store.pages import Page, off_index, page_size, paged, scan_window
 from synckit.store.tables import connections, dead_letters, resources
 
@@ -438,30 +439,6 @@ class Captured:
     status: str
 
 
-#: What a NUL or a lone surrogate in a stored text becomes (see :func:`storable_text`).
-REPLACEMENT = "\ufffd"
-
-
-def storable_text(text: str) -> str:
-    """``text`` with every NUL and lone surrogate replaced by U+FFFD.
-
-    PostgreSQL's ``text`` and ``jsonb`` refuse NUL, and no driver encodes a lone
-    surrogate as UTF-8: a record carrying either would fail its page's commit on every
-    retry. U+FFFD, not an escape such as ``\\u0000``: it is Unicode's own mark for "a
-    character that could not be represented", so nobody reads it as what the API sent
-    (a literal ``\\u0000`` is six ordinary characters an API can send, and a replay would
-    hand them to ``handle()`` as if it had), and it is one character, so no limit moves.
-    """
-    if "\x00" in text:
-        text = text.replace("\x00", REPLACEMENT)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        # Pairs join into their character, lone halves become U+FFFD.
-        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
-
-
 def _scrubbed(value: Any) -> Any:
     if isinstance(value, str):
         return storable_text(value)
@@ -685,11 +662,7 @@ class _CaptureSql:
         ).bindparams(ts)
         self.pause_columns = (("resource_key", "text"), ("reason", "text"))
         pauses = self._rows(*self.pause_columns)
-        self.pause = text(
-            "UPDATE connections SET status = 'paused', status_reason = v.reason,"
-            f" updated_at = :now FROM {pauses}"
-            " WHERE connections.resource_key = v.resource_key AND connections.status = 'active'"
-        ).bindparams(bindparam("now", type_=connections.c.updated_at.type))
+        self.pause = pause_lanes_sql(pauses)
         ids = (
             "record_id = ANY(CAST(:ids AS text[]))"
             if postgres
@@ -1656,3 +1629,20 @@ async def dlq_groups(
             )
             groups = [DlqGroup(str(t), str(c), int(n), int(r or 0)) for t, c, n, r in rows]
     return Page(groups, names[-1] if more else None)
+
+
+async def resolve_outbox_reviews(
+    conn: AsyncConnection, message_ids: Sequence[str], *, now: datetime
+) -> None:
+    """Resolve the dead letters (in review) of outbox messages put back to pending: they
+    are being handled, so the DLQ shows only what is open (store/outbox.py)."""
+    await conn.execute(
+        update(dead_letters)
+        .where(
+            dead_letters.c.tenant == "",
+            dead_letters.c.connector == "outbox",
+            dead_letters.c.record_id.in_(message_ids),
+            dead_letters.c.status == "review",
+        )
+        .values(status="resolved", status_reason="outbox message retried", resolved_at=now)
+    )

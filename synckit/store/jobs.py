@@ -26,12 +26,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 import secrets
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 import structlog
@@ -53,7 +52,6 @@ from sqlalchemy import (
     or_,
     select,
     text,
-    type_coerce,
     update,
 )
 from sqlalchemy.dialects import sqlite
@@ -71,8 +69,20 @@ from synckit.errors.breaker import (
 )
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError, PayloadError
 from synckit.errors.gate import LaneFacts, gate
-from synckit.store import notify
+from synckit.store import leases, notify
+from synckit.store import resources as lanes
 from synckit.store.db import Database, _Busy
+from synckit.store.moments import (
+    MOMENT_HI,
+    MOMENT_LO,
+    OUT_OF_RANGE,
+    OUT_OF_RANGE_SQL,
+    guarded_columns,
+    guarded_moment,
+    json_holds_nul,
+    read_moment,
+    read_payload,
+)
 from synckit.store.pages import (
     COUNT_CAP,
     Count,
@@ -83,7 +93,7 @@ from synckit.store.pages import (
     paged,
     scan_window,
 )
-from synckit.store.tables import UTCDateTime, connections, dialect_insert, jobs, resources
+from synckit.store.tables import connections, dialect_insert, jobs, resources
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -99,21 +109,21 @@ DEFAULT_MAX_ATTEMPTS = 5
 #: within about this long plus one rescue pass, whatever the full lease is.
 START_LEASE = timedelta(seconds=2)
 
+#: The jobs' lease on the one mechanism of :mod:`synckit.store.leases`: a claim writes
+#: its batch's token (``claim_token``, one per claim batch, so that one statement fences
+#: a whole batch), the lease's end and the worker's id; every outcome is fenced on the
+#: token (:func:`_fence`), so a worker whose lease ran out and whose job was rescued and
+#: claimed again cannot finish it. The raw SQL of the hot paths (``_CLAIM_LANES_PG``,
+#: ``_PG_START_SQL``, ``_SQLITE_COMPLETE_MANY``, ``_PG_COMPLETE_AND_START``, ``_HELD``)
+#: spells the same claim and fence.
+JOB_LEASE = leases.LeaseColumns(
+    token="claim_token", expires_at="lease_expires_at", holder="locked_by"
+)
+
 # Literals, not bound parameters: the planners of both engines can only use a partial
 # index when the query's predicate visibly implies the index's.
 _PENDING: Any = literal_column("'pending'")
 _RUNNING: Any = literal_column("'running'")
-
-
-#: An unescaped NUL in serialised JSON: an odd run of backslashes before ``u0000``.
-NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-def json_holds_nul(text: str) -> bool:
-    """Whether JSON text (as :func:`json.dumps` writes it) holds a NUL character, which
-    PostgreSQL's jsonb refuses: refused on every engine, so that an application is
-    portable instead of failing only in production."""
-    return "\\u0000" in text and NUL_ESCAPE.search(text) is not None
 
 
 def _check_payload(kind: str, payload: Any) -> str:
@@ -258,103 +268,6 @@ def _notify_sql(conn: AsyncConnection | Connection) -> str | None:
     return f"NOTIFY {NOTIFY_CHANNEL}" if conn.dialect.name == "postgresql" else None
 
 
-# --- lanes with work ---------------------------------------------------------------------
-#
-# ``resources.due_at`` marks the lanes a claim starts from: NULL when the lane has no
-# pending job, else a time no later than its earliest pending job's ``run_at``. Claims
-# read only the marked lanes, through the partial index ``ix_resources_lanes`` in
-# fairness order, and never scan ``resources`` whole (see _lanes_statement).
-#
-# Whatever makes a job pending lowers its lane's mark in the same transaction (enqueue,
-# retry, snooze, release, rescue, an operator's retry or reschedule); a claim that finds
-# a lane short of due jobs sets the mark to the lane's next due time, or clears it. A
-# mark lower than needed costs one empty look, which corrects it; a lane with work and no
-# mark would never be claimed, so the two writes are ordered by the lane row's lock: the
-# marking upsert locks the row even when it writes nothing (ON CONFLICT DO UPDATE locks
-# the conflicting row whatever its WHERE says), and a claim recomputes a mark only while it
-# holds the row from its lanes query. On PostgreSQL at READ COMMITTED an enqueue that locks
-# the row first makes the claims skip the lane until it commits; one that comes second
-# waits for the claim's commit and lowers the mark the claim just wrote. SQLite runs one
-# writer at a time.
-#
-# The lists travel as arrays (PostgreSQL) or one JSON text (SQLite): a fixed number of
-# parameters whatever their length.
-_MARK_CONFLICT = (
-    " ON CONFLICT (resource_key) DO UPDATE SET due_at = excluded.due_at"
-    " WHERE resources.due_at IS NULL OR resources.due_at > excluded.due_at"
-)
-_LANE_COLUMNS = "INSERT INTO resources (resource_key, state, updated_at, due_at)"
-_STAMP = bindparam("now", type_=resources.c.updated_at.type)
-# Sorted keys: two transactions marking the same lanes lock them in the same order.
-_MARK_LANES: dict[str, Any] = {
-    "postgresql": text(
-        f"{_LANE_COLUMNS} SELECT k, 'closed', :now, d FROM unnest(CAST(:keys AS varchar[]),"
-        " CAST(:dues AS timestamptz[])) AS u(k, d) ORDER BY k" + _MARK_CONFLICT
-    ).bindparams(_STAMP),
-    "sqlite": text(
-        f"{_LANE_COLUMNS} SELECT json_extract(value, '$[0]'), 'closed', :now,"
-        " json_extract(value, '$[1]') FROM json_each(:lanes) WHERE true" + _MARK_CONFLICT
-    ).bindparams(_STAMP),
-}
-# The lanes of jobs just made pending, due at their earliest run_at, read in SQL (a
-# timestamp no datetime holds never reaches Python).
-_MARK_LANES_OF: dict[str, Any] = {
-    dialect: text(
-        f"{_LANE_COLUMNS} SELECT resource_key, 'closed', :now, min(run_at) FROM jobs"
-        f" WHERE id {ids} AND status = 'pending' AND resource_key IS NOT NULL"
-        " GROUP BY resource_key ORDER BY resource_key" + _MARK_CONFLICT
-    ).bindparams(_STAMP)
-    for dialect, ids in (
-        ("postgresql", "= ANY(CAST(:ids AS bigint[]))"),
-        ("sqlite", "IN (SELECT value FROM json_each(:ids))"),
-    )
-}
-_ENSURE_LANES: dict[str, Any] = {
-    "postgresql": text(
-        "INSERT INTO resources (resource_key, state, updated_at) SELECT k, 'closed', :now"
-        " FROM unnest(CAST(:keys AS varchar[])) AS u(k) ORDER BY k"
-        " ON CONFLICT (resource_key) DO NOTHING"
-    ).bindparams(_STAMP),
-    "sqlite": text(
-        "INSERT INTO resources (resource_key, state, updated_at) SELECT value, 'closed', :now"
-        " FROM json_each(:keys) WHERE true ON CONFLICT (resource_key) DO NOTHING"
-    ).bindparams(_STAMP),
-}
-
-
-def _ensure_resources_sync(conn: Connection, keys: Iterable[str], now: datetime) -> None:
-    """Make sure a ``resources`` row exists for every key (its mark untouched)."""
-    unique = sorted(set(keys))
-    if not unique:
-        return
-    param = unique if conn.dialect.name == "postgresql" else json.dumps(unique)
-    conn.execute(_ENSURE_LANES[conn.dialect.name], {"keys": param, "now": now})
-
-
-async def _ensure_resources(conn: AsyncConnection, keys: Iterable[str], now: datetime) -> None:
-    await conn.run_sync(_ensure_resources_sync, list(keys), now)
-
-
-def _mark_lanes_sync(conn: Connection, due: Mapping[str, datetime], now: datetime) -> None:
-    """Mark each lane ``key`` as having a pending job due at ``due[key]`` (or lower its
-    mark to that), creating its ``resources`` row if needed; locks the rows."""
-    if not due:
-        return
-    keys = sorted(due)
-    if conn.dialect.name == "postgresql":
-        params: dict[str, Any] = {"keys": keys, "dues": [due[k] for k in keys]}
-    else:
-        params = {"lanes": json.dumps([[k, _SQLITE_TS_TEXT(due[k])] for k in keys])}
-    conn.execute(_MARK_LANES[conn.dialect.name], {**params, "now": now})
-
-
-def _mark_lanes_of_sync(conn: Connection, job_ids: Sequence[int], now: datetime) -> None:
-    """Mark the lanes of the jobs ``job_ids`` that are pending now (see _mark_lanes_sync)."""
-    if job_ids:
-        param = list(job_ids) if conn.dialect.name == "postgresql" else json.dumps(list(job_ids))
-        conn.execute(_MARK_LANES_OF[conn.dialect.name], {"ids": param, "now": now})
-
-
 def _earliest(rows: Iterable[Mapping[str, Any]]) -> dict[str, datetime]:
     """The earliest ``run_at`` of each lane among job rows (those with a resource key)."""
     due: dict[str, datetime] = {}
@@ -376,7 +289,7 @@ def _enqueue_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) -> 
     """Insert the jobs on a synchronous connection (see :meth:`Database.write`)."""
     checked = [s.row_and_json(now) for s in specs]
     rows = [row for row, _ in checked]
-    _mark_lanes_sync(conn, _earliest(rows), now)
+    lanes.mark_lanes_sync(conn, _earliest(rows), now)
     results: list[Enqueued] = []
     plain = [r for r in rows if r["unique_key"] is None]
     plain_json = [j for r, j in checked if r["unique_key"] is None]
@@ -534,9 +447,9 @@ _PG_INSERT_ONE = (
     " $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING id)"
     f" SELECT id, pg_notify('{NOTIFY_CHANNEL}', '') FROM ins"
 )
-# The lane's mark comes with the job (see _mark_lanes_sync): $3 is its key, $8 its run_at.
+# The lane's mark comes with the job (see resources.mark_lanes_sync): $3 is its key, $8 its run_at.
 _PG_INSERT_ONE_IN_LANE = (
-    f"WITH lane AS ({_LANE_COLUMNS} VALUES ($3, 'closed', $12, $8){_MARK_CONFLICT}), "
+    f"WITH lane AS ({lanes.PG_MARK_LANE.format(key='$3', now='$12', due='$8')}), "
     + _PG_INSERT_ONE.removeprefix("WITH ")
 )
 
@@ -568,7 +481,6 @@ _SQLITE_INSERT_ONE = (
     " RETURNING id"
 )
 _SQLITE_JOB_PARAMS = _sqlite_params(_ROW_COLUMNS)
-_SQLITE_MARK_LANE = f"{_LANE_COLUMNS} VALUES (?, 'closed', ?, ?){_MARK_CONFLICT}"
 _SQLITE_TIMESTAMP: Any = resources.c.updated_at.type.bind_processor(sqlite.dialect())
 
 
@@ -580,7 +492,7 @@ def _enqueue_one_sqlite(conn: Any, row: dict[str, Any], payload_json: str) -> in
     """
     if row["resource_key"]:
         conn.execute(
-            _SQLITE_MARK_LANE,
+            lanes.SQLITE_MARK_LANE,
             (
                 row["resource_key"],
                 _SQLITE_TIMESTAMP(row["created_at"]),
@@ -678,9 +590,7 @@ _PG_ENQUEUE_NEW: Any = text(
     " SELECT k, p::jsonb, r, 'pending', pr, 0, m, ra, uk, t, tp, :now, :now FROM v ORDER BY ord"
     " ON CONFLICT (unique_key) WHERE status IN ('pending', 'running') DO NOTHING"
     " RETURNING unique_key, resource_key, run_at),"
-    f" lane AS ({_LANE_COLUMNS} SELECT resource_key, 'closed', :now, min(run_at) FROM ins"
-    " WHERE resource_key IS NOT NULL GROUP BY resource_key ORDER BY resource_key"
-    f"{_MARK_CONFLICT})"
+    f" lane AS ({lanes.mark_lanes_from('ins')})"
     " SELECT unique_key FROM ins"
 ).bindparams(bindparam("now", type_=jobs.c.created_at.type))
 _SQLITE_ENQUEUE_NEW: Any = text(
@@ -745,7 +655,7 @@ def enqueue_new_sync(conn: Connection, specs: Sequence[JobSpec], now: datetime) 
     stamp = _SQLITE_TS_TEXT(now)
     created = [r[0] for r in conn.execute(_SQLITE_ENQUEUE_NEW, {"rows": packed, "now": stamp})]
     made = set(created)
-    _mark_lanes_sync(conn, _earliest(r for r, _ in rows if r["unique_key"] in made), now)
+    lanes.mark_lanes_sync(conn, _earliest(r for r, _ in rows if r["unique_key"] in made), now)
     return created
 
 
@@ -784,22 +694,11 @@ def _wake_after_commit(conn: AsyncConnection) -> None:
 # --- claiming -----------------------------------------------------------------------
 
 
-# Timestamps a Python datetime can hold, in any offset: PostgreSQL stores years up to
-# 294276 and BC ones, which the driver cannot give back (it raises while fetching, so one
-# such row would fail the whole statement). Literal text compares as time on PostgreSQL
-# and as text on SQLite, where synckit stores fixed-width ISO text.
-_MOMENT_LO = "'0001-01-02 00:00:00+00:00'"
-_MOMENT_HI = "'9999-12-30 00:00:00+00:00'"
-#: What :func:`guarded_moment` gives for a stored value out of that range.
-OUT_OF_RANGE = datetime(2, 2, 2, 2, 2, 2, 20202, tzinfo=UTC)
-_OUT_OF_RANGE_SQL = "'0002-02-02 02:02:02.020202+00:00'"
-
-
 def _later(col: Any, now: Any) -> Any:
     """SQL: the timestamp ``col`` is set, readable and after ``now``. A value no datetime
     can hold ('garbage' on SQLite, year 20000 on PostgreSQL) reads as None everywhere
     (:func:`read_moment`), so here too it holds nothing back."""
-    return and_(col.is_not(None), col > now, col <= literal_column(_MOMENT_HI))
+    return and_(col.is_not(None), col > now, col <= literal_column(MOMENT_HI))
 
 
 def _breaker_denies(r: Any, now: Any) -> Any:
@@ -821,73 +720,6 @@ def _resource_blocked(r: Any, now: Any) -> Any:
     breaker, a live probe): :func:`~synckit.errors.gate.gate` for the database."""
     # Every term is NULL-safe, so that NOT (...) means "available" and never "unknown".
     return or_(_later(r.c.next_available_at, now), _breaker_denies(r, now))
-
-
-# --- rows that cannot be read ------------------------------------------------------------
-
-
-def guarded_moment(col: Any) -> Any:
-    """``col`` for a read that must survive a corrupt row: the stored value as the driver
-    has it (text on SQLite, a datetime on PostgreSQL), :data:`OUT_OF_RANGE` when no
-    datetime can hold it; parse it with :func:`read_moment`."""
-    in_range = and_(col >= literal_column(_MOMENT_LO), col <= literal_column(_MOMENT_HI))
-    return type_coerce(
-        case((col.is_(None), None), (in_range, col), else_=literal_column(_OUT_OF_RANGE_SQL)),
-        Text,
-    ).label(col.name)
-
-
-def guarded_columns(columns: Iterable[Any], *, as_text: Iterable[str] = ()) -> list[Any]:
-    """``columns`` for a read that must survive a corrupt row: timestamps guarded
-    (:func:`guarded_moment`) and the columns named in ``as_text`` (JSON) cast to text, each
-    parsed per row by the reader, since the drivers would fail the whole fetch on one
-    corrupt value."""
-    text_names = frozenset(as_text)
-    return [
-        cast(c, Text).label(c.name)
-        if c.name in text_names
-        else guarded_moment(c)
-        if isinstance(c.type, UTCDateTime)
-        else c
-        for c in columns
-    ]
-
-
-def read_moment(value: object) -> datetime | None:
-    """A timestamp read through :func:`guarded_moment`: UTC aware, or ``ValueError``
-    naming what is stored instead."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        moment = value
-    elif isinstance(value, str):
-        try:
-            moment = datetime.fromisoformat(value)
-        except ValueError:
-            raise ValueError(f"not a timestamp: {value[:60]!r}") from None
-    else:
-        raise ValueError(f"not a timestamp: {str(value)[:60]!r}")
-    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
-    if moment == OUT_OF_RANGE:
-        raise ValueError("a timestamp out of range")
-    try:
-        return moment.astimezone(UTC)
-    except OverflowError:  # '0001-01-01T00:00+14:00' has no UTC moment
-        raise ValueError(f"not a timestamp: {str(value)[:60]!r}") from None
-
-
-def read_payload(value: object) -> Any:
-    """A JSON column read as text (``cast(col, Text)``): the value, or
-    ``ValueError`` naming why not. JSONB holds only valid JSON, yet a number of 5,000
-    digits in it is past what Python's ``json`` reads."""
-    if not isinstance(value, str):
-        return value  # a driver that decoded it already
-    try:
-        return json.loads(value)
-    except RecursionError:
-        raise ValueError("payload nested too deeply") from None
-    except ValueError as exc:
-        raise ValueError(f"payload is not JSON: {str(exc)[:120]}") from None
 
 
 @dataclass(frozen=True)
@@ -917,8 +749,8 @@ _CLAIMED_COLUMNS = (
 _PG_CLAIMED_SQL = (
     "jobs.id, jobs.kind, CAST(jobs.payload AS text) AS payload, jobs.resource_key,"
     " jobs.attempts, jobs.max_attempts, jobs.priority, jobs.trace_id, jobs.trace_parent,"
-    f" CASE WHEN jobs.run_at >= {_MOMENT_LO} AND jobs.run_at"
-    f" <= {_MOMENT_HI} THEN jobs.run_at ELSE {_OUT_OF_RANGE_SQL} END AS run_at"
+    f" CASE WHEN jobs.run_at >= {MOMENT_LO} AND jobs.run_at"
+    f" <= {MOMENT_HI} THEN jobs.run_at ELSE {OUT_OF_RANGE_SQL} END AS run_at"
 )
 
 
@@ -947,10 +779,8 @@ def _claiming(ids: Any) -> Any:
         .values(
             status="running",
             attempts=jobs.c.attempts + bindparam("charge", type_=Integer),
-            locked_by=bindparam("worker"),
-            claim_token=bindparam("token"),
+            **JOB_LEASE.holding(bindparam("token"), bindparam("until"), bindparam("worker")),
             heartbeat_at=bindparam("now"),
-            lease_expires_at=bindparam("until"),
             started_at=bindparam("started", type_=jobs.c.started_at.type),
             updated_at=bindparam("now"),
         )
@@ -1141,53 +971,6 @@ def _available_lanes(conn: Connection, now: datetime, max_lanes: int) -> list[Ro
     return list(conn.execute(_LANES, {"now": now, "lim": max_lanes}))
 
 
-# A lane's next due time: the earliest run_at of its pending jobs, NULL when it has none.
-# ix_jobs_lane_due is ordered by priority first, so the minimum is taken per priority
-# (the first entry of each), stepping from one priority to the next lower one: a few
-# index probes however many jobs wait in the lane, where min(run_at) would read them all.
-_NEXT_DUE = (
-    "(WITH RECURSIVE p(pr) AS ("
-    "SELECT max(j.priority) FROM jobs j WHERE j.status = 'pending'"
-    " AND j.resource_key = resources.resource_key"
-    " UNION ALL SELECT (SELECT max(j.priority) FROM jobs j WHERE j.status = 'pending'"
-    " AND j.resource_key = resources.resource_key AND j.priority < p.pr)"
-    " FROM p WHERE p.pr IS NOT NULL)"
-    " SELECT min((SELECT min(j.run_at) FROM jobs j WHERE j.status = 'pending'"
-    " AND j.resource_key = resources.resource_key AND j.priority = p.pr))"
-    " FROM p WHERE p.pr IS NOT NULL)"
-)
-
-
-def _after_claim_statement(member: str) -> Any:
-    """What a claim writes on the lane rows it holds: ``last_claimed_at`` of the lanes it
-    served, and the mark of the lanes it found short of due jobs, recomputed."""
-    return text(
-        "UPDATE resources SET"
-        f" last_claimed_at = CASE WHEN resource_key {member.format('served')} THEN :now"
-        " ELSE last_claimed_at END,"
-        f" due_at = CASE WHEN resource_key {member.format('short')} THEN {_NEXT_DUE}"
-        " ELSE due_at END"
-        f" WHERE resource_key {member.format('touched')}"
-    ).bindparams(bindparam("now", type_=resources.c.last_claimed_at.type))
-
-
-_AFTER_CLAIM = {
-    "postgresql": _after_claim_statement("= ANY(CAST(:{} AS varchar[]))"),
-    "sqlite": _after_claim_statement("IN (SELECT value FROM json_each(:{}))"),
-}
-
-
-def _after_claim(conn: Connection, served: set[str], short: set[str], now: datetime) -> None:
-    if not served and not short:
-        return
-    lists = {"served": sorted(served), "short": sorted(short), "touched": sorted(served | short)}
-    if conn.dialect.name == "sqlite":
-        params: dict[str, Any] = {k: json.dumps(v) for k, v in lists.items()}
-    else:
-        params = dict(lists)
-    conn.execute(_AFTER_CLAIM[conn.dialect.name], {**params, "now": now})
-
-
 async def claim(
     db: Database,
     worker_id: str,
@@ -1298,16 +1081,7 @@ def _claim_sync(
                     claimed_probe = breaker_claim_probe(
                         BreakerSnapshot(state=BreakerState(room_state[key])), now, policy
                     )
-                    conn.execute(
-                        update(resources)
-                        .where(resources.c.resource_key == key)
-                        .values(
-                            state=claimed_probe.state.value,
-                            probe_job_id=rows[0].id,
-                            probe_expires_at=claimed_probe.probe_expires_at,
-                            updated_at=now,
-                        )
-                    )
+                    lanes.claim_probe_sync(conn, key, claimed_probe, job_id=rows[0].id, now=now)
             for r in rows:
                 job = _claimed(r, token, probe, all_start)
                 if isinstance(job, Unreadable):
@@ -1319,7 +1093,7 @@ def _claim_sync(
             if len(rows) == want and not probe and (cap is None or cap > len(rows)):
                 still_open.append(key)
         open_lanes = still_open
-    _after_claim(conn, served, short, now)
+    lanes.after_claim(conn, served, short, now)
     if unreadable:
         _quarantine(conn, unreadable, token, now)
     if not all_start and start and claimed:
@@ -1360,16 +1134,21 @@ def _claimed(r: Row[Any], token: int, probe: bool, started: bool) -> ClaimedJob 
     )
 
 
+def _fence(token: Any) -> ColumnElement[bool]:
+    """The jobs still held under ``token`` (a value or a bound parameter): the token is on
+    the row and the job is running. A rescue clears the token, so once another claim took
+    the job over, a late holder's outcome matches no row."""
+    return and_(leases.held(jobs, token, JOB_LEASE), jobs.c.status == _RUNNING)
+
+
 _QUARANTINE: Any = (
     update(jobs)
-    .where(jobs.c.id == bindparam("job_id"), jobs.c.claim_token == bindparam("token"))
+    .where(jobs.c.id == bindparam("job_id"), leases.held(jobs, bindparam("token"), JOB_LEASE))
     .values(
         status="dead",
         last_error=bindparam("reason"),
         error_class="validation",
-        locked_by=None,
-        claim_token=None,
-        lease_expires_at=None,
+        **JOB_LEASE.released(),
         finished_at=bindparam("now"),
         updated_at=bindparam("now"),
     )
@@ -1420,13 +1199,12 @@ def _complete_statement(ids_match: Any) -> Any:
     # per-execution expansion of an IN list.
     return (
         update(jobs)
-        .where(ids_match, jobs.c.claim_token == bindparam("token"), jobs.c.status == _RUNNING)
+        .where(ids_match, _fence(bindparam("token")))
         .values(
             status="succeeded",
             finished_at=bindparam("now"),
             updated_at=bindparam("now"),
-            locked_by=None,
-            lease_expires_at=None,
+            **JOB_LEASE.released(keep_token=True),
         )
         .returning(jobs.c.id)
     )
@@ -1444,12 +1222,7 @@ def _start_statement(ids_match: Any) -> Any:
     # Same shape as the completes: one statement per claim token, ids as one parameter.
     return (
         update(jobs)
-        .where(
-            ids_match,
-            jobs.c.claim_token == bindparam("token"),
-            jobs.c.status == _RUNNING,
-            jobs.c.started_at.is_(None),
-        )
+        .where(ids_match, _fence(bindparam("token")), jobs.c.started_at.is_(None))
         .values(
             attempts=jobs.c.attempts + 1,
             started_at=bindparam("now"),
@@ -1744,9 +1517,7 @@ def fail_sync(
         "last_error": message[:4000],
         "error_class": error_class,
         "errors": history,
-        "locked_by": None,
-        "claim_token": None,
-        "lease_expires_at": None,
+        **JOB_LEASE.released(),
         "updated_at": now,
     }
     if retry_at is not None:
@@ -1759,18 +1530,14 @@ def fail_sync(
         values["max_attempts"] = max_attempts
     res = conn.execute(
         update(jobs)
-        .where(
-            jobs.c.id == job.id,
-            jobs.c.claim_token == job.claim_token,
-            jobs.c.status == _RUNNING,
-        )
+        .where(jobs.c.id == job.id, _fence(job.claim_token))
         .values(**values)
         .returning(jobs.c.id)
     )
     if res.first() is None:
         return None
     if retry_at is not None and job.resource_key is not None:
-        _mark_lanes_sync(conn, {job.resource_key: retry_at}, now)
+        lanes.mark_lanes_sync(conn, {job.resource_key: retry_at}, now)
     if status == "dead":
         dead_letter_job_sync(
             conn,
@@ -1888,16 +1655,12 @@ def snooze_sync(conn: Connection, job: ClaimedJob, *, now: datetime, until: date
     """Put the job back to pending until ``until`` without counting the attempt."""
     res = conn.execute(
         update(jobs)
-        .where(
-            jobs.c.id == job.id, jobs.c.claim_token == job.claim_token, jobs.c.status == _RUNNING
-        )
+        .where(jobs.c.id == job.id, _fence(job.claim_token))
         .values(
             status="pending",
             run_at=until,
             attempts=_UNCHARGED,
-            locked_by=None,
-            claim_token=None,
-            lease_expires_at=None,
+            **JOB_LEASE.released(),
             updated_at=now,
         )
         .returning(jobs.c.id)
@@ -1905,7 +1668,7 @@ def snooze_sync(conn: Connection, job: ClaimedJob, *, now: datetime, until: date
     if res.first() is None:
         return False
     if job.resource_key is not None:
-        _mark_lanes_sync(conn, {job.resource_key: until}, now)
+        lanes.mark_lanes_sync(conn, {job.resource_key: until}, now)
     return True
 
 
@@ -1920,14 +1683,11 @@ def finish_sync(
     """End the job as cancelled or discarded by its handler, with the reason."""
     res = conn.execute(
         update(jobs)
-        .where(
-            jobs.c.id == job.id, jobs.c.claim_token == job.claim_token, jobs.c.status == _RUNNING
-        )
+        .where(jobs.c.id == job.id, _fence(job.claim_token))
         .values(
             status=status,
             last_error=reason,
-            locked_by=None,
-            lease_expires_at=None,
+            **JOB_LEASE.released(keep_token=True),
             finished_at=now,
             updated_at=now,
         )
@@ -2009,52 +1769,16 @@ async def release(
             .values(
                 status="pending",
                 attempts=_UNCHARGED,
-                locked_by=None,
-                claim_token=None,
-                lease_expires_at=None,
+                **JOB_LEASE.released(),
                 updated_at=now,
             )
             .returning(jobs.c.id, jobs.c.resource_key),
             _held_params(dialect, held),
         )
         released = list(res)
-        await _clear_probes(conn, released, now)
-        await conn.run_sync(_mark_lanes_of_sync, [r.id for r in released], now)
+        await lanes.clear_probes(conn, released, now)
+        await conn.run_sync(lanes.mark_lanes_of_sync, [r.id for r in released], now)
     return len(released)
-
-
-# The breaker probes among jobs that stopped running, found by their lanes' keys.
-_CLEAR_PROBES: dict[str, Any] = {
-    dialect: text(
-        f"UPDATE resources SET probe_job_id = NULL, updated_at = :now WHERE resource_key {keys}"
-        f" AND probe_job_id {ids}"
-    ).bindparams(_STAMP)
-    for dialect, keys, ids in (
-        (
-            "postgresql",
-            "= ANY(CAST(:keys AS varchar[]))",
-            "= ANY(CAST(:ids AS bigint[]))",
-        ),
-        (
-            "sqlite",
-            "IN (SELECT value FROM json_each(:keys))",
-            "IN (SELECT value FROM json_each(:ids))",
-        ),
-    )
-}
-
-
-async def _clear_probes(conn: AsyncConnection, stopped: Sequence[Row[Any]], now: datetime) -> None:
-    """Clear the probes among ``stopped`` jobs (rows with ``id`` and ``resource_key``)."""
-    keys = sorted({r.resource_key for r in stopped if r.resource_key is not None})
-    if not keys:
-        return
-    ids = [r.id for r in stopped if r.resource_key is not None]
-    if conn.dialect.name == "postgresql":
-        params: dict[str, Any] = {"keys": keys, "ids": ids}
-    else:
-        params = {"keys": json.dumps(keys), "ids": json.dumps(ids)}
-    await conn.execute(_CLEAR_PROBES[conn.dialect.name], {**params, "now": now})
 
 
 async def heartbeat(
@@ -2140,7 +1864,7 @@ async def rescue_expired(
     async with db.begin() as conn:
         expired = (
             select(jobs.c.id)
-            .where(jobs.c.status == _RUNNING, jobs.c.lease_expires_at < now)
+            .where(jobs.c.status == _RUNNING, leases.ended(jobs, now, JOB_LEASE))
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
@@ -2154,9 +1878,7 @@ async def rescue_expired(
                 status=case((dies, "dead"), else_="pending"),
                 finished_at=case((dies, now), else_=None),
                 run_at=case((unstarted, jobs.c.run_at), else_=now),
-                locked_by=None,
-                claim_token=None,
-                lease_expires_at=None,
+                **JOB_LEASE.released(),
                 last_error=case((unstarted, jobs.c.last_error), else_=message),
                 error_class=case((unstarted, jobs.c.error_class), else_="transient"),
                 max_attempts=limit_of,  # the limit it was held to, shown as it
@@ -2188,8 +1910,8 @@ async def rescue_expired(
                     attempts=r.attempts,
                     now=now,
                 )
-        await _clear_probes(conn, rescued, now)
-        await conn.run_sync(_mark_lanes_of_sync, [r.id for r in rescued], now)
+        await lanes.clear_probes(conn, rescued, now)
+        await conn.run_sync(lanes.mark_lanes_of_sync, [r.id for r in rescued], now)
     return len(rescued)
 
 
@@ -2354,7 +2076,7 @@ async def _change(
                 f"cannot {action} job {job_id}: another unfinished job has its unique key"
             ) from exc
         if "run_at" in values:  # pending now (retry), or its time moved (reschedule)
-            await conn.run_sync(_mark_lanes_of_sync, [job_id], now)
+            await conn.run_sync(lanes.mark_lanes_of_sync, [job_id], now)
     return await get_job(db, job_id)
 
 
@@ -2371,9 +2093,7 @@ async def cancel_job(db: Database, job_id: int, reason: str = "cancelled by oper
             "status": "cancelled",
             "last_error": reason,
             "finished_at": utcnow(),
-            "locked_by": None,
-            "claim_token": None,
-            "lease_expires_at": None,
+            **JOB_LEASE.released(),
         },
         allow_running=True,
     )

@@ -45,6 +45,7 @@ __all__ = [
     "Lease",
     "LeaseColumns",
     "claim",
+    "ended",
     "fenced",
     "free",
     "held",
@@ -55,16 +56,35 @@ __all__ = [
 
 @dataclass(frozen=True)
 class LeaseColumns:
-    """The names of a table's two lease columns: the holder's token and the lease's end.
-    Every leased table uses :data:`LEASE_COLUMNS` but ``connections``, whose OAuth
-    refresh lease predates them (``refresh_owner``, ``refresh_until``)."""
+    """The names of a table's lease columns: the holder's token and the lease's end, and
+    optionally the holder's name. Every leased table uses :data:`LEASE_COLUMNS` but two
+    whose leases predate them: ``connections`` (the OAuth refresh: ``refresh_owner``,
+    ``refresh_until``) and ``jobs`` (``claim_token``, ``lease_expires_at``, ``locked_by``:
+    see ``synckit.store.jobs.JOB_LEASE``)."""
 
     token: str = "lease_token"
     expires_at: str = "lease_expires_at"
+    #: A column naming the holder (the jobs' worker id), written with the lease and
+    #: cleared with it; None where the token is all there is.
+    holder: str | None = None
 
-    def released(self) -> dict[str, Any]:
-        """The values of a row no lease holds."""
-        return {self.token: None, self.expires_at: None}
+    def released(self, *, keep_token: bool = False) -> dict[str, Any]:
+        """The values of a row no lease holds. ``keep_token`` leaves the token in place
+        as the record of which claim finished the row (a succeeded job keeps its
+        ``claim_token``); the row is free all the same, having no lease end."""
+        values: dict[str, Any] = {} if keep_token else {self.token: None}
+        values[self.expires_at] = None
+        if self.holder is not None:
+            values[self.holder] = None
+        return values
+
+    def holding(self, token: Any, expires_at: Any, holder: Any = None) -> dict[str, Any]:
+        """The values that hold a row under ``token`` until ``expires_at`` (values or
+        bound parameters: the jobs' claim is built once, with parameters)."""
+        values = {self.token: token, self.expires_at: expires_at}
+        if self.holder is not None:
+            values[self.holder] = holder
+        return values
 
 
 #: The lease columns of migration 0011 (and 0020 for ``alerts``).
@@ -83,12 +103,19 @@ class Lease:
 
     def values(self, columns: LeaseColumns = LEASE_COLUMNS) -> dict[str, Any]:
         """The column values that hold a row under this lease."""
-        return {columns.token: self.token, columns.expires_at: self.expires_at}
+        return columns.holding(self.token, self.expires_at)
 
 
 def new_lease(duration: timedelta, *, now: datetime | None = None) -> Lease:
     """A fresh lease (a random token) ending ``duration`` after ``now``."""
     return Lease(secrets.token_hex(16), (now or utcnow()) + duration)
+
+
+def ended(table: Table, now: Any, columns: LeaseColumns = LEASE_COLUMNS) -> ColumnElement[bool]:
+    """Rows of ``table`` whose lease ended before ``now`` (a rescue's test: the holder
+    may still write its outcome until someone takes the row over)."""
+    ended_: ColumnElement[bool] = table.c[columns.expires_at] < now
+    return ended_
 
 
 def free(table: Table, now: datetime, columns: LeaseColumns = LEASE_COLUMNS) -> ColumnElement[bool]:
@@ -97,9 +124,11 @@ def free(table: Table, now: datetime, columns: LeaseColumns = LEASE_COLUMNS) -> 
     return or_(token.is_(None), until.is_(None), until <= now)
 
 
-def held(table: Table, token: str, columns: LeaseColumns = LEASE_COLUMNS) -> ColumnElement[bool]:
-    """Rows of ``table`` still held under ``token`` (the fence)."""
-    return table.c[columns.token] == token
+def held(table: Table, token: Any, columns: LeaseColumns = LEASE_COLUMNS) -> ColumnElement[bool]:
+    """Rows of ``table`` still held under ``token`` (the fence); ``token`` is a value or a
+    bound parameter."""
+    fence: ColumnElement[bool] = table.c[columns.token] == token
+    return fence
 
 
 def taken(

@@ -47,10 +47,10 @@ from synckit.errors.exceptions import (
 from synckit.redaction import redact_text
 from synckit.store import leases, notify
 from synckit.store.db import Database
-from synckit.store.jobs import guarded_columns, json_holds_nul, read_moment, read_payload
 from synckit.store.lazy_asyncio import is_async_session
 from synckit.store.leases import Lease
-from synckit.store.tables import dead_letters, dialect_insert, outbox
+from synckit.store.moments import guarded_columns, json_holds_nul, read_moment, read_payload
+from synckit.store.tables import dialect_insert, outbox
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -457,7 +457,8 @@ async def mark_failed(
     """Messages the broker refused for good: ``failed`` here, and each captured in the DLQ
     (:func:`synckit.store.dead_letters.capture_many`: a ``review`` row, since a refusal is a
     validation error; a message an operator ignored there stays ignored)."""
-    from synckit.store.dead_letters import Failure, capture_many, storable_text
+    from synckit.store.dead_letters import Failure, capture_many
+    from synckit.store.moments import storable_text
 
     if not rejected:
         return
@@ -669,17 +670,10 @@ async def _requeue(conn: AsyncConnection, where: Any, now: datetime) -> list[str
     )
     message_ids = [r[0] for r in res]
     # Their dead letters are being handled: close them, so the DLQ shows what is open.
+    from synckit.store.dead_letters import resolve_outbox_reviews  # it builds on the outbox
+
     for start in range(0, len(message_ids), _INSERT_CHUNK):
-        await conn.execute(
-            update(dead_letters)
-            .where(
-                dead_letters.c.tenant == "",
-                dead_letters.c.connector == "outbox",
-                dead_letters.c.record_id.in_(message_ids[start : start + _INSERT_CHUNK]),
-                dead_letters.c.status == "review",
-            )
-            .values(status="resolved", status_reason="outbox message retried", resolved_at=now)
-        )
+        await resolve_outbox_reviews(conn, message_ids[start : start + _INSERT_CHUNK], now=now)
     if message_ids and conn.dialect.name == "postgresql":
         await conn.exec_driver_sql(f"NOTIFY {NOTIFY_CHANNEL}")
     return message_ids

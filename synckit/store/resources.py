@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import ARRAY, Column, Text, bindparam, func, literal_column, or_, select, update
+from sqlalchemy import (
+    ARRAY,
+    Column,
+    Row,
+    Text,
+    bindparam,
+    func,
+    literal_column,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.clock import utcnow
-from synckit.errors.breaker import BreakerState
+from synckit.errors.breaker import BreakerSnapshot, BreakerState
 from synckit.store.db import Database
-from synckit.store.jobs import (
-    _ensure_resources,
-    _ensure_resources_sync,
-    guarded_columns,
-    read_moment,
-)
+from synckit.store.moments import guarded_columns, read_moment
 from synckit.store.tables import UTCDateTime, resources
 
 _UNSET: Any = object()
@@ -32,13 +40,13 @@ BREAKER_STATES = frozenset(s.value for s in BreakerState)
 
 
 #: A timestamp read through :func:`readable`: UTC aware, or ``ValueError`` naming what is
-#: stored instead. One reader for every table (``jobs.read_moment``).
+#: stored instead. One reader for every table (``moments.read_moment``).
 stored_moment = read_moment
 
 
 def readable(columns: Iterable[Column[Any]]) -> list[Any]:
     """``columns`` for a read that must survive a corrupt row: timestamps come back
-    guarded (:func:`~synckit.store.jobs.guarded_moment`: as the driver has them, or a
+    guarded (:func:`~synckit.store.moments.guarded_moment`: as the driver has them, or a
     marker where no datetime holds the value, which PostgreSQL's driver would fail the
     whole fetch on), for :func:`stored_moment`."""
     return guarded_columns(columns)
@@ -108,7 +116,7 @@ async def configure_resource(
     now = utcnow()
     keys = [resource_key] + ([parent_key] if parent_key not in (_UNSET, None) else [])
     async with db.begin() as conn:
-        await _ensure_resources(conn, keys, now)
+        await ensure_lanes(conn, keys, now)
         if values:
             await conn.execute(
                 update(resources)
@@ -204,7 +212,7 @@ def lock_resource_sync(conn: Connection, key: str, now: datetime, *, parent: boo
     stmt = _LOCK_ONE_WITH_PARENT if parent else _LOCK_ONE
     row = conn.execute(stmt, {"key": key}).first()
     if row is None:
-        _ensure_resources_sync(conn, [key], now)
+        ensure_lanes_sync(conn, [key], now)
         row = conn.execute(stmt, {"key": key}).first()
     assert row is not None
     return row
@@ -252,7 +260,7 @@ def defer_resource_sync(
     conn: Connection, key: str, until: datetime, reason: str, *, now: datetime
 ) -> bool:
     """No call to ``key`` before ``until`` (by any worker); True if that moved the limit."""
-    _ensure_resources_sync(conn, [key], now)
+    ensure_lanes_sync(conn, [key], now)
     res = conn.execute(
         update(resources)
         .where(
@@ -282,7 +290,7 @@ async def configure_pacing(
     now: datetime,
 ) -> None:
     """Create ``key`` (and its parent) and record its limits, in the caller's transaction."""
-    await _ensure_resources(conn, [key] + ([parent_key] if parent_key else []), now)
+    await ensure_lanes(conn, [key] + ([parent_key] if parent_key else []), now)
     values: dict[str, Any] = {
         "parent_key": parent_key,
         "max_in_flight": max_in_flight,
@@ -422,3 +430,240 @@ class BreakerStore(Protocol):
     def write_resource_sync(
         self, conn: Connection, key: str, values: Mapping[str, Any]
     ) -> None: ...
+
+
+def bulk_lanes_sql(source: str) -> tuple[Any, Any]:
+    """SQL for tenants added in bulk (store/connections.py): each lane's row with the
+    connector's limits (as configure_pacing), and its parent's row, from the rows
+    ``source`` gives (``resource_key``, ``parent_key``, ``max_in_flight``, ``rate``,
+    ``burst``), stamped ``:now``."""
+    stamp = bindparam("now", type_=resources.c.updated_at.type)
+    lanes = text(
+        "INSERT INTO resources (resource_key, parent_key, state, max_in_flight, rate_per_s,"
+        f" burst, updated_at) SELECT resource_key, parent_key, 'closed', max_in_flight, rate,"
+        f" burst, :now FROM {source} WHERE true ON CONFLICT (resource_key) DO UPDATE SET"
+        " parent_key = excluded.parent_key, max_in_flight = excluded.max_in_flight,"
+        " rate_per_s = excluded.rate_per_s, burst = excluded.burst,"
+        " updated_at = excluded.updated_at"
+    ).bindparams(stamp)
+    parents = text(
+        "INSERT INTO resources (resource_key, state, updated_at)"
+        f" SELECT DISTINCT parent_key, 'closed', :now FROM {source} WHERE true"
+        " ON CONFLICT (resource_key) DO NOTHING"
+    ).bindparams(stamp)
+    return lanes, parents
+
+
+# --- the queue's lanes: marks and probes, written in store/jobs.py's transactions -----
+#
+# ``resources.due_at`` marks the lanes a claim starts from: NULL when the lane has no
+# pending job, else a time no later than its earliest pending job's ``run_at``. Claims
+# read only the marked lanes, through the partial index ``ix_resources_lanes`` in
+# fairness order, and never scan ``resources`` whole (see _lanes_statement).
+#
+# Whatever makes a job pending lowers its lane's mark in the same transaction (enqueue,
+# retry, snooze, release, rescue, an operator's retry or reschedule); a claim that finds
+# a lane short of due jobs sets the mark to the lane's next due time, or clears it. A
+# mark lower than needed costs one empty look, which corrects it; a lane with work and no
+# mark would never be claimed, so the two writes are ordered by the lane row's lock: the
+# marking upsert locks the row even when it writes nothing (ON CONFLICT DO UPDATE locks
+# the conflicting row whatever its WHERE says), and a claim recomputes a mark only while it
+# holds the row from its lanes query. On PostgreSQL at READ COMMITTED an enqueue that locks
+# the row first makes the claims skip the lane until it commits; one that comes second
+# waits for the claim's commit and lowers the mark the claim just wrote. SQLite runs one
+# writer at a time.
+#
+# The lists travel as arrays (PostgreSQL) or one JSON text (SQLite): a fixed number of
+# parameters whatever their length.
+_MARK_CONFLICT = (
+    " ON CONFLICT (resource_key) DO UPDATE SET due_at = excluded.due_at"
+    " WHERE resources.due_at IS NULL OR resources.due_at > excluded.due_at"
+)
+_LANE_COLUMNS = "INSERT INTO resources (resource_key, state, updated_at, due_at)"
+_STAMP = bindparam("now", type_=resources.c.updated_at.type)
+# Sorted keys: two transactions marking the same lanes lock them in the same order.
+_MARK_LANES: dict[str, Any] = {
+    "postgresql": text(
+        f"{_LANE_COLUMNS} SELECT k, 'closed', :now, d FROM unnest(CAST(:keys AS varchar[]),"
+        " CAST(:dues AS timestamptz[])) AS u(k, d) ORDER BY k" + _MARK_CONFLICT
+    ).bindparams(_STAMP),
+    "sqlite": text(
+        f"{_LANE_COLUMNS} SELECT json_extract(value, '$[0]'), 'closed', :now,"
+        " json_extract(value, '$[1]') FROM json_each(:lanes) WHERE true" + _MARK_CONFLICT
+    ).bindparams(_STAMP),
+}
+# The lanes of jobs just made pending, due at their earliest run_at, read in SQL (a
+# timestamp no datetime holds never reaches Python).
+
+
+def mark_lanes_from(source: str, where: str = "") -> str:
+    """SQL marking the lanes of the job rows ``source`` gives (``resource_key``,
+    ``run_at``; filtered by ``where``), each due at its earliest ``run_at``; ``:now``
+    is the stamp. Also a CTE of the enqueue of new jobs (``jobs.enqueue_new``)."""
+    return (
+        f"{_LANE_COLUMNS} SELECT resource_key, 'closed', :now, min(run_at) FROM {source}"
+        f" WHERE {where}resource_key IS NOT NULL"
+        " GROUP BY resource_key ORDER BY resource_key" + _MARK_CONFLICT
+    )
+
+
+_MARK_LANES_OF: dict[str, Any] = {
+    dialect: text(mark_lanes_from("jobs", f"id {ids} AND status = 'pending' AND ")).bindparams(
+        _STAMP
+    )
+    for dialect, ids in (
+        ("postgresql", "= ANY(CAST(:ids AS bigint[]))"),
+        ("sqlite", "IN (SELECT value FROM json_each(:ids))"),
+    )
+}
+_ENSURE_LANES: dict[str, Any] = {
+    "postgresql": text(
+        "INSERT INTO resources (resource_key, state, updated_at) SELECT k, 'closed', :now"
+        " FROM unnest(CAST(:keys AS varchar[])) AS u(k) ORDER BY k"
+        " ON CONFLICT (resource_key) DO NOTHING"
+    ).bindparams(_STAMP),
+    "sqlite": text(
+        "INSERT INTO resources (resource_key, state, updated_at) SELECT value, 'closed', :now"
+        " FROM json_each(:keys) WHERE true ON CONFLICT (resource_key) DO NOTHING"
+    ).bindparams(_STAMP),
+}
+
+
+def ensure_lanes_sync(conn: Connection, keys: Iterable[str], now: datetime) -> None:
+    """Make sure a ``resources`` row exists for every key (its mark untouched)."""
+    unique = sorted(set(keys))
+    if not unique:
+        return
+    param = unique if conn.dialect.name == "postgresql" else json.dumps(unique)
+    conn.execute(_ENSURE_LANES[conn.dialect.name], {"keys": param, "now": now})
+
+
+async def ensure_lanes(conn: AsyncConnection, keys: Iterable[str], now: datetime) -> None:
+    await conn.run_sync(ensure_lanes_sync, list(keys), now)
+
+
+def mark_lanes_sync(conn: Connection, due: Mapping[str, datetime], now: datetime) -> None:
+    """Mark each lane ``key`` as having a pending job due at ``due[key]`` (or lower its
+    mark to that), creating its ``resources`` row if needed; locks the rows."""
+    if not due:
+        return
+    keys = sorted(due)
+    if conn.dialect.name == "postgresql":
+        params: dict[str, Any] = {"keys": keys, "dues": [due[k] for k in keys]}
+    else:
+        params = {"lanes": json.dumps([[k, _SQLITE_TS_TEXT(due[k])] for k in keys])}
+    conn.execute(_MARK_LANES[conn.dialect.name], {**params, "now": now})
+
+
+def mark_lanes_of_sync(conn: Connection, job_ids: Sequence[int], now: datetime) -> None:
+    """Mark the lanes of the jobs ``job_ids`` that are pending now (see mark_lanes_sync)."""
+    if job_ids:
+        param = list(job_ids) if conn.dialect.name == "postgresql" else json.dumps(list(job_ids))
+        conn.execute(_MARK_LANES_OF[conn.dialect.name], {"ids": param, "now": now})
+
+
+# The lane mark written with one job: PostgreSQL (a CTE of the enqueue's statement, with
+# ``{key}``, ``{now}``, ``{due}`` its parameters) and SQLite (a raw sqlite3 statement).
+PG_MARK_LANE = _LANE_COLUMNS + " VALUES ({key}, 'closed', {now}, {due})" + _MARK_CONFLICT
+SQLITE_MARK_LANE = f"{_LANE_COLUMNS} VALUES (?, 'closed', ?, ?){_MARK_CONFLICT}"
+_SQLITE_DIALECT = sqlite.dialect()
+_SQLITE_TS_TEXT: Any = resources.c.due_at.type.dialect_impl(_SQLITE_DIALECT).bind_processor(
+    _SQLITE_DIALECT
+)
+
+
+def claim_probe_sync(
+    conn: Connection, key: str, probe: BreakerSnapshot, *, job_id: int, now: datetime
+) -> None:
+    """The claim gave ``job_id`` as the breaker's probe of lane ``key``."""
+    conn.execute(
+        update(resources)
+        .where(resources.c.resource_key == key)
+        .values(
+            state=probe.state.value,
+            probe_job_id=job_id,
+            probe_expires_at=probe.probe_expires_at,
+            updated_at=now,
+        )
+    )
+
+
+# A lane's next due time: the earliest run_at of its pending jobs, NULL when it has none.
+# ix_jobs_lane_due is ordered by priority first, so the minimum is taken per priority
+# (the first entry of each), stepping from one priority to the next lower one: a few
+# index probes however many jobs wait in the lane, where min(run_at) would read them all.
+_NEXT_DUE = (
+    "(WITH RECURSIVE p(pr) AS ("
+    "SELECT max(j.priority) FROM jobs j WHERE j.status = 'pending'"
+    " AND j.resource_key = resources.resource_key"
+    " UNION ALL SELECT (SELECT max(j.priority) FROM jobs j WHERE j.status = 'pending'"
+    " AND j.resource_key = resources.resource_key AND j.priority < p.pr)"
+    " FROM p WHERE p.pr IS NOT NULL)"
+    " SELECT min((SELECT min(j.run_at) FROM jobs j WHERE j.status = 'pending'"
+    " AND j.resource_key = resources.resource_key AND j.priority = p.pr))"
+    " FROM p WHERE p.pr IS NOT NULL)"
+)
+
+
+def _after_claim_statement(member: str) -> Any:
+    """What a claim writes on the lane rows it holds: ``last_claimed_at`` of the lanes it
+    served, and the mark of the lanes it found short of due jobs, recomputed."""
+    return text(
+        "UPDATE resources SET"
+        f" last_claimed_at = CASE WHEN resource_key {member.format('served')} THEN :now"
+        " ELSE last_claimed_at END,"
+        f" due_at = CASE WHEN resource_key {member.format('short')} THEN {_NEXT_DUE}"
+        " ELSE due_at END"
+        f" WHERE resource_key {member.format('touched')}"
+    ).bindparams(bindparam("now", type_=resources.c.last_claimed_at.type))
+
+
+_AFTER_CLAIM = {
+    "postgresql": _after_claim_statement("= ANY(CAST(:{} AS varchar[]))"),
+    "sqlite": _after_claim_statement("IN (SELECT value FROM json_each(:{}))"),
+}
+
+
+def after_claim(conn: Connection, served: set[str], short: set[str], now: datetime) -> None:
+    if not served and not short:
+        return
+    lists = {"served": sorted(served), "short": sorted(short), "touched": sorted(served | short)}
+    if conn.dialect.name == "sqlite":
+        params: dict[str, Any] = {k: json.dumps(v) for k, v in lists.items()}
+    else:
+        params = dict(lists)
+    conn.execute(_AFTER_CLAIM[conn.dialect.name], {**params, "now": now})
+
+
+# The breaker probes among jobs that stopped running, found by their lanes' keys.
+_CLEAR_PROBES: dict[str, Any] = {
+    dialect: text(
+        f"UPDATE resources SET probe_job_id = NULL, updated_at = :now WHERE resource_key {keys}"
+        f" AND probe_job_id {ids}"
+    ).bindparams(_STAMP)
+    for dialect, keys, ids in (
+        (
+            "postgresql",
+            "= ANY(CAST(:keys AS varchar[]))",
+            "= ANY(CAST(:ids AS bigint[]))",
+        ),
+        (
+            "sqlite",
+            "IN (SELECT value FROM json_each(:keys))",
+            "IN (SELECT value FROM json_each(:ids))",
+        ),
+    )
+}
+
+
+async def clear_probes(conn: AsyncConnection, stopped: Sequence[Row[Any]], now: datetime) -> None:
+    """Clear the probes among ``stopped`` jobs (rows with ``id`` and ``resource_key``)."""
+    keys = sorted({r.resource_key for r in stopped if r.resource_key is not None})
+    if not keys:
+        return
+    ids = [r.id for r in stopped if r.resource_key is not None]
+    if conn.dialect.name == "postgresql":
+        params: dict[str, Any] = {"keys": keys, "ids": ids}
+    else:
+        params = {"keys": json.dumps(keys), "ids": json.dumps(ids)}
+    await conn.execute(_CLEAR_PROBES[conn.dialect.name], {**params, "now": now})

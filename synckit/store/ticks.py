@@ -16,6 +16,7 @@ from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from synckit.store.connections import poll_spec_marks_sql
 from synckit.store.db import Database
 from synckit.store.jobs import _insert
 from synckit.store.tables import UNSCHEDULED, cron_ticks, poll_ticks
@@ -135,10 +136,7 @@ class PollTicks:
             " connector = excluded.connector"
         )
         marks = self._rows(("tenant", "text"), ("marker", "text"))
-        self.mark_sql = text(
-            f"UPDATE connections SET poll_spec = v.marker FROM {marks}"
-            " WHERE connections.tenant = v.tenant"
-        )
+        self.mark_sql = poll_spec_marks_sql(marks)
         moves = self._rows(
             ("tenant", "text"), ("stream", "text"), ("old", "timestamptz"), ("nxt", "timestamptz")
         )

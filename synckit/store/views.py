@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from synckit.store.alerts import among
 from synckit.store.audit import Totals
 from synckit.store.db import Conn
-from synckit.store.jobs import guarded_moment
+from synckit.store.moments import guarded_moment
 from synckit.store.resources import BREAKER_STATES, read_moments
 from synckit.store.tables import (
     audit_buckets,

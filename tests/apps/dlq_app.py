@@ -20,10 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from synckit.dlq import DeadLetter, Replayers, ReplayProcessor
+from synckit.dlq import Replayers, ReplayProcessor
 from synckit.errors.exceptions import PermanentError, RetryableError, Unreplayable
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.store.db import Database, open_database
+from synckit.store.dead_letters import DeadLetter
 
 
 def _append(line: str) -> None:

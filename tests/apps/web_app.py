@@ -64,7 +64,7 @@ async def seed(db: Database) -> dict[str, Any]:
     from synckit.runtime.tenants import pause_tenant
 
     await pause_tenant(db, "initech", "paused for the migration")
-    from synckit.runtime.secrets import mark_needs_reauth
+    from synckit.store.connections import mark_needs_reauth
 
     async with db.begin() as conn:
         await mark_needs_reauth(

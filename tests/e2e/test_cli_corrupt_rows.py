@@ -21,8 +21,8 @@ from cryptography.fernet import Fernet
 from inprocess import run_cli  # tests/
 from sqlalchemy import select, text, update
 
-from synckit.runtime.keys import UNREADABLE_ROW_REASON
-from synckit.runtime.poll import load_checkpoint
+from synckit.store.checkpoints import load_checkpoint
+from synckit.store.connections import UNREADABLE_ROW_REASON
 from synckit.store.db import Database, open_database
 from synckit.store.tables import connections
 

@@ -14,8 +14,9 @@ from inprocess import run_cli  # tests/
 
 from synckit.errors.exceptions import PublishRejected
 from synckit.runtime import outbox
-from synckit.runtime.outbox import CallbackPublisher, NewMessage, OutboxMessage
+from synckit.runtime.outbox import CallbackPublisher
 from synckit.store.db import open_database
+from synckit.store.outbox import NewMessage, OutboxMessage
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 

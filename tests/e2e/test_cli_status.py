@@ -20,8 +20,8 @@ from sqlalchemy import insert, update
 from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
 from synckit.runtime.alerts import AlertRouter, dlq_review_alert
-from synckit.runtime.audit import read_audit, record_audit
 from synckit.store import jobs as store
+from synckit.store.audit import read_audit, record_audit
 from synckit.store.db import open_database
 from synckit.store.jobs import JobSpec
 from synckit.store.tables import checkpoints, connections, dead_letters, resources

@@ -19,7 +19,7 @@ from engines import sqlite_only  # tests/
 from inprocess import run_cli  # tests/
 from waits import PROCESS_TIMEOUT, stop, wait_until  # tests/
 
-from synckit.runtime.poll import load_checkpoint
+from synckit.store.checkpoints import load_checkpoint
 from synckit.store.db import open_database
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]

@@ -198,7 +198,7 @@ def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
     consent page as a link; following it, the provider redirects to the console, which
     stores the tokens; the tenant's page then says nothing holds it back."""
     from synckit.clock import utcnow
-    from synckit.runtime.secrets import mark_needs_reauth
+    from synckit.store.connections import mark_needs_reauth
     from synckit.testing.oauth_server import OAuthTestServer
 
     url = f"sqlite:///{tmp_path / 'oauth.db'}"

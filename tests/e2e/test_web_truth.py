@@ -208,7 +208,7 @@ def test_the_throughput_bars_have_a_colour_and_a_height(browser: Any, tmp_path: 
         from datetime import timedelta
 
         from synckit.clock import utcnow
-        from synckit.runtime.audit import record_audit
+        from synckit.store.audit import record_audit
 
         minute = utcnow().replace(second=0, microsecond=0)
         async with db.begin() as conn:

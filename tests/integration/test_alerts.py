@@ -35,10 +35,10 @@ from synckit.runtime.alerts import (
     record_alerts,
     register_alerts,
 )
-from synckit.runtime.audit import record_audit
 from synckit.runtime.budget import BudgetPolicy
 from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker
+from synckit.store.audit import record_audit
 from synckit.store.db import Database
 from synckit.store.tables import alerts, checkpoints, connections, dead_letters, jobs
 

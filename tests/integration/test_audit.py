@@ -15,20 +15,20 @@ from structlog.testing import capture_logs
 
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PermanentError, RetryableError
-from synckit.runtime.audit import (
-    AuditCounts,
-    AuditRow,
-    audit_observer,
-    read_audit,
-    record_audit,
-    record_audit_many_sync,
-    totals_by_version,
-)
+from synckit.runtime.audit import audit_observer
 from synckit.runtime.budget import BudgetLevel, BudgetPolicy, tenant_budgets
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import configure_logging, shared_processors
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
+from synckit.store.audit import (
+    AuditCounts,
+    AuditRow,
+    read_audit,
+    record_audit,
+    record_audit_many_sync,
+    totals_by_version,
+)
 from synckit.store.db import Database
 from synckit.store.jobs import JobSpec
 from synckit.store.tables import audit_buckets, connections

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 
-from synckit.runtime.audit import read_audit, record_audit, totals_by_version
+from synckit.store.audit import read_audit, record_audit, totals_by_version
 from synckit.store.db import Database
 
 NOW = datetime(2026, 3, 4, 12, 4, tzinfo=UTC)

@@ -33,12 +33,14 @@ from synckit.errors.exceptions import PermanentError, PublishRejected
 from synckit.runtime import outbox as outbox_store
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import redact_text
-from synckit.runtime.outbox import CallbackPublisher, OutboxMessage, OutboxRelay
+from synckit.runtime.outbox import CallbackPublisher, OutboxRelay
 from synckit.runtime.worker import Worker
 from synckit.store import dead_letters as store
 from synckit.store import jobs
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import DlqFilter, Failure
+from synckit.store.moments import storable_text
+from synckit.store.outbox import OutboxMessage
 from synckit.store.tables import checkpoints, dead_letters
 from synckit.testing import FakeAPI
 
@@ -485,9 +487,9 @@ def test_processes_capturing_the_same_new_records_at_once_share_one_row_each(
 def scrubbed(value: Any) -> Any:
     """What capture stores of a JSON value: every string and key through storable_text."""
     if isinstance(value, str):
-        return store.storable_text(value)
+        return storable_text(value)
     if isinstance(value, dict):
-        return {store.storable_text(k): scrubbed(v) for k, v in value.items()}
+        return {storable_text(k): scrubbed(v) for k, v in value.items()}
     if isinstance(value, list):
         return [scrubbed(v) for v in value]
     return value
@@ -545,4 +547,4 @@ def test_any_payload_and_message_are_stored_with_only_nul_and_surrogates_replace
     row = asyncio.run(go())
     assert row.payload == scrubbed(payload)
     # Redacted first (a generated text may look like a secret), then made storable.
-    assert row.error_message == store.storable_text(redact_text(message))[:4000]
+    assert row.error_message == storable_text(redact_text(message))[:4000]

@@ -11,13 +11,14 @@ import pytest
 from sqlalchemy import text, update
 from structlog.testing import capture_logs
 
-from synckit.dlq import DLQ_REPLAY_KIND, DeadLetter, Replayers, ReplayProcessor, register_dlq_replay
+from synckit.dlq import DLQ_REPLAY_KIND, Replayers, ReplayProcessor, register_dlq_replay
 from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError, Unreplayable
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
 from synckit.store import dead_letters as store
 from synckit.store import jobs
 from synckit.store.db import Database
+from synckit.store.dead_letters import DeadLetter
 from synckit.store.resources import configure_resource
 from synckit.store.tables import dead_letters, resources
 from synckit.store.tables import jobs as jobs_table

@@ -13,7 +13,6 @@ import pytest
 from cryptography.fernet import Fernet
 
 from synckit import App, get_tenant, update_tenant
-from synckit.dlq import DlqFilter, iter_rows
 from synckit.errors.exceptions import NeedsReauth, PermanentError
 from synckit.examples.graph_mail import (
     SEND_KIND,
@@ -26,6 +25,7 @@ from synckit.examples.graph_mail import (
     make_app,
 )
 from synckit.store.db import Database
+from synckit.store.dead_letters import DlqFilter, iter_rows
 from synckit.testing import PASS, Fault
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from sqlalchemy import func, select, text, update
 
 from synckit.store import jobs as store
 from synckit.store import migrate
+from synckit.store import resources as resources_store
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import JobSpec
 from synckit.store.tables import jobs, resources
@@ -229,7 +230,7 @@ async def test_enqueue_many_takes_12000_distinct_lanes(db: Database) -> None:
     got = await marks(db)
     assert len(got) == n and set(got.values()) == {T0}
     async with db.begin() as conn:
-        await store._ensure_resources(conn, [f"other-{i}" for i in range(n)], T0)
+        await resources_store.ensure_lanes(conn, [f"other-{i}" for i in range(n)], T0)
         assert (await conn.execute(select(func.count()).select_from(resources))).scalar() == 2 * n
     held = await store.claim(db, "w", n, now=T0, lease=LEASE)
     assert len(held) == n

@@ -11,7 +11,7 @@ from sqlalchemy import insert, update
 
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PermanentError
-from synckit.runtime.audit import audit_observer, record_audit
+from synckit.runtime.audit import audit_observer
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.metrics import (
     metrics_observer,
@@ -21,6 +21,7 @@ from synckit.runtime.metrics import (
 )
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
+from synckit.store.audit import record_audit
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import JobSpec
 from synckit.store.tables import connections, dead_letters, resources

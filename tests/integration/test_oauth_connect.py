@@ -24,8 +24,8 @@ from waits import PROCESS_TIMEOUT, wait_until  # tests/
 from synckit.errors.exceptions import AuthorizationRefused
 from synckit.runtime.authorize import begin_authorization, complete_authorization
 from synckit.runtime.oauth import OAuth2Config
-from synckit.runtime.poll import load_checkpoint
 from synckit.runtime.secrets import TokenCipher
+from synckit.store.checkpoints import load_checkpoint
 from synckit.store.db import Database, open_database
 from synckit.store.tables import connections, pending_authorizations
 from synckit.testing.oauth_server import OAuthTestServer

@@ -36,16 +36,11 @@ from synckit.errors.exceptions import (
     PublishRejected,
 )
 from synckit.runtime import outbox
-from synckit.runtime.outbox import (
-    CallbackPublisher,
-    LogPublisher,
-    NewMessage,
-    OutboxMessage,
-    OutboxRelay,
-)
+from synckit.runtime.outbox import CallbackPublisher, LogPublisher, OutboxRelay
 from synckit.store import outbox as outbox_store
 from synckit.store.db import Database, open_database
 from synckit.store.leases import new_lease
+from synckit.store.outbox import NewMessage, OutboxMessage
 from synckit.store.tables import dead_letters
 from synckit.store.tables import outbox as outbox_table
 

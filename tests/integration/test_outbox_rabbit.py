@@ -28,8 +28,9 @@ from waits import EVENT_TIMEOUT, await_until  # tests/
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PublisherUnavailable
 from synckit.runtime import outbox
-from synckit.runtime.outbox import NewMessage, OutboxRelay, RabbitPublisher
+from synckit.runtime.outbox import OutboxRelay, RabbitPublisher
 from synckit.store.db import Database
+from synckit.store.outbox import NewMessage
 from synckit.store.tables import dead_letters
 
 pytestmark = pytest.mark.rabbitmq

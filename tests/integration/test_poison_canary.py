@@ -20,9 +20,9 @@ from procs import spawn_worker, stop_all, wait_started  # tests/
 from sqlalchemy import select, text
 from waits import await_until  # tests/
 
-from synckit.runtime.keys import UNREADABLE_ROW_REASON
 from synckit.runtime.poll import POLL_KIND
 from synckit.store import jobs as store
+from synckit.store.connections import UNREADABLE_ROW_REASON
 from synckit.store.db import Database
 from synckit.store.jobs import JobSpec
 from synckit.store.tables import connections, jobs

@@ -30,8 +30,9 @@ from synckit.connectors.schedule import parse_schedule
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import Cancel, NeedsReauth, RateLimited, Unreplayable
 from synckit.runtime.intents import RemoteRecord
-from synckit.runtime.poll import load_checkpoint, poll_key, run_cycle, save_checkpoint
+from synckit.runtime.poll import poll_key, run_cycle
 from synckit.store import jobs as store
+from synckit.store.checkpoints import load_checkpoint, save_checkpoint
 from synckit.store.db import Database
 from synckit.store.jobs import ClaimedJob, reschedule_job
 from synckit.store.resources import get_resource
@@ -449,7 +450,7 @@ async def test_only_this_streams_open_dead_letters_are_resolved(db: Database, ap
     rows = await dlq_rows(db)
     assert {r: rows[r].status for r in rows} == {"u1-0": "pending", "i1-1": "pending"}
     knobs.fail.clear()
-    from synckit.runtime.poll import save_checkpoint
+    from synckit.store.checkpoints import save_checkpoint
 
     await db.write(save_checkpoint, "acme", "items", "items", None, utcnow())
     await app.poll(db, "acme", "items")
@@ -460,12 +461,8 @@ async def test_only_this_streams_open_dead_letters_are_resolved(db: Database, ap
 async def test_read_cycle_start_sees_the_checkpoint_and_open_dead_letters(db: Database) -> None:
     """One statement: the stored checkpoint and whether any dead letter of the stream's
     records is pending or in review (resolved and ignored ones do not count)."""
-    from synckit.runtime.poll import (
-        CycleStart,
-        RecordFailure,
-        dead_letter_records,
-        read_cycle_start,
-    )
+    from synckit.runtime.poll import RecordFailure, dead_letter_records, read_cycle_start
+    from synckit.store.checkpoints import CycleStart
 
     now = utcnow()
     start = await db.write(read_cycle_start, "acme", "items", "items")
@@ -489,7 +486,7 @@ async def test_read_cycle_start_sees_the_checkpoint_and_open_dead_letters(db: Da
             .where(dead_letters.c.kind == "record:items")
             .values(status="ignored")
         )
-    from synckit.runtime.poll import save_checkpoint
+    from synckit.store.checkpoints import save_checkpoint
 
     await db.write(save_checkpoint, "acme", "items", "items", {"page": 7}, now)
     start = await db.write(read_cycle_start, "acme", "items", "items")
@@ -1234,7 +1231,7 @@ async def test_ctx_intent_creates_once_across_cycles(db: Database, api: FakeApi)
     await app.poll(db, "acme")
     async with db.begin() as conn:
         await conn.execute(dead_letters.delete())
-    from synckit.runtime.poll import save_checkpoint
+    from synckit.store.checkpoints import save_checkpoint
 
     # Read everything again from the start.
     await db.write(save_checkpoint, "acme", "items", "items", None, utcnow())
@@ -1316,7 +1313,8 @@ async def test_a_checkpoint_with_nul_or_a_lone_surrogate_is_stored_and_read_back
 ) -> None:
     """PostgreSQL's JSON types refuse NUL: a cursor holding one failed its page's commit
     on every retry. It is stored escaped and read back as the connector gave it."""
-    from synckit.runtime.poll import list_checkpoints, read_cycle_start, save_checkpoint
+    from synckit.runtime.poll import read_cycle_start
+    from synckit.store.checkpoints import list_checkpoints, save_checkpoint
 
     await db.write(save_checkpoint, "acme", "items", "default", cursor, utcnow())
     assert await load_checkpoint(db, "acme", "items", "default") == cursor

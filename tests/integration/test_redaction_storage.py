@@ -31,12 +31,13 @@ from synckit.runtime import outbox as outbox_store
 from synckit.runtime.alerts import Alert
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import configure_logging
-from synckit.runtime.outbox import CallbackPublisher, OutboxMessage, OutboxRelay
+from synckit.runtime.outbox import CallbackPublisher, OutboxRelay
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
 from synckit.store.db import Database
 from synckit.store.dead_letters import Failure, capture_many
 from synckit.store.jobs import JobSpec
+from synckit.store.outbox import OutboxMessage
 from synckit.store.tables import dead_letters, metadata, resources
 from synckit.testing import FakeAPI
 

@@ -13,11 +13,10 @@ from synckit.errors import RetryPolicy
 from synckit.runtime import cron
 from synckit.runtime.alerts import AlertRouter, RuleSet, register_alerts
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.unreadable_jobs import count_unreadable_run_at, unreadable_run_at
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import JobSpec, count_unreadable_run_at, unreadable_run_at
 from synckit.store.tables import jobs
 
 #: Stored run_at values no reader takes, per engine: past any time (a claim never takes

@@ -326,7 +326,8 @@ async def test_reauthorise_runs_the_connect_flow_and_the_callback_completes_it(
     from oauth_worker_app import app as oauth_app
 
     from synckit.clock import utcnow
-    from synckit.runtime.secrets import TokenCipher, mark_needs_reauth, read_connection
+    from synckit.runtime.secrets import TokenCipher
+    from synckit.store.connections import mark_needs_reauth, read_connection
 
     await oauth_app.add_tenant(db, "acme", "me")
     async with db.begin() as conn:
@@ -521,7 +522,7 @@ async def test_overview_shows_burn_breakers_and_the_alerts_the_worker_recorded(
 
     from synckit.clock import utcnow
     from synckit.runtime.alerts import Alert, record_alerts
-    from synckit.runtime.audit import record_audit
+    from synckit.store.audit import record_audit
 
     await seed(db)
     now = utcnow()

@@ -17,10 +17,10 @@ from synckit.clock import utcnow
 from synckit.runtime.actions import poll_job_spec
 from synckit.runtime.pacing import defer_resource
 from synckit.runtime.poll import POLL_KIND
-from synckit.runtime.secrets import mark_needs_reauth
 from synckit.runtime.tenants import get_tenant, pause_tenant
 from synckit.store import console
 from synckit.store import jobs as job_store
+from synckit.store.connections import mark_needs_reauth
 from synckit.store.db import Database
 from synckit.store.resources import configure_resource, get_resource
 from synckit.store.tables import resources

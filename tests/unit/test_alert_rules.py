@@ -21,10 +21,8 @@ from synckit.runtime.alerts import (
     AlertRouter,
     BudgetRule,
     CallbackSink,
-    ConnectionState,
     DeployRegression,
     DlqAcceleration,
-    DlqGrowth,
     NeedsReauthRule,
     PollLag,
     RuleSet,
@@ -38,8 +36,9 @@ from synckit.runtime.alerts import (
     set_alert_router,
     window_key,
 )
-from synckit.runtime.audit import AuditRow, Totals, VersionTotals
 from synckit.runtime.budget import BudgetPolicy
+from synckit.store.alerts import ConnectionState, DlqGrowth
+from synckit.store.audit import AuditRow, Totals, VersionTotals
 
 NOW = datetime(2026, 3, 4, 12, 4, 30, tzinfo=UTC)  # a Wednesday
 

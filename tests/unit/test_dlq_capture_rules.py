@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from synckit.errors.dlq_policy import BASE_DELAY, REVIEW_CLASSES, CaptureDecision, decide_capture
-from synckit.store.dead_letters import REPLACEMENT, storable_text
+from synckit.store.moments import REPLACEMENT, storable_text
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 CLASSES = ["validation", "authorization", "transient", "server_error", "unknown", "timeout"]
