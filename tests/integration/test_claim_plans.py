@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.store import jobs as store
-from synckit.store import outbox
+from synckit.store import outbox, resources
 from synckit.store.db import Database
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)
@@ -228,7 +228,7 @@ async def test_the_claims_lane_writes_use_keys_and_the_lane_index(db: Database) 
             params: dict[str, Any] = {"served": lanes, "short": lanes, "touched": lanes}
         else:
             params = {k: json.dumps(lanes) for k in ("served", "short", "touched")}
-        after = await plan(conn, store._AFTER_CLAIM[conn.dialect.name], **params)
+        after = await plan(conn, resources._AFTER_CLAIM[conn.dialect.name], **params)
     if db.is_postgres:
         assert "Seq Scan" not in after, after
         assert "pk_resources" in after and "ix_jobs_lane_due" in after, after
@@ -297,7 +297,7 @@ async def test_no_statement_of_synckit_is_jit_compiled_on_postgresql(
         pytest.skip("JIT is PostgreSQL's")
     await tenants_with_work(db, 2_000, 2_000)
     lanes = [f"tenant-{i}" for i in range(1, 65)]
-    stmt = store._AFTER_CLAIM["postgresql"].text.replace(":now", "now()")
+    stmt = resources._AFTER_CLAIM["postgresql"].text.replace(":now", "now()")
     for name in ("served", "short", "touched"):
         stmt = stmt.replace(f":{name}", f"${('served', 'short', 'touched').index(name) + 1}")
     explain = "EXPLAIN (ANALYZE, FORMAT TEXT) " + stmt
