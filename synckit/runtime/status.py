@@ -93,7 +93,7 @@ class SubscriptionStatus:
     failures: int
     expires_at: datetime | None
     #: When synckit tries again (creates it anew).
-    next_at: datetime
+    next_at: datetime | None
     last_error: str | None = None
 
 

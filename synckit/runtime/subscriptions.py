@@ -179,7 +179,7 @@ async def maintain_subscription(
     if row.tenant_status != "active" or policy is None:
         return await _delete(db, app, row, log)
     assert isinstance(decl, Webhooks)
-    if row.next_at > now:
+    if row.next_at is not None and row.next_at > now:
         return "not due"
     base = webhook_base_url(app)
     forgotten = False

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, literal, select, update
+from sqlalchemy import Connection, and_, func, literal, literal_column, or_, select, update
 from sqlalchemy import delete as sql_delete
 
+from synckit.store.moments import MOMENT_HI, guarded_columns, read_moment
 from synckit.store.tables import connections, dialect_insert, webhook_subscriptions
 
 __all__ = [
@@ -49,35 +50,52 @@ class SubscriptionRow:
     state: str
     expires_at: datetime | None
     renewed_at: datetime | None
-    next_at: datetime
+    next_at: datetime | None
     failures: int
     last_error: str | None
     last_error_class: str | None
-    updated_at: datetime
+    updated_at: datetime | None
     tenant_status: str | None = None
+    #: ``(column, reason)`` of each stored timestamp that could not be read (it reads as
+    #: None): a corrupt row holds only itself, and the job's next write replaces it.
+    unreadable: tuple[tuple[str, str], ...] = ()
+
+
+_MOMENTS = ("expires_at", "renewed_at", "next_at", "updated_at")
 
 
 def _row(r: Any) -> SubscriptionRow:
     m = r._mapping
+    moments: dict[str, datetime | None] = {}
+    unreadable: list[tuple[str, str]] = []
+    for name in _MOMENTS:
+        try:
+            moments[name] = read_moment(m[name])
+        except ValueError as exc:
+            moments[name] = None
+            unreadable.append((name, str(exc)))
     return SubscriptionRow(
         tenant=m["tenant"],
         stream=m["stream"],
         connector=m["connector"],
         subscription_id=m["subscription_id"],
         state=m["state"],
-        expires_at=m["expires_at"],
-        renewed_at=m["renewed_at"],
-        next_at=m["next_at"],
+        expires_at=moments["expires_at"],
+        renewed_at=moments["renewed_at"],
+        next_at=moments["next_at"],
         failures=int(m["failures"]),
         last_error=m["last_error"],
         last_error_class=m["last_error_class"],
-        updated_at=m["updated_at"],
+        updated_at=moments["updated_at"],
         tenant_status=m.get("tenant_status"),
+        unreadable=tuple(unreadable),
     )
 
 
 def _select() -> Any:
-    return select(webhook_subscriptions, connections.c.status.label("tenant_status")).join(
+    return select(
+        *guarded_columns(webhook_subscriptions.c), connections.c.status.label("tenant_status")
+    ).join(
         connections, connections.c.tenant == _S.tenant
     )
 
@@ -119,9 +137,14 @@ def due(
 ) -> list[tuple[str, str, str]]:
     """(tenant, connector, stream) of the rows of ``connectors`` due by ``now``, soonest
     first."""
+    # A stored next_at no datetime can hold (past any time) is due too, so the job reads
+    # the row and its next write replaces it; a corrupt row never silently lapses.
     stmt = (
         select(_S.tenant, _S.connector, _S.stream)
-        .where(_S.next_at <= now, _S.connector.in_(list(connectors)))
+        .where(
+            or_(_S.next_at <= now, _S.next_at > literal_column(MOMENT_HI)),
+            _S.connector.in_(list(connectors)),
+        )
         .order_by(_S.next_at)
         .limit(limit)
     )

@@ -330,3 +330,44 @@ async def test_another_app_sharing_the_database_leaves_these_subscriptions_alone
     clock.advance(timedelta(days=3))  # ... for renewal, for an App that knows it
     assert await sweep_subscriptions(db, other) == []
     assert await _row(db) == dataclasses.replace(before, tenant_status="paused")
+
+
+#: Stored timestamps no reader takes, per engine (past any time, or not a time at all).
+CORRUPT = {
+    "sqlite": ("'garbage'", "'9999-12-31 23:59:59'"),
+    "postgresql": ("'infinity'", "'20000-01-01'::timestamptz"),
+}
+
+
+async def test_a_subscription_whose_timestamps_cannot_be_read_holds_only_itself_and_heals(
+    db: Database,
+    app: App,
+    sim: tuple[GraphSimulator, str],
+    clock: FakeClock,
+    engine_name: str,
+) -> None:
+    """A corrupt ``expires_at`` and ``next_at`` read as None with the reason named; the
+    row is still listed (status, the console), it is due, and the job's next write
+    replaces both with readable values."""
+    from sqlalchemy import text
+
+    await _run(app, db)
+    expires, next_at = CORRUPT[engine_name]
+    async with db.begin() as conn:
+        await conn.execute(
+            text(f"UPDATE webhook_subscriptions SET expires_at = {expires}, next_at = {next_at}")
+        )
+    row = await _row(db)
+    assert row is not None and row.expires_at is None and row.next_at is None
+    assert [name for name, _ in row.unreadable] == ["expires_at", "next_at"]
+    assert all("timestamp" in reason for _, reason in row.unreadable)
+    listed = await db.run_read(lambda c: subs.list_subscriptions(c))
+    assert [r.tenant for r in listed] == [TENANT]
+    status = await read_status(db)
+    assert status.subscriptions_by_state == {"active": 1}
+
+    await _until(app, db, clock, clock())
+    healed = await _row(db)
+    assert healed is not None and healed.unreadable == () and healed.state == "active"
+    assert healed.expires_at is not None and healed.next_at is not None
+    assert healed.next_at > clock()
