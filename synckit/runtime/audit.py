@@ -4,7 +4,6 @@ The counters and their SQL live in :mod:`synckit.store.audit` (what the counters
 how the JSON counts are merged is said there); this module decides what a batch of
 outcomes counts as (:func:`tally_outcomes`) and hands the worker an observer that records
 the tallies inside the transaction that records the outcomes (:func:`audit_observer`).
-The store's names are re-exported for the callers that read them from here.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from synckit.store.audit import (
-    RETRIED_PREFIX,
     AuditCounts,
     current_app_version,
     minute_of,
@@ -98,7 +96,6 @@ def window_start(now: datetime, window: timedelta) -> datetime:
 
 
 __all__ = [
-    "RETRIED_PREFIX",
     "audit_observer",
     "outcome_subject",
     "tally_outcomes",

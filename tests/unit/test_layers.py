@@ -23,6 +23,11 @@ STILL_BUILDING_SQL: set[str] = set()
 # it may build SQL on those (with SQLAlchemy), never on synckit's tables.
 OWN_TABLES: set[str] = set()
 
+# The demo's read-only view of synckit's tables (what its live display and summary show):
+# outside the core store so that the store ships no demo code, and imported by the demo
+# alone (test_the_demos_reads_are_the_demos_alone_and_only_read).
+DEMO_READS = "synckit.examples.graph_mail.reads"
+
 
 @functools.cache
 def _tree(path: Path) -> ast.Module:
@@ -60,7 +65,9 @@ def test_only_the_store_imports_the_tables_and_sqlalchemy() -> None:
     offenders = {
         name
         for name, imported in modules.items()
-        if not name.startswith("synckit.store") and name not in OWN_TABLES and _builds_sql(imported)
+        if not name.startswith("synckit.store")
+        and name not in OWN_TABLES | {DEMO_READS}
+        and _builds_sql(imported)
     }
     assert offenders - STILL_BUILDING_SQL == set(), "new SQL outside synckit.store"
     moved = STILL_BUILDING_SQL - offenders
@@ -274,7 +281,20 @@ def test_example_tables_of_their_own_never_touch_synckits() -> None:
         allowed = {"synckit.store.UTCDateTime", "synckit.store.db", "synckit.store.db.Database"}
         assert store <= allowed, (name, store)
     examples = {n for n in modules if n.startswith("synckit.examples")} - OWN_TABLES
-    assert {n for n in examples if _builds_sql(modules[n])} == set()
+    assert {n for n in examples if _builds_sql(modules[n])} == {DEMO_READS}
+
+
+def test_the_demos_reads_are_the_demos_alone_and_only_read() -> None:
+    """The demo's view of synckit's tables is imported by the demo and nothing else, and
+    builds reads only: no insert, update or delete, no SQL text."""
+    importers = {n for n, imported in _modules().items() if DEMO_READS in imported}
+    assert importers == {"synckit.examples.graph_mail.demo"}
+    tree = _tree(ROOT / "examples" / "graph_mail" / "reads.py")
+    writes = {"insert", "update", "delete", "text", "exec_driver_sql", "execute_many"}
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    used |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert used & writes == set()
 
 
 def test_the_pure_bottom_imports_nothing_above_it() -> None:

@@ -43,11 +43,12 @@ from rich.text import Text
 from synckit.clock import utcnow
 from synckit.errors import BreakerPolicy, RetryPolicy
 from synckit.errors.exceptions import SynckitError
-from synckit.runtime.audit import RETRIED_PREFIX, audit_observer
+from synckit.examples.graph_mail.reads import DemoReader, snapshot_rows, summary_rows
+from synckit.runtime.audit import audit_observer
 from synckit.runtime.http import SENT_AT
 from synckit.store import migrate
+from synckit.store.audit import RETRIED_PREFIX
 from synckit.store.db import open_database
-from synckit.store.demo import DemoReader, snapshot_rows, summary_rows
 from synckit.store.records import live_keys
 
 if TYPE_CHECKING:
