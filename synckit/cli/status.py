@@ -116,6 +116,17 @@ def render_status(status: Status, console: Console) -> None:
     Every stored text (tenant names, reasons, alert messages) is escaped: it is data,
     never rich markup.
     """
+    _render_header(status, console)
+    _render_tenants(status, console)
+    _render_queue(status, console)
+    _render_subscriptions(status, console)
+    _render_alerts(status, console)
+    dlq = ", ".join(f"{escape(k)} {v}" for k, v in sorted(status.dead_letters.items())) or "empty"
+    console.print(f"Dead letters: {dlq}    Outbox pending: {status.outbox_pending}")
+
+
+def _render_header(status: Status, console: Console) -> None:
+    """The database, the moment, and the tenants and breakers by state."""
     console.print(
         f"[bold]synckit[/bold] {escape(status.database)}  at {_when(status.generated_at)}"
     )
@@ -131,6 +142,11 @@ def render_status(status: Status, console: Console) -> None:
             or "all closed"
         )
         console.print(f"Tenants: {total} ({parts})    Breakers: {breakers}")
+
+
+def _render_tenants(status: Status, console: Console) -> None:
+    """The page of tenants, one row each, and what a row holds that no cell shows."""
+    total = sum(status.tenants_by_status.values())
     hours = status.budget_window_seconds / 3600
     tenants = Table(title="Tenants")
     for col in (
@@ -184,6 +200,10 @@ def render_status(status: Status, console: Console) -> None:
         if hidden:
             said = "; ".join(f"{f} ({r})" for f, r in hidden)
             console.print(f"unreadable in tenant {escape(t.tenant)}: {escape(said)}")
+
+
+def _render_queue(status: Status, console: Console) -> None:
+    """Jobs by kind and status, and the pending jobs whose run_at cannot be read."""
     queue = Table(title="Queue")
     queue.add_column("kind")
     for s in _QUEUE_STATUSES:
@@ -201,7 +221,10 @@ def render_status(status: Status, console: Console) -> None:
             f"their run_at cannot be read (ids {ids}{more}); "
             "see `synckit jobs ls --unreadable`"
         )
-    _render_subscriptions(status, console)
+
+
+def _render_alerts(status: Status, console: Console) -> None:
+    """Alerts firing now and those the worker sent."""
     alerts = Table(title="Alerts")
     for col in ("", "severity", "rule", "subject", "since", "message"):
         alerts.add_column(col)
@@ -226,5 +249,3 @@ def render_status(status: Status, console: Console) -> None:
     elif not status.alerts_firing and not status.alerts_recent:
         alerts.caption = "no alerts"
     console.print(alerts)
-    dlq = ", ".join(f"{escape(k)} {v}" for k, v in sorted(status.dead_letters.items())) or "empty"
-    console.print(f"Dead letters: {dlq}    Outbox pending: {status.outbox_pending}")
