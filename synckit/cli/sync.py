@@ -255,38 +255,40 @@ def sync_command(
         followed = run(go, database_url)
     finally:
         tracing.shutdown()
-    failed = False
     for f in followed:
-        if as_json:
-            doc: dict[str, Any] = {"tenant": f.tenant, "cycles": [c.to_json() for c in f.cycles]}
-            if f.totals is not None:
-                doc.update(
-                    records=f.totals.ok, failed=f.totals.failed,
-                    dead_letters=f.totals.dead_letters,
-                )  # fmt: skip
-            if f.blocked is not None:
-                doc["blocked"] = f.blocked
-            click.echo(json.dumps(doc, sort_keys=True))
-        elif f.blocked is not None:
-            out.print(
-                cell(f"{f.tenant}: stopped waiting: {f.blocked}"),
-                highlight=False, soft_wrap=True,
-            )  # fmt: skip
-        elif f.totals is not None:
-            for c in f.cycles:
-                line = f"{f.tenant}/{c.stream}: {c.status} after {c.attempts} attempt(s)"
-                if c.status != "succeeded" and c.last_error:
-                    line += f": {c.last_error[:200]}"
-                out.print(cell(line), highlight=False, soft_wrap=True)
-            out.print(
-                f"{f.totals.ok} records handled, {f.totals.failed} failed, "
-                f"{f.totals.dead_letters} dead letters",
-                highlight=False,
-            )
-        if wait and (f.blocked is not None or any(c.status != "succeeded" for c in f.cycles)):
-            failed = True
-    if failed:
+        _report(f, out, as_json=as_json)
+    if wait and any(not f.succeeded for f in followed):
         raise SystemExit(1)
+
+
+def _report(f: _Followed, out: Console, *, as_json: bool) -> None:
+    """What one tenant's cycles came to: a JSON line, or lines for people."""
+    if as_json:
+        doc: dict[str, Any] = {"tenant": f.tenant, "cycles": [c.to_json() for c in f.cycles]}
+        if f.totals is not None:
+            doc.update(
+                records=f.totals.ok, failed=f.totals.failed,
+                dead_letters=f.totals.dead_letters,
+            )  # fmt: skip
+        if f.blocked is not None:
+            doc["blocked"] = f.blocked
+        click.echo(json.dumps(doc, sort_keys=True))
+    elif f.blocked is not None:
+        out.print(
+            cell(f"{f.tenant}: stopped waiting: {f.blocked}"),
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
+    elif f.totals is not None:
+        for c in f.cycles:
+            line = f"{f.tenant}/{c.stream}: {c.status} after {c.attempts} attempt(s)"
+            if c.status != "succeeded" and c.last_error:
+                line += f": {c.last_error[:200]}"
+            out.print(cell(line), highlight=False, soft_wrap=True)
+        out.print(
+            f"{f.totals.ok} records handled, {f.totals.failed} failed, "
+            f"{f.totals.dead_letters} dead letters",
+            highlight=False,
+        )
 
 
 @dataclass
@@ -296,6 +298,11 @@ class _Followed:
     cycles: list[CycleProgress]
     totals: CycleCounts | None = None
     blocked: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        """Every cycle succeeded and the wait was not stopped (the tenant could not go on)."""
+        return self.blocked is None and all(c.status == "succeeded" for c in self.cycles)
 
 
 async def _active(db: Database, connector: str | None, out: Console) -> list[str]:
