@@ -1,6 +1,6 @@
 """``synckit demo``: run the Graph mail example's demo
 (:func:`synckit.examples.graph_mail.demo.run_demo`) in the working directory and print its
-summary (:func:`~synckit.examples.graph_mail.demo.render_summary`), or the summary as JSON."""
+summary (:func:`~synckit.examples.graph_mail.report.render_summary`), or the summary as JSON."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from rich.console import Console
 
 from synckit.cli.options import Seconds, log_settings
 from synckit.errors.exceptions import SynckitError
-from synckit.examples.graph_mail.demo import LOG_FILE, DemoResult, render_summary, run_demo
+from synckit.examples.graph_mail.demo import LOG_FILE, DemoResult, run_demo
+from synckit.examples.graph_mail.report import render_summary
 from synckit.runtime.logging import configure_logging
 
 __all__ = ["demo_command"]

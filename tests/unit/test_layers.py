@@ -313,6 +313,8 @@ CLI_OUTSIDE_THE_CLI = {
     # `synckit demo` is a program of its own: its output is a live rich display of the
     # simulated run as it converges, and the summary (the command is synckit.cli.demo).
     "synckit.examples.graph_mail.demo",
+    # Its summary, drawn as rich tables after the run.
+    "synckit.examples.graph_mail.report",
 }
 
 

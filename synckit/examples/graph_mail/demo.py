@@ -24,28 +24,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from synckit.clock import utcnow
 from synckit.errors import BreakerPolicy, RetryPolicy
 from synckit.errors.exceptions import SynckitError
 from synckit.examples.graph_mail.reads import DemoReader, snapshot_rows, summary_rows
+from synckit.examples.graph_mail.report import colour, render_summary, short
+from synckit.examples.graph_mail.wire import Wire, retry_after_report
 from synckit.runtime.audit import audit_observer
-from synckit.runtime.http import SENT_AT
 from synckit.store import migrate
 from synckit.store.audit import RETRIED_PREFIX
 from synckit.store.db import open_database
@@ -127,101 +125,6 @@ def _example() -> ModuleType:
     import synckit.examples.graph_mail as example
 
     return example
-
-
-# --- what the wire saw -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Call:
-    tenant: str
-    #: When the request passed pacing (time.monotonic()); it left on the wire later.
-    paced: float
-    answered: float
-    status: int | None
-    retry_after: float | None
-
-
-class _Wire(httpx.AsyncBaseTransport):
-    """The network of every tenant's client, recording each Graph request and its answer."""
-
-    def __init__(self, tenant_of: Callable[[str | None], str]) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
-        self.calls: list[_Call] = []
-        self._tenant_of = tenant_of
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        header = request.headers.get("authorization", "")
-        tenant = self._tenant_of(header.removeprefix("Bearer ") or None)
-        sent = time.monotonic()
-        # The runtime stamps when the request passed pacing: under load it may reach the
-        # wire a while later, and it is the pacing that must have waited.
-        passed = request.extensions.get(SENT_AT)
-        paced = sent - (utcnow() - passed).total_seconds() if isinstance(passed, datetime) else sent
-        try:
-            response = await self.inner.handle_async_request(request)
-        except httpx.TransportError:
-            self.calls.append(_Call(tenant, paced, time.monotonic(), None, None))
-            raise
-        wait = _seconds(response.headers.get("retry-after"))
-        self.calls.append(_Call(tenant, paced, time.monotonic(), response.status_code, wait))
-        return response
-
-    async def aclose(self) -> None:
-        """Shared by every tenant's client: closed by the demo, not by each client."""
-
-
-def _seconds(value: str | None) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def retry_after_report(calls: list[_Call], grace: float = 0.25) -> dict[str, Any]:
-    """For each 429 with ``Retry-After``: did the tenant's next request wait that long?
-
-    A request that passed pacing within ``grace`` of the 429's arrival was already on its
-    way (the 429 was not yet classified and recorded), so it is counted as in flight, not
-    as a failure to wait. Times are when a request passed pacing, not when it reached
-    the wire: under load the two can be far apart.
-    """
-    by_tenant: dict[str, list[_Call]] = defaultdict(list)
-    for c in calls:
-        by_tenant[c.tenant].append(c)
-    answers = honoured = in_flight = ignored = unfollowed = 0
-    asked: set[float] = set()
-    gaps: list[float] = []
-    for tenant_calls in by_tenant.values():
-        tenant_calls.sort(key=lambda c: c.paced)
-        for c in tenant_calls:
-            if c.status != 429 or c.retry_after is None:
-                continue
-            answers += 1
-            asked.add(c.retry_after)
-            later = [d.paced - c.answered for d in tenant_calls if d.paced > c.answered]
-            if not later:
-                unfollowed += 1
-                continue
-            racing = [g for g in later if g < grace]
-            in_flight += len(racing)
-            gap = min((g for g in later if g >= grace), default=None)
-            if gap is None:
-                unfollowed += 1
-            elif gap >= c.retry_after:
-                honoured += 1
-                gaps.append(gap)
-            else:
-                ignored += 1
-    return {
-        "answers": answers,
-        "asked_seconds": sorted(asked),
-        "honoured": honoured,
-        "not_honoured": ignored,
-        "no_later_request": unfollowed,
-        "requests_already_in_flight": in_flight,
-        "shortest_wait_seconds": round(min(gaps), 2) if gaps else None,
-    }
 
 
 # --- what the database says -------------------------------------------------------------------
@@ -326,20 +229,7 @@ async def run_demo(
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             (workdir / f"{DB_FILE}{suffix}").unlink()
-    ephemeral_key = not os.environ.get("SYNCKIT_SECRET_KEY")
-    key_path = workdir / KEY_FILE
-    with contextlib.suppress(FileNotFoundError):
-        key_path.unlink()  # a stale key would open nothing in the new database
-    if ephemeral_key:
-        from cryptography.fernet import Fernet
-
-        # Tokens are always stored encrypted. The key is kept beside the database (owner
-        # only), and the commands printed at the end read it from there.
-        key = Fernet.generate_key().decode()
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(key + "\n")
-        os.environ["SYNCKIT_SECRET_KEY"] = key
+    ephemeral_key = _ensure_key(workdir)
 
     sim = GraphSimulator(seed=2024, page_size=10, lost_send_rate=LOST_SEND_RATE)
     for plan in PLANS:
@@ -351,7 +241,7 @@ async def run_demo(
         info = sim.api.token_info(token)
         return (info.subject if info is not None else None) or "?"
 
-    wire = _Wire(tenant_of)
+    wire = Wire(tenant_of)
     story = _Story()
     db = open_database(f"sqlite:///{db_path}")
     reader = DemoReader(db_path)
@@ -367,29 +257,7 @@ async def run_demo(
             )
             # What `synckit db upgrade --app` does: the declared mail_messages table.
             await app.upgrade_records(db)
-            enqueued: dict[str, list[str]] = {}
-            for plan in PLANS:
-                config = {
-                    "tenant_id": plan.tenant,
-                    "client_id": sim.client_id,
-                    "client_secret": sim.client_secret,
-                    "graph_url": sim.graph_url(base_url),
-                    "token_url": sim.token_url(base_url, plan.tenant),
-                    "page_size": 10,
-                }
-                await example.connect_tenant(
-                    app, db, plan.tenant, config, sim.issue_tokens(plan.tenant), schedule="every 2s"
-                )
-                enqueued[plan.tenant] = []
-                for n in range(1, SENDS_PER_TENANT + 1):
-                    key = f"invoice-{n}"
-                    mail = {
-                        "to": [f"billing@customer{n}.example"],
-                        "subject": f"Invoice {n} from {plan.tenant}",
-                        "body": "Please find your invoice attached.",
-                    }
-                    await example.enqueue_send(db, plan.tenant, key, mail)
-                    enqueued[plan.tenant].append(key)
+            enqueued = await _connect_tenants(example, app, db, sim, base_url)
             await app.schedule(db)
             worker = app.worker(
                 db,
@@ -428,6 +296,57 @@ async def run_demo(
         await db.dispose()
         reader.close()
     return DemoResult(summary, converged=not unmet)
+
+
+def _ensure_key(workdir: Path) -> bool:
+    """Whether the demo made the token key: without ``$SYNCKIT_SECRET_KEY`` it makes one
+    and keeps it beside the database (owner only), where the commands printed at the end
+    read it. Tokens are always stored encrypted; a stale key file is removed, since it
+    would open nothing in the new database."""
+    key_path = workdir / KEY_FILE
+    with contextlib.suppress(FileNotFoundError):
+        key_path.unlink()
+    if os.environ.get("SYNCKIT_SECRET_KEY"):
+        return False
+    from cryptography.fernet import Fernet
+
+    key = Fernet.generate_key().decode()
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(key + "\n")
+    os.environ["SYNCKIT_SECRET_KEY"] = key
+    return True
+
+
+async def _connect_tenants(
+    example: ModuleType, app: Any, db: Any, sim: GraphSimulator, base_url: str
+) -> dict[str, list[str]]:
+    """Connect each planned tenant to the simulator and enqueue its sends; the keys of
+    the sends, per tenant."""
+    enqueued: dict[str, list[str]] = {}
+    for plan in PLANS:
+        config = {
+            "tenant_id": plan.tenant,
+            "client_id": sim.client_id,
+            "client_secret": sim.client_secret,
+            "graph_url": sim.graph_url(base_url),
+            "token_url": sim.token_url(base_url, plan.tenant),
+            "page_size": 10,
+        }
+        await example.connect_tenant(
+            app, db, plan.tenant, config, sim.issue_tokens(plan.tenant), schedule="every 2s"
+        )
+        enqueued[plan.tenant] = []
+        for n in range(1, SENDS_PER_TENANT + 1):
+            key = f"invoice-{n}"
+            mail = {
+                "to": [f"billing@customer{n}.example"],
+                "subject": f"Invoice {n} from {plan.tenant}",
+                "body": "Please find your invoice attached.",
+            }
+            await example.enqueue_send(db, plan.tenant, key, mail)
+            enqueued[plan.tenant].append(key)
+    return enqueued
 
 
 async def _read_changes(app: Any, db: Any) -> list[dict[str, Any]]:
@@ -524,6 +443,17 @@ def _advance(
     story: _Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
 ) -> None:
     """Fire the scripted events whose moment has come, and narrate what the tables show."""
+    _narrate(story, sim, s, enqueued)
+    _script_healthy(story, sim, s)
+    _script_throttled(story, sim, s, enqueued)
+    _script_revoked(story, sim, s, enqueued)
+
+
+def _narrate(
+    story: _Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
+) -> None:
+    """Say what the tables show once it first shows: breakers, re-authorisation, first
+    syncs, sends done."""
     for tenant, (state, opened_at) in s.breaker.items():
         if state == "open" and opened_at not in story.openings[tenant]:
             story.openings[tenant].add(opened_at)
@@ -532,7 +462,7 @@ def _advance(
             story.say(f"{tenant}: [green]circuit breaker closed[/] (the probe succeeded)")
     for tenant, (status, reason) in s.status.items():
         if status == "needs_reauth" and story.once(f"reauth:{tenant}"):
-            story.say(f"{tenant}: [red]needs re-authorisation[/] ({_short(reason or '', 80)})")
+            story.say(f"{tenant}: [red]needs re-authorisation[/] ({short(reason or '', 80)})")
     for plan in PLANS:
         t = plan.tenant
         if s.delta_done(t) and story.once(f"synced:{t}"):
@@ -546,6 +476,10 @@ def _advance(
                 "answers lost on the way"
             )
 
+
+def _script_healthy(story: _Story, sim: GraphSimulator, s: Snapshot) -> None:
+    """Once contoso has synced: expire its delta token (deleting one message and delivering
+    three) and every tenant's access token; then watch for its full resync."""
     candidates = sorted(s.synced.get(HEALTHY, set()) & _well_formed(sim, HEALTHY))
     if s.delta_done(HEALTHY) and candidates and story.once("expire"):
         sim.delete_message(HEALTHY, candidates[0])
@@ -566,6 +500,12 @@ def _advance(
     ):
         story.say(f"{HEALTHY}: 410 Gone answered by a full resync; the deleted one forgotten")
 
+
+def _script_throttled(
+    story: _Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
+) -> None:
+    """Once fabrikam has a checkpoint and its sends are done: an outage until its breaker
+    opens (or 10 s), then lighter throttling."""
     fabrikam_ready = s.cursor.get(THROTTLED) is not None and s.sends_done[THROTTLED] >= len(
         enqueued[THROTTLED]
     )
@@ -584,6 +524,11 @@ def _advance(
                 f"({RECOVERED_THROTTLE_RATE:.0%} of requests)"
             )
 
+
+def _script_revoked(
+    story: _Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
+) -> None:
+    """Once northwind has synced and sent: its admin revokes consent."""
     if (
         s.delta_done(REVOKED)
         and s.sends_done[REVOKED] >= len(enqueued[REVOKED])
@@ -650,8 +595,8 @@ def _live_view(
         breaker = s.breaker.get(t, ("-", None))[0]
         table.add_row(
             t,
-            _colour(status, status == "active"),
-            _colour(breaker, breaker == "closed"),
+            colour(status, status == "active"),
+            colour(breaker, breaker == "closed"),
             f"{len(s.synced.get(t, ()))}/{len(_well_formed(sim, t))}",
             str(s.dlq[t]),
             str(sim.stats.throttled[t]),
@@ -664,23 +609,6 @@ def _live_view(
     return Group(table, *lines)
 
 
-def _colour(text: str, good: bool) -> str:
-    return f"[green]{text}[/]" if good else f"[red]{text}[/]"
-
-
-_HOST = re.compile(r"https?://[^/\s]+(/v1\.0)?")
-
-
-_NEEDS_REAUTH = re.compile(r"^(NeedsReauth: )?tenant '[^']*' needs re-authorisation: ")
-
-
-def _short(text: str, limit: int = 90) -> str:
-    """One line, without the simulator's address or the tenant's name repeated."""
-    text = _NEEDS_REAUTH.sub(r"\1", _HOST.sub("", " ".join(text.split())))
-    text = text.split("; run `synckit tenants reauth", 1)[0]
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 # --- the summary -------------------------------------------------------------------------------
 
 
@@ -688,50 +616,103 @@ def _summary(
     reader: DemoReader,
     example: ModuleType,
     sim: GraphSimulator,
-    wire: _Wire,
+    wire: Wire,
     story: _Story,
     enqueued: dict[str, list[str]],
     elapsed: float,
     unmet: list[str],
     db_path: Path,
 ) -> dict[str, Any]:
+    """What happened, as the dict ``--json`` prints and :func:`render_summary` draws:
+    every figure from the tables the worker wrote, the simulator's counters and the wire."""
     final = read_snapshot(reader, _synced_ids)
     rows = reader.read(summary_rows)
-    audit: dict[str, dict[str, int]] = defaultdict(lambda: {"ok": 0, "failed": 0})
-    for r in rows.audit:
-        audit[r.tenant]["ok"] += int(r.ok)
-        audit[r.tenant]["failed"] += int(r.failed)
-    job_rows = rows.jobs
-    dlq_rows = rows.dead_letters
-    intent_rows = {(r.tenant, r.intent_key): r for r in rows.intents}
-    breaker_rows = rows.breakers
-    pending_by_resource = Counter(rows.unfinished_resources)
+    intents = {(r.tenant, r.intent_key): r for r in rows.intents}
+    return {
+        "converged": not unmet,
+        "unmet": unmet,
+        "elapsed_seconds": round(elapsed, 1),
+        "database_url": DB_URL,
+        "database_path": str(db_path),
+        "tenants": _tenant_rows(rows, final, sim, enqueued, intents),
+        "retry_reasons": [
+            {"tenant": t, "error_class": cls, "reason": reason, "count": n}
+            for (t, cls, reason), n in sorted(_retry_reasons(rows.jobs).items())
+        ],
+        "retry_after": retry_after_report(wire.calls),
+        "breakers": [
+            {
+                "resource_key": r.resource_key,
+                "tenant": _resource_tenant(r.resource_key),
+                "opened": len(story.openings.get(_resource_tenant(r.resource_key), ())),
+                "state": r.state,
+                "last_error_class": r.last_error_class,
+            }
+            for r in rows.breakers
+        ],
+        "needs_reauth": _needs_reauth(
+            final, sim, Counter(str(k) for k in rows.unfinished_resources)
+        ),
+        "dead_letters": [
+            {
+                "tenant": r.tenant,
+                "kind": r.kind,
+                "record_id": r.record_id,
+                "error_class": r.error_class,
+                "status": r.status,
+                "attempts": r.attempt_count,
+                "error": short(r.error_message, 200),
+            }
+            for r in rows.dead_letters
+        ],
+        "sent": _sent(example, sim, enqueued, intents),
+        "lost_responses": sum(sim.stats.lost_sends[p.tenant] for p in PLANS),
+        "events": [
+            {"at": round(at, 1), "text": Text.from_markup(t).plain} for at, t in story.events
+        ],
+        "next_commands": _next_commands(False),
+    }
 
-    jobs_ok: Counter[str] = Counter()
+
+def _found(row: Any) -> bool:
+    """An intent whose create's answer was lost and whose resource was found by its id."""
+    return row is not None and isinstance(row.result, dict) and "id" in row.result
+
+
+def _retry_reasons(job_rows: Any) -> Counter[tuple[str, str, str]]:
+    """(tenant, error class, reason) of every retried attempt the jobs recorded."""
     reasons: Counter[tuple[str, str, str]] = Counter()
     for r in job_rows:
         tenant = r.payload.get("tenant") if isinstance(r.payload, dict) else None
         if not tenant:
             continue
-        if r.status == "succeeded":
-            jobs_ok[tenant] += 1
         for e in r.errors or []:
-            reasons[(tenant, str(e.get("error_class")), _short(str(e.get("message", ""))))] += 1
+            reasons[(str(tenant), str(e.get("error_class")), short(str(e.get("message", ""))))] += 1
+    return reasons
 
-    tenants = []
-    lost_total = 0
+
+def _tenant_rows(
+    rows: Any,
+    final: Snapshot,
+    sim: GraphSimulator,
+    enqueued: dict[str, list[str]],
+    intents: dict[tuple[str, str], Any],
+) -> list[dict[str, Any]]:
+    audit: dict[str, dict[str, int]] = defaultdict(lambda: {"ok": 0, "failed": 0})
+    for r in rows.audit:
+        audit[r.tenant]["ok"] += int(r.ok)
+        audit[r.tenant]["failed"] += int(r.failed)
+    jobs_ok: Counter[str] = Counter(
+        str(r.payload["tenant"])
+        for r in rows.jobs
+        if isinstance(r.payload, dict) and r.payload.get("tenant") and r.status == "succeeded"
+    )
+    stats = sim.stats
+    out = []
     for plan in PLANS:
         t = plan.tenant
-        found = sum(
-            1
-            for key in enqueued[t]
-            if (row := intent_rows.get((t, key))) is not None
-            and isinstance(row.result, dict)
-            and "id" in row.result
-        )
-        lost_total += sim.stats.lost_sends[t]
         status, reason = final.status.get(t, ("?", None))
-        tenants.append(
+        out.append(
             {
                 "tenant": t,
                 "role": plan.role,
@@ -743,33 +724,44 @@ def _summary(
                 "malformed": len(sim.mailbox(t).malformed_ids),
                 "dead_letters": final.dlq[t],
                 "checkpoint": _cursor_kind(final.cursor.get(t)),
-                "requests": sim.stats.requests[t],
-                "throttled_429": sim.stats.throttled[t],
-                "server_errors_503": sim.stats.server_errors[t],
+                "requests": stats.requests[t],
+                "throttled_429": stats.throttled[t],
+                "server_errors_503": stats.server_errors[t],
                 "retries": dict(sorted(final.retried.get(t, Counter()).items())),
-                "token_refreshes": sim.stats.token_refreshes[t],
+                "token_refreshes": stats.token_refreshes[t],
                 "token_refusals": sum(
-                    n for k, n in sim.stats.token_errors.items() if k.startswith(f"{t}:")
+                    n for k, n in stats.token_errors.items() if k.startswith(f"{t}:")
                 ),
-                "full_syncs": sim.stats.full_syncs[t],
-                "expired_delta_tokens": sim.stats.expired_delta_tokens[t],
+                "full_syncs": stats.full_syncs[t],
+                "expired_delta_tokens": stats.expired_delta_tokens[t],
                 "audit": dict(audit[t]),
                 "jobs_succeeded": jobs_ok[t],
                 "records_handled": audit[t]["ok"] - jobs_ok[t],
                 "sends": {
                     "enqueued": len(enqueued[t]),
                     "done": final.sends_done[t],
-                    "lost_responses": sim.stats.lost_sends[t],
-                    "found_after_lost_response": found,
-                    "send_calls": sim.stats.sends[t],
+                    "lost_responses": stats.lost_sends[t],
+                    "found_after_lost_response": sum(
+                        1 for key in enqueued[t] if _found(intents.get((t, key)))
+                    ),
+                    "send_calls": stats.sends[t],
                 },
             }
         )
+    return out
 
+
+def _sent(
+    example: ModuleType,
+    sim: GraphSimulator,
+    enqueued: dict[str, list[str]],
+    intents: dict[tuple[str, str], Any],
+) -> list[dict[str, Any]]:
+    """Each send the demo enqueued: its intent, and its copies in Sent Items."""
     sent = []
     for plan in PLANS:
         for key in enqueued[plan.tenant]:
-            row = intent_rows.get((plan.tenant, key))
+            row = intents.get((plan.tenant, key))
             imid = example.internet_message_id(plan.tenant, key)
             sent.append(
                 {
@@ -778,72 +770,27 @@ def _summary(
                     "internet_message_id": imid,
                     "intent_status": row.status if row is not None else None,
                     "intent_attempts": row.attempts if row is not None else 0,
-                    "found_after_lost_response": bool(
-                        row is not None and isinstance(row.result, dict) and "id" in row.result
-                    ),
+                    "found_after_lost_response": _found(row),
                     "copies_in_sent_items": len(sim.find_sent(plan.tenant, imid)),
                 }
             )
+    return sent
 
-    breakers = []
-    for r in breaker_rows:
-        t = _resource_tenant(r.resource_key)
-        breakers.append(
-            {
-                "resource_key": r.resource_key,
-                "tenant": t,
-                "opened": len(story.openings.get(t, ())),
-                "state": r.state,
-                "last_error_class": r.last_error_class,
-            }
-        )
 
-    needs_reauth = []
-    for t, (status, reason) in sorted(final.status.items()):
-        if status != "needs_reauth":
-            continue
-        needs_reauth.append(
-            {
-                "tenant": t,
-                "reason": reason,
-                "jobs_waiting": pending_by_resource.get(f"graph_mail:{t}", 0),
-                "messages_not_synced": len(_well_formed(sim, t) - final.synced.get(t, set())),
-            }
-        )
-
-    return {
-        "converged": not unmet,
-        "unmet": unmet,
-        "elapsed_seconds": round(elapsed, 1),
-        "database_url": DB_URL,
-        "database_path": str(db_path),
-        "tenants": tenants,
-        "retry_reasons": [
-            {"tenant": t, "error_class": cls, "reason": reason, "count": n}
-            for (t, cls, reason), n in sorted(reasons.items())
-        ],
-        "retry_after": retry_after_report(wire.calls),
-        "breakers": breakers,
-        "needs_reauth": needs_reauth,
-        "dead_letters": [
-            {
-                "tenant": r.tenant,
-                "kind": r.kind,
-                "record_id": r.record_id,
-                "error_class": r.error_class,
-                "status": r.status,
-                "attempts": r.attempt_count,
-                "error": _short(r.error_message, 200),
-            }
-            for r in dlq_rows
-        ],
-        "sent": sent,
-        "lost_responses": lost_total,
-        "events": [
-            {"at": round(at, 1), "text": Text.from_markup(t).plain} for at, t in story.events
-        ],
-        "next_commands": _next_commands(False),
-    }
+def _needs_reauth(
+    final: Snapshot, sim: GraphSimulator, waiting: Counter[str]
+) -> list[dict[str, Any]]:
+    """The tenants that need re-authorising, with the work waiting for them."""
+    return [
+        {
+            "tenant": t,
+            "reason": reason,
+            "jobs_waiting": waiting.get(f"graph_mail:{t}", 0),
+            "messages_not_synced": len(_well_formed(sim, t) - final.synced.get(t, set())),
+        }
+        for t, (status, reason) in sorted(final.status.items())
+        if status == "needs_reauth"
+    ]
 
 
 def _next_commands(kept_key: bool) -> list[str]:
@@ -865,139 +812,3 @@ def _cursor_kind(cursor: Any) -> str | None:
             if cursor.get(kind):
                 return kind
     return None
-
-
-def render_summary(summary: dict[str, Any], out: Console) -> None:
-    """The tables printed after the run."""
-    out.print()
-    verdict = "[green]converged[/]" if summary["converged"] else "[red]did NOT converge[/]"
-    out.print(f"[bold]What happened[/] ({summary['elapsed_seconds']}s, {verdict})")
-    t = Table(title="Tenants", title_justify="left")
-    for col in (
-        "tenant",
-        "connection",
-        "synced",
-        "dead letters",
-        "requests",
-        "429s",
-        "503s",
-        "retries",
-        "token refreshes",
-        "full syncs",
-    ):
-        t.add_column(col)
-    for row in summary["tenants"]:
-        t.add_row(
-            row["tenant"],
-            _colour(row["status"], row["status"] == "active"),
-            f"{row['synced']} of {row['in_mailbox']}",
-            str(row["dead_letters"]),
-            str(row["requests"]),
-            str(row["throttled_429"]),
-            str(row["server_errors_503"]),
-            str(sum(row["retries"].values())),
-            str(row["token_refreshes"])
-            + (f" ({row['token_refusals']} refused)" if row["token_refusals"] else ""),
-            str(row["full_syncs"]),
-        )
-    out.print(t)
-
-    feed = summary.get("change_feed") or []
-    if feed:
-        t = Table(
-            title="The app reads what changed: app.records(tenant, 'messages').changes(since=...)",
-            title_justify="left",
-        )
-        for col in ("tenant", "added", "updated", "deleted", "feed pages", "cursor now"):
-            t.add_column(col)
-        for f in feed:
-            t.add_row(
-                f["tenant"],
-                str(f.get("added", 0)),
-                str(f.get("updated", 0)),
-                str(f.get("deleted", 0)),
-                str(f["pages"]),
-                str(f["cursor"]),
-            )
-        out.print(t)
-
-    t = Table(title="Retries, and why (jobs.errors)", title_justify="left")
-    for col in ("tenant", "class", "reason", "count"):
-        t.add_column(col)
-    for r in summary["retry_reasons"]:
-        t.add_row(r["tenant"], r["error_class"], r["reason"], str(r["count"]))
-    out.print(t)
-    ra = summary["retry_after"]
-    if ra["answers"]:
-        shortest = ra["shortest_wait_seconds"]
-        out.print(
-            f"Retry-After honoured: {ra['honoured']} of {ra['answers']} 429 answers asked for "
-            f"{' or '.join(f'{a:g}s' for a in ra['asked_seconds'])} and got it"
-            + (
-                f": the tenant's next request came {shortest}s later at the soonest"
-                if shortest is not None
-                else ""
-            )
-            + (f"; [red]{ra['not_honoured']} did not[/]" if ra["not_honoured"] else "")
-            + (f"; {ra['no_later_request']} had no later request" if ra["no_later_request"] else "")
-            + (
-                f"; {ra['requests_already_in_flight']} request(s) were already on their way"
-                if ra["requests_already_in_flight"]
-                else ""
-            )
-        )
-
-    t = Table(title="Circuit breakers (resources)", title_justify="left")
-    for col in ("resource", "times opened", "state now", "last error class"):
-        t.add_column(col)
-    for b in summary["breakers"]:
-        t.add_row(b["resource_key"], str(b["opened"]), b["state"], b["last_error_class"] or "-")
-    out.print(t)
-
-    t = Table(title="Needs re-authorisation (connections)", title_justify="left")
-    for col in ("tenant", "reason", "jobs waiting", "messages waiting"):
-        t.add_column(col)
-    for n in summary["needs_reauth"]:
-        t.add_row(
-            n["tenant"],
-            _short(n["reason"] or "", 100),
-            str(n["jobs_waiting"]),
-            str(n["messages_not_synced"]),
-        )
-    out.print(t)
-
-    t = Table(title="Dead letters (dead_letters)", title_justify="left")
-    for col in ("tenant", "record", "class", "status", "error"):
-        t.add_column(col)
-    for d in summary["dead_letters"]:
-        t.add_row(
-            d["tenant"],
-            _short(d["record_id"], 20),
-            d["error_class"],
-            d["status"],
-            _short(d["error"], 70),
-        )
-    out.print(t)
-
-    t = Table(title="Mail sent exactly once (intents; Sent Items)", title_justify="left")
-    for col in ("tenant", "send", "attempts", "answer lost, found by id", "copies in Sent Items"):
-        t.add_column(col)
-    for s in summary["sent"]:
-        copies = s["copies_in_sent_items"]
-        t.add_row(
-            s["tenant"],
-            s["key"],
-            str(s["intent_attempts"]),
-            "yes" if s["found_after_lost_response"] else "-",
-            _colour(str(copies), copies == 1),
-        )
-    out.print(t)
-    out.print(
-        f"{summary['lost_responses']} sendMail answers were lost; "
-        f"{sum(1 for s in summary['sent'] if s['copies_in_sent_items'] == 1)} of "
-        f"{len(summary['sent'])} mails are in Sent Items exactly once."
-    )
-    out.print()
-    out.print("See for yourself:")
-    for command in summary["next_commands"]:
-        out.print(f"  {command}", highlight=False)
