@@ -1,5 +1,6 @@
-"""Terminal escapes stored in rows never reach the terminal: every read command, run as a
-subprocess on both engines, prints them escaped (``\\x1b``); ``--json`` keeps the text.
+"""Terminal escapes stored in rows never reach the terminal: every read command, on both
+engines, prints them escaped (``\\x1b``); ``--json`` keeps the text. The commands run in
+process (tests/inprocess.py); one runs as a process too, for the bytes a terminal gets.
 And a schedule past the calendar is one error line."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from inprocess import run_cli  # tests/
 from sqlalchemy import insert, update
 
 from synckit.store import dead_letters as dlq_store
@@ -149,7 +151,7 @@ def test_every_read_command_prints_stored_escapes_escaped(migrated_url: str) -> 
     }
     outputs = {}
     for name, args in {**shown, **as_json}.items():
-        result = synckit(*args, *db)
+        result = run_cli(*args, *db, env={"COLUMNS": "400"})
         assert result.returncode == 0, (name, result.stderr)
         out = result.stdout + result.stderr
         assert not [c for c in RAW if c in out], (name, out)
@@ -168,6 +170,11 @@ def test_every_read_command_prints_stored_escapes_escaped(migrated_url: str) -> 
     assert json.loads(outputs["outbox ls --json"])[0]["last_error"] == HOSTILE
     status = json.loads(outputs["status --json"])
     assert [a["message"] for a in status["alerts_recent"]] == [HOSTILE]
+    # The bytes a terminal gets from a real process: escaped the same way.
+    process = synckit("status", *db)
+    assert process.returncode == 0, process.stderr
+    assert not [c for c in RAW if c in process.stdout + process.stderr], process.stdout
+    assert "\\x1b]0;pwned" in process.stdout
 
 
 def test_a_schedule_past_the_calendar_is_one_error_line(migrated_url: str) -> None:
@@ -176,7 +183,7 @@ def test_a_schedule_past_the_calendar_is_one_error_line(migrated_url: str) -> No
         ("every 99999999999999d", "at most 366d"),
         ("0 0 31 2 *", "never fires"),
     ):
-        result = synckit(
+        result = run_cli(
             "tenants", "add", "t1", "demo", "--set", "api_token=x",
             "--schedule", schedule, "--app", "connector_app:app",
             "--database-url", migrated_url,
