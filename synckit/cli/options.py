@@ -48,6 +48,7 @@ __all__ = [
     "err_console",
     "loop_factory",
     "markup_escaped",
+    "page_options",
     "parse_duration",
     "parse_moment",
     "plain",
@@ -56,6 +57,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 #: Where the group's ``--log-level`` and ``--log-format`` land in ``click.Context.meta``.
@@ -198,6 +200,28 @@ database_option = click.option(
     callback=_check_database_url,
     help=f"Database URL (default: ${ENV_URL}, else sqlite:///synckit.db).",
 )
+
+
+
+def page_options(every_help: str) -> Callable[[F], F]:
+    """``--limit`` (tenants per page), ``--after`` (the previous page's last) and ``--all``
+    (``every_help`` says how), for the commands that list tenants a page at a time."""
+
+    def decorate(f: F) -> F:
+        f = click.option("--all", "every", is_flag=True, help=every_help)(f)
+        f = click.option(
+            "--after", help="Start the page after this tenant (the previous page's last)."
+        )(f)
+        return click.option(
+            "--limit",
+            type=click.IntRange(1, 10_000),
+            default=50,
+            show_default=True,
+            help="Tenants per page.",
+        )(f)
+
+    return decorate
+
 
 #: Files of config or payload read by commands: bigger is a mistake, not a config.
 JSON_FILE_LIMIT = 10 * 1024 * 1024

@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from synckit.cli.options import cell, console, database_option, run
+from synckit.cli.options import cell, console, database_option, page_options, run
 from synckit.cli.options import markup_escaped as escape  # control characters too
 from synckit.runtime.status import ALERTS_ON_THE_SPOT, Status, read_status
 from synckit.store.connections import CONNECTION_STATUSES
@@ -25,15 +25,7 @@ __all__ = ["render_status", "status_cmd"]
 
 @click.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@click.option(
-    "--limit",
-    type=click.IntRange(1, 10_000),
-    default=50,
-    show_default=True,
-    help="Tenants per page.",
-)
-@click.option("--after", help="Start the page after this tenant (the previous page's last).")
-@click.option("--all", "every", is_flag=True, help="Every tenant at once (slow with many).")
+@page_options("Every tenant at once (slow with many).")
 @database_option
 def status_cmd(
     as_json: bool, limit: int, after: str | None, every: bool, database_url: str | None

@@ -23,6 +23,7 @@ from synckit.cli.options import (
     cell,
     console,
     database_option,
+    page_options,
     plain,
     read_json_file,
     run,
@@ -204,15 +205,7 @@ _ALL_PAGE = 1000
 @click.option("--connector", help="Only tenants of this connector.")
 @click.option("--status", type=click.Choice(["active", "paused", "needs_reauth"]))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@click.option(
-    "--limit",
-    type=click.IntRange(1, 10_000),
-    default=50,
-    show_default=True,
-    help="Tenants per page.",
-)
-@click.option("--after", help="Start the page after this tenant (the previous page's last).")
-@click.option("--all", "every", is_flag=True, help="Every tenant, a page at a time.")
+@page_options("Every tenant, a page at a time.")
 @app_option_saying(
     "Also masks secrets of configs stored before synckit sealed them, by their model's types."
 )

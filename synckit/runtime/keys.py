@@ -10,7 +10,7 @@ old keys can then be dropped from the list.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -83,6 +83,29 @@ async def find_unopenable(
     return found
 
 
+def _try_open(
+    tenant: str,
+    what: str,
+    open_it: Callable[[], int],
+    cipher: TokenCipher,
+    out: list[Unopenable],
+) -> int:
+    """How many sealed secrets ``open_it`` opened; what did not open is added to ``out``."""
+    try:
+        return open_it()
+    except SecretUnavailable as exc:
+        out.append(_unavailable(tenant, what, exc, cipher))
+    except SecretCorrupt as exc:
+        out.append(Unopenable(tenant, what, str(exc), corrupt=True))
+    except ConfigurationError as exc:
+        out.append(Unopenable(tenant, what, str(exc)))
+    except (ValueError, RecursionError):
+        if what != "config":  # only the config is parsed here
+            raise
+        out.append(Unopenable(tenant, what, "the stored config is not JSON", corrupt=True))
+    return 0
+
+
 def _check_row(
     tenant: str, token_set: bytes | None, config_text: str | None, cipher: TokenCipher
 ) -> tuple[list[Unopenable], int]:
@@ -92,27 +115,12 @@ def _check_row(
     out: list[Unopenable] = []
     opened = 0
     if token_set is not None:
-        try:
-            cipher.open(token_set)
-            opened += 1
-        except SecretUnavailable as exc:
-            out.append(_unavailable(tenant, "tokens", exc, cipher))
-        except SecretCorrupt as exc:
-            out.append(Unopenable(tenant, "tokens", str(exc), corrupt=True))
-        except ConfigurationError as exc:
-            out.append(Unopenable(tenant, "tokens", str(exc)))
+        opened += _try_open(tenant, "tokens", lambda: (cipher.open(token_set), 1)[1], cipher, out)
     if config_text is not None:
-        try:
-            _, paths = open_config(json.loads(config_text), cipher)
-            opened += len(paths)
-        except SecretUnavailable as exc:
-            out.append(_unavailable(tenant, "config", exc, cipher))
-        except SecretCorrupt as exc:
-            out.append(Unopenable(tenant, "config", str(exc), corrupt=True))
-        except ConfigurationError as exc:
-            out.append(Unopenable(tenant, "config", str(exc)))
-        except (ValueError, RecursionError):
-            out.append(Unopenable(tenant, "config", "the stored config is not JSON", corrupt=True))
+        opened += _try_open(
+            tenant, "config", lambda: len(open_config(json.loads(config_text), cipher)[1]),
+            cipher, out,
+        )  # fmt: skip
     return out, opened
 
 

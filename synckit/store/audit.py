@@ -3,7 +3,7 @@ application version.
 
 ``audit_buckets`` holds counters, never a row per operation: one row per
 ``(tenant, connector, minute, app_version)`` whose ``ok``, ``failed`` and ``paced`` grow by upserts
-that add. Writers call :func:`record_audit` inside their own transaction (the worker's
+that add. Writers call :func:`record_audit_sync` inside their own transaction (the worker's
 :func:`synckit.runtime.audit.audit_observer` runs inside the transaction that records job
 outcomes), so a count commits atomically with the outcome it counts.
 
@@ -149,34 +149,6 @@ _SET_CLASSES = (
     )
     .values(failed_by_class=bindparam("merged"))
 )
-
-
-async def record_audit(
-    conn: AsyncConnection,
-    tenant: str,
-    connector: str,
-    now: datetime,
-    ok: int,
-    failed_by_class: Mapping[str, int],
-    *,
-    app_version: str | None = None,
-    retried_by_class: Mapping[str, int] | None = None,
-    paced: int = 0,
-) -> None:
-    """:func:`record_audit_sync` on an async connection."""
-    await conn.run_sync(
-        lambda c: record_audit_sync(
-            c,
-            tenant,
-            connector,
-            now,
-            ok,
-            failed_by_class,
-            app_version=app_version,
-            retried_by_class=retried_by_class,
-            paced=paced,
-        )
-    )
 
 
 def record_audit_sync(
@@ -426,7 +398,6 @@ __all__ = [
     "merge_counts",
     "minute_of",
     "read_audit",
-    "record_audit",
     "record_audit_many_sync",
     "record_audit_sync",
     "totals_by_tenant",

@@ -450,7 +450,7 @@ def test_status_reads_past_audit_buckets_that_cannot_be_read(
     just_now = datetime.now(UTC) - timedelta(minutes=2)
 
     async def go(db: Database) -> None:
-        from synckit.store.audit import record_audit
+        from audit_rows import record_audit  # tests/
 
         await seed_tenants(db)
         async with db.begin() as conn:

@@ -15,13 +15,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+from audit_rows import record_audit  # tests/
 from inprocess import run_cli  # tests/
 from sqlalchemy import insert, update
 from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
 from synckit.runtime.alerts import AlertRouter, dlq_review_alert
 from synckit.store import jobs as store
-from synckit.store.audit import read_audit, record_audit
+from synckit.store.audit import read_audit
 from synckit.store.db import open_database
 from synckit.store.jobs import JobSpec
 from synckit.store.tables import checkpoints, connections, dead_letters, resources

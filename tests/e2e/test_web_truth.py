@@ -207,8 +207,9 @@ def test_the_throughput_bars_have_a_colour_and_a_height(browser: Any, tmp_path: 
     async def audit(db: Any) -> None:
         from datetime import timedelta
 
+        from audit_rows import record_audit  # tests/
+
         from synckit.clock import utcnow
-        from synckit.store.audit import record_audit
 
         minute = utcnow().replace(second=0, microsecond=0)
         async with db.begin() as conn:

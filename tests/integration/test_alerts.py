@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from audit_rows import record_audit  # tests/
 from sqlalchemy import func, insert, select
 from structlog.testing import capture_logs
 
@@ -38,7 +39,6 @@ from synckit.runtime.alerts import (
 from synckit.runtime.budget import BudgetPolicy
 from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker
-from synckit.store.audit import record_audit
 from synckit.store.db import Database
 from synckit.store.tables import alerts, checkpoints, connections, dead_letters, jobs
 

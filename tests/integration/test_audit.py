@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import structlog
+from audit_rows import record_audit  # tests/
 from sqlalchemy import insert
 from structlog.testing import capture_logs
 
@@ -25,7 +26,6 @@ from synckit.store.audit import (
     AuditCounts,
     AuditRow,
     read_audit,
-    record_audit,
     record_audit_many_sync,
     totals_by_version,
 )

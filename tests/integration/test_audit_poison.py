@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from audit_rows import record_audit  # tests/
 from sqlalchemy import text
 
-from synckit.store.audit import read_audit, record_audit, totals_by_version
+from synckit.store.audit import read_audit, totals_by_version
 from synckit.store.db import Database
 
 NOW = datetime(2026, 3, 4, 12, 4, tzinfo=UTC)

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from audit_rows import record_audit  # tests/
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert, update
 
@@ -21,7 +22,6 @@ from synckit.runtime.metrics import (
 )
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
-from synckit.store.audit import record_audit
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import JobSpec
 from synckit.store.tables import connections, dead_letters, resources

@@ -520,9 +520,10 @@ async def test_overview_shows_burn_breakers_and_the_alerts_the_worker_recorded(
 ) -> None:
     from datetime import timedelta
 
+    from audit_rows import record_audit  # tests/
+
     from synckit.clock import utcnow
     from synckit.runtime.alerts import Alert, record_alerts
-    from synckit.store.audit import record_audit
 
     await seed(db)
     now = utcnow()

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from html import unescape
 from typing import Any
 
+from audit_rows import record_audit  # tests/
 from inprocess import run_cli  # tests/
 from sqlalchemy import insert, select
 from starlette.testclient import TestClient
@@ -26,7 +27,7 @@ from synckit.runtime.audit import audit_observer
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as job_store
-from synckit.store.audit import minute_of, read_audit, record_audit
+from synckit.store.audit import minute_of, read_audit
 from synckit.store.db import Database
 from synckit.store.tables import dead_letters
 from synckit.web import WebConfig, create_app
