@@ -48,7 +48,7 @@ CONVERGE_WITHIN = 240
 #: The wall-clock budget the summary is checked against: the README promises a demo that
 #: converges in under a minute on a quiet machine; this is generous for a busy one.
 DEMO_BUDGET = 180
-#: ``GraphSimulator._opaque``: ``prefix + urlsafe_b64(sha256(seed:prefix:counter))``.
+#: ``GraphSimulator.opaque``: ``prefix + urlsafe_b64(sha256(seed:prefix:counter))``.
 OPAQUE = re.compile(rb"(?:at|rt)[A-Za-z0-9_-]{43}")
 
 

@@ -38,7 +38,8 @@ behaves like Graph where a mail connector feels it:
 
 * **Change notifications.** ``POST /v1.0/subscriptions`` (``changeType``,
   ``notificationUrl``, ``resource`` ``me/mailFolders('{folder}')/messages`` or
-  ``me/messages``, ``expirationDateTime`` at most :data:`MAX_SUBSCRIPTION_LIFETIME` ahead,
+  ``me/messages``, ``expirationDateTime`` at most
+  :data:`~synckit.examples.graph_mail.graph_subscriptions.MAX_SUBSCRIPTION_LIFETIME` ahead,
   ``clientState``) first validates the URL as Graph does: it POSTs
   ``notificationUrl?validationToken=...`` and wants the token back, as ``text/plain``,
   within 10 seconds (a blocking call from the simulator's thread: serve it with
@@ -74,17 +75,14 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
-from authlib.oauth2.rfc6749 import AuthorizationServer, ClientMixin, OAuth2Request, TokenMixin
-from authlib.oauth2.rfc6749 import grants as rfc6749_grants
-from authlib.oauth2.rfc6749.requests import BasicOAuth2Payload
-from authlib.oauth2.rfc6750 import BearerTokenGenerator
 
+from synckit.examples.graph_mail.graph_shapes import FOLDERS, folder_name, graph_error, iso
+from synckit.examples.graph_mail.graph_subscriptions import Subscriptions
+from synckit.examples.graph_mail.graph_tokens import Tokens
 from synckit.testing.fakeapi import FakeAPI, Fault, RecordedRequest, Reply
 
 __all__ = [
-    "FOLDERS",
     "HARD_THROTTLE_RATE",
-    "MAX_SUBSCRIPTION_LIFETIME",
     "REQUIRED_FIELDS",
     "GraphSimulator",
     "Mailbox",
@@ -92,8 +90,6 @@ __all__ = [
     "main",
 ]
 
-#: The well-known mail folders every simulated mailbox has.
-FOLDERS = ("inbox", "sentitems", "drafts", "deleteditems", "archive")
 #: The 429 rate of a mailbox added with ``throttled_hard=True``.
 HARD_THROTTLE_RATE = 0.4
 #: What every well-formed message has; each malformed one breaks exactly one of these.
@@ -104,10 +100,6 @@ REQUIRED_FIELDS = {
     "from": 'an object {"emailAddress": {"address": str, "name": str}}',
     "internetMessageId": "a string",
 }
-GRAPH_SCOPE = "https://graph.microsoft.com/.default offline_access"
-#: The longest a subscription to messages may live (Graph's limit: 4230 minutes).
-MAX_SUBSCRIPTION_LIFETIME = timedelta(minutes=4230)
-_RESOURCE = re.compile(r"/?me/(?:mailFolders\('([^']+)'\)/)?messages", re.IGNORECASE)
 
 _FILTER = re.compile(r"\s*internetMessageId\s+eq\s+'((?:[^']|'')*)'\s*", re.IGNORECASE)
 _PAGE_SIZE_PREFERENCE = re.compile(r"odata\.maxpagesize\s*=\s*(\d+)", re.IGNORECASE)
@@ -119,14 +111,6 @@ _SENDERS = (
     ("Edsger Dijkstra", "edsger@eindhoven.example"),
 )
 _TOPICS = ("Quarterly report", "Lunch?", "Invoice", "Re: build failure", "Meeting notes")
-
-
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _graph_error(status: int, code: str, message: str) -> Reply:
-    return Reply.json({"error": {"code": code, "message": message}}, status)
 
 
 # --- state ---------------------------------------------------------------------------------
@@ -182,18 +166,6 @@ class _DeltaState:
 
 
 @dataclass
-class _GraphSubscription:
-    id: str
-    tenant: str
-    folder: str | None  # None: every folder (``me/messages``)
-    resource: str
-    change_types: frozenset[str]
-    notification_url: str
-    client_state: str | None
-    expires_at: datetime
-
-
-@dataclass
 class SimulatorStats:
     """What the simulator did, by tenant."""
 
@@ -211,147 +183,6 @@ class SimulatorStats:
     subscriptions_deleted: Counter[str] = field(default_factory=Counter)
     validations: Counter[str] = field(default_factory=Counter)
     notifications: Counter[str] = field(default_factory=Counter)
-
-
-# --- the token endpoint, from authlib's components -----------------------------------------
-
-
-@dataclass
-class _Client(ClientMixin):  # type: ignore[misc]  # authlib ships no type information
-    client_id: str
-    client_secret: str
-
-    def get_client_id(self) -> str:
-        return self.client_id
-
-    def get_default_redirect_uri(self) -> str | None:
-        return None
-
-    def get_allowed_scope(self, scope: str | None) -> str:
-        return scope or GRAPH_SCOPE
-
-    def check_redirect_uri(self, redirect_uri: str) -> bool:
-        return False
-
-    def check_client_secret(self, client_secret: str) -> bool:
-        return client_secret == self.client_secret
-
-    def check_endpoint_auth_method(self, method: str, endpoint: str) -> bool:
-        return method in ("client_secret_post", "client_secret_basic")
-
-    def check_response_type(self, response_type: str) -> bool:
-        return False
-
-    def check_grant_type(self, grant_type: str) -> bool:
-        return grant_type == "refresh_token"
-
-
-@dataclass
-class _Grant(TokenMixin):  # type: ignore[misc]
-    access_token: str
-    refresh_token: str
-    client_id: str
-    tenant: str
-    scope: str
-    expires_in: int
-    refresh_revoked: bool = False
-
-    def __repr__(self) -> str:  # authlib logs token objects at debug level: no secrets
-        return f"_Grant(tenant={self.tenant!r})"
-
-    def check_client(self, client: _Client) -> bool:
-        return client.client_id == self.client_id
-
-    def get_scope(self) -> str:
-        return self.scope
-
-    def get_expires_in(self) -> int:
-        return self.expires_in
-
-    def is_expired(self) -> bool:
-        return False  # refresh tokens live until revoked or used (rotation)
-
-    def is_revoked(self) -> bool:
-        return self.refresh_revoked
-
-
-class _TokenRequest(OAuth2Request):  # type: ignore[misc]
-    def __init__(
-        self, tenant: str, headers: httpx.Headers, form: dict[str, str], args: dict[str, str]
-    ) -> None:
-        # authlib refuses plain-http URIs outside loopback; the real endpoint is https.
-        uri = f"https://login.microsoftonline.com/{tenant}/oauth2/v2.0/token"
-        super().__init__("POST", uri, headers=headers)
-        self.tenant = tenant
-        self._form = form
-        self._args = args
-        self.payload = BasicOAuth2Payload({**args, **form})
-
-    @property
-    def args(self) -> dict[str, str]:
-        return self._args
-
-    @property
-    def form(self) -> dict[str, str]:
-        return self._form
-
-
-class _RefreshTokenGrant(rfc6749_grants.RefreshTokenGrant):  # type: ignore[misc]
-    TOKEN_ENDPOINT_AUTH_METHODS = ["client_secret_post", "client_secret_basic"]
-    INCLUDE_NEW_REFRESH_TOKEN = True  # rotation: every refresh returns a new refresh token
-    simulator: GraphSimulator  # set on the subclass made per simulator
-
-    def authenticate_refresh_token(self, refresh_token: str) -> _Grant | None:
-        grant = self.simulator._grants_by_refresh.get(refresh_token)
-        if grant is None or grant.refresh_revoked or grant.tenant != self.request.tenant:
-            return None
-        return grant
-
-    def authenticate_user(self, refresh_token: _Grant) -> str:
-        return refresh_token.tenant
-
-    def revoke_old_credential(self, refresh_token: _Grant) -> None:
-        refresh_token.refresh_revoked = True
-
-
-class _AuthorizationServer(AuthorizationServer):  # type: ignore[misc]
-    def __init__(self, simulator: GraphSimulator) -> None:
-        super().__init__()
-        self.simulator = simulator
-
-    def query_client(self, client_id: str) -> _Client | None:
-        return self.simulator._clients.get(client_id)
-
-    def save_token(self, token: dict[str, Any], request: _TokenRequest) -> None:
-        self.simulator._save_grant(token, request.client.client_id, str(request.user))
-
-    def create_oauth2_request(self, request: _TokenRequest) -> _TokenRequest:
-        return request
-
-    def create_json_request(self, request: Any) -> Any:
-        raise NotImplementedError("the simulated token endpoint takes forms only")
-
-    def handle_response(
-        self, status: int, body: Any, headers: list[tuple[str, str]]
-    ) -> tuple[int, Any, list[tuple[str, str]]]:
-        return status, body, headers
-
-    def send_signal(self, name: str, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
-# Azure AD's codes for the refusals a connector meets.
-_AADSTS = {
-    "invalid_grant": (
-        50173,
-        "The provided grant has expired due to it being revoked, "
-        "or it was already used (refresh tokens are single use).",
-    ),
-    "invalid_client": (7000215, "Invalid client secret provided."),
-    "unauthorized_client": (700016, "The application is not allowed this grant."),
-    "unsupported_grant_type": (70003, "The app requested an unsupported grant type."),
-    "invalid_request": (900144, "The request body is missing or malformed."),
-}
 
 
 # --- the simulator -------------------------------------------------------------------------
@@ -392,7 +223,7 @@ class GraphSimulator:
             "lost_send_rate": lost_send_rate,
         }
         self.client_id = client_id
-        self.client_secret = client_secret or f"sim-secret-{self._digest('client-secret')[:24]}"
+        self.client_secret = client_secret or f"sim-secret-{self.digest('client-secret')[:24]}"
         self.stats = SimulatorStats()
         self.api = FakeAPI(
             clock=self.clock,
@@ -405,7 +236,7 @@ class GraphSimulator:
                 }
             },
         )
-        self._mailboxes: dict[str, Mailbox] = {}
+        self.mailboxes: dict[str, Mailbox] = {}
         self._items: dict[str, _Item] = {}
         self._seq = 0
         self._counter = 0
@@ -414,24 +245,10 @@ class GraphSimulator:
         self._skip_by_position: dict[tuple[int, int], str] = {}
         self._delta_tokens: dict[str, _DeltaState] = {}
         self._delta_by_round: dict[int, str] = {}
-        self._clients = {client_id: _Client(client_id, self.client_secret)}
-        self._grants_by_refresh: dict[str, _Grant] = {}
-        self._subscriptions: dict[str, _GraphSubscription] = {}
-        self._queued: list[tuple[str, dict[str, Any]]] = []  # (subscription id, notification)
-        self._authz = _AuthorizationServer(self)
-        self._authz.register_token_generator(
-            "default",
-            BearerTokenGenerator(
-                access_token_generator=lambda **_kw: self._opaque("at"),
-                refresh_token_generator=lambda **_kw: self._opaque("rt"),
-                expires_generator=lambda _client, _grant: int(
-                    self.access_token_lifetime.total_seconds()
-                ),
-            ),
-        )
-        self._authz.register_grant(
-            type("RefreshTokenGrant", (_RefreshTokenGrant,), {"simulator": self})
-        )
+        #: The token endpoint and the grants it issued.
+        self.tokens = Tokens(self)
+        #: Change-notification subscriptions and the notifications queued for them.
+        self.notifications = Subscriptions(self)
         self._register_routes()
 
     # --- serving (delegated to the FakeAPI) ------------------------------------------------
@@ -486,7 +303,7 @@ class GraphSimulator:
         if rate is None:
             rate = HARD_THROTTLE_RATE if throttled_hard else self.defaults["throttle_rate"]
         with self.api.lock:
-            if tenant in self._mailboxes:
+            if tenant in self.mailboxes:
                 raise ValueError(f"tenant {tenant!r} already has a mailbox")
             mailbox = Mailbox(
                 tenant=tenant,
@@ -506,7 +323,7 @@ class GraphSimulator:
                 window=window,
                 rng=random.Random(f"{self.seed}:{tenant}:faults"),
             )
-            self._mailboxes[tenant] = mailbox
+            self.mailboxes[tenant] = mailbox
             content = random.Random(f"{self.seed}:{tenant}:content")
             total = messages + malformed
             bad = set(content.sample(range(total), malformed)) if malformed else set()
@@ -522,21 +339,21 @@ class GraphSimulator:
             return mailbox
 
     def mailbox(self, tenant: str) -> Mailbox:
-        return self._mailboxes[tenant]
+        return self.mailboxes[tenant]
 
     @property
     def tenants(self) -> list[str]:
-        return sorted(self._mailboxes)
+        return sorted(self.mailboxes)
 
     def add_message(self, tenant: str, folder: str = "inbox", **fields: Any) -> dict[str, Any]:
         """Deliver a new well-formed message (``fields`` override any property); returns it."""
         with self.api.lock:
-            mailbox = self._mailboxes[tenant]
+            mailbox = self.mailboxes[tenant]
             rng = random.Random(f"{self.seed}:{tenant}:{self._counter}")
             data = self._new_message(mailbox, folder, rng, self.clock())
             data.update(fields)
             item = self._store(tenant, folder, data)
-            self._changed(item, "created")
+            self.notifications.changed(item, "created")
             return dict(item.data)
 
     def update_message(self, tenant: str, message_id: str, **fields: Any) -> dict[str, Any]:
@@ -545,7 +362,7 @@ class GraphSimulator:
             item = self._live(tenant, message_id)
             item.data.update(fields)
             self._touch(item)
-            self._changed(item, "updated")
+            self.notifications.changed(item, "updated")
             return dict(item.data)
 
     def delete_message(self, tenant: str, message_id: str) -> None:
@@ -554,7 +371,7 @@ class GraphSimulator:
             item = self._live(tenant, message_id)
             item.deleted = True
             self._touch(item)
-            self._changed(item, "deleted")
+            self.notifications.changed(item, "deleted")
 
     def messages(self, tenant: str, folder: str = "inbox") -> list[dict[str, Any]]:
         """Copies of the messages in a folder, oldest first."""
@@ -587,58 +404,42 @@ class GraphSimulator:
     def issue_tokens(self, tenant: str) -> dict[str, Any]:
         """Tokens for ``tenant``, as the authorization-code exchange after consent would
         return them (the token endpoint's response shape)."""
-        with self.api.lock:
-            if tenant not in self._mailboxes:
-                raise KeyError(f"no mailbox for tenant {tenant!r}")
-            lifetime = int(self.access_token_lifetime.total_seconds())
-            token = {
-                "token_type": "Bearer",
-                "scope": GRAPH_SCOPE,
-                "expires_in": lifetime,
-                "ext_expires_in": lifetime,
-                "access_token": self._opaque("at"),
-                "refresh_token": self._opaque("rt"),
-            }
-            self._save_grant(token, self.client_id, tenant)
-            return token
+        return self.tokens.issue(tenant)
 
     def expire_access_tokens(self, tenant: str) -> None:
         """Make every access token of ``tenant`` expired now (Graph answers 401)."""
-        with self.api.lock:
-            for grant in self._grants_by_refresh.values():
-                if grant.tenant == tenant:
-                    info = self.api.token_info(grant.access_token)
-                    if info is not None and info.valid_at(self.clock()):
-                        self.api.expire_token(grant.access_token)
+        self.tokens.expire_access(tenant)
 
     def revoke(self, tenant: str, *, access_tokens: bool = False) -> None:
         """Revoke ``tenant``'s refresh tokens, as an admin revoking the app's sessions: the
         next refresh gets ``invalid_grant``. Access tokens stay good until they expire, as in
         Azure AD, unless ``access_tokens`` is true."""
-        with self.api.lock:
-            for grant in self._grants_by_refresh.values():
-                if grant.tenant == tenant:
-                    grant.refresh_revoked = True
-                    if access_tokens:
-                        self.api.revoke_token(grant.access_token)
+        self.tokens.revoke(tenant, access_tokens=access_tokens)
 
-    def _save_grant(self, token: dict[str, Any], client_id: str, tenant: str) -> None:
-        grant = _Grant(
-            access_token=token["access_token"],
-            refresh_token=token["refresh_token"],
-            client_id=client_id,
-            tenant=tenant,
-            scope=str(token.get("scope") or GRAPH_SCOPE),
-            expires_in=int(token["expires_in"]),
-        )
-        self._grants_by_refresh[grant.refresh_token] = grant
-        self.api.issue_token(grant.access_token, expires_in=grant.expires_in, subject=tenant)
+    # --- change notifications ----------------------------------------------------------------
+
+    def subscriptions(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """The live subscriptions (of ``tenant``), as Graph shows them."""
+        return self.notifications.live(tenant)
+
+    def forget_subscription(self, subscription_id: str) -> None:
+        """Drop a subscription as Graph sometimes does: renewing it then answers 404."""
+        self.notifications.forget(subscription_id)
+
+    def queued_notifications(self) -> int:
+        return self.notifications.queued_count()
+
+    async def send_notifications(self) -> list[int]:
+        """POST every queued notification to its subscription's URL, one delivery per
+        subscription (``{"value": [...]}``); the status of each delivery (0: no answer).
+        Notifications of a subscription that expired meanwhile are dropped."""
+        return await self.notifications.send()
 
     # --- routes ----------------------------------------------------------------------------
 
     def _register_routes(self) -> None:
         api = self.api
-        api.route("POST", "/{tenant}/oauth2/v2.0/token", self._token_endpoint, auth=False)
+        api.route("POST", "/{tenant}/oauth2/v2.0/token", self.tokens.endpoint, auth=False)
         graph: list[tuple[str, str, Callable[[Mailbox, RecordedRequest], Any]]] = [
             ("GET", "/v1.0/me", self._me),
             ("GET", "/v1.0/me/mailFolders/{folder}/messages/delta", self._delta),
@@ -646,10 +447,10 @@ class GraphSimulator:
             ("GET", "/v1.0/me/messages", self._list_all),
             ("GET", "/v1.0/me/messages/{id}", self._get_message),
             ("POST", "/v1.0/me/sendMail", self._send_mail),
-            ("POST", "/v1.0/subscriptions", self._create_subscription),
-            ("GET", "/v1.0/subscriptions/{id}", self._get_subscription),
-            ("PATCH", "/v1.0/subscriptions/{id}", self._renew_subscription),
-            ("DELETE", "/v1.0/subscriptions/{id}", self._delete_subscription),
+            ("POST", "/v1.0/subscriptions", self.notifications.create),
+            ("GET", "/v1.0/subscriptions/{id}", self.notifications.get),
+            ("PATCH", "/v1.0/subscriptions/{id}", self.notifications.renew),
+            ("DELETE", "/v1.0/subscriptions/{id}", self.notifications.delete),
         ]
         for method, path, func in graph:
             api.route(method, path, self._graph_handler(func))
@@ -659,9 +460,9 @@ class GraphSimulator:
     ) -> Callable[[RecordedRequest], Any]:
         def handler(request: RecordedRequest) -> Any:
             info = self.api.token_info(request.bearer_token)
-            mailbox = self._mailboxes.get(info.subject or "") if info is not None else None
+            mailbox = self.mailboxes.get(info.subject or "") if info is not None else None
             if mailbox is None:
-                return _graph_error(404, "ErrorMailboxNotFound", "The mailbox does not exist.")
+                return graph_error(404, "ErrorMailboxNotFound", "The mailbox does not exist.")
             self.stats.requests[mailbox.tenant] += 1
             if (refused := self._throttle(mailbox)) is not None:
                 return refused
@@ -685,7 +486,7 @@ class GraphSimulator:
             return self._too_many(mailbox.retry_after, "ApplicationThrottled")
         if draw < mailbox.throttle_rate + mailbox.server_error_rate:
             self.stats.server_errors[tenant] += 1
-            return _graph_error(
+            return graph_error(
                 503, "ServiceUnavailable", "The service is temporarily unavailable."
             )
         mailbox.recent.append(now)
@@ -701,39 +502,19 @@ class GraphSimulator:
         }
         return Reply.json(body, 429, {"Retry-After": str(seconds)})
 
-    def _token_endpoint(self, request: RecordedRequest) -> Reply:
-        tenant = request.params["tenant"]
-        if tenant not in self._mailboxes:
-            return _aad_error(400, "invalid_request", 90002, f"Tenant '{tenant}' not found.")
-        form = request.form()
-        # Azure AD accepts `.default` and other scope spellings a connector may send; the
-        # simulator does not model consent, so scopes are not checked.
-        form.pop("scope", None)
-        oauth_request = _TokenRequest(tenant, request.headers, form, dict(request.query))
-        status, body, _headers = self._authz.create_token_response(oauth_request)
-        headers = {"Cache-Control": "no-store", "Pragma": "no-cache"}
-        if status == 200:
-            self.stats.token_refreshes[tenant] += 1
-            body = {**body, "ext_expires_in": body.get("expires_in")}
-            return Reply.json(body, 200, headers)
-        error = str(body.get("error", "invalid_request"))
-        self.stats.token_errors[f"{tenant}:{error}"] += 1
-        code, description = _AADSTS.get(error, (90000, str(body.get("error_description", ""))))
-        return _aad_error(status, error, code, description, headers)
-
     def _me(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
         return {
             "@odata.context": f"{request.base_url}/v1.0/$metadata#users/$entity",
-            "id": str(uuid.UUID(self._digest(f"user:{mailbox.tenant}")[:32])),
+            "id": str(uuid.UUID(self.digest(f"user:{mailbox.tenant}")[:32])),
             "displayName": mailbox.display_name,
             "mail": mailbox.address,
             "userPrincipalName": mailbox.address,
         }
 
     def _delta(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
-        folder = _folder_name(request.params["folder"])
+        folder = folder_name(request.params["folder"])
         if folder is None:
-            return _graph_error(404, "ErrorItemNotFound", "The specified folder was not found.")
+            return graph_error(404, "ErrorItemNotFound", "The specified folder was not found.")
         tenant = mailbox.tenant
         skiptoken = request.query.get("$skiptoken")
         deltatoken = request.query.get("$deltatoken")
@@ -783,16 +564,16 @@ class GraphSimulator:
 
     def _sync_state_not_found(self, tenant: str) -> Reply:
         self.stats.expired_delta_tokens[tenant] += 1
-        return _graph_error(
+        return graph_error(
             410,
             "SyncStateNotFound",
             "The sync state generation is not found or has expired. Start a full sync.",
         )
 
     def _list_folder(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
-        folder = _folder_name(request.params["folder"])
+        folder = folder_name(request.params["folder"])
         if folder is None:
-            return _graph_error(404, "ErrorItemNotFound", "The specified folder was not found.")
+            return graph_error(404, "ErrorItemNotFound", "The specified folder was not found.")
         return self._list(mailbox, request, folder)
 
     def _list_all(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
@@ -808,7 +589,7 @@ class GraphSimulator:
         if flt is not None:
             m = _FILTER.fullmatch(flt)
             if m is None:
-                return _graph_error(
+                return graph_error(
                     400,
                     "ErrorInvalidUrlQueryFilter",
                     "The simulator supports $filter=internetMessageId eq '<id>' only.",
@@ -819,7 +600,7 @@ class GraphSimulator:
             top = min(max(int(request.query.get("$top", "10")), 1), 1000)
             skip = max(int(request.query.get("$skip", "0")), 0)
         except ValueError:
-            return _graph_error(400, "BadRequest", "Invalid $top or $skip.")
+            return graph_error(400, "BadRequest", "Invalid $top or $skip.")
         # Graph lists newest first by default.
         items.sort(key=lambda i: (str(i.data.get("receivedDateTime") or ""), i.seq), reverse=True)
         body: dict[str, Any] = {
@@ -835,37 +616,37 @@ class GraphSimulator:
     def _get_message(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
         item = self._items.get(request.params["id"])
         if item is None or item.deleted or item.tenant != mailbox.tenant:
-            return _graph_error(404, "ErrorItemNotFound", "The specified object was not found.")
+            return graph_error(404, "ErrorItemNotFound", "The specified object was not found.")
         return dict(item.data)
 
     def _send_mail(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
         try:
             payload = request.json()
         except ValueError:
-            return _graph_error(400, "BadRequest", "Unable to read JSON request payload.")
+            return graph_error(400, "BadRequest", "Unable to read JSON request payload.")
         message = payload.get("message") if isinstance(payload, dict) else None
         if not isinstance(message, dict):
-            return _graph_error(400, "ErrorInvalidRequest", "The 'message' property is required.")
+            return graph_error(400, "ErrorInvalidRequest", "The 'message' property is required.")
         recipients = message.get("toRecipients")
         if not isinstance(recipients, list) or not recipients:
-            return _graph_error(
+            return graph_error(
                 400, "ErrorInvalidRecipients", "At least one recipient is not valid."
             )
         now = self.clock()
         internet_id = message.get("internetMessageId") or (
-            f"<{self._digest(f'imid:{self._counter}')[:20]}@{mailbox.tenant}.example>"
+            f"<{self.digest(f'imid:{self._counter}')[:20]}@{mailbox.tenant}.example>"
         )
         save = payload.get("saveToSentItems", True)
         if save not in (False, "false", "False"):
             data = {
                 **message,
-                "id": self._opaque("AAMk"),
+                "id": self.opaque("AAMk"),
                 "internetMessageId": internet_id,
                 "subject": message.get("subject", ""),
-                "createdDateTime": _iso(now),
-                "lastModifiedDateTime": _iso(now),
-                "sentDateTime": _iso(now),
-                "receivedDateTime": _iso(now),
+                "createdDateTime": iso(now),
+                "lastModifiedDateTime": iso(now),
+                "sentDateTime": iso(now),
+                "receivedDateTime": iso(now),
                 "from": {
                     "emailAddress": {"name": mailbox.display_name, "address": mailbox.address}
                 },
@@ -875,224 +656,19 @@ class GraphSimulator:
                 "isRead": True,
                 "isDraft": False,
             }
-            self._changed(self._store(mailbox.tenant, "sentitems", data), "created")
+            self.notifications.changed(self._store(mailbox.tenant, "sentitems", data), "created")
         self.stats.sends[mailbox.tenant] += 1
         if mailbox.lost_send_rate > 0 and mailbox.rng.random() < mailbox.lost_send_rate:
             self.stats.lost_sends[mailbox.tenant] += 1
             return Fault.lost_response()  # sent and stored; the 202 never reaches the client
         return Reply.empty(202)
 
-    # --- change notifications ---------------------------------------------------------------
-
-    def subscriptions(self, tenant: str | None = None) -> list[dict[str, Any]]:
-        """The live subscriptions (of ``tenant``), as Graph shows them."""
-        with self.api.lock:
-            now = self.clock()
-            return [
-                self._subscription_body(sub)
-                for sub in self._subscriptions.values()
-                if (tenant in (None, sub.tenant)) and sub.expires_at > now
-            ]
-
-    def forget_subscription(self, subscription_id: str) -> None:
-        """Drop a subscription as Graph sometimes does: renewing it then answers 404."""
-        with self.api.lock:
-            self._subscriptions.pop(subscription_id, None)
-
-    def queued_notifications(self) -> int:
-        with self.api.lock:
-            return len(self._queued)
-
-    async def send_notifications(self) -> list[int]:
-        """POST every queued notification to its subscription's URL, one delivery per
-        subscription (``{"value": [...]}``); the status of each delivery (0: no answer).
-        Notifications of a subscription that expired meanwhile are dropped."""
-        with self.api.lock:
-            queued, self._queued = self._queued, []
-            now = self.clock()
-            batches: dict[str, list[dict[str, Any]]] = {}
-            urls: dict[str, str] = {}
-            for sub_id, note in queued:
-                sub = self._subscriptions.get(sub_id)
-                if sub is not None and sub.expires_at > now:
-                    batches.setdefault(sub_id, []).append(note)
-                    urls[sub_id] = sub.notification_url
-        statuses: list[int] = []
-        async with httpx.AsyncClient(timeout=10.0) as client:
-            for sub_id, notes in batches.items():
-                try:
-                    r = await client.post(urls[sub_id], json={"value": notes})
-                    statuses.append(r.status_code)
-                except httpx.HTTPError:
-                    statuses.append(0)
-                self.stats.notifications[notes[0]["tenantId"]] += len(notes)
-        return statuses
-
-    def _changed(self, item: _Item, change: str) -> None:
-        """Queue a notification for each live subscription that covers ``item``."""
-        now = self.clock()
-        for sub in self._subscriptions.values():
-            if (
-                sub.tenant != item.tenant
-                or sub.expires_at <= now
-                or change not in sub.change_types
-                or sub.folder not in (None, item.folder)
-            ):
-                continue
-            resource = f"Users/{self._user_id(item.tenant)}/Messages/{item.id}"
-            note: dict[str, Any] = {
-                "id": self._opaque("ntf"),
-                "subscriptionId": sub.id,
-                "subscriptionExpirationDateTime": _iso(sub.expires_at),
-                "changeType": change,
-                "resource": resource,
-                "resourceData": {
-                    "@odata.type": "#Microsoft.Graph.Message",
-                    "@odata.id": resource,
-                    "id": item.id,
-                },
-                "tenantId": item.tenant,
-            }
-            if sub.client_state is not None:
-                note["clientState"] = sub.client_state
-            self._queued.append((sub.id, note))
-
-    def _user_id(self, tenant: str) -> str:
-        return str(uuid.UUID(self._digest(f"user:{tenant}")[:32]))
-
-    def _subscription_body(self, sub: _GraphSubscription) -> dict[str, Any]:
-        return {
-            "@odata.context": "https://graph.microsoft.com/v1.0/$metadata#subscriptions/$entity",
-            "id": sub.id,
-            "resource": sub.resource,
-            "changeType": ",".join(sorted(sub.change_types)),
-            "clientState": sub.client_state,
-            "notificationUrl": sub.notification_url,
-            "expirationDateTime": sub.expires_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-        }
-
-    def _expiry(self, raw: Any) -> datetime | Reply:
-        """A requested ``expirationDateTime``, or the 400 Graph answers."""
-        try:
-            moment = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
-        except ValueError:
-            return _graph_error(400, "InvalidRequest", "expirationDateTime is not a date.")
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
-        now = self.clock()
-        if moment <= now:
-            return _graph_error(400, "InvalidRequest", "expirationDateTime is in the past.")
-        if moment > now + MAX_SUBSCRIPTION_LIFETIME:
-            return _graph_error(
-                400,
-                "InvalidRequest",
-                "Subscription expiration can only be 4230 minutes in the future.",
-            )
-        return moment
-
-    def _create_subscription(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
-        try:
-            body = request.json()
-        except ValueError:
-            return _graph_error(400, "BadRequest", "Unable to read JSON request payload.")
-        if not isinstance(body, dict):
-            return _graph_error(400, "BadRequest", "A subscription is a JSON object.")
-        url, resource = body.get("notificationUrl"), body.get("resource")
-        changes = {c.strip() for c in str(body.get("changeType") or "").split(",") if c.strip()}
-        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
-            return _graph_error(400, "InvalidRequest", "notificationUrl must be an URL.")
-        m = _RESOURCE.fullmatch(str(resource or ""))
-        if m is None:
-            return _graph_error(400, "InvalidRequest", f"Unsupported resource {resource!r}.")
-        folder = _folder_name(m.group(1)) if m.group(1) else None
-        if m.group(1) and folder is None:
-            return _graph_error(404, "ErrorItemNotFound", "The specified folder was not found.")
-        if not changes or not changes <= {"created", "updated", "deleted"}:
-            return _graph_error(400, "InvalidRequest", "changeType is invalid.")
-        expires = self._expiry(body.get("expirationDateTime"))
-        if isinstance(expires, Reply):
-            return expires
-        problem = self._validate(url, mailbox.tenant)
-        if problem is not None:
-            return _graph_error(
-                400,
-                "InvalidRequest",
-                f"Subscription validation request failed. {problem}",
-            )
-        state = body.get("clientState")
-        sub = _GraphSubscription(
-            id=str(uuid.UUID(self._digest(f"sub:{self._opaque('s')}")[:32])),
-            tenant=mailbox.tenant,
-            folder=folder,
-            resource=str(resource),
-            change_types=frozenset(changes),
-            notification_url=url,
-            client_state=str(state) if state is not None else None,
-            expires_at=expires,
-        )
-        self._subscriptions[sub.id] = sub
-        self.stats.subscriptions_created[mailbox.tenant] += 1
-        return Reply.json(self._subscription_body(sub), 201)
-
-    def _validate(self, url: str, tenant: str) -> str | None:
-        """Graph's validation handshake: the URL must echo the token within 10 s."""
-        token = f"Validation: Testing client application reachability {self._opaque('vt')}"
-        self.stats.validations[tenant] += 1
-        try:
-            with httpx.Client(timeout=10.0) as client:
-                r = client.post(
-                    url, params={"validationToken": token}, headers={"Content-Type": "text/plain"}
-                )
-        except httpx.HTTPError as exc:
-            return f"The notification URL could not be reached: {type(exc).__name__}."
-        if r.status_code != 200 or r.text != token:
-            return (
-                "Response must exactly match validationToken query parameter "
-                f"(got {r.status_code})."
-            )
-        return None
-
-    def _live_subscription(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
-        sub = self._subscriptions.get(request.params["id"])
-        if sub is None or sub.tenant != mailbox.tenant or sub.expires_at <= self.clock():
-            return _graph_error(
-                404, "ResourceNotFound", f"The object '{request.params['id']}' doesn't exist."
-            )
-        return sub
-
-    def _get_subscription(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
-        sub = self._live_subscription(mailbox, request)
-        return sub if isinstance(sub, Reply) else self._subscription_body(sub)
-
-    def _renew_subscription(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
-        sub = self._live_subscription(mailbox, request)
-        if isinstance(sub, Reply):
-            return sub
-        try:
-            body = request.json()
-        except ValueError:
-            return _graph_error(400, "BadRequest", "Unable to read JSON request payload.")
-        expires = self._expiry(body.get("expirationDateTime") if isinstance(body, dict) else None)
-        if isinstance(expires, Reply):
-            return expires
-        sub.expires_at = expires
-        self.stats.subscriptions_renewed[mailbox.tenant] += 1
-        return self._subscription_body(sub)
-
-    def _delete_subscription(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
-        sub = self._live_subscription(mailbox, request)
-        if isinstance(sub, Reply):
-            return sub
-        del self._subscriptions[sub.id]
-        self.stats.subscriptions_deleted[mailbox.tenant] += 1
-        return Reply.empty(204)
-
     # --- internals -------------------------------------------------------------------------
 
-    def _digest(self, label: str) -> str:
+    def digest(self, label: str) -> str:
         return hashlib.sha256(f"{self.seed}:{label}".encode()).hexdigest()
 
-    def _opaque(self, prefix: str) -> str:
+    def opaque(self, prefix: str) -> str:
         # Counter-derived rather than random: the same run issues the same ids and tokens.
         self._counter += 1
         raw = hashlib.sha256(f"{self.seed}:{prefix}:{self._counter}".encode()).digest()
@@ -1103,9 +679,9 @@ class GraphSimulator:
     ) -> dict[str, Any]:
         name, address = rng.choice(_SENDERS)
         topic = rng.choice(_TOPICS)
-        ident = self._opaque("AAMk")
-        stamp = _iso(received)
-        change_key = self._opaque("CQAAAB")
+        ident = self.opaque("AAMk")
+        stamp = iso(received)
+        change_key = self.opaque("CQAAAB")
         return {
             "@odata.etag": f'W/"{change_key}"',
             "id": ident,
@@ -1120,7 +696,7 @@ class GraphSimulator:
             "bodyPreview": f"{topic}: a simulated message for {mailbox.display_name}.",
             "importance": "normal",
             "parentFolderId": folder,
-            "conversationId": self._opaque("AAQk"),
+            "conversationId": self.opaque("AAQk"),
             "isRead": False,
             "isDraft": False,
             "body": {"contentType": "text", "content": f"{topic}\n\nSent by the simulator."},
@@ -1133,12 +709,12 @@ class GraphSimulator:
         }
 
     def _store(self, tenant: str, folder: str, data: dict[str, Any]) -> _Item:
-        folder_name = _folder_name(folder)
-        if folder_name is None:
+        name = folder_name(folder)
+        if name is None:
             raise ValueError(f"unknown folder {folder!r} (known: {', '.join(FOLDERS)})")
-        data["parentFolderId"] = folder_name
+        data["parentFolderId"] = name
         self._seq += 1
-        item = _Item(str(data["id"]), tenant, folder_name, data, self._seq)
+        item = _Item(str(data["id"]), tenant, name, data, self._seq)
         self._items[item.id] = item
         return item
 
@@ -1146,8 +722,8 @@ class GraphSimulator:
         self._seq += 1
         item.seq = self._seq
         if not item.deleted:
-            stamp = _iso(self.clock())
-            change_key = self._opaque("CQAAAB")
+            stamp = iso(self.clock())
+            change_key = self.opaque("CQAAAB")
             item.data.update(
                 {"lastModifiedDateTime": stamp, "changeKey": change_key},
             )
@@ -1160,7 +736,7 @@ class GraphSimulator:
         return item
 
     def _folder_items(self, tenant: str, folder: str) -> list[_Item]:
-        name = _folder_name(folder)
+        name = folder_name(folder)
         return sorted(
             (
                 i
@@ -1201,14 +777,14 @@ class GraphSimulator:
         # The same page asked for twice (a retry) links to the same next page.
         key = (round_.number, offset)
         if key not in self._skip_by_position:
-            token = self._opaque("sk")
+            token = self.opaque("sk")
             self._skip_by_position[key] = token
             self._skiptokens[token] = key
         return self._skip_by_position[key]
 
     def _deltatoken(self, round_: _Round) -> str:
         if round_.number not in self._delta_by_round:
-            token = self._opaque("dt")
+            token = self.opaque("dt")
             self._delta_by_round[round_.number] = token
             self._delta_tokens[token] = _DeltaState(
                 round_.tenant, round_.folder, round_.upto, self.clock()
@@ -1218,11 +794,6 @@ class GraphSimulator:
     def _page_size(self, request: RecordedRequest) -> int:
         m = _PAGE_SIZE_PREFERENCE.search(request.headers.get("prefer", ""))
         return max(1, min(int(m.group(1)), 1000)) if m else self.page_size
-
-
-def _folder_name(folder: str) -> str | None:
-    name = folder.lower()
-    return name if name in FOLDERS else None
 
 
 def _break(data: dict[str, Any], variant: int) -> None:
@@ -1238,24 +809,6 @@ def _break(data: dict[str, Any], variant: int) -> None:
             data["from"] = "not-an-object@example.com"
         case _:
             del data["internetMessageId"]
-
-
-def _aad_error(
-    status: int,
-    error: str,
-    code: int,
-    description: str,
-    headers: dict[str, str] | None = None,
-) -> Reply:
-    body = {
-        "error": error,
-        "error_description": f"AADSTS{code}: {description}",
-        "error_codes": [code],
-        "timestamp": _iso(datetime.now(UTC)).replace("T", " ").rstrip("Z"),
-        "trace_id": str(uuid.uuid4()),
-        "correlation_id": str(uuid.uuid4()),
-    }
-    return Reply.json(body, status, headers)
 
 
 # --- command line --------------------------------------------------------------------------
