@@ -160,11 +160,14 @@ def span(
 
 
 @contextlib.contextmanager
-def _span(t: Any, name: str, kind: str, attrs: Mapping[str, Any]) -> Iterator[Any]:
+def _span(
+    t: Any, name: str, kind: str, attrs: Mapping[str, Any], context: Any = None
+) -> Iterator[Any]:
     from opentelemetry.trace import SpanKind
 
     with t.start_as_current_span(
         name,
+        context=context,
         kind=SpanKind[kind],
         attributes=attributes({k.replace("__", "."): v for k, v in attrs.items()}),
         record_exception=False,
@@ -403,36 +406,26 @@ def publish_span(message: Any) -> contextlib.AbstractContextManager[Any]:
     return _publish_span(t, message)
 
 
-@contextlib.contextmanager
-def _publish_span(t: Any, message: Any) -> Iterator[Any]:
+def _publish_span(t: Any, message: Any) -> contextlib.AbstractContextManager[Any]:
     from opentelemetry import trace
-    from opentelemetry.trace import SpanKind
 
     parent = _remote(getattr(message, "trace_parent", None))
     context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else None
-    with t.start_as_current_span(
+    return _span(
+        t,
         f"{message.topic} publish",
-        context=context,
-        kind=SpanKind.PRODUCER,
-        attributes=attributes(
-            {
-                "messaging.system": "rabbitmq",
-                "messaging.operation.type": "send",
-                "messaging.operation.name": "publish",
-                "messaging.destination.name": message.topic,
-                "messaging.message.id": message.message_id,
-                "synckit.outbox.id": message.id,
-                "synckit.outbox.attempt": message.attempts + 1,
-            }
-        ),
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as s:
-        try:
-            yield s
-        except BaseException as exc:
-            fail(s, exc)
-            raise
+        "PRODUCER",
+        {
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "publish",
+            "messaging.destination.name": message.topic,
+            "messaging.message.id": message.message_id,
+            "synckit.outbox.id": message.id,
+            "synckit.outbox.attempt": message.attempts + 1,
+        },
+        context,
+    )
 
 
 # --- configuration ----------------------------------------------------------------------
