@@ -1,8 +1,8 @@
 """`synckit db upgrade --app` owns the records tables; `synckit records ...` reads them.
 
-Run as subprocesses, on both engines: tables created once even by two upgrades at
-once, a new optional field added as a column, an incompatible change refused in one
-line naming field and table.
+On both engines: tables created once even by two upgrade processes at once; a new
+optional field added as a column and an incompatible change refused in one line naming
+field and table (the upgrades run in process: tests/inprocess.py).
 """
 
 from __future__ import annotations
@@ -21,18 +21,6 @@ from synckit.store.db import open_database
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 APPS = Path(__file__).parents[1] / "apps"
-
-
-def synckit(*args: str, variant: str = "", **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
-        "RECORDS_APP_VARIANT": variant,
-        **env,
-    }
-    return subprocess.run(
-        [*SYNCKIT, *args], capture_output=True, text=True, env=full_env, timeout=120
-    )
 
 
 def columns(url: str, table: str) -> list[str]:
@@ -71,9 +59,18 @@ async def _poll(url: str, api_url: str) -> None:
 
 
 def upgrade(url: str, variant: str = "") -> subprocess.CompletedProcess[str]:
-    return synckit(
-        "db", "upgrade", "--app", "records_app:app", "--database-url", url, variant=variant
-    )
+    """`synckit db upgrade --app records_app:app`, in this process, with the app's model as
+    ``variant`` declares it (read when the app's module is imported: imported afresh)."""
+    if str(APPS) not in sys.path:
+        sys.path.insert(0, str(APPS))
+    sys.modules.pop("records_app", None)
+    try:
+        return run_cli(
+            "db", "upgrade", "--app", "records_app:app", "--database-url", url,
+            env={"RECORDS_APP_VARIANT": variant},
+        )  # fmt: skip
+    finally:
+        sys.modules.pop("records_app", None)
 
 
 def test_two_upgrades_at_once_create_the_tables_once(db_url: str) -> None:
