@@ -1,7 +1,7 @@
-"""`synckit sync` (issue 19 item 2), run as a subprocess on both engines: ``--stream S``
-runs that stream's cycle only, and a cycle of a tenant whose breaker is open or which is
-paced waits in the queue like a scheduled one: no request leaves before the resource
-allows it.
+"""`synckit sync` (issue 19 item 2) on both engines: ``--stream S`` runs that stream's
+cycle only, and a cycle of a tenant whose breaker is open or which is paced waits in the
+queue like a scheduled one: no request leaves before the resource allows it. The workers
+are processes; `tenants add` and `sync` run in this process (tests/inprocess.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from inprocess import run_cli  # tests/
 from loopback import LoopbackServer, Request  # tests/
 from sqlalchemy import select, update
 from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT, stop  # tests/
@@ -69,7 +70,7 @@ def api() -> Iterator[LoopbackServer]:
 @pytest.fixture
 def workdir(tmp_path: Path, migrated_url: str, api: LoopbackServer) -> Path:
     (tmp_path / "crm_app.py").write_text(CRM_APP)
-    added = synckit(tmp_path, migrated_url, api, "tenants", "add", "acme", "crm")
+    added = cli(tmp_path, migrated_url, api, "tenants", "add", "acme", "crm")
     assert added.returncode == 0, added.stderr
     return tmp_path
 
@@ -94,6 +95,21 @@ def synckit(
     )  # fmt: skip
 
 
+def cli(
+    workdir: Path, url: str, api: LoopbackServer, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """:func:`synckit`, in this process: ``crm_app`` is imported afresh from ``workdir``
+    (it reads the API's URL when imported)."""
+    sys.path.insert(0, str(workdir))
+    sys.modules.pop("crm_app", None)
+    try:
+        env = {"SYNCKIT_DATABASE_URL": url, "CRM_API_URL": api.url}
+        return run_cli(*args, "--app", "crm_app:app", env=env)
+    finally:
+        sys.modules.pop("crm_app", None)
+        sys.path.remove(str(workdir))
+
+
 def paths(api: LoopbackServer) -> list[str]:
     return [r.path for r in api.requests]
 
@@ -101,7 +117,7 @@ def paths(api: LoopbackServer) -> list[str]:
 def test_sync_stream_runs_that_stream_only(
     workdir: Path, migrated_url: str, api: LoopbackServer
 ) -> None:
-    one = synckit(workdir, migrated_url, api, "sync", "acme", "--stream", "deals", "--json")
+    one = cli(workdir, migrated_url, api, "sync", "acme", "--stream", "deals", "--json")
     assert one.returncode == 0, one.stderr
     assert [c["stream"] for c in json.loads(one.stdout)["cycles"]] == ["deals"]
     burst = synckit(workdir, migrated_url, api, "worker", "--burst")
@@ -110,7 +126,7 @@ def test_sync_stream_runs_that_stream_only(
     assert paths(api) == ["/deals"]
 
     # Without --stream: every stream's cycle (so the test above could tell).
-    every = synckit(workdir, migrated_url, api, "sync", "acme", "--json")
+    every = cli(workdir, migrated_url, api, "sync", "acme", "--json")
     assert sorted(c["stream"] for c in json.loads(every.stdout)["cycles"]) == [
         "contacts",
         "deals",
@@ -182,7 +198,7 @@ def test_sync_of_a_held_tenant_sends_nothing_before_the_resource_allows(
             stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip
     try:
-        result = synckit(
+        result = cli(
             workdir, migrated_url, api, "sync", "acme", "--stream", "deals", "--wait",
             "--json", "--timeout", str(int(EVENT_TIMEOUT)),
         )  # fmt: skip
