@@ -55,6 +55,34 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(tree, quiet=1)
 
 
+#: Test modules whose tests take many seconds of wall time (real worker processes, a real
+#: broker, a wheel built and installed, whole runs against a paced API). They are collected
+#: first, so that xdist hands them out while the short tests still fill the other workers,
+#: and the run does not end with one of them alone (with --dist worksteal, pyproject.toml).
+LONG_FIRST = (
+    "_procs.py",
+    "test_wheel.py",
+    "test_outbox_rabbit.py",
+    "test_oauth_lifecycle.py",
+    "test_intents_lost_responses.py",
+    "test_demo.py",
+    "test_newcomer.py",
+    "test_breakers.py",
+    "test_lane_marks.py",
+    "test_start_marks.py",
+    "test_oauth_race.py",
+    "test_web_browser.py",
+    "test_web_truth.py",
+    "test_cli_sync_stream_and_holds.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first (:data:`LONG_FIRST`), each group in its collected order: every
+    xdist worker sorts the same way, so they agree on the order."""
+    items.sort(key=lambda item: not item.nodeid.split("::", 1)[0].endswith(LONG_FIRST))
+
+
 ENGINES = ["sqlite", "postgresql"]
 
 
