@@ -8,7 +8,7 @@ myproject.sync:app`` manages its tenants. The App builds the job :class:`Registr
 * ``synckit.poll``: one poll cycle of one tenant and stream
   (:func:`synckit.runtime.poll.run_cycle`);
 * ``synckit.schedule``: the scheduler, a recurring job (every 5 s by default) that
-  enqueues the due cycles (:func:`synckit.runtime.poll.schedule_polls`).
+  enqueues the due cycles (:func:`synckit.runtime.scheduler.schedule_polls`).
 
 Handlers get no database from the queue, so the App holds one: the one given to
 :meth:`App.worker` / :meth:`App.bind`, else one opened from the worker's
@@ -57,12 +57,12 @@ from synckit.runtime.poll import (
     record_id_of,
     record_kind,
     run_cycle,
-    schedule_polls,
     stream_of_kind,
 )
 from synckit.runtime.records import RecordsReader, land
 from synckit.runtime.records import destination as records_destination
 from synckit.runtime.records import prepare as prepare_landing
+from synckit.runtime.scheduler import schedule_polls
 from synckit.runtime.tenants import _COLUMNS, Tenant, _tenant, add_tenant, get_tenant
 from synckit.runtime.worker import Worker
 from synckit.store import checkpoints

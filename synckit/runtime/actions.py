@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.oauth import OAuth2Auth, OAuth2Config
-from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
+from synckit.runtime.scheduler import poll_job_spec
 from synckit.runtime.tenants import get_tenant
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec, enqueue_many
+from synckit.store.jobs import enqueue_many
 
 if TYPE_CHECKING:  # the App sits above the runtime: imported for its type only
     from synckit.app import App
@@ -34,7 +34,6 @@ __all__ = [
     "CycleProgress",
     "enqueue_cycles",
     "oauth_config_for",
-    "poll_job_spec",
     "waiting_hint",
 ]
 
@@ -43,17 +42,6 @@ NO_APP_REASON = "needs --app (no replayer for this kind without the application)
 
 #: The statuses a cycle job ends in.
 ENDED = frozenset({"succeeded", "dead", "cancelled", "discarded"})
-
-
-def poll_job_spec(tenant: str, connector: str, stream: str, resource_key: str) -> JobSpec:
-    """The job of one cycle: what the scheduler enqueues (runtime/poll.py), field for field."""
-    return JobSpec(
-        kind=POLL_KIND,
-        payload={"tenant": tenant, "connector": connector, "stream": stream},
-        resource_key=resource_key,
-        unique_key=poll_key(tenant, stream),
-        max_attempts=POLL_MAX_ATTEMPTS,
-    )
 
 
 def waiting_hint(

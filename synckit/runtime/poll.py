@@ -42,24 +42,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import traceback as tb
-import weakref
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from synckit import tracing
 from synckit.clock import utcnow
-from synckit.connectors.base import Connector, Page
+from synckit.connectors.base import Connector, Page, Stream
 from synckit.connectors.records import Records, key_from_raw
-from synckit.connectors.schedule import DEFAULT_SCHEDULE, PollSchedule, parse_schedule
 from synckit.errors.classify import Classification, classify
 from synckit.errors.exceptions import (
     Cancel,
@@ -72,7 +69,7 @@ from synckit.runtime.instruments import record_records
 from synckit.runtime.logging import redact_text
 from synckit.runtime.records import Landing, land, prepare
 from synckit.runtime.records import destination as records_destination
-from synckit.store import checkpoints, ticks
+from synckit.store import checkpoints
 from synckit.store import dead_letters as dlq_store
 from synckit.store import records as records_store
 from synckit.store.audit import AuditCounts, minute_of, record_audit_many_sync, record_audit_sync
@@ -87,8 +84,8 @@ from synckit.store.checkpoints import (
     save_checkpoint,
     stored_cursor,
 )
-from synckit.store.db import Conn, Database, SyncConn
-from synckit.store.jobs import ClaimedJob, JobSpec, enqueue_new
+from synckit.store.db import Database, SyncConn
+from synckit.store.jobs import ClaimedJob
 from synckit.store.ticks import delete_poll_ticks
 
 if TYPE_CHECKING:
@@ -97,21 +94,16 @@ if TYPE_CHECKING:
 __all__ = [
     "NUL_SAFE_KEY",
     "POLL_KIND",
-    "SCHEDULE_BATCH",
     "SCHEDULE_KIND",
     "CycleResult",
     "CycleStart",
     "RecordFailure",
-    "ScheduleRun",
-    "TickPlan",
     "cycle_start_of",
     "dead_letter_records",
     "delete_checkpoints",
     "delete_poll_ticks",
     "list_checkpoints",
     "load_checkpoint",
-    "marker_of",
-    "plan_ticks",
     "poll_key",
     "read_cursor",
     "read_cycle_start",
@@ -121,8 +113,6 @@ __all__ = [
     "resolve_records",
     "run_cycle",
     "save_checkpoint",
-    "schedule_polls",
-    "schedule_run",
     "stored_cursor",
     "stream_of_kind",
 ]
@@ -737,8 +727,6 @@ async def _run_cycle(
 ) -> CycleResult:
     cls = type(connector)
     stream = cls.stream(ctx.stream)
-    concurrency = stream.concurrency or cls.record_concurrency
-    kind = record_kind(stream.name)
     tenant, name = connector.tenant, connector.name
     if start is None:
         start = await db.write(read_cycle_start, tenant, name, stream.name)
@@ -749,33 +737,146 @@ async def _run_cycle(
         checkpoint, caught_up = await _landed_checkpoint(
             db, far, tenant, name, stream.name, checkpoint, clock
         )
-    # Open dead letters of this stream appear only through its own cycles (one at a time,
-    # by its unique key; a cycle that lost its claim commits nothing), so one look at the
-    # start, kept true once a page dead-letters a record, tells whether a page has any to
-    # resolve: most pages of most streams then skip that statement.
-    open_dead_letters = start.open_dead_letters or caught_up
-    pages = ok = failed = 0
-    held = False
-    # A hold stream's page whose records the database refused (known once it committed).
-    held_by_db = False
     source = connector.poll(ctx, checkpoint)
     if not hasattr(source, "__anext__"):
         raise ConfigurationError(
             f"connector {name!r}: poll() must be an async generator yielding Page objects, "
             f"it returned {type(source).__name__}"
         )
+    cycle = _Cycle(
+        db, connector, ctx, stream, job=job, clock=clock, progressed=progressed, far=far,
+        checkpoint=checkpoint, open_dead_letters=start.open_dead_letters or caught_up,
+    )  # fmt: skip
+    await cycle.run(source)
     # One line per cycle at info, when it ends (poll.finished says where it started): two
     # were ~8% of a trivial cycle's CPU.
-    started_from = checkpoint
+    ctx.log.info(
+        "poll.finished",
+        pages_from=_short(checkpoint),
+        pages=cycle.pages,
+        ok=cycle.ok,
+        failed=cycle.failed,
+        held=cycle.held,
+    )
+    return CycleResult(
+        tenant, name, stream.name, cycle.pages, cycle.ok, cycle.failed, cycle.checkpoint,
+        cycle.held,
+    )  # fmt: skip
 
-    async def commit(outcome: _PageOutcome, cursor: Any, advance: bool, span: Any = None) -> None:
-        """Commit one handled page, then count it (the rest of the cycle reads what it
-        counts: the checkpoint, whether dead letters are open). ``span`` is the page's
-        (tracing on), ended here."""
+
+class _Cycle:
+    """One cycle's pages: each handled, then committed with its checkpoint, and counted
+    (the rest of the cycle reads what is counted: the checkpoint, whether dead letters
+    are open, whether the stream is held)."""
+
+    def __init__(
+        self,
+        db: Database,
+        connector: Connector[Any],
+        ctx: SyncContext,
+        stream: Stream,
+        *,
+        job: ClaimedJob | None,
+        clock: Callable[[], datetime],
+        progressed: Callable[[], None] | None,
+        far: Database | None,
+        checkpoint: Any,
+        open_dead_letters: bool,
+    ) -> None:
+        self.db, self.connector, self.ctx, self.stream = db, connector, ctx, stream
+        self.job, self.clock, self.progressed, self.far = job, clock, progressed, far
+        self.cls = type(connector)
+        self.tenant, self.name = connector.tenant, connector.name
+        self.kind = record_kind(stream.name)
+        self.concurrency = stream.concurrency or self.cls.record_concurrency
+        self.checkpoint = self.started_from = checkpoint
+        # Open dead letters of this stream appear only through its own cycles (one at a
+        # time, by its unique key; a cycle that lost its claim commits nothing), so one
+        # look at the start, kept true once a page dead-letters a record, tells whether a
+        # page has any to resolve: most pages of most streams then skip that statement.
+        self.open_dead_letters = open_dead_letters
+        self.pages = self.ok = self.failed = 0
+        self.held = False
+        # A hold stream's page whose records the database refused (known once committed).
+        self.held_by_db = False
+
+    async def run(self, source: Any) -> None:
+        """Every page of ``source``, to its end or the first held page.
+
+        A page's commit waits its turn at the database (SQLite's one writer; a group on
+        PostgreSQL): it was the longest part of a page (~100 ms of ~190 in bench.sync's
+        declared run). So the commit runs in a task of its own while the connector fetches
+        the next page here (the connector's code stays in the job's task and context), and
+        that page is handled only once the commit is done: records are still handled after
+        every page before theirs committed, and nothing is handled past a failed commit.
+        """
+        committing: asyncio.Task[None] | None = None
+        try:
+            async for page in source:
+                if committing is not None:
+                    done, committing = committing, None
+                    await done
+                if self.held_by_db:
+                    self.held = True
+                    break
+                committing = await self._page(page)
+                if committing is None:
+                    self.held = True
+                    break
+            if committing is not None:
+                done, committing = committing, None
+                await done
+            self.held = self.held or self.held_by_db
+        except asyncio.CancelledError:
+            if committing is not None:
+                committing.cancel()  # a cancelled cycle commits nothing more
+            raise
+        finally:
+            if committing is not None:
+                # The fetch failed while the last page committed: that commit still counts
+                # when it succeeds (committed pages are progress); the fetch's error is
+                # the cycle's.
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await committing
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _page(self, page: Any) -> asyncio.Task[None] | None:
+        """Handle ``page`` and start its commit (the task); None once it was held, its
+        commit done."""
+        if not isinstance(page, Page):
+            raise ConfigurationError(
+                f"connector {self.name!r}: poll() yielded {type(page).__name__}, not a Page"
+            )
+        # The page's span: its records handled, then its commit (ended there).
+        page_span = tracing.start(
+            "synckit.page", synckit__page=self.pages + 1, synckit__stream=self.stream.name
+        )
+        try:
+            with tracing.use(page_span):
+                outcome, cursor, advance = await self._handled(page)
+        except BaseException as exc:
+            tracing.end(page_span, exc)
+            raise
+        if not advance:
+            await self.commit(outcome, cursor, advance, page_span)
+            tracing.end(page_span)
+            return None
+        committing = asyncio.create_task(self.commit(outcome, cursor, advance, page_span))
+        if page_span is not None:
+            committing.add_done_callback(tracing.ender(page_span))
+        return committing
+
+    async def commit(
+        self, outcome: _PageOutcome, cursor: Any, advance: bool, span: Any = None
+    ) -> None:
+        """Commit one handled page, then count it. ``span`` is the page's (tracing on),
+        ended here."""
         if span is None:
-            return await _commit(outcome, cursor, advance)
+            return await self._commit(outcome, cursor, advance)
         with tracing.use(span):
-            await _commit(outcome, cursor, advance)
+            await self._commit(outcome, cursor, advance)
             tracing.set_attributes(
                 span,
                 synckit__records=len(outcome.ok_ids),
@@ -783,16 +884,18 @@ async def _run_cycle(
                 synckit__checkpoint__committed=cursor is not _KEEP,
             )
 
-    async def _commit(outcome: _PageOutcome, cursor: Any, advance: bool) -> None:
+    async def _commit(self, outcome: _PageOutcome, cursor: Any, advance: bool) -> None:
         landed = False
-        if far is not None and outcome.landing is not None:
+        stream = self.stream
+        if self.far is not None and outcome.landing is not None:
             # Records in another database: their transaction there, with the checkpoint
             # that covers them, commits first; then this database's (checkpoint, dead
             # letters, audit). A crash between leaves that one ahead: the next cycle starts
             # from it (_landed_checkpoint), so no page lands twice or is skipped.
-            await far.write(
-                _land_elsewhere, outcome.landing, tenant, name, stream.name, cursor,
-                stream.policy == "hold", clock(), outcome.failures, len(outcome.ok_ids),
+            await self.far.write(
+                _land_elsewhere, outcome.landing, self.tenant, self.name, stream.name,
+                cursor, stream.policy == "hold", self.clock(), outcome.failures,
+                len(outcome.ok_ids),
             )  # fmt: skip
             landed = True
             if outcome.landing.refused and stream.policy == "hold":
@@ -800,15 +903,11 @@ async def _run_cycle(
         failed_ids = {f.record_id for f in outcome.failures}
         # A record twice in one page that failed once stays failed.
         succeeded = [rid for rid in outcome.ok_ids if rid not in failed_ids]
-        # One synchronous transaction, one hop to the database (SQLite's writer thread,
-        # run_sync on PostgreSQL): the write lock is held for the statements only, not
-        # for a thread round trip per statement. Pages of cycles committing together
-        # share a transaction on either engine (Database.write_grouped).
         capture = (
             tracing.span(
                 "synckit.dlq.capture",
-                synckit__tenant=tenant,
-                synckit__connector=name,
+                synckit__tenant=self.tenant,
+                synckit__connector=self.name,
                 synckit__stream=stream.name,
                 synckit__records=len(outcome.failures),
                 synckit__error_class=sorted({f.error_class for f in outcome.failures}),
@@ -817,87 +916,94 @@ async def _run_cycle(
             else tracing.NULL
         )
         with capture:
-            committed = await _write(outcome, cursor, succeeded, landed)
+            committed = await self._write(outcome, cursor, succeeded, landed)
         if not committed:
-            assert job is not None
-            raise Cancel(f"poll job {job.id} lost its claim; the page is not committed")
-        _counted(outcome, cursor, advance)
+            assert self.job is not None
+            raise Cancel(f"poll job {self.job.id} lost its claim; the page is not committed")
+        self._counted(outcome, cursor, advance)
 
     async def _write(
-        outcome: _PageOutcome, cursor: Any, succeeded: list[str], landed: bool
+        self, outcome: _PageOutcome, cursor: Any, succeeded: list[str], landed: bool
     ) -> bool:
-        return await db.write_grouped(
+        """One synchronous transaction, one hop to the database (SQLite's writer thread,
+        run_sync on PostgreSQL): the write lock is held for the statements only, not for
+        a thread round trip per statement. Pages of cycles committing together share a
+        transaction on either engine (Database.write_grouped)."""
+        return await self.db.write_grouped(
             _commit_page,
             _PageCommit(
-                tenant=tenant,
-                connector=name,
-                stream=stream.name,
-                kind=kind,
-                job=job,
+                tenant=self.tenant,
+                connector=self.name,
+                stream=self.stream.name,
+                kind=self.kind,
+                job=self.job,
                 cursor=cursor,
                 failures=outcome.failures,
                 succeeded=succeeded,
-                resolve=open_dead_letters,
+                resolve=self.open_dead_letters,
                 ok=len(outcome.ok_ids),
-                trace_id=ctx.trace_id,
-                resource_key=ctx.resource_key,
-                now=clock(),
+                trace_id=self.ctx.trace_id,
+                resource_key=self.ctx.resource_key,
+                now=self.clock(),
                 landing=outcome.landing,
-                hold=stream.policy == "hold",
+                hold=self.stream.policy == "hold",
                 landed=landed,
             ),
             # Every group locks the tenants' audit buckets in one order.
-            order=(tenant, name),
+            order=(self.tenant, self.name),
             many=_commit_pages,
         )
 
-    def _counted(outcome: _PageOutcome, cursor: Any, advance: bool) -> None:
-        nonlocal open_dead_letters, pages, ok, failed, checkpoint, held_by_db
+    def _counted(self, outcome: _PageOutcome, cursor: Any, advance: bool) -> None:
         if outcome.landing is not None and outcome.landing.refused:
             # Records the database refused as the page landed: dead letters now too.
             refused = outcome.landing.refused
             outcome.failures.extend(refused)
             gone = {f.record_id for f in refused}
             outcome.ok_ids = [rid for rid in outcome.ok_ids if rid not in gone]
-            if stream.policy == "hold":  # the checkpoint stayed (_commit_page)
+            if self.stream.policy == "hold":  # the checkpoint stayed (_commit_page)
                 cursor, advance = _KEEP, False
-                held_by_db = True
-        open_dead_letters = open_dead_letters or bool(outcome.failures)
-        pages += 1
-        if progressed is not None:
-            progressed()
-        ok += len(outcome.ok_ids)
-        failed += len(outcome.failures)
-        record_records(name, stream.name, len(outcome.ok_ids), len(outcome.failures))
+                self.held_by_db = True
+        self.open_dead_letters = self.open_dead_letters or bool(outcome.failures)
+        self.pages += 1
+        if self.progressed is not None:
+            self.progressed()
+        self.ok += len(outcome.ok_ids)
+        self.failed += len(outcome.failures)
+        record_records(self.name, self.stream.name, len(outcome.ok_ids), len(outcome.failures))
         if cursor is not _KEEP:
-            checkpoint = cursor
-        ctx.log.debug(
-            "poll.page_committed", page=pages, ok=len(outcome.ok_ids), failed=len(outcome.failures)
+            self.checkpoint = cursor
+        self.ctx.log.debug(
+            "poll.page_committed",
+            page=self.pages,
+            ok=len(outcome.ok_ids),
+            failed=len(outcome.failures),
         )
         if not advance:
-            ctx.log.warning(
+            self.ctx.log.warning(
                 "poll.held",
-                page=pages,
+                page=self.pages,
                 failed=len(outcome.failures),
                 reason="hold policy: the checkpoint stays before the first failed page",
             )
 
-    async def _handled(page: Page) -> tuple[_PageOutcome, Any, bool]:
+    async def _handled(self, page: Page) -> tuple[_PageOutcome, Any, bool]:
         """Handle a page's records: its outcome, the cursor to commit, whether the
         checkpoint advances."""
-        if stream.records is None or cls.handles():
+        connector, ctx, stream = self.connector, self.ctx, self.stream
+        if stream.records is None or self.cls.handles():
             outcome = await handle_page(
-                connector, ctx, page.records, concurrency=concurrency, clock=clock
+                connector, ctx, page.records, concurrency=self.concurrency, clock=self.clock
             )
         else:  # records as data: nothing to run per record
             outcome = _PageOutcome()
         if stream.records is not None and outcome.abort is None:
-            _prepare_landing(connector, ctx, stream.records, page, outcome, clock)
+            _prepare_landing(connector, ctx, stream.records, page, outcome, self.clock)
         if outcome.abort is not None:
             ctx.log.warning(
                 "poll.aborted",
-                pages_from=_short(started_from),
-                page=pages + 1,
+                pages_from=_short(self.started_from),
+                page=self.pages + 1,
                 error=str(outcome.abort)[:300],
                 error_type=type(outcome.abort).__name__,
             )
@@ -908,71 +1014,6 @@ async def _run_cycle(
             _check_checkpoint(connector, stream.name, cursor)
         return outcome, cursor, advance
 
-    # A page's commit waits its turn at the database (SQLite's one writer; a group on
-    # PostgreSQL): it was the longest part of a page (~100 ms of ~190 in bench.sync's
-    # declared run). So the commit runs in a task of its own while the connector fetches
-    # the next page here (the connector's code stays in the job's task and context), and
-    # that page is handled only once the commit is done: records are still handled after
-    # every page before theirs committed, and nothing is handled past a failed commit.
-    committing: asyncio.Task[None] | None = None
-    try:
-        async for page in source:
-            if committing is not None:
-                done, committing = committing, None
-                await done
-            if held_by_db:
-                held = True
-                break
-            if not isinstance(page, Page):
-                raise ConfigurationError(
-                    f"connector {name!r}: poll() yielded {type(page).__name__}, not a Page"
-                )
-            # The page's span: its records handled, then its commit (ended there).
-            page_span = tracing.start(
-                "synckit.page", synckit__page=pages + 1, synckit__stream=stream.name
-            )
-            try:
-                with tracing.use(page_span):
-                    outcome, cursor, advance = await _handled(page)
-            except BaseException as exc:
-                tracing.end(page_span, exc)
-                raise
-            if not advance:
-                await commit(outcome, cursor, advance, page_span)
-                tracing.end(page_span)
-                held = True
-                break
-            committing = asyncio.create_task(commit(outcome, cursor, advance, page_span))
-            if page_span is not None:
-                committing.add_done_callback(tracing.ender(page_span))
-        if committing is not None:
-            done, committing = committing, None
-            await done
-        held = held or held_by_db
-    except asyncio.CancelledError:
-        if committing is not None:
-            committing.cancel()  # a cancelled cycle commits nothing more
-        raise
-    finally:
-        if committing is not None:
-            # The fetch failed while the last page committed: that commit still counts
-            # when it succeeds (committed pages are progress); the fetch's error is the
-            # cycle's.
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await committing
-        aclose = getattr(source, "aclose", None)
-        if aclose is not None:
-            await aclose()
-    ctx.log.info(
-        "poll.finished",
-        pages_from=_short(started_from),
-        pages=pages,
-        ok=ok,
-        failed=failed,
-        held=held,
-    )
-    return CycleResult(tenant, name, stream.name, pages, ok, failed, checkpoint, held)
-
 
 def _short(value: Any) -> str:
     try:
@@ -980,242 +1021,3 @@ def _short(value: Any) -> str:
     except ValueError:  # a circular value (a checkpoint is checked when stored, not here)
         text = repr(value)
     return text if len(text) <= 200 else text[:197] + "..."
-
-
-# --- the scheduler ----------------------------------------------------------------------
-
-#: Due ticks (and changed tenants) one scheduler transaction takes; the rest wait for the
-#: next run. Bounds the run's memory, its lock time and its statement sizes.
-SCHEDULE_BATCH = 5000
-#: How long :func:`schedule_polls` keeps starting bounded runs while they come back full
-#: (the scheduler job's timeout is 120 s).
-SCHEDULE_BUDGET = timedelta(seconds=60)
-_INACTIVE = "-"
-
-
-@dataclass(frozen=True)
-class TickPlan:
-    """What the scheduler does for a tenant it has not seen as it is now.
-
-    ``marker`` is what to store in ``connections.poll_spec``; ``ticks`` are the
-    ``(stream, next_tick_at)`` to write (created or replaced), none to keep the ticks.
-    """
-
-    marker: str
-    ticks: tuple[tuple[str, datetime], ...] = ()
-
-
-def marker_of(status: str, schedule: str | None) -> str:
-    """``connections.poll_spec`` once the scheduler has seen the tenant (as in SQL's
-    :data:`~synckit.store.tables.UNSCHEDULED`)."""
-    return (schedule or "") if status == "active" else _INACTIVE
-
-
-def plan_ticks(
-    *,
-    tenant: str,
-    status: str,
-    schedule: str | None,
-    seen: str | None,
-    streams: Sequence[tuple[str, PollSchedule]],
-    now: datetime,
-) -> TickPlan:
-    """The ticks of a tenant added, paused, resumed or rescheduled since the last run.
-
-    A new tenant is due at once (paused or not: its ticks exist, and advance unpolled
-    while it is paused); so is a resumed one. A changed schedule starts from its next
-    tick. Pausing leaves the ticks as they are.
-    """
-    marker = marker_of(status, schedule)
-    if seen is None or (status == "active" and seen == _INACTIVE):
-        return TickPlan(marker, tuple((name, now) for name, _ in streams))
-    if status != "active":
-        return TickPlan(marker)
-    return TickPlan(
-        marker,
-        tuple((name, sched.next_after(now, poll_key(tenant, name))) for name, sched in streams),
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _parsed(text: str) -> PollSchedule:
-    # A few distinct schedules across 100,000 tenants: parse each once per process.
-    return parse_schedule(text)
-
-
-def _stream_schedules(
-    cls: type[Connector[Any]], tenant: str, schedule: str | None
-) -> dict[str, PollSchedule]:
-    out: dict[str, PollSchedule] = {}
-    for s in cls.declared_streams():
-        try:
-            out[s.name] = _parsed(s.schedule or schedule or DEFAULT_SCHEDULE)
-        except ConfigurationError as exc:
-            log.warning("poll.bad_schedule", tenant=tenant, stream=s.name, error=str(exc))
-    return out
-
-
-# (connector, stream) pairs whose missing ticks this process has created, per database.
-_reconciled: weakref.WeakKeyDictionary[Database, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
-
-
-async def schedule_polls(
-    db: Database,
-    connectors: Mapping[str, type[Connector[Any]]],
-    *,
-    now: datetime | None = None,
-    batch: int = SCHEDULE_BATCH,
-    budget: timedelta = SCHEDULE_BUDGET,
-    clock: Callable[[], datetime] = utcnow,
-) -> list[str]:
-    """Enqueue a cycle for every due (tenant, stream) of ``connectors``; return their keys.
-
-    Runs bounded transactions (:func:`schedule_run`, at most ``batch`` due ticks each)
-    while they come back full, for at most ``budget``; what is left is due at the next
-    call. Keys whose cycle was still queued or running are not in the result (their tick
-    is consumed all the same).
-    """
-    polling = {n: c for n, c in connectors.items() if c.declared_streams()}
-    if not polling:
-        return []
-    now = now or clock()
-    await _create_missing_ticks(db, polling, now)
-    fired: list[str] = []
-    started = clock()
-    while True:
-        run = await schedule_run(db, polling, now=now, batch=batch)
-        fired.extend(run.fired)
-        if not run.full or clock() - started >= budget:
-            break
-    if fired:
-        log.info("poll.scheduled", cycles=len(fired))
-    return fired
-
-
-@dataclass(frozen=True)
-class ScheduleRun:
-    """One bounded scheduler transaction: the keys it enqueued, how many due ticks and
-    changed tenants it read, and whether it stopped at its bound (more may be waiting)."""
-
-    fired: list[str]
-    due: int
-    changed: int
-    full: bool
-
-
-async def schedule_run(
-    db: Database,
-    connectors: Mapping[str, type[Connector[Any]]],
-    *,
-    now: datetime,
-    batch: int = SCHEDULE_BATCH,
-) -> ScheduleRun:
-    """One bounded run in one transaction: bring up to ``batch`` added, paused, resumed
-    or rescheduled tenants' ticks up to date, then fire up to ``batch`` due ticks (the
-    earliest first): advance them and enqueue the cycles of active tenants."""
-    sql = ticks.poll_ticks_of(db)
-    names = sql.names(sorted(connectors))
-    async with db.begin() as conn:
-        changed = await sql.changed(conn, names, batch)
-        if changed:
-            await _apply_changes(conn, sql, connectors, changed, now)
-        due = await sql.due(conn, names, now, batch)
-        fired = await _fire(conn, sql, connectors, due, now) if due else []
-    return ScheduleRun(fired, len(due), len(changed), len(due) >= batch or len(changed) >= batch)
-
-
-async def _apply_changes(
-    conn: Conn,
-    sql: ticks.PollTicks,
-    connectors: Mapping[str, type[Connector[Any]]],
-    changed: Sequence[Any],
-    now: datetime,
-) -> None:
-    new_ticks: list[tuple[str, str, str, datetime]] = []
-    marks: list[tuple[str, str]] = []
-    for r in changed:
-        streams = _stream_schedules(connectors[r.connector], r.tenant, r.schedule)
-        plan = plan_ticks(
-            tenant=r.tenant,
-            status=r.status,
-            schedule=r.schedule,
-            seen=r.poll_spec,
-            streams=list(streams.items()),
-            now=now,
-        )
-        marks.append((r.tenant, plan.marker))
-        new_ticks.extend((r.tenant, stream, r.connector, at) for stream, at in plan.ticks)
-    if new_ticks:
-        await sql.upsert(conn, new_ticks)
-    await sql.mark(conn, marks)
-
-
-async def _fire(
-    conn: Conn,
-    sql: ticks.PollTicks,
-    connectors: Mapping[str, type[Connector[Any]]],
-    due: Sequence[Any],
-    now: datetime,
-) -> list[str]:
-    moves: list[tuple[str, str, datetime, datetime]] = []
-    gone: list[tuple[str, str]] = []
-    wanted: dict[tuple[str, str], Any] = {}
-    schedules: dict[tuple[str, str | None], dict[str, PollSchedule]] = {}
-    for r in due:
-        key = (r.connector, r.schedule)
-        per = schedules.get(key)
-        if per is None:
-            per = schedules[key] = _stream_schedules(connectors[r.connector], r.tenant, r.schedule)
-        sched = per.get(r.stream)
-        if sched is None:  # a stream the connector no longer declares (or cannot parse)
-            gone.append((r.tenant, r.stream))
-            continue
-        moves.append(
-            (
-                r.tenant,
-                r.stream,
-                r.next_tick_at,
-                sched.next_after(now, poll_key(r.tenant, r.stream)),
-            )
-        )
-        if r.status == "active":
-            wanted[(r.tenant, r.stream)] = r
-    if gone:
-        await sql.drop(conn, gone)
-    if not moves:
-        return []
-    won = await sql.advance(conn, moves)
-    specs: list[JobSpec] = []
-    for tenant, stream in won:
-        r = wanted.get((tenant, stream))
-        if r is None:
-            continue  # paused or needing re-authorisation: the tick passes unpolled
-        specs.append(
-            JobSpec(
-                kind=POLL_KIND,
-                payload={"tenant": tenant, "connector": r.connector, "stream": stream},
-                resource_key=r.resource_key,
-                unique_key=poll_key(tenant, stream),
-                max_attempts=POLL_MAX_ATTEMPTS,
-            )
-        )
-    return sorted(await enqueue_new(conn, specs, now=now)) if specs else []
-
-
-async def _create_missing_ticks(
-    db: Database, connectors: Mapping[str, type[Connector[Any]]], now: datetime
-) -> None:
-    done = _reconciled.setdefault(db, set())
-    todo = [
-        (name, s.name)
-        for name, cls in sorted(connectors.items())
-        for s in cls.declared_streams()
-        if (name, s.name) not in done
-    ]
-    if not todo:
-        return
-    sql = ticks.poll_ticks_of(db)
-    async with db.begin() as conn:
-        for name, stream in todo:
-            await sql.create_missing(conn, name, stream, now)
-    done.update(todo)

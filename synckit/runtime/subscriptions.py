@@ -53,10 +53,10 @@ from synckit.connectors.subscriptions import (
 from synckit.connectors.webhooks import TenantFromBody, Webhooks
 from synckit.errors import ErrorClass
 from synckit.errors.exceptions import ConfigurationError, Discard, TenantNotFound
-from synckit.runtime.actions import poll_job_spec
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.instruments import record_subscription
 from synckit.runtime.logging import redact_text
+from synckit.runtime.scheduler import poll_job_spec
 from synckit.runtime.tenants import get_tenant
 from synckit.store import subscriptions as subs
 from synckit.store.db import Database, SyncConn

@@ -37,11 +37,11 @@ from synckit.connectors.webhooks import (
     Webhooks,
 )
 from synckit.errors.exceptions import ConfigurationError, Discard, TenantNotFound
-from synckit.runtime.actions import poll_job_spec
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.instruments import record_webhook
 from synckit.runtime.poll import record_failure
 from synckit.runtime.records import land, prepare
+from synckit.runtime.scheduler import poll_job_spec
 from synckit.runtime.tenants import get_tenant, opened_config
 from synckit.store import connections as connection_store
 from synckit.store import dead_letters as dlq_store

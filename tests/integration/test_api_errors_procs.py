@@ -11,7 +11,7 @@ from pathlib import Path
 from loopback import LoopbackServer, Request  # type: ignore[import-not-found]
 from procs import spawn_worker, stop_all  # type: ignore[import-not-found]
 
-from synckit.runtime.actions import poll_job_spec
+from synckit.runtime.scheduler import poll_job_spec
 from synckit.runtime.tenants import add_tenant
 from synckit.store import jobs as store
 from synckit.store.db import Database

@@ -15,9 +15,10 @@ from sqlalchemy import func, select
 from synckit import App, Connector, Page, Stream, SyncContext
 from synckit.clock import utcnow
 from synckit.connectors.schedule import parse_schedule
-from synckit.runtime import poll
+from synckit.runtime import scheduler
 from synckit.runtime.bulk import RowError, add_tenants, read_rows
-from synckit.runtime.poll import poll_key, schedule_polls, schedule_run
+from synckit.runtime.poll import poll_key
+from synckit.runtime.scheduler import schedule_polls, schedule_run
 from synckit.runtime.tenants import add_tenant, pause_tenant, remove_tenant, resume_tenant
 from synckit.store.db import Database
 from synckit.store.tables import connections, jobs, poll_ticks, resources
@@ -77,23 +78,24 @@ async def test_twenty_thousand_new_tenants_are_all_enqueued_by_the_first_run(
     result = await add_tenants(db, rows(20_000), app=APP)
     assert result.added == 20_000 and result.errors == []
     now = utcnow()
-    runs: list[poll.ScheduleRun] = []
-    real = poll.schedule_run
+    runs: list[scheduler.ScheduleRun] = []
+    real = scheduler.schedule_run
 
-    async def spy(*args: Any, **kw: Any) -> poll.ScheduleRun:
+    async def spy(*args: Any, **kw: Any) -> scheduler.ScheduleRun:
         run = await real(*args, **kw)
         runs.append(run)
         return run
 
-    poll.schedule_run = spy  # type: ignore[assignment]
+    scheduler.schedule_run = spy  # type: ignore[assignment]
     try:
         fired = await schedule_polls(db, CONNECTORS, now=now)
     finally:
-        poll.schedule_run = real  # type: ignore[assignment]
+        scheduler.schedule_run = real  # type: ignore[assignment]
     assert len(fired) == len(set(fired)) == 20_000
     assert await count(db, jobs, jobs.c.kind == "synckit.poll") == 20_000
-    assert all(r.due <= poll.SCHEDULE_BATCH and r.changed <= poll.SCHEDULE_BATCH for r in runs)
-    assert len(runs) >= 20_000 // poll.SCHEDULE_BATCH
+    batch = scheduler.SCHEDULE_BATCH
+    assert all(r.due <= batch and r.changed <= batch for r in runs)
+    assert len(runs) >= 20_000 // scheduler.SCHEDULE_BATCH
     # Nothing more is due, and the none-due run reads nothing.
     again = await schedule_run(db, CONNECTORS, now=now)
     assert (again.fired, again.due, again.changed) == ([], 0, 0)

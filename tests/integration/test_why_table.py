@@ -14,9 +14,9 @@ from sqlalchemy import update
 from web_app import app
 
 from synckit.clock import utcnow
-from synckit.runtime.actions import poll_job_spec
 from synckit.runtime.pacing import defer_resource
 from synckit.runtime.poll import POLL_KIND
+from synckit.runtime.scheduler import poll_job_spec
 from synckit.runtime.tenants import get_tenant, pause_tenant
 from synckit.store import console
 from synckit.store import jobs as job_store
