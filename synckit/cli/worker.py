@@ -25,7 +25,8 @@ from synckit.cli.options import (
 from synckit.runtime.audit import audit_observer
 from synckit.runtime.context import prepare_process
 from synckit.runtime.keys import require_openable_secrets
-from synckit.runtime.worker import OutcomeObserver, Worker, WorkerStats
+from synckit.runtime.recorder import OutcomeObserver
+from synckit.runtime.worker import Worker, WorkerStats
 from synckit.store.db import Database
 
 __all__ = ["worker_cmd"]

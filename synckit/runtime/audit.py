@@ -22,7 +22,7 @@ from synckit.store.audit import (
 from synckit.store.db import SyncConn
 
 if TYPE_CHECKING:  # the worker imports this module's observer, not the other way round
-    from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
+    from synckit.runtime.recorder import OutcomeObserver, RecordedOutcome
 
 
 @dataclass

@@ -64,7 +64,7 @@ from synckit.runtime.instruments import (
     record_records,
     status_class,
 )
-from synckit.runtime.worker import OutcomeObserver, RecordedOutcome
+from synckit.runtime.recorder import OutcomeObserver, RecordedOutcome
 from synckit.store.checkpoints import oldest_active_checkpoints
 from synckit.store.db import Conn, Database, SyncConn
 from synckit.store.moments import read_moment

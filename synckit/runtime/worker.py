@@ -33,9 +33,9 @@ import socket
 import time
 import traceback
 import uuid
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal, cast
 
@@ -44,117 +44,42 @@ import structlog
 from synckit import tracing
 from synckit.clock import utcnow
 from synckit.errors import (
-    BreakerOutcome,
     BreakerPolicy,
-    BreakerSnapshot,
-    BreakerState,
-    Classification,
-    ErrorClass,
     RetryPolicy,
-    breaker_open,
-    breaker_outcome,
-    breaker_transition,
-    classify,
-    global_breaker_trips,
-    retry_delay,
 )
-from synckit.errors.backoff import backoff_delay
 from synckit.errors.exceptions import (
     Cancel,
-    DatabaseError,
     Discard,
-    NeedsReauth,
     PermanentError,
     Snooze,
     SynckitError,
 )
-from synckit.errors.gate import LaneFacts, gate
+from synckit.errors.gate import gate
 from synckit.errors.pace import PacePolicy
 from synckit.errors.waits import DEFAULT_MAX_WAIT, moment_after
-from synckit.runtime import cron, outbox, pacing
+from synckit.runtime import cron
+from synckit.runtime.breakers import ResourceBook
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.http import shared_connections
-from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
+from synckit.runtime.logging import bind_claimed_job_in_task
 from synckit.runtime.outbox import OutboxRelay, Publisher
+from synckit.runtime.recorder import (
+    OutcomeObserver,
+    OutcomeRecorder,
+    _Backoff,
+    _db_backoff,
+    _Outcome,
+)
 from synckit.store import jobs as store
 from synckit.store import queue_history, resources
-from synckit.store.connections import mark_needs_reauth_sync
-from synckit.store.db import Database, SyncConn, connection_lost, savepoint
-from synckit.store.jobs import ClaimedJob, ClaimStore, JobSpec, OutcomeStore
-from synckit.store.moments import read_moment
+from synckit.store.db import Database
+from synckit.store.jobs import ClaimedJob, ClaimStore, OutcomeStore
 from synckit.store.notify import listen, watch_sqlite
-from synckit.store.outbox import NewMessage
 from synckit.store.resources import BreakerStore
 
 log = structlog.get_logger("synckit.worker")
 #: Seconds between a worker's tries at the queue-depth sample (one row a minute).
 QUEUE_SAMPLE_EVERY = 30.0
-
-
-@dataclass
-class _Outcome:
-    job: ClaimedJob
-    kind: str  # success | failure | snooze | cancel | discard
-    followups: list[JobSpec] = field(default_factory=list)
-    messages: list[NewMessage] = field(default_factory=list)
-    exc: BaseException | None = None
-    tb: str | None = None
-    snooze_until: datetime | None = None
-    reason: str = ""
-    error_class: str | None = None
-    #: The attempt committed work of its own (JobContext.progressed): a failure is free.
-    progress: bool = False
-    #: When the handler started: requests it sent went out after this (pacing's
-    #: "in flight when the limit hit" is judged against it).
-    started_at: datetime | None = None
-    #: The status recorded (:meth:`Worker._after`): what the job's span ends with.
-    recorded: str | None = "succeeded"
-
-
-@dataclass(frozen=True)
-class RecordedOutcome:
-    """What happened to one job, as recorded: handed to outcome observers.
-
-    ``status`` is ``succeeded``, ``pending`` (a retry is scheduled), ``paced`` (rate
-    limited: rescheduled for when its resource is available, attempt not spent and not a
-    failure), ``dead``, ``snoozed``, ``cancelled`` or ``discarded``; ``error_class`` is
-    set for failures.
-    """
-
-    job: ClaimedJob
-    status: str
-    error_class: str | None
-    error: BaseException | None
-
-
-#: Called inside the transaction that records a batch of outcomes, so what an observer
-#: writes (audit counts, say) commits atomically with the outcomes themselves.
-OutcomeObserver = Callable[[SyncConn, list[RecordedOutcome], datetime], None]
-
-
-_RESOURCE_MOMENTS = (
-    "opened_at",
-    "cooldown_until",
-    "probe_expires_at",
-    "window_start",
-    "next_available_at",
-)
-
-
-def _full_text(exc: BaseException) -> str:
-    """``Type: message``, whole (classification keeps one line of 200 characters)."""
-    try:
-        text = str(exc)
-    except Exception:  # a broken __str__ must not break recording
-        text = "<unprintable>"
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _moment_or_none(value: object) -> datetime | None:
-    try:
-        return read_moment(value)
-    except ValueError:
-        return None  # unreadable: no pace to keep (the claim reads it so too)
 
 
 @dataclass
@@ -218,7 +143,7 @@ class _Slots:
         self.free += 1
 
 
-class Worker:
+class Worker(OutcomeRecorder):
     """Runs jobs from one database with the handlers of one registry.
 
     ``lease`` is how long a started job is held without a heartbeat; ``start_lease``
@@ -293,14 +218,17 @@ class Worker:
         self._slots = _Slots(concurrency)
         # Average handler run time (EWMA), which decides whether to claim ahead.
         self._avg_run: float | None = None
-        # Resources this worker's own outcomes just paced or opened: jobs of theirs that
-        # were claimed ahead are put back instead of run (other workers' changes are
-        # seen by the next claim, and by ctx.http before every request): what this
-        # worker learnt of each lane, for the gate to decide on.
-        self._learnt: dict[str, LaneFacts] = {}
         self._unrecorded_failures: dict[str, int] = {}
         self.retry_policy = retry_policy or registry.retry_policy or RetryPolicy()
         self.breaker_policy = breaker_policy or registry.breaker_policy or BreakerPolicy()
+        #: Breakers and pacing of the resources whose outcomes this worker records.
+        self.book = ResourceBook(
+            self.breakers,
+            registry,
+            breaker_policy=self.breaker_policy,
+            pace_policy=self.pace_policy,
+            log=log.bind(worker_id=self.worker_id),
+        )
         self.grace_period = grace_period
         self.prune_after = prune_after
         self.rescue_interval = rescue_interval or max(1.0, self.start_lease.total_seconds() / 4)
@@ -313,7 +241,6 @@ class Worker:
         self._held: dict[int, ClaimedJob] = {}
         # Spans of the jobs held here (tracing on), and what their recording decided.
         self._spans: dict[int, Any] = {}
-        self._decisions: dict[int, dict[str, Any]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._outcomes: asyncio.Queue[_Outcome] = asyncio.Queue()
         # Jobs that have their handler slot and wait for their start to be recorded.
@@ -531,7 +458,7 @@ class Worker:
                 self._tasks.pop(job.id, None)
                 self._end_span(job.id, "released")
                 return
-            learnt = self._learnt.get(job.resource_key or "")
+            learnt = self.book.learnt.get(job.resource_key or "")
             held = gate(learnt, self.clock()).until if learnt is not None else None
             if held is not None and not job.probe:
                 # Claimed ahead before this worker learnt its resource must wait.
@@ -666,590 +593,6 @@ class Worker:
             key = job.resource_key
             self._unrecorded_failures[key] = self._unrecorded_failures.get(key, 0) + 1
         self._put_outcome(outcome)
-
-    # --- recording outcomes -------------------------------------------------------------
-
-    async def _recorder(self) -> None:
-        backoff = _Backoff()
-        while True:
-            while self._outcomes.empty() and not self._start_marks:
-                self._record_wake.clear()
-                await self._record_wake.wait()
-            # One turn of the loop: the handler slot an outcome just freed goes to the
-            # next job, whose start mark then shares this transaction.
-            await asyncio.sleep(0)
-            batch: list[_Outcome] = []
-            while len(batch) < 1000:
-                try:
-                    batch.append(self._outcomes.get_nowait())
-                except asyncio.QueueEmpty:
-                    break
-            # A start mark commits with (or after) the outcomes of every job that finished
-            # here before it: were the new job to kill the worker, those finished jobs
-            # must not run again, charged a second attempt.
-            marks, self._start_marks = self._start_marks, []
-            held = [(j.id, j.claim_token) for j, _ in marks]
-            while True:
-                try:
-                    if batch:
-                        started = await self._record_plain(batch, held)
-                        if started is None:
-                            started = await self._record(batch, held)
-                    else:
-                        now = self.clock()
-                        started = await store.start_many(self.db, held, now=now, lease=self.lease)
-                    backoff.reset()
-                    break
-                except Exception as exc:  # the worker must outlive any one failure
-                    await self._db_trouble("record", exc, backoff)
-            for job, fut in marks:
-                if not fut.done():
-                    fut.set_result(
-                        replace(job, attempts=job.attempts + 1, started=True)
-                        if job.id in started
-                        else None
-                    )
-            self._unrecorded -= len(batch)
-            for o in batch:
-                self._held.pop(o.job.id, None)
-                self._outcomes.task_done()
-                if self._spans:
-                    self._end_span(o.job.id, o.kind, o)
-                key = o.job.resource_key
-                if o.kind == "failure" and key and key in self._unrecorded_failures:
-                    self._unrecorded_failures[key] -= 1
-                    if self._unrecorded_failures[key] <= 0:
-                        del self._unrecorded_failures[key]
-            if batch:
-                self._record_seq += 1
-                self._recorded.set()
-                self._slot_free.set()
-
-    async def _record_plain(
-        self, batch: list[_Outcome], marks: list[tuple[int, int]]
-    ) -> set[int] | None:
-        """The common batch, plain successes and start marks, in one raw transaction
-        (jobs.try_complete_and_start_inline, jobs.complete_and_start_pg): the ids
-        started, or None when the batch needs the general path (:meth:`_record`), or
-        SQLite's write lock is taken this instant."""
-        if self.observers or not all(
-            o.kind == "success" and not o.followups and not o.messages and not o.job.resource_key
-            for o in batch
-        ):
-            return None  # breakers, follow-ups, messages or observers to write
-        now = self.clock()
-        done = [(o.job.id, o.job.claim_token) for o in batch]
-        if self.db.is_postgres:
-            held, started = await store.complete_and_start_pg(
-                self.db, done, marks, now=now, lease=self.lease
-            )
-        else:
-            got = store.try_complete_and_start_inline(
-                self.db, done, marks, now=now, lease=self.lease
-            )
-            if got is None:
-                return None
-            held, started = got
-        self.stats.succeeded += len(held)
-        self.stats.fenced += len(done) - len(held)
-        if self._spans:
-            for o in batch:
-                if o.job.id not in held:
-                    o.recorded = None
-        return started
-
-    async def _record(self, batch: list[_Outcome], marks: list[tuple[int, int]]) -> set[int]:
-        """Write ``batch`` and the start ``marks`` in one transaction; the ids started."""
-        now = self.clock()
-        successes = [o for o in batch if o.kind == "success"]
-        held, results, woke_jobs, woke_outbox, started = await self.db.write(
-            self._record_sync, batch, marks, now
-        )
-        # A success whose follow-ups or messages the database refused is in results, as
-        # the failure it was recorded as.
-        refused = sum(1 for o, _ in results if o.kind == "success")
-        for o in successes:
-            if o.job.id not in held:
-                o.recorded = None  # fenced (or refused: _after says which)
-        self.stats.succeeded += len(held)
-        self.stats.fenced += len(successes) - len(held) - refused
-        if woke_jobs:
-            store.target_wake(self.db)
-        if woke_outbox:
-            outbox.wake_local_relays(self.db)
-        for o, status in results:
-            self._after(o, status)
-        return started
-
-    def _record_sync(
-        self, conn: SyncConn, batch: list[_Outcome], marks: list[tuple[int, int]], now: datetime
-    ) -> tuple[set[int], list[tuple[_Outcome, str | None]], bool, bool, set[int]]:
-        """Record a batch of outcomes and start marks in one transaction (run whole by
-        Database.write). With marks, PostgreSQL commits it without waiting for the WAL
-        flush: jobs wait for this commit before they run."""
-        started = store.start_many_sync(conn, marks, now=now, lease=self.lease, async_commit=True)
-        successes = [o for o in batch if o.kind == "success"]
-        others = [o for o in batch if o.kind != "success"]
-        plain = [o for o in successes if not o.followups and not o.messages]
-        held = store.complete_many_sync(
-            conn, [(o.job.id, o.job.claim_token) for o in plain], now=now
-        )
-        results: list[tuple[_Outcome, str | None]] = []
-        rich = [o for o in successes if o.followups or o.messages]
-        followups = messages = False
-        if rich:
-            try:
-                with savepoint(conn):
-                    got = self._complete_with_writes(conn, rich, now)
-            except Exception as exc:  # one of them writes what the database refuses
-                if connection_lost(conn, exc):
-                    raise
-                # Each alone, so that only the one that cannot be written fails.
-                got = set()
-                for o in rich:
-                    try:
-                        with savepoint(conn):
-                            got |= self._complete_with_writes(conn, [o], now)
-                    except Exception as one:
-                        if connection_lost(conn, one):
-                            raise
-                        results.append((o, self._record_refused(conn, o, now, one)))
-            held |= got
-            followups = any(o.followups for o in rich if o.job.id in got)
-            messages = any(o.messages for o in rich if o.job.id in got)
-        keyed = Counter(
-            o.job.resource_key for o in successes if o.job.id in held and o.job.resource_key
-        )
-        if keyed:
-            self._breaker_success(conn, keyed, now)
-        for o in others:
-            results.append((o, self._record_guarded(conn, o, now)))
-        if self.observers:
-            recorded = [
-                RecordedOutcome(o.job, "succeeded", None, None)
-                for o in successes
-                if o.job.id in held
-            ] + [
-                RecordedOutcome(o.job, status, o.error_class, o.exc)
-                for o, status in results
-                if status is not None
-            ]
-            for observe in self.observers:
-                observe(conn, recorded, now)
-        return held, results, followups, messages, started
-
-    @staticmethod
-    def _complete_with_writes(conn: SyncConn, done: list[_Outcome], now: datetime) -> set[int]:
-        """Complete successes with their follow-up jobs and outbox messages: the ids whose
-        claim still held (only theirs write anything)."""
-        held = store.complete_many_sync(
-            conn, [(o.job.id, o.job.claim_token) for o in done], now=now
-        )
-        jobs_ = [f for o in done if o.job.id in held for f in o.followups]
-        if jobs_:
-            store._enqueue_sync(conn, jobs_, now)
-        messages = [m for o in done if o.job.id in held for m in o.messages]
-        if messages:
-            outbox.add_many_sync(conn, messages, now=now)
-        return held
-
-    def _record_guarded(self, conn: SyncConn, o: _Outcome, now: datetime) -> str | None:
-        """Record one outcome in a savepoint; one that cannot be recorded (a bug, a value
-        the database refuses) is recorded as a failure with its reason instead, so the
-        batch's other outcomes commit. A lost connection fails the whole batch, which the
-        recorder retries."""
-        try:
-            with savepoint(conn):
-                return self._record_other(conn, o, now)
-        except Exception as exc:  # any failure of this one outcome, bug or refusal
-            if connection_lost(conn, exc):
-                raise
-            problem = exc
-        return self._record_refused(conn, o, now, problem)
-
-    def _record_refused(
-        self, conn: SyncConn, o: _Outcome, now: datetime, problem: Exception
-    ) -> str | None:
-        """Record as a failure, with its reason, an outcome the database refused (its
-        savepoint rolled back); None when even that will not go in."""
-        reason = redact_text(
-            f"the {o.kind} outcome could not be recorded: {type(problem).__name__}: {problem}"
-        ).replace("\x00", "")[:1000]
-        self._log.error(
-            "job.outcome_unrecordable", job_id=o.job.id, kind=o.job.kind, error=reason[:300]
-        )
-        try:
-            with savepoint(conn):
-                return self._record_unrecordable(conn, o, now, reason)
-        except Exception as exc:  # even the plain failure would not go in
-            if connection_lost(conn, exc):
-                raise
-            # Left running: its lease expires and the rescue retries it.
-            self._log.error("job.outcome_dropped", job_id=o.job.id, error=repr(exc)[:300])
-            return None
-
-    def _record_unrecordable(
-        self, conn: SyncConn, o: _Outcome, now: datetime, reason: str
-    ) -> str | None:
-        job = o.job
-        o.error_class = ErrorClass.TRANSIENT.value
-        o.exc = RuntimeError(reason)
-        o.tb = None
-        retry_at = None
-        if job.attempts < self._limit_of(job):
-            retry_at = moment_after(now, self._retry_policy_of(job).base, self.max_wait)
-        return self.outcomes.fail_sync(
-            conn,
-            job,
-            max_attempts=self._limit_of(job),
-            now=now,
-            error_class=o.error_class,
-            message=reason,
-            retry_at=retry_at,
-        )
-
-    def _limit_of(self, job: ClaimedJob) -> int:
-        return self.registry.attempt_limit(job.kind, job.max_attempts)
-
-    def _retry_policy_of(self, job: ClaimedJob) -> RetryPolicy:
-        """The registry's policy for this job (a connector's, say), else the worker's."""
-        choose = self.registry.retry_policy_for
-        chosen = choose(job) if choose is not None else None
-        return chosen if chosen is not None else self.retry_policy
-
-    def _record_other(self, conn: SyncConn, o: _Outcome, now: datetime) -> str | None:
-        job = o.job
-        if o.kind == "snooze":
-            assert o.snooze_until is not None
-            return (
-                "snoozed"
-                if self.outcomes.snooze_sync(conn, job, now=now, until=o.snooze_until)
-                else None
-            )
-        if o.kind in ("cancel", "discard"):
-            status = "cancelled" if o.kind == "cancel" else "discarded"
-            ok = self.outcomes.finish_sync(conn, job, now=now, status=status, reason=o.reason)  # type: ignore[arg-type]
-            return status if ok else None
-        assert o.exc is not None
-        c = classify(exc=o.exc, now=now)
-        o.error_class = c.error_class.value
-        # Error texts are stored and shown to operators: no token may survive into them.
-        message = redact_text(c.reason)
-        detail = redact_text(_full_text(o.exc))  # the reason is one line of 200 at most
-        o.tb = redact_text(o.tb) if o.tb else None
-        if isinstance(o.exc, NeedsReauth) and job.resource_key:
-            mark_needs_reauth_sync(conn, job.resource_key, redact_text(str(o.exc)), now=now)
-            # The job waits for re-authorisation without spending an attempt.
-            return self.outcomes.fail_sync(
-                conn,
-                job,
-                max_attempts=self._limit_of(job),
-                now=now,
-                error_class=c.error_class.value,
-                message=message,
-                retry_at=now,
-                traceback=o.tb,
-                detail=detail,
-                count_attempt=False,
-            )
-        if c.error_class is ErrorClass.RATE_LIMITED:
-            # A rate limit paces; it never fails: no attempt, no breaker, no budget.
-            policy = self._retry_policy_of(job)
-            decision = retry_delay(c, job.attempts, policy, rng=self.rng)
-            wait = decision.delay if decision is not None else (c.retry_after or policy.base)
-            retry_at: datetime | None = moment_after(now, wait, self.max_wait)
-            if job.resource_key:
-                paced = self._resource_failure(conn, job, c, now, retry_at, sent_at=o.started_at)
-                retry_at = paced or retry_at
-            recorded = self.outcomes.fail_sync(
-                conn,
-                job,
-                max_attempts=self._limit_of(job),
-                now=now,
-                error_class=c.error_class.value,
-                message=message,
-                retry_at=retry_at,
-                traceback=o.tb,
-                detail=detail,
-                count_attempt=False,
-            )
-            return "paced" if recorded == "pending" else recorded
-        retry_at = None
-        if job.attempts < self._limit_of(job) or o.progress:
-            # After progress, the backoff starts over: attempts that did nothing count.
-            attempt = 1 if o.progress else job.attempts
-            decision = retry_delay(c, attempt, self._retry_policy_of(job), rng=self.rng)
-            if decision is not None:
-                retry_at = moment_after(now, decision.delay, self.max_wait)
-        if job.resource_key:
-            self._resource_failure(conn, job, c, now, retry_at)
-        return self.outcomes.fail_sync(
-            conn,
-            job,
-            max_attempts=self._limit_of(job),
-            now=now,
-            error_class=c.error_class.value,
-            message=message,
-            retry_at=retry_at,
-            traceback=o.tb,
-            detail=detail,
-            # Work committed in this attempt is progress: only attempts that committed
-            # nothing count toward giving up.
-            count_attempt=not o.progress,
-        )
-
-    def _end_span(self, job_id: int, outcome: str, o: _Outcome | None = None) -> None:
-        """End the span of job ``job_id`` (if tracing made one) with its outcome."""
-        span = self._spans.pop(job_id, None)
-        if span is None:
-            return
-        decision = self._decisions.pop(job_id, None)
-        if decision:
-            tracing.set_attributes(span, **decision)
-        if o is None:
-            tracing.end_job(span, outcome)
-            return
-        tracing.end_job(
-            span,
-            outcome,
-            status=o.recorded,
-            exc=o.exc if o.kind == "failure" else None,
-            error_class=o.error_class,
-        )
-
-    def _after(self, o: _Outcome, status: str | None) -> None:
-        o.recorded = status
-        job = o.job
-        tenant, connector = (None, None)
-        if isinstance(job.payload, dict):
-            tenant, connector = job.payload.get("tenant"), job.payload.get("connector")
-        fields: dict[str, Any] = {
-            "tenant": tenant or job.resource_key,
-            "connector": connector,
-            "job_id": job.id,
-            "kind": job.kind,
-            "attempt": job.attempts,
-            "resource_key": job.resource_key,
-            "trace_id": job.trace_id,
-        }
-        if status is None:
-            self.stats.fenced += 1
-            self._log.warning("job.outcome_fenced", **fields)
-        elif status == "pending":
-            self.stats.retried += 1
-            self._log.info("job.retry_scheduled", error=str(o.exc)[:300], **fields)
-        elif status == "dead":
-            self.stats.dead += 1
-            self._log.warning("job.dead", error=str(o.exc)[:300], **fields)
-        elif status == "snoozed":
-            self.stats.snoozed += 1
-        elif status == "paced":
-            self.stats.paced += 1
-            self._log.info("job.paced", error=str(o.exc)[:300], **fields)
-        elif status == "cancelled":
-            self.stats.cancelled += 1
-        elif status == "discarded":
-            self.stats.discarded += 1
-
-    # --- per-resource state -------------------------------------------------------------
-
-    def _snapshot(self, r: Any) -> BreakerSnapshot:
-        """The breaker of a row read with its timestamps guarded (``store.resources``'s
-        breaker reads). What cannot be read (an unknown state, a timestamp no datetime
-        holds) reads as closed or unset, with a warning: one corrupt row must not fail
-        the batch, and writing the snapshot back repairs it."""
-        moments: dict[str, datetime | None] = {}
-        bad: list[str] = []
-        for name in _RESOURCE_MOMENTS:
-            try:
-                moments[name] = read_moment(r._mapping[name])
-            except ValueError as exc:
-                moments[name] = None
-                bad.append(f"{name}: {exc}")
-        try:
-            state = BreakerState(r.state)
-        except ValueError:
-            state = BreakerState.CLOSED
-            bad.append(f"unknown state {str(r.state)[:60]!r}")
-        if bad:
-            self._log.warning(
-                "resource.unreadable", resource_key=r.resource_key, reasons=bad, read_as="closed"
-            )
-        return BreakerSnapshot(
-            state=state,
-            consecutive_failures=r.consecutive_failures,
-            opened_at=moments["opened_at"],
-            reopen_count=r.reopen_count,
-            cooldown_until=moments["cooldown_until"],
-            probe_in_flight=r.probe_job_id is not None,
-            probe_expires_at=moments["probe_expires_at"],
-            window_start=moments["window_start"],
-            window_calls=r.window_calls,
-            window_failures=r.window_failures,
-        )
-
-    def _store_snapshot(
-        self,
-        conn: SyncConn,
-        key: str,
-        before: BreakerSnapshot,
-        after: BreakerSnapshot,
-        now: datetime,
-        **extra: Any,
-    ) -> None:
-        values: dict[str, Any] = {
-            "state": after.state.value,
-            "consecutive_failures": after.consecutive_failures,
-            "opened_at": after.opened_at,
-            "reopen_count": after.reopen_count,
-            "cooldown_until": after.cooldown_until,
-            "window_start": after.window_start,
-            "window_calls": after.window_calls,
-            "window_failures": after.window_failures,
-            "updated_at": now,
-            **extra,
-        }
-        if not after.probe_in_flight:
-            values["probe_job_id"] = None
-            values["probe_expires_at"] = None
-        self.breakers.write_resource_sync(conn, key, values)
-        if after.state != before.state:
-            event = {
-                "open": "breaker.opened",
-                "closed": "breaker.closed",
-                "half_open": "breaker.half_open",
-            }[after.state.value]
-            self._log.warning(
-                event,
-                resource_key=key,
-                failures=after.consecutive_failures,
-                cooldown_until=after.cooldown_until,
-            )
-
-    def _breaker_success(self, conn: SyncConn, keys: Counter[str], now: datetime) -> None:
-        rows = self.breakers.dirty_breakers_sync(conn, sorted(keys))
-        parents: set[str] = set()
-        for r in rows:
-            before = after = self._snapshot(r)
-            for _ in range(keys[r.resource_key]):  # each success counts in the rate window
-                after = breaker_transition(after, BreakerOutcome.SUCCESS, now, self.breaker_policy)
-            self._store_snapshot(conn, r.resource_key, before, after, now)
-            if r.parent_key:
-                parents.add(r.parent_key)
-        if parents:
-            # A tenant call that succeeds once the API-wide cool-down is over is its probe.
-            for p in self.breakers.unclosed_breakers_sync(conn, sorted(parents)):
-                before = self._snapshot(p)
-                after = breaker_transition(before, BreakerOutcome.SUCCESS, now, self.breaker_policy)
-                self._store_snapshot(conn, p.resource_key, before, after, now)
-
-    def _resource_failure(
-        self,
-        conn: SyncConn,
-        job: ClaimedJob,
-        c: Classification,
-        now: datetime,
-        retry_at: datetime | None,
-        *,
-        sent_at: datetime | None = None,
-    ) -> datetime | None:
-        """Fold a failure into the resource's breaker and, for a rate limit, its pace;
-        returns when the resource is next available (None: not paced)."""
-        key = job.resource_key
-        r = self.breakers.breaker_row_sync(conn, key)
-        if r is None:
-            return None
-        extra: dict[str, Any] = {
-            "last_error_class": c.error_class.value,
-            "last_error": redact_text(c.reason)[:500],
-        }
-        paced: datetime | None = None
-        if c.error_class is ErrorClass.RATE_LIMITED and key:
-            paced = self._pace(
-                conn, job, key, c, now, sent_at, _moment_or_none(r.next_available_at)
-            )
-            if paced is not None:
-                self._block(key, paced=paced)
-                self._log.info("resource.throttled", resource_key=key, until=paced)
-        before = self._snapshot(r)
-        after = breaker_transition(
-            before, breaker_outcome(c), now, self.breaker_policy, server_wait=c.retry_after
-        )
-        if after.state is BreakerState.OPEN and after.cooldown_until is not None:
-            self._block(r.resource_key, open_until=after.cooldown_until)
-        if job.id in self._spans:  # what the job's span tells: the pace and the breaker
-            self._decisions[job.id] = {
-                "synckit__pace__until": paced.isoformat() if paced is not None else None,
-                "synckit__breaker__state": after.state.value,
-                "synckit__breaker__transition": (
-                    f"{before.state.value}->{after.state.value}"
-                    if before.state is not after.state
-                    else None
-                ),
-            }
-        self._store_snapshot(conn, r.resource_key, before, after, now, **extra)
-        if r.parent_key and after.state is BreakerState.OPEN and before.state is not after.state:
-            self._maybe_open_parent(conn, r.parent_key, now)
-        return paced
-
-    def _pace_policy_of(self, job: ClaimedJob) -> PacePolicy:
-        """The registry's pace policy for this job (its connector's ``pace``), else the
-        worker's."""
-        choose = self.registry.pace_policy_for
-        chosen = choose(job) if choose is not None else None
-        return chosen if chosen is not None else self.pace_policy
-
-    def _pace(
-        self,
-        conn: SyncConn,
-        job: ClaimedJob,
-        key: str,
-        c: Classification,
-        now: datetime,
-        sent_at: datetime | None,
-        current: datetime | None,
-    ) -> datetime | None:
-        """Pace the resource: no worker calls it before the server's time is up."""
-        # Requests sent before the current event's pace ended are that event (a burst
-        # of in-flight 429s is one); the handler's start bounds when its requests went.
-        until = pacing.record_rate_limit_sync(
-            conn, key, c, sent_at=sent_at, now=now, policy=self._pace_policy_of(job)
-        )
-        return until if until is not None else current
-
-    def _maybe_open_parent(self, conn: SyncConn, parent_key: str, now: datetime) -> None:
-        """Open the API-wide breaker when many of its tenants' breakers are open together."""
-        children = self.breakers.child_states_sync(conn, parent_key)
-        open_children = sum(1 for state in children if state != "closed")
-        if not global_breaker_trips(open_children, len(children), self.breaker_policy):
-            return
-        p = self.breakers.breaker_row_sync(conn, parent_key)
-        if p is None or p.state == "open":
-            return
-        before = self._snapshot(p)
-        after = breaker_open(before, now, self.breaker_policy)
-        self._store_snapshot(
-            conn,
-            parent_key,
-            before,
-            after,
-            now,
-            last_error=f"{open_children} of {len(children)} tenants failing",
-        )
-
-    def _block(
-        self, key: str, *, paced: datetime | None = None, open_until: datetime | None = None
-    ) -> None:
-        """Remember that ``key`` is paced until ``paced`` or its breaker open until
-        ``open_until`` (the later of what was learnt wins), for :func:`gate`."""
-        # Written from the database writer thread, read on the event loop: a plain dict
-        # assignment is atomic under the GIL, and a stale read only delays the put-back.
-        facts = self._learnt.get(key, LaneFacts())
-        if paced is not None and (facts.next_available_at or paced) <= paced:
-            facts = replace(facts, next_available_at=paced)
-        if open_until is not None and (facts.cooldown_until or open_until) <= open_until:
-            facts = replace(facts, state="open", cooldown_until=open_until)
-        self._learnt[key] = facts
 
     # --- background duties --------------------------------------------------------------
 
@@ -1396,24 +739,6 @@ class Worker:
             on_failure=lambda exc: self._log.warning("worker.watch_failed", error=str(exc)),
         )
 
-    async def _db_trouble(self, where: str, exc: Exception, backoff: _Backoff) -> None:
-        """Log a failed step and wait before the caller retries it.
-
-        Database trouble is expected (restarts, failovers) and logged as a warning; any
-        other exception is a bug worth a traceback, but it must not kill the worker.
-        """
-        delay = backoff.next()
-        if isinstance(exc, DatabaseError):
-            self._log.warning("worker.database_error", where=where, error=str(exc), retry_in=delay)
-        else:
-            self._log.error(
-                "worker.unexpected_error",
-                where=where,
-                error=repr(exc),
-                retry_in=delay,
-                exc_info=exc,
-            )
-        await asyncio.sleep(delay)
 
 
 def claim_plan(
@@ -1432,43 +757,3 @@ def claim_plan(
         return concurrency + batch, batch
     batch = claim_batch or concurrency
     return concurrency, min(batch, concurrency)
-
-
-#: The worker's backoff after database trouble: 0.2 s doubling to 5 s, less up to half
-#: of it (``errors.backoff.backoff_delay``, the one formula).
-DB_BACKOFF_BASE = timedelta(seconds=0.2)
-DB_BACKOFF_CAP = timedelta(seconds=5)
-DB_BACKOFF_JITTER = 0.5
-
-
-def _db_backoff(failures: int) -> float:
-    """The wait after ``failures`` consecutive failures, as :class:`_Backoff` counts them."""
-    return backoff_delay(
-        failures,
-        random.random(),
-        base=DB_BACKOFF_BASE,
-        cap=DB_BACKOFF_CAP,
-        jitter=DB_BACKOFF_JITTER,
-    ).total_seconds()
-
-
-class _Backoff:
-    """Consecutive waits after database trouble (:data:`DB_BACKOFF_BASE` doubling to
-    :data:`DB_BACKOFF_CAP`, jittered); ``reset`` after a step that worked."""
-
-    def __init__(self, draw: Callable[[], float] = random.random) -> None:
-        self.n = 0
-        self._draw = draw
-
-    def reset(self) -> None:
-        self.n = 0
-
-    def next(self) -> float:
-        self.n += 1
-        return backoff_delay(
-            self.n,
-            self._draw(),
-            base=DB_BACKOFF_BASE,
-            cap=DB_BACKOFF_CAP,
-            jitter=DB_BACKOFF_JITTER,
-        ).total_seconds()

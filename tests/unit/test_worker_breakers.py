@@ -120,14 +120,14 @@ def test_a_success_on_clean_resources_writes_nothing() -> None:
     fake = FakeBreakers()
     fake.add(_row("a"))
     fake.add(_row("b"))
-    _worker(fake)._breaker_success(None, Counter({"a": 3, "b": 1}), NOW)  # type: ignore[arg-type]
+    _worker(fake).book.success(None, Counter({"a": 3, "b": 1}), NOW)  # type: ignore[arg-type]
     assert fake.writes == []
 
 
 def test_a_success_clears_counted_failures() -> None:
     fake = FakeBreakers()
     fake.add(_row("a", consecutive_failures=1))
-    _worker(fake)._breaker_success(None, Counter({"a": 1}), NOW)  # type: ignore[arg-type]
+    _worker(fake).book.success(None, Counter({"a": 1}), NOW)  # type: ignore[arg-type]
     assert fake.rows["a"]["consecutive_failures"] == 0
     assert [k for k, _ in fake.writes] == ["a"]
 
@@ -139,12 +139,12 @@ def test_failures_open_the_breaker_and_block_the_resource_in_this_worker() -> No
     fake.add(_row("a"))
     worker = _worker(fake)
     for n in (1, 2):
-        worker._resource_failure(None, _job("a"), _failure(), NOW, None)  # type: ignore[arg-type]
+        worker.book.failure(None, _job("a"), _failure(), NOW, None)  # type: ignore[arg-type]
         assert fake.rows["a"]["consecutive_failures"] == n
     row = fake.rows["a"]
     assert row["state"] == "open" and row["opened_at"] == NOW
     assert row["last_error_class"] == _failure().error_class.value
-    held = gate(worker._learnt["a"], NOW)
+    held = gate(worker.book.learnt["a"], NOW)
     assert (held.why, held.until) == ("breaker", row["cooldown_until"])
     assert row["cooldown_until"] > NOW
 
@@ -152,8 +152,8 @@ def test_failures_open_the_breaker_and_block_the_resource_in_this_worker() -> No
 def test_a_failure_of_an_unknown_resource_writes_nothing() -> None:
     fake = FakeBreakers()
     worker = _worker(fake)
-    assert worker._resource_failure(None, _job("gone"), _failure(), NOW, None) is None  # type: ignore[arg-type]
-    assert fake.writes == [] and worker._learnt == {}
+    assert worker.book.failure(None, _job("gone"), _failure(), NOW, None) is None  # type: ignore[arg-type]
+    assert fake.writes == [] and worker.book.learnt == {}
 
 
 def test_the_api_wide_breaker_opens_when_enough_tenants_fail_together() -> None:
@@ -163,9 +163,9 @@ def test_the_api_wide_breaker_opens_when_enough_tenants_fail_together() -> None:
     fake.add(_row("x:t1", "api:x", consecutive_failures=1))
     fake.add(_row("x:t2", "api:x", consecutive_failures=1))
     worker = _worker(fake)
-    worker._resource_failure(None, _job("x:t1"), _failure(), NOW, None)  # type: ignore[arg-type]
+    worker.book.failure(None, _job("x:t1"), _failure(), NOW, None)  # type: ignore[arg-type]
     assert fake.rows["x:t1"]["state"] == "open" and fake.rows["api:x"]["state"] == "closed"
-    worker._resource_failure(None, _job("x:t2"), _failure(), NOW, None)  # type: ignore[arg-type]
+    worker.book.failure(None, _job("x:t2"), _failure(), NOW, None)  # type: ignore[arg-type]
     assert fake.rows["api:x"]["state"] == "open"
     assert fake.rows["api:x"]["last_error"] == "2 of 2 tenants failing"
 
@@ -183,7 +183,7 @@ def test_a_tenant_success_after_the_api_cooldown_is_the_apis_probe() -> None:
         )
     )
     fake.add(_row("x:t1", "api:x", consecutive_failures=1))
-    _worker(fake)._breaker_success(None, Counter({"x:t1": 1}), NOW)  # type: ignore[arg-type]
+    _worker(fake).book.success(None, Counter({"x:t1": 1}), NOW)  # type: ignore[arg-type]
     assert "api:x" in [k for k, _ in fake.writes]
     assert fake.rows["api:x"]["state"] != "open"
 
@@ -193,7 +193,7 @@ def test_a_corrupt_row_reads_as_closed_and_is_repaired_by_the_write() -> None:
     reads as closed/unset, and the snapshot written back replaces the bad values."""
     fake = FakeBreakers()
     fake.add(_row("a", state="sideways", consecutive_failures=1, opened_at="garbage"))
-    _worker(fake)._breaker_success(None, Counter({"a": 1}), NOW)  # type: ignore[arg-type]
+    _worker(fake).book.success(None, Counter({"a": 1}), NOW)  # type: ignore[arg-type]
     row = fake.rows["a"]
     assert row["state"] == "closed" and row["opened_at"] is None
     assert row["consecutive_failures"] == 0

@@ -17,7 +17,8 @@ from typing import Any
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError
 from synckit.runtime.handlers import Registry
-from synckit.runtime.worker import Worker, _Outcome
+from synckit.runtime.recorder import _Outcome
+from synckit.runtime.worker import Worker
 from synckit.store.jobs import ClaimedJob
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
