@@ -73,7 +73,6 @@ from synckit.runtime.logging import redact_text
 from synckit.runtime.records import Landing, land, prepare
 from synckit.runtime.records import destination as records_destination
 from synckit.store import checkpoints, ticks
-from synckit.store import dead_letters as dlq_store
 from synckit.store import records as records_store
 from synckit.store.audit import AuditCounts, minute_of, record_audit_many_sync, record_audit_sync
 from synckit.store.checkpoints import (
@@ -88,6 +87,7 @@ from synckit.store.checkpoints import (
     stored_cursor,
 )
 from synckit.store.db import Conn, Database, SyncConn
+from synckit.store.dead_letters import capture as dlq_store
 from synckit.store.jobs import ClaimedJob, JobSpec, enqueue_new
 from synckit.store.ticks import delete_poll_ticks
 

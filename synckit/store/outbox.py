@@ -455,9 +455,9 @@ async def mark_failed(
     token: str | None = None,
 ) -> None:
     """Messages the broker refused for good: ``failed`` here, and each captured in the DLQ
-    (:func:`synckit.store.dead_letters.capture_many`: a ``review`` row, since a refusal is a
+    (:func:`synckit.store.dead_letters.capture.capture_many`: a ``review`` row, since a refusal is a
     validation error; a message an operator ignored there stays ignored)."""
-    from synckit.store.dead_letters import Failure, capture_many
+    from synckit.store.dead_letters.capture import Failure, capture_many
     from synckit.store.moments import storable_text
 
     if not rejected:
@@ -670,7 +670,7 @@ async def _requeue(conn: AsyncConnection, where: Any, now: datetime) -> list[str
     )
     message_ids = [r[0] for r in res]
     # Their dead letters are being handled: close them, so the DLQ shows what is open.
-    from synckit.store.dead_letters import resolve_outbox_reviews  # it builds on the outbox
+    from synckit.store.dead_letters.replay import resolve_outbox_reviews  # it builds on the outbox
 
     for start in range(0, len(message_ids), _INSERT_CHUNK):
         await resolve_outbox_reviews(conn, message_ids[start : start + _INSERT_CHUNK], now=now)
