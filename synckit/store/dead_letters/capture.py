@@ -25,7 +25,6 @@ from sqlalchemy import (
     bindparam,
     text,
 )
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -46,6 +45,7 @@ from synckit.store.dead_letters.rows import (
     _parse_json,
 )
 from synckit.store.moments import storable_text
+from synckit.store.row_arrays import list_param, rows_params, rows_source
 from synckit.store.tables import dead_letters
 
 _Key = tuple[str, str, str, str]
@@ -306,31 +306,15 @@ class _CaptureSql:
         return f"CAST({column} AS jsonb)" if self.postgres else column
 
     def _rows(self, *cols: tuple[str, str]) -> str:
-        names = ", ".join(n for n, _ in cols)
-        if self.postgres:
-            arrays = ", ".join(f"CAST(:{n} AS {t}[])" for n, t in cols)
-            return f"unnest({arrays}) AS v({names})"
-        picks = ", ".join(f"json_extract(value, '$[{i}]') AS {n}" for i, (n, _) in enumerate(cols))
-        return f"(SELECT {picks} FROM json_each(:rows)) AS v"
+        return rows_source(self.postgres, cols)
 
     def rows(
         self, cols: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
     ) -> dict[str, Any]:
-        if self.postgres:
-            return {n: [r[i] for r in rows] for i, (n, _) in enumerate(cols)}
-        return {"rows": json.dumps([[_sqlite_value(v) for v in r] for r in rows])}
+        return rows_params(self.postgres, [n for n, _ in cols], rows)
 
     def ids(self, ids: Sequence[str]) -> Any:
-        return list(ids) if self.postgres else json.dumps(list(ids))
-
-
-_SQLITE = sqlite.dialect()
-# The text a timestamp is stored as on SQLite (json_each hands values over as they are).
-_SQLITE_TS: Any = dead_letters.c.next_retry_at.type.dialect_impl(_SQLITE).bind_processor(_SQLITE)
-
-
-def _sqlite_value(value: Any) -> Any:
-    return _SQLITE_TS(value) if isinstance(value, datetime) else value
+        return list_param(self.postgres, ids)
 
 
 _SQL = {True: _CaptureSql(True), False: _CaptureSql(False)}

@@ -17,7 +17,7 @@ outbox's retried messages.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -186,11 +186,17 @@ async def schedule_unscheduled(conn: AsyncConnection, now: datetime) -> int:
     return res.rowcount or 0
 
 
-def _fenced(ids: Sequence[int], token: str | None) -> list[ColumnElement[bool]]:
+def _fenced(
+    ids: Sequence[int], token: str | None, unleased: ColumnElement[bool] | None = None
+) -> list[ColumnElement[bool]]:
+    """Rows ``ids`` still held under ``token`` (fencing); without a token (an operator's
+    change), those where ``unleased`` holds."""
     c = dead_letters.c
     cond: list[ColumnElement[bool]] = [c.id.in_(list(ids))]
     if token is not None:
         cond += [c.status == "pending", leases.held(dead_letters, token)]
+    elif unleased is not None:
+        cond.append(unleased)
     return cond
 
 
@@ -233,9 +239,7 @@ async def defer(
     """Push pending rows to ``until`` without spending a replay attempt (resource waits)."""
     if not ids:
         return []
-    cond = _fenced(ids, token)
-    if token is None:
-        cond.append(dead_letters.c.status == "pending")
+    cond = _fenced(ids, token, dead_letters.c.status == "pending")
     return await _update_returning_ids(
         conn, cond, {"next_retry_at": until, "status_reason": _clean(reason, _REASON_LIMIT)}
     )
@@ -269,9 +273,7 @@ async def mark_resolved(
     if replayed:
         values["replay_attempts"] = dead_letters.c.replay_attempts + 1
         values["last_attempt_at"] = now
-    cond = _fenced(ids, token)
-    if token is None:
-        cond.append(dead_letters.c.status != "resolved")
+    cond = _fenced(ids, token, dead_letters.c.status != "resolved")
     return await _update_returning_ids(conn, cond, values)
 
 
@@ -287,9 +289,7 @@ async def mark_ignored(
     """Mark rows ignored with ``reason`` (kept in ``status_reason``); return the ids changed."""
     if not ids:
         return []
-    cond = _fenced(ids, token)
-    if token is None:
-        cond.append(dead_letters.c.status.in_(list(from_statuses)))
+    cond = _fenced(ids, token, dead_letters.c.status.in_(list(from_statuses)))
     return await _update_returning_ids(
         conn,
         cond,
@@ -458,21 +458,35 @@ async def resolve_matching(
     batch: int = 1000,
 ) -> int:
     """Resolve every matching row not resolved yet, a page per transaction; return count."""
-    total = 0
-    async for ids in iter_ids(db, flt.narrowed(("pending", "review", "ignored")), batch=batch):
-        async with db.begin() as conn:
-            total += len(await mark_resolved(conn, ids, now=now, reason=reason))
-    return total
+
+    async def change(conn: AsyncConnection, ids: list[int]) -> list[int]:
+        return await mark_resolved(conn, ids, now=now, reason=reason)
+
+    return await _page_by_page(db, flt.narrowed(("pending", "review", "ignored")), batch, change)
 
 
 async def ignore_matching(
     db: Database, flt: DlqFilter, *, reason: str, now: datetime, batch: int = 1000
 ) -> int:
     """Ignore every matching pending or review row, a page per transaction; return count."""
+
+    async def change(conn: AsyncConnection, ids: list[int]) -> list[int]:
+        return await mark_ignored(conn, ids, reason, now=now)
+
+    return await _page_by_page(db, flt.narrowed(("pending", "review")), batch, change)
+
+
+async def _page_by_page(
+    db: Database,
+    flt: DlqFilter,
+    batch: int,
+    change: Callable[[AsyncConnection, list[int]], Awaitable[list[int]]],
+) -> int:
+    """``change`` the matching rows a page (of ids) per transaction; how many it changed."""
     total = 0
-    async for ids in iter_ids(db, flt.narrowed(("pending", "review")), batch=batch):
+    async for ids in iter_ids(db, flt, batch=batch):
         async with db.begin() as conn:
-            total += len(await mark_ignored(conn, ids, reason, now=now))
+            total += len(await change(conn, ids))
     return total
 
 
