@@ -49,7 +49,7 @@ from synckit.store import leases, notify
 from synckit.store.db import Database
 from synckit.store.lazy_asyncio import is_async_session
 from synckit.store.leases import Lease
-from synckit.store.moments import guarded_columns, json_holds_nul, read_moment, read_payload
+from synckit.store.moments import guarded_columns, json_holds_nul, read_moments, read_payload
 from synckit.store.tables import dialect_insert, outbox
 
 if TYPE_CHECKING:
@@ -605,12 +605,7 @@ def _info(r: Row[Any]) -> OutboxInfo:
     """A row as read by :data:`_LISTED` (or typed, as a plain ``select(outbox)`` gives
     it): each value parsed here, so one corrupt row is named instead of fatal."""
     bad: dict[str, str] = {}
-    moments: dict[str, datetime | None] = {}
-    for name in ("next_attempt_at", "created_at", "published_at"):
-        try:
-            moments[name] = read_moment(getattr(r, name))
-        except ValueError as exc:
-            moments[name], bad[name] = None, str(exc)
+    moments = read_moments(r._mapping, ("next_attempt_at", "created_at", "published_at"), bad)
     try:
         payload = read_payload(r.payload)
     except ValueError as exc:

@@ -186,8 +186,8 @@ def _prepare(f: Failure) -> _Prepared:
 
 #: The columns each statement's rows carry, in order, with their PostgreSQL array types.
 _KEY_COLUMNS = (("tenant", "text"), ("connector", "text"), ("kind", "text"), ("record_id", "text"))
-_INSERT_COLUMNS = (
-    *_KEY_COLUMNS,
+# What a failure writes, on a new row and on one it lands on alike.
+_FAILURE_COLUMNS = (
     ("job_id", "bigint"),
     ("resource_key", "text"),
     ("payload", "text"),
@@ -196,20 +196,17 @@ _INSERT_COLUMNS = (
     ("traceback", "text"),
     ("history", "text"),
     ("trace_id", "text"),
+)
+_INSERT_COLUMNS = (
+    *_KEY_COLUMNS,
+    *_FAILURE_COLUMNS,
     ("attempts", "integer"),
     ("status", "text"),
     ("next_retry_at", "timestamptz"),
 )
 _MERGE_COLUMNS = (
     ("id", "bigint"),
-    ("job_id", "bigint"),
-    ("resource_key", "text"),
-    ("payload", "text"),
-    ("error_class", "text"),
-    ("error_message", "text"),
-    ("traceback", "text"),
-    ("history", "text"),
-    ("trace_id", "text"),
+    *_FAILURE_COLUMNS,
     ("attempt_count", "integer"),
     ("status", "text"),
     ("next_retry_at", "timestamptz"),

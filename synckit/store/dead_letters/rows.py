@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.redaction import redact_text
-from synckit.store.moments import guarded_moment, read_moment, storable_text
+from synckit.store.moments import guarded_moment, read_moments, storable_text
 from synckit.store.tables import dead_letters
 
 Status = Literal["pending", "resolved", "ignored", "review"]
@@ -122,12 +122,7 @@ class DeadLetter:
             bad["history"] = f"not a list: a JSON {type(history).__name__}"
         if not isinstance(history, list):
             history = []
-        moments: dict[str, datetime | None] = {}
-        for name in _MOMENTS:
-            try:
-                moments[name] = read_moment(m[name])
-            except ValueError as exc:
-                moments[name], bad[name] = None, str(exc)
+        moments = read_moments(m, _MOMENTS, bad)
         return cls(
             id=m["id"],
             tenant=m["tenant"],
