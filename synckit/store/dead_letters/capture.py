@@ -163,6 +163,20 @@ class _Prepared:
     traceback: str | None
     error_class: str
 
+    def failure_values(self, history: str) -> tuple[Any, ...]:
+        """The values of :data:`_FAILURE_COLUMNS`, with ``history`` (JSON text)."""
+        f = self.failure
+        return (
+            f.job_id,
+            f.resource_key,
+            self.payload,
+            self.error_class,
+            self.message,
+            self.traceback,
+            history,
+            f.trace_id,
+        )
+
 
 def _prepare(f: Failure) -> _Prepared:
     record_id = f.record_id
@@ -453,14 +467,7 @@ def _insert_fresh(
         rows.append(
             (
                 *p.key,
-                f.job_id,
-                f.resource_key,
-                p.payload,
-                p.error_class,
-                p.message,
-                p.traceback,
-                _json_text([entry]),
-                f.trace_id,
+                *p.failure_values(_json_text([entry])),
                 f.attempts,
                 decision.status,
                 decision.next_retry_at,
@@ -493,14 +500,7 @@ def _merge(p: _Prepared, old: Any, now: datetime) -> _Merge:
         streak = entry["streak"] = dead_cycle_streak(old.status, last.get("streak"))
     values = (
         int(old.id),
-        f.job_id,
-        f.resource_key,
-        p.payload,
-        p.error_class,
-        p.message,
-        p.traceback,
-        _json_text(_appended(kept, entry)),
-        f.trace_id,
+        *p.failure_values(_json_text(_appended(kept, entry))),
         attempt_count,
         decision.status,
         decision.next_retry_at,
