@@ -8,7 +8,7 @@ dropped here) it fills ``dead_letters`` with a realistic mix in one set-based st
 resolved, 2% ignored, 1% review, 1% pending and due, 1% pending in the future, over 500
 tenants, two of whose breakers are open. Then:
 
-* the due-rows query (:func:`synckit.store.dead_letters.due_rows`, 100 rows) is timed at
+* the due-rows query (:func:`synckit.store.dead_letters.replay.due_rows`, 100 rows) is timed at
   ``--small`` rows and again after the table has grown to ``--n`` rows, with the same
   mix (so 100x more due rows too); figure: median at n / median at small (bar: <= 1.5);
 * :meth:`ReplayProcessor.run_once` replays every due row of the big table (``n / 100``,
@@ -39,10 +39,10 @@ from typing import Any
 from sqlalchemy import text, update
 
 from synckit.dlq import Replayers, ReplayProcessor
-from synckit.store import dead_letters as store
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
-from synckit.store.dead_letters import DeadLetter
+from synckit.store.dead_letters import replay as dlq_replay
+from synckit.store.dead_letters.rows import DeadLetter
 from synckit.store.tables import resources
 
 PG_URL = os.environ.get("SYNCKIT_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -180,7 +180,7 @@ async def _due_query_ms(small: Database, big: Database, now: datetime) -> tuple[
     async def once(db: Database) -> float:
         async with db.begin() as conn:
             start = time.perf_counter()
-            rows = await store.due_rows(conn, now, DUE_LIMIT)
+            rows = await dlq_replay.due_rows(conn, now, DUE_LIMIT)
             elapsed = time.perf_counter() - start
         assert len(rows) == DUE_LIMIT, f"expected {DUE_LIMIT} due rows, got {len(rows)}"
         return elapsed
@@ -195,7 +195,7 @@ async def _due_query_ms(small: Database, big: Database, now: datetime) -> tuple[
 
 
 async def _explain(db: Database, now: datetime) -> str:
-    """The engine's plan for the due-rows query (the statement store.due_rows builds)."""
+    """The engine's plan for the due-rows query (the statement dlq_replay.due_rows builds)."""
     sql = (
         "SELECT id FROM dead_letters WHERE id IN (SELECT id FROM dead_letters"
         " WHERE status = 'pending' AND next_retry_at IS NOT NULL"

@@ -44,11 +44,12 @@ from synckit.runtime.alerts import Alert, record_alerts
 from synckit.runtime.pacing import defer_resource
 from synckit.runtime.poll import POLL_KIND
 from synckit.runtime.tenants import add_tenant, pause_tenant
-from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store import migrate
 from synckit.store.connections import mark_needs_reauth
 from synckit.store.db import Database, open_database
+from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.dead_letters import replay as dlq_replay
 from synckit.store.tables import audit_buckets, connections, dead_letters, jobs, resources
 from synckit.store.tables import outbox as outbox_table
 from synckit.web import WebConfig, create_app
@@ -203,7 +204,7 @@ async def seed(db: Database, scale: float, say: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     for start in range(0, n_letters, 2_000):
         failures = [
-            dlq_store.Failure(
+            dlq_capture.Failure(
                 tenant=rng.choice(names),
                 connector="bench",
                 kind="record:default",
@@ -217,14 +218,14 @@ async def seed(db: Database, scale: float, say: Any) -> dict[str, Any]:
         ]
         at = now - WEEK + WEEK * (start / n_letters)
         async with db.begin() as conn:
-            await dlq_store.capture_many(conn, failures, now=at)
+            await dlq_capture.capture_many(conn, failures, now=at)
     async with db.begin() as conn:
         ids = [r for (r,) in await conn.execute(select(dead_letters.c.id).order_by("id"))]
         closed = ids[: len(ids) // 2]
         for start in range(0, len(closed), 5_000):
             chunk = closed[start : start + 5_000]
-            await dlq_store.mark_resolved(conn, chunk[: len(chunk) * 9 // 10], now=now)
-            await dlq_store.mark_ignored(conn, chunk[len(chunk) * 9 // 10 :], "noise", now=now)
+            await dlq_replay.mark_resolved(conn, chunk[: len(chunk) * 9 // 10], now=now)
+            await dlq_replay.mark_ignored(conn, chunk[len(chunk) * 9 // 10 :], "noise", now=now)
         await conn.execute(
             update(dead_letters)
             .where(dead_letters.c.id.in_(ids[len(ids) // 2 :: 20]))

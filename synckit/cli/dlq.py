@@ -32,12 +32,14 @@ from synckit.cli.options import (
     run,
 )
 from synckit.clock import utcnow
-from synckit.dlq.replay import ReplayProcessor, ReplayResult, ReplaySummary, replayers_from_app
+from synckit.dlq.outcomes import ReplayResult
+from synckit.dlq.replay import ReplayProcessor, ReplaySummary, replayers_from_app
 from synckit.redaction import redact
 from synckit.runtime.actions import NO_APP_REASON
-from synckit.store import dead_letters as store
 from synckit.store.db import Database
-from synckit.store.dead_letters import STATUSES, DeadLetter, DlqFilter
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import replay as dlq_replay
+from synckit.store.dead_letters.rows import STATUSES, DeadLetter, DlqFilter
 
 GROUPS = ("tenant", "connector", "kind", "class", "status")
 
@@ -153,51 +155,62 @@ def ls(
         columns = list(_split([group_by]))
         if not columns or any(c not in GROUPS for c in columns):
             raise CliError(f"--group-by {group_by!r}: choose among {', '.join(GROUPS)}")
-        groups = run(lambda d: store.group_counts(d, columns, flt), database_url)
-        if as_json:
-            for g in groups:
-                click.echo(_dumps({**dict(zip(columns, g.key, strict=True)), "count": g.count}))
-            return
-        table = Table(title=f"Dead letters by {', '.join(columns)}")
-        for c in columns:
-            table.add_column(c)
-        table.add_column("count", justify="right")
-        for g in groups:
-            table.add_row(*(cell(k) for k in g.key), str(g.count))
-        table.caption = f"{sum(g.count for g in groups)} rows in {len(groups)} groups"
-        console.print(table)
-        return
+        _ls_groups(columns, flt, as_json, database_url)
+    elif as_json:
+        _ls_json(flt, limit, before, database_url)
+    else:
+        _ls_table(flt, 50 if limit is None else limit, before, database_url)
 
-    def next_page(last: int) -> str:
-        return f"next page: --before {last}"
 
-    # One row past the page is read, so that a next page is offered only when there is one.
+def _next_page(last: int) -> str:
+    return f"next page: --before {last}"
+
+
+def _ls_groups(columns: list[str], flt: DlqFilter, as_json: bool, database_url: str | None) -> None:
+    groups = run(lambda d: dlq_reads.group_counts(d, columns, flt), database_url)
     if as_json:
-        # Streamed: each page is printed before the next is read.
-        async def stream(d: Database) -> int | None:
-            """Print the page; return its last id if a row follows it."""
-            printed, last = 0, None
-            wanted = limit + 1 if limit else None
-            async for row in store.iter_rows(
-                d, flt, newest_first=True, limit=wanted, after_id=before
-            ):
-                if limit and printed == limit:
-                    return last
-                click.echo(_dumps(row.to_json()))
-                printed, last = printed + 1, row.id
-            return None
-
-        if (last := run(stream, database_url)) is not None:
-            click.echo(next_page(last), err=True)
+        for g in groups:
+            click.echo(_dumps({**dict(zip(columns, g.key, strict=True)), "count": g.count}))
         return
+    table = Table(title=f"Dead letters by {', '.join(columns)}")
+    for c in columns:
+        table.add_column(c)
+    table.add_column("count", justify="right")
+    for g in groups:
+        table.add_row(*(cell(k) for k in g.key), str(g.count))
+    table.caption = f"{sum(g.count for g in groups)} rows in {len(groups)} groups"
+    console.print(table)
 
-    shown = 50 if limit is None else limit
 
+def _ls_json(
+    flt: DlqFilter, limit: int | None, before: int | None, database_url: str | None
+) -> None:
+    # Streamed: each page is printed before the next is read. One row past the page is
+    # read, so that a next page is offered only when there is one.
+    async def stream(d: Database) -> int | None:
+        """Print the page; return its last id if a row follows it."""
+        printed, last = 0, None
+        wanted = limit + 1 if limit else None
+        async for row in dlq_reads.iter_rows(
+            d, flt, newest_first=True, limit=wanted, after_id=before
+        ):
+            if limit and printed == limit:
+                return last
+            click.echo(_dumps(row.to_json()))
+            printed, last = printed + 1, row.id
+        return None
+
+    if (last := run(stream, database_url)) is not None:
+        click.echo(_next_page(last), err=True)
+
+
+def _ls_table(flt: DlqFilter, shown: int, before: int | None, database_url: str | None) -> None:
+    # One row past the page is read, so that a next page is offered only when there is one.
     async def page(d: Database) -> tuple[list[DeadLetter], int]:
-        found = store.iter_rows(
+        found = dlq_reads.iter_rows(
             d, flt, newest_first=True, limit=shown + 1 if shown else None, after_id=before
         )
-        return [r async for r in found], await store.count(d, flt)
+        return [r async for r in found], await dlq_reads.count(d, flt)
 
     rows, total = run(page, database_url)
     more = bool(shown) and len(rows) > shown
@@ -235,7 +248,7 @@ def ls(
         )
     table.caption = (
         f"{len(rows)} of {total} matching (tries: failures/replays)"
-        + (f"; {next_page(rows[-1].id)}" if more else "")
+        + (f"; {_next_page(rows[-1].id)}" if more else "")
         if rows
         else "no dead letters match"
     )
@@ -252,7 +265,7 @@ def ls(
 @database_option
 def show(row_id: int, as_json: bool, database_url: str | None) -> None:
     """Show one dead letter: its payload, error history and traceback."""
-    row = run(lambda d: store.get(d, row_id), database_url)
+    row = run(lambda d: dlq_reads.get(d, row_id), database_url)
     if as_json:
         click.echo(json.dumps(redact(row.to_json()), indent=2, sort_keys=True, default=str))
         return
@@ -389,56 +402,9 @@ def replay(
         )
 
     if dry_run:
-
-        async def preview(d: Database) -> Counter[tuple[str, str]]:
-            plans: Counter[tuple[str, str]] = Counter()
-            async for row, plan in processor(d).preview(flt):
-                plans[(plan.describe(), row.kind)] += 1
-            return plans
-
-        plans = run(preview, database_url)
-        total = sum(plans.values())
-        if as_json:
-            click.echo(
-                _dumps(
-                    {
-                        "dry_run": True,
-                        "rows": total,
-                        "plans": [
-                            {"plan": p, "kind": k, "rows": n} for (p, k), n in sorted(plans.items())
-                        ],
-                    }
-                )
-            )
-            return
-        table = Table(title=f"Dry run: {total} dead letters would be replayed")
-        for col in ("plan", "kind", "rows"):
-            table.add_column(col, justify="right" if col == "rows" else "left")
-        for (p, k), n in sorted(plans.items()):
-            table.add_row(_short(p, 90), cell(k), str(n))
-        console.print(table)
+        _replay_preview(processor, flt, as_json, database_url)
         return
-
-    err = Console(stderr=True)
-
-    async def go(d: Database) -> ReplaySummary:
-        total = await store.count(d, flt.narrowed(("pending", "review")))
-        with Progress(
-            TextColumn("replaying"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            disable=as_json or not err.is_terminal,
-        ) as bar:
-            task = bar.add_task("replay", total=total)
-
-            def advance(_result: ReplayResult) -> None:
-                bar.advance(task)
-
-            return await processor(d).replay_matching(flt, progress=advance)
-
-    summary = run(go, database_url)
+    summary = _replay_with_progress(processor, flt, as_json, database_url)
     if as_json:
         click.echo(
             _dumps(
@@ -460,6 +426,72 @@ def replay(
             console.print(table)
     if summary.blocked:
         raise CliError(blocked_text(summary))
+
+
+def _replay_preview(
+    processor: Callable[[Database], ReplayProcessor],
+    flt: DlqFilter,
+    as_json: bool,
+    database_url: str | None,
+) -> None:
+    """``--dry-run``: what replaying would do, counted per plan and kind."""
+
+    async def preview(d: Database) -> Counter[tuple[str, str]]:
+        plans: Counter[tuple[str, str]] = Counter()
+        async for row, plan in processor(d).preview(flt):
+            plans[(plan.describe(), row.kind)] += 1
+        return plans
+
+    plans = run(preview, database_url)
+    total = sum(plans.values())
+    if as_json:
+        click.echo(
+            _dumps(
+                {
+                    "dry_run": True,
+                    "rows": total,
+                    "plans": [
+                        {"plan": p, "kind": k, "rows": n} for (p, k), n in sorted(plans.items())
+                    ],
+                }
+            )
+        )
+        return
+    table = Table(title=f"Dry run: {total} dead letters would be replayed")
+    for col in ("plan", "kind", "rows"):
+        table.add_column(col, justify="right" if col == "rows" else "left")
+    for (p, k), n in sorted(plans.items()):
+        table.add_row(_short(p, 90), cell(k), str(n))
+    console.print(table)
+
+
+def _replay_with_progress(
+    processor: Callable[[Database], ReplayProcessor],
+    flt: DlqFilter,
+    as_json: bool,
+    database_url: str | None,
+) -> ReplaySummary:
+    """Replay the matching rows, a progress bar on a terminal's stderr."""
+    err = Console(stderr=True)
+
+    async def go(d: Database) -> ReplaySummary:
+        total = await dlq_reads.count(d, flt.narrowed(("pending", "review")))
+        with Progress(
+            TextColumn("replaying"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            disable=as_json or not err.is_terminal,
+        ) as bar:
+            task = bar.add_task("replay", total=total)
+
+            def advance(_result: ReplayResult) -> None:
+                bar.advance(task)
+
+            return await processor(d).replay_matching(flt, progress=advance)
+
+    return run(go, database_url)
 
 
 def blocked_text(summary: ReplaySummary) -> str:
@@ -484,7 +516,9 @@ def resolve(
 ) -> None:
     """Mark dead letters resolved (fixed by hand): the IDS given, or those matching."""
     flt = _selection(ids, all_rows, filters)
-    n = run(lambda d: store.resolve_matching(d, flt, reason=reason, now=utcnow()), database_url)
+    n = run(
+        lambda d: dlq_replay.resolve_matching(d, flt, reason=reason, now=utcnow()), database_url
+    )
     click.echo(f"{n} dead letter{'s' if n != 1 else ''} resolved")
 
 
@@ -499,7 +533,7 @@ def ignore(
 ) -> None:
     """Mark pending and review dead letters ignored, with a reason."""
     flt = _selection(ids, all_rows, filters)
-    n = run(lambda d: store.ignore_matching(d, flt, reason=reason, now=utcnow()), database_url)
+    n = run(lambda d: dlq_replay.ignore_matching(d, flt, reason=reason, now=utcnow()), database_url)
     click.echo(f"{n} dead letter{'s' if n != 1 else ''} ignored")
 
 
@@ -510,7 +544,7 @@ def purge(older_than: str, database_url: str | None) -> None:
     """Delete resolved and ignored dead letters closed before --older-than (never pending or
     review ones), in batches."""
     age = parse_duration(older_than)
-    n = run(lambda d: store.purge(d, older_than=age, now=utcnow()), database_url)
+    n = run(lambda d: dlq_replay.purge(d, older_than=age, now=utcnow()), database_url)
     click.echo(f"{n} resolved or ignored dead letter{'s' if n != 1 else ''} purged")
 
 
@@ -529,7 +563,7 @@ def export(output: str, database_url: str | None, **filters: Any) -> None:
 
     async def go(d: Database) -> int:
         n = 0
-        async for row in store.iter_rows(d, flt, full=True):
+        async for row in dlq_reads.iter_rows(d, flt, full=True):
             out.write(_dumps(row.to_json()) + "\n")
             n += 1
         return n

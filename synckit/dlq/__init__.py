@@ -4,10 +4,12 @@ capped backoff, manual review, and purge.
 * :mod:`synckit.store.dead_letters` — every SQL statement on ``dead_letters`` (capture, leases,
   streaming filters, group counts, purge);
 * :mod:`synckit.dlq.replay` — :class:`ReplayProcessor` and the :class:`Replayers` registry;
+* :mod:`synckit.dlq.outcomes` — :class:`ReplayResult`, and the writing of each row's outcome;
 * :mod:`synckit.errors.dlq_policy` — the pure decisions (backoff, resource waits);
 * :mod:`synckit.dlq.cli` — ``synckit dlq ...``.
 """
 
+from synckit.dlq.outcomes import ReplayResult
 from synckit.dlq.replay import (
     DLQ_REPLAY_KIND,
     Plan,
@@ -15,7 +17,6 @@ from synckit.dlq.replay import (
     Replayer,
     Replayers,
     ReplayProcessor,
-    ReplayResult,
     ReplaySummary,
     app_record_replayer,
     register_dlq_replay,

@@ -53,20 +53,22 @@ import structlog
 
 from synckit import tracing
 from synckit.clock import utcnow
+from synckit.dlq.outcomes import OUTCOMES, SKIP_WAIT, Outcome, ReplayResult, Verdict, record
 from synckit.errors.classify import classify
 from synckit.errors.dlq_policy import REVIEW_CLASSES, UniformSource, next_retry_delay
 from synckit.errors.exceptions import (
     ConfigurationError,
     JobNotFound,
     JobStateError,
-    PayloadError,
     Unreplayable,
 )
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.store import dead_letters as store
 from synckit.store import jobs
 from synckit.store.db import Conn, Database
-from synckit.store.dead_letters import DeadLetter, DlqFilter, ReplayError
+from synckit.store.dead_letters import reads as store_reads
+from synckit.store.dead_letters import replay as store
+from synckit.store.dead_letters.replay import ReplayError
+from synckit.store.dead_letters.rows import DeadLetter, DlqFilter
 from synckit.store.leases import new_lease
 
 __all__ = [
@@ -74,7 +76,6 @@ __all__ = [
     "Plan",
     "RecordReplayApp",
     "ReplayProcessor",
-    "ReplayResult",
     "ReplaySummary",
     "Replayer",
     "Replayers",
@@ -89,8 +90,6 @@ log = structlog.get_logger("synckit.dlq")
 Replayer = Callable[[DeadLetter], Awaitable[None]]
 OnReview = Callable[[str, str, int], object]
 DLQ_REPLAY_KIND = "synckit.dlq_replay"
-#: How long a row without a replayer waits when the processor is told to skip such rows.
-_SKIP_WAIT = timedelta(hours=1)
 
 
 class Replayers:
@@ -166,21 +165,6 @@ def replayers_from_app(app: object, db: Database) -> tuple[Replayers, Registry |
     return replayers, registry if isinstance(registry, Registry) else None
 
 
-Outcome = Literal[
-    "resolved", "not_rerun", "retry", "review", "ignored", "deferred", "skipped", "blocked"
-]
-OUTCOMES: tuple[Outcome, ...] = (
-    "resolved",
-    "not_rerun",
-    "retry",
-    "review",
-    "ignored",
-    "deferred",
-    "skipped",
-    "blocked",
-)
-
-
 @dataclass(frozen=True)
 class Plan:
     """What replaying a row will do: ``replayer``, ``job`` (re-run the dead job),
@@ -197,18 +181,6 @@ class Plan:
             "ignore": f"ignore: {self.reason}",
             "skip": f"skip: {self.reason}",
         }[self.action]
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    """What became of one row in a replay run."""
-
-    id: int
-    tenant: str
-    kind: str
-    outcome: Outcome
-    reason: str = ""
-    error_class: str | None = None
 
 
 @dataclass(frozen=True)
@@ -249,28 +221,6 @@ class ReplaySummary:
             reviews=dict(reviews),
             reasons=dict(reasons),
         )
-
-
-@dataclass
-class _Done:
-    """The replay phase's verdict on one row, before it is written."""
-
-    row: DeadLetter
-    action: Literal[
-        "resolve",
-        "resolve_job",
-        "not_rerun",
-        "enqueue",
-        "retry",
-        "review",
-        "ignore",
-        "skip",
-        "blocked",
-    ]
-    reason: str = ""
-    error: ReplayError | None = None
-    next_retry_at: datetime | None = None
-    replayed: bool = True
 
 
 def _job_id(row: DeadLetter) -> int | None:
@@ -395,7 +345,7 @@ class ReplayProcessor:
         """
         total = ReplaySummary()
         listed: list[DeadLetter] = []
-        async for row in store.iter_rows(self.db, flt.narrowed(("pending", "review"))):
+        async for row in store_reads.iter_rows(self.db, flt.narrowed(("pending", "review"))):
             plan = self.plan(row)
             if plan.action == "skip":
                 total += self._report([_result(row, "skipped", plan.reason)], progress)
@@ -411,7 +361,7 @@ class ReplayProcessor:
 
     async def preview(self, flt: DlqFilter) -> AsyncIterator[tuple[DeadLetter, Plan]]:
         """Each pending or review row matching ``flt`` with its plan; changes nothing."""
-        async for row in store.iter_rows(self.db, flt.narrowed(("pending", "review"))):
+        async for row in store_reads.iter_rows(self.db, flt.narrowed(("pending", "review"))):
             yield row, self.plan(row)
 
     async def _manual_batch(
@@ -485,18 +435,20 @@ class ReplayProcessor:
             return ReplaySummary()
         gate = asyncio.Semaphore(self.concurrency)
 
-        async def one(row: DeadLetter) -> _Done:
+        async def one(row: DeadLetter) -> Verdict:
             async with gate:
                 return await self._replay_one(row, automatic=automatic)
 
         done = await asyncio.gather(*(one(r) for r in rows))
-        results = await self._record(list(done), token, originals or {})
+        results = await record(
+            self.db, list(done), token=token, originals=originals or {}, now=self.clock()
+        )
         if progress is not None:
             for r in results:
                 progress(r)
         return _summary_of(results)
 
-    async def _replay_one(self, row: DeadLetter, *, automatic: bool) -> _Done:
+    async def _replay_one(self, row: DeadLetter, *, automatic: bool) -> Verdict:
         with tracing.span(
             "synckit.dlq.replay",
             synckit__tenant=row.tenant,
@@ -517,12 +469,12 @@ class ReplayProcessor:
                 )
             return done
 
-    async def _replay_one_bare(self, row: DeadLetter, *, automatic: bool) -> _Done:
+    async def _replay_one_bare(self, row: DeadLetter, *, automatic: bool) -> Verdict:
         now = self.clock()
         if automatic and row.replay_attempts >= self.max_attempts:
             # Its replays were spent before it came due (a re-run job that died again, or
             # a lowered limit): straight to review, not one replay more.
-            return _Done(
+            return Verdict(
                 row,
                 "review",
                 f"replay attempts exhausted ({row.replay_attempts}/{self.max_attempts})",
@@ -530,21 +482,21 @@ class ReplayProcessor:
             )
         plan = self.plan(row)
         if plan.action == "ignore":
-            return _Done(row, "ignore", plan.reason, replayed=False)
+            return Verdict(row, "ignore", plan.reason, replayed=False)
         if plan.action == "skip":
-            return _Done(row, "skip", plan.reason, next_retry_at=now + _SKIP_WAIT, replayed=False)
+            return Verdict(row, "skip", plan.reason, next_retry_at=now + SKIP_WAIT, replayed=False)
         try:
             async with asyncio.timeout(self.timeout):
                 if plan.action == "job":
                     return await self._rerun_job(row)
                 assert plan.replayer is not None
                 await plan.replayer(row)
-            return _Done(row, "resolve", "replayed")
+            return Verdict(row, "resolve", "replayed")
         except Unreplayable as exc:
-            return _Done(row, "ignore", f"unreplayable: {exc.reason}")
+            return Verdict(row, "ignore", f"unreplayable: {exc.reason}")
         except ConfigurationError as exc:
             # The environment, not the row: leave the row as it was.
-            return _Done(row, "blocked", f"cannot replay here: {exc}", replayed=False)
+            return Verdict(row, "blocked", f"cannot replay here: {exc}", replayed=False)
         except TimeoutError as exc:
             if isinstance(exc.__context__, asyncio.CancelledError):
                 exc = TimeoutError(f"replay exceeded its {self.timeout:g}s timeout")
@@ -552,22 +504,24 @@ class ReplayProcessor:
         except Exception as exc:  # a replayer must never kill the processor
             return self._failed(row, exc, tb.format_exc(limit=30))
 
-    def _failed(self, row: DeadLetter, exc: BaseException, trace: str) -> _Done:
+    def _failed(self, row: DeadLetter, exc: BaseException, trace: str) -> Verdict:
         now = self.clock()
         c = classify(exc=exc, now=now)
         cls = c.error_class.value
         error = ReplayError(cls, _describe(exc), trace)
         attempts = row.replay_attempts + 1
         if cls in REVIEW_CLASSES:
-            return _Done(row, "review", f"{cls} error on replay: {c.reason}", error)
+            return Verdict(row, "review", f"{cls} error on replay: {c.reason}", error)
         if attempts >= self.max_attempts:
-            return _Done(row, "review", f"replay failed {attempts} times; last: {c.reason}", error)
+            return Verdict(
+                row, "review", f"replay failed {attempts} times; last: {c.reason}", error
+            )
         delay = next_retry_delay(attempts, self.rng)
         if c.retry_after is not None and c.retry_after > delay:
             delay = c.retry_after
-        return _Done(row, "retry", c.reason, error, next_retry_at=now + delay)
+        return Verdict(row, "retry", c.reason, error, next_retry_at=now + delay)
 
-    async def _rerun_job(self, row: DeadLetter) -> _Done:
+    async def _rerun_job(self, row: DeadLetter) -> Verdict:
         job_id = _job_id(row)
         assert job_id is not None  # plan() checked
         try:
@@ -577,14 +531,14 @@ class ReplayProcessor:
         if info is None or info.kind != row.kind:
             # Pruned (or, on SQLite, its id reused): enqueue a copy in the recording
             # transaction, atomically with resolving this row.
-            return _Done(row, "enqueue", "re-enqueued")
+            return Verdict(row, "enqueue", "re-enqueued")
         follow_up = self.clock() + next_retry_delay(row.replay_attempts + 1, self.rng)
         if info.status == "dead":
             holder = await self._key_holder(info)
             if holder is not None:
                 # Re-running it would break the key's one-unfinished-job rule; the holder
                 # is the same work, queued already (a poll cycle's next cycle, say).
-                return _Done(
+                return Verdict(
                     row,
                     "not_rerun",
                     f"not re-run: job {holder.id} ({holder.status}) holds its unique key "
@@ -594,14 +548,14 @@ class ReplayProcessor:
             try:
                 await jobs.retry_job(self.db, job_id)
             except JobNotFound:
-                return _Done(row, "enqueue", "re-enqueued")
+                return Verdict(row, "enqueue", "re-enqueued")
             except JobStateError as exc:
                 # Changed meanwhile (a holder appeared, say): nothing ran, the row waits.
-                wait = self.clock() + _SKIP_WAIT
-                return _Done(row, "skip", f"job {job_id} not re-run: {exc}", None, wait)
-            return _Done(row, "resolve_job", f"job {job_id} re-run", None, follow_up)
+                wait = self.clock() + SKIP_WAIT
+                return Verdict(row, "skip", f"job {job_id} not re-run: {exc}", None, wait)
+            return Verdict(row, "resolve_job", f"job {job_id} re-run", None, follow_up)
         if info.status in ("pending", "running"):
-            return _Done(
+            return Verdict(
                 row,
                 "not_rerun",
                 f"not re-run: job {job_id} is already {info.status} again",
@@ -610,10 +564,10 @@ class ReplayProcessor:
                 replayed=False,
             )
         if info.status == "succeeded":
-            return _Done(
+            return Verdict(
                 row, "not_rerun", f"not re-run: job {job_id} has succeeded since", replayed=False
             )
-        return _Done(row, "ignore", f"job {job_id} was {info.status}")
+        return Verdict(row, "ignore", f"job {job_id} was {info.status}")
 
     async def _key_holder(self, info: jobs.JobInfo) -> jobs.JobInfo | None:
         """The unfinished job, other than this one, that holds ``info``'s unique key."""
@@ -621,150 +575,6 @@ class ReplayProcessor:
             return None
         holder = await jobs.unfinished_with_key(self.db, info.unique_key)
         return holder if holder is not None and holder.id != info.id else None
-
-    # --- recording ----------------------------------------------------------------------
-
-    async def _record(
-        self, done: list[_Done], token: str, originals: dict[int, DeadLetter]
-    ) -> list[ReplayResult]:
-        now = self.clock()
-        results: list[ReplayResult] = []
-
-        def result(d: _Done, outcome: Outcome, reason: str | None = None) -> None:
-            err = d.error.error_class if d.error is not None else None
-            results.append(
-                ReplayResult(
-                    d.row.id,
-                    d.row.tenant,
-                    d.row.kind,
-                    outcome,
-                    d.reason if reason is None else reason,
-                    err,
-                )
-            )
-
-        def fenced(d: _Done) -> None:
-            result(d, "skipped", "changed while replaying (re-captured, resolved or ignored)")
-
-        async with self.db.begin() as conn:
-            plain: dict[str, list[_Done]] = {}
-            for d in done:
-                if d.action == "resolve":
-                    plain.setdefault(d.reason, []).append(d)
-            for reason, group in plain.items():
-                hit = set(
-                    await store.mark_resolved(
-                        conn,
-                        [d.row.id for d in group],
-                        now=now,
-                        reason=reason,
-                        token=token,
-                        replayed=True,
-                    )
-                )
-                for d in group:
-                    result(d, "resolved") if d.row.id in hit else fenced(d)
-            for d in done:
-                row = d.row
-                if d.action == "resolve":
-                    continue
-                if d.action in ("resolve_job", "not_rerun"):
-                    ok = bool(
-                        await store.mark_resolved(
-                            conn,
-                            [row.id],
-                            now=now,
-                            reason=d.reason,
-                            token=token,
-                            replayed=d.replayed,
-                            next_retry_at=d.next_retry_at,
-                        )
-                    )
-                    outcome: Outcome = "resolved" if d.action == "resolve_job" else "not_rerun"
-                    result(d, outcome) if ok else fenced(d)
-                elif d.action == "enqueue":
-                    await self._record_enqueue(conn, d, token, now, result, fenced)
-                elif d.action == "retry":
-                    assert d.next_retry_at is not None
-                    ok = await store.schedule_retry(
-                        conn, row, d.next_retry_at, now=now, error=d.error, token=token
-                    )
-                    result(d, "retry") if ok else fenced(d)
-                elif d.action == "review":
-                    ok = await store.mark_review(
-                        conn,
-                        row,
-                        d.reason,
-                        now=now,
-                        error=d.error,
-                        token=token,
-                        replayed=d.replayed,
-                    )
-                    if ok:
-                        results.append(
-                            ReplayResult(
-                                row.id,
-                                row.tenant,
-                                row.kind,
-                                "review",
-                                d.reason,
-                                d.error.error_class if d.error else row.error_class,
-                            )
-                        )
-                    else:
-                        fenced(d)
-                elif d.action == "blocked":
-                    if row.id in originals:  # an operator's replay: give it back as it was
-                        ok = bool(await store.restore(conn, [originals[row.id]], token=token))
-                    else:  # automatic: try again later, no attempt spent
-                        ok = await store.schedule_retry(
-                            conn, row, now + _SKIP_WAIT, now=now, token=token, replayed=False
-                        )
-                    result(d, "blocked") if ok else fenced(d)
-                elif d.action == "ignore":
-                    ok = bool(
-                        await store.mark_ignored(conn, [row.id], d.reason, now=now, token=token)
-                    )
-                    result(d, "ignored") if ok else fenced(d)
-                else:  # skip: leave it for later without spending an attempt
-                    assert d.next_retry_at is not None
-                    ok = await store.schedule_retry(
-                        conn, row, d.next_retry_at, now=now, token=token, replayed=False
-                    )
-                    result(d, "deferred", d.reason) if ok else fenced(d)
-        return results
-
-    async def _record_enqueue(
-        self,
-        conn: Conn,
-        d: _Done,
-        token: str,
-        now: datetime,
-        result: Callable[..., None],
-        fenced: Callable[[_Done], None],
-    ) -> None:
-        row = d.row
-        if not await store.still_held(conn, row.id, token):
-            fenced(d)
-            return
-        try:
-            new = await jobs.enqueue(
-                conn,
-                row.kind,
-                row.payload,
-                resource_key=row.resource_key,
-                trace_id=row.trace_id,
-                now=now,
-            )
-        except PayloadError as exc:
-            await store.mark_ignored(conn, [row.id], str(exc), now=now, token=token)
-            result(d, "ignored", str(exc))
-            return
-        reason = f"re-enqueued as job {new.id}"
-        await store.mark_resolved(
-            conn, [row.id], now=now, reason=reason, token=token, replayed=True
-        )
-        result(d, "resolved", reason)
 
     def _alert(self, summary: ReplaySummary) -> None:
         for (tenant, error_class), n in sorted(summary.reviews.items()):

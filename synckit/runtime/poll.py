@@ -70,7 +70,6 @@ from synckit.runtime.logging import redact_text
 from synckit.runtime.records import Landing, land, prepare
 from synckit.runtime.records import destination as records_destination
 from synckit.store import checkpoints
-from synckit.store import dead_letters as dlq_store
 from synckit.store import records as records_store
 from synckit.store.audit import AuditCounts, minute_of, record_audit_many_sync, record_audit_sync
 from synckit.store.checkpoints import (
@@ -85,6 +84,7 @@ from synckit.store.checkpoints import (
     stored_cursor,
 )
 from synckit.store.db import Database, SyncConn
+from synckit.store.dead_letters import capture as dlq_store
 from synckit.store.jobs import ClaimedJob
 from synckit.store.ticks import delete_poll_ticks
 
@@ -185,8 +185,8 @@ def dead_letter_records(
     now: datetime,
 ) -> None:
     """Write failed records to ``dead_letters`` in the caller's transaction, through the
-    DLQ's one capture (:func:`synckit.store.dead_letters.capture_many`: one row per record, a
-    repeat updates it, an ignored row stays ignored)."""
+    DLQ's one capture (:func:`synckit.store.dead_letters.capture.capture_many`: one row
+    per record, a repeat updates it, an ignored row stays ignored)."""
     dlq_store.capture_many(
         conn,
         [
@@ -220,7 +220,8 @@ def resolve_records(
     now: datetime,
 ) -> int:
     """Mark the open dead letters of records that just succeeded ``resolved``, in the
-    caller's transaction; return how many (:func:`synckit.store.dead_letters.resolve_records`)."""
+    caller's transaction; return how many
+    (:func:`synckit.store.dead_letters.capture.resolve_records`)."""
     return dlq_store.resolve_records(
         conn,
         tenant=tenant,

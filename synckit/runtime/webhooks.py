@@ -44,9 +44,9 @@ from synckit.runtime.records import land, prepare
 from synckit.runtime.scheduler import poll_job_spec
 from synckit.runtime.tenants import get_tenant, opened_config
 from synckit.store import connections as connection_store
-from synckit.store import dead_letters as dlq_store
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database, SyncConn
+from synckit.store.dead_letters import capture as dlq_store
 from synckit.store.jobs import JobSpec, enqueue_new_sync
 from synckit.store.leases import new_lease
 

@@ -10,7 +10,6 @@ config): the store never sees a key or a plaintext token.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -26,6 +25,7 @@ from synckit.store.jobs import NOTIFY_CHANNEL
 from synckit.store.leases import Lease, LeaseColumns, claim, fenced
 from synckit.store.moments import guarded_moment, storable_text
 from synckit.store.resources import readable
+from synckit.store.row_arrays import list_param, rows_params, rows_source
 from synckit.store.tables import checkpoints, connections, dead_letters, pending_authorizations
 
 #: The longest status reason stored (the cause first, then the hint).
@@ -601,11 +601,7 @@ _TYPES = ("text", "text", "text", "text", "text", "text", "int", "float8", "int"
 
 
 def _source(postgres: bool) -> str:
-    if postgres:
-        arrays = ", ".join(f"CAST(:{c} AS {t}[])" for c, t in zip(BULK_FIELDS, _TYPES, strict=True))
-        return f"unnest({arrays}) AS v({', '.join(BULK_FIELDS)})"
-    picks = ", ".join(f"json_extract(value, '$[{i}]') AS {c}" for i, c in enumerate(BULK_FIELDS))
-    return f"(SELECT {picks} FROM json_each(:rows)) AS v"
+    return rows_source(postgres, list(zip(BULK_FIELDS, _TYPES, strict=True)))
 
 
 def _statements(postgres: bool) -> tuple[Any, Any, Any, Any]:
@@ -636,17 +632,13 @@ def _is_postgres(conn: Conn) -> bool:
 
 
 def _bulk_params(postgres: bool, values: Sequence[Sequence[Any]], now: datetime) -> dict[str, Any]:
-    if postgres:
-        out: dict[str, Any] = {c: [v[i] for v in values] for i, c in enumerate(BULK_FIELDS)}
-        out["now"] = now
-        return out
-    return {"rows": json.dumps([list(v) for v in values]), "now": now}
+    return {**rows_params(postgres, BULK_FIELDS, values), "now": now}
 
 
 async def existing_tenants(conn: Conn, names: Sequence[str]) -> set[str]:
     """Which of ``names`` are tenants already: one statement, the names one array."""
     postgres = _is_postgres(conn)
-    param: Any = list(names) if postgres else json.dumps(list(names))
+    param: Any = list_param(postgres, names)
     return {r[0] for r in await conn.execute(_BULK_SQL[postgres][0], {"names": param})}
 
 

@@ -9,7 +9,7 @@ tenant), and the audit sums of the tenant page and the overview. Jobs by state a
 counted kind by kind on ``ix_jobs_kind_status``, the kinds found by a loose index scan,
 so no count reads more than ``cap`` index entries per state. The keyset pages of jobs and
 dead letters are :func:`synckit.store.jobs.job_page` and
-:func:`synckit.store.dead_letters.dlq_page`.
+:func:`synckit.store.dead_letters.reads.dlq_page`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.store import dead_letters as dlq_store
 from synckit.store.audit import Totals
 from synckit.store.db import Database
+from synckit.store.dead_letters import rows as dlq_rows
 from synckit.store.jobs import JOB_STATUSES, job_kinds
 from synckit.store.pages import COUNT_CAP, Count, Page, bounded, estimates, page_size
 from synckit.store.tables import (
@@ -319,7 +319,7 @@ async def dlq_growth(
     """
     d = dead_letters.c
     hour = timedelta(hours=1)
-    touched = [d.status.in_(list(dlq_store.STATUSES)), d.last_attempt_at >= now - 2 * hour]
+    touched = [d.status.in_(list(dlq_rows.STATUSES)), d.last_attempt_at >= now - 2 * hour]
     last = await bounded(conn, dead_letters, *touched, d.first_failed_at >= now - hour, cap=cap)
     before = await bounded(
         conn,
@@ -440,8 +440,8 @@ async def outbox_total(
         return await bounded(conn, outbox, *where, cap=cap)
 
 
-async def dlq_total(db: Database, flt: dlq_store.DlqFilter, *, cap: int = COUNT_CAP) -> Count:
-    """How many dead letters :func:`~synckit.store.dead_letters.dlq_page` lists (bounded)."""
+async def dlq_total(db: Database, flt: dlq_rows.DlqFilter, *, cap: int = COUNT_CAP) -> Count:
+    """How many dead letters :func:`~synckit.store.dead_letters.reads.dlq_page` lists (bounded)."""
     async with db.read() as conn:
         return await bounded(conn, dead_letters, *flt.clauses(), cap=cap)
 

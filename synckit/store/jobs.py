@@ -1572,7 +1572,7 @@ def dead_letter_job_sync(
     """Write a dead job into ``dead_letters`` through the DLQ's capture (one row per job;
     a job that dies again after a replay updates its row, adding to its count and history).
     """
-    from synckit.store.dead_letters import (
+    from synckit.store.dead_letters.capture import (
         capture_sync,  # the DLQ builds on the queue, not the reverse
     )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -89,6 +89,20 @@ def read_moment(value: object) -> datetime | None:
         return moment.astimezone(UTC)
     except OverflowError:  # '0001-01-01T00:00+14:00' has no UTC moment
         raise ValueError(f"not a timestamp: {str(value)[:60]!r}") from None
+
+
+def read_moments(
+    row: Mapping[Any, Any], names: Iterable[str], bad: dict[str, str]
+) -> dict[str, datetime | None]:
+    """The timestamps ``names`` of ``row`` (a row's ``_mapping``), each read by
+    :func:`read_moment`; one that cannot be read is None, its reason put in ``bad``."""
+    moments: dict[str, datetime | None] = {}
+    for name in names:
+        try:
+            moments[name] = read_moment(row[name])
+        except ValueError as exc:
+            moments[name], bad[name] = None, str(exc)
+    return moments
 
 
 def read_payload(value: object) -> Any:

@@ -49,7 +49,7 @@ from synckit.store import leases, notify
 from synckit.store.db import Database
 from synckit.store.lazy_asyncio import is_async_session
 from synckit.store.leases import Lease
-from synckit.store.moments import guarded_columns, json_holds_nul, read_moment, read_payload
+from synckit.store.moments import guarded_columns, json_holds_nul, read_moments, read_payload
 from synckit.store.tables import dialect_insert, outbox
 
 if TYPE_CHECKING:
@@ -455,9 +455,9 @@ async def mark_failed(
     token: str | None = None,
 ) -> None:
     """Messages the broker refused for good: ``failed`` here, and each captured in the DLQ
-    (:func:`synckit.store.dead_letters.capture_many`: a ``review`` row, since a refusal is a
+    (:func:`synckit.store.dead_letters.capture.capture_many`: a ``review`` row, since a refusal is a
     validation error; a message an operator ignored there stays ignored)."""
-    from synckit.store.dead_letters import Failure, capture_many
+    from synckit.store.dead_letters.capture import Failure, capture_many
     from synckit.store.moments import storable_text
 
     if not rejected:
@@ -605,12 +605,7 @@ def _info(r: Row[Any]) -> OutboxInfo:
     """A row as read by :data:`_LISTED` (or typed, as a plain ``select(outbox)`` gives
     it): each value parsed here, so one corrupt row is named instead of fatal."""
     bad: dict[str, str] = {}
-    moments: dict[str, datetime | None] = {}
-    for name in ("next_attempt_at", "created_at", "published_at"):
-        try:
-            moments[name] = read_moment(getattr(r, name))
-        except ValueError as exc:
-            moments[name], bad[name] = None, str(exc)
+    moments = read_moments(r._mapping, ("next_attempt_at", "created_at", "published_at"), bad)
     try:
         payload = read_payload(r.payload)
     except ValueError as exc:
@@ -670,7 +665,7 @@ async def _requeue(conn: AsyncConnection, where: Any, now: datetime) -> list[str
     )
     message_ids = [r[0] for r in res]
     # Their dead letters are being handled: close them, so the DLQ shows what is open.
-    from synckit.store.dead_letters import resolve_outbox_reviews  # it builds on the outbox
+    from synckit.store.dead_letters.replay import resolve_outbox_reviews  # it builds on the outbox
 
     for start in range(0, len(message_ids), _INSERT_CHUNK):
         await resolve_outbox_reviews(conn, message_ids[start : start + _INSERT_CHUNK], now=now)

@@ -7,18 +7,17 @@ job a tick enqueues); these operations only read and write the rows.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, delete, select, text, update
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.store.connections import poll_spec_marks_sql
 from synckit.store.db import Database
 from synckit.store.jobs import _insert
+from synckit.store.row_arrays import list_param, rows_params, rows_source
 from synckit.store.tables import UNSCHEDULED, cron_ticks, poll_ticks
 
 __all__ = [
@@ -95,10 +94,6 @@ async def advance_cron_tick(
 
 
 # --- poll_ticks -------------------------------------------------------------------------
-
-_SQLITE = sqlite.dialect()
-# The text SQLite stores for a timestamp (json_each hands values over as they are).
-_SQLITE_TS: Any = poll_ticks.c.next_tick_at.type.dialect_impl(_SQLITE).bind_processor(_SQLITE)
 
 
 class PollTicks:
@@ -211,24 +206,13 @@ class PollTicks:
         await conn.execute(self.missing_sql, {"connector": connector, "stream": stream, "now": now})
 
     def _rows(self, *cols: tuple[str, str]) -> str:
-        names = ", ".join(n for n, _ in cols)
-        if self.postgres:
-            arrays = ", ".join(f"CAST(:{n} AS {t}[])" for n, t in cols)
-            return f"unnest({arrays}) AS v({names})"
-        picks = ", ".join(f"json_extract(value, '$[{i}]') AS {n}" for i, (n, _) in enumerate(cols))
-        return f"(SELECT {picks} FROM json_each(:rows)) AS v"
+        return rows_source(self.postgres, cols)
 
     def rows(self, names: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
-        if self.postgres:
-            return {n: [r[i] for r in rows] for i, n in enumerate(names)}
-        return {
-            "rows": json.dumps(
-                [[_SQLITE_TS(v) if isinstance(v, datetime) else v for v in r] for r in rows]
-            )
-        }
+        return rows_params(self.postgres, names, rows)
 
     def names(self, connectors: Sequence[str]) -> Any:
-        return list(connectors) if self.postgres else json.dumps(list(connectors))
+        return list_param(self.postgres, connectors)
 
 
 _POLL_TICKS = {True: PollTicks(True), False: PollTicks(False)}

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from synckit.store.db import Database
-    from synckit.store.dead_letters import DeadLetter
+    from synckit.store.dead_letters.rows import DeadLetter
 
 __all__ = ["dead_letters"]
 
@@ -22,7 +22,7 @@ async def dead_letters(
 ) -> list[DeadLetter]:
     """The dead letters matching every filter given, oldest first, tracebacks included.
 
-    Each is a :class:`~synckit.store.dead_letters.DeadLetter`: ``record_id``,
+    Each is a :class:`~synckit.store.dead_letters.rows.DeadLetter`: ``record_id``,
     ``error_class``, ``error_message`` (the provider's own message when its error body had
     one), ``payload``, ``status``, ``traceback``... ``kind`` ending in ``*`` matches by
     prefix (``record:*``). For example::
@@ -31,13 +31,14 @@ async def dead_letters(
         assert row.error_class == "validation"
         assert "card_declined" in row.error_message
     """
-    from synckit.store import dead_letters as store
+    from synckit.store.dead_letters import reads as dlq_reads
+    from synckit.store.dead_letters import rows as dlq_rows
 
-    flt = store.DlqFilter(
+    flt = dlq_rows.DlqFilter(
         tenants=(tenant,) if tenant is not None else (),
         connectors=(connector,) if connector is not None else (),
         kinds=(kind,) if kind is not None else (),
         statuses=(status,) if status is not None else (),
         error_classes=(error_class,) if error_class is not None else (),
     )
-    return [row async for row in store.iter_rows(db, flt, full=True)]
+    return [row async for row in dlq_reads.iter_rows(db, flt, full=True)]

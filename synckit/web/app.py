@@ -48,12 +48,14 @@ from synckit.runtime.budget import BudgetPolicy, BudgetStatus
 from synckit.runtime.logging import redact, redact_text
 from synckit.runtime.poll import POLL_KIND, list_checkpoints
 from synckit.store import console, pages, queue_history
-from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store import workers as worker_store
 from synckit.store.audit import Totals
 from synckit.store.db import Database, open_database
-from synckit.store.dead_letters import DlqFilter
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import replay as dlq_replay
+from synckit.store.dead_letters import rows as dlq_rows
+from synckit.store.dead_letters.rows import DlqFilter
 from synckit.store.resources import get_resource, reset_resource
 from synckit.web import webhook_events
 from synckit.web.attempts import run_label, uncounted_runs
@@ -900,7 +902,7 @@ def _dlq_filter(params: Any) -> DlqFilter:
         tenants=many("tenant"),
         error_classes=many("class"),
         kinds=many("kind"),
-        statuses=tuple(s for s in many("status") if s in dlq_store.STATUSES),
+        statuses=tuple(s for s in many("status") if s in dlq_rows.STATUSES),
         since=_since(params.get("since")),
     )
 
@@ -936,18 +938,18 @@ async def dlq_page(request: Request) -> Response:
     try:
         flt = _dlq_filter(q)
     except BadFilter as exc:
-        return _refused_filter(request, "dlq.html", exc, statuses=dlq_store.STATUSES, here="/dlq")
+        return _refused_filter(request, "dlq.html", exc, statuses=dlq_rows.STATUSES, here="/dlq")
     open_flt = flt if flt.statuses else flt.narrowed(("pending", "review"))
-    groups = await dlq_store.dlq_groups(
+    groups = await dlq_reads.dlq_groups(
         db,
         open_flt,
         after=q.get("groups_after") or None,
         recent_since=utcnow() - timedelta(hours=24),
     )
-    page = await dlq_store.dlq_page(db, flt, before_id=_int(q.get("before")))
+    page = await dlq_reads.dlq_page(db, flt, before_id=_int(q.get("before")))
     # Every matching row, for the actions on all of them (only once a filter narrows
     # them: acting on the whole table is not one click away).
-    matching = await dlq_store.count(db, flt) if not flt.is_empty else None
+    matching = await dlq_reads.count(db, flt) if not flt.is_empty else None
     return render(
         request,
         "dlq.html",
@@ -956,7 +958,7 @@ async def dlq_page(request: Request) -> Response:
         groups=groups,
         groups_next=_next_query(request, "groups_after", groups.next_cursor),
         page=page,
-        statuses=dlq_store.STATUSES,
+        statuses=dlq_rows.STATUSES,
         filters={k: q.get(k, "") for k in ("tenant", "class", "kind", "status", "since")},
         total=await console.dlq_total(db, flt),
         **_links(request, "before", page.next_cursor),
@@ -974,7 +976,7 @@ async def dlq_row_page(request: Request) -> Response:
     try:
         if row_id is None:
             raise DeadLetterNotFound(f"no dead letter with id {raw}")
-        row = await dlq_store.get(db, row_id)
+        row = await dlq_reads.get(db, row_id)
     except DeadLetterNotFound as exc:
         return render(request, "error.html", status_code=404, message=str(exc))
     return render(request, "dlq_row.html", row=row)
@@ -1025,7 +1027,7 @@ async def dlq_action(request: Request) -> Response:
         if flt.is_empty:
             raise ValueError("no dead letter selected")
         if expected is not None and not ids:
-            now_matching = await dlq_store.count(db, flt)
+            now_matching = await dlq_reads.count(db, flt)
             if now_matching != expected:
                 return failed(
                     f"nothing done: {now_matching} row(s) match now, not the {expected} shown "
@@ -1033,10 +1035,10 @@ async def dlq_action(request: Request) -> Response:
                 )
         reason = f"{action} in the console by {_who(request)}"
         if action == "resolve":
-            n = await dlq_store.resolve_matching(db, flt, reason=reason, now=utcnow())
+            n = await dlq_replay.resolve_matching(db, flt, reason=reason, now=utcnow())
             return f"{n} dead letter(s) resolved"
         if action == "ignore":
-            n = await dlq_store.ignore_matching(db, flt, reason=reason, now=utcnow())
+            n = await dlq_replay.ignore_matching(db, flt, reason=reason, now=utcnow())
             return f"{n} dead letter(s) ignored"
         if action == "replay":
             text, bad = replay_message(await _replay(st, db, flt))
@@ -1105,7 +1107,7 @@ async def dlq_export(request: Request) -> Response:
     log.info("web.export", what="dlq", who=_who(request))
 
     async def lines() -> AsyncIterator[bytes]:
-        async for row in dlq_store.iter_rows(db, flt, full=True):
+        async for row in dlq_reads.iter_rows(db, flt, full=True):
             yield (json.dumps(redact(row.to_json()), sort_keys=True, default=str) + "\n").encode()
 
     return StreamingResponse(

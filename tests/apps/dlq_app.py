@@ -24,7 +24,7 @@ from synckit.dlq import Replayers, ReplayProcessor
 from synckit.errors.exceptions import PermanentError, RetryableError, Unreplayable
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.store.db import Database, open_database
-from synckit.store.dead_letters import DeadLetter
+from synckit.store.dead_letters.rows import DeadLetter
 
 
 def _append(line: str) -> None:

@@ -20,9 +20,9 @@ from synckit import App, Connector, Page, SyncContext
 from synckit.clock import utcnow
 from synckit.runtime import outbox
 from synckit.runtime.pacing import defer_resource
-from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store.db import Database
+from synckit.store.dead_letters import capture as dlq_capture
 
 SECRET = "sk_live_seeded-SECRET-4f9a7c"
 PAGE_PAUSE = float(os.environ.get("WEB_APP_PAGE_PAUSE", "0.4"))
@@ -81,7 +81,7 @@ async def seed(db: Database) -> dict[str, Any]:
         jobs.append(out.id)
     async with db.begin() as conn:
         failures = [
-            dlq_store.Failure(
+            dlq_capture.Failure(
                 tenant="acme",
                 connector="shop",
                 kind="record:default",
@@ -94,7 +94,7 @@ async def seed(db: Database) -> dict[str, Any]:
             )
             for i in range(3)
         ] + [
-            dlq_store.Failure(
+            dlq_capture.Failure(
                 tenant="globex",
                 connector="shop",
                 kind="record:default",
@@ -106,6 +106,6 @@ async def seed(db: Database) -> dict[str, Any]:
             )
             for i in range(2)
         ]
-        captured = await dlq_store.capture_many(conn, failures, now=now)
+        captured = await dlq_capture.capture_many(conn, failures, now=now)
         await outbox.add(conn, "orders.synced", {"order": 1, "secret": SECRET}, key="acme")
     return {"jobs": jobs, "dead_letters": [c.id for c in captured]}

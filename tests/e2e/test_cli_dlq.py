@@ -17,9 +17,12 @@ from inprocess import run_cli  # tests/
 from sqlalchemy import update
 from waits import PROCESS_TIMEOUT  # tests/
 
-from synckit.store import dead_letters as store
 from synckit.store import jobs
 from synckit.store.db import Database, open_database
+from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import replay as dlq_replay
+from synckit.store.dead_letters import rows as dlq_rows
 from synckit.store.tables import dead_letters
 from synckit.store.tables import jobs as jobs_table
 
@@ -89,7 +92,7 @@ def seed(url: str) -> dict[str, int]:
                 **kw,
             }
             async with db.begin() as conn:
-                ids[name] = (await store.capture(conn, **args)).id
+                ids[name] = (await dlq_capture.capture(conn, **args)).id
 
         await cap("a1")
         await cap("a2", payload={"id": "a2", "fail": "transient"})
@@ -127,9 +130,9 @@ def seed(url: str) -> dict[str, int]:
                 .id
             )
             old = now - timedelta(days=60)
-            await store.mark_resolved(conn, [ids["old-resolved"]], now=old)
-            await store.mark_ignored(conn, [ids["old-ignored"]], "noise", now=old)
-            await store.mark_resolved(conn, [ids["new-resolved"]], now=now)
+            await dlq_replay.mark_resolved(conn, [ids["old-resolved"]], now=old)
+            await dlq_replay.mark_ignored(conn, [ids["old-ignored"]], "noise", now=old)
+            await dlq_replay.mark_resolved(conn, [ids["new-resolved"]], now=now)
         ids["job_id"] = job.id
         return ids
 
@@ -234,11 +237,11 @@ def test_replay_without_an_app_re_runs_jobs_and_leaves_records(migrated_url: str
     out = json.loads(ok("dlq", "replay", "--all", "--json", "--database-url", migrated_url))
     assert out["resolved"] == 1 and out["skipped"] == 5
     assert any("needs --app" in r["reason"] for r in out["reasons"])
-    row = with_db(migrated_url, lambda d: store.get(d, ids["job"]))
+    row = with_db(migrated_url, lambda d: dlq_reads.get(d, ids["job"]))
     assert row.status == "resolved"
     job = with_db(migrated_url, lambda d: jobs.get_job(d, ids["job_id"]))
     assert job.status == "pending"
-    still = with_db(migrated_url, lambda d: store.get(d, ids["a1"]))
+    still = with_db(migrated_url, lambda d: dlq_reads.get(d, ids["a1"]))
     assert still.status == "pending" and still.replay_attempts == 0
 
 
@@ -276,8 +279,8 @@ def test_replay_with_the_app_by_ids_and_by_filter(migrated_url: str, tmp_path: P
     )
     assert "Replay of" in table and "retry" in table and "unknown connector" in table
 
-    def row(name: str) -> store.DeadLetter:
-        return with_db(migrated_url, lambda d: store.get(d, ids[name]))
+    def row(name: str) -> dlq_rows.DeadLetter:
+        return with_db(migrated_url, lambda d: dlq_reads.get(d, ids[name]))
 
     assert row("a2").status == "pending" and row("a2").replay_attempts == 1
     assert row("lost").status == "ignored" and "unknown" in (row("lost").status_reason or "")

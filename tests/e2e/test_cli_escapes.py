@@ -16,9 +16,9 @@ from pathlib import Path
 from inprocess import run_cli  # tests/
 from sqlalchemy import insert, update
 
-from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store.db import open_database
+from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.resources import configure_resource
 from synckit.store.tables import alerts, connections, outbox, resources
 from synckit.store.tables import jobs as jobs_table
@@ -63,7 +63,7 @@ async def _seed(url: str) -> dict[str, int]:
                     updated_at=now,
                 )
             )
-            got = await dlq_store.capture(
+            got = await dlq_capture.capture(
                 conn,
                 tenant="acme",
                 connector="graph",

@@ -18,9 +18,10 @@ from sqlalchemy import update
 from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.cli import cli
-from synckit.store import dead_letters as store
 from synckit.store import jobs
 from synckit.store.db import Database, open_database
+from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.dead_letters import reads as dlq_reads
 from synckit.store.resources import configure_resource
 from synckit.store.tables import jobs as jobs_table
 from synckit.store.tables import resources
@@ -58,7 +59,7 @@ def seed(url: str) -> dict[str, int]:
                 .where(jobs_table.c.id == job.id)
                 .values(last_error=HOSTILE, errors=[{"message": HOSTILE}])
             )
-            got = await store.capture(
+            got = await dlq_capture.capture(
                 conn,
                 tenant="acme",
                 connector="graph",
@@ -126,7 +127,7 @@ def test_dead_letter_texts_are_stored_redacted(migrated_url: str) -> None:
     ids = seed(migrated_url)
 
     async def go(db: Database) -> Any:
-        return await store.get(db, ids["dl"])
+        return await dlq_reads.get(db, ids["dl"])
 
     row = with_db(migrated_url, go)
     stored = json.dumps([row.error_message, row.history, row.traceback])

@@ -18,8 +18,8 @@ from engines import sqlite_only  # tests/
 from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.clock import utcnow
-from synckit.store import dead_letters as dlq_store
 from synckit.store.db import open_database
+from synckit.store.dead_letters import capture as dlq_capture
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 NOISY_APP = """
@@ -84,10 +84,10 @@ def _seed_dead_letters(url: str, n: int) -> None:
         db = open_database(url)
         try:
             async with db.begin() as conn:
-                await dlq_store.capture_many(
+                await dlq_capture.capture_many(
                     conn,
                     [
-                        dlq_store.Failure(
+                        dlq_capture.Failure(
                             tenant="acme",
                             connector="noisy",
                             kind="record:default",

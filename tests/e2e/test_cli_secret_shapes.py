@@ -27,10 +27,10 @@ from sqlalchemy import insert, update
 from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.runtime import outbox as outbox_store
-from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as jobs_store
 from synckit.store.connections import insert_connection
 from synckit.store.db import Database, open_database
+from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.resources import configure_resource
 from synckit.store.tables import checkpoints, connections, dead_letters, jobs, outbox, resources
 
@@ -74,7 +74,7 @@ async def seed(db: Database, texts: dict[str, str]) -> dict[str, Any]:
                 schedule="every 5m",
                 now=now,
             )
-            got = await dlq_store.capture(
+            got = await dlq_capture.capture(
                 conn,
                 tenant=tenant,
                 connector="graph",

@@ -23,9 +23,10 @@ from web_app import SECRET  # tests/apps, on the path by console_browser
 from synckit.errors import RetryPolicy
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
-from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store import migrate
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import rows as dlq_rows
 
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -162,7 +163,7 @@ def test_replaying_a_dead_letter_group_resolves_its_rows(page: Any, site: dict[s
     async def statuses(db: Any) -> dict[str, str]:
         return {
             r.record_id: r.status
-            async for r in dlq_store.iter_rows(db, dlq_store.DlqFilter(tenants=("acme",)))
+            async for r in dlq_reads.iter_rows(db, dlq_rows.DlqFilter(tenants=("acme",)))
             if r.kind == "record:default"
         }
 

@@ -24,7 +24,9 @@ from console_browser import (  # tests/
     with_db,
 )
 
-from synckit.store import dead_letters as dlq_store
+from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import rows as dlq_rows
 
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -35,7 +37,7 @@ def dlq_state(url: str) -> dict[int, tuple[Any, ...]]:
     async def read(db: Any) -> dict[int, tuple[Any, ...]]:
         return {
             r.id: (r.status, r.status_reason, r.next_retry_at, r.replay_attempts, r.lease_token)
-            async for r in dlq_store.iter_rows(db, dlq_store.DlqFilter())
+            async for r in dlq_reads.iter_rows(db, dlq_rows.DlqFilter())
         }
 
     out: dict[int, tuple[Any, ...]] = with_db(url, read)
@@ -128,10 +130,10 @@ def test_a_filtered_group_action_touches_exactly_the_filtered_rows(
         from synckit.clock import utcnow
 
         async with db.begin() as conn:
-            await dlq_store.capture_many(
+            await dlq_capture.capture_many(
                 conn,
                 [
-                    dlq_store.Failure(
+                    dlq_capture.Failure(
                         tenant="acme",
                         connector="shop",
                         kind="record:invoices",
@@ -165,7 +167,7 @@ def test_a_filtered_group_action_touches_exactly_the_filtered_rows(
     async def statuses(db: Any) -> dict[str, str]:
         return {
             r.record_id: r.status
-            async for r in dlq_store.iter_rows(db, dlq_store.DlqFilter(tenants=("acme",)))
+            async for r in dlq_reads.iter_rows(db, dlq_rows.DlqFilter(tenants=("acme",)))
         }
 
     assert with_db(url, statuses) == {
@@ -412,7 +414,7 @@ def test_a_dead_cycle_replayed_while_its_next_cycle_is_queued_says_nothing_was_r
                 now=utcnow(),
             )
         queued = await job_store.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
-        (letter,) = [r async for r in dlq_store.iter_rows(db, dlq_store.DlqFilter())]
+        (letter,) = [r async for r in dlq_reads.iter_rows(db, dlq_rows.DlqFilter())]
         return {"letter": letter.id, "queued": queued.id}
 
     url, seeded = seeded_db(tmp_path, before=dead_cycle)

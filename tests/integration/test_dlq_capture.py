@@ -35,10 +35,14 @@ from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import redact_text
 from synckit.runtime.outbox import CallbackPublisher, OutboxRelay
 from synckit.runtime.worker import Worker
-from synckit.store import dead_letters as store
 from synckit.store import jobs
 from synckit.store.db import Database, open_database
-from synckit.store.dead_letters import DlqFilter, Failure
+from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import replay as dlq_replay
+from synckit.store.dead_letters import rows as dlq_rows
+from synckit.store.dead_letters.capture import Failure
+from synckit.store.dead_letters.rows import DlqFilter
 from synckit.store.moments import storable_text
 from synckit.store.outbox import OutboxMessage
 from synckit.store.tables import checkpoints, dead_letters
@@ -133,7 +137,7 @@ async def the_row(db: Database, record_id: str, kind: str = "record:default") ->
 async def test_an_ignore_survives_a_later_failed_poll_of_the_record(
     db: Database, api: tuple[FakeAPI, str], error: Exception, opened: str
 ) -> None:
-    """`synckit dlq ignore` (store.ignore_matching) on a record's dead letter, pending or in
+    """`synckit dlq ignore` (dlq_replay.ignore_matching) on a record's dead letter, pending or in
     review: the next cycle that fails the record appends to its history, and the row
     stays ignored with the operator's reason; a later success does not resolve it."""
     fake, url = api
@@ -143,26 +147,26 @@ async def test_an_ignore_survives_a_later_failed_poll_of_the_record(
     await app.poll(db, "acme")
     first = await the_row(db, "r1")
     assert first.status == opened
-    ignored = await store.ignore_matching(
+    ignored = await dlq_replay.ignore_matching(
         db, DlqFilter(ids=(first.id,)), reason="known bad record", now=utcnow()
     )
     assert ignored == 1
-    before = await store.get(db, first.id)
+    before = await dlq_reads.get(db, first.id)
 
     await forget_checkpoint(db)
     result = await app.poll(db, "acme")
     assert result.failed == 1
-    row = await store.get(db, first.id)
+    row = await dlq_reads.get(db, first.id)
     assert (row.status, row.status_reason) == ("ignored", "known bad record")
     assert row.resolved_at == before.resolved_at and row.next_retry_at == before.next_retry_at
     assert row.attempt_count == 2 and len(row.history) == 2
     assert row.history[-1]["source"] == "poll"
-    assert await store.count(db, DlqFilter(statuses=("pending", "review"))) == 0
+    assert await dlq_reads.count(db, DlqFilter(statuses=("pending", "review"))) == 0
 
     fail.clear()
     await forget_checkpoint(db)
     await app.poll(db, "acme")
-    assert (await store.get(db, first.id)).status == "ignored"
+    assert (await dlq_reads.get(db, first.id)).status == "ignored"
 
 
 async def test_a_failed_poll_reopens_a_resolved_row_with_a_fresh_replay_budget(
@@ -183,7 +187,7 @@ async def test_a_failed_poll_reopens_a_resolved_row_with_a_fresh_replay_budget(
         )
     await forget_checkpoint(db)
     await app.poll(db, "acme")
-    again = await store.get(db, row.id)
+    again = await dlq_reads.get(db, row.id)
     assert (again.status, again.status_reason, again.replay_attempts) == ("pending", None, 0)
     assert again.next_retry_at is not None and again.attempt_count == 2
 
@@ -263,8 +267,8 @@ def failures(n: int, *, prefix: str = "r", error_class: str = "server_error") ->
     ]
 
 
-def capture(conn: Connection, failures: list[Failure], now: datetime) -> list[store.Captured]:
-    return store.capture_many(conn, failures, now=now)
+def capture(conn: Connection, failures: list[Failure], now: datetime) -> list[dlq_capture.Captured]:
+    return dlq_capture.capture_many(conn, failures, now=now)
 
 
 @contextlib.contextmanager
@@ -314,13 +318,13 @@ async def test_more_failures_than_a_chunk_are_captured_in_chunks(db: Database) -
     with statements(db) as seen:
         got = await db.write(capture, many, now)
     assert len(got) == 2_510 and got[0].id == got[2_500].id
-    assert len(seen) == 2 * -(-2_500 // store.CAPTURE_CHUNK)
-    assert await store.count(db) == 2_500
+    assert len(seen) == 2 * -(-2_500 // dlq_capture.CAPTURE_CHUNK)
+    assert await dlq_reads.count(db) == 2_500
 
 
 def test_the_capture_statements_carry_a_cache_key() -> None:
     """Built once per engine, and cacheable (text with typed parameters)."""
-    for sql in store._SQL.values():
+    for sql in dlq_capture._SQL.values():
         for stmt in (sql.lock, sql.insert, sql.merge, sql.pause, sql.resolve):
             assert stmt._generate_cache_key() is not None
 
@@ -353,16 +357,16 @@ async def test_nul_in_an_error_text_or_a_payload_is_dead_lettered_and_the_cycle_
         saved = (await conn.execute(select(checkpoints.c.cursor))).scalar_one()
     assert saved == {"page": 2}
 
-    text_row = await store.get(db, (await the_row(db, "r-text")).id)
+    text_row = await dlq_reads.get(db, (await the_row(db, "r-text")).id)
     assert text_row.error_message == f"ValueError: bad value {FFFD} in field"
     assert f"bad value {FFFD} in field" in (text_row.traceback or "")
     assert text_row.history[0]["message"] == text_row.error_message
-    payload_row = await store.get(db, (await the_row(db, "r-payload")).id)
+    payload_row = await dlq_reads.get(db, (await the_row(db, "r-payload")).id)
     assert payload_row.payload == {
         "id": "r-payload",
         "body": {f"te{FFFD}xt": [f"a{FFFD}b", {"deep": FFFD}]},
     }
-    surrogate_row = await store.get(db, (await the_row(db, "r-surrogate")).id)
+    surrogate_row = await dlq_reads.get(db, (await the_row(db, "r-surrogate")).id)
     assert surrogate_row.payload == {"id": "r-surrogate", "name": f"half {FFFD} pair"}
     assert surrogate_row.error_message == f"ValueError: rejected {FFFD} too"
     id_row = await the_row(db, f"r{FFFD}id")
@@ -405,7 +409,10 @@ CAPTURER = textwrap.dedent(
     import asyncio, random, sys, time
     from datetime import UTC, datetime
     from pathlib import Path
-    from synckit.store import dead_letters as store
+    from synckit.store.dead_letters import capture as dlq_capture
+    from synckit.store.dead_letters import reads as dlq_reads
+    from synckit.store.dead_letters import replay as dlq_replay
+    from synckit.store.dead_letters import rows as dlq_rows
     from synckit.store.db import open_database
 
     url, start, me = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
@@ -421,13 +428,13 @@ CAPTURER = textwrap.dedent(
                 keys = [f"k{r}-{i}" for i in range(KEYS)]
                 rng.shuffle(keys)
                 failures = [
-                    store.Failure(tenant="acme", connector="items", kind="record:default",
+                    dlq_capture.Failure(tenant="acme", connector="items", kind="record:default",
                                   record_id=k, payload={"by": me}, error_class="server_error",
                                   message=f"from {me}", source="poll")
                     for k in keys
                 ]
                 got = await db.write(
-                    lambda c: store.capture_many(c, failures, now=datetime.now(UTC))
+                    lambda c: dlq_capture.capture_many(c, failures, now=datetime.now(UTC))
                 )
                 created.extend(f.record_id for c, f in zip(got, failures) if c.created)
         finally:
@@ -522,7 +529,7 @@ def test_any_payload_and_message_are_stored_with_only_nul_and_surrogates_replace
     """Generated JSON payloads and messages with NULs and lone surrogates anywhere: the
     capture commits on both engines, and reads back as the input with U+FFFD there."""
 
-    async def go() -> store.DeadLetter:
+    async def go() -> dlq_rows.DeadLetter:
         db = open_database(migrated_url)
         try:
             [c] = await db.write(
@@ -540,7 +547,7 @@ def test_any_payload_and_message_are_stored_with_only_nul_and_surrogates_replace
                 ],
                 datetime.now(UTC),
             )
-            return await store.get(db, c.id)
+            return await dlq_reads.get(db, c.id)
         finally:
             await db.dispose()
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from waits import PROCESS_TIMEOUT  # tests/
 
-from synckit.store import dead_letters as store
 from synckit.store.db import open_database
-from synckit.store.dead_letters import DlqFilter
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters.rows import DlqFilter
 from synckit.store.tables import dead_letters
 
 APP = Path(__file__).parent.parent / "apps" / "dlq_app.py"
@@ -56,7 +56,9 @@ def statuses(url: str) -> collections.Counter[str]:
     async def go() -> collections.Counter[str]:
         db = open_database(url)
         try:
-            return collections.Counter([r.status async for r in store.iter_rows(db, DlqFilter())])
+            return collections.Counter(
+                [r.status async for r in dlq_reads.iter_rows(db, DlqFilter())]
+            )
         finally:
             await db.dispose()
 

@@ -15,10 +15,12 @@ from synckit.dlq import DLQ_REPLAY_KIND, Replayers, ReplayProcessor, register_dl
 from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError, Unreplayable
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
-from synckit.store import dead_letters as store
 from synckit.store import jobs
 from synckit.store.db import Database
-from synckit.store.dead_letters import DeadLetter
+from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import rows as dlq_rows
+from synckit.store.dead_letters.rows import DeadLetter
 from synckit.store.resources import configure_resource
 from synckit.store.tables import dead_letters, resources
 from synckit.store.tables import jobs as jobs_table
@@ -58,7 +60,7 @@ async def cap(db: Database, record_id: str, **kw: Any) -> int:
         **kw,
     }
     async with db.begin() as conn:
-        return (await store.capture(conn, **args)).id
+        return (await dlq_capture.capture(conn, **args)).id
 
 
 def recorder(
@@ -89,9 +91,9 @@ async def test_a_successful_replay_resolves_the_row(db: Database) -> None:
     summary = await processor(db, replayers, Clock()).run_once()
     assert sorted(seen) == sorted([a, b])
     assert summary.resolved == 2 and summary.claimed == 2
-    ra = await store.get(db, a)
+    ra = await dlq_reads.get(db, a)
     assert ra.status == "resolved" and ra.resolved_at == T0 and ra.replay_attempts == 1
-    assert (await store.get(db, later)).status == "pending"
+    assert (await dlq_reads.get(db, later)).status == "pending"
     assert (await processor(db, replayers, Clock()).run_once()).claimed == 0
 
 
@@ -101,7 +103,7 @@ async def test_a_failed_replay_is_retried_with_backoff(db: Database) -> None:
     replayers, _ = recorder(lambda r: RetryableError("503 again"))
     summary = await processor(db, replayers, Clock()).run_once()
     assert summary.retry == 1
-    row = await store.get(db, a)
+    row = await dlq_reads.get(db, a)
     assert row.status == "pending" and row.replay_attempts == 1
     assert row.next_retry_at == T0 + timedelta(minutes=2)
     assert row.error_class == "transient" and "503 again" in row.error_message
@@ -119,7 +121,7 @@ async def test_the_backoff_sequence_across_replays_and_the_retry_after_floor(db:
     waits = []
     for _ in range(5):
         await proc.run_once()
-        row = await store.get(db, a)
+        row = await dlq_reads.get(db, a)
         assert row.next_retry_at is not None
         waits.append(row.next_retry_at - clock.now)
         clock.now = row.next_retry_at
@@ -127,7 +129,7 @@ async def test_the_backoff_sequence_across_replays_and_the_retry_after_floor(db:
     b = await cap(db, "b", now=clock.now - timedelta(minutes=1))
     replayers2, _ = recorder(lambda r: RateLimited("slow down", retry_after=timedelta(hours=3)))
     await processor(db, replayers2, clock).run_once()
-    row = await store.get(db, b)
+    row = await dlq_reads.get(db, b)
     assert row.next_retry_at == clock.now + timedelta(hours=3)
     assert row.error_class == "rate_limited"
 
@@ -147,11 +149,11 @@ async def test_review_after_the_attempt_limit_with_one_alert_per_tenant_and_clas
     for _ in range(2):
         await proc.run_once()
         clock.advance(timedelta(hours=1))
-    assert [(await store.get(db, i)).status for i in ids] == ["pending"] * 4
+    assert [(await dlq_reads.get(db, i)).status for i in ids] == ["pending"] * 4
     with capture_logs() as logs:
         summary = await proc.run_once()
     assert summary.review == 4
-    rows = [await store.get(db, i) for i in ids]
+    rows = [await dlq_reads.get(db, i) for i in ids]
     assert all(r.status == "review" and r.replay_attempts == 3 for r in rows)
     assert "3 times" in (rows[0].status_reason or "")
     assert sorted(alerts) == [("acme", "transient", 3), ("globex", "transient", 1)]
@@ -169,7 +171,7 @@ async def test_validation_failure_on_replay_goes_straight_to_review(db: Database
     proc = processor(db, replayers, Clock(), on_review=lambda t, c, n: alerts.append((t, c, n)))
     summary = await proc.run_once()
     assert summary.review == 1
-    row = await store.get(db, a)
+    row = await dlq_reads.get(db, a)
     assert row.status == "review" and row.error_class == "validation"
     assert alerts == [("acme", "validation", 1)]
 
@@ -193,15 +195,15 @@ async def test_rows_that_cannot_be_replayed_are_ignored_and_the_rest_go_on(db: D
     replayers, seen = recorder(fail)
     summary = await processor(db, replayers, Clock()).run_once()
     assert summary.ignored == 3 and summary.resolved == 1 and summary.retry == 1
-    assert (await store.get(db, good)).status == "resolved"
-    kind_row = await store.get(db, unknown_kind)
+    assert (await dlq_reads.get(db, good)).status == "resolved"
+    kind_row = await dlq_reads.get(db, unknown_kind)
     assert kind_row.status == "ignored" and "webhook:thing" in (kind_row.status_reason or "")
-    conn_row = await store.get(db, unknown_connector)
+    conn_row = await dlq_reads.get(db, unknown_connector)
     assert conn_row.status == "ignored" and "not installed" in (conn_row.status_reason or "")
-    shape_row = await store.get(db, wrong_shape)
+    shape_row = await dlq_reads.get(db, wrong_shape)
     assert shape_row.status == "ignored" and "not a JSON object" in (shape_row.status_reason or "")
     assert wrong_shape not in seen
-    crash_row = await store.get(db, crashes)
+    crash_row = await dlq_reads.get(db, crashes)
     assert crash_row.status == "pending" and "ZeroDivisionError" in crash_row.error_message
 
 
@@ -218,7 +220,7 @@ async def test_a_payload_that_does_not_parse_is_ignored(db: Database) -> None:
     replayers, seen = recorder()
     summary = await processor(db, replayers, Clock()).run_once()
     assert summary.ignored == 1 and summary.resolved == 1 and seen == [good]
-    row = await store.get(db, bad)
+    row = await dlq_reads.get(db, bad)
     assert row.status == "ignored" and "does not parse" in (row.status_reason or "")
 
 
@@ -250,7 +252,7 @@ async def test_rows_of_a_resource_with_an_open_breaker_wait_without_spending_att
     proc = processor(db, replayers, clock)
     summary = await proc.run_once()
     assert seen == [free] and summary.deferred == 2
-    ra, rg = await store.get(db, a), await store.get(db, g)
+    ra, rg = await dlq_reads.get(db, a), await dlq_reads.get(db, g)
     assert ra.status == "pending" and ra.replay_attempts == 0 and ra.next_retry_at == cooldown
     assert "breaker open" in (ra.status_reason or "")
     assert rg.replay_attempts == 0 and rg.next_retry_at == paced
@@ -303,7 +305,7 @@ async def test_a_dead_job_is_run_again_and_its_row_resolved(db: Database) -> Non
     assert summary.resolved == 1
     info = await jobs.get_job(db, job_id)
     assert info.status == "pending" and info.attempts == 0
-    row = await store.get(db, dl)
+    row = await dlq_reads.get(db, dl)
     assert row.status == "resolved" and f"job {job_id} re-run" == row.status_reason
     assert row.replay_attempts == 1 and row.next_retry_at == T0 + timedelta(minutes=2)
 
@@ -316,7 +318,7 @@ async def test_a_job_that_is_gone_is_enqueued_anew(db: Database) -> None:
         await conn.execute(jobs_table.delete().where(jobs_table.c.id == job_id))
     summary = await ReplayProcessor(db, rng=Fixed(), clock=Clock()).run_once()
     assert summary.resolved == 1
-    row = await store.get(db, dl)
+    row = await dlq_reads.get(db, dl)
     assert row.status_reason is not None and row.status_reason.startswith("re-enqueued as job ")
     new_id = int(row.status_reason.rsplit(" ", 1)[1])
     info = await jobs.get_job(db, new_id)
@@ -332,7 +334,7 @@ async def test_a_job_kind_the_registry_does_not_know_is_ignored(db: Database) ->
     _, dl = await dead_job(db, kind="retired_job")
     summary = await ReplayProcessor(db, registry=Registry(), clock=Clock()).run_once()
     assert summary.ignored == 1
-    row = await store.get(db, dl)
+    row = await dlq_reads.get(db, dl)
     assert row.status == "ignored" and "retired_job" in (row.status_reason or "")
 
 
@@ -364,7 +366,7 @@ async def test_a_re_run_job_that_keeps_dying_reaches_review(db: Database) -> Non
         clock.advance(timedelta(hours=1))
     summary = await proc.run_once()
     assert summary.review == 1
-    assert (await store.get(db, dl)).status == "review"
+    assert (await dlq_reads.get(db, dl)).status == "review"
 
 
 async def test_a_slow_replayer_times_out_and_is_retried(db: Database) -> None:
@@ -378,7 +380,7 @@ async def test_a_slow_replayer_times_out_and_is_retried(db: Database) -> None:
     replayers.register_prefix("record:", slow)
     summary = await processor(db, replayers, Clock(), timeout=0.05).run_once()
     assert summary.retry == 1
-    row = await store.get(db, a)
+    row = await dlq_reads.get(db, a)
     assert row.error_class == "transient" and "timeout" in row.error_message
 
 
@@ -419,7 +421,7 @@ async def test_register_dlq_replay_runs_the_processor_as_a_recurring_job(db: Dat
     await jobs.enqueue(db, DLQ_REPLAY_KIND)
     stats = await Worker(db, registry).run_until_idle()
     assert stats.succeeded >= 1 and seen == [a]
-    assert (await store.get(db, a)).status == "resolved"
+    assert (await dlq_reads.get(db, a)).status == "resolved"
 
 
 async def test_a_pending_row_without_a_replay_time_is_made_due(db: Database) -> None:
@@ -466,7 +468,7 @@ async def test_a_dead_cycle_whose_next_cycle_is_queued_is_resolved_without_a_re_
     assert queued.id != dead.id
     summary = await ReplayProcessor(db, rng=Fixed(), clock=Clock()).run_once()
     assert (summary.claimed, summary.not_rerun, summary.resolved) == (1, 1, 0)
-    (row,) = [r async for r in store.iter_rows(db, store.DlqFilter())]
+    (row,) = [r async for r in dlq_reads.iter_rows(db, dlq_rows.DlqFilter())]
     assert row.status == "resolved" and row.replay_attempts == 0
     assert f"job {queued.id} (pending) holds its unique key" in (row.status_reason or "")
     assert (await jobs.get_job(db, dead.id)).status == "dead"
@@ -483,5 +485,5 @@ async def test_a_job_that_succeeded_since_is_not_re_run(db: Database) -> None:
         )
     summary = await ReplayProcessor(db, rng=Fixed(), clock=Clock()).run_once()
     assert summary.not_rerun == 1 and summary.resolved == 0
-    row = await store.get(db, dl)
+    row = await dlq_reads.get(db, dl)
     assert row.status_reason == f"not re-run: job {job_id} has succeeded since"

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from synckit.store import dead_letters as dlq
 from synckit.store import intents as intent_store
 from synckit.store import jobs as store
 from synckit.store.db import Database
+from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import replay as dlq_replay
 from synckit.store.jobs import ClaimedJob
 from synckit.store.leases import Lease
 from synckit.store.tables import intents
@@ -104,7 +106,7 @@ async def test_a_replayer_taken_over_cannot_finish_the_dead_letter(db: Database)
     """Replayer a's lease on a dead letter ran out and b claimed the row: a's resolve,
     retry and review all change nothing; b's resolve stands."""
     async with db.begin() as conn:
-        captured = await dlq.capture(
+        captured = await dlq_capture.capture(
             conn,
             tenant="acme",
             connector="mail",
@@ -117,17 +119,19 @@ async def test_a_replayer_taken_over_cannot_finish_the_dead_letter(db: Database)
         )
     due = NOW + timedelta(minutes=2)
     async with db.begin() as conn:
-        [row] = await dlq.claim_due(conn, now=due, limit=1, lease=Lease("a", due + LEASE))
+        [row] = await dlq_replay.claim_due(conn, now=due, limit=1, lease=Lease("a", due + LEASE))
         later = due + 2 * LEASE
         assert [
             r.id
-            for r in await dlq.claim_ids(conn, [row.id], now=later, lease=Lease("b", later + LEASE))
+            for r in await dlq_replay.claim_ids(
+                conn, [row.id], now=later, lease=Lease("b", later + LEASE)
+            )
         ] == [captured.id]
     async with db.begin() as conn:
-        assert await dlq.mark_resolved(conn, [row.id], now=later, token="a") == []
-        assert not await dlq.schedule_retry(conn, row, later, now=later, token="a")
-        assert not await dlq.mark_review(conn, row, "late", now=later, token="a")
-    fresh = await dlq.get(db, row.id)
+        assert await dlq_replay.mark_resolved(conn, [row.id], now=later, token="a") == []
+        assert not await dlq_replay.schedule_retry(conn, row, later, now=later, token="a")
+        assert not await dlq_replay.mark_review(conn, row, "late", now=later, token="a")
+    fresh = await dlq_reads.get(db, row.id)
     assert fresh.status == "pending" and fresh.replay_attempts == 0
     async with db.begin() as conn:
-        assert await dlq.mark_resolved(conn, [row.id], now=later, token="b") == [row.id]
+        assert await dlq_replay.mark_resolved(conn, [row.id], now=later, token="b") == [row.id]

@@ -25,7 +25,8 @@ from synckit.examples.graph_mail import (
     make_app,
 )
 from synckit.store.db import Database
-from synckit.store.dead_letters import DlqFilter, iter_rows
+from synckit.store.dead_letters.reads import iter_rows
+from synckit.store.dead_letters.rows import DlqFilter
 from synckit.testing import PASS, Fault
 
 if TYPE_CHECKING:

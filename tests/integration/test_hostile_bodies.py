@@ -13,8 +13,10 @@ from synckit import Connector
 from synckit.errors import ClassifyRules, ErrorClass, classify
 from synckit.runtime.context import open_context
 from synckit.runtime.http import ERROR_BODY_LIMIT
-from synckit.store import dead_letters as store
 from synckit.store.db import Database
+from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import replay as dlq_replay
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 KEY = "SeCrEtKeY0123456789"
@@ -87,7 +89,7 @@ async def test_a_json_decode_error_in_a_handler_is_a_server_error() -> None:
 
 async def capture_dead_cycle(db: Database, job_id: int, stream: str, at: datetime) -> Any:
     async with db.begin() as conn:
-        return await store.capture(
+        return await dlq_capture.capture(
             conn,
             tenant="acme",
             connector="graph",
@@ -111,12 +113,12 @@ async def test_dead_poll_cycles_of_a_stream_are_one_dead_letter(db: Database) ->
     other = await capture_dead_cycle(db, 200, "groups", NOW)
     assert len({g.id for g in got}) == 1 and got[0].created and not got[-1].created
     assert other.id != got[0].id
-    row = await store.get(db, got[0].id)
+    row = await dlq_reads.get(db, got[0].id)
     assert row.record_id == "job:poll:users" and row.is_job and row.job_id == 104
     assert row.attempt_count == 5 and len(row.history) == 5
     assert KEY not in repr((row.error_message, row.history, row.traceback))
     async with db.begin() as conn:
-        plain = await store.capture(
+        plain = await dlq_capture.capture(
             conn,
             tenant="acme",
             connector="graph",
@@ -128,8 +130,8 @@ async def test_dead_poll_cycles_of_a_stream_are_one_dead_letter(db: Database) ->
             job_id=7,
             now=NOW,
         )
-    assert (await store.get(db, plain.id)).record_id == "job:7"
-    assert store.dead_job_record_id("synckit.poll", {"stream": ""}, 9) == "job:9"
+    assert (await dlq_reads.get(db, plain.id)).record_id == "job:7"
+    assert dlq_capture.dead_job_record_id("synckit.poll", {"stream": ""}, 9) == "job:9"
 
 
 async def test_dead_cycles_in_a_row_pause_the_tenant_with_an_alert(db: Database) -> None:
@@ -162,7 +164,7 @@ async def test_dead_cycles_in_a_row_pause_the_tenant_with_an_alert(db: Database)
 
     async def die(n: int) -> Any:
         async with db.begin() as conn:
-            return await store.capture(
+            return await dlq_capture.capture(
                 conn,
                 tenant="acme",
                 connector="graph",
@@ -180,7 +182,7 @@ async def test_dead_cycles_in_a_row_pause_the_tenant_with_an_alert(db: Database)
         got = await die(n)
     assert (await status())[0] == "active"
     async with db.begin() as conn:
-        await store.mark_resolved(conn, [got.id], now=NOW)  # a cycle went through
+        await dlq_replay.mark_resolved(conn, [got.id], now=NOW)  # a cycle went through
     for n in range(10, 10 + DEAD_CYCLES_TO_PAUSE - 1):
         await die(n)
     assert (await status())[0] == "active"

@@ -17,9 +17,11 @@ from typing import Any
 from sqlalchemy import insert, select, text
 from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
-from synckit.store import dead_letters as dlq
 from synckit.store import leases, migrate
 from synckit.store.db import Database, open_database
+from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import replay as dlq_replay
 from synckit.store.leases import Lease
 from synckit.store.tables import dead_letters, intents, outbox
 
@@ -98,7 +100,9 @@ _CLAIMER = textwrap.dedent(
     import asyncio, json, os, random, sys, time
     from datetime import timedelta
     from synckit.clock import utcnow
-    from synckit.store import dead_letters as dlq
+    from synckit.store.dead_letters import capture as dlq_capture
+    from synckit.store.dead_letters import reads as dlq_reads
+    from synckit.store.dead_letters import replay as dlq_replay
     from synckit.store.db import open_database
     from synckit.store.leases import new_lease
 
@@ -113,11 +117,11 @@ _CLAIMER = textwrap.dedent(
             for i in ids:
                 async with db.begin() as conn:
                     lease = new_lease(timedelta(minutes=5))
-                    got = await dlq.claim_ids(conn, [i], now=utcnow(), lease=lease)
+                    got = await dlq_replay.claim_ids(conn, [i], now=utcnow(), lease=lease)
                 if got:
                     won.append(i)
                     async with db.begin() as conn:
-                        ok = await dlq.mark_resolved(
+                        ok = await dlq_replay.mark_resolved(
                             conn, [i], now=utcnow(), reason="replayed", token=lease.token
                         )
                     assert ok == [i], ok
@@ -138,7 +142,7 @@ async def test_processes_replaying_the_same_dead_letters_win_each_once(
     ids: list[int] = []
     for i in range(30):
         async with db.begin() as conn:
-            c = await dlq.capture(
+            c = await dlq_capture.capture(
                 conn,
                 tenant="acme",
                 connector="mail",
@@ -152,7 +156,7 @@ async def test_processes_replaying_the_same_dead_letters_win_each_once(
         ids.append(c.id)
     won = await asyncio.to_thread(_claimers, migrated_url, ids, 4)
     assert sorted(won) == sorted(ids)
-    rows = [await dlq.get(db, i) for i in ids]
+    rows = [await dlq_reads.get(db, i) for i in ids]
     assert all(r.status == "resolved" and r.lease_token is None for r in rows)
 
 
@@ -339,7 +343,7 @@ async def test_the_migration_moves_in_flight_leases_into_the_columns(db_url: str
         assert (garbled.lease_token, garbled.lease_expires_at, garbled.result) == (None, None, {})
         # The new code sees the row as held by the migrated lease.
         async with d.begin() as conn:
-            assert await dlq.mark_resolved(conn, [dl["held"].id], now=NOW, token="x") == []
+            assert await dlq_replay.mark_resolved(conn, [dl["held"].id], now=NOW, token="x") == []
         await migrate.downgrade(d, "0010")
         async with d.read() as conn:
             back = dict(

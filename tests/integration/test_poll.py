@@ -497,7 +497,7 @@ def test_the_page_statements_are_cacheable() -> None:
     """The statements of every page carry a cache key (a dialect's on_conflict upsert has
     none and is compiled each time it runs)."""
     from synckit.store import audit, checkpoints
-    from synckit.store import dead_letters as dlq_store
+    from synckit.store.dead_letters import capture as dlq_capture
 
     for stmt in (
         checkpoints._SAVE_CHECKPOINT,
@@ -505,8 +505,8 @@ def test_the_page_statements_are_cacheable() -> None:
         checkpoints._SAVE_CHECKPOINT_HELD["postgresql"],
         checkpoints._SAVE_CHECKPOINT_HELD["sqlite"],
         checkpoints._CYCLE_START,
-        dlq_store._SQL[True].resolve,
-        dlq_store._SQL[False].resolve,
+        dlq_capture._SQL[True].resolve,
+        dlq_capture._SQL[False].resolve,
         audit._UPSERT,
         audit._SET_CLASSES,
     ):

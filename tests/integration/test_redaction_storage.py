@@ -35,7 +35,7 @@ from synckit.runtime.outbox import CallbackPublisher, OutboxRelay
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.dead_letters import Failure, capture_many
+from synckit.store.dead_letters.capture import Failure, capture_many
 from synckit.store.jobs import JobSpec
 from synckit.store.outbox import OutboxMessage
 from synckit.store.tables import dead_letters, metadata, resources

@@ -23,9 +23,10 @@ from web_app import app, seed
 from synckit.clock import utcnow
 from synckit.dlq.replay import ReplayProcessor, replayers_from_app
 from synckit.runtime.tenants import get_tenant
-from synckit.store import dead_letters as dlq_store
 from synckit.store.db import Database
-from synckit.store.dead_letters import DlqFilter
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import replay as dlq_replay
+from synckit.store.dead_letters.rows import DlqFilter
 from synckit.web import WebConfig, create_app
 from synckit.web.app import CSRF_COOKIE
 
@@ -36,7 +37,7 @@ LOCAL = "http://127.0.0.1"  # the Host a loopback console answers to
 
 
 async def snapshot(db: Database, ids: list[int]) -> dict[int, tuple[Any, ...]]:
-    rows = [await dlq_store.get(db, i) for i in ids]
+    rows = [await dlq_reads.get(db, i) for i in ids]
     return {r.id: (*tuple(getattr(r, f) for f in FIELDS), r.lease_token) for r in rows}
 
 
@@ -44,8 +45,8 @@ async def seeded(db: Database) -> list[int]:
     """The web app's seed; one acme row moved to review, so both open statuses are held."""
     ids: list[int] = (await seed(db))["dead_letters"]
     async with db.begin() as conn:
-        row = await dlq_store.get(db, ids[0])
-        await dlq_store.mark_review(conn, row, "sent to review by a test", now=row.first_failed_at)
+        row = await dlq_reads.get(db, ids[0])
+        await dlq_replay.mark_review(conn, row, "sent to review by a test", now=row.first_failed_at)
     return ids
 
 
@@ -71,7 +72,7 @@ async def test_an_operators_replay_without_the_key_changes_no_row(
     [(outcome, reason)] = summary.reasons
     assert outcome == "blocked" and cause in reason and "'api_key'" in reason, reason
     assert await snapshot(db, ids) == before
-    assert [(await dlq_store.get(db, i)).status for i in acme] == ["review", "pending", "pending"]
+    assert [(await dlq_reads.get(db, i)).status for i in acme] == ["review", "pending", "pending"]
 
 
 async def test_an_automatic_replay_without_the_key_spends_no_attempt(
@@ -87,7 +88,7 @@ async def test_an_automatic_replay_without_the_key_spends_no_attempt(
     ).run_once()
     assert summary.blocked >= 2 and summary.ignored == summary.resolved == 0
     for i in pending:
-        row = await dlq_store.get(db, i)
+        row = await dlq_reads.get(db, i)
         assert row.status == "pending" and row.replay_attempts == 0
         assert row.next_retry_at is not None and row.lease_token is None
 

@@ -17,11 +17,12 @@ from web_app import SECRET, app, seed
 
 from synckit.runtime.tenants import get_tenant
 from synckit.store import console as console_store
-from synckit.store import dead_letters as dlq_store
 from synckit.store import jobs as job_store
 from synckit.store import pages
 from synckit.store.db import Database
-from synckit.store.dead_letters import DlqFilter
+from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters.rows import DlqFilter
 from synckit.store.resources import get_resource
 from synckit.web import WebConfig, create_app
 from synckit.web.app import CSRF_COOKIE
@@ -184,7 +185,7 @@ async def test_a_dead_letter_group_is_replayed_resolved_or_ignored_at_once(
         post(
             client, "/dlq/action", action="ignore", group_tenant="globex", group_class="validation"
         )
-    rows = [r async for r in dlq_store.iter_rows(db)]
+    rows = [r async for r in dlq_reads.iter_rows(db)]
     assert {(r.tenant, r.status) for r in rows} == {("acme", "resolved"), ("globex", "ignored")}
     assert len(rows) == 5
 
@@ -559,10 +560,10 @@ async def test_dead_letter_groups_come_a_page_of_tenants_at_a_time(
     now = utcnow()
     async with db.begin() as conn:
         for t in range(30):
-            await dlq_store.capture_many(
+            await dlq_capture.capture_many(
                 conn,
                 [
-                    dlq_store.Failure(
+                    dlq_capture.Failure(
                         tenant=f"t{t:02d}",
                         connector="shop",
                         kind="record:default",
@@ -576,10 +577,10 @@ async def test_dead_letter_groups_come_a_page_of_tenants_at_a_time(
                 now=now - timedelta(days=2) if t % 3 == 0 else now,
             )
     open_ = DlqFilter(statuses=("pending", "review"))
-    first = await dlq_store.dlq_groups(db, open_, recent_since=now - timedelta(hours=24))
+    first = await dlq_reads.dlq_groups(db, open_, recent_since=now - timedelta(hours=24))
     assert [g.tenant for g in first.rows][:3] == ["t00", "t01", "t01"]
     assert first.next_cursor == "t24"
-    second = await dlq_store.dlq_groups(
+    second = await dlq_reads.dlq_groups(
         db, open_, after=first.next_cursor, recent_since=now - timedelta(hours=24)
     )
     assert {g.tenant for g in second.rows} == {f"t{t}" for t in range(25, 30)}
@@ -603,7 +604,7 @@ async def test_dead_letter_groups_come_a_page_of_tenants_at_a_time(
                 break
             query = m.group(1).replace("&amp;", "&")
         assert "Searched dead letters" in client.get("/dlq?class=timeout").text
-    timeouts = [r.id async for r in dlq_store.iter_rows(db) if r.error_class == "timeout"]
+    timeouts = [r.id async for r in dlq_reads.iter_rows(db) if r.error_class == "timeout"]
     assert seen == sorted(timeouts, reverse=True)
 
 

@@ -22,9 +22,10 @@ from synckit.connectors.webhooks import StripeSignature, WebhookEvent, Webhooks,
 from synckit.dlq.replay import ReplayProcessor, replayers_from_app
 from synckit.runtime import webhooks as webhooks_runtime
 from synckit.runtime.webhooks import dead_letter_kind, process_events
-from synckit.store import dead_letters as dlq_store
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database
+from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.dead_letters import rows as dlq_rows
 from synckit.web.webhooks import webhook_app
 
 SECRET = "whsec_records_test"
@@ -140,8 +141,8 @@ async def test_a_failing_event_is_one_dead_letter_the_rest_land_and_replay_lands
     assert await _rows(app, db) == ({"ch_ok": 1} if pg else {"ch_ok": 1, "ch_nul\x00": 4})
     letters = [
         d
-        async for d in dlq_store.iter_rows(
-            db, dlq_store.DlqFilter(kinds=(dead_letter_kind("charges"),))
+        async for d in dlq_reads.iter_rows(
+            db, dlq_rows.DlqFilter(kinds=(dead_letter_kind("charges"),))
         )
     ]
     failed = ["event:evt_hook", "event:evt_model", *(["event:evt_nul"] if pg else [])]
@@ -164,7 +165,7 @@ async def test_a_failing_event_is_one_dead_letter_the_rest_land_and_replay_lands
     await ReplayProcessor(db, replayers, registry=registry).replay_ids([hook.id])
     assert await process_events(db, app, "charges", "t1") == 1
     assert (await _rows(app, db))["ch_hook"] == 2
-    assert (await dlq_store.get(db, hook.id)).status == "resolved"
+    assert (await dlq_reads.get(db, hook.id)).status == "resolved"
 
 
 async def test_an_older_event_never_regresses_a_row_in_any_order(

@@ -8,6 +8,10 @@ table when it builds an INSERT, UPDATE or DELETE on it, through SQLAlchemy
 statement in its transaction (the queue runs the lane marks it gets from
 store/resources.py); what matters is where the statement is written. Migrations are left
 out: they are the schema's history, not its writers.
+
+A table family too large for one module is a package under ``synckit/store/`` (such as
+``store/dead_letters/``): the writer is then the package, any module inside it, and the
+doc names the package (``synckit/store/dead_letters/``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 _WRITE_CALLS = frozenset({"insert", "update", "delete", "claim", "fenced"})
 _SQL_WRITE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+([a-z_]+)\b")
-_OWNER_ROW = re.compile(r"^\|\s*`([a-z_]+)`\s*\|\s*`(synckit/[a-z_/]+\.py)`\s*\|")
+_OWNER_ROW = re.compile(r"^\|\s*`([a-z_]+)`\s*\|\s*`(synckit/[a-z_/]+(?:\.py|/))`\s*\|")
 
 
 def table_names() -> dict[str, str]:
@@ -92,15 +96,25 @@ def _module_writes(tree: ast.Module, tables: dict[str, str]) -> set[str]:
     return written
 
 
+def owner_of(path: Path) -> str:
+    """The writer unit of a module: itself, or the package under synckit/store/ it is in
+    (``synckit/store/dead_letters/capture.py`` -> ``synckit/store/dead_letters/``)."""
+    rel = path.relative_to(ROOT)
+    if rel.parts[:2] == ("synckit", "store") and len(rel.parts) > 3:
+        return "/".join(rel.parts[:3]) + "/"
+    return rel.as_posix()
+
+
 def writers() -> dict[str, set[str]]:
-    """Table name -> the modules (paths from the repository root) that write it."""
+    """Table name -> the writer units (modules, or store packages; paths from the
+    repository root) that write it."""
     tables = table_names()
     found: dict[str, set[str]] = defaultdict(set)
     for path in sorted(PACKAGE.rglob("*.py")):
         if "migrations" in path.parts:
             continue
         for table in _module_writes(ast.parse(path.read_text()), tables):
-            found[table].add(path.relative_to(ROOT).as_posix())
+            found[table].add(owner_of(path))
     return dict(found)
 
 
@@ -127,6 +141,15 @@ def test_the_scan_sees_the_writes_it_is_meant_to_see() -> None:
         "e = select(jobs)\n"
     )
     assert _module_writes(ast.parse(source), tables) == {"jobs", "resources", "outbox", "alerts"}
+
+
+def test_a_module_of_a_store_package_writes_for_its_package() -> None:
+    """A module inside a package of synckit/store/ counts as that package; any other
+    module as itself."""
+    store = PACKAGE / "store"
+    assert owner_of(store / "dead_letters" / "capture.py") == "synckit/store/dead_letters/"
+    assert owner_of(store / "outbox.py") == "synckit/store/outbox.py"
+    assert owner_of(PACKAGE / "runtime" / "poll.py") == "synckit/runtime/poll.py"
 
 
 def test_each_table_has_exactly_one_writer_module() -> None:

@@ -1,0 +1,54 @@
+"""Many rows as one parameter: the source of rows of the set-based statements.
+
+PostgreSQL takes one array per column (``unnest``), SQLite one JSON array of rows
+(``json_each``). Either way the parameter count never depends on how many rows a statement
+handles, and its text is the same for every call, so each statement is prepared once.
+Used by the DLQ's capture, the scheduler's poll ticks and the bulk tenant import.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.dialects import sqlite
+
+from synckit.store.tables import UTCDateTime
+
+__all__ = ["list_param", "rows_params", "rows_source"]
+
+_SQLITE = sqlite.dialect()
+# The text SQLite stores for a timestamp (json_each hands values over as they are).
+_SQLITE_TS: Any = UTCDateTime().dialect_impl(_SQLITE).bind_processor(_SQLITE)
+
+
+def rows_source(postgres: bool, cols: Sequence[tuple[str, str]]) -> str:
+    """A FROM item ``v`` with the columns ``cols`` (name, PostgreSQL type), one row per
+    element of the parameters :func:`rows_params` gives."""
+    names = ", ".join(n for n, _ in cols)
+    if postgres:
+        arrays = ", ".join(f"CAST(:{n} AS {t}[])" for n, t in cols)
+        return f"unnest({arrays}) AS v({names})"
+    picks = ", ".join(f"json_extract(value, '$[{i}]') AS {n}" for i, (n, _) in enumerate(cols))
+    return f"(SELECT {picks} FROM json_each(:rows)) AS v"
+
+
+def rows_params(
+    postgres: bool, names: Sequence[str], rows: Sequence[Sequence[Any]]
+) -> dict[str, Any]:
+    """The parameters of :func:`rows_source` for ``rows`` (values in ``names`` order);
+    on SQLite, timestamps as the text SQLite stores."""
+    if postgres:
+        return {n: [r[i] for r in rows] for i, n in enumerate(names)}
+    return {
+        "rows": json.dumps(
+            [[_SQLITE_TS(v) if isinstance(v, datetime) else v for v in r] for r in rows]
+        )
+    }
+
+
+def list_param(postgres: bool, values: Sequence[Any]) -> Any:
+    """One list as one parameter: an array, or a JSON array on SQLite (``json_each``)."""
+    return list(values) if postgres else json.dumps(list(values))
