@@ -40,7 +40,8 @@ from sqlalchemy import func, select, update
 from synckit import Connector, Page
 from synckit.clock import utcnow
 from synckit.runtime import outbox
-from synckit.runtime.alerts import Alert, record_alerts
+from synckit.runtime.alert_delivery import record_alerts
+from synckit.runtime.alert_rules import Alert
 from synckit.runtime.pacing import defer_resource
 from synckit.runtime.poll import POLL_KIND
 from synckit.runtime.tenants import add_tenant, pause_tenant

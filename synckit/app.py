@@ -45,7 +45,8 @@ from synckit.errors.exceptions import (
 )
 from synckit.errors.pace import PacePolicy
 from synckit.runtime import pacing
-from synckit.runtime.alerts import get_alert_router, register_alerts
+from synckit.runtime.alert_delivery import get_alert_router
+from synckit.runtime.alerts import register_alerts
 from synckit.runtime.context import open_context, prepare_process
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.http import network_of

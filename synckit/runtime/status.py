@@ -28,7 +28,9 @@ from typing import Any
 from synckit.clock import utcnow
 from synckit.errors.gate import Gate, LaneFacts, gate
 from synckit.redaction import redact_text
-from synckit.runtime.alerts import Alert, RuleSet, load_alert_data, recent_alerts
+from synckit.runtime.alert_delivery import recent_alerts
+from synckit.runtime.alert_rules import Alert, RuleSet
+from synckit.runtime.alerts import load_alert_data
 from synckit.runtime.audit import window_start
 from synckit.runtime.budget import BudgetPolicy
 from synckit.store import subscriptions as subscription_store

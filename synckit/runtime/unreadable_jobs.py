@@ -6,7 +6,7 @@ compares as later than any real time, so that job stays pending forever without 
 word; one below the readable range is claimed and quarantined by the claim itself.
 This module finds both, by the same range :func:`synckit.store.moments.guarded_moment`
 guards, for ``synckit status``, ``synckit jobs ls`` and the alert rule
-:class:`synckit.runtime.alerts.UnreadableRunAt` (which the worker's periodic alert
+:class:`synckit.runtime.alert_rules.UnreadableRunAt` (which the worker's periodic alert
 evaluation runs, so that the claim path pays nothing for it).
 
 Each query walks the two partial indexes of pending jobs (``ix_jobs_due``,

@@ -42,7 +42,7 @@ from synckit.errors.exceptions import DeadLetterNotFound, JobNotFound, SynckitEr
 from synckit.printable import printable
 from synckit.runtime import outbox as outbox_store
 from synckit.runtime import tenants as tenant_store
-from synckit.runtime.alerts import recent_alerts
+from synckit.runtime.alert_delivery import recent_alerts
 from synckit.runtime.audit import window_start
 from synckit.runtime.budget import BudgetPolicy, BudgetStatus
 from synckit.runtime.logging import redact, redact_text
@@ -402,7 +402,8 @@ FIRING_TTL = timedelta(seconds=15)
 async def _firing(st: _State, now: datetime) -> tuple[list[Any], bool]:
     """The alerts firing now, by the rules ``synckit status`` evaluates on the spot (the
     same figures, so both agree); False when there are too many tenants to evaluate."""
-    from synckit.runtime.alerts import RuleSet, load_alert_data
+    from synckit.runtime.alert_rules import RuleSet
+    from synckit.runtime.alerts import load_alert_data
     from synckit.runtime.status import ALERTS_ON_THE_SPOT
 
     cached = st.firing

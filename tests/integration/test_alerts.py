@@ -20,22 +20,16 @@ from synckit.clock import utcnow
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import AlertDeliveryError
 from synckit.runtime import cron
-from synckit.runtime.alerts import (
-    ALERTS_KIND,
-    Alert,
-    AlertEvaluator,
+from synckit.runtime.alert_delivery import (
     AlertRouter,
-    BudgetRule,
     CallbackSink,
-    RuleSet,
-    Severity,
     WebhookSink,
     claim_deliveries,
-    load_alert_data,
     recent_alerts,
     record_alerts,
-    register_alerts,
 )
+from synckit.runtime.alert_rules import Alert, BudgetRule, RuleSet, Severity
+from synckit.runtime.alerts import ALERTS_KIND, AlertEvaluator, load_alert_data, register_alerts
 from synckit.runtime.budget import BudgetPolicy
 from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker
@@ -730,7 +724,8 @@ async def test_the_evaluation_prunes_finished_alerts_after_a_week(db: Database) 
 _EVALUATOR = """
 import asyncio, pathlib, sys, time
 from datetime import UTC, datetime, timedelta
-from synckit.runtime.alerts import Alert, AlertRouter
+from synckit.runtime.alert_delivery import AlertRouter
+from synckit.runtime.alert_rules import Alert
 from synckit.store.db import open_database
 
 async def main(url, out, me, n):

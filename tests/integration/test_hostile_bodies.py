@@ -140,7 +140,9 @@ async def test_dead_cycles_in_a_row_pause_the_tenant_with_an_alert(db: Database)
     from sqlalchemy import insert, select
 
     from synckit.errors.dlq_policy import DEAD_CYCLES_TO_PAUSE
-    from synckit.runtime.alerts import AlertEvaluator, AlertRouter, RuleSet
+    from synckit.runtime.alert_delivery import AlertRouter
+    from synckit.runtime.alert_rules import RuleSet
+    from synckit.runtime.alerts import AlertEvaluator
     from synckit.store.tables import connections
 
     async with db.begin() as conn:

@@ -28,7 +28,7 @@ from synckit import App, BearerToken, Connector, Page, SyncContext
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PublishRejected
 from synckit.runtime import outbox as outbox_store
-from synckit.runtime.alerts import Alert
+from synckit.runtime.alert_rules import Alert
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.outbox import CallbackPublisher, OutboxRelay

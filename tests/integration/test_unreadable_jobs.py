@@ -11,7 +11,9 @@ from structlog.testing import capture_logs
 from synckit.clock import utcnow
 from synckit.errors import RetryPolicy
 from synckit.runtime import cron
-from synckit.runtime.alerts import AlertRouter, RuleSet, register_alerts
+from synckit.runtime.alert_delivery import AlertRouter
+from synckit.runtime.alert_rules import RuleSet
+from synckit.runtime.alerts import register_alerts
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
 from synckit.store import jobs as store

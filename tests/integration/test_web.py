@@ -524,7 +524,8 @@ async def test_overview_shows_burn_breakers_and_the_alerts_the_worker_recorded(
     from audit_rows import record_audit  # tests/
 
     from synckit.clock import utcnow
-    from synckit.runtime.alerts import Alert, record_alerts
+    from synckit.runtime.alert_delivery import record_alerts
+    from synckit.runtime.alert_rules import Alert
 
     await seed(db)
     now = utcnow()

@@ -15,12 +15,18 @@ from structlog.testing import capture_logs
 from synckit.connectors.schedule import parse_schedule
 from synckit.errors.backoff import backoff_delay
 from synckit.errors.exceptions import AlertDeliveryError, ConfigurationError
-from synckit.runtime.alerts import (
+from synckit.runtime.alert_delivery import (
+    AlertRouter,
+    CallbackSink,
+    WebhookSink,
+    emit_alert,
+    get_alert_router,
+    set_alert_router,
+)
+from synckit.runtime.alert_rules import (
     Alert,
     AlertData,
-    AlertRouter,
     BudgetRule,
-    CallbackSink,
     DeployRegression,
     DlqAcceleration,
     NeedsReauthRule,
@@ -29,11 +35,7 @@ from synckit.runtime.alerts import (
     ServerErrorBurst,
     Severity,
     TenantOutlier,
-    WebhookSink,
-    emit_alert,
-    get_alert_router,
     poll_deadline,
-    set_alert_router,
     window_key,
 )
 from synckit.runtime.budget import BudgetPolicy

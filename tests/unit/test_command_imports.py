@@ -87,7 +87,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "synckit.runtime.keys",
     ),
     # status evaluates the alert rules on the spot (its documented behaviour), so it
-    # loads synckit.runtime.alerts, but none of the sinks' HTTP client.
+    # loads synckit.runtime.alerts (and its rules), but none of the sinks' HTTP client.
     "status": (
         *POSTGRESQL,
         *ORM,
@@ -115,6 +115,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "alembic",
         "synckit.app",
         "synckit.runtime.alerts",
+        "synckit.runtime.alert_rules",
+        "synckit.runtime.alert_delivery",
         "synckit.runtime.worker",
         "synckit.runtime.poll",
         "synckit.connectors.base",
@@ -132,6 +134,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "croniter",
         "synckit.app",
         "synckit.runtime.alerts",
+        "synckit.runtime.alert_rules",
+        "synckit.runtime.alert_delivery",
         "synckit.runtime.tenants",
         "synckit.runtime.worker",
     ),
