@@ -64,9 +64,9 @@ from synckit.errors.exceptions import (
 )
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.store import dead_letters as store
-from synckit.store import jobs
 from synckit.store.db import Conn, Database
 from synckit.store.dead_letters import DeadLetter, DlqFilter, ReplayError
+from synckit.store.jobs import admin, enqueueing
 from synckit.store.leases import new_lease
 
 __all__ = [
@@ -571,7 +571,7 @@ class ReplayProcessor:
         job_id = _job_id(row)
         assert job_id is not None  # plan() checked
         try:
-            info = await jobs.get_job(self.db, job_id)
+            info = await admin.get_job(self.db, job_id)
         except JobNotFound:
             info = None
         if info is None or info.kind != row.kind:
@@ -592,7 +592,7 @@ class ReplayProcessor:
                     replayed=False,
                 )
             try:
-                await jobs.retry_job(self.db, job_id)
+                await admin.retry_job(self.db, job_id)
             except JobNotFound:
                 return _Done(row, "enqueue", "re-enqueued")
             except JobStateError as exc:
@@ -615,11 +615,11 @@ class ReplayProcessor:
             )
         return _Done(row, "ignore", f"job {job_id} was {info.status}")
 
-    async def _key_holder(self, info: jobs.JobInfo) -> jobs.JobInfo | None:
+    async def _key_holder(self, info: admin.JobInfo) -> admin.JobInfo | None:
         """The unfinished job, other than this one, that holds ``info``'s unique key."""
         if info.unique_key is None:
             return None
-        holder = await jobs.unfinished_with_key(self.db, info.unique_key)
+        holder = await admin.unfinished_with_key(self.db, info.unique_key)
         return holder if holder is not None and holder.id != info.id else None
 
     # --- recording ----------------------------------------------------------------------
@@ -748,7 +748,7 @@ class ReplayProcessor:
             fenced(d)
             return
         try:
-            new = await jobs.enqueue(
+            new = await enqueueing.enqueue(
                 conn,
                 row.kind,
                 row.payload,

@@ -88,7 +88,8 @@ from synckit.store.checkpoints import (
     stored_cursor,
 )
 from synckit.store.db import Conn, Database, SyncConn
-from synckit.store.jobs import ClaimedJob, JobSpec, enqueue_new
+from synckit.store.jobs._base import ClaimedJob
+from synckit.store.jobs.enqueueing import JobSpec, enqueue_new
 from synckit.store.ticks import delete_poll_ticks
 
 if TYPE_CHECKING:

@@ -76,12 +76,16 @@ from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.http import shared_connections
 from synckit.runtime.logging import bind_claimed_job_in_task, redact_text
 from synckit.runtime.outbox import OutboxRelay, Publisher
-from synckit.store import jobs as store
 from synckit.store import queue_history, resources
 from synckit.store.connections import mark_needs_reauth_sync
 from synckit.store.db import Database, SyncConn, connection_lost, savepoint
-from synckit.store.jobs import ClaimedJob, ClaimStore, JobSpec, OutcomeStore
+from synckit.store.jobs import admin, claiming, enqueueing, leasing, outcomes
+from synckit.store.jobs._base import START_LEASE, ClaimedJob
+from synckit.store.jobs.claiming import ClaimStore
+from synckit.store.jobs.enqueueing import JobSpec
+from synckit.store.jobs.outcomes import OutcomeStore
 from synckit.store.moments import read_moment
+from synckit.store.notify import NOTIFY_CHANNEL as JOBS_NOTIFY_CHANNEL
 from synckit.store.notify import listen, watch_sqlite
 from synckit.store.outbox import NewMessage
 from synckit.store.resources import BreakerStore
@@ -222,7 +226,7 @@ class Worker:
     """Runs jobs from one database with the handlers of one registry.
 
     ``lease`` is how long a started job is held without a heartbeat; ``start_lease``
-    (default ``min(lease, 2 s)``, :data:`~synckit.store.jobs.START_LEASE`) how long a job
+    (default ``min(lease, 2 s)``, :data:`~synckit.store.jobs._base.START_LEASE`) how long a job
     claimed ahead but not started is, so that a crash gives those back to other workers
     within a few seconds (the start lease, then one rescue pass), attempts unspent.
     ``max_wait`` caps every wait a handler asks for (retry-after, snooze);
@@ -240,10 +244,10 @@ class Worker:
     #: Where the recorder writes a job's failure, snooze, cancel or discard:
     #: :mod:`synckit.store.jobs` (unit tests of the outcome routing give a fake).
     #: (mypy does not take this module for the protocol, as it does store.resources.)
-    outcomes: ClassVar[OutcomeStore] = cast(OutcomeStore, store)
+    outcomes: ClassVar[OutcomeStore] = cast(OutcomeStore, outcomes)
     #: Where the claim loop takes jobs: :mod:`synckit.store.jobs` (unit tests of what the
     #: loop asks for, and when, give an in-memory fake).
-    claims: ClassVar[ClaimStore] = cast(ClaimStore, store)
+    claims: ClassVar[ClaimStore] = cast(ClaimStore, claiming)
 
     def __init__(
         self,
@@ -280,7 +284,7 @@ class Worker:
         #: Seconds between this worker's presence heartbeats (``synckit.store.workers``):
         #: silent for three of them, it is shown as lost.
         self.presence_every = presence_every
-        self.start_lease = min(lease, start_lease or store.START_LEASE)
+        self.start_lease = min(lease, start_lease or START_LEASE)
         self.max_wait = max_wait
         self.pace_policy = pace_policy or PacePolicy(max_wait=max_wait)
         self.db = db
@@ -359,7 +363,7 @@ class Worker:
             return await self._serve(idle_exit=idle_exit)
 
     async def _serve(self, *, idle_exit: bool) -> WorkerStats:
-        store.register_waker(self.db, self._wake)
+        enqueueing.register_waker(self.db, self._wake)
         self._log.info(
             "worker.started",
             concurrency=self.concurrency,
@@ -400,7 +404,7 @@ class Worker:
                 await self._outcomes.join()
             recorder.cancel()
             await asyncio.gather(recorder, return_exceptions=True)
-            store.unregister_waker(self.db, self._wake)
+            enqueueing.unregister_waker(self.db, self._wake)
             self._log.info("worker.stopped", **vars(self.stats))
         return self.stats
 
@@ -497,7 +501,7 @@ class Worker:
         leftover = [(j.id, j.claim_token) for j in self._held.values()]
         if leftover:
             with contextlib.suppress(SynckitError):
-                n = await store.release(self.db, leftover, now=self.clock())
+                n = await leasing.release(self.db, leftover, now=self.clock())
                 self._log.info("worker.released", jobs=n)
             self._held.clear()
 
@@ -577,11 +581,11 @@ class Worker:
             # and a commit each.
             held = [(job.id, job.claim_token)]
             now = self.clock()
-            got = store.try_start_inline(self.db, held, now=now, lease=self.lease)
+            got = outcomes.try_start_inline(self.db, held, now=now, lease=self.lease)
             if got is None and self.db.is_postgres:
                 self._marking = True
                 try:
-                    got = await store.start_many(self.db, held, now=now, lease=self.lease)
+                    got = await outcomes.start_many(self.db, held, now=now, lease=self.lease)
                 except Exception as exc:  # the recorder retries it with backoff
                     self._log.warning("job.start_mark_failed", job_id=job.id, error=str(exc))
                 finally:
@@ -697,7 +701,9 @@ class Worker:
                             started = await self._record(batch, held)
                     else:
                         now = self.clock()
-                        started = await store.start_many(self.db, held, now=now, lease=self.lease)
+                        started = await outcomes.start_many(
+                            self.db, held, now=now, lease=self.lease
+                        )
                     backoff.reset()
                     break
                 except Exception as exc:  # the worker must outlive any one failure
@@ -740,11 +746,11 @@ class Worker:
         now = self.clock()
         done = [(o.job.id, o.job.claim_token) for o in batch]
         if self.db.is_postgres:
-            held, started = await store.complete_and_start_pg(
+            held, started = await outcomes.complete_and_start_pg(
                 self.db, done, marks, now=now, lease=self.lease
             )
         else:
-            got = store.try_complete_and_start_inline(
+            got = outcomes.try_complete_and_start_inline(
                 self.db, done, marks, now=now, lease=self.lease
             )
             if got is None:
@@ -774,7 +780,7 @@ class Worker:
         self.stats.succeeded += len(held)
         self.stats.fenced += len(successes) - len(held) - refused
         if woke_jobs:
-            store.target_wake(self.db)
+            enqueueing.target_wake(self.db)
         if woke_outbox:
             outbox.wake_local_relays(self.db)
         for o, status in results:
@@ -787,11 +793,13 @@ class Worker:
         """Record a batch of outcomes and start marks in one transaction (run whole by
         Database.write). With marks, PostgreSQL commits it without waiting for the WAL
         flush: jobs wait for this commit before they run."""
-        started = store.start_many_sync(conn, marks, now=now, lease=self.lease, async_commit=True)
+        started = outcomes.start_many_sync(
+            conn, marks, now=now, lease=self.lease, async_commit=True
+        )
         successes = [o for o in batch if o.kind == "success"]
         others = [o for o in batch if o.kind != "success"]
         plain = [o for o in successes if not o.followups and not o.messages]
-        held = store.complete_many_sync(
+        held = outcomes.complete_many_sync(
             conn, [(o.job.id, o.job.claim_token) for o in plain], now=now
         )
         results: list[tuple[_Outcome, str | None]] = []
@@ -842,12 +850,12 @@ class Worker:
     def _complete_with_writes(conn: SyncConn, done: list[_Outcome], now: datetime) -> set[int]:
         """Complete successes with their follow-up jobs and outbox messages: the ids whose
         claim still held (only theirs write anything)."""
-        held = store.complete_many_sync(
+        held = outcomes.complete_many_sync(
             conn, [(o.job.id, o.job.claim_token) for o in done], now=now
         )
         jobs_ = [f for o in done if o.job.id in held for f in o.followups]
         if jobs_:
-            store._enqueue_sync(conn, jobs_, now)
+            enqueueing._enqueue_sync(conn, jobs_, now)
         messages = [m for o in done if o.job.id in held for m in o.messages]
         if messages:
             outbox.add_many_sync(conn, messages, now=now)
@@ -1318,7 +1326,7 @@ class Worker:
             last = time.monotonic()
             held = [(j.id, j.claim_token) for j in current]
             try:
-                alive = await store.heartbeat(
+                alive = await leasing.heartbeat(
                     self.db,
                     self.worker_id,
                     held,
@@ -1345,7 +1353,7 @@ class Worker:
                 for kind in self.registry.kinds
                 if (spec := self.registry.get(kind)) and spec.max_attempts is not None
             }
-            n = await store.rescue_expired(self.db, now=now, max_attempts_by_kind=limits)
+            n = await leasing.rescue_expired(self.db, now=now, max_attempts_by_kind=limits)
             if n:
                 self.stats.rescued += n
                 self._log.warning("job.leases_rescued", jobs=n)
@@ -1372,7 +1380,7 @@ class Worker:
                     await queue_history.sample(self.db, now=self.clock())
                 if time.monotonic() - last_prune >= 3600:
                     last_prune = time.monotonic()
-                    await store.prune(self.db, older_than=self.prune_after, now=self.clock())
+                    await admin.prune(self.db, older_than=self.prune_after, now=self.clock())
                 backoff.reset()
                 await asyncio.sleep(1.0)
             except Exception as exc:  # the worker must outlive any one failure
@@ -1382,7 +1390,7 @@ class Worker:
         """Wake the claimer on NOTIFY; reconnect with backoff when the connection drops."""
         await listen(
             self.db,
-            store.NOTIFY_CHANNEL,
+            JOBS_NOTIFY_CHANNEL,
             self._wake.set,
             delay=_db_backoff,
             on_failure=lambda exc: self._log.warning("worker.listen_failed", error=str(exc)),

@@ -8,6 +8,9 @@ table when it builds an INSERT, UPDATE or DELETE on it, through SQLAlchemy
 statement in its transaction (the queue runs the lane marks it gets from
 store/resources.py); what matters is where the statement is written. Migrations are left
 out: they are the schema's history, not its writers.
+
+A package under store/ (``store/jobs/``) is one owner: its modules are the parts of one
+table family's persistence, so a table written anywhere inside it has that one writer.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 _WRITE_CALLS = frozenset({"insert", "update", "delete", "claim", "fenced"})
 _SQL_WRITE = re.compile(r"\b(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+([a-z_]+)\b")
-_OWNER_ROW = re.compile(r"^\|\s*`([a-z_]+)`\s*\|\s*`(synckit/[a-z_/]+\.py)`\s*\|")
+_OWNER_ROW = re.compile(r"^\|\s*`([a-z_]+)`\s*\|\s*`(synckit/[a-z_/]+(?:\.py|/))`\s*\|")
 
 
 def table_names() -> dict[str, str]:
@@ -92,15 +95,26 @@ def _module_writes(tree: ast.Module, tables: dict[str, str]) -> set[str]:
     return written
 
 
+def owner(path: Path) -> str:
+    """The writer a module counts as: itself, or the store package it is part of
+    (``synckit/store/jobs/``, with the trailing slash)."""
+    store = PACKAGE / "store"
+    if path.parent != store and store in path.parents:
+        package = path.relative_to(store).parts[0]
+        return (store / package).relative_to(ROOT).as_posix() + "/"
+    return path.relative_to(ROOT).as_posix()
+
+
 def writers() -> dict[str, set[str]]:
-    """Table name -> the modules (paths from the repository root) that write it."""
+    """Table name -> the modules or store packages (paths from the repository root) that
+    write it."""
     tables = table_names()
     found: dict[str, set[str]] = defaultdict(set)
     for path in sorted(PACKAGE.rglob("*.py")):
         if "migrations" in path.parts:
             continue
         for table in _module_writes(ast.parse(path.read_text()), tables):
-            found[table].add(path.relative_to(ROOT).as_posix())
+            found[table].add(owner(path))
     return dict(found)
 
 
@@ -127,6 +141,13 @@ def test_the_scan_sees_the_writes_it_is_meant_to_see() -> None:
         "e = select(jobs)\n"
     )
     assert _module_writes(ast.parse(source), tables) == {"jobs", "resources", "outbox", "alerts"}
+
+
+def test_a_store_package_is_one_writer() -> None:
+    """Every module of a store package counts as the package; other modules as themselves."""
+    assert owner(PACKAGE / "store" / "jobs" / "claiming.py") == "synckit/store/jobs/"
+    assert owner(PACKAGE / "store" / "outbox.py") == "synckit/store/outbox.py"
+    assert owner(PACKAGE / "runtime" / "worker.py") == "synckit/runtime/worker.py"
 
 
 def test_each_table_has_exactly_one_writer_module() -> None:
