@@ -242,11 +242,11 @@ class Worker:
     #: (unit tests of the breaker decisions give an in-memory fake).
     breakers: ClassVar[BreakerStore] = resources
     #: Where the recorder writes a job's failure, snooze, cancel or discard:
-    #: :mod:`synckit.store.jobs` (unit tests of the outcome routing give a fake).
+    #: :mod:`synckit.store.jobs.outcomes` (unit tests of the outcome routing give a fake).
     #: (mypy does not take this module for the protocol, as it does store.resources.)
     outcomes: ClassVar[OutcomeStore] = cast(OutcomeStore, outcomes)
-    #: Where the claim loop takes jobs: :mod:`synckit.store.jobs` (unit tests of what the
-    #: loop asks for, and when, give an in-memory fake).
+    #: Where the claim loop takes jobs: :mod:`synckit.store.jobs.claiming` (unit tests of
+    #: what the loop asks for, and when, give an in-memory fake).
     claims: ClassVar[ClaimStore] = cast(ClaimStore, claiming)
 
     def __init__(
