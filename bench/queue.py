@@ -39,9 +39,9 @@ from synckit.errors import RetryPolicy
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as store
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
+from synckit.store.jobs import enqueueing
 
 PG_URL = os.environ.get("SYNCKIT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -122,17 +122,17 @@ class Bench:
         db = await self.fresh()
         t = time.perf_counter()
         for i in range(n):
-            await store.enqueue(db, "noop", {"i": i})
+            await enqueueing.enqueue(db, "noop", {"i": i})
         rate = n / (time.perf_counter() - t)
         await db.dispose()
         return rate
 
     async def enqueue_batch(self, n: int) -> float:
         db = await self.fresh()
-        specs = [store.JobSpec("noop", {"i": i}) for i in range(n)]
+        specs = [enqueueing.JobSpec("noop", {"i": i}) for i in range(n)]
         t = time.perf_counter()
         for k in range(0, n, 1000):
-            await store.enqueue_many(db, specs[k : k + 1000])
+            await enqueueing.enqueue_many(db, specs[k : k + 1000])
         rate = n / (time.perf_counter() - t)
         await db.dispose()
         return rate
@@ -141,8 +141,8 @@ class Bench:
         own = db is None
         db = db or await self.fresh()
         for k in range(0, n, 5000):
-            await store.enqueue_many(
-                db, [store.JobSpec("noop", {"i": i}) for i in range(k, min(n, k + 5000))]
+            await enqueueing.enqueue_many(
+                db, [enqueueing.JobSpec("noop", {"i": i}) for i in range(k, min(n, k + 5000))]
             )
         t = time.perf_counter()
         stats = await self.worker(db, concurrency).run_until_idle()
@@ -162,7 +162,7 @@ class Bench:
         for _ in range(samples):
             self.job_started.clear()
             t = time.perf_counter()
-            job = await store.enqueue(db, "noop", {})
+            job = await enqueueing.enqueue(db, "noop", {})
             await asyncio.wait_for(self.job_started.wait(), 10)
             lat.append((self.started[job.id] - t) * 1000)
             await asyncio.sleep(0.01)
@@ -183,8 +183,10 @@ class Bench:
                 self.count_target = r * n
                 self.count_reached.clear()
                 for k in range(0, n, 5000):
-                    specs = [store.JobSpec("count", {"i": i}) for i in range(k, min(n, k + 5000))]
-                    await store.enqueue_many(db, specs)
+                    specs = [
+                        enqueueing.JobSpec("count", {"i": i}) for i in range(k, min(n, k + 5000))
+                    ]
+                    await enqueueing.enqueue_many(db, specs)
                 await asyncio.wait_for(self.count_reached.wait(), 600)
                 sizes.append(round(rss_mb(), 1))
         finally:

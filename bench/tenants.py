@@ -53,9 +53,9 @@ from synckit.runtime.bulk import add_tenants
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
 from synckit.runtime.status import read_status
-from synckit.store import jobs as store
 from synckit.store.db import Database, open_database
-from synckit.store.jobs import JobSpec, enqueue_new
+from synckit.store.jobs import claiming
+from synckit.store.jobs.enqueueing import JobSpec, enqueue_new
 from synckit.store.tables import checkpoints, jobs, resources
 from synckit.testing.hostile import Behaviour, HostileProcess
 
@@ -241,7 +241,7 @@ async def measure(
                 out["scheduler_none_due_ms"] = statistics.median(none) * 1000
                 claims = []
                 for _ in range(10):
-                    dt, _claimed = await _timed(store.claim(db, "bench", 32))
+                    dt, _claimed = await _timed(claiming.claim(db, "bench", 32))
                     claims.append(dt)
                 out["claim_ms"] = statistics.median(claims) * 1000
                 if "cycles" not in skip:

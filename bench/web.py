@@ -45,12 +45,12 @@ from synckit.runtime.alert_rules import Alert
 from synckit.runtime.pacing import defer_resource
 from synckit.runtime.poll import POLL_KIND
 from synckit.runtime.tenants import add_tenant, pause_tenant
-from synckit.store import jobs as job_store
 from synckit.store import migrate
 from synckit.store.connections import mark_needs_reauth
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.dead_letters import replay as dlq_replay
+from synckit.store.jobs import enqueueing
 from synckit.store.tables import audit_buckets, connections, dead_letters, jobs, resources
 from synckit.store.tables import outbox as outbox_table
 from synckit.web import WebConfig, create_app
@@ -81,7 +81,7 @@ def _finished_job(
 ) -> dict[str, Any]:
     tenant = rng.choice(names)
     kind = KINDS[i % 4]
-    spec = job_store.JobSpec(
+    spec = enqueueing.JobSpec(
         kind,
         {"n": i, "tenant": tenant},
         resource_key=f"bench:{tenant}",
@@ -161,7 +161,7 @@ async def seed(db: Database, scale: float, say: Any) -> dict[str, Any]:
         async with db.begin() as conn:
             await conn.execute(jobs.insert(), rows)
     pending = [
-        job_store.JobSpec(
+        enqueueing.JobSpec(
             KINDS[i % 4],
             {"n": i},
             resource_key=f"bench:{rng.choice(names)}",
@@ -169,7 +169,7 @@ async def seed(db: Database, scale: float, say: Any) -> dict[str, Any]:
         for i in range(n_finished, n_jobs)
     ]
     for start in range(0, len(pending), 10_000):
-        await job_store.enqueue_many(db, pending[start : start + 10_000])
+        await enqueueing.enqueue_many(db, pending[start : start + 10_000])
     async with db.begin() as conn:
         backlog = select(jobs.c.id).where(jobs.c.status == "pending").limit(n_jobs // 500)
         await conn.execute(

@@ -123,7 +123,7 @@ if TYPE_CHECKING:
     )
     from synckit.runtime.worker import Worker
     from synckit.store.db import Database, open_database
-    from synckit.store.jobs import JobSpec, enqueue, enqueue_many
+    from synckit.store.jobs.enqueueing import JobSpec, enqueue, enqueue_many
     from synckit.store.migrate import upgrade as migrate_database
     from synckit.store.outbox import add as outbox_add
 
@@ -205,7 +205,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "ErrorClass": ("synckit.errors", "ErrorClass"),
     "IntentResult": ("synckit.connectors.intents", "IntentResult"),
     "JobContext": ("synckit.runtime.handlers", "JobContext"),
-    "JobSpec": ("synckit.store.jobs", "JobSpec"),
+    "JobSpec": ("synckit.store.jobs.enqueueing", "JobSpec"),
     "OAuth2Auth": ("synckit.runtime.oauth", "OAuth2Auth"),
     "OAuth2": ("synckit.connectors.auth", "OAuth2"),
     "OAuth2Config": ("synckit.connectors.auth", "OAuth2Config"),
@@ -226,8 +226,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "begin_authorization": ("synckit.runtime.authorize", "begin_authorization"),
     "complete_authorization": ("synckit.runtime.authorize", "complete_authorization"),
     "classify": ("synckit.errors", "classify"),
-    "enqueue": ("synckit.store.jobs", "enqueue"),
-    "enqueue_many": ("synckit.store.jobs", "enqueue_many"),
+    "enqueue": ("synckit.store.jobs.enqueueing", "enqueue"),
+    "enqueue_many": ("synckit.store.jobs.enqueueing", "enqueue_many"),
     "get_tenant": ("synckit.runtime.tenants", "get_tenant"),
     "list_tenants": ("synckit.runtime.tenants", "list_tenants"),
     "migrate_database": ("synckit.store.migrate", "upgrade"),

@@ -69,7 +69,7 @@ from synckit.runtime.worker import Worker
 from synckit.store import checkpoints
 from synckit.store.checkpoints import CycleStart, cycle_start_of
 from synckit.store.db import Database, SyncConn, is_driver_error, open_database, savepoint
-from synckit.store.jobs import ClaimedJob
+from synckit.store.jobs._base import ClaimedJob
 from synckit.store.records import TableOwner, prepare_destination, upgrade_tables
 
 __all__ = ["App"]

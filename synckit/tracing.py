@@ -328,7 +328,7 @@ def http_response(span: Any, status: int, classification: Any) -> None:
 
 
 def job_attributes(job: Any) -> dict[str, Any]:
-    """What an operator filters a job's span by (a ``synckit.store.jobs.ClaimedJob``)."""
+    """What an operator filters a job's span by (a ``synckit.store.jobs._base.ClaimedJob``)."""
     payload = job.payload if isinstance(job.payload, Mapping) else {}
     return {
         "synckit.job.kind": job.kind,

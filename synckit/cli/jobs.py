@@ -25,9 +25,9 @@ from synckit.cli.options import (
 )
 from synckit.clock import utcnow
 from synckit.redaction import redact
-from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobInfo, count_unreadable_run_at, unreadable_run_at
+from synckit.store.jobs import admin, enqueueing
+from synckit.store.jobs.admin import JobInfo, count_unreadable_run_at, unreadable_run_at
 from synckit.store.views import queue_depth
 
 __all__ = ["jobs"]
@@ -93,8 +93,8 @@ def jobs_ls(
             unreadable = await count_unreadable_run_at(conn)
             ids = [j.id for j in await unreadable_run_at(conn, limit=limit)] if stuck else []
         if stuck:
-            return [await store.get_job(d, i) for i in ids], queue, unreadable
-        found = await store.list_jobs(
+            return [await admin.get_job(d, i) for i in ids], queue, unreadable
+        found = await admin.list_jobs(
             d,
             status=status,
             kind=kind,
@@ -161,7 +161,7 @@ def _iso(value: object) -> str:
 def jobs_show(job_id: int, as_json: bool, database_url: str | None) -> None:
     """Show one job with its payload and error history (JSON, indented; --json: one
     line, as `jobs ls --json` prints each job)."""
-    info = run(lambda d: store.get_job(d, job_id), database_url)
+    info = run(lambda d: admin.get_job(d, job_id), database_url)
     click.echo(json.dumps(_job_json(info), indent=None if as_json else 2, sort_keys=True))
 
 
@@ -178,7 +178,7 @@ def _job_action(make: Callable[[Database], Awaitable[JobInfo]], url: str | None)
 @database_option
 def jobs_cancel(job_id: int, reason: str, database_url: str | None) -> None:
     """Cancel a job (a running one is stopped at its next heartbeat)."""
-    _job_action(lambda d: store.cancel_job(d, job_id, reason), database_url)
+    _job_action(lambda d: admin.cancel_job(d, job_id, reason), database_url)
 
 
 @jobs.command("retry")
@@ -186,7 +186,7 @@ def jobs_cancel(job_id: int, reason: str, database_url: str | None) -> None:
 @database_option
 def jobs_retry(job_id: int, database_url: str | None) -> None:
     """Run a job again now (an ended job starts over with fresh attempts)."""
-    _job_action(lambda d: store.retry_job(d, job_id), database_url)
+    _job_action(lambda d: admin.retry_job(d, job_id), database_url)
 
 
 @jobs.command("reschedule")
@@ -201,7 +201,7 @@ def jobs_reschedule(
     if (at is None) == (after is None):
         raise CliError("give exactly one of --at or --in")
     when = parse_moment(at) if at is not None else utcnow() + parse_duration(after or "0")
-    _job_action(lambda d: store.reschedule_job(d, job_id, when), database_url)
+    _job_action(lambda d: admin.reschedule_job(d, job_id, when), database_url)
 
 
 @jobs.command("priority")
@@ -210,7 +210,7 @@ def jobs_reschedule(
 @database_option
 def jobs_priority(job_id: int, priority: int, database_url: str | None) -> None:
     """Change a job's priority (higher runs first)."""
-    _job_action(lambda d: store.set_priority(d, job_id, priority), database_url)
+    _job_action(lambda d: admin.set_priority(d, job_id, priority), database_url)
 
 
 @jobs.command("set-payload")
@@ -223,7 +223,7 @@ def jobs_set_payload(job_id: int, payload: str, database_url: str | None) -> Non
         data = json.loads(payload)
     except json.JSONDecodeError as exc:
         raise CliError(f"payload is not JSON: {exc}") from exc
-    _job_action(lambda d: store.replace_payload(d, job_id, data), database_url)
+    _job_action(lambda d: admin.replace_payload(d, job_id, data), database_url)
 
 
 @jobs.command("enqueue")
@@ -250,7 +250,7 @@ def jobs_enqueue(
         raise CliError(f"payload is not JSON: {exc}") from exc
     delay = parse_duration(after) if after else None
     out = run(
-        lambda d: store.enqueue(
+        lambda d: enqueueing.enqueue(
             d,
             kind,
             data,

@@ -28,7 +28,7 @@ from synckit.errors.exceptions import TenantNotFound
 from synckit.runtime.actions import CycleProgress, enqueue_cycles, waiting_hint
 from synckit.runtime.tenants import get_tenant, list_tenants
 from synckit.store.db import Database
-from synckit.store.jobs import get_job
+from synckit.store.jobs.admin import get_job
 from synckit.store.views import CycleCounts, checkpoint_moment, cycle_counts, job_created_at
 from synckit.store.workers import alive_count
 

@@ -13,11 +13,11 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from synckit.errors.exceptions import PayloadError
-from synckit.store import jobs
 from synckit.store.db import Conn, Database
 from synckit.store.dead_letters import replay as store
 from synckit.store.dead_letters.replay import ReplayError
 from synckit.store.dead_letters.rows import DeadLetter
+from synckit.store.jobs import enqueueing as jobs
 
 Outcome = Literal[
     "resolved", "not_rerun", "retry", "review", "ignored", "deferred", "skipped", "blocked"

@@ -63,12 +63,12 @@ from synckit.errors.exceptions import (
     Unreplayable,
 )
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.store import jobs
 from synckit.store.db import Conn, Database
 from synckit.store.dead_letters import reads as store_reads
 from synckit.store.dead_letters import replay as store
 from synckit.store.dead_letters.replay import ReplayError
 from synckit.store.dead_letters.rows import DeadLetter, DlqFilter
+from synckit.store.jobs import admin
 from synckit.store.leases import new_lease
 
 __all__ = [
@@ -525,7 +525,7 @@ class ReplayProcessor:
         job_id = _job_id(row)
         assert job_id is not None  # plan() checked
         try:
-            info = await jobs.get_job(self.db, job_id)
+            info = await admin.get_job(self.db, job_id)
         except JobNotFound:
             info = None
         if info is None or info.kind != row.kind:
@@ -546,7 +546,7 @@ class ReplayProcessor:
                     replayed=False,
                 )
             try:
-                await jobs.retry_job(self.db, job_id)
+                await admin.retry_job(self.db, job_id)
             except JobNotFound:
                 return Verdict(row, "enqueue", "re-enqueued")
             except JobStateError as exc:
@@ -569,11 +569,11 @@ class ReplayProcessor:
             )
         return Verdict(row, "ignore", f"job {job_id} was {info.status}")
 
-    async def _key_holder(self, info: jobs.JobInfo) -> jobs.JobInfo | None:
+    async def _key_holder(self, info: admin.JobInfo) -> admin.JobInfo | None:
         """The unfinished job, other than this one, that holds ``info``'s unique key."""
         if info.unique_key is None:
             return None
-        holder = await jobs.unfinished_with_key(self.db, info.unique_key)
+        holder = await admin.unfinished_with_key(self.db, info.unique_key)
         return holder if holder is not None and holder.id != info.id else None
 
     def _alert(self, summary: ReplaySummary) -> None:

@@ -25,8 +25,8 @@ the probe so another can be claimed. A first opening lasts the server's wait whe
 failure carried one (an outage that says "3 s left" opens 3 s), else ``cooldown``; only
 re-openings grow. A probe whose worker died is presumed lost after ``probe_timeout``.
 
-The claim decides the gate in SQL (``store/jobs.py``), held to it by a property test on
-both engines; it stores :func:`breaker_claim_probe`.
+The claim decides the gate in SQL (``store/jobs/claiming.py``), held to it by a property test
+on both engines; it stores :func:`breaker_claim_probe`.
 """
 
 from __future__ import annotations

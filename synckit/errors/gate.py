@@ -2,7 +2,7 @@
 
 A lane is a resource (a tenant's, or an API's as a whole): its breaker, its pace, the
 breaker's probe and its in-flight limit each can hold its jobs back. :func:`gate` is the
-one decision; the claim's SQL (``synckit.store.jobs``) is the same rule written for the
+one decision; the claim's SQL (``synckit.store.jobs.claiming``) is the same rule written for the
 database (a property test holds the two together on both engines), and the claim's room
 per lane, the worker's put-back of a job claimed ahead, the DLQ replay's wait
 (:func:`synckit.errors.dlq_policy.blocked_until`), ``synckit status`` and the console's

@@ -23,7 +23,7 @@ from synckit.runtime.oauth import OAuth2Auth, OAuth2Config
 from synckit.runtime.scheduler import poll_job_spec
 from synckit.runtime.tenants import get_tenant
 from synckit.store.db import Database
-from synckit.store.jobs import enqueue_many
+from synckit.store.jobs.enqueueing import enqueue_many
 
 if TYPE_CHECKING:  # the App sits above the runtime: imported for its type only
     from synckit.app import App

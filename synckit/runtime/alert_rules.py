@@ -30,7 +30,7 @@ from synckit.store.audit import (
     VersionTotals,
 )
 from synckit.store.connections import UNREADABLE_ROW_REASON
-from synckit.store.jobs import StuckJob
+from synckit.store.jobs.admin import StuckJob
 
 __all__ = [
     "Alert",

@@ -81,7 +81,7 @@ from synckit.store.audit import (
     totals_by_version,
 )
 from synckit.store.db import Conn, Database
-from synckit.store.jobs import StuckJob, unreadable_run_at
+from synckit.store.jobs.admin import StuckJob, unreadable_run_at
 
 # Only the webhook sink speaks HTTP: ``synckit status`` evaluates the rules on the spot
 # and must not pay for an HTTP client (tests/unit/test_command_imports.py).

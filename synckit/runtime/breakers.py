@@ -34,7 +34,7 @@ from synckit.runtime import pacing
 from synckit.runtime.handlers import Registry
 from synckit.runtime.logging import redact_text
 from synckit.store.db import SyncConn
-from synckit.store.jobs import ClaimedJob
+from synckit.store.jobs._base import ClaimedJob
 from synckit.store.moments import read_moment
 from synckit.store.resources import BreakerStore
 

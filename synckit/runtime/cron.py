@@ -14,7 +14,7 @@ from datetime import datetime
 from synckit.runtime.handlers import Recurring
 from synckit.store import ticks
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec, enqueue_many
+from synckit.store.jobs.enqueueing import JobSpec, enqueue_many
 
 
 async def sync_schedules(db: Database, schedules: Sequence[Recurring], now: datetime) -> None:

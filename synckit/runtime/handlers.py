@@ -20,7 +20,8 @@ from synckit.errors.breaker import BreakerPolicy
 from synckit.errors.exceptions import ConfigurationError
 from synckit.errors.pace import PacePolicy
 from synckit.store.db import Database
-from synckit.store.jobs import ClaimedJob, JobSpec
+from synckit.store.jobs._base import ClaimedJob
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.outbox import NewMessage, _new_row
 
 Handler = Callable[["JobContext"], Awaitable[None]]

@@ -73,7 +73,7 @@ from synckit.runtime.handlers import Handler, JobContext
 from synckit.runtime.logging import redact_text
 from synckit.store import intents as intent_store
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.leases import new_lease
 
 log = structlog.get_logger("synckit.intents")

@@ -78,7 +78,6 @@ from synckit.runtime.secrets import (
     token_lifetime,
     write_token_set,
 )
-from synckit.store import jobs as job_store
 from synckit.store.connections import (
     REASON_CHARS,
     hand_back_refresh_lease,
@@ -88,6 +87,7 @@ from synckit.store.connections import (
     take_refresh_lease,
 )
 from synckit.store.db import Database
+from synckit.store.jobs import enqueueing
 
 if TYPE_CHECKING:
     from authlib.integrations.base_client import OAuthError
@@ -737,7 +737,7 @@ async def reauth(
         row = await read_connection(conn, tenant, lock=True)
         await write_token_set(conn, tenant, token_set, cipher=cipher, now=now, activate=True)
         await notify_workers(conn)
-    job_store.target_wake(db)
+    enqueueing.target_wake(db)
     log.info(
         "connection.reauthorised",
         tenant=tenant,

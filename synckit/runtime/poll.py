@@ -85,7 +85,7 @@ from synckit.store.checkpoints import (
 )
 from synckit.store.db import Database, SyncConn
 from synckit.store.dead_letters import capture as dlq_store
-from synckit.store.jobs import ClaimedJob
+from synckit.store.jobs._base import ClaimedJob
 from synckit.store.ticks import delete_poll_ticks
 
 if TYPE_CHECKING:

@@ -29,10 +29,12 @@ from synckit.runtime import outbox
 from synckit.runtime.breakers import ResourceBook
 from synckit.runtime.handlers import Registry
 from synckit.runtime.logging import redact_text
-from synckit.store import jobs as store
 from synckit.store.connections import mark_needs_reauth_sync
 from synckit.store.db import Database, SyncConn, connection_lost, savepoint
-from synckit.store.jobs import ClaimedJob, JobSpec, OutcomeStore
+from synckit.store.jobs import enqueueing, outcomes
+from synckit.store.jobs._base import ClaimedJob
+from synckit.store.jobs.enqueueing import JobSpec
+from synckit.store.jobs.outcomes import OutcomeStore
 from synckit.store.outbox import NewMessage
 
 if TYPE_CHECKING:
@@ -135,7 +137,7 @@ class OutcomeRecorder:
     """The recording half of :class:`~synckit.runtime.worker.Worker` (its one subclass,
     which sets every attribute declared here in its ``__init__``)."""
 
-    #: Where outcomes are written: :mod:`synckit.store.jobs` (a fake in unit tests).
+    #: Where outcomes are written: :mod:`synckit.store.jobs.outcomes` (a fake in unit tests).
     outcomes: ClassVar[OutcomeStore]
     db: Database
     registry: Registry
@@ -187,7 +189,9 @@ class OutcomeRecorder:
                             started = await self._record(batch, held)
                     else:
                         now = self.clock()
-                        started = await store.start_many(self.db, held, now=now, lease=self.lease)
+                        started = await outcomes.start_many(
+                            self.db, held, now=now, lease=self.lease
+                        )
                     backoff.reset()
                     break
                 except Exception as exc:  # the worker must outlive any one failure
@@ -230,11 +234,11 @@ class OutcomeRecorder:
         now = self.clock()
         done = [(o.job.id, o.job.claim_token) for o in batch]
         if self.db.is_postgres:
-            held, started = await store.complete_and_start_pg(
+            held, started = await outcomes.complete_and_start_pg(
                 self.db, done, marks, now=now, lease=self.lease
             )
         else:
-            got = store.try_complete_and_start_inline(
+            got = outcomes.try_complete_and_start_inline(
                 self.db, done, marks, now=now, lease=self.lease
             )
             if got is None:
@@ -264,7 +268,7 @@ class OutcomeRecorder:
         self.stats.succeeded += len(held)
         self.stats.fenced += len(successes) - len(held) - refused
         if woke_jobs:
-            store.target_wake(self.db)
+            enqueueing.target_wake(self.db)
         if woke_outbox:
             outbox.wake_local_relays(self.db)
         for o, status in results:
@@ -277,11 +281,13 @@ class OutcomeRecorder:
         """Record a batch of outcomes and start marks in one transaction (run whole by
         Database.write). With marks, PostgreSQL commits it without waiting for the WAL
         flush: jobs wait for this commit before they run."""
-        started = store.start_many_sync(conn, marks, now=now, lease=self.lease, async_commit=True)
+        started = outcomes.start_many_sync(
+            conn, marks, now=now, lease=self.lease, async_commit=True
+        )
         successes = [o for o in batch if o.kind == "success"]
         others = [o for o in batch if o.kind != "success"]
         plain = [o for o in successes if not o.followups and not o.messages]
-        held = store.complete_many_sync(
+        held = outcomes.complete_many_sync(
             conn, [(o.job.id, o.job.claim_token) for o in plain], now=now
         )
         results: list[tuple[_Outcome, str | None]] = []
@@ -332,12 +338,12 @@ class OutcomeRecorder:
     def _complete_with_writes(conn: SyncConn, done: list[_Outcome], now: datetime) -> set[int]:
         """Complete successes with their follow-up jobs and outbox messages: the ids whose
         claim still held (only theirs write anything)."""
-        held = store.complete_many_sync(
+        held = outcomes.complete_many_sync(
             conn, [(o.job.id, o.job.claim_token) for o in done], now=now
         )
         jobs_ = [f for o in done if o.job.id in held for f in o.followups]
         if jobs_:
-            store._enqueue_sync(conn, jobs_, now)
+            enqueueing._enqueue_sync(conn, jobs_, now)
         messages = [m for o in done if o.job.id in held for m in o.messages]
         if messages:
             outbox.add_many_sync(conn, messages, now=now)

@@ -26,7 +26,7 @@ from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
 from synckit.store import ticks
 from synckit.store.db import Conn, Database
-from synckit.store.jobs import JobSpec, enqueue_new
+from synckit.store.jobs.enqueueing import JobSpec, enqueue_new
 
 __all__ = [
     "SCHEDULE_BATCH",

@@ -38,7 +38,7 @@ from synckit.store.alerts import ConnectionState, load_connections
 from synckit.store.audit import Totals, totals_by_tenant
 from synckit.store.connections import CONNECTION_STATUSES
 from synckit.store.db import Conn, Database
-from synckit.store.jobs import StuckJob, count_unreadable_run_at, unreadable_run_at
+from synckit.store.jobs.admin import StuckJob, count_unreadable_run_at, unreadable_run_at
 from synckit.store.views import (
     BreakerInfo,
     audit_totals_of,

@@ -60,7 +60,7 @@ from synckit.runtime.scheduler import poll_job_spec
 from synckit.runtime.tenants import get_tenant
 from synckit.store import subscriptions as subs
 from synckit.store.db import Database, SyncConn
-from synckit.store.jobs import JobSpec, enqueue_new_sync
+from synckit.store.jobs.enqueueing import JobSpec, enqueue_new_sync
 
 if TYPE_CHECKING:
     from synckit.app import App

@@ -48,9 +48,9 @@ from synckit.runtime.config_secrets import (
 )
 from synckit.runtime.secrets import TokenCipher
 from synckit.store import connections as connection_store
-from synckit.store import jobs as job_store
 from synckit.store.checkpoints import delete_checkpoints
 from synckit.store.db import Database
+from synckit.store.jobs import enqueueing
 from synckit.store.resources import configure_pacing, read_moments
 from synckit.store.ticks import delete_poll_ticks
 
@@ -451,7 +451,7 @@ async def update_tenant(
         if resumes:
             await connection_store.notify_workers(conn)
     if resumes:
-        job_store.target_wake(db)
+        enqueueing.target_wake(db)
     return await get_tenant(db, tenant)
 
 

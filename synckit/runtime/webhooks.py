@@ -47,7 +47,7 @@ from synckit.store import connections as connection_store
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database, SyncConn
 from synckit.store.dead_letters import capture as dlq_store
-from synckit.store.jobs import JobSpec, enqueue_new_sync
+from synckit.store.jobs.enqueueing import JobSpec, enqueue_new_sync
 from synckit.store.leases import new_lease
 
 if TYPE_CHECKING:

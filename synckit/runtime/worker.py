@@ -70,10 +70,13 @@ from synckit.runtime.recorder import (
     _db_backoff,
     _Outcome,
 )
-from synckit.store import jobs as store
 from synckit.store import queue_history, resources
 from synckit.store.db import Database
-from synckit.store.jobs import ClaimedJob, ClaimStore, OutcomeStore
+from synckit.store.jobs import admin, claiming, enqueueing, leasing, outcomes
+from synckit.store.jobs._base import START_LEASE, ClaimedJob
+from synckit.store.jobs.claiming import ClaimStore
+from synckit.store.jobs.outcomes import OutcomeStore
+from synckit.store.notify import NOTIFY_CHANNEL as JOBS_NOTIFY_CHANNEL
 from synckit.store.notify import listen, watch_sqlite
 from synckit.store.resources import BreakerStore
 
@@ -147,7 +150,7 @@ class Worker(OutcomeRecorder):
     """Runs jobs from one database with the handlers of one registry.
 
     ``lease`` is how long a started job is held without a heartbeat; ``start_lease``
-    (default ``min(lease, 2 s)``, :data:`~synckit.store.jobs.START_LEASE`) how long a job
+    (default ``min(lease, 2 s)``, :data:`~synckit.store.jobs._base.START_LEASE`) how long a job
     claimed ahead but not started is, so that a crash gives those back to other workers
     within a few seconds (the start lease, then one rescue pass), attempts unspent.
     ``max_wait`` caps every wait a handler asks for (retry-after, snooze);
@@ -163,12 +166,12 @@ class Worker(OutcomeRecorder):
     #: (unit tests of the breaker decisions give an in-memory fake).
     breakers: ClassVar[BreakerStore] = resources
     #: Where the recorder writes a job's failure, snooze, cancel or discard:
-    #: :mod:`synckit.store.jobs` (unit tests of the outcome routing give a fake).
+    #: :mod:`synckit.store.jobs.outcomes` (unit tests of the outcome routing give a fake).
     #: (mypy does not take this module for the protocol, as it does store.resources.)
-    outcomes: ClassVar[OutcomeStore] = cast(OutcomeStore, store)
-    #: Where the claim loop takes jobs: :mod:`synckit.store.jobs` (unit tests of what the
-    #: loop asks for, and when, give an in-memory fake).
-    claims: ClassVar[ClaimStore] = cast(ClaimStore, store)
+    outcomes: ClassVar[OutcomeStore] = cast(OutcomeStore, outcomes)
+    #: Where the claim loop takes jobs: :mod:`synckit.store.jobs.claiming` (unit tests of
+    #: what the loop asks for, and when, give an in-memory fake).
+    claims: ClassVar[ClaimStore] = cast(ClaimStore, claiming)
 
     def __init__(
         self,
@@ -205,7 +208,7 @@ class Worker(OutcomeRecorder):
         #: Seconds between this worker's presence heartbeats (``synckit.store.workers``):
         #: silent for three of them, it is shown as lost.
         self.presence_every = presence_every
-        self.start_lease = min(lease, start_lease or store.START_LEASE)
+        self.start_lease = min(lease, start_lease or START_LEASE)
         self.max_wait = max_wait
         self.pace_policy = pace_policy or PacePolicy(max_wait=max_wait)
         self.db = db
@@ -286,7 +289,7 @@ class Worker(OutcomeRecorder):
             return await self._serve(idle_exit=idle_exit)
 
     async def _serve(self, *, idle_exit: bool) -> WorkerStats:
-        store.register_waker(self.db, self._wake)
+        enqueueing.register_waker(self.db, self._wake)
         self._log.info(
             "worker.started",
             concurrency=self.concurrency,
@@ -327,7 +330,7 @@ class Worker(OutcomeRecorder):
                 await self._outcomes.join()
             recorder.cancel()
             await asyncio.gather(recorder, return_exceptions=True)
-            store.unregister_waker(self.db, self._wake)
+            enqueueing.unregister_waker(self.db, self._wake)
             self._log.info("worker.stopped", **vars(self.stats))
         return self.stats
 
@@ -424,7 +427,7 @@ class Worker(OutcomeRecorder):
         leftover = [(j.id, j.claim_token) for j in self._held.values()]
         if leftover:
             with contextlib.suppress(SynckitError):
-                n = await store.release(self.db, leftover, now=self.clock())
+                n = await leasing.release(self.db, leftover, now=self.clock())
                 self._log.info("worker.released", jobs=n)
             self._held.clear()
 
@@ -504,11 +507,11 @@ class Worker(OutcomeRecorder):
             # and a commit each.
             held = [(job.id, job.claim_token)]
             now = self.clock()
-            got = store.try_start_inline(self.db, held, now=now, lease=self.lease)
+            got = outcomes.try_start_inline(self.db, held, now=now, lease=self.lease)
             if got is None and self.db.is_postgres:
                 self._marking = True
                 try:
-                    got = await store.start_many(self.db, held, now=now, lease=self.lease)
+                    got = await outcomes.start_many(self.db, held, now=now, lease=self.lease)
                 except Exception as exc:  # the recorder retries it with backoff
                     self._log.warning("job.start_mark_failed", job_id=job.id, error=str(exc))
                 finally:
@@ -661,7 +664,7 @@ class Worker(OutcomeRecorder):
             last = time.monotonic()
             held = [(j.id, j.claim_token) for j in current]
             try:
-                alive = await store.heartbeat(
+                alive = await leasing.heartbeat(
                     self.db,
                     self.worker_id,
                     held,
@@ -688,7 +691,7 @@ class Worker(OutcomeRecorder):
                 for kind in self.registry.kinds
                 if (spec := self.registry.get(kind)) and spec.max_attempts is not None
             }
-            n = await store.rescue_expired(self.db, now=now, max_attempts_by_kind=limits)
+            n = await leasing.rescue_expired(self.db, now=now, max_attempts_by_kind=limits)
             if n:
                 self.stats.rescued += n
                 self._log.warning("job.leases_rescued", jobs=n)
@@ -715,7 +718,7 @@ class Worker(OutcomeRecorder):
                     await queue_history.sample(self.db, now=self.clock())
                 if time.monotonic() - last_prune >= 3600:
                     last_prune = time.monotonic()
-                    await store.prune(self.db, older_than=self.prune_after, now=self.clock())
+                    await admin.prune(self.db, older_than=self.prune_after, now=self.clock())
                 backoff.reset()
                 await asyncio.sleep(1.0)
             except Exception as exc:  # the worker must outlive any one failure
@@ -725,7 +728,7 @@ class Worker(OutcomeRecorder):
         """Wake the claimer on NOTIFY; reconnect with backoff when the connection drops."""
         await listen(
             self.db,
-            store.NOTIFY_CHANNEL,
+            JOBS_NOTIFY_CHANNEL,
             self._wake.set,
             delay=_db_backoff,
             on_failure=lambda exc: self._log.warning("worker.listen_failed", error=str(exc)),

@@ -21,9 +21,9 @@ from synckit.errors.exceptions import ConnectionExists, ConnectionNotFound
 from synckit.redaction import redact_text
 from synckit.store import resources as resources_store
 from synckit.store.db import Conn, Database, SyncConn
-from synckit.store.jobs import NOTIFY_CHANNEL
 from synckit.store.leases import Lease, LeaseColumns, claim, fenced
 from synckit.store.moments import guarded_moment, storable_text
+from synckit.store.notify import NOTIFY_CHANNEL
 from synckit.store.resources import readable
 from synckit.store.row_arrays import list_param, rows_params, rows_source
 from synckit.store.tables import checkpoints, connections, dead_letters, pending_authorizations
@@ -504,7 +504,7 @@ async def update_connection(
 
 async def notify_workers(conn: Conn) -> None:
     """Wake the workers of every process when this transaction commits (PostgreSQL's
-    NOTIFY; on SQLite :func:`synckit.store.jobs.target_wake` wakes this process's)."""
+    NOTIFY; on SQLite :func:`synckit.store.jobs.enqueueing.target_wake` wakes this process's)."""
     if _is_postgres(conn):
         await conn.exec_driver_sql(f"NOTIFY {NOTIFY_CHANNEL}")
 

@@ -8,7 +8,7 @@ a page of tenants joined with their resources (one statement rather than one per
 tenant), and the audit sums of the tenant page and the overview. Jobs by state are
 counted kind by kind on ``ix_jobs_kind_status``, the kinds found by a loose index scan,
 so no count reads more than ``cap`` index entries per state. The keyset pages of jobs and
-dead letters are :func:`synckit.store.jobs.job_page` and
+dead letters are :func:`synckit.store.jobs.admin.job_page` and
 :func:`synckit.store.dead_letters.reads.dlq_page`.
 """
 
@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from synckit.store.audit import Totals
 from synckit.store.db import Database
 from synckit.store.dead_letters import rows as dlq_rows
-from synckit.store.jobs import JOB_STATUSES, job_kinds
+from synckit.store.jobs.admin import JOB_STATUSES, job_kinds
 from synckit.store.pages import COUNT_CAP, Count, Page, bounded, estimates, page_size
 from synckit.store.tables import (
     audit_buckets,

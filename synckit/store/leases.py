@@ -60,7 +60,7 @@ class LeaseColumns:
     optionally the holder's name. Every leased table uses :data:`LEASE_COLUMNS` but two
     whose leases predate them: ``connections`` (the OAuth refresh: ``refresh_owner``,
     ``refresh_until``) and ``jobs`` (``claim_token``, ``lease_expires_at``, ``locked_by``:
-    see ``synckit.store.jobs.JOB_LEASE``)."""
+    see ``synckit.store.jobs._base.JOB_LEASE``)."""
 
     token: str = "lease_token"
     expires_at: str = "lease_expires_at"
@@ -77,6 +77,16 @@ class LeaseColumns:
         if self.holder is not None:
             values[self.holder] = None
         return values
+
+    def released_sql(self, *, keep_token: bool = False) -> str:
+        """:meth:`released` as the SET list of raw SQL (``col = NULL, ...``), for statements
+        prebuilt as text on a hot path."""
+        return ", ".join(f"{c} = NULL" for c in self.released(keep_token=keep_token))
+
+    def holding_sql(self, token: str, expires_at: str, holder: str | None = None) -> str:
+        """:meth:`holding` as the SET list of raw SQL, the values given as SQL (parameter
+        placeholders such as ``:token`` or ``$1``)."""
+        return ", ".join(f"{c} = {v}" for c, v in self.holding(token, expires_at, holder).items())
 
     def holding(self, token: Any, expires_at: Any, holder: Any = None) -> dict[str, Any]:
         """The values that hold a row under ``token`` until ``expires_at`` (values or

@@ -31,7 +31,19 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.store.db import Database
 
-__all__ = ["listen", "register", "unregister", "wake", "wake_after_commit", "watch_sqlite"]
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "listen",
+    "register",
+    "unregister",
+    "wake",
+    "wake_after_commit",
+    "watch_sqlite",
+]
+
+#: The job queue's channel: an enqueue wakes the workers on it (``NOTIFY`` on PostgreSQL,
+#: :func:`wake` in this process), and a connection made active again wakes them too.
+NOTIFY_CHANNEL = "synckit_jobs"
 
 #: How often :func:`watch_sqlite` looks for another connection's commit (seconds).
 WATCH_INTERVAL = 0.05

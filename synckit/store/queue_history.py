@@ -27,7 +27,8 @@ from sqlalchemy import and_, case, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.store.db import Database
-from synckit.store.jobs import _insert, job_kinds
+from synckit.store.jobs.admin import job_kinds
+from synckit.store.jobs.enqueueing import _insert
 from synckit.store.pages import COUNT_CAP
 from synckit.store.tables import jobs, queue_samples, resources
 

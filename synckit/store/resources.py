@@ -454,7 +454,7 @@ def bulk_lanes_sql(source: str) -> tuple[Any, Any]:
     return lanes, parents
 
 
-# --- the queue's lanes: marks and probes, written in store/jobs.py's transactions -----
+# --- the queue's lanes: marks and probes, written in store/jobs/'s transactions -------
 #
 # ``resources.due_at`` marks the lanes a claim starts from: NULL when the lane has no
 # pending job, else a time no later than its earliest pending job's ``run_at``. Claims

@@ -218,8 +218,8 @@ Index(
     sqlite_where=text("status = 'pending' AND resource_key IS NOT NULL"),
 )
 # Finished jobs of one resource, newest first (migration 0009: the console's tenant pages,
-# predicate as synckit.store.jobs._FINISHED_BY_RESOURCE). Partial on finished states, so the hot
-# queries on pending and running jobs never consider it.
+# predicate as synckit.store.jobs.admin._FINISHED_BY_RESOURCE). Partial on finished states,
+# so the hot queries on pending and running jobs never consider it.
 _FINISHED_IN_LANE = (
     "status IN ('succeeded', 'dead', 'cancelled', 'discarded') AND resource_key IS NOT NULL"
 )

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.store.connections import poll_spec_marks_sql
 from synckit.store.db import Database
-from synckit.store.jobs import _insert
+from synckit.store.jobs.enqueueing import _insert
 from synckit.store.row_arrays import list_param, rows_params, rows_source
 from synckit.store.tables import UNSCHEDULED, cron_ticks, poll_ticks
 

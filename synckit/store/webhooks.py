@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, LargeBinary, Row, bindparam, func, select, text, update
 
 from synckit.store import leases
-from synckit.store.jobs import JobSpec, enqueue_new_sync
+from synckit.store.jobs.enqueueing import JobSpec, enqueue_new_sync
 from synckit.store.leases import Lease
 from synckit.store.tables import (
     dialect_insert,

@@ -149,7 +149,7 @@ async def _say_why_nothing_ran(db: Database, now: datetime) -> None:
     """Warn when pending jobs exist but none is due on the worker's clock: a test that
     enqueued by another clock than the worker's would otherwise see nothing happen and
     no reason why."""
-    from synckit.store.jobs import list_jobs
+    from synckit.store.jobs.admin import list_jobs
 
     later = [
         j

@@ -20,9 +20,9 @@ from synckit import App, Connector, Page, SyncContext
 from synckit.clock import utcnow
 from synckit.runtime import outbox
 from synckit.runtime.pacing import defer_resource
-from synckit.store import jobs as job_store
 from synckit.store.db import Database
 from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.jobs import enqueueing
 
 SECRET = "sk_live_seeded-SECRET-4f9a7c"
 PAGE_PAUSE = float(os.environ.get("WEB_APP_PAGE_PAUSE", "0.4"))
@@ -75,7 +75,7 @@ async def seed(db: Database) -> dict[str, Any]:
         )
     jobs = []
     for i in range(5):
-        out = await job_store.enqueue(
+        out = await enqueueing.enqueue(
             db, "send.invoice", {"n": i, "api_key": SECRET}, resource_key="shop:acme"
         )
         jobs.append(out.id)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from waits import PROCESS_TIMEOUT  # tests/
 
-from synckit.store import jobs as job_store
 from synckit.store.db import open_database
+from synckit.store.jobs import admin, enqueueing
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 APPS = Path(__file__).parent.parent / "apps"
@@ -27,14 +27,14 @@ def test_worker_claims_from_the_apps_database_url_and_leaves_the_environment(
     async def enqueue() -> int:
         db = open_database(migrated_url)
         try:
-            return (await job_store.enqueue(db, "own_url.check", {})).id
+            return (await enqueueing.enqueue(db, "own_url.check", {})).id
         finally:
             await db.dispose()
 
     async def status(job_id: int) -> str:
         db = open_database(migrated_url)
         try:
-            return (await job_store.get_job(db, job_id)).status
+            return (await admin.get_job(db, job_id)).status
         finally:
             await db.dispose()
 

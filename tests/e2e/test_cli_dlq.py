@@ -17,12 +17,12 @@ from inprocess import run_cli  # tests/
 from sqlalchemy import update
 from waits import PROCESS_TIMEOUT  # tests/
 
-from synckit.store import jobs
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.dead_letters import reads as dlq_reads
 from synckit.store.dead_letters import replay as dlq_replay
 from synckit.store.dead_letters import rows as dlq_rows
+from synckit.store.jobs import admin, enqueueing, outcomes
 from synckit.store.tables import dead_letters
 from synckit.store.tables import jobs as jobs_table
 
@@ -102,12 +102,12 @@ def seed(url: str) -> dict[str, int]:
         await cap("old-resolved", tenant="globex", now=now - timedelta(days=60))
         await cap("old-ignored", tenant="globex", now=now - timedelta(days=60))
         await cap("new-resolved", tenant="globex")
-        job = await jobs.enqueue(db, "sync_job", {"tenant": "acme"})
+        job = await enqueueing.enqueue(db, "sync_job", {"tenant": "acme"})
         async with db.begin() as conn:
             await conn.execute(
                 update(jobs_table).where(jobs_table.c.id == job.id).values(status="dead")
             )
-            await jobs.dead_letter_job(
+            await outcomes.dead_letter_job(
                 conn,
                 job_id=job.id,
                 kind="sync_job",
@@ -239,7 +239,7 @@ def test_replay_without_an_app_re_runs_jobs_and_leaves_records(migrated_url: str
     assert any("needs --app" in r["reason"] for r in out["reasons"])
     row = with_db(migrated_url, lambda d: dlq_reads.get(d, ids["job"]))
     assert row.status == "resolved"
-    job = with_db(migrated_url, lambda d: jobs.get_job(d, ids["job_id"]))
+    job = with_db(migrated_url, lambda d: admin.get_job(d, ids["job_id"]))
     assert job.status == "pending"
     still = with_db(migrated_url, lambda d: dlq_reads.get(d, ids["a1"]))
     assert still.status == "pending" and still.replay_attempts == 0

@@ -16,9 +16,9 @@ from pathlib import Path
 from inprocess import run_cli  # tests/
 from sqlalchemy import insert, update
 
-from synckit.store import jobs as job_store
 from synckit.store.db import open_database
 from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.jobs import enqueueing
 from synckit.store.resources import configure_resource
 from synckit.store.tables import alerts, connections, outbox, resources
 from synckit.store.tables import jobs as jobs_table
@@ -103,7 +103,7 @@ async def _seed(url: str) -> dict[str, int]:
                     delivered={},
                 )
             )
-        job = await job_store.enqueue(db, "sync.things", {"note": HOSTILE}, resource_key="r1")
+        job = await enqueueing.enqueue(db, "sync.things", {"note": HOSTILE}, resource_key="r1")
         async with db.begin() as conn:
             await conn.execute(
                 update(jobs_table)

@@ -18,10 +18,10 @@ from sqlalchemy import update
 from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.cli import cli
-from synckit.store import jobs
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.dead_letters import reads as dlq_reads
+from synckit.store.jobs import enqueueing
 from synckit.store.resources import configure_resource
 from synckit.store.tables import jobs as jobs_table
 from synckit.store.tables import resources
@@ -52,7 +52,7 @@ def invoke(*args: str) -> Any:
 
 def seed(url: str) -> dict[str, int]:
     async def go(db: Database) -> dict[str, int]:
-        job = await jobs.enqueue(db, "sync.things", {"tenant": "acme", "accessToken": KEY})
+        job = await enqueueing.enqueue(db, "sync.things", {"tenant": "acme", "accessToken": KEY})
         async with db.begin() as conn:
             await conn.execute(
                 update(jobs_table)

@@ -136,13 +136,15 @@ def test_breakers_ls_and_reset(migrated_url: str) -> None:
 def test_jobs_ls_pages_by_keyset(migrated_url: str, tmp_path: Path) -> None:
     import asyncio
 
-    from synckit.store import jobs as store
     from synckit.store.db import open_database
+    from synckit.store.jobs import enqueueing
 
     async def enqueue() -> None:
         db = open_database(migrated_url)
         try:
-            await store.enqueue_many(db, [store.JobSpec("record", {"n": n}) for n in range(5)])
+            await enqueueing.enqueue_many(
+                db, [enqueueing.JobSpec("record", {"n": n}) for n in range(5)]
+            )
         finally:
             await db.dispose()
 

@@ -305,11 +305,11 @@ def test_status_names_each_corrupt_row_and_the_jobs_that_never_run(
 
     async def jobs_(db: Database) -> tuple[int, int]:
         from synckit.clock import utcnow
-        from synckit.store import jobs as store
-        from synckit.store.jobs import JobSpec
+        from synckit.store.jobs import enqueueing
+        from synckit.store.jobs.enqueueing import JobSpec
         from synckit.store.tables import alerts
 
-        stuck, done = await store.enqueue_many(
+        stuck, done = await enqueueing.enqueue_many(
             db,
             [JobSpec("sync.things"), JobSpec("synckit.poll", resource_key="demo:globex")],
         )

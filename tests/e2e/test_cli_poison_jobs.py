@@ -10,9 +10,9 @@ import subprocess
 from inprocess import run_cli  # tests/
 from sqlalchemy import text
 
-from synckit.store import jobs as store
 from synckit.store.db import open_database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 
 BAD_PAYLOAD = {"sqlite": "'{not json'", "postgresql": "('1' || repeat('0', 5000))::jsonb"}
 BAD_TIME = {"sqlite": "'garbage'", "postgresql": "'20000-01-01'::timestamptz"}
@@ -31,7 +31,7 @@ def test_jobs_ls_and_show_read_a_corrupt_job_as_unreadable(
     async def seed() -> tuple[int, int]:
         db = open_database(migrated_url)
         try:
-            bad, good = await store.enqueue_many(db, [JobSpec("x"), JobSpec("y", {"a": 1})])
+            bad, good = await enqueueing.enqueue_many(db, [JobSpec("x"), JobSpec("y", {"a": 1})])
             async with db.begin() as conn:
                 await conn.execute(
                     text(
@@ -69,7 +69,7 @@ def test_jobs_ls_names_pending_jobs_that_never_run(migrated_url: str, engine_nam
     async def seed() -> tuple[int, int, int]:
         db = open_database(migrated_url)
         try:
-            stuck, odd, sound = await store.enqueue_many(
+            stuck, odd, sound = await enqueueing.enqueue_many(
                 db, [JobSpec("x"), JobSpec("y", resource_key="lane:1"), JobSpec("z")]
             )
             history = "'{not json'" if engine_name == "sqlite" else BAD_PAYLOAD[engine_name]

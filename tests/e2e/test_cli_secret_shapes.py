@@ -27,10 +27,10 @@ from sqlalchemy import insert, update
 from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.runtime import outbox as outbox_store
-from synckit.store import jobs as jobs_store
 from synckit.store.connections import insert_connection
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import capture as dlq_capture
+from synckit.store.jobs import enqueueing
 from synckit.store.resources import configure_resource
 from synckit.store.tables import checkpoints, connections, dead_letters, jobs, outbox, resources
 
@@ -59,7 +59,7 @@ async def seed(db: Database, texts: dict[str, str]) -> dict[str, Any]:
     for n, key in enumerate(keys):
         text = text_of[key]
         tenant = f"t{n:02d}"
-        job = await jobs_store.enqueue(
+        job = await enqueueing.enqueue(
             db, "sync.things", {"tenant": tenant, "n": n}, resource_key=f"{tenant}:api"
         )
         ids["job"][key] = job.id

@@ -20,12 +20,11 @@ from inprocess import run_cli  # tests/
 from sqlalchemy import insert, update
 from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
-from synckit.runtime.alert_delivery import AlertRouter
-from synckit.runtime.alert_rules import dlq_review_alert
-from synckit.store import jobs as store
+from synckit.runtime.alerts import AlertRouter, dlq_review_alert
 from synckit.store.audit import read_audit
 from synckit.store.db import open_database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import checkpoints, connections, dead_letters, resources
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
@@ -87,12 +86,12 @@ async def _seed(url: str) -> None:
                     for i in range(3)
                 ],
             )
-        await store.enqueue_many(
+        await enqueueing.enqueue_many(
             db,
             [JobSpec("synckit.poll", {"tenant": "acme"}, resource_key="graph:acme")]
             + [JobSpec("send_mail", {"n": i}) for i in range(2)],
         )
-        await store.enqueue(db, "synckit.poll", {"tenant": "beta"}, resource_key="graph:beta")
+        await enqueueing.enqueue(db, "synckit.poll", {"tenant": "beta"}, resource_key="graph:beta")
         async with db.begin() as conn:
             await conn.execute(
                 update(resources)
@@ -203,7 +202,7 @@ def _free_port() -> int:
 async def _enqueue_work(url: str) -> None:
     db = open_database(url)
     try:
-        await store.enqueue_many(
+        await enqueueing.enqueue_many(
             db,
             [JobSpec("work", {"tenant": "acme", "connector": "graph"}) for _ in range(3)]
             + [JobSpec("work", {"tenant": "acme", "connector": "graph", "fail": True})],

@@ -16,7 +16,7 @@ from loopback import LoopbackServer, Request  # tests/
 
 from synckit.runtime.tenants import pause_tenant
 from synckit.store.db import open_database
-from synckit.store.jobs import list_jobs
+from synckit.store.jobs.admin import list_jobs
 
 SYNCKIT = [sys.executable, "-m", "synckit.cli"]
 APP = """

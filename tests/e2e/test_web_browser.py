@@ -23,10 +23,10 @@ from web_app import SECRET  # tests/apps, on the path by console_browser
 from synckit.errors import RetryPolicy
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as job_store
 from synckit.store import migrate
 from synckit.store.dead_letters import reads as dlq_reads
 from synckit.store.dead_letters import rows as dlq_rows
+from synckit.store.jobs import enqueueing
 
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -49,7 +49,7 @@ async def failed_job(db: Any) -> int:
             "field 'total' must be positive; field 'currency' is not ISO 4217"
         )
 
-    made = await job_store.enqueue(db, "sync.orders", {"tenant": "acme"}, max_attempts=2)
+    made = await enqueueing.enqueue(db, "sync.orders", {"tenant": "acme"}, max_attempts=2)
     await Worker(
         db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05
     ).run_until_idle()

@@ -351,17 +351,17 @@ def test_the_queue_depth_bars_have_a_colour_and_a_height_and_paced_its_own(
 def test_internal_kinds_are_one_click_away_and_pages_lead_back(
     browser: Any, tmp_path: Path
 ) -> None:
-    from synckit.store import jobs as job_store
+    from synckit.store.jobs import enqueueing
 
     async def receipts(db: Any) -> dict[str, Any]:
         return {
             "receipts": [
-                (await job_store.enqueue(db, "send.receipt", {"n": i})).id for i in range(60)
+                (await enqueueing.enqueue(db, "send.receipt", {"n": i})).id for i in range(60)
             ]
         }
 
     async def newest_tick(db: Any) -> int:
-        made: int = (await job_store.enqueue(db, "synckit.schedule", {})).id
+        made: int = (await enqueueing.enqueue(db, "synckit.schedule", {})).id
         return made
 
     url, _seeded = seeded_db(tmp_path, before=receipts)
@@ -393,14 +393,14 @@ def test_a_dead_cycle_replayed_while_its_next_cycle_is_queued_says_nothing_was_r
         from sqlalchemy import update
 
         from synckit.clock import utcnow
-        from synckit.store import jobs as job_store
+        from synckit.store.jobs import enqueueing, outcomes
         from synckit.store.tables import jobs
 
         key = "poll:acme:orders"
-        dead = await job_store.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
+        dead = await enqueueing.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
         async with db.begin() as conn:
             await conn.execute(update(jobs).where(jobs.c.id == dead.id).values(status="dead"))
-            await job_store.dead_letter_job(
+            await outcomes.dead_letter_job(
                 conn,
                 job_id=dead.id,
                 kind="synckit.poll",
@@ -413,7 +413,7 @@ def test_a_dead_cycle_replayed_while_its_next_cycle_is_queued_says_nothing_was_r
                 attempts=5,
                 now=utcnow(),
             )
-        queued = await job_store.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
+        queued = await enqueueing.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
         (letter,) = [r async for r in dlq_reads.iter_rows(db, dlq_rows.DlqFilter())]
         return {"letter": letter.id, "queued": queued.id}
 

@@ -13,8 +13,8 @@ from procs import spawn_worker, stop_all  # type: ignore[import-not-found]
 
 from synckit.runtime.scheduler import poll_job_spec
 from synckit.runtime.tenants import add_tenant
-from synckit.store import jobs as store
 from synckit.store.db import Database
+from synckit.store.jobs import enqueueing
 from synckit.testing import dead_letters
 from tests.apps.payments_app import app
 
@@ -48,7 +48,7 @@ async def test_three_workers_dead_letter_every_declined_invoice_with_its_message
     try:
         for t in TENANTS:
             await add_tenant(db, t, "payments", app=app)
-        await store.enqueue_many(
+        await enqueueing.enqueue_many(
             db, [poll_job_spec(t, "payments", "default", f"payments:{t}") for t in TENANTS]
         )
         env = {"PAYMENTS_API_URL": api.url}

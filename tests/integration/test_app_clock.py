@@ -11,7 +11,8 @@ import pytest
 from synckit import App, Connector, JobContext, enqueue, enqueue_many
 from synckit.errors.exceptions import NothingDueWarning
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec, get_job
+from synckit.store.jobs.admin import get_job
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.testing import FakeClock
 from synckit.testing.fixtures import run_worker_until_idle
 

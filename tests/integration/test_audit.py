@@ -21,7 +21,6 @@ from synckit.runtime.budget import BudgetLevel, BudgetPolicy, tenant_budgets
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import configure_logging, shared_processors
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as store
 from synckit.store.audit import (
     AuditCounts,
     AuditRow,
@@ -30,7 +29,8 @@ from synckit.store.audit import (
     totals_by_version,
 )
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import audit_buckets, connections
 
 NOW = datetime(2026, 3, 4, 12, 4, 30, tzinfo=UTC)
@@ -262,7 +262,7 @@ async def test_audit_observer_counts_final_outcomes_from_the_worker(
             flaky_seen.add(ctx.job.id)
             raise RetryableError("connection reset")
 
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db,
         [
             JobSpec("sync", {"tenant": "acme", "connector": "graph"}),
@@ -314,7 +314,7 @@ async def test_no_secret_reaches_any_log_line(db: Database) -> None:
         "access_token": access,
         "token_set": {"refresh_token": refresh},
     }
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db, [JobSpec("push", {**payload, "n": n}, max_attempts=2) for n in range(4)]
     )
     out = io.StringIO()
@@ -322,7 +322,7 @@ async def test_no_secret_reaches_any_log_line(db: Database) -> None:
     try:
         with capture_logs(processors=shared_processors()) as captured:
             await worker(db, reg, observers=[audit_observer()]).run_until_idle()
-        await store.enqueue(db, "push", {**payload, "n": 1}, max_attempts=1)
+        await enqueueing.enqueue(db, "push", {**payload, "n": 1}, max_attempts=1)
         await worker(db, reg).run_until_idle()
     finally:
         structlog.reset_defaults()

@@ -9,14 +9,14 @@ from loopback import LoopbackServer, Request  # type: ignore[import-not-found]
 from procs import spawn_worker, stop_all  # type: ignore[import-not-found]
 from waits import await_until  # tests/
 
-from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import admin, enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.resources import get_resource
 
 
 async def all_succeeded(db: Database, n: int) -> bool:
-    return (await store.count_by_status(db)).get("succeeded", 0) == n
+    return (await admin.count_by_status(db)).get("succeeded", 0) == n
 
 
 #: How late past its pacing a held resource's next call may come on a busy machine (a
@@ -35,7 +35,7 @@ async def test_three_processes_share_one_breaker_and_one_probe(
 
     api = LoopbackServer(respond)
     n = 20
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db, [JobSpec("call", {"path": "/x"}, resource_key="api-1", max_attempts=100)] * n
     )
     env = {"BREAKER_APP_API": api.url}
@@ -103,8 +103,10 @@ async def test_429_paces_its_resource_while_others_run(db: Database, tmp_path: P
     import os
 
     os.environ["BREAKER_APP_API"] = api.url
-    await store.enqueue_many(db, [JobSpec("call", {"path": "/a"}, resource_key="tenant-a")] * 3)
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
+        db, [JobSpec("call", {"path": "/a"}, resource_key="tenant-a")] * 3
+    )
+    await enqueueing.enqueue_many(
         db, [JobSpec("call", {"path": "/b"}, resource_key="tenant-b", delay=None)] * 3
     )
     worker = Worker(db, breaker_app.registry, concurrency=1, poll_interval=0.05)
@@ -112,7 +114,9 @@ async def test_429_paces_its_resource_while_others_run(db: Database, tmp_path: P
     try:
         await asyncio.sleep(2.0)
         # Meanwhile tenant-b's jobs ran; add more while tenant-a waits.
-        await store.enqueue_many(db, [JobSpec("call", {"path": "/b"}, resource_key="tenant-b")] * 3)
+        await enqueueing.enqueue_many(
+            db, [JobSpec("call", {"path": "/b"}, resource_key="tenant-b")] * 3
+        )
         await await_until(lambda: all_succeeded(db, 9), "all jobs")
     finally:
         worker.stop()

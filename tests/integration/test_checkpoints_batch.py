@@ -9,13 +9,14 @@ from typing import Any
 
 from sqlalchemy import Text, cast, select, text
 
-from synckit.store import jobs as store
 from synckit.store.checkpoints import (
     HeldCheckpoint,
     save_checkpoint_held,
     save_checkpoints_held,
 )
 from synckit.store.db import Database
+from synckit.store.jobs import claiming, enqueueing
+from synckit.store.jobs._base import ClaimedJob
 from synckit.store.tables import checkpoints
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
@@ -30,10 +31,10 @@ CURSORS: list[Any] = [
 ]
 
 
-async def _claimed(db: Database, n: int) -> list[store.ClaimedJob]:
+async def _claimed(db: Database, n: int) -> list[ClaimedJob]:
     for i in range(n):
-        await store.enqueue(db, "k", {"i": i}, now=NOW)
-    return await store.claim(db, "w", n, now=NOW)
+        await enqueueing.enqueue(db, "k", {"i": i}, now=NOW)
+    return await claiming.claim(db, "w", n, now=NOW)
 
 
 async def _stored(db: Database, connector: str) -> dict[tuple[str, str], Any]:

@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.store import jobs as store
 from synckit.store import outbox, resources
 from synckit.store.db import Database
+from synckit.store.jobs import claiming, enqueueing
 
 NOW = datetime(2026, 11, 22, tzinfo=UTC)
 PARAMS: dict[str, Any] = {
@@ -74,9 +74,9 @@ async def backlog(db: Database, rows: int) -> None:
 async def test_claims_walk_the_due_indexes(db: Database) -> None:
     await backlog(db, 20_000)
     async with db.begin() as conn:
-        unkeyed = await plan(conn, store._CLAIM_UNKEYED)
-        keyed = await plan(conn, store._CLAIM_KEYED)
-        lanes = await plan(conn, store._LANES)
+        unkeyed = await plan(conn, claiming._CLAIM_UNKEYED)
+        keyed = await plan(conn, claiming._CLAIM_KEYED)
+        lanes = await plan(conn, claiming._LANES)
     assert "ix_jobs_due" in unkeyed, unkeyed
     assert "ix_jobs_lane_due" in keyed, keyed
     if not db.is_postgres:
@@ -98,7 +98,7 @@ async def test_sqlite_claims_one_job_of_many_lanes_by_their_due_index(db: Databa
     await backlog(db, 20_000)
     lanes = json.dumps([f"tenant-{i}" for i in range(10)])
     async with db.begin() as conn:
-        ones = await plan(conn, store._CLAIM_ONES_SQLITE, lanes=lanes)
+        ones = await plan(conn, claiming._CLAIM_ONES_SQLITE, lanes=lanes)
     assert "SEARCH j USING COVERING INDEX ix_jobs_lane_due" in ones or (
         "SEARCH j USING INDEX ix_jobs_lane_due" in ones
     ), ones
@@ -111,7 +111,7 @@ async def test_sqlite_claims_one_job_of_many_lanes_by_their_due_index(db: Databa
         ("a", 0, 0), ("a", 0, 0), ("b", 0, 0), ("b", 5, 0), ("c", 9, 3600), ("c", 0, 0),
         ("d", 0, 3600),
     ]:  # fmt: skip
-        job = await store.enqueue(
+        job = await enqueueing.enqueue(
             db, "k", resource_key=lane, priority=priority,
             run_at=NOW + timedelta(seconds=delay), now=NOW,
         )  # fmt: skip
@@ -119,7 +119,7 @@ async def test_sqlite_claims_one_job_of_many_lanes_by_their_due_index(db: Databa
         if delay == 0 and (lane not in ids or priority > 0):
             ids[lane] = job_id
     # Three due lanes, three jobs: one each (lane d's job is not due).
-    claimed = await store.claim(db, "w", 3, now=NOW)
+    claimed = await claiming.claim(db, "w", 3, now=NOW)
     assert sorted((j.resource_key, j.id) for j in claimed) == sorted(ids.items())
 
 
@@ -169,7 +169,7 @@ async def test_the_lanes_query_reads_the_marked_lanes_not_every_resource(
     order serves the LIMIT: no sort."""
     await tenants_with_work(db, 20_000, busy)
     async with db.begin() as conn:
-        lanes = await plan(conn, store._LANES, now=NOW + timedelta(days=3650), lim=32)
+        lanes = await plan(conn, claiming._LANES, now=NOW + timedelta(days=3650), lim=32)
     assert "ix_resources_lanes" in lanes, lanes
     if db.is_postgres:
         assert "Seq Scan" not in lanes, lanes
@@ -193,7 +193,7 @@ async def test_a_claim_reads_its_batch_of_lanes_of_20000(db: Database) -> None:
     await tenants_with_work(db, 20_000, 20_000)
     if db.is_postgres:
         async with db.begin() as conn:
-            compiled = store._LANES.compile(dialect=conn.dialect)
+            compiled = claiming._LANES.compile(dialect=conn.dialect)
             values = compiled.construct_params({"now": datetime.now(UTC), "lim": 32})
             ordered = tuple(values[name] for name in compiled.positiontup)
             rows = await conn.exec_driver_sql(
@@ -202,7 +202,7 @@ async def test_a_claim_reads_its_batch_of_lanes_of_20000(db: Database) -> None:
             walk = _node(rows.scalar_one()[0]["Plan"], "ix_resources_lanes")
         assert walk["Node Type"] == "Index Scan", walk
         assert walk["Actual Rows"] + walk.get("Rows Removed by Filter", 0) == 32, walk
-    claimed = await store.claim(db, "w", 32)
+    claimed = await claiming.claim(db, "w", 32)
     assert len({j.resource_key for j in claimed}) == 32
 
 

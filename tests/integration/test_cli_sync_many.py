@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from synckit.cli import cli as main
 from synckit.store.db import open_database
-from synckit.store.jobs import list_jobs
+from synckit.store.jobs.admin import list_jobs
 
 APP = """
 from synckit import App, Connector, Page

@@ -35,7 +35,6 @@ from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import redact_text
 from synckit.runtime.outbox import CallbackPublisher, OutboxRelay
 from synckit.runtime.worker import Worker
-from synckit.store import jobs
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.dead_letters import reads as dlq_reads
@@ -43,6 +42,7 @@ from synckit.store.dead_letters import replay as dlq_replay
 from synckit.store.dead_letters import rows as dlq_rows
 from synckit.store.dead_letters.capture import Failure
 from synckit.store.dead_letters.rows import DlqFilter
+from synckit.store.jobs import enqueueing
 from synckit.store.moments import storable_text
 from synckit.store.outbox import OutboxMessage
 from synckit.store.tables import checkpoints, dead_letters
@@ -218,7 +218,7 @@ async def test_poll_job_and_outbox_failures_write_the_same_history_shape(
     async def fail_each_once() -> None:
         await forget_checkpoint(db)
         await app.poll(db, "acme", trace_id="trace-poll")
-        await jobs.enqueue(db, "export", {"tenant": "acme"})
+        await enqueueing.enqueue(db, "export", {"tenant": "acme"})
         assert (await Worker(db, registry).run_until_idle()).dead == 1
         async with db.begin() as conn:
             await outbox_store.add(conn, "orders", {"n": 1}, message_id="m1")

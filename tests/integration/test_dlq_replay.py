@@ -15,12 +15,12 @@ from synckit.dlq import DLQ_REPLAY_KIND, Replayers, ReplayProcessor, register_dl
 from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError, Unreplayable
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
-from synckit.store import jobs
 from synckit.store.db import Database
 from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.dead_letters import reads as dlq_reads
 from synckit.store.dead_letters import rows as dlq_rows
 from synckit.store.dead_letters.rows import DeadLetter
+from synckit.store.jobs import admin, enqueueing, outcomes
 from synckit.store.resources import configure_resource
 from synckit.store.tables import dead_letters, resources
 from synckit.store.tables import jobs as jobs_table
@@ -264,14 +264,14 @@ async def test_rows_of_a_resource_with_an_open_breaker_wait_without_spending_att
 async def dead_job(db: Database, kind: str = "sync_job", payload: Any = None) -> tuple[int, int]:
     """A job that died, dead-lettered as the worker does; returns (job id, dead letter id)."""
     payload = {"tenant": "acme", "n": 1} if payload is None else payload
-    job = await jobs.enqueue(db, kind, payload, now=T0 - timedelta(hours=1))
+    job = await enqueueing.enqueue(db, kind, payload, now=T0 - timedelta(hours=1))
     async with db.begin() as conn:
         await conn.execute(
             update(jobs_table)
             .where(jobs_table.c.id == job.id)
             .values(status="dead", attempts=5, finished_at=T0)
         )
-        await jobs.dead_letter_job(
+        await outcomes.dead_letter_job(
             conn,
             job_id=job.id,
             kind=kind,
@@ -303,7 +303,7 @@ async def test_a_dead_job_is_run_again_and_its_row_resolved(db: Database) -> Non
 
     summary = await ReplayProcessor(db, registry=registry, rng=Fixed(), clock=Clock()).run_once()
     assert summary.resolved == 1
-    info = await jobs.get_job(db, job_id)
+    info = await admin.get_job(db, job_id)
     assert info.status == "pending" and info.attempts == 0
     row = await dlq_reads.get(db, dl)
     assert row.status == "resolved" and f"job {job_id} re-run" == row.status_reason
@@ -321,7 +321,7 @@ async def test_a_job_that_is_gone_is_enqueued_anew(db: Database) -> None:
     row = await dlq_reads.get(db, dl)
     assert row.status_reason is not None and row.status_reason.startswith("re-enqueued as job ")
     new_id = int(row.status_reason.rsplit(" ", 1)[1])
-    info = await jobs.get_job(db, new_id)
+    info = await admin.get_job(db, new_id)
     assert (info.kind, info.payload, info.status) == (
         "sync_job",
         {"tenant": "acme", "n": 7},
@@ -350,7 +350,7 @@ async def test_a_re_run_job_that_keeps_dying_reaches_review(db: Database) -> Non
             await conn.execute(
                 update(jobs_table).where(jobs_table.c.id == job_id).values(status="dead")
             )
-            await jobs.dead_letter_job(
+            await outcomes.dead_letter_job(
                 conn,
                 job_id=job_id,
                 kind="sync_job",
@@ -418,7 +418,7 @@ async def test_register_dlq_replay_runs_the_processor_as_a_recurring_job(db: Dat
     )
     assert registry.get(DLQ_REPLAY_KIND) is not None
     assert [s.kind for s in registry.schedules] == [DLQ_REPLAY_KIND]
-    await jobs.enqueue(db, DLQ_REPLAY_KIND)
+    await enqueueing.enqueue(db, DLQ_REPLAY_KIND)
     stats = await Worker(db, registry).run_until_idle()
     assert stats.succeeded >= 1 and seen == [a]
     assert (await dlq_reads.get(db, a)).status == "resolved"
@@ -446,12 +446,12 @@ async def test_a_dead_cycle_whose_next_cycle_is_queued_is_resolved_without_a_re_
     from synckit.web.app import replay_message
 
     key = "poll:acme:orders"
-    dead = await jobs.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
+    dead = await enqueueing.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
     async with db.begin() as conn:
         await conn.execute(
             update(jobs_table).where(jobs_table.c.id == dead.id).values(status="dead", attempts=5)
         )
-        await jobs.dead_letter_job(
+        await outcomes.dead_letter_job(
             conn,
             job_id=dead.id,
             kind="synckit.poll",
@@ -464,14 +464,14 @@ async def test_a_dead_cycle_whose_next_cycle_is_queued_is_resolved_without_a_re_
             attempts=5,
             now=T0 - timedelta(minutes=5),
         )
-    queued = await jobs.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
+    queued = await enqueueing.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)
     assert queued.id != dead.id
     summary = await ReplayProcessor(db, rng=Fixed(), clock=Clock()).run_once()
     assert (summary.claimed, summary.not_rerun, summary.resolved) == (1, 1, 0)
     (row,) = [r async for r in dlq_reads.iter_rows(db, dlq_rows.DlqFilter())]
     assert row.status == "resolved" and row.replay_attempts == 0
     assert f"job {queued.id} (pending) holds its unique key" in (row.status_reason or "")
-    assert (await jobs.get_job(db, dead.id)).status == "dead"
+    assert (await admin.get_job(db, dead.id)).status == "dead"
     text, bad = replay_message(summary)
     assert "1 resolved without re-run (not re-run: job" in text and not bad
     assert "replayed and resolved" not in text

@@ -25,9 +25,9 @@ from sqlalchemy import select
 from waits import PROCESS_TIMEOUT, await_until, wait_until  # tests/
 
 from synckit.errors.exceptions import DatabaseError, DatabaseUnavailable, JobError, PayloadError
-from synckit.store import jobs as store
 from synckit.store.db import BUSY, Database, InlineSqlite, open_database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import admin, enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import jobs, resources
 
 NOW = datetime(2026, 11, 22, 3, 4, 5, 678901, tzinfo=UTC)
@@ -50,8 +50,8 @@ async def test_one_job_is_stored_exactly_as_a_batch_stores_it(db: Database) -> N
         max_attempts=9,
         trace_id="trace-1",
     )
-    one = await store.enqueue_many(db, [spec], now=NOW)
-    two = await store.enqueue_many(db, [spec, spec], now=NOW)
+    one = await enqueueing.enqueue_many(db, [spec], now=NOW)
+    two = await enqueueing.enqueue_many(db, [spec, spec], now=NOW)
     assert [e.created for e in one + two] == [True, True, True]
     stored = await rows(db)
     assert len(stored) == 3
@@ -67,14 +67,14 @@ async def test_one_job_is_stored_exactly_as_a_batch_stores_it(db: Database) -> N
 
 async def test_a_database_stays_hashable_and_equal_to_itself(db: Database) -> None:
     """The writer thread's state lives in the Database without making it unhashable."""
-    await store.enqueue(db, "k", {})  # the inline connection (SQLite) now exists
-    await store.enqueue_many(db, [JobSpec("k"), JobSpec("k")])  # and the writer's
+    await enqueueing.enqueue(db, "k", {})  # the inline connection (SQLite) now exists
+    await enqueueing.enqueue_many(db, [JobSpec("k"), JobSpec("k")])  # and the writer's
     assert {db: 1}[db] == 1 and db == db
 
 
 async def test_one_job_is_refused_before_anything_is_written(db: Database) -> None:
     with pytest.raises(PayloadError, match="not JSON-serialisable"):
-        await store.enqueue(db, "k", {"when": object()})
+        await enqueueing.enqueue(db, "k", {"when": object()})
     assert await rows(db) == []
 
 
@@ -120,7 +120,7 @@ async def test_sqlite_enqueue_waits_for_another_writer_without_blocking_the_loop
     tick = asyncio.create_task(ticker())
     try:
         assert db.try_inline(lambda conn: 1) is BUSY
-        enqueue = asyncio.create_task(store.enqueue(db, "k", {"a": 1}))
+        enqueue = asyncio.create_task(enqueueing.enqueue(db, "k", {"a": 1}))
         await await_until(ticked, "the event loop to run on")  # it keeps running...
         assert not enqueue.done()  # ...while the enqueue waits for the lock
     finally:
@@ -170,7 +170,7 @@ async def test_sqlite_inline_writes_ask_for_wal_checkpoints(
 
     monkeypatch.setattr(Database, "_checkpoint", spy)
     for i in range(35):
-        await store.enqueue(db, "k", {"i": i})
+        await enqueueing.enqueue(db, "k", {"i": i})
 
     async def three() -> bool:
         return len(calls) >= 3
@@ -182,14 +182,14 @@ async def test_sqlite_inline_writes_ask_for_wal_checkpoints(
 
 _ENQUEUER = """
 import asyncio, sys
-from synckit.store import jobs
 from synckit.store.db import open_database
+from synckit.store.jobs import enqueueing
 
 async def main():
     db = open_database(sys.argv[1])
     i = 0
     while True:
-        job = await jobs.enqueue(db, "k", {"i": i})
+        job = await enqueueing.enqueue(db, "k", {"i": i})
         print(job.id, i, flush=True)
         i += 1
 
@@ -239,8 +239,8 @@ async def test_a_batch_returns_each_jobs_own_id_in_order(db: Database) -> None:
         JobSpec("k", {"i": i}, unique_key=f"u{i}" if i % 7 == 0 else None, priority=i % 3)
         for i in range(500)
     ]
-    await store.enqueue(db, "k", {"i": 0}, unique_key="u0")  # the batch's u0 finds this one
-    out = await store.enqueue_many(db, specs)
+    await enqueueing.enqueue(db, "k", {"i": 0}, unique_key="u0")  # the batch's u0 finds this one
+    out = await enqueueing.enqueue_many(db, specs)
     assert [e.created for e in out] == [i != 0 for i in range(500)]
     stored = {r["id"]: r for r in await rows(db)}
     for i, e in enumerate(out):
@@ -258,9 +258,9 @@ async def test_a_refused_job_is_one_clear_error_and_the_connection_lives_on(
         pytest.skip("SQLite stores the escape as given")
     for _ in range(3):  # more times than the pool has idle connections to hide behind
         with pytest.raises(DatabaseError) as caught:
-            await store.enqueue(db, "k", {"text": "a\ud800b"})
+            await enqueueing.enqueue(db, "k", {"text": "a\ud800b"})
         assert "\n" not in str(caught.value) and "invalid input syntax" in str(caught.value)
-    job = await store.enqueue(db, "k", {"ok": True})
+    job = await enqueueing.enqueue(db, "k", {"ok": True})
     assert [r["id"] for r in await rows(db)] == [job.id]
 
 
@@ -270,7 +270,7 @@ async def test_an_unreachable_server_is_database_unavailable(engine_name: str) -
     db = open_database("postgresql://nobody:secret@127.0.0.1:1/none")
     try:
         with pytest.raises(DatabaseUnavailable) as caught:
-            await store.enqueue(db, "k", {})
+            await enqueueing.enqueue(db, "k", {})
         assert "secret" not in str(caught.value) and "\n" not in str(caught.value)
     finally:
         await db.dispose()
@@ -297,10 +297,10 @@ async def test_what_the_jobs_table_cannot_hold_is_refused_by_name(
     """Refused before any write, on both engines alike (PostgreSQL refuses a NUL, a value
     past a column, an integer past 32 bits; SQLite stores them): one job and a batch."""
     with pytest.raises(JobError, match=says):
-        await store.enqueue(db, spec.kind, spec.payload, **_options(spec))
+        await enqueueing.enqueue(db, spec.kind, spec.payload, **_options(spec))
     with pytest.raises(JobError, match=says):
-        await store.enqueue_many(db, [JobSpec("fine"), spec])
-    assert await store.count_by_status(db) == {}
+        await enqueueing.enqueue_many(db, [JobSpec("fine"), spec])
+    assert await admin.count_by_status(db) == {}
 
 
 def _options(spec: JobSpec) -> dict[str, Any]:

@@ -13,12 +13,12 @@ import pytest
 from sqlalchemy import select
 
 from synckit.store import intents as intent_store
-from synckit.store import jobs as store
 from synckit.store.db import Database
 from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.dead_letters import reads as dlq_reads
 from synckit.store.dead_letters import replay as dlq_replay
-from synckit.store.jobs import ClaimedJob
+from synckit.store.jobs import admin, claiming, enqueueing, leasing, outcomes
+from synckit.store.jobs._base import ClaimedJob
 from synckit.store.leases import Lease
 from synckit.store.tables import intents
 
@@ -28,34 +28,36 @@ LEASE = timedelta(seconds=5)
 
 async def _taken_over(db: Database) -> tuple[ClaimedJob, ClaimedJob]:
     """A job claimed by worker a, rescued once a's lease ended, claimed again by b."""
-    await store.enqueue(db, "k", {}, run_at=NOW)
-    [a] = await store.claim(db, "worker-a", 1, now=NOW, lease=LEASE)
-    assert await store.rescue_expired(db, now=NOW + 2 * LEASE) == 1
-    [b] = await store.claim(db, "worker-b", 1, now=NOW + 3 * LEASE, lease=LEASE)
+    await enqueueing.enqueue(db, "k", {}, run_at=NOW)
+    [a] = await claiming.claim(db, "worker-a", 1, now=NOW, lease=LEASE)
+    assert await leasing.rescue_expired(db, now=NOW + 2 * LEASE) == 1
+    [b] = await claiming.claim(db, "worker-b", 1, now=NOW + 3 * LEASE, lease=LEASE)
     assert a.id == b.id and a.claim_token != b.claim_token
     return a, b
 
 
 async def _complete(conn: Any, a: ClaimedJob) -> object:
-    return await store.complete_many(conn, [(a.id, a.claim_token)], now=NOW) or None
+    return await outcomes.complete_many(conn, [(a.id, a.claim_token)], now=NOW) or None
 
 
 async def _fail(conn: Any, a: ClaimedJob) -> object:
-    return await store.fail(
+    return await outcomes.fail(
         conn, a, now=NOW, error_class="transient", message="late", retry_at=None
     )
 
 
 async def _retry(conn: Any, a: ClaimedJob) -> object:
-    return await store.fail(conn, a, now=NOW, error_class="transient", message="late", retry_at=NOW)
+    return await outcomes.fail(
+        conn, a, now=NOW, error_class="transient", message="late", retry_at=NOW
+    )
 
 
 async def _snooze(conn: Any, a: ClaimedJob) -> object:
-    return await store.snooze(conn, a, now=NOW, until=NOW) or None
+    return await outcomes.snooze(conn, a, now=NOW, until=NOW) or None
 
 
 async def _discard(conn: Any, a: ClaimedJob) -> object:
-    return await store.finish(conn, a, now=NOW, status="discarded", reason="late") or None
+    return await outcomes.finish(conn, a, now=NOW, status="discarded", reason="late") or None
 
 
 FINISHES: dict[str, Callable[[Any, ClaimedJob], Awaitable[object]]] = {
@@ -74,14 +76,14 @@ async def test_a_job_holder_taken_over_cannot_finish_it(db: Database, outcome: s
     a, b = await _taken_over(db)
     async with db.begin() as conn:
         assert await FINISHES[outcome](conn, a) is None
-    assert await store.heartbeat(db, "worker-a", [(a.id, a.claim_token)], lease=LEASE) == set()
+    assert await leasing.heartbeat(db, "worker-a", [(a.id, a.claim_token)], lease=LEASE) == set()
     held = [(a.id, a.claim_token)]
-    assert await store.start_many(db, held, now=NOW + 3 * LEASE, lease=LEASE) == set()
-    info = await store.get_job(db, a.id)
+    assert await outcomes.start_many(db, held, now=NOW + 3 * LEASE, lease=LEASE) == set()
+    info = await admin.get_job(db, a.id)
     assert (info.status, info.locked_by) == ("running", "worker-b")
     async with db.begin() as conn:
-        assert await store.complete_many(conn, [(b.id, b.claim_token)], now=NOW) == {b.id}
-    assert (await store.get_job(db, a.id)).status == "succeeded"
+        assert await outcomes.complete_many(conn, [(b.id, b.claim_token)], now=NOW) == {b.id}
+    assert (await admin.get_job(db, a.id)).status == "succeeded"
 
 
 async def test_an_intent_holder_taken_over_cannot_release_it(db: Database) -> None:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from sqlalchemy import delete, update
 
 from synckit.errors.gate import LaneFacts, gate
-from synckit.store import jobs as store
 from synckit.store.db import Database
+from synckit.store.jobs import claiming, enqueueing
 from synckit.store.tables import jobs, resources
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -43,7 +43,7 @@ async def test_the_claim_takes_what_the_gate_lets_through(db: Database, facts: L
         await conn.execute(delete(jobs))
         await conn.execute(delete(resources))
     for _ in range(facts.running + PENDING):
-        await store.enqueue(db, "work", {}, resource_key="lane")
+        await enqueueing.enqueue(db, "work", {}, resource_key="lane")
     async with db.begin() as conn:
         running = (await conn.execute(jobs.select().order_by(jobs.c.id))).all()[: facts.running]
         if running:
@@ -68,7 +68,7 @@ async def test_the_claim_takes_what_the_gate_lets_through(db: Database, facts: L
         )
     decided = gate(facts, NOW)
 
-    claimed = await store.claim(db, "w", 5, now=NOW)
+    claimed = await claiming.claim(db, "w", 5, now=NOW)
 
     room = PENDING if decided.room is None else decided.room
     expected = min(PENDING, room) if decided.open else 0

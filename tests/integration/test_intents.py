@@ -29,8 +29,8 @@ from synckit.runtime.intents import (
     write_job_handler,
 )
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as store
 from synckit.store.db import Database, open_database
+from synckit.store.jobs import admin, enqueueing
 from synckit.store.tables import dead_letters, intents
 
 # --- pure helpers ---------------------------------------------------------------------
@@ -382,7 +382,7 @@ async def test_write_jobs_create_once_through_lost_responses_and_retries(db: Dat
         for i in range(10)
     ]
     specs.append(specs[0])  # the same write enqueued twice: two jobs, one create
-    await store.enqueue_many(db, specs)
+    await enqueueing.enqueue_many(db, specs)
     worker = Worker(
         db, reg, concurrency=1, poll_interval=0.02, retry_policy=RetryPolicy.deterministic()
     )
@@ -391,7 +391,7 @@ async def test_write_jobs_create_once_through_lost_responses_and_retries(db: Dat
         await worker.run_until_idle()
     finally:
         set_testing(False)
-    assert await store.count_by_status(db) == {"succeeded": 11}
+    assert await admin.count_by_status(db) == {"succeeded": 11}
     assert {ref: len(v) for ref, v in remote.items.items()} == {f"w{i}": 1 for i in range(10)}
     assert remote.creates == 10  # the three lost responses were found, not re-created
 
@@ -404,10 +404,10 @@ async def test_a_malformed_write_payload_is_dead_lettered_not_a_crash(db: Databa
 
     reg = Registry()
     reg.add(WRITE_KIND, write_job_handler(db, resolve))
-    await store.enqueue(db, WRITE_KIND, {"tenant": "acme", "connector": "demo"})  # no key
-    await store.enqueue(db, WRITE_KIND, ["not", "an", "object"])
+    await enqueueing.enqueue(db, WRITE_KIND, {"tenant": "acme", "connector": "demo"})  # no key
+    await enqueueing.enqueue(db, WRITE_KIND, ["not", "an", "object"])
     await Worker(db, reg, poll_interval=0.02).run_until_idle()
-    assert await store.count_by_status(db) == {"dead": 2}
+    assert await admin.count_by_status(db) == {"dead": 2}
     async with db.begin() as conn:
         rows = list(await conn.execute(select(dead_letters.c.error_class)))
     assert [r.error_class for r in rows] == ["validation", "validation"]

@@ -30,8 +30,8 @@ from sqlalchemy import select
 from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT  # tests/
 
 from synckit.runtime.intents import write_job
-from synckit.store import jobs as store
 from synckit.store.db import Database
+from synckit.store.jobs import admin, enqueueing
 from synckit.store.tables import intents, jobs
 
 APPS = Path(__file__).parent.parent / "apps"
@@ -171,7 +171,7 @@ async def pids_holding_jobs(db: Database) -> set[int]:
 
 
 async def unfinished(db: Database) -> int:
-    counts = await store.count_by_status(db)
+    counts = await admin.count_by_status(db)
     return counts.get("pending", 0) + counts.get("running", 0)
 
 
@@ -179,7 +179,7 @@ async def chaos_run(
     db: Database, url: str, api: FakeApi, tmp_path: Path, *, find: bool
 ) -> dict[str, Any]:
     """Run the writes with lost responses and killed workers; what happened."""
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db,
         [
             write_job(
@@ -228,7 +228,7 @@ async def chaos_run(
         "killed": killed,
         "rescued": rescued_jobs(tmp_path),
         "dropped": api.dropped,
-        "statuses": await store.count_by_status(db),
+        "statuses": await admin.count_by_status(db),
         "per_ref": per_ref,
         "duplicates": sum(n - 1 for n in per_ref.values()),
         "intents": rows,

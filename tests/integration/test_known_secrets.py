@@ -23,7 +23,7 @@ from synckit.runtime.intents import RemoteRecord, run_intent
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.scheduler import poll_job_spec
 from synckit.store.db import Database
-from synckit.store.jobs import enqueue_many
+from synckit.store.jobs.enqueueing import enqueue_many
 from synckit.store.tables import connections, dead_letters, intents, jobs
 
 # Plain opaque values: no vendor prefix, no key=value around them in the API's answers.

@@ -13,11 +13,12 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select, text, update
 
-from synckit.store import jobs as store
 from synckit.store import migrate
 from synckit.store import resources as resources_store
 from synckit.store.db import Database, open_database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import admin, claiming, enqueueing, leasing, outcomes
+from synckit.store.jobs._base import ClaimedJob
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import jobs, resources
 
 T0 = datetime(2026, 11, 26, 12, tzinfo=UTC)
@@ -49,8 +50,8 @@ async def unmarked_work(db: Database) -> list[tuple[str, datetime, datetime | No
         return [(key, first, due) for key, first, due in rows if due is None or due > first]
 
 
-async def claim_all(db: Database, now: datetime, limit: int = 100) -> list[store.ClaimedJob]:
-    return await store.claim(db, "w", limit, now=now, lease=LEASE)
+async def claim_all(db: Database, now: datetime, limit: int = 100) -> list[ClaimedJob]:
+    return await claiming.claim(db, "w", limit, now=now, lease=LEASE)
 
 
 async def test_every_way_a_job_becomes_pending_marks_its_lane(db: Database) -> None:
@@ -58,15 +59,15 @@ async def test_every_way_a_job_becomes_pending_marks_its_lane(db: Database) -> N
     a retry, a snooze, a release, a lease rescue, an operator's retry and reschedule:
     each leaves the job's lane marked no later than the job's run_at."""
     at = T0 + timedelta(minutes=5)
-    await store.enqueue(db, "k", resource_key="one", run_at=at, now=T0)
-    await store.enqueue_many(
+    await enqueueing.enqueue(db, "k", resource_key="one", run_at=at, now=T0)
+    await enqueueing.enqueue_many(
         db, [JobSpec("k", resource_key="batch", run_at=at + timedelta(minutes=i)) for i in (3, 1)]
     )
     async with db.begin() as conn:
-        await store.enqueue(conn, "k", resource_key="caller", run_at=at, now=T0)
-    await store.enqueue(db, "k", resource_key="unique", unique_key="u", run_at=at, now=T0)
+        await enqueueing.enqueue(conn, "k", resource_key="caller", run_at=at, now=T0)
+    await enqueueing.enqueue(db, "k", resource_key="unique", unique_key="u", run_at=at, now=T0)
     async with db.begin() as conn:
-        await store.enqueue_new(
+        await enqueueing.enqueue_new(
             conn, [JobSpec("k", resource_key="new", unique_key="n", run_at=at)], now=T0
         )
     assert await marks(db) == {
@@ -86,7 +87,7 @@ async def test_every_way_a_job_becomes_pending_marks_its_lane(db: Database) -> N
 
     later = at + timedelta(hours=1)
     async with db.begin() as conn:
-        await store.fail(
+        await outcomes.fail(
             conn,
             by_lane["one"],
             now=at,
@@ -94,10 +95,10 @@ async def test_every_way_a_job_becomes_pending_marks_its_lane(db: Database) -> N
             message="retry",
             retry_at=later,
         )
-        await store.snooze(conn, by_lane["caller"], now=at, until=later + timedelta(minutes=1))
-    assert await store.release(db, [(by_lane["unique"].id, by_lane["unique"].claim_token)]) == 1
+        await outcomes.snooze(conn, by_lane["caller"], now=at, until=later + timedelta(minutes=1))
+    assert await leasing.release(db, [(by_lane["unique"].id, by_lane["unique"].claim_token)]) == 1
     rescue_at = at + timedelta(minutes=5) + 2 * LEASE
-    assert await store.rescue_expired(db, now=rescue_at) == 3  # batch (2) and new
+    assert await leasing.rescue_expired(db, now=rescue_at) == 3  # batch (2) and new
     assert await unmarked_work(db) == []
     got = await marks(db)
     assert got["one"] == later and got["caller"] == later + timedelta(minutes=1)
@@ -106,15 +107,15 @@ async def test_every_way_a_job_becomes_pending_marks_its_lane(db: Database) -> N
     # An operator's retry of a dead job, and a reschedule to earlier.
     (dead,) = await claim_all(db, later + timedelta(minutes=1), limit=1)
     async with db.begin() as conn:
-        await store.fail(
+        await outcomes.fail(
             conn, dead, now=later, error_class="permanent", message="no", retry_at=None
         )
     await claim_all(db, later + timedelta(days=1))  # empties every lane
     assert set((await marks(db)).values()) == {None}
-    await store.retry_job(db, dead.id)
-    job = await store.enqueue(db, "k", resource_key="moved", run_at=later + timedelta(days=9))
+    await admin.retry_job(db, dead.id)
+    job = await enqueueing.enqueue(db, "k", resource_key="moved", run_at=later + timedelta(days=9))
     soon = later + timedelta(days=2)
-    await store.reschedule_job(db, job.id, soon)
+    await admin.reschedule_job(db, job.id, soon)
     assert (await marks(db))["moved"] == soon
     assert await unmarked_work(db) == []
 
@@ -123,7 +124,7 @@ async def test_a_claim_sets_a_short_lanes_mark_to_its_next_due_time(db: Database
     """A lane whose due jobs are all claimed keeps a mark at its earliest pending job
     of any priority (here a low-priority job due before a high-priority one); a lane
     left with nothing is unmarked."""
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db,
         [
             JobSpec("k", resource_key="a", run_at=T0),
@@ -145,7 +146,7 @@ async def test_a_claim_sets_a_short_lanes_mark_to_its_next_due_time(db: Database
 async def test_a_stale_mark_costs_one_empty_look_and_clears(db: Database) -> None:
     """A lane marked with no pending job is looked at once, gives nothing, is unmarked,
     and does not count as served."""
-    await store.enqueue(db, "k", resource_key="gone", run_at=T0)
+    await enqueueing.enqueue(db, "k", resource_key="gone", run_at=T0)
     async with db.begin() as conn:
         await conn.execute(update(jobs).values(status="cancelled"))
     assert (await marks(db))["gone"] == T0
@@ -163,14 +164,14 @@ async def test_the_invariant_holds_through_random_operations(db: Database) -> No
     rng = random.Random(17)
     lanes = [f"lane-{i}" for i in range(5)]
     now = T0
-    held: list[store.ClaimedJob] = []
+    held: list[ClaimedJob] = []
     for step in range(400):
         now += timedelta(seconds=rng.randint(0, 30))
         roll = rng.random()
         lane = rng.choice(lanes)
         when = now + timedelta(seconds=rng.randint(-30, 120))
         if roll < 0.3:
-            await store.enqueue(
+            await enqueueing.enqueue(
                 db, "k", resource_key=lane, priority=rng.randint(0, 3), run_at=when, now=now
             )
         elif roll < 0.4:
@@ -178,16 +179,16 @@ async def test_the_invariant_holds_through_random_operations(db: Database) -> No
                 JobSpec("k", resource_key=rng.choice(lanes), priority=rng.randint(0, 3), run_at=w)
                 for w in (when, when + timedelta(seconds=40))
             ]
-            await store.enqueue_many(db, specs, now=now)
+            await enqueueing.enqueue_many(db, specs, now=now)
         elif roll < 0.7:
-            held += await store.claim(db, "w", rng.randint(1, 6), now=now, lease=LEASE)
+            held += await claiming.claim(db, "w", rng.randint(1, 6), now=now, lease=LEASE)
         elif roll < 0.9 and held:
             job = held.pop(rng.randrange(len(held)))
             async with db.begin() as conn:
                 if rng.random() < 0.4:
-                    await store.complete_many(conn, [(job.id, job.claim_token)], now=now)
+                    await outcomes.complete_many(conn, [(job.id, job.claim_token)], now=now)
                 elif rng.random() < 0.5:
-                    await store.fail(
+                    await outcomes.fail(
                         conn,
                         job,
                         now=now,
@@ -196,17 +197,17 @@ async def test_the_invariant_holds_through_random_operations(db: Database) -> No
                         retry_at=now + timedelta(seconds=rng.randint(0, 90)),
                     )
                 else:
-                    await store.snooze(conn, job, now=now, until=when)
+                    await outcomes.snooze(conn, job, now=now, until=when)
         elif roll < 0.95:
-            pending = [j for j in await store.list_jobs(db, status="pending")]
+            pending = [j for j in await admin.list_jobs(db, status="pending")]
             if pending:
                 target = rng.choice(pending)
-                await store.reschedule_job(db, target.id, when)
+                await admin.reschedule_job(db, target.id, when)
         else:
-            await store.rescue_expired(db, now=now + 2 * LEASE)
+            await leasing.rescue_expired(db, now=now + 2 * LEASE)
             held = []
         assert await unmarked_work(db) == [], f"step {step}"
-    await store.release(db, [(j.id, j.claim_token) for j in held])
+    await leasing.release(db, [(j.id, j.claim_token) for j in held])
     async with db.begin() as conn:
         pending = (
             await conn.execute(select(func.count()).where(jobs.c.status == "pending"))
@@ -225,19 +226,19 @@ async def test_enqueue_many_takes_12000_distinct_lanes(db: Database) -> None:
     releases of 12,000 held jobs go through as well."""
     n = 12_000
     specs = [JobSpec("k", {"i": i}, resource_key=f"tenant-{i:05d}") for i in range(n)]
-    made = await store.enqueue_many(db, specs, now=T0)
+    made = await enqueueing.enqueue_many(db, specs, now=T0)
     assert len({e.id for e in made}) == n and all(e.created for e in made)
     got = await marks(db)
     assert len(got) == n and set(got.values()) == {T0}
     async with db.begin() as conn:
         await resources_store.ensure_lanes(conn, [f"other-{i}" for i in range(n)], T0)
         assert (await conn.execute(select(func.count()).select_from(resources))).scalar() == 2 * n
-    held = await store.claim(db, "w", n, now=T0, lease=LEASE)
+    held = await claiming.claim(db, "w", n, now=T0, lease=LEASE)
     assert len(held) == n
     pairs = [(j.id, j.claim_token) for j in held]
-    alive = await store.heartbeat(db, "w", pairs, lease=LEASE, now=T0 + timedelta(seconds=1))
+    alive = await leasing.heartbeat(db, "w", pairs, lease=LEASE, now=T0 + timedelta(seconds=1))
     assert alive == {j.id for j in held}
-    assert await store.release(db, pairs) == n
+    assert await leasing.release(db, pairs) == n
     assert await unmarked_work(db) == []
 
 
@@ -272,7 +273,7 @@ async def test_migration_0008_marks_the_lanes_that_have_work(db_url: str) -> Non
             "running": None,
             "idle": None,
         }
-        (job,) = await store.claim(d, "w", 5, now=datetime(2026, 1, 1, 1, tzinfo=UTC))
+        (job,) = await claiming.claim(d, "w", 5, now=datetime(2026, 1, 1, 1, tzinfo=UTC))
         assert job.resource_key == "busy"
     finally:
         await d.dispose()
@@ -286,9 +287,10 @@ async def test_migration_0008_marks_the_lanes_that_have_work(db_url: str) -> Non
 _RACER = """
 import asyncio, random, sys, time
 from synckit.clock import utcnow
-from synckit.store import jobs as store
 from synckit.store.db import open_database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs.claiming import claim
+from synckit.store.jobs.enqueueing import JobSpec, enqueue, enqueue_many
+from synckit.store.jobs.outcomes import complete_many
 
 async def main(url, role, seed, seconds):
     rng = random.Random(seed)
@@ -299,13 +301,13 @@ async def main(url, role, seed, seconds):
             if role == "enqueue":
                 lane = f"lane-{rng.randrange(100)}"
                 if rng.random() < 0.7:
-                    await store.enqueue(db, "k", resource_key=lane)
+                    await enqueue(db, "k", resource_key=lane)
                 else:
-                    await store.enqueue_many(db, [JobSpec("k", resource_key=lane)] * 2)
+                    await enqueue_many(db, [JobSpec("k", resource_key=lane)] * 2)
             else:
-                got = await store.claim(db, f"w{seed}", 64)
+                got = await claim(db, f"w{seed}", 64)
                 async with db.begin() as conn:
-                    await store.complete_many(
+                    await complete_many(
                         conn, [(j.id, j.claim_token) for j in got], now=utcnow()
                     )
     finally:
@@ -355,6 +357,6 @@ async def test_concurrent_enqueues_and_claims_leave_no_lane_unmarked(
             await conn.execute(select(func.count()).where(jobs.c.status == "pending"))
         ).scalar_one()
     taken = 0
-    while batch := await store.claim(db, "last", 100):
+    while batch := await claiming.claim(db, "last", 100):
         taken += len(batch)
     assert taken == left

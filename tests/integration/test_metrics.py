@@ -21,9 +21,9 @@ from synckit.runtime.metrics import (
     status_class,
 )
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as store
 from synckit.store.db import Database, open_database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import connections, dead_letters, resources
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -78,7 +78,7 @@ async def seed(db: Database) -> None:
         )
         # acme: 3 failures in 100 operations = 3%, a burn of 6.
         await record_audit(conn, "acme", "graph", now, 97, {"server_error": 3})
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db,
         [JobSpec("later", {}, delay=timedelta(hours=1)) for _ in range(3)]
         + [JobSpec("later", {}, resource_key="graph:acme", delay=timedelta(hours=1))],
@@ -104,7 +104,7 @@ async def test_metrics_endpoint_serves_counters_and_database_gauges(db: Database
             if ctx.payload.get("bad"):
                 raise PermanentError("no")
 
-        await store.enqueue_many(
+        await enqueueing.enqueue_many(
             db,
             [JobSpec("work", {"tenant": "acme"}) for _ in range(4)]
             + [JobSpec("work", {"bad": True})],

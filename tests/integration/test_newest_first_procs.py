@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from synckit.runtime.actions import enqueue_cycles
 from synckit.store.db import Database
-from synckit.store.jobs import FINISHED
+from synckit.store.jobs._base import FINISHED
 from synckit.store.tables import jobs
 from synckit.testing import FakeAPI, NewestFirstList, RecordedRequest
 

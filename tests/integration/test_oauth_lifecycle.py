@@ -34,10 +34,10 @@ from waits import EVENT_TIMEOUT, await_until, wait_until  # tests/
 from synckit.runtime import pacing
 from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, reauth
 from synckit.runtime.secrets import TokenSet
-from synckit.store import jobs as store
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import connections, jobs
 from synckit.testing.oauth_server import OAuthTestServer
 
@@ -119,7 +119,7 @@ def test_two_second_tokens_over_a_throttled_run_in_three_workers_then_a_revoked_
             JobSpec("oauth_call", {"tenant": "acme", "calls": 3}, resource_key="me:acme")
             for _ in range(int(os.environ.get("SYNCKIT_TEST_OAUTH_JOBS", "30")))
         ]
-        first = run(migrated_url, lambda db: store.enqueue_many(db, specs))
+        first = run(migrated_url, lambda db: enqueueing.enqueue_many(db, specs))
         ids = [j.id for j in first]
         # Every 30th request is throttled for longer than a token lives.
         server.throttle_resource(every=30, retry_after=LIFE + 1)
@@ -169,7 +169,7 @@ def test_two_second_tokens_over_a_throttled_run_in_three_workers_then_a_revoked_
             server.revoke_user("alice")
             before = server.stats.token_requests_by_grant["refresh_token"]
             more = [JobSpec("oauth_call", {"tenant": "acme"}, resource_key="me:acme")] * 6
-            second = run(migrated_url, lambda db: store.enqueue_many(db, more))
+            second = run(migrated_url, lambda db: enqueueing.enqueue_many(db, more))
             ids2 = [j.id for j in second]
 
             def parked() -> bool:
@@ -264,7 +264,7 @@ async def test_a_slow_token_endpoint_does_not_delay_another_tenants_enqueue_on_s
             # Measured while the provider is answering (a slow machine measures fewer).
             while not refresh.done() and len(delays) < 30:
                 t0 = time.perf_counter()
-                await store.enqueue(db, "other", {}, resource_key="me:globex")
+                await enqueueing.enqueue(db, "other", {}, resource_key="me:globex")
                 delays.append(time.perf_counter() - t0)
                 await asyncio.sleep(0.02)
             assert len(delays) >= 5, delays

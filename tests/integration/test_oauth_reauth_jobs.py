@@ -16,9 +16,9 @@ from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, reauth
 from synckit.runtime.secrets import TokenSet
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import connections, dead_letters, jobs
 from synckit.testing.oauth_server import OAuthTestServer
 
@@ -80,7 +80,7 @@ async def test_revoked_refresh_token_parks_one_tenant_and_reauth_resumes_it(
         await reauth(db, tenant, TokenSet.from_token_response(issued[tenant], now=now))
     server.revoke_refresh_token(issued["acme"]["refresh_token"])
     # One attempt each: a job that spent its attempt on the refusal would end dead.
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db,
         [
             JobSpec("call_api", {"tenant": t}, resource_key=f"demo:{t}", max_attempts=1)

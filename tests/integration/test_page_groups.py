@@ -11,8 +11,9 @@ from typing import Any
 from sqlalchemy import text
 
 from synckit.runtime.poll import _KEEP, RecordFailure, _commit_page, _commit_pages, _PageCommit
-from synckit.store import jobs as store
 from synckit.store.db import Database
+from synckit.store.jobs import claiming, enqueueing
+from synckit.store.jobs._base import ClaimedJob
 
 NOW = datetime(2026, 11, 27, 12, 0, 30, tzinfo=UTC)
 
@@ -21,7 +22,7 @@ def _fail(rid: str, error_class: str) -> RecordFailure:
     return RecordFailure(rid, {"id": rid}, error_class, f"{rid} failed", None)
 
 
-def _pages(connector: str, jobs: list[store.ClaimedJob]) -> list[_PageCommit]:
+def _pages(connector: str, jobs: list[ClaimedJob]) -> list[_PageCommit]:
     """Six pages over two tenants and two minutes: plain successes, failures, a kept
     checkpoint, resolutions, and one whose job lost its claim (token moved on)."""
     specs: list[dict[str, Any]] = [
@@ -37,7 +38,7 @@ def _pages(connector: str, jobs: list[store.ClaimedJob]) -> list[_PageCommit]:
     out = []
     for spec, job in zip(specs, jobs, strict=True):
         if spec.get("lost"):
-            job = store.ClaimedJob(**{**vars(job), "claim_token": job.claim_token + 1})
+            job = ClaimedJob(**{**vars(job), "claim_token": job.claim_token + 1})
         out.append(
             _PageCommit(
                 tenant=spec["tenant"],
@@ -93,8 +94,8 @@ async def _written(db: Database, connector: str) -> dict[str, Any]:
 
 async def test_a_group_of_page_commits_writes_what_each_would(db: Database) -> None:
     for i in range(12):
-        await store.enqueue(db, "synckit.poll", {"i": i}, now=NOW)
-    claimed = await store.claim(db, "w", 12, now=NOW)
+        await enqueueing.enqueue(db, "synckit.poll", {"i": i}, now=NOW)
+    claimed = await claiming.claim(db, "w", 12, now=NOW)
     one_by_one, grouped = claimed[:6], claimed[6:]
 
     def each(conn: Any) -> list[bool]:

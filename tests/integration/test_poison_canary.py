@@ -21,10 +21,10 @@ from sqlalchemy import select, text
 from waits import await_until  # tests/
 
 from synckit.runtime.poll import POLL_KIND
-from synckit.store import jobs as store
 from synckit.store.connections import UNREADABLE_ROW_REASON
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import connections, jobs
 from synckit.testing.hostile import Behaviour, HostileAPI
 
@@ -47,7 +47,7 @@ async def poison(db: Database, app: object, engine: str) -> list[int]:
     assert isinstance(app, App)
     for t in ("p-state", "p-paced", "p-status", "p-cursor"):
         await app.add_tenant(db, t, flow_app.CONNECTOR, {}, schedule="every 1d")
-    made = await store.enqueue_many(
+    made = await enqueueing.enqueue_many(
         db, [JobSpec("no.such.kind", {"n": i}, resource_key=f"flow:x{i}") for i in range(2)]
     )
     bad_payload, bad_run_at = (e.id for e in made)

@@ -13,9 +13,9 @@ from structlog.testing import capture_logs
 from synckit.errors.exceptions import RetryableError
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker, WorkerStats
-from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import connections, jobs, resources
 
 # What each engine can hold that no reader can read.
@@ -59,7 +59,7 @@ async def statuses(db: Database) -> dict[int, tuple[str, str | None]]:
 
 async def poison_job(db: Database, column: str, value: str) -> tuple[int, list[int]]:
     """A poisoned job in lane "t1" among canaries in its lane, another lane and none."""
-    made = await store.enqueue_many(
+    made = await enqueueing.enqueue_many(
         db,
         [
             JobSpec("ok", resource_key="t1"),
@@ -112,7 +112,7 @@ async def test_a_resource_in_an_unknown_state_reads_as_closed_and_the_batch_reco
     outcomes in the same batches record too."""
     specs = [JobSpec("ok", resource_key=k) for k in ("bad", "good") for _ in range(3)]
     specs += [JobSpec("flaky", resource_key=k, max_attempts=1) for k in ("bad", "good")]
-    await store.enqueue_many(db, specs)
+    await enqueueing.enqueue_many(db, specs)
     async with db.begin() as conn:
         await conn.execute(
             text("UPDATE resources SET state = 'exploded' WHERE resource_key = 'bad'")
@@ -136,7 +136,7 @@ async def test_a_resource_paced_until_an_unreadable_time_is_not_held_back(
     it records (warning naming the resource), and the other tenant runs."""
     specs = [JobSpec("ok", resource_key=k) for k in ("bad", "good") for _ in range(3)]
     specs += [JobSpec("flaky", resource_key=k, max_attempts=1) for k in ("bad", "good")]
-    await store.enqueue_many(db, specs)
+    await enqueueing.enqueue_many(db, specs)
     async with db.begin() as conn:
         await conn.execute(
             text(
@@ -170,7 +170,7 @@ async def test_a_connection_in_an_unknown_status_does_not_stop_other_tenants(
                 for t, status in (("odd", "exploded"), ("good", "active"))
             ],
         )
-    made = await store.enqueue_many(
+    made = await enqueueing.enqueue_many(
         db, [JobSpec("ok", resource_key=k) for k in ("odd", "good", "good")] + [JobSpec("ok")]
     )
     stats, _ = await drain(db)

@@ -31,10 +31,11 @@ from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import Cancel, NeedsReauth, RateLimited, Unreplayable
 from synckit.runtime.intents import RemoteRecord
 from synckit.runtime.poll import poll_key, run_cycle
-from synckit.store import jobs as store
 from synckit.store.checkpoints import load_checkpoint, save_checkpoint
 from synckit.store.db import Database
-from synckit.store.jobs import ClaimedJob, reschedule_job
+from synckit.store.jobs import admin, claiming
+from synckit.store.jobs._base import ClaimedJob
+from synckit.store.jobs.admin import reschedule_job
 from synckit.store.resources import get_resource
 from synckit.store.tables import audit_buckets, connections, dead_letters, jobs
 
@@ -378,7 +379,7 @@ async def test_a_claim_lost_mid_cycle_commits_nothing_more(db: Database, api: Fa
     cls.knobs.fail["i2-1"] = ValueError("bad")
     app = await setup(db, cls)
     assert await app.schedule(db) == ["poll:acme:default"]
-    [job] = await store.claim(db, "w1", 1)
+    [job] = await claiming.claim(db, "w1", 1)
     with pytest.raises(Cancel, match="lost its claim"):
         await app.poll(db, "acme", job=job)
     assert stolen
@@ -407,7 +408,7 @@ async def test_a_held_page_of_a_lost_claim_commits_nothing(db: Database, api: Fa
     cls = type("Items", (Stolen,), {**attrs, "streams": (Stream("items", policy="hold"),)})
     app = await setup(db, cls)
     assert await app.schedule(db) == ["poll:acme:items"]
-    [job] = await store.claim(db, "w1", 1)
+    [job] = await claiming.claim(db, "w1", 1)
     with pytest.raises(Cancel, match="lost its claim"):
         await app.poll(db, "acme", "items", job=job)
     assert await load_checkpoint(db, "acme", "items", "items") is None
@@ -1270,7 +1271,7 @@ async def test_queued_jobs_of_a_removed_tenant_are_discarded(db: Database, api: 
     await run_worker(app, db)
     [job] = await job_rows(db)
     assert job.status == "discarded" and "removed" in job.last_error
-    assert await store.count_by_status(db) == {"discarded": 1}
+    assert await admin.count_by_status(db) == {"discarded": 1}
 
 
 async def test_update_tenant_validates_config_and_reschedules(db: Database, api: FakeApi) -> None:

@@ -21,9 +21,9 @@ from synckit.errors.exceptions import (
 )
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import admin, claiming, enqueueing, leasing, outcomes
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import connections, dead_letters, jobs, resources
 
 
@@ -34,7 +34,7 @@ def make_worker(db: Database, registry: Registry, **kw: Any) -> Worker:
 
 
 async def statuses(db: Database) -> dict[str, int]:
-    return await store.count_by_status(db)
+    return await admin.count_by_status(db)
 
 
 async def test_each_job_runs_once_and_succeeds(db: Database) -> None:
@@ -46,7 +46,7 @@ async def test_each_job_runs_once_and_succeeds(db: Database) -> None:
     async def noop(ctx: JobContext) -> None:
         seen.append(ctx.payload["i"])
 
-    await store.enqueue_many(db, [JobSpec("noop", {"i": i}) for i in range(300)])
+    await enqueueing.enqueue_many(db, [JobSpec("noop", {"i": i}) for i in range(300)])
     stats = await make_worker(db, reg, concurrency=8).run_until_idle()
     assert sorted(seen) == list(range(300))
     assert stats.succeeded == 300
@@ -57,28 +57,28 @@ async def test_enqueue_joins_the_callers_transaction(db: Database) -> None:
     """A job enqueued on the caller's connection commits or rolls back with it."""
     with pytest.raises(RuntimeError):
         async with db.begin() as conn:
-            await store.enqueue(conn, "k", {"a": 1})
+            await enqueueing.enqueue(conn, "k", {"a": 1})
             raise RuntimeError("caller's business write failed")
     assert await statuses(db) == {}
     async with db.begin() as conn:
         await conn.execute(update(resources).values(updated_at=datetime.now(UTC)))
-        await store.enqueue(conn, "k", {"a": 1})
+        await enqueueing.enqueue(conn, "k", {"a": 1})
     assert await statuses(db) == {"pending": 1}
 
 
 async def test_unique_key_returns_the_unfinished_job(db: Database) -> None:
     """A unique key naming an unfinished job returns it; once finished, a new one is made."""
-    a = await store.enqueue(db, "k", {}, unique_key="order-1")
-    b = await store.enqueue(db, "k", {}, unique_key="order-1")
+    a = await enqueueing.enqueue(db, "k", {}, unique_key="order-1")
+    b = await enqueueing.enqueue(db, "k", {}, unique_key="order-1")
     assert a.created and not b.created and a.id == b.id
-    batch = await store.enqueue_many(
+    batch = await enqueueing.enqueue_many(
         db, [JobSpec("k", unique_key="order-1"), JobSpec("k", unique_key="order-2")]
     )
     assert batch[0].id == a.id and batch[1].created
     reg = Registry()
     reg.add("k", _noop)
     await make_worker(db, reg).run_until_idle()
-    c = await store.enqueue(db, "k", {}, unique_key="order-1")
+    c = await enqueueing.enqueue(db, "k", {}, unique_key="order-1")
     assert c.created and c.id != a.id
 
 
@@ -89,18 +89,18 @@ async def _noop(ctx: JobContext) -> None:
 async def test_payload_that_is_not_json_is_refused(db: Database) -> None:
     """A payload that cannot be serialised to JSON is refused at enqueue, naming the kind."""
     with pytest.raises(PayloadError, match="payload of job 'k' is not JSON-serialisable"):
-        await store.enqueue(db, "k", {"when": datetime.now(UTC)})
+        await enqueueing.enqueue(db, "k", {"when": datetime.now(UTC)})
     with pytest.raises(PayloadError):
-        await store.enqueue(db, "k", {"x": float("nan")})
+        await enqueueing.enqueue(db, "k", {"x": float("nan")})
     assert await statuses(db) == {}
 
 
 async def test_unknown_kind_fails_with_reason_and_is_dead_lettered(db: Database) -> None:
     """A job whose kind has no handler ends dead with the reason, and lands in the DLQ."""
-    job = await store.enqueue(db, "nobody-handles-this", {"x": 1}, max_attempts=5)
+    job = await enqueueing.enqueue(db, "nobody-handles-this", {"x": 1}, max_attempts=5)
     stats = await make_worker(db, Registry()).run_until_idle()
     assert stats.dead == 1
-    info = await store.get_job(db, job.id)
+    info = await admin.get_job(db, job.id)
     assert info.status == "dead"
     assert "no handler registered for job kind 'nobody-handles-this'" in (info.last_error or "")
     async with db.begin() as conn:
@@ -119,10 +119,10 @@ async def test_priority_then_run_at_order(db: Database) -> None:
         order.append(ctx.payload["n"])
 
     base = datetime.now(UTC) - timedelta(minutes=5)
-    await store.enqueue(db, "k", {"n": "low-old"}, priority=0, run_at=base)
-    await store.enqueue(db, "k", {"n": "high-new"}, priority=10, run_at=base + timedelta(1e-3))
-    await store.enqueue(db, "k", {"n": "high-old"}, priority=10, run_at=base)
-    await store.enqueue(db, "k", {"n": "mid"}, priority=5, run_at=base)
+    await enqueueing.enqueue(db, "k", {"n": "low-old"}, priority=0, run_at=base)
+    await enqueueing.enqueue(db, "k", {"n": "high-new"}, priority=10, run_at=base + timedelta(1e-3))
+    await enqueueing.enqueue(db, "k", {"n": "high-old"}, priority=10, run_at=base)
+    await enqueueing.enqueue(db, "k", {"n": "mid"}, priority=5, run_at=base)
     await make_worker(db, reg, concurrency=1, claim_batch=1).run_until_idle()
     assert order == ["high-old", "high-new", "mid", "low-old"]
 
@@ -131,12 +131,12 @@ async def test_delayed_jobs_wait_for_their_time(db: Database) -> None:
     """A job days ahead is not run now, and runs once its time has come."""
     reg = Registry()
     reg.add("k", _noop)
-    job = await store.enqueue(db, "k", {}, delay=timedelta(days=3))
+    job = await enqueueing.enqueue(db, "k", {}, delay=timedelta(days=3))
     assert (await make_worker(db, reg).run_until_idle()).claimed == 0
     later = datetime.now(UTC) + timedelta(days=3, seconds=1)
     stats = await make_worker(db, reg, clock=lambda: later).run_until_idle()
     assert stats.succeeded == 1
-    assert (await store.get_job(db, job.id)).status == "succeeded"
+    assert (await admin.get_job(db, job.id)).status == "succeeded"
 
 
 async def test_hanging_handler_is_cancelled_and_counts_as_transient(db: Database) -> None:
@@ -147,9 +147,9 @@ async def test_hanging_handler_is_cancelled_and_counts_as_transient(db: Database
     async def hang(ctx: JobContext) -> None:
         await asyncio.sleep(3600)
 
-    job = await store.enqueue(db, "hang", {}, max_attempts=2)
+    job = await enqueueing.enqueue(db, "hang", {}, max_attempts=2)
     stats = await make_worker(db, reg).run_until_idle()
-    info = await store.get_job(db, job.id)
+    info = await admin.get_job(db, job.id)
     assert info.status == "dead" and info.attempts == 2 and stats.dead == 1
     assert info.error_class == "transient"
     assert "exceeded its 0.2s timeout" in (info.last_error or "")
@@ -168,10 +168,10 @@ async def test_failure_retries_then_succeeds(db: Database) -> None:
         if calls < 3:
             raise ConnectionError("reset by peer")
 
-    job = await store.enqueue(db, "flaky", {})
+    job = await enqueueing.enqueue(db, "flaky", {})
     stats = await make_worker(db, reg).run_until_idle()
     assert calls == 3 and stats.retried == 2
-    info = await store.get_job(db, job.id)
+    info = await admin.get_job(db, job.id)
     assert info.status == "succeeded" and info.attempts == 3 and len(info.errors) == 2
 
 
@@ -183,10 +183,10 @@ async def test_retry_waits_computed_backoff(db: Database) -> None:
     async def fails(ctx: JobContext) -> None:
         raise ConnectionError("boom")
 
-    job = await store.enqueue(db, "fails", {})
+    job = await enqueueing.enqueue(db, "fails", {})
     before = datetime.now(UTC)
     await make_worker(db, reg, retry_policy=RetryPolicy()).run_until_idle()
-    info = await store.get_job(db, job.id)
+    info = await admin.get_job(db, job.id)
     assert info.status == "pending" and info.attempts == 1
     assert info.run_at >= before + timedelta(milliseconds=500)
 
@@ -211,15 +211,15 @@ async def test_snooze_cancel_discard(db: Database) -> None:
     async def discard(ctx: JobContext) -> None:
         raise Discard("stale")
 
-    s = await store.enqueue(db, "snooze", {}, max_attempts=1)
-    c = await store.enqueue(db, "cancel", {})
-    d = await store.enqueue(db, "discard", {})
+    s = await enqueueing.enqueue(db, "snooze", {}, max_attempts=1)
+    c = await enqueueing.enqueue(db, "cancel", {})
+    d = await enqueueing.enqueue(db, "discard", {})
     await make_worker(db, reg).run_until_idle()
-    si = await store.get_job(db, s.id)
+    si = await admin.get_job(db, s.id)
     assert si.status == "succeeded" and si.attempts == 1 and snoozed == 2
-    ci = await store.get_job(db, c.id)
+    ci = await admin.get_job(db, c.id)
     assert ci.status == "cancelled" and ci.last_error == "the invoice was deleted"
-    assert (await store.get_job(db, d.id)).status == "discarded"
+    assert (await admin.get_job(db, d.id)).status == "discarded"
     async with db.begin() as conn:
         assert (await conn.execute(select(func.count()).select_from(dead_letters))).scalar() == 0
 
@@ -239,48 +239,48 @@ async def test_followups_commit_only_with_success(db: Database) -> None:
     async def child(ctx: JobContext) -> None:
         ran.append("child")
 
-    await store.enqueue(db, "parent", {"fail": True}, max_attempts=1)
+    await enqueueing.enqueue(db, "parent", {"fail": True}, max_attempts=1)
     await make_worker(db, reg).run_until_idle()
     assert ran == []
-    assert [j.kind for j in await store.list_jobs(db)] == ["parent"]
-    await store.enqueue(db, "parent", {})
+    assert [j.kind for j in await admin.list_jobs(db)] == ["parent"]
+    await enqueueing.enqueue(db, "parent", {})
     await make_worker(db, reg).run_until_idle()
     assert ran == ["child"]
 
 
 async def test_lease_rescue_and_fencing(db: Database) -> None:
     """An expired lease is rescued; the old holder cannot overwrite the new outcome."""
-    job = await store.enqueue(db, "k", {})
+    job = await enqueueing.enqueue(db, "k", {})
     now = datetime.now(UTC)
-    [a] = await store.claim(db, "worker-a", 10, now=now, lease=timedelta(seconds=5))
-    assert await store.rescue_expired(db, now=now + timedelta(seconds=1)) == 0
-    assert await store.rescue_expired(db, now=now + timedelta(seconds=6)) == 1
-    info = await store.get_job(db, job.id)
+    [a] = await claiming.claim(db, "worker-a", 10, now=now, lease=timedelta(seconds=5))
+    assert await leasing.rescue_expired(db, now=now + timedelta(seconds=1)) == 0
+    assert await leasing.rescue_expired(db, now=now + timedelta(seconds=6)) == 1
+    info = await admin.get_job(db, job.id)
     assert info.status == "pending" and info.attempts == 1
-    [b] = await store.claim(db, "worker-b", 10, now=now + timedelta(seconds=7))
+    [b] = await claiming.claim(db, "worker-b", 10, now=now + timedelta(seconds=7))
     assert b.attempts == 2 and b.claim_token != a.claim_token
     async with db.begin() as conn:
-        assert await store.complete_many(conn, [(a.id, a.claim_token)], now=now) == set()
+        assert await outcomes.complete_many(conn, [(a.id, a.claim_token)], now=now) == set()
         assert (
-            await store.fail(
+            await outcomes.fail(
                 conn, a, now=now, error_class="transient", message="late", retry_at=None
             )
             is None
         )
     async with db.begin() as conn:
-        assert await store.complete_many(conn, [(b.id, b.claim_token)], now=now) == {b.id}
-    assert (await store.get_job(db, job.id)).status == "succeeded"
+        assert await outcomes.complete_many(conn, [(b.id, b.claim_token)], now=now) == {b.id}
+    assert (await admin.get_job(db, job.id)).status == "succeeded"
 
 
 async def test_job_that_keeps_killing_workers_ends_dead(db: Database) -> None:
     """A job whose lease expires on its last attempt ends dead and is dead-lettered."""
-    job = await store.enqueue(db, "k", {}, max_attempts=2)
+    job = await enqueueing.enqueue(db, "k", {}, max_attempts=2)
     now = datetime.now(UTC)
     for i in range(2):
         t = now + timedelta(minutes=i * 10)
-        assert len(await store.claim(db, f"w{i}", 1, now=t, lease=timedelta(seconds=1))) == 1
-        assert await store.rescue_expired(db, now=t + timedelta(seconds=2)) == 1
-    info = await store.get_job(db, job.id)
+        assert len(await claiming.claim(db, f"w{i}", 1, now=t, lease=timedelta(seconds=1))) == 1
+        assert await leasing.rescue_expired(db, now=t + timedelta(seconds=2)) == 1
+    info = await admin.get_job(db, job.id)
     assert info.status == "dead" and "lease expired" in (info.last_error or "")
     async with db.begin() as conn:
         assert (await conn.execute(select(func.count()).select_from(dead_letters))).scalar() == 1
@@ -288,21 +288,21 @@ async def test_job_that_keeps_killing_workers_ends_dead(db: Database) -> None:
 
 async def test_rescue_applies_the_handlers_max_attempts(db: Database) -> None:
     """A kind registered with max_attempts=1 ends dead at its first expired lease."""
-    fragile = await store.enqueue(db, "fragile", {}, max_attempts=5)
-    other = await store.enqueue(db, "other", {}, max_attempts=5)
+    fragile = await enqueueing.enqueue(db, "fragile", {}, max_attempts=5)
+    other = await enqueueing.enqueue(db, "other", {}, max_attempts=5)
     now = datetime.now(UTC)
-    assert len(await store.claim(db, "w", 2, now=now, lease=timedelta(seconds=1))) == 2
+    assert len(await claiming.claim(db, "w", 2, now=now, lease=timedelta(seconds=1))) == 2
     later = now + timedelta(seconds=2)
-    assert await store.rescue_expired(db, now=later, max_attempts_by_kind={"fragile": 1}) == 2
-    assert (await store.get_job(db, fragile.id)).status == "dead"
-    assert (await store.get_job(db, other.id)).status == "pending"
+    assert await leasing.rescue_expired(db, now=later, max_attempts_by_kind={"fragile": 1}) == 2
+    assert (await admin.get_job(db, fragile.id)).status == "dead"
+    assert (await admin.get_job(db, other.id)).status == "pending"
     # The worker passes its registry's limits to the rescue it runs.
     reg = Registry()
     reg.add("other", _noop, max_attempts=1)
-    assert len(await store.claim(db, "w", 1, now=later, lease=timedelta(seconds=1))) == 1
+    assert len(await claiming.claim(db, "w", 1, now=later, lease=timedelta(seconds=1))) == 1
     worker = make_worker(db, reg, clock=lambda: later + timedelta(seconds=2))
     await worker._maintenance_once(rescue=True)
-    assert (await store.get_job(db, other.id)).status == "dead"
+    assert (await admin.get_job(db, other.id)).status == "dead"
 
 
 async def _noop(ctx: JobContext) -> None:
@@ -339,45 +339,45 @@ async def test_pruning_removes_old_finished_jobs_in_batches(db: Database) -> Non
                 finished_at=datetime.now(UTC),
             )
         )
-    assert await store.prune(db, older_than=timedelta(days=7), batch=7) == 30
+    assert await admin.prune(db, older_than=timedelta(days=7), batch=7) == 30
     assert await statuses(db) == {"pending": 3, "succeeded": 1}
 
 
 async def test_job_management_operations(db: Database) -> None:
     """List, show, cancel, retry, reschedule, re-prioritise and replace payloads."""
-    a = await store.enqueue(db, "k", {"v": 1}, resource_key="tenant-1")
-    b = await store.enqueue(db, "other", {"v": 2})
-    assert {j.id for j in await store.list_jobs(db, kind="k")} == {a.id}
-    assert {j.id for j in await store.list_jobs(db, resource_key="tenant-1")} == {a.id}
-    assert len(await store.list_jobs(db, status="pending")) == 2
+    a = await enqueueing.enqueue(db, "k", {"v": 1}, resource_key="tenant-1")
+    b = await enqueueing.enqueue(db, "other", {"v": 2})
+    assert {j.id for j in await admin.list_jobs(db, kind="k")} == {a.id}
+    assert {j.id for j in await admin.list_jobs(db, resource_key="tenant-1")} == {a.id}
+    assert len(await admin.list_jobs(db, status="pending")) == 2
     when = datetime(2030, 1, 1, tzinfo=UTC)
-    assert (await store.reschedule_job(db, a.id, when)).run_at == when
-    assert (await store.set_priority(db, a.id, 7)).priority == 7
-    assert (await store.replace_payload(db, a.id, {"v": 3})).payload == {"v": 3}
+    assert (await admin.reschedule_job(db, a.id, when)).run_at == when
+    assert (await admin.set_priority(db, a.id, 7)).priority == 7
+    assert (await admin.replace_payload(db, a.id, {"v": 3})).payload == {"v": 3}
     with pytest.raises(PayloadError):
-        await store.replace_payload(db, a.id, {"bad": {1, 2}})
-    assert (await store.cancel_job(db, b.id)).status == "cancelled"
+        await admin.replace_payload(db, a.id, {"bad": {1, 2}})
+    assert (await admin.cancel_job(db, b.id)).status == "cancelled"
     with pytest.raises(JobStateError, match="already ended"):
-        await store.cancel_job(db, b.id)
-    retried = await store.retry_job(db, b.id)
+        await admin.cancel_job(db, b.id)
+    retried = await admin.retry_job(db, b.id)
     assert retried.status == "pending" and retried.attempts == 0
     with pytest.raises(JobNotFound):
-        await store.get_job(db, 999_999)
+        await admin.get_job(db, 999_999)
 
 
 async def test_operations_refuse_a_running_job(db: Database) -> None:
     """Retry, reschedule, priority and payload changes refuse a running job; cancel works."""
-    job = await store.enqueue(db, "k", {})
-    await store.claim(db, "w", 1)
+    job = await enqueueing.enqueue(db, "k", {})
+    await claiming.claim(db, "w", 1)
     for op in (
-        store.retry_job(db, job.id),
-        store.reschedule_job(db, job.id, datetime.now(UTC)),
-        store.set_priority(db, job.id, 1),
-        store.replace_payload(db, job.id, {}),
+        admin.retry_job(db, job.id),
+        admin.reschedule_job(db, job.id, datetime.now(UTC)),
+        admin.set_priority(db, job.id, 1),
+        admin.replace_payload(db, job.id, {}),
     ):
         with pytest.raises(JobStateError, match="is running"):
             await op
-    assert (await store.cancel_job(db, job.id)).status == "cancelled"
+    assert (await admin.cancel_job(db, job.id)).status == "cancelled"
 
 
 async def test_cancelled_running_job_is_stopped_at_heartbeat(db: Database) -> None:
@@ -395,15 +395,15 @@ async def test_cancelled_running_job_is_stopped_at_heartbeat(db: Database) -> No
             stopped.set()
             raise
 
-    job = await store.enqueue(db, "long", {})
+    job = await enqueueing.enqueue(db, "long", {})
     worker = make_worker(db, reg, lease=timedelta(seconds=0.6))
     run = asyncio.create_task(worker.run())
     await asyncio.wait_for(started.wait(), 10)
-    await store.cancel_job(db, job.id)
+    await admin.cancel_job(db, job.id)
     await asyncio.wait_for(stopped.wait(), 10)
     worker.stop()
     await asyncio.wait_for(run, 10)
-    assert (await store.get_job(db, job.id)).status == "cancelled"
+    assert (await admin.get_job(db, job.id)).status == "cancelled"
 
 
 async def test_a_heartbeat_never_waits_for_a_row_another_transaction_holds(db: Database) -> None:
@@ -411,8 +411,8 @@ async def test_a_heartbeat_never_waits_for_a_row_another_transaction_holds(db: D
     or completion, on PostgreSQL), the heartbeat extends the others at once, counts
     that one still held, and extends it at the next beat. Waiting for it instead made a
     cycle with such transactions ('deadlock detected', a second of both's time)."""
-    a, b = await store.enqueue(db, "k", {}), await store.enqueue(db, "k", {})
-    claimed = await store.claim(db, "w", 2)
+    a, b = await enqueueing.enqueue(db, "k", {}), await enqueueing.enqueue(db, "k", {})
+    claimed = await claiming.claim(db, "w", 2)
     held = [(j.id, j.claim_token) for j in claimed]
     assert {i for i, _ in held} == {a.id, b.id}
     now = datetime.now(UTC)
@@ -420,7 +420,7 @@ async def test_a_heartbeat_never_waits_for_a_row_another_transaction_holds(db: D
         async with db.engine.connect() as other:
             await other.execute(select(jobs.c.id).where(jobs.c.id == b.id).with_for_update())
             alive = await asyncio.wait_for(
-                store.heartbeat(db, "w", held, lease=timedelta(minutes=5), now=now), 5
+                leasing.heartbeat(db, "w", held, lease=timedelta(minutes=5), now=now), 5
             )
             assert alive == {a.id, b.id}
             async with db.begin() as conn:
@@ -431,7 +431,7 @@ async def test_a_heartbeat_never_waits_for_a_row_another_transaction_holds(db: D
             assert leases[b.id] < now + timedelta(minutes=5)  # held: not extended this beat
             await other.rollback()
     later = now + timedelta(seconds=1)
-    alive = await store.heartbeat(db, "w", held, lease=timedelta(minutes=5), now=later)
+    alive = await leasing.heartbeat(db, "w", held, lease=timedelta(minutes=5), now=later)
     assert alive == {a.id, b.id}
     async with db.begin() as conn:
         leases = dict((await conn.execute(select(jobs.c.id, jobs.c.lease_expires_at))).all())
@@ -441,10 +441,10 @@ async def test_a_heartbeat_never_waits_for_a_row_another_transaction_holds(db: D
 async def test_fairness_backlog_does_not_hold_back_another_tenant(db: Database) -> None:
     """10 jobs of tenant B, enqueued after 100,000 of tenant A, are claimed in the first batches."""
     now = datetime.now(UTC)
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db, [JobSpec("k", resource_key="tenant-a") for _ in range(100_000)], now=now
     )
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db,
         [JobSpec("k", resource_key="tenant-b") for _ in range(10)],
         now=now + timedelta(seconds=1),
@@ -452,7 +452,7 @@ async def test_fairness_backlog_does_not_hold_back_another_tenant(db: Database) 
     later = now + timedelta(seconds=2)
     got_b = []
     for _ in range(2):
-        batch = await store.claim(db, "w", 16, now=later)
+        batch = await claiming.claim(db, "w", 16, now=later)
         assert len(batch) == 16
         got_b += [j for j in batch if j.resource_key == "tenant-b"]
     assert len(got_b) == 10
@@ -462,7 +462,7 @@ async def test_unavailable_resources_are_left_out_by_the_claim(db: Database) -> 
     """Open breakers, future next_available_at and inactive connections keep jobs unclaimed."""
     now = datetime.now(UTC)
     for key in ("open", "paced", "reauth", "fine"):
-        await store.enqueue(db, "k", {}, resource_key=key, now=now)
+        await enqueueing.enqueue(db, "k", {}, resource_key=key, now=now)
     async with db.begin() as conn:
         await conn.execute(
             update(resources)
@@ -484,10 +484,10 @@ async def test_unavailable_resources_are_left_out_by_the_claim(db: Database) -> 
                 updated_at=now,
             )
         )
-    claimed = await store.claim(db, "w", 10, now=now)
+    claimed = await claiming.claim(db, "w", 10, now=now)
     assert [j.resource_key for j in claimed] == ["fine"]
     later = now + timedelta(minutes=2)
-    again = await store.claim(db, "w", 10, now=later)
+    again = await claiming.claim(db, "w", 10, now=later)
     # The open breaker's cool-down has passed: exactly one probe; pacing has passed too.
     assert sorted(j.resource_key for j in again) == ["open", "paced"]
     assert [j.probe for j in again if j.resource_key == "open"] == [True]
@@ -496,13 +496,13 @@ async def test_unavailable_resources_are_left_out_by_the_claim(db: Database) -> 
 async def test_half_open_breaker_gives_exactly_one_probe(db: Database) -> None:
     """Past the cool-down, a resource with many due jobs gives out exactly one, its probe."""
     now = datetime.now(UTC)
-    await store.enqueue_many(db, [JobSpec("k", resource_key="r") for _ in range(5)], now=now)
+    await enqueueing.enqueue_many(db, [JobSpec("k", resource_key="r") for _ in range(5)], now=now)
     async with db.begin() as conn:
         await conn.execute(
             update(resources).values(state="open", cooldown_until=now - timedelta(seconds=1))
         )
-    first = await store.claim(db, "w1", 10, now=now)
-    second = await store.claim(db, "w2", 10, now=now)
+    first = await claiming.claim(db, "w1", 10, now=now)
+    second = await claiming.claim(db, "w2", 10, now=now)
     assert len(first) == 1 and first[0].probe and second == []
     async with db.begin() as conn:
         row = (await conn.execute(select(resources))).one()
@@ -512,11 +512,13 @@ async def test_half_open_breaker_gives_exactly_one_probe(db: Database) -> None:
 async def test_in_flight_limit_in_one_process(db: Database) -> None:
     """A resource's max_in_flight bounds its running jobs across claims."""
     now = datetime.now(UTC)
-    await store.enqueue_many(db, [JobSpec("k", resource_key="mbox") for _ in range(6)], now=now)
+    await enqueueing.enqueue_many(
+        db, [JobSpec("k", resource_key="mbox") for _ in range(6)], now=now
+    )
     async with db.begin() as conn:
         await conn.execute(update(resources).values(max_in_flight=2))
-    assert len(await store.claim(db, "w1", 10, now=now)) == 2
-    assert await store.claim(db, "w2", 10, now=now) == []
+    assert len(await claiming.claim(db, "w1", 10, now=now)) == 2
+    assert await claiming.claim(db, "w2", 10, now=now) == []
 
 
 async def test_rate_limited_failure_paces_the_whole_resource(db: Database) -> None:
@@ -531,8 +533,8 @@ async def test_rate_limited_failure_paces_the_whole_resource(db: Database) -> No
         calls += 1
         raise RateLimited("429", retry_after=timedelta(seconds=7))
 
-    first = await store.enqueue(db, "call", {}, resource_key="tenant-x")
-    second = await store.enqueue(db, "call", {}, resource_key="tenant-x")
+    first = await enqueueing.enqueue(db, "call", {}, resource_key="tenant-x")
+    second = await enqueueing.enqueue(db, "call", {}, resource_key="tenant-x")
     before = datetime.now(UTC)
     w = make_worker(db, reg, retry_policy=RetryPolicy(), concurrency=1, claim_batch=1)
     stats = await w.run_until_idle()
@@ -544,7 +546,7 @@ async def test_rate_limited_failure_paces_the_whole_resource(db: Database) -> No
     assert row.next_available_at <= datetime.now(UTC) + timedelta(seconds=7 + 1)
     assert row.state == "closed" and row.consecutive_failures == 0  # not a health failure
     for job_id in (first.id, second.id):
-        info = await store.get_job(db, job_id)
+        info = await admin.get_job(db, job_id)
         # Run or claimed ahead, it waits for the resource without spending an attempt.
         assert info.status == "pending" and info.attempts == 0
         assert info.run_at >= row.next_available_at - timedelta(milliseconds=1)
@@ -562,17 +564,17 @@ async def test_handler_max_attempts_sets_the_limit_for_its_kind(db: Database) ->
         calls += 1
         raise ConnectionError("reset")
 
-    job = await store.enqueue(db, "fragile", {})
+    job = await enqueueing.enqueue(db, "fragile", {})
     await make_worker(db, reg).run_until_idle()
     assert calls == 2
-    assert (await store.get_job(db, job.id)).status == "dead"
+    assert (await admin.get_job(db, job.id)).status == "dead"
 
 
 async def test_unique_key_enqueue_survives_generic_plans(db: Database) -> None:
     """Unique-key enqueues keep working past PostgreSQL's switch to generic plans."""
     for n in range(8):
         async with db.begin() as conn:
-            out = await store.enqueue_many(
+            out = await enqueueing.enqueue_many(
                 conn, [JobSpec("k", unique_key=f"u{n}-{i}") for i in range(3)]
             )
         assert all(e.created for e in out)
@@ -593,7 +595,7 @@ async def test_failure_rate_opens_the_breaker_without_a_run_of_failures(db: Data
         if ctx.payload["n"] % 2 == 0:
             raise ConnectionError("reset")
 
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db,
         [JobSpec("call", {"n": n}, resource_key="flaky-api", max_attempts=1) for n in range(30)],
     )
@@ -616,9 +618,9 @@ async def test_a_claim_over_many_lanes_is_fair_capped_and_in_priority_order(
         for i in range(30)
         for p in (1, 5, 3, 9, 7)
     ]
-    await store.enqueue_many(db, specs)
+    await enqueueing.enqueue_many(db, specs)
     await configure_resource(db, "lane-07", max_in_flight=2)
-    first = await store.claim(db, "w", 60)
+    first = await claiming.claim(db, "w", 60)
     assert len(first) == 60
     by_lane: dict[str | None, list[int]] = {}
     for job in first:
@@ -628,7 +630,7 @@ async def test_a_claim_over_many_lanes_is_fair_capped_and_in_priority_order(
     for lane, prios in by_lane.items():
         assert prios == sorted(prios, reverse=True), lane
         assert prios[0] == 9, lane  # the lane's highest priority first
-    rest = await store.claim(db, "w", 500)
+    rest = await claiming.claim(db, "w", 500)
     counts = {k: len(v) for k, v in by_lane.items()}
     for job in rest:
         counts[job.resource_key] = counts.get(job.resource_key, 0) + 1

@@ -13,9 +13,9 @@ from waits import await_until
 
 from synckit.clock import utcnow
 from synckit.runtime.pacing import defer_resource
-from synckit.store import jobs as job_store
 from synckit.store import queue_history
 from synckit.store.db import Database
+from synckit.store.jobs import enqueueing
 from synckit.store.tables import jobs, queue_samples
 
 
@@ -29,13 +29,13 @@ async def test_a_sample_tells_paced_jobs_from_ready_scheduled_and_retrying(db: D
     now = utcnow()
     later = now + timedelta(minutes=10)
     for _ in range(2):
-        await job_store.enqueue(db, "send.invoice", {}, now=now - timedelta(seconds=5))
-    await job_store.enqueue(db, "send.invoice", {}, run_at=later)
-    retrying = await job_store.enqueue(db, "send.invoice", {}, run_at=later)
-    limited = await job_store.enqueue(db, "sync.orders", {}, run_at=later)
-    running = await job_store.enqueue(db, "sync.orders", {})
+        await enqueueing.enqueue(db, "send.invoice", {}, now=now - timedelta(seconds=5))
+    await enqueueing.enqueue(db, "send.invoice", {}, run_at=later)
+    retrying = await enqueueing.enqueue(db, "send.invoice", {}, run_at=later)
+    limited = await enqueueing.enqueue(db, "sync.orders", {}, run_at=later)
+    running = await enqueueing.enqueue(db, "sync.orders", {})
     # Due, but its resource is paced until later: paced, not ready.
-    await job_store.enqueue(db, "sync.orders", {}, resource_key="shop:globex", now=now)
+    await enqueueing.enqueue(db, "sync.orders", {}, resource_key="shop:globex", now=now)
     await defer_resource(db, "shop:globex", later, "Retry-After")
     async with db.begin() as conn:
         for job_id, values in (

@@ -21,10 +21,10 @@ from sqlalchemy import select, text
 from waits import PROCESS_TIMEOUT, await_until  # tests/
 
 from synckit.errors.exceptions import DatabaseUnavailable
-from synckit.store import jobs as store
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import admin, enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.resources import configure_resource
 from synckit.store.tables import jobs
 
@@ -44,7 +44,7 @@ async def wait_until(check: Callable[[], object], what: str, interval: float = 0
 
 
 async def all_final(db: Database) -> bool:
-    counts = await store.count_by_status(db)
+    counts = await admin.count_by_status(db)
     return counts.get("pending", 0) == 0 and counts.get("running", 0) == 0
 
 
@@ -55,7 +55,7 @@ async def test_four_processes_run_each_job_exactly_once(
     if engine_name != "postgresql":
         pytest.skip("many workers on many hosts is what PostgreSQL is for")
     log = tmp_path / "exec.log"
-    await store.enqueue_many(db, [JobSpec("record", {"i": i}) for i in range(10_000)])
+    await enqueueing.enqueue_many(db, [JobSpec("record", {"i": i}) for i in range(10_000)])
     procs = [spawn_worker(migrated_url, log, "--concurrency", "16") for _ in range(4)]
     try:
         await wait_until(lambda: all_final(db), "10,000 jobs to finish")
@@ -66,7 +66,7 @@ async def test_four_processes_run_each_job_exactly_once(
     assert len(per_job) == 10_000
     assert max(per_job.values()) == 1
     assert len({pid for _, _, pid, *_ in execs}) == 4  # every process took part
-    assert await store.count_by_status(db) == {"succeeded": 10_000}
+    assert await admin.count_by_status(db) == {"succeeded": 10_000}
 
 
 async def test_kill_9_mid_batch_loses_nothing(
@@ -75,13 +75,13 @@ async def test_kill_9_mid_batch_loses_nothing(
     """kill -9 of a worker mid-batch: another worker rescues its jobs; every job finishes."""
     log = tmp_path / "exec.log"
     # Long enough handlers that the kill lands while a batch is running, not between batches.
-    await store.enqueue_many(db, [JobSpec("record", {"sleep": 0.1}) for _ in range(400)])
+    await enqueueing.enqueue_many(db, [JobSpec("record", {"sleep": 0.1}) for _ in range(400)])
     victim = spawn_worker(migrated_url, log, "--concurrency", "8", "--lease", "2s")
     try:
         await wait_until(lambda: len(read_log(log)) >= 24, "the first worker to get going")
 
         async def holding() -> bool:
-            counts = await store.count_by_status(db)
+            counts = await admin.count_by_status(db)
             return counts.get("running", 0) > 0
 
         # All jobs take the same time, so batches end together: kill while one runs,
@@ -95,7 +95,7 @@ async def test_kill_9_mid_batch_loses_nothing(
                     select(jobs.c.id, jobs.c.attempts).where(jobs.c.status == "running")
                 )
             ).all()
-        counts = await store.count_by_status(db)
+        counts = await admin.count_by_status(db)
         assert running, f"the kill should have left claimed jobs behind: {counts}"
         rescuer = spawn_worker(migrated_url, log, "--concurrency", "8", "--lease", "2s")
         try:
@@ -104,11 +104,11 @@ async def test_kill_9_mid_batch_loses_nothing(
             stop_all([rescuer])
     finally:
         stop_all([victim])
-    assert await store.count_by_status(db) == {"succeeded": 400}
+    assert await admin.count_by_status(db) == {"succeeded": 400}
     executed = {job_id for _, job_id, *_ in read_log(log)}
     assert len(executed) == 400
     for job_id, attempts_at_kill in running:
-        info = await store.get_job(db, job_id)
+        info = await admin.get_job(db, job_id)
         if attempts_at_kill >= 1:  # started by the victim: the killed attempt counted
             assert info.attempts >= 2, info
         else:  # claimed, never started (its start mark waited on unrecorded outcomes)
@@ -121,7 +121,7 @@ async def test_in_flight_limit_holds_across_three_processes(
     """A per-resource limit of 2 holds across 3 worker processes."""
     log = tmp_path / "exec.log"
     await configure_resource(db, "mailbox-1", max_in_flight=2)
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db, [JobSpec("record", {"sleep": 0.15}, resource_key="mailbox-1") for _ in range(24)]
     )
     procs = [
@@ -175,7 +175,7 @@ async def test_sigterm_finishes_in_flight_work_and_releases_nothing_else(
 ) -> None:
     """SIGTERM: claiming stops, in-flight jobs finish within the grace period, exit 0."""
     log = tmp_path / "exec.log"
-    await store.enqueue_many(db, [JobSpec("record", {"sleep": 1.0}) for _ in range(6)])
+    await enqueueing.enqueue_many(db, [JobSpec("record", {"sleep": 1.0}) for _ in range(6)])
     proc = spawn_worker(migrated_url, log, "--concurrency", "2", "--grace", "20")
     try:
         # Their handlers, not just their rows: a job the claim marked running but whose
@@ -188,7 +188,7 @@ async def test_sigterm_finishes_in_flight_work_and_releases_nothing_else(
         assert proc.wait(PROCESS_TIMEOUT) == 0
     finally:
         stop_all([proc])
-    assert await store.count_by_status(db) == {"succeeded": 2, "pending": 4}
+    assert await admin.count_by_status(db) == {"succeeded": 2, "pending": 4}
     assert len(read_log(log)) == 2
 
 
@@ -197,7 +197,7 @@ async def test_grace_period_over_releases_jobs_without_spending_attempts(
 ) -> None:
     """A job still running when the grace period ends is released to pending, attempt kept."""
     log = tmp_path / "exec.log"
-    job = await store.enqueue(db, "record", {"sleep": 60})
+    job = await enqueueing.enqueue(db, "record", {"sleep": 60})
     proc = spawn_worker(migrated_url, log, "--grace", "0.5")
     try:
 
@@ -209,7 +209,7 @@ async def test_grace_period_over_releases_jobs_without_spending_attempts(
         assert proc.wait(PROCESS_TIMEOUT) == 0
     finally:
         stop_all([proc])
-    info = await store.get_job(db, job.id)
+    info = await admin.get_job(db, job.id)
     assert info.status == "pending" and info.attempts == 0
 
 
@@ -288,7 +288,7 @@ async def test_worker_survives_a_postgres_restart(
     log = tmp_path / "exec.log"
     db = open_database(url)
     try:
-        await store.enqueue_many(db, [JobSpec("record", {"sleep": 0.01}) for _ in range(300)])
+        await enqueueing.enqueue_many(db, [JobSpec("record", {"sleep": 0.01}) for _ in range(300)])
         proc = spawn_worker(url, log, "--concurrency", "4", "--lease", "5s")
         try:
             await wait_until(lambda: len(read_log(log)) >= 30, "the worker to get going")
@@ -296,13 +296,13 @@ async def test_worker_survives_a_postgres_restart(
             # An application enqueuing one job at a time, its pool full of connections
             # that the restart will kill: at most one enqueue fails (and clearly).
             app = open_database(url)
-            await asyncio.gather(*(store.enqueue(app, "record", {}) for _ in range(6)))
+            await asyncio.gather(*(enqueueing.enqueue(app, "record", {}) for _ in range(6)))
             await asyncio.to_thread(private_postgres.restart)
-            await store.enqueue_many(db, [JobSpec("record", {}) for _ in range(44)])
+            await enqueueing.enqueue_many(db, [JobSpec("record", {}) for _ in range(44)])
             failures = 0
             for _ in range(10):
                 try:
-                    await store.enqueue(app, "record", {})
+                    await enqueueing.enqueue(app, "record", {})
                 except DatabaseUnavailable as exc:
                     failures += 1
                     assert "\n" not in str(exc)
@@ -312,7 +312,7 @@ async def test_worker_survives_a_postgres_restart(
             assert proc.poll() is None, "the worker died with the database"
         finally:
             stop_all([proc])
-        assert await store.count_by_status(db) == {"succeeded": 360 - failures}
+        assert await admin.count_by_status(db) == {"succeeded": 360 - failures}
         async with db.begin() as conn:
             assert (await conn.execute(text("SELECT 1"))).scalar() == 1
     finally:
@@ -328,11 +328,11 @@ async def test_an_idle_worker_claims_another_processs_job_well_within_its_poll_i
     procs = [spawn_worker(migrated_url, log, "--poll-interval", "30")]
     try:
         # The first job shows the worker is up (its first claim needs no wake-up).
-        await store.enqueue_many(db, [JobSpec("record", {"i": 0})])
+        await enqueueing.enqueue_many(db, [JobSpec("record", {"i": 0})])
         await wait_until(lambda: len(read_log(log)) == 1, "the first job")
         await asyncio.sleep(0.5)  # settling into idle, waiting up to 30 s
         enqueued = time.time()
-        await store.enqueue_many(db, [JobSpec("record", {"i": 1})])
+        await enqueueing.enqueue_many(db, [JobSpec("record", {"i": 1})])
         await wait_until(lambda: len(read_log(log)) == 2, "the second job")
     finally:
         stop_all(procs)

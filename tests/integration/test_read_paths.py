@@ -26,20 +26,20 @@ from synckit.runtime.metrics import read_snapshot
 from synckit.runtime.secrets import TokenCipher
 from synckit.runtime.tenant_pages import page_tenants, read_checkpoints, read_tenant
 from synckit.runtime.tenants import dead_letter_counts, get_tenant, list_tenants
-from synckit.store import jobs as job_store
 from synckit.store import resources as resource_store
 from synckit.store.db import Database, open_database
+from synckit.store.jobs import admin, enqueueing
 from synckit.store.tables import connections, jobs
 
 
 async def test_every_read_runs_while_another_connection_holds_the_write_lock(db: Database) -> None:
     await add_tenants(db, [{"tenant": "t1", "connector": "quiet"}], app=App([Quiet]))
-    job_id = (await job_store.enqueue(db, "noop", {}, resource_key="quiet:t1")).id
+    job_id = (await enqueueing.enqueue(db, "noop", {}, resource_key="quiet:t1")).id
     resource = (await resource_store.list_resources(db))[0]
     reads: dict[str, Callable[[], Awaitable[Any]]] = {
-        "jobs ls": lambda: job_store.list_jobs(db),
-        "jobs show": lambda: job_store.get_job(db, job_id),
-        "jobs by status": lambda: job_store.count_by_status(db),
+        "jobs ls": lambda: admin.list_jobs(db),
+        "jobs show": lambda: admin.get_job(db, job_id),
+        "jobs by status": lambda: admin.count_by_status(db),
         "breakers ls": lambda: resource_store.list_resources(db),
         "one resource": lambda: resource_store.get_resource(db, resource.resource_key),
         "tenants ls (a page)": lambda: page_tenants(db, limit=10),
@@ -73,7 +73,7 @@ async def test_every_read_runs_while_another_connection_holds_the_write_lock(db:
                 slow.append(name)
         assert not slow, f"waited for the writer: {slow}"
         # What the reads saw is the last committed state, not the writer's.
-        assert (await job_store.get_job(db, job_id)).priority == 0
+        assert (await admin.get_job(db, job_id)).priority == 0
     finally:
         if sqlite:
             writer.execute("ROLLBACK")

@@ -11,9 +11,9 @@ from sqlalchemy import insert, select
 from synckit.errors.exceptions import RetryableError
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import admin, enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 
 
 async def test_a_3_000_000_day_wait_is_clamped_and_the_batch_beside_it_records(
@@ -30,11 +30,11 @@ async def test_a_3_000_000_day_wait_is_clamped_and_the_batch_beside_it_records(
     async def huge(ctx: JobContext) -> None:
         raise RetryableError("come back much later", retry_after=timedelta(days=3_000_000))
 
-    await store.enqueue_many(db, [JobSpec("ok") for _ in range(10)] + [JobSpec("huge")])
+    await enqueueing.enqueue_many(db, [JobSpec("ok") for _ in range(10)] + [JobSpec("huge")])
     before = datetime.now(UTC)
     stats = await Worker(db, reg, concurrency=4).run_until_idle()
     assert (stats.succeeded, stats.retried) == (10, 1)
-    [info] = await store.list_jobs(db, kind="huge")
+    [info] = await admin.list_jobs(db, kind="huge")
     assert info.status == "pending" and info.attempts == 1
     assert before + timedelta(hours=23) < info.run_at <= datetime.now(UTC) + timedelta(hours=24)
 
@@ -51,10 +51,10 @@ async def test_an_outcome_the_database_refuses_is_recorded_as_a_failure(db: Data
     async def nul(ctx: JobContext) -> None:
         raise RuntimeError("bad \x00 byte")
 
-    await store.enqueue_many(db, [JobSpec("ok") for _ in range(5)] + [JobSpec("nul")])
+    await enqueueing.enqueue_many(db, [JobSpec("ok") for _ in range(5)] + [JobSpec("nul")])
     stats = await Worker(db, reg, concurrency=2).run_until_idle()
     assert stats.succeeded == 5
-    [info] = await store.list_jobs(db, kind="nul")
+    [info] = await admin.list_jobs(db, kind="nul")
     assert info.status == "pending" and info.attempts == 1 and info.last_error
 
 
@@ -86,14 +86,14 @@ async def test_a_follow_up_the_database_refuses_fails_only_its_own_job(db: Datab
     specs = [JobSpec("parent", {"n": n}) for n in range(8)] + [JobSpec("broken")]
     if db.is_postgres:
         specs.append(JobSpec("surrogate"))
-    await store.enqueue_many(db, specs)
+    await enqueueing.enqueue_many(db, specs)
     worker = Worker(db, reg, concurrency=16)
     await asyncio.wait_for(worker.run_until_idle(), 60)
-    parents = await store.list_jobs(db, kind="parent", limit=100)
+    parents = await admin.list_jobs(db, kind="parent", limit=100)
     assert {p.status for p in parents} == {"succeeded"}
-    children = [await store.get_job(db, c.id) for c in await store.list_jobs(db, kind="child")]
+    children = [await admin.get_job(db, c.id) for c in await admin.list_jobs(db, kind="child")]
     assert sorted(c.payload["n"] for c in children) == list(range(8))
-    refused = await store.list_jobs(db, kind="broken") + await store.list_jobs(db, kind="surrogate")
+    refused = await admin.list_jobs(db, kind="broken") + await admin.list_jobs(db, kind="surrogate")
     for info in refused:
         assert info.status == "pending" and info.attempts == 1, info
         assert "outcome could not be recorded" in (info.last_error or ""), info.last_error
@@ -122,7 +122,7 @@ async def test_a_needs_reauth_reason_is_stored_redacted(db: Database) -> None:
                 updated_at=now,
             )
         )
-    await store.enqueue(db, "call", {}, resource_key="c:acme")
+    await enqueueing.enqueue(db, "call", {}, resource_key="c:acme")
     await Worker(db, reg, concurrency=1).run_until_idle()
     async with db.begin() as conn:
         row = (await conn.execute(select(connections.c.status, connections.c.status_reason))).one()

@@ -33,10 +33,10 @@ from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.logging import configure_logging
 from synckit.runtime.outbox import CallbackPublisher, OutboxRelay
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as store
 from synckit.store.db import Database
 from synckit.store.dead_letters.capture import Failure, capture_many
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import enqueueing
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.outbox import OutboxMessage
 from synckit.store.tables import dead_letters, metadata, resources
 from synckit.testing import FakeAPI
@@ -149,7 +149,7 @@ async def test_generated_secrets_in_every_shape_are_stored_and_logged_nowhere(
     configure_logging(json_lines=True, stream=out)
     try:
         specs = [JobSpec("leaky", {"n": n}, resource_key=f"leaky:{n}") for n in range(len(NAMES))]
-        await store.enqueue_many(db, specs)
+        await enqueueing.enqueue_many(db, specs)
         worker = Worker(db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05)
         stats = await worker.run_until_idle()
 

@@ -18,9 +18,10 @@ from sqlalchemy import select
 from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT, await_until  # tests/
 
 from synckit.clock import utcnow
-from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec
+from synckit.store.jobs import admin, claiming, enqueueing, outcomes
+from synckit.store.jobs._base import ClaimedJob
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import jobs
 
 #: Claimed-ahead jobs of a killed worker run elsewhere within this (a busy machine's
@@ -33,7 +34,7 @@ async def test_kill_9_gives_claimed_ahead_jobs_to_others_uncharged(
 ) -> None:
     """Jobs claimed ahead by a killed worker run elsewhere within seconds, attempts 0 -> 1."""
     log = tmp_path / "exec.log"
-    await store.enqueue_many(db, [JobSpec("record", {"sleep": 0.01}) for _ in range(3000)])
+    await enqueueing.enqueue_many(db, [JobSpec("record", {"sleep": 0.01}) for _ in range(3000)])
     # A lease for started jobs far longer than the rescue may take (RESCUE_BUDGET), so
     # that only the start lease can explain the rescue.
     victim = spawn_worker(migrated_url, log, "--concurrency", "1", "--lease", "1h")
@@ -64,11 +65,11 @@ async def test_kill_9_gives_claimed_ahead_jobs_to_others_uncharged(
             )
         assert never_started
         for job_id in never_started:
-            assert (await store.get_job(db, job_id)).attempts == 0
+            assert (await admin.get_job(db, job_id)).attempts == 0
         rescuer = spawn_worker(migrated_url, log, "--concurrency", "8", "--lease", "1h")
 
         async def rescued() -> bool:
-            infos = [await store.get_job(db, j) for j in never_started]
+            infos = [await admin.get_job(db, j) for j in never_started]
             return all(i.status == "succeeded" for i in infos)
 
         try:
@@ -78,7 +79,7 @@ async def test_kill_9_gives_claimed_ahead_jobs_to_others_uncharged(
             stop_all([rescuer])
     finally:
         stop_all([victim])
-    infos = [await store.get_job(db, j) for j in never_started]
+    infos = [await admin.get_job(db, j) for j in never_started]
     assert all(i.status == "succeeded" and i.attempts == 1 for i in infos), infos[:3]
     assert took < RESCUE_BUDGET, f"claimed-ahead jobs waited {took:.1f}s after the crash"
     ran = {job_id for _, job_id, *_ in read_log(log)}
@@ -90,38 +91,38 @@ async def test_a_job_that_kills_its_worker_runs_out_of_attempts(
 ) -> None:
     """Its start is charged before it runs: three crashes and it is dead; others uncharged."""
     log = tmp_path / "exec.log"
-    await store.enqueue_many(
+    await enqueueing.enqueue_many(
         db,
         [JobSpec("crash", max_attempts=3)]
         + [JobSpec("record", {"sleep": 0.01}) for _ in range(20)],
     )
-    [killer] = await store.list_jobs(db, kind="crash")
+    [killer] = await admin.list_jobs(db, kind="crash")
     for _ in range(8):
-        if (await store.get_job(db, killer.id)).status == "dead":
+        if (await admin.get_job(db, killer.id)).status == "dead":
             break
         proc = spawn_worker(migrated_url, log, "--concurrency", "1", "--lease", "1s")
 
         async def crashed_or_dead(proc: subprocess.Popen[bytes] = proc) -> bool:
             return proc.poll() is not None or (
-                (await store.get_job(db, killer.id)).status == "dead"
+                (await admin.get_job(db, killer.id)).status == "dead"
             )
 
         try:
             await await_until(crashed_or_dead, "the crash job to kill its worker")
         finally:
             stop_all([proc])
-    info = await store.get_job(db, killer.id)
+    info = await admin.get_job(db, killer.id)
     assert info.status == "dead" and info.attempts == 3
     finisher = spawn_worker(migrated_url, log, "--concurrency", "4", "--lease", "1s")
 
     async def finished() -> bool:
-        return (await store.count_by_status(db)).get("succeeded", 0) == 20
+        return (await admin.count_by_status(db)).get("succeeded", 0) == 20
 
     try:
         await await_until(finished, "the other 20 jobs", interval=0.2)
     finally:
         stop_all([finisher])
-    others = [i for i in await store.list_jobs(db, kind="record")]
+    others = [i for i in await admin.list_jobs(db, kind="record")]
     assert len(others) == 20
     assert all(i.status == "succeeded" and i.attempts == 1 for i in others), [
         (i.id, i.status, i.attempts, i.last_error)
@@ -134,10 +135,10 @@ NOW = utcnow()
 LEASE = timedelta(seconds=60)
 
 
-async def claimed_ahead(db: Database, n: int) -> list[store.ClaimedJob]:
+async def claimed_ahead(db: Database, n: int) -> list[ClaimedJob]:
     """``n`` jobs claimed ahead by one claim: running, not started, nothing charged."""
-    await store.enqueue_many(db, [JobSpec("record") for _ in range(n)], now=NOW)
-    got = await store.claim(db, "w", n, now=NOW, start=0)
+    await enqueueing.enqueue_many(db, [JobSpec("record") for _ in range(n)], now=NOW)
+    got = await claiming.claim(db, "w", n, now=NOW, start=0)
     assert len(got) == n and not any(j.started for j in got)
     return got
 
@@ -151,9 +152,9 @@ async def test_a_start_mark_charges_held_unstarted_jobs_once(db: Database) -> No
         (first[1].id, first[1].claim_token + 1),  # a claim lost to a rescue
         (second[0].id, second[0].claim_token),  # another claim's token, same mark
     ]
-    assert await store.start_many(db, held, now=NOW, lease=LEASE) == {first[0].id, second[0].id}
-    assert await store.start_many(db, held[:1], now=NOW, lease=LEASE) == set()
-    attempts = {j.id: (await store.get_job(db, j.id)).attempts for j in first + second}
+    assert await outcomes.start_many(db, held, now=NOW, lease=LEASE) == {first[0].id, second[0].id}
+    assert await outcomes.start_many(db, held[:1], now=NOW, lease=LEASE) == set()
+    attempts = {j.id: (await admin.get_job(db, j.id)).attempts for j in first + second}
     assert attempts == {first[0].id: 1, first[1].id: 0, second[0].id: 1, second[1].id: 0}
     async with db.begin() as conn:
         row = (
@@ -172,14 +173,14 @@ async def test_start_marks_find_their_jobs_by_primary_key(db: Database) -> None:
         if db.is_postgres:
             raw = await conn.get_raw_connection()
             rows = await raw.driver_connection.fetch(  # type: ignore[union-attr]
-                "EXPLAIN " + store._PG_START_MANY, NOW, NOW + LEASE, [ahead[5].id], [1]
+                "EXPLAIN " + outcomes._PG_START_MANY, NOW, NOW + LEASE, [ahead[5].id], [1]
             )
             plan = "\n".join(r[0] for r in rows)
             assert "pk_jobs" in plan and "ix_jobs_running" not in plan, plan
         else:
             rows = (
                 await conn.exec_driver_sql(
-                    "EXPLAIN QUERY PLAN " + store._SQLITE_START_MANY,
+                    "EXPLAIN QUERY PLAN " + outcomes._SQLITE_START_MANY,
                     ("a", "a", "a", "a", "[1]", 1),
                 )
             ).all()
@@ -198,15 +199,15 @@ async def test_a_postgres_start_mark_commits_asynchronously_in_its_own_transacti
     async with db.raw_pg() as conn:
         async with conn.transaction():
             got = await conn.fetch(
-                store._PG_START_MANY, NOW, NOW + LEASE, [job.id], [job.claim_token]
+                outcomes._PG_START_MANY, NOW, NOW + LEASE, [job.id], [job.claim_token]
             )
             assert [r[0] for r in got] == [job.id]
             assert await conn.fetchval("SHOW synchronous_commit") == "off"
         assert await conn.fetchval("SHOW synchronous_commit") == "on"
         # Autocommitted, as the worker sends it: the connection is left as it was.
-        await conn.fetch(store._PG_START_MANY, NOW, NOW + LEASE, [job.id], [job.claim_token])
+        await conn.fetch(outcomes._PG_START_MANY, NOW, NOW + LEASE, [job.id], [job.claim_token])
         assert await conn.fetchval("SHOW synchronous_commit") == "on"
-    assert (await store.get_job(db, job.id)).attempts == 1
+    assert (await admin.get_job(db, job.id)).attempts == 1
 
 
 async def test_a_start_mark_waits_for_another_sqlite_writer(db: Database) -> None:
@@ -219,16 +220,16 @@ async def test_a_start_mark_waits_for_another_sqlite_writer(db: Database) -> Non
     other = sqlite3.connect(str(db.url.database), isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")
-        assert store.try_start_inline(db, held, now=NOW, lease=LEASE) is None
-        marking = asyncio.create_task(store.start_many(db, held, now=NOW, lease=LEASE))
+        assert outcomes.try_start_inline(db, held, now=NOW, lease=LEASE) is None
+        marking = asyncio.create_task(outcomes.start_many(db, held, now=NOW, lease=LEASE))
         await asyncio.sleep(0.2)
         assert not marking.done()
         other.execute("COMMIT")
         assert await asyncio.wait_for(marking, 10) == {job.id}
     finally:
         other.close()
-    assert (await store.get_job(db, job.id)).attempts == 1
-    assert store.try_start_inline(db, held, now=NOW, lease=LEASE) == set()
+    assert (await admin.get_job(db, job.id)).attempts == 1
+    assert outcomes.try_start_inline(db, held, now=NOW, lease=LEASE) == set()
 
 
 async def complete_and_start(
@@ -236,20 +237,20 @@ async def complete_and_start(
 ) -> tuple[set[int], set[int]] | None:
     """The worker's one-transaction path for plain successes and start marks."""
     if db.is_postgres:
-        return await store.complete_and_start_pg(db, done, held, now=NOW, lease=LEASE)
-    return store.try_complete_and_start_inline(db, done, held, now=NOW, lease=LEASE)
+        return await outcomes.complete_and_start_pg(db, done, held, now=NOW, lease=LEASE)
+    return outcomes.try_complete_and_start_inline(db, done, held, now=NOW, lease=LEASE)
 
 
 async def test_plain_successes_and_start_marks_commit_in_one_transaction(db: Database) -> None:
     """Successes complete and marks charge only under their claim token, together; a
     success whose claim was lost, or a job started twice, changes nothing."""
     a, b, c, d = await claimed_ahead(db, 4)
-    assert await store.start_many(db, [(a.id, a.claim_token)], now=NOW, lease=LEASE) == {a.id}
+    assert await outcomes.start_many(db, [(a.id, a.claim_token)], now=NOW, lease=LEASE) == {a.id}
     done = [(a.id, a.claim_token), (c.id, c.claim_token + 1)]  # c: a claim lost
     got = await complete_and_start(db, done, [(b.id, b.claim_token), (a.id, a.claim_token)])
     assert got == ({a.id}, {b.id})
     assert (await complete_and_start(db, done, [(b.id, b.claim_token)])) == (set(), set())
-    info = {j: await store.get_job(db, j) for j in (a.id, b.id, c.id, d.id)}
+    info = {j: await admin.get_job(db, j) for j in (a.id, b.id, c.id, d.id)}
     assert (info[a.id].status, info[a.id].attempts) == ("succeeded", 1)
     assert (info[b.id].status, info[b.id].attempts) == ("running", 1)
     assert (info[c.id].status, info[c.id].attempts) == ("running", 0)
@@ -270,7 +271,7 @@ async def test_plain_successes_wait_for_another_sqlite_writer(db: Database) -> N
     if db.is_postgres:
         pytest.skip("SQLite's inline path")
     a, b = await claimed_ahead(db, 2)
-    assert await store.start_many(db, [(a.id, a.claim_token)], now=NOW, lease=LEASE) == {a.id}
+    assert await outcomes.start_many(db, [(a.id, a.claim_token)], now=NOW, lease=LEASE) == {a.id}
     other = sqlite3.connect(str(db.url.database), isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")
@@ -279,8 +280,8 @@ async def test_plain_successes_wait_for_another_sqlite_writer(db: Database) -> N
         other.execute("COMMIT")
     finally:
         other.close()
-    assert (await store.get_job(db, a.id)).status == "running"
-    assert (await store.get_job(db, b.id)).attempts == 0
+    assert (await admin.get_job(db, a.id)).status == "running"
+    assert (await admin.get_job(db, b.id)).attempts == 0
 
 
 async def test_charge_at_claim_charges_every_claimed_job_in_the_claim(db: Database) -> None:
@@ -294,11 +295,11 @@ async def test_charge_at_claim_charges_every_claimed_job_in_the_claim(db: Databa
     async def noop(ctx: JobContext) -> None:
         return None
 
-    await store.enqueue_many(db, [JobSpec("noop") for _ in range(40)])
+    await enqueueing.enqueue_many(db, [JobSpec("noop") for _ in range(40)])
     worker = Worker(db, reg, concurrency=2, charge_at="claim")
     stats = await worker.run_until_idle()
     assert stats.succeeded == 40
-    infos = await store.list_jobs(db, kind="noop", limit=100)
+    infos = await admin.list_jobs(db, kind="noop", limit=100)
     assert [i.attempts for i in infos] == [1] * 40
     with pytest.raises(ValueError, match="charge_at"):
         Worker(db, reg, charge_at="never")  # type: ignore[arg-type]
@@ -313,7 +314,7 @@ async def test_a_stop_before_the_handlers_begin_gives_their_attempts_back(
 
     from synckit.runtime.handlers import JobContext, Registry
     from synckit.runtime.worker import Worker
-    from synckit.store.jobs import ClaimStore
+    from synckit.store.jobs.claiming import ClaimStore
 
     reg = Registry()
     ran: list[int] = []
@@ -322,14 +323,14 @@ async def test_a_stop_before_the_handlers_begin_gives_their_attempts_back(
     async def noop(ctx: JobContext) -> None:
         ran.append(ctx.job.id)
 
-    ids = [j.id for j in await store.enqueue_many(db, [JobSpec("noop") for _ in range(4)])]
+    ids = [j.id for j in await enqueueing.enqueue_many(db, [JobSpec("noop") for _ in range(4)])]
     claimed: list[Any] = []
 
     class StopAfterClaim:
         """The real store's claim, with the worker told to stop as it returns."""
 
         async def claim(self, *args: Any, **kwargs: Any) -> Any:
-            batch = await store.claim(*args, **kwargs)
+            batch = await claiming.claim(*args, **kwargs)
             claimed.extend(batch)
             worker.stop()
             return batch
@@ -342,7 +343,7 @@ async def test_a_stop_before_the_handlers_begin_gives_their_attempts_back(
     assert len(claimed) == 2 and all(j.started for j in claimed), claimed
     assert ran == []
     for job_id in ids:
-        info = await store.get_job(db, job_id)
+        info = await admin.get_job(db, job_id)
         assert (info.status, info.attempts) == ("pending", 0), info
 
 
@@ -367,7 +368,7 @@ async def test_kill_9_claimed_ahead_jobs_start_elsewhere_within_the_takeover_bud
     claimed ahead start in the survivor within TAKEOVER_BUDGET of the kill, each once (no
     execution of any job overlaps another of the same job), charged one attempt."""
     log = tmp_path / "exec.log"
-    await store.enqueue_many(db, [JobSpec("record", {"sleep": 0.01}) for _ in range(4000)])
+    await enqueueing.enqueue_many(db, [JobSpec("record", {"sleep": 0.01}) for _ in range(4000)])
     victim = spawn_worker(migrated_url, log, "--concurrency", "1")
     survivor = spawn_worker(migrated_url, log, "--concurrency", "4")
     try:
@@ -409,13 +410,13 @@ async def test_kill_9_claimed_ahead_jobs_start_elsewhere_within_the_takeover_bud
         # Wait for the event (each of them ran), not for the clock; 60 s only bounds a hang.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            infos = [await store.get_job(db, j) for j in never_started]
+            infos = [await admin.get_job(db, j) for j in never_started]
             if all(i.status == "succeeded" for i in infos):
                 break
             await asyncio.sleep(0.2)
     finally:
         stop_all([victim, survivor])
-    infos = [await store.get_job(db, j) for j in never_started]
+    infos = [await admin.get_job(db, j) for j in never_started]
     assert all(i.status == "succeeded" and i.attempts == 1 for i in infos), [
         (i.id, i.status, i.attempts) for i in infos if i.status != "succeeded" or i.attempts != 1
     ]

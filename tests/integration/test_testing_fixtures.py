@@ -11,7 +11,7 @@ from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.errors import is_testing
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.store.jobs import enqueue
+from synckit.store.jobs.enqueueing import enqueue
 from synckit.testing.fixtures import (
     instant_retries_enabled,
     migrated_sqlite,
@@ -26,7 +26,7 @@ import pytest
 
 from synckit.errors import is_testing
 from synckit.runtime.handlers import JobContext, Registry
-from synckit.store.jobs import enqueue
+from synckit.store.jobs.enqueueing import enqueue
 from synckit.testing import FakeAPI, FakeClock, Fault
 
 

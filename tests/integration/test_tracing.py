@@ -33,8 +33,8 @@ from synckit.errors import RetryPolicy
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.outbox import OutboxRelay, RabbitPublisher
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as store
 from synckit.store.db import Database
+from synckit.store.jobs import admin, enqueueing
 from synckit.store.tables import jobs, outbox
 
 #: A secret in the shapes an API or a connector lets slip: in a query string, an error.
@@ -232,11 +232,11 @@ async def test_a_follow_ups_span_continues_its_parents_trace_across_two_worker_p
     all one trace, which the rows' trace ids name too."""
     spans_file = tmp_path / "spans.jsonl"
     with trace.get_tracer("test").start_as_current_span("test.enqueue") as root:
-        parent_id = (await store.enqueue(db, "parent")).id
+        parent_id = (await enqueueing.enqueue(db, "parent")).id
     ctx = root.get_span_context()
     run_burst(migrated_url, spans_file, tmp_path)
-    [child] = await store.list_jobs(db, kind="child")
-    await store.reschedule_job(db, child.id, utcnow())  # due now, for the next process
+    [child] = await admin.list_jobs(db, kind="child")
+    await admin.reschedule_job(db, child.id, utcnow())  # due now, for the next process
     run_burst(migrated_url, spans_file, tmp_path)
 
     got = read_spans(spans_file)
@@ -298,7 +298,7 @@ async def test_a_message_consumed_from_rabbitmq_carries_its_publish_spans_tracep
     async def emit(ctx: JobContext) -> None:
         ctx.publish("orders.created", {"order": 1, "note": f"token={SECRET}"})
 
-    await store.enqueue(db, "emit")
+    await enqueueing.enqueue(db, "emit")
     await Worker(db, registry, poll_interval=0.05).run_until_idle()
     publisher = RabbitPublisher(RABBIT, exchange=exchange)
     try:
@@ -374,8 +374,8 @@ async def test_a_relay_without_tracing_forwards_the_stored_traceparent(
 
 async def test_tracing_off_leaves_rows_and_trace_ids_as_they_were(db: Database) -> None:
     """No provider: no traceparent stored, and the job's own trace id as before."""
-    enqueued = await store.enqueue(db, "plain", trace_id="t-given")
-    other = await store.enqueue(db, "plain")
+    enqueued = await enqueueing.enqueue(db, "plain", trace_id="t-given")
+    other = await enqueueing.enqueue(db, "plain")
     async with db.begin() as conn:
         rows = {r.id: r for r in await conn.execute(select(jobs))}
     assert rows[enqueued.id].trace_parent is None

@@ -16,9 +16,10 @@ from synckit.runtime.alert_rules import RuleSet
 from synckit.runtime.alerts import register_alerts
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as store
 from synckit.store.db import Database
-from synckit.store.jobs import JobSpec, count_unreadable_run_at, unreadable_run_at
+from synckit.store.jobs import enqueueing
+from synckit.store.jobs.admin import count_unreadable_run_at, unreadable_run_at
+from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.tables import jobs
 
 #: Stored run_at values no reader takes, per engine: past any time (a claim never takes
@@ -47,7 +48,7 @@ async def test_pending_jobs_whose_run_at_cannot_be_read_are_found(
     """Keyed and unkeyed pending jobs with an unreadable run_at are counted and listed
     oldest first with the stored text; sound jobs and finished ones are not."""
     specs = [JobSpec("k", resource_key="lane:a" if i % 2 else None) for i in range(6)]
-    ids = [j.id for j in await store.enqueue_many(db, specs)]
+    ids = [j.id for j in await enqueueing.enqueue_many(db, specs)]
     bad = UNREADABLE[engine_name]
     for job_id, sql in zip(ids[:3], bad, strict=True):
         await set_run_at(db, job_id, sql)
@@ -90,7 +91,7 @@ async def test_the_worker_warns_once_per_job_that_never_runs(
     evaluator = register_alerts(
         reg, rules=only, router=AlertRouter(db=db), every=timedelta(minutes=1)
     )
-    stuck, sound = await store.enqueue_many(db, [JobSpec("k"), JobSpec("k")])
+    stuck, sound = await enqueueing.enqueue_many(db, [JobSpec("k"), JobSpec("k")])
     await set_run_at(db, stuck.id, UNREADABLE[engine_name][0])
     now = utcnow()
     await cron.sync_schedules(db, reg.schedules, now - timedelta(minutes=2))

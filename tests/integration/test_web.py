@@ -17,12 +17,12 @@ from web_app import SECRET, app, seed
 
 from synckit.runtime.tenants import get_tenant
 from synckit.store import console as console_store
-from synckit.store import jobs as job_store
 from synckit.store import pages
 from synckit.store.db import Database
 from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.dead_letters import reads as dlq_reads
 from synckit.store.dead_letters.rows import DlqFilter
+from synckit.store.jobs import admin, enqueueing
 from synckit.store.resources import get_resource
 from synckit.web import WebConfig, create_app
 from synckit.web.app import CSRF_COOKIE
@@ -137,7 +137,7 @@ async def test_pause_resume_reset_and_sync_now_write_what_the_cli_writes(
         # A tenant needing re-authorisation is refused with the CLI's reason, not a 500.
         post(client, "/tenants/umbrella/resume")
         assert "needs re-authorisation" in client.get("/tenants/umbrella").text
-    cycles = await job_store.list_jobs(db, kind="synckit.poll")
+    cycles = await admin.list_jobs(db, kind="synckit.poll")
     assert [(c.unique_key, c.resource_key) for c in cycles] == [("poll:acme:default", "shop:acme")]
     assert (await get_tenant(db, "umbrella")).status == "needs_reauth"
 
@@ -160,7 +160,7 @@ async def test_jobs_filters_detail_and_bulk_actions(db: Database, migrated_url: 
         post(client, "/jobs/action", action="retry", ids=[ids[0]])
         detail = client.get(f"/jobs/{ids[0]}").text
         assert "Timeline" in detail and "send.invoice" in detail
-    states = {i: await job_store.get_job(db, i) for i in ids}
+    states = {i: await admin.get_job(db, i) for i in ids}
     assert [states[i].status for i in ids] == [
         "pending",
         "cancelled",
@@ -202,7 +202,7 @@ async def test_outbox_lists_by_topic_and_retries(db: Database, migrated_url: str
 
 async def test_pages_are_keyset_pages(db: Database, migrated_url: str) -> None:
     """Each page holds 50 rows and links the next by the last id, never an offset."""
-    await job_store.enqueue_many(db, [job_store.JobSpec("bulk", {"n": i}) for i in range(120)])
+    await enqueueing.enqueue_many(db, [enqueueing.JobSpec("bulk", {"n": i}) for i in range(120)])
     with console(migrated_url) as client:
         seen: list[int] = []
         query = "kind=bulk"
@@ -411,18 +411,18 @@ async def _jobs_in_every_state(db: Database) -> list[Any]:
     from synckit.store.tables import jobs
 
     specs = [
-        job_store.JobSpec(
+        enqueueing.JobSpec(
             ("sync", "send")[i % 2], {"n": i}, resource_key=("a", "b", "c", None)[i % 4]
         )
         for i in range(96)
     ]
-    await job_store.enqueue_many(db, specs)
+    await enqueueing.enqueue_many(db, specs)
     async with db.begin() as conn:
-        for i, status in enumerate(job_store.JOB_STATUSES):
+        for i, status in enumerate(admin.JOB_STATUSES):
             await conn.execute(
                 update(jobs).where(jobs.c.id % 6 == i, jobs.c.id > 12).values(status=status)
             )
-    return await job_store.list_jobs(db, limit=1000)
+    return await admin.list_jobs(db, limit=1000)
 
 
 @pytest.mark.parametrize(
@@ -454,7 +454,7 @@ async def test_a_job_page_by_index_lists_every_match_newest_first(
     seen: list[int] = []
     cursor = None
     for _ in range(50):
-        page = await job_store.job_page(db, job_store.JobFilter(**flt), before_id=cursor, limit=7)
+        page = await admin.job_page(db, admin.JobFilter(**flt), before_id=cursor, limit=7)
         seen += [j.id for j in page.rows]
         if page.next_cursor is None:
             break
@@ -474,12 +474,12 @@ async def test_a_time_filter_reads_a_window_and_says_what_it_searched(
 
     monkeypatch.setattr(pages, "SCAN_WINDOW", 10)
     every = await _jobs_in_every_state(db)
-    flt = job_store.JobFilter(status="dead", created_since=utcnow() - timedelta(hours=1))
+    flt = admin.JobFilter(status="dead", created_since=utcnow() - timedelta(hours=1))
     seen: list[int] = []
     searched: list[tuple[int, int]] = []
     cursor = None
     for _ in range(50):
-        page = await job_store.job_page(db, flt, before_id=cursor, limit=50)
+        page = await admin.job_page(db, flt, before_id=cursor, limit=50)
         seen += [j.id for j in page.rows]
         if page.searched:
             searched.append(page.searched)
@@ -496,7 +496,7 @@ async def test_overview_counts_stop_at_the_cap_and_say_so(
 ) -> None:
     """Below the cap a count is exact; at it, "n+" (on PostgreSQL with the planner's
     estimate once the table is analysed), and never a figure that was not read."""
-    await job_store.enqueue_many(db, [job_store.JobSpec(k, {}) for k in ["x", "y", "z"] * 10])
+    await enqueueing.enqueue_many(db, [enqueueing.JobSpec(k, {}) for k in ["x", "y", "z"] * 10])
     async with db.begin() as conn:
         counts = await console_store.job_counts(conn, cap=12)
         exact = await console_store.job_counts(conn, cap=30)
@@ -642,13 +642,13 @@ async def test_hostile_urls_get_an_answer_never_a_500(db: Database, migrated_url
         nobody = client.get("/jobs", params={"tenant": "nobody"})
         assert nobody.status_code == 400 and "no tenant 'nobody'" in text_of(nobody.text)
         job = seeded["jobs"][0]
-        before = (await job_store.get_job(db, job)).priority
+        before = (await admin.get_job(db, job)).priority
         r = post(client, "/jobs/action", action="priority", priority=str(2**40), ids=[job])
         assert r.status_code == 303
         assert "priority must be a whole number from" in unescape(
             client.get(r.headers["location"]).text
         )
-        assert (await job_store.get_job(db, job)).priority == before
+        assert (await admin.get_job(db, job)).priority == before
 
 
 async def test_stored_terminal_escapes_are_shown_escaped(db: Database, migrated_url: str) -> None:

@@ -26,9 +26,9 @@ from synckit.errors.exceptions import RateLimited
 from synckit.runtime.audit import audit_observer
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as job_store
 from synckit.store.audit import minute_of, read_audit
 from synckit.store.db import Database
+from synckit.store.jobs import admin, enqueueing
 from synckit.store.tables import dead_letters
 from synckit.web import WebConfig, create_app
 from synckit.web.app import CSRF_COOKIE
@@ -192,7 +192,7 @@ async def test_a_paced_attempt_is_counted_in_its_minute_and_drawn_as_paced(
             raise RateLimited("429 from the shop", retry_after=timedelta(minutes=5))
 
     for n in (1, 2):
-        await job_store.enqueue(
+        await enqueueing.enqueue(
             db,
             "sync.orders",
             {"tenant": f"t{n}", "connector": "shop", "n": n},
@@ -259,10 +259,10 @@ async def test_the_job_page_shows_every_error_in_full_and_the_traceback_redacted
         calls.append(1)
         _deep_in_the_client(len(calls))
 
-    made = await job_store.enqueue(db, "sync.orders", {"tenant": "acme"}, max_attempts=2)
+    made = await enqueueing.enqueue(db, "sync.orders", {"tenant": "acme"}, max_attempts=2)
     worker = Worker(db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05)
     await worker.run_until_idle()
-    info = await job_store.get_job(db, made.id)
+    info = await admin.get_job(db, made.id)
     assert info.status == "dead" and len(info.errors) == 2
     assert SECRET not in json.dumps(info.errors)  # stored redacted, not only shown so
 

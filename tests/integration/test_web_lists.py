@@ -65,12 +65,12 @@ def links(html: str) -> dict[str, str]:
 async def test_internal_job_kinds_are_hidden_unless_asked_for(
     db: Database, migrated_url: str
 ) -> None:
-    from synckit.store import jobs as job_store
+    from synckit.store.jobs import enqueueing
 
-    mine = await job_store.enqueue(db, "send.invoice", {"n": 1})
-    tick = await job_store.enqueue(db, "synckit.schedule", {})
-    sweep = await job_store.enqueue(db, "synckit.dlq_replay", {}, resource_key="shop:acme")
-    poll = await job_store.enqueue(db, "synckit.poll", {"tenant": "acme"})
+    mine = await enqueueing.enqueue(db, "send.invoice", {"n": 1})
+    tick = await enqueueing.enqueue(db, "synckit.schedule", {})
+    sweep = await enqueueing.enqueue(db, "synckit.dlq_replay", {}, resource_key="shop:acme")
+    poll = await enqueueing.enqueue(db, "synckit.poll", {"tenant": "acme"})
     with console(migrated_url) as client:
         shown = client.get("/jobs").text
         assert set(job_ids(shown)) == {mine.id, poll.id}
@@ -94,9 +94,9 @@ async def test_internal_job_kinds_are_hidden_unless_asked_for(
 async def test_pages_carry_their_total_and_lead_back_as_they_led_forward(
     db: Database, migrated_url: str
 ) -> None:
-    from synckit.store import jobs as job_store
+    from synckit.store.jobs import enqueueing
 
-    made = [(await job_store.enqueue(db, "send.invoice", {"n": i})).id for i in range(120)]
+    made = [(await enqueueing.enqueue(db, "send.invoice", {"n": i})).id for i in range(120)]
     newest_first = sorted(made, reverse=True)
     with console(migrated_url) as client:
         first = client.get("/jobs?kind=send.invoice").text
@@ -134,7 +134,7 @@ async def test_attempt_counts_are_the_workers(db: Database, migrated_url: str) -
     from synckit.errors.exceptions import RateLimited
     from synckit.runtime.handlers import JobContext, Registry
     from synckit.runtime.worker import Worker
-    from synckit.store import jobs as job_store
+    from synckit.store.jobs import admin, enqueueing
 
     reg = Registry()
     runs: list[int] = []
@@ -146,10 +146,10 @@ async def test_attempt_counts_are_the_workers(db: Database, migrated_url: str) -
             raise RateLimited("429 slow down")
         raise RuntimeError(f"boom {len(runs)}")
 
-    made = await job_store.enqueue(db, "flaky.sync", {"n": 1}, max_attempts=10)
+    made = await enqueueing.enqueue(db, "flaky.sync", {"n": 1}, max_attempts=10)
     worker = Worker(db, reg, retry_policy=RetryPolicy.deterministic(), poll_interval=0.05)
     await worker.run_until_idle()
-    info = await job_store.get_job(db, made.id)
+    info = await admin.get_job(db, made.id)
     assert (info.status, info.attempts, info.max_attempts, len(runs)) == ("dead", 3, 3, 4)
     assert [(e["run"], e["attempt"], e["counted"]) for e in info.errors] == [
         (1, 0, False),

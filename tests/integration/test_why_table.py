@@ -19,9 +19,9 @@ from synckit.runtime.poll import POLL_KIND
 from synckit.runtime.scheduler import poll_job_spec
 from synckit.runtime.tenants import get_tenant, pause_tenant
 from synckit.store import console
-from synckit.store import jobs as job_store
 from synckit.store.connections import mark_needs_reauth
 from synckit.store.db import Database
+from synckit.store.jobs import admin, claiming, enqueueing, outcomes
 from synckit.store.resources import configure_resource, get_resource
 from synckit.store.tables import resources
 from synckit.web.app import cycle_facts
@@ -33,7 +33,7 @@ Setup = Callable[[Database], Awaitable[None]]
 
 async def cycle(db: Database, *, run_at: Any = None) -> int:
     spec = poll_job_spec("acme", "shop", "default", KEY)
-    made = await job_store.enqueue(
+    made = await enqueueing.enqueue(
         db, spec.kind, spec.payload, resource_key=KEY, unique_key=spec.unique_key, run_at=run_at
     )
     return made.id
@@ -80,17 +80,17 @@ async def paced(db: Database) -> None:
 
 async def in_flight(db: Database) -> None:
     await configure_resource(db, KEY, max_in_flight=1)
-    await job_store.enqueue(db, "send.invoice", {"n": 1}, resource_key=KEY)
-    [running] = await job_store.claim(db, "other-worker", 1)
+    await enqueueing.enqueue(db, "send.invoice", {"n": 1}, resource_key=KEY)
+    [running] = await claiming.claim(db, "other-worker", 1)
     assert running.resource_key == KEY
     await cycle(db)
 
 
 async def failed_cycle(db: Database, *, retry_at: Any) -> None:
     await cycle(db)
-    [claimed] = await job_store.claim(db, "w0", 1)
+    [claimed] = await claiming.claim(db, "w0", 1)
     async with db.begin() as conn:
-        await job_store.fail(
+        await outcomes.fail(
             conn,
             claimed,
             now=utcnow(),
@@ -139,8 +139,8 @@ async def explain(db: Database, workers_alive: int | None) -> list[Why]:
     t = await get_tenant(db, "acme", reveal=False)
     row = await console.tenant_row(db, "acme")
     assert row is not None
-    cycles = await job_store.poll_jobs(db, KEY, "acme", kind=POLL_KIND)
-    running = (await job_store.running_counts(db, [KEY])).get(KEY, 0)
+    cycles = await admin.poll_jobs(db, KEY, "acme", kind=POLL_KIND)
+    running = (await admin.running_counts(db, [KEY])).get(KEY, 0)
     return tenant_why(
         status=t.status,
         status_reason=t.status_reason,
@@ -170,7 +170,7 @@ async def test_why_says_what_holds_the_tenant_and_agrees_with_the_claim(
     assert [w.kind for w in why] == kinds, why
     assert not why or words in why[0].text, why
     blocked = any(w.blocks for w in why)
-    taken = [j for j in await job_store.claim(db, "w1", 10) if j.resource_key == KEY]
+    taken = [j for j in await claiming.claim(db, "w1", 10) if j.resource_key == KEY]
     assert (not taken) is blocked, (why, taken)
     if taken:
         assert taken[0].kind == POLL_KIND

@@ -10,8 +10,8 @@ from synckit.runtime import outbox
 from synckit.runtime.handlers import JobContext, Registry
 from synckit.runtime.outbox import CallbackPublisher
 from synckit.runtime.worker import Worker
-from synckit.store import jobs as store
 from synckit.store.db import Database
+from synckit.store.jobs import admin, enqueueing
 
 
 async def test_worker_relays_messages_of_succeeded_jobs_only(db: Database) -> None:
@@ -29,8 +29,8 @@ async def test_worker_relays_messages_of_succeeded_jobs_only(db: Database) -> No
     async def record(message: Any) -> None:
         published.append(message)
 
-    await store.enqueue(db, "invoice.send", {"n": 1})
-    await store.enqueue(db, "invoice.send", {"n": 2, "fail": True}, max_attempts=1)
+    await enqueueing.enqueue(db, "invoice.send", {"n": 1})
+    await enqueueing.enqueue(db, "invoice.send", {"n": 2, "fail": True}, max_attempts=1)
     worker = Worker(db, reg, poll_interval=0.05, outbox_publisher=CallbackPublisher(record))
     running = asyncio.create_task(worker.run())
     try:
@@ -40,7 +40,7 @@ async def test_worker_relays_messages_of_succeeded_jobs_only(db: Database) -> No
             # sends it again, which the outbox allows: at least once).
             if (
                 published
-                and (await store.count_by_status(db)).get("pending", 0) == 0
+                and (await admin.count_by_status(db)).get("pending", 0) == 0
                 and await outbox.pending_count(db) == 0
             ):
                 break

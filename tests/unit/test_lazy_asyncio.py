@@ -27,7 +27,8 @@ def test_the_store_runs_a_statement_without_loading_the_orm(tmp_path: Path) -> N
     out = _run(
         f"""
         import asyncio, sys
-        from synckit.store import jobs, outbox  # noqa: F401
+        from synckit.store import outbox  # noqa: F401
+        from synckit.store.jobs import admin, claiming, enqueueing, leasing, outcomes  # noqa: F401
         from synckit.store.db import open_database
 
         async def main():
@@ -48,7 +49,8 @@ def test_asking_for_the_orm_gives_sqlalchemys_own_package() -> None:
     out = _run(
         """
         import sys
-        import synckit.store.jobs  # noqa: F401
+        import synckit.store.jobs.claiming, synckit.store.jobs.enqueueing  # noqa: F401
+        import synckit.store.jobs.leasing, synckit.store.jobs.outcomes  # noqa: F401
         from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
         import sqlalchemy.ext.asyncio as package
         from sqlalchemy.ext.asyncio import engine, session
@@ -69,7 +71,8 @@ def test_a_package_loaded_first_is_left_alone() -> None:
         """
         import sys
         import sqlalchemy.ext.asyncio as first
-        import synckit.store.jobs  # noqa: F401
+        import synckit.store.jobs.claiming, synckit.store.jobs.enqueueing  # noqa: F401
+        import synckit.store.jobs.leasing, synckit.store.jobs.outcomes  # noqa: F401
         from synckit.store import lazy_asyncio
         print(sys.modules["sqlalchemy.ext.asyncio"] is first, hasattr(first, "AsyncSession"))
         print(any(type(f).__module__ == lazy_asyncio.__name__ for f in sys.meta_path))

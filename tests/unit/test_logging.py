@@ -24,7 +24,7 @@ from synckit.runtime.logging import (
     redact_text,
     shared_processors,
 )
-from synckit.store.jobs import ClaimedJob
+from synckit.store.jobs._base import ClaimedJob
 
 SECRETS = ("AT-s3cr3t-1", "RT-s3cr3t-2", "CS-s3cr3t-3", "PW-s3cr3t-4", "KEY-s3cr3t-5")
 

@@ -10,8 +10,8 @@ store/resources.py); what matters is where the statement is written. Migrations 
 out: they are the schema's history, not its writers.
 
 A table family too large for one module is a package under ``synckit/store/`` (such as
-``store/dead_letters/``): the writer is then the package, any module inside it, and the
-doc names the package (``synckit/store/dead_letters/``).
+``store/dead_letters/`` or ``store/jobs/``): the writer is then the package, any module
+inside it, and the doc names the package (``synckit/store/dead_letters/``).
 """
 
 from __future__ import annotations
@@ -148,6 +148,7 @@ def test_a_module_of_a_store_package_writes_for_its_package() -> None:
     module as itself."""
     store = PACKAGE / "store"
     assert owner_of(store / "dead_letters" / "capture.py") == "synckit/store/dead_letters/"
+    assert owner_of(store / "jobs" / "claiming.py") == "synckit/store/jobs/"
     assert owner_of(store / "outbox.py") == "synckit/store/outbox.py"
     assert owner_of(PACKAGE / "runtime" / "poll.py") == "synckit/runtime/poll.py"
 

@@ -20,7 +20,7 @@ from synckit.errors.classify import ErrorClass
 from synckit.errors.gate import gate
 from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker
-from synckit.store.jobs import ClaimedJob
+from synckit.store.jobs._base import ClaimedJob
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 POLICY = BreakerPolicy(failure_threshold=2, global_min_tenants=2, global_ratio=0.5)

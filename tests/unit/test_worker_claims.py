@@ -3,7 +3,7 @@
 ``Worker._claim_loop`` decides how many jobs to ask for and when (free handler slots, a
 batch claimed ahead for short jobs, a few slots gathered before claiming again), how many
 of them the claim may start (charge their attempt at once), and what to do when a claim
-fails. ``Worker.claims`` (the :class:`~synckit.store.jobs.ClaimStore` operation) is where
+fails. ``Worker.claims`` (the :class:`~synckit.store.jobs.claiming.ClaimStore` operation) is where
 it asks. Here a fake hands out jobs from a list and keeps every request, so those
 decisions are pinned without a database; which jobs a claim returns (lanes, fairness,
 caps, breakers) is SQL, tested on both engines in tests/integration/test_queue.py,
@@ -21,7 +21,7 @@ from typing import Any
 from synckit.errors.exceptions import DatabaseUnavailable
 from synckit.runtime.handlers import Registry
 from synckit.runtime.worker import Worker
-from synckit.store.jobs import ClaimedJob
+from synckit.store.jobs._base import ClaimedJob
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -2,7 +2,7 @@
 
 ``Worker._record_other`` decides what a failure, a rate limit, a snooze, a cancel or a
 discard writes (retry when, dead or not, attempt charged or not, what text is stored);
-``Worker.outcomes`` (the :class:`~synckit.store.jobs.OutcomeStore` operations) is where it
+``Worker.outcomes`` (the :class:`~synckit.store.jobs.outcomes.OutcomeStore` operations) is where it
 writes. Here a fake keeps each call, so the decisions are pinned without a database. The
 same paths run on both engines in tests/integration/test_recording.py, test_queue.py and
 test_poll.py.
@@ -17,9 +17,8 @@ from typing import Any
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError
 from synckit.runtime.handlers import Registry
-from synckit.runtime.recorder import _Outcome
-from synckit.runtime.worker import Worker
-from synckit.store.jobs import ClaimedJob
+from synckit.runtime.worker import Worker, _Outcome
+from synckit.store.jobs._base import ClaimedJob
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

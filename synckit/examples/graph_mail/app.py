@@ -21,7 +21,7 @@ from synckit.runtime.handlers import JobContext
 from synckit.runtime.oauth import reauth
 from synckit.runtime.secrets import TokenSet
 from synckit.store.db import Database
-from synckit.store.jobs import Enqueued, enqueue
+from synckit.store.jobs.enqueueing import Enqueued, enqueue
 
 __all__ = ["SEND_KIND", "SendMailJob", "app", "connect_tenant", "enqueue_send", "make_app"]
 
