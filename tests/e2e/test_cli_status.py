@@ -20,7 +20,8 @@ from inprocess import run_cli  # tests/
 from sqlalchemy import insert, update
 from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
-from synckit.runtime.alerts import AlertRouter, dlq_review_alert
+from synckit.runtime.alert_delivery import AlertRouter
+from synckit.runtime.alert_rules import dlq_review_alert
 from synckit.store.audit import read_audit
 from synckit.store.db import open_database
 from synckit.store.jobs import enqueueing
