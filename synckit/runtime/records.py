@@ -167,6 +167,59 @@ def _refusal(decl: Records, exc: ValidationError) -> PermanentError:
     )
 
 
+def _child_rows(decl: Records, data: Any, conv: dict[str, _Shape]) -> list[list[Any]]:
+    """The rows of each child table of one mapped record (raises the refusal of a child
+    the model refuses)."""
+    kids: list[list[Any]] = []
+    for child in decl.children:
+        assert child.rows is not None
+        crows: list[Any] = []
+        cconv = conv[child.table]
+        for c in child.rows(data) or ():
+            try:
+                cobj = child.model.model_validate(c)
+            except ValidationError as exc:
+                raise _refusal(child, exc) from None
+            crows.append(_row(cobj, child.spec, cconv))
+        kids.append(crows)
+    return kids
+
+
+def _batches(
+    decl: Records,
+    upserts: dict[tuple[Any, ...], tuple[int, tuple[Any, ...], list[list[Any]]]],
+    deletes: dict[tuple[Any, ...], int],
+) -> tuple[_Batch, list[_Batch]]:
+    """The parent table's batch and each child table's, from the page's kept upserts and
+    deletes."""
+    parent = _Batch(decl.spec)
+    children = [_Batch(c.spec) for c in decl.children]
+    for key, (i, values, kids) in upserts.items():
+        parent.rows.append(values)
+        parent.keys.append(key)
+        parent.owners.append(i)
+        if not children:
+            continue
+        pkey = key_text(key)
+        for batch, crows in zip(children, kids, strict=True):
+            batch.replaced.append(pkey)
+            seen: dict[tuple[Any, ...], int] = {}
+            for ckey, cvalues in crows:
+                if ckey in seen:  # one child twice: the last wins
+                    batch.rows[seen[ckey]] = cvalues
+                    continue
+                seen[ckey] = len(batch.rows)
+                batch.rows.append(cvalues)
+                batch.keys.append(ckey)
+                batch.owners.append(i)
+                batch.parents.append(pkey)
+    for key in deletes:
+        parent.deletes.append(key)
+        for batch in children:
+            batch.replaced.append(key_text(key))
+    return parent, children
+
+
 def prepare(
     decl: Records,
     tenant: str,
@@ -217,18 +270,7 @@ def prepare(
             except ValidationError as exc:
                 raise _refusal(decl, exc) from None
             key, values = _row(obj, spec, pconv)
-            kids: list[list[Any]] = []
-            for child in decl.children:
-                assert child.rows is not None
-                crows: list[Any] = []
-                cconv = conv[child.table]
-                for c in child.rows(data) or ():
-                    try:
-                        cobj = child.model.model_validate(c)
-                    except ValidationError as exc:
-                        raise _refusal(child, exc) from None
-                    crows.append(_row(cobj, child.spec, cconv))
-                kids.append(crows)
+            kids = _child_rows(decl, data, conv)
         except Exception as exc:
             failures.append(failure_of(raw, exc))
             failed.append(i)
@@ -242,31 +284,7 @@ def prepare(
         deletes.pop(key, None)
         upserts.pop(key, None)  # re-inserted last: the row keeps the last record's place
         upserts[key] = (i, values, kids)
-    parent = _Batch(spec)
-    children = [_Batch(c.spec) for c in decl.children]
-    for key, (i, values, kids) in upserts.items():
-        parent.rows.append(values)
-        parent.keys.append(key)
-        parent.owners.append(i)
-        if not children:
-            continue
-        pkey = key_text(key)
-        for batch, crows in zip(children, kids, strict=True):
-            batch.replaced.append(pkey)
-            seen: dict[tuple[Any, ...], int] = {}
-            for ckey, cvalues in crows:
-                if ckey in seen:  # one child twice: the last wins
-                    batch.rows[seen[ckey]] = cvalues
-                    continue
-                seen[ckey] = len(batch.rows)
-                batch.rows.append(cvalues)
-                batch.keys.append(ckey)
-                batch.owners.append(i)
-                batch.parents.append(pkey)
-    for key in deletes:
-        parent.deletes.append(key)
-        for batch in children:
-            batch.replaced.append(key_text(key))
+    parent, children = _batches(decl, upserts, deletes)
     landing = Landing(
         tenant=tenant,
         stream=stream,
