@@ -486,6 +486,56 @@ class _LeaseLost(Exception):
     """Another worker holds some of the batch's events now: nothing of it lands here."""
 
 
+async def _event_records(
+    ctx: Any,
+    events: Sequence[Any],
+    raws: list[Any],
+    owner: list[int],
+    errors: dict[int, Exception],
+) -> None:
+    """Each event's records (the connector's ``webhook_records``, else the body) into
+    ``raws``, the index of its event into ``owner``; an event that fails into ``errors``."""
+    hook = getattr(ctx.connector, "webhook_records", None)
+    for i, e in enumerate(events):
+        try:
+            got = list(await hook(ctx, e)) if hook is not None else [e.json()]
+        except Exception as exc:  # connector code or a body that is no JSON
+            errors[i] = exc
+            continue
+        raws.extend(got)
+        owner.extend([i] * len(got))
+
+
+def _failures(
+    connector: Any,
+    connector_name: str,
+    tenant: str,
+    kind: str,
+    events: Sequence[Any],
+    bad: Mapping[int, Exception],
+    now: Any,
+) -> list[dlq_store.Failure]:
+    """One dead letter for each failed event."""
+    out = []
+    for i, exc in sorted(bad.items()):
+        e = events[i]
+        f = record_failure(connector, f"event:{e.event_id}", e.event_id, exc, now)
+        out.append(
+            dlq_store.Failure(
+                tenant=tenant,
+                connector=connector_name,
+                kind=kind,
+                record_id=f.record_id,
+                payload={"event": e.id, "event_id": e.event_id},
+                error_class=f.error_class,
+                message=f.message,
+                traceback=f.traceback,
+                source="webhook",
+            )
+        )
+    return out
+
+
 async def _land(
     db: Database,
     app: App,
@@ -511,15 +561,7 @@ async def _land(
     errors: dict[int, Exception] = {}
     async with app.context(db, tenant, stream=stream_name, log=log) as ctx:
         connector = ctx.connector
-        hook = getattr(connector, "webhook_records", None)
-        for i, e in enumerate(events):
-            try:
-                got = list(await hook(ctx, e)) if hook is not None else [e.json()]
-            except Exception as exc:  # connector code or a body that is no JSON
-                errors[i] = exc
-                continue
-            raws.extend(got)
-            owner.extend([i] * len(got))
+        await _event_records(ctx, events, raws, owner, errors)
         index = {id(r): i for i, r in enumerate(raws)}
 
         def failure_of(raw: Any, exc: Exception) -> tuple[int, Exception]:
@@ -530,26 +572,6 @@ async def _land(
             errors.setdefault(i, why)
         now = app.clock()
         kind = dead_letter_kind(cls.name)
-
-        def failures(bad: Mapping[int, Exception]) -> list[dlq_store.Failure]:
-            out = []
-            for i, exc in sorted(bad.items()):
-                e = events[i]
-                f = record_failure(connector, f"event:{e.event_id}", e.event_id, exc, now)
-                out.append(
-                    dlq_store.Failure(
-                        tenant=tenant,
-                        connector=cls.name,
-                        kind=kind,
-                        record_id=f.record_id,
-                        payload={"event": e.id, "event_id": e.event_id},
-                        error_class=f.error_class,
-                        message=f.message,
-                        traceback=f.traceback,
-                        source="webhook",
-                    )
-                )
-            return out
 
         def tx(conn: SyncConn) -> int:
             bad = dict(errors)
@@ -564,7 +586,9 @@ async def _land(
             ) != len(failed_ids):
                 raise _LeaseLost
             if bad:
-                dlq_store.capture_many(conn, failures(bad), now=now)
+                dlq_store.capture_many(
+                    conn, _failures(connector, cls.name, tenant, kind, events, bad, now), now=now
+                )
             if ok:
                 dlq_store.resolve_records(
                     conn,
