@@ -161,6 +161,36 @@ def _message(exc: BaseException) -> str:
     return redact_text(f"{type(exc).__name__}: {exc}")[:2000]
 
 
+async def _request(
+    db: Database,
+    base: str | None,
+    connector: str,
+    tenant: str,
+    stream: str,
+    decl: Webhooks,
+    policy: Any,
+    now: Any,
+) -> tuple[Any, SubscriptionRequest]:
+    """The tenant and the subscription to ask the provider for (raises
+    :class:`ConfigurationError` without a webhook URL or the tenant's clientState)."""
+    if base is None:
+        raise ConfigurationError(f"no webhook URL: set App(webhook_url=...) or ${URL_ENV}")
+    t = await get_tenant(db, tenant)
+    secret = t.config.get(decl.verify.secret_field)
+    if not isinstance(secret, str) or not secret:
+        raise ConfigurationError(
+            f"tenant's config has no {decl.verify.secret_field!r} (the clientState)"
+        )
+    request = SubscriptionRequest(
+        tenant=tenant,
+        stream=stream,
+        notification_url=notification_url(base, connector, tenant, decl),
+        client_state=secret,
+        expires_at=now + policy.lifetime,
+    )
+    return t, request
+
+
 async def maintain_subscription(
     db: Database, app: App, tenant: str, stream: str, *, log: Any = None
 ) -> str:
@@ -184,21 +214,7 @@ async def maintain_subscription(
     base = webhook_base_url(app)
     forgotten = False
     try:
-        if base is None:
-            raise ConfigurationError(f"no webhook URL: set App(webhook_url=...) or ${URL_ENV}")
-        t = await get_tenant(db, tenant)
-        secret = t.config.get(decl.verify.secret_field)
-        if not isinstance(secret, str) or not secret:
-            raise ConfigurationError(
-                f"tenant's config has no {decl.verify.secret_field!r} (the clientState)"
-            )
-        request = SubscriptionRequest(
-            tenant=tenant,
-            stream=stream,
-            notification_url=notification_url(base, row.connector, tenant, decl),
-            client_state=secret,
-            expires_at=now + policy.lifetime,
-        )
+        t, request = await _request(db, base, row.connector, tenant, stream, decl, policy, now)
         async with app.context(db, t, stream=stream, log=log) as ctx:
             hooks: Any = ctx.connector
             did = "created"
