@@ -458,6 +458,14 @@ def _status_line(response: httpx.Response) -> str:
     return f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
 
 
+def _said(response: httpx.Response, description: str | None) -> str:
+    """``": <description>"`` for a reason, or "" when the body said nothing new."""
+    # "HTTP 404 Not Found: Not Found" says nothing twice.
+    if not description or description.lower() == response.reason_phrase.lower():
+        return ""
+    return f": {description}"
+
+
 def _from_response(
     response: httpx.Response,
     exc: BaseException | None,
@@ -470,9 +478,7 @@ def _from_response(
     status = response.status_code
     status_line = _status_line(response)
     described = _description(response, describe) if status >= 400 else None
-    # "HTTP 404 Not Found: Not Found" says nothing twice.
-    repeats = described is not None and described[0].lower() == response.reason_phrase.lower()
-    said = f": {described[0]}" if described and described[0] and not repeats else ""
+    said = _said(response, described[0] if described is not None else None)
     told = server_wait_signal(response.headers, now)
     wait, wait_source = told if told is not None else (None, None)
     quota = parse_rate_limit(response.headers, now)

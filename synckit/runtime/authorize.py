@@ -189,6 +189,23 @@ async def _claim_state(
     raise AuthorizationRefused(f"callback for tenant {tenant!r} refused: {why}")
 
 
+def _granted_code(tenant: str, params: dict[str, str]) -> str:
+    """The authorization code in a callback, or :class:`AuthorizationRefused` if it has none."""
+    if "error" in params:
+        error = params["error"][:100]
+        raise AuthorizationRefused(
+            f"the provider did not authorise tenant {tenant!r}: {error}"
+            + (
+                f" ({params['error_description'][:200]})" if params.get("error_description") else ""
+            ),
+            final=True,
+        )
+    code = params.get("code")
+    if not code:
+        raise AuthorizationRefused(f"callback for tenant {tenant!r} refused: it has no code")
+    return code
+
+
 async def complete_authorization(
     db: Database,
     tenant: str,
@@ -214,18 +231,7 @@ async def complete_authorization(
     if not state:
         raise AuthorizationRefused(f"callback for tenant {tenant!r} refused: it has no state")
     pending = await _claim_state(db, tenant, state, now, cipher)
-    if "error" in params:
-        error = params["error"][:100]
-        raise AuthorizationRefused(
-            f"the provider did not authorise tenant {tenant!r}: {error}"
-            + (
-                f" ({params['error_description'][:200]})" if params.get("error_description") else ""
-            ),
-            final=True,
-        )
-    code = params.get("code")
-    if not code:
-        raise AuthorizationRefused(f"callback for tenant {tenant!r} refused: it has no code")
+    code = _granted_code(tenant, params)
     answered: list[httpx.Response] = []
 
     def keep(response: httpx.Response) -> httpx.Response:

@@ -402,6 +402,68 @@ def take_first_slots_sync(
     return found
 
 
+def _adaptive_rate(
+    tokens_at: datetime | None,
+    quota: Quota | None,
+    declared_rate: float | None,
+    burst: int,
+    in_flight: int,
+    now: datetime,
+) -> float | None:
+    """The rate that spreads a reported quota's remaining requests until its reset, or None."""
+    if quota is None:
+        return None
+    adaptive = quota_rate(quota.remaining, quota.reset_at, now, in_flight=in_flight)
+    if (
+        adaptive
+        and declared_rate is not None
+        and adaptive < declared_rate
+        and quota.remaining is not None
+        and quota.reset_at is not None
+        and slots_before(tokens_at, now, quota.reset_at, rate=declared_rate, burst=burst)
+        <= quota.remaining - max(in_flight, 0)
+    ):
+        # The declared rate cannot spend more than the quota has left before its
+        # reset: spreading what is left until then would only send slower than
+        # allowed (an API counting 10 a second then got 9 in one second of six).
+        return None
+    return adaptive
+
+
+def _spent(
+    tokens_at: datetime | None,
+    view: PaceView,
+    values: dict[str, Any],
+    *,
+    declared_rate: float | None,
+    burst: int,
+    now: datetime,
+    max_wait: float,
+    ahead: bool,
+) -> SlotResult:
+    """The slot when the quota is spent until its reset (rate 0)."""
+    quota = view.quota
+    assert quota is not None and quota.reset_at is not None
+    result = SlotResult((quota.reset_at - now).total_seconds(), "quota", False, view)
+    if ahead and declared_rate is not None:
+        # Spent until its reset: the declared rate's slots from the reset on are
+        # this process's, reserved now rather than asked for again at the reset
+        # (where every tenant of an API counting a quota per second asked at once).
+        # The first goes at the reset itself, never a burst before it.
+        start = _later(tokens_at, quota.reset_at)
+        waits, tat = reserve_slots(
+            start, now, rate=declared_rate, burst=1, max_wait=max_wait,
+            horizon=DECLARED_HORIZON,
+        )  # fmt: skip
+        if tat is not None:
+            values["tokens_at"] = tat
+            opens = schedule_opens_at(tat, rate=declared_rate, burst=burst)
+            result = SlotResult(
+                waits[0], "quota", True, view, tuple(waits[1:]), 1 / declared_rate, opens
+            )
+    return result
+
+
 def _slot(
     tokens_at: datetime | None,
     view: PaceView,
@@ -425,45 +487,16 @@ def _slot(
     if available is not None and available > now:
         result = SlotResult((available - now).total_seconds(), "paced", False, view)
     else:
-        adaptive = None
-        if quota is not None:
-            adaptive = quota_rate(quota.remaining, quota.reset_at, now, in_flight=in_flight)
-            if (
-                adaptive
-                and declared_rate is not None
-                and adaptive < declared_rate
-                and quota.remaining is not None
-                and quota.reset_at is not None
-                and slots_before(tokens_at, now, quota.reset_at, rate=declared_rate, burst=burst)
-                <= quota.remaining - max(in_flight, 0)
-            ):
-                # The declared rate cannot spend more than the quota has left before its
-                # reset: spreading what is left until then would only send slower than
-                # allowed (an API counting 10 a second then got 9 in one second of six).
-                adaptive = None
+        adaptive = _adaptive_rate(tokens_at, quota, declared_rate, burst, in_flight, now)
         rates = [r for r in (declared_rate, adaptive, learned) if r is not None]
         rate = min(rates) if rates else None
         if rate is None:
             result = SlotResult(0.0, "", False, view)
         elif rate <= 0:
-            assert quota is not None and quota.reset_at is not None
-            result = SlotResult((quota.reset_at - now).total_seconds(), "quota", False, view)
-            if ahead and declared_rate is not None:
-                # Spent until its reset: the declared rate's slots from the reset on are
-                # this process's, reserved now rather than asked for again at the reset
-                # (where every tenant of an API counting a quota per second asked at once).
-                # The first goes at the reset itself, never a burst before it.
-                start = _later(tokens_at, quota.reset_at)
-                waits, tat = reserve_slots(
-                    start, now, rate=declared_rate, burst=1, max_wait=max_wait,
-                    horizon=DECLARED_HORIZON,
-                )  # fmt: skip
-                if tat is not None:
-                    values["tokens_at"] = tat
-                    opens = schedule_opens_at(tat, rate=declared_rate, burst=burst)
-                    result = SlotResult(
-                        waits[0], "quota", True, view, tuple(waits[1:]), 1 / declared_rate, opens
-                    )
+            result = _spent(
+                tokens_at, view, values, declared_rate=declared_rate, burst=burst, now=now,
+                max_wait=max_wait, ahead=ahead,
+            )  # fmt: skip
         else:
             # A declared burst is the connector's; an adaptive rate sends one at a time.
             # Reserved ahead, a declared or learnt rate's slots reach DECLARED_HORIZON (a

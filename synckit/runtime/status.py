@@ -164,6 +164,33 @@ STUCK_SHOWN = 10
 SUBSCRIPTIONS_SHOWN = 50
 
 
+async def _subscriptions(
+    conn: Conn,
+) -> tuple[dict[str, int], list[SubscriptionStatus]]:
+    """Subscriptions by state, and the first lapsed or failed ones (secrets redacted)."""
+    by_state = await conn.run_sync(subscription_store.state_counts)
+    if not (by_state.get("lapsed") or by_state.get("failed")):
+        return by_state, []
+    down = await conn.run_sync(
+        lambda c: subscription_store.list_subscriptions(
+            c, states=("lapsed", "failed"), limit=SUBSCRIPTIONS_SHOWN
+        )
+    )
+    return by_state, [
+        SubscriptionStatus(
+            tenant=r.tenant,
+            connector=r.connector,
+            stream=r.stream,
+            state=r.state,
+            failures=r.failures,
+            expires_at=r.expires_at,
+            next_at=r.next_at,
+            last_error=redact_text(r.last_error) if r.last_error else None,
+        )
+        for r in down
+    ]
+
+
 async def read_status(
     db: Database,
     *,
@@ -215,16 +242,7 @@ async def read_status(
         recent = await recent_alerts(conn, since=now - alerts_since)
         stuck_count = await count_unreadable_run_at(conn)
         stuck = await unreadable_run_at(conn, limit=STUCK_SHOWN) if stuck_count else []
-        by_sub_state = await conn.run_sync(subscription_store.state_counts)
-        down = (
-            await conn.run_sync(
-                lambda c: subscription_store.list_subscriptions(
-                    c, states=("lapsed", "failed"), limit=SUBSCRIPTIONS_SHOWN
-                )
-            )
-            if by_sub_state.get("lapsed") or by_sub_state.get("failed")
-            else []
-        )
+        by_sub_state, down = await _subscriptions(conn)
     tenants = _tenants(states, breakers, totals, by_dlq, budget, now, only_known=limit is not None)
     return Status(
         database=db.display_url,
@@ -244,19 +262,7 @@ async def read_status(
         unreadable_jobs=stuck_count,
         stuck_jobs=stuck,
         subscriptions_by_state=by_sub_state,
-        subscriptions_down=[
-            SubscriptionStatus(
-                tenant=r.tenant,
-                connector=r.connector,
-                stream=r.stream,
-                state=r.state,
-                failures=r.failures,
-                expires_at=r.expires_at,
-                next_at=r.next_at,
-                last_error=redact_text(r.last_error) if r.last_error else None,
-            )
-            for r in down
-        ],
+        subscriptions_down=down,
     )
 
 
