@@ -168,40 +168,42 @@ async def load_connections(
         )
     last_checkpoint = {(t, c): at for t, c, at in await conn.execute(checkpoint_stmt)}
     last_poll = {key: at for key, at in await conn.execute(poll_stmt)}
-    out: list[ConnectionState] = []
-    for r in rows:
-        bad: list[tuple[str, str]] = []
+    return [_connection_state(r, last_checkpoint, last_poll) for r in rows]
+
+
+def _connection_state(
+    r: Any, last_checkpoint: dict[Any, Any], last_poll: dict[Any, Any]
+) -> ConnectionState:
+    """One connection row as read, its unreadable stored times named, not fatal."""
+    bad: list[tuple[str, str]] = []
+    try:
+        created = read_moment(r.created_at)
+    except ValueError as exc:
+        created = None
+        bad.append(("created_at", str(exc)))
+    seen: list[datetime] = []
+    unread: list[str] = []
+    for stored in (last_checkpoint.get((r.tenant, r.connector)), last_poll.get(r.resource_key)):
         try:
-            created = read_moment(r.created_at)
+            moment = read_moment(stored)
         except ValueError as exc:
-            created = None
-            bad.append(("created_at", str(exc)))
-        seen: list[datetime] = []
-        unread: list[str] = []
-        for stored in (last_checkpoint.get((r.tenant, r.connector)), last_poll.get(r.resource_key)):
-            try:
-                moment = read_moment(stored)
-            except ValueError as exc:
-                unread.append(str(exc))
-                continue
-            if moment is not None:
-                seen.append(moment)
-        if unread:
-            bad.append(("last_success_at", unread[0]))
-        out.append(
-            ConnectionState(
-                tenant=r.tenant,
-                connector=r.connector,
-                status=r.status,
-                schedule=r.schedule,
-                created_at=created,
-                last_success_at=max(seen) if seen else None,
-                status_reason=r.status_reason,
-                resource_key=r.resource_key,
-                unreadable=tuple(bad),
-            )
-        )
-    return out
+            unread.append(str(exc))
+            continue
+        if moment is not None:
+            seen.append(moment)
+    if unread:
+        bad.append(("last_success_at", unread[0]))
+    return ConnectionState(
+        tenant=r.tenant,
+        connector=r.connector,
+        status=r.status,
+        schedule=r.schedule,
+        created_at=created,
+        last_success_at=max(seen) if seen else None,
+        status_reason=r.status_reason,
+        resource_key=r.resource_key,
+        unreadable=tuple(bad),
+    )
 
 
 async def dlq_growth(conn: AsyncConnection, *, now: datetime, window: timedelta) -> list[DlqGrowth]:
@@ -392,21 +394,8 @@ async def claim_deliveries(
             .returning(c.id, c.dedupe_key)
         )
         out.new.extend((int(rid), str(key)) for rid, key in sorted(inserted.all()))
+    await _give_up_overdue(conn, now=now, give_up_after=give_up_after)
     unfinished = c.finished_at.is_(None)
-    # A row another evaluator holds is given up at the next evaluation.
-    overdue = (
-        select(c.id)
-        .where(unfinished, c.recorded_at < now - give_up_after)
-        .with_for_update(skip_locked=True)
-    )
-    stale = await conn.execute(
-        update(alerts_table)
-        .where(c.id.in_(overdue.scalar_subquery()))
-        .values(finished_at=now, **RELEASED)
-        .returning(c.dedupe_key, c.last_error)
-    )
-    for key, error in stale:
-        log.error("alert.delivery_given_up", record=key, error=error)
     # The alerts inserted above are leased until now + lease: not taken again here.
     due = (
         select(c.id)
@@ -432,6 +421,28 @@ async def claim_deliveries(
             continue
         out.owed.append(StoredAlert(int(row.id), alert, done))
     return out
+
+
+async def _give_up_overdue(
+    conn: AsyncConnection, *, now: datetime, give_up_after: timedelta
+) -> None:
+    """Finish the alerts owed longer than ``give_up_after``, each logged
+    ``alert.delivery_given_up``; a row another evaluator holds is given up at the next
+    evaluation."""
+    c = alerts_table.c
+    overdue = (
+        select(c.id)
+        .where(c.finished_at.is_(None), c.recorded_at < now - give_up_after)
+        .with_for_update(skip_locked=True)
+    )
+    stale = await conn.execute(
+        update(alerts_table)
+        .where(c.id.in_(overdue.scalar_subquery()))
+        .values(finished_at=now, **RELEASED)
+        .returning(c.dedupe_key, c.last_error)
+    )
+    for key, error in stale:
+        log.error("alert.delivery_given_up", record=key, error=error)
 
 
 def _insert_new(conn: AsyncConnection) -> Any:

@@ -488,6 +488,38 @@ def _sqlite_value(kind: str) -> Any:
     return None
 
 
+def _merge_tail(spec: TableSpec, data: list[str], postgres: bool) -> tuple[str, list[str]]:
+    """The ``ON CONFLICT ... DO UPDATE`` clause of an upsert into ``spec``'s table, and
+    the columns it inserts: a row takes a new seq only when its data changed."""
+    cols = [c.name for c in spec.columns]
+    keys = list(spec.key)
+    distinct = "IS DISTINCT FROM" if postgres else "IS NOT"
+    changed = " OR ".join(
+        [f"r.{c} {distinct} excluded.{c}" for c in data] + ["r._deleted_at IS NOT NULL"]
+    )
+    if spec.child:
+        changed += f" OR r._parent {distinct} excluded._parent"
+    sync_new = "COALESCE(excluded._sync, r._sync)"
+    sets = [f"{c} = excluded.{c}" for c in data] + [
+        f"_seq = CASE WHEN {changed} THEN excluded._seq ELSE r._seq END",
+        f"_synced_at = CASE WHEN {changed} THEN excluded._synced_at ELSE r._synced_at END",
+        "_deleted_at = NULL",
+        f"_sync = {sync_new}",
+    ]
+    if spec.child:
+        sets.append("_parent = excluded._parent")
+    where = f"({changed}) OR r._sync {distinct} {sync_new}"
+    if spec.version is not None:
+        # An older version (or none, where the row has one) never regresses the row.
+        v = spec.version
+        where = f"({where}) AND (r.{v} IS NULL OR excluded.{v} >= r.{v})"
+    extra = ["_parent"] if spec.child else []
+    all_cols = ["tenant", *cols, "_synced_at", "_seq", "_added_seq", "_sync", *extra]
+    conflict = ", ".join(["tenant", *keys])
+    tail = f" ON CONFLICT ({conflict}) DO UPDATE SET {', '.join(sets)} WHERE {where}"
+    return tail, all_cols
+
+
 class TableSql:
     """The statements of one records table on one engine, built once."""
 
@@ -499,123 +531,104 @@ class TableSql:
         cols = [c.name for c in spec.columns]
         keys = list(spec.key)
         data = [c for c in cols if c not in keys]
-        distinct = "IS DISTINCT FROM" if postgres else "IS NOT"
-        changed = " OR ".join(
-            [f"r.{c} {distinct} excluded.{c}" for c in data] + ["r._deleted_at IS NOT NULL"]
-        )
-        if spec.child:
-            changed += f" OR r._parent {distinct} excluded._parent"
-        sync_new = "COALESCE(excluded._sync, r._sync)"
-        sets = [f"{c} = excluded.{c}" for c in data] + [
-            f"_seq = CASE WHEN {changed} THEN excluded._seq ELSE r._seq END",
-            f"_synced_at = CASE WHEN {changed} THEN excluded._synced_at ELSE r._synced_at END",
-            "_deleted_at = NULL",
-            f"_sync = {sync_new}",
-        ]
-        if spec.child:
-            sets.append("_parent = excluded._parent")
-        where = f"({changed}) OR r._sync {distinct} {sync_new}"
-        if spec.version is not None:
-            # An older version (or none, where the row has one) never regresses the row.
-            v = spec.version
-            where = f"({where}) AND (r.{v} IS NULL OR excluded.{v} >= r.{v})"
-        extra = ["_parent"] if spec.child else []
-        all_cols = ["tenant", *cols, "_synced_at", "_seq", "_added_seq", "_sync", *extra]
-        conflict = ", ".join(["tenant", *keys])
-        tail = f" ON CONFLICT ({conflict}) DO UPDATE SET {', '.join(sets)} WHERE {where}"
+        tail, all_cols = _merge_tail(spec, data, postgres)
         if postgres:
-            arrays = [f"CAST(:c{i} AS {_PG_ARRAY[c.kind]}[])" for i, c in enumerate(spec.columns)]
-            names = [f"c{i}" for i in range(len(spec.columns))]
-            picks = [
-                f"CAST(v.{n} AS jsonb)" if c.kind == "json" else f"v.{n}"
-                for n, c in zip(names, spec.columns, strict=True)
-            ]
-            if spec.child:
-                arrays.append("CAST(:parents AS text[])")
-                names.append("parent")
-            values = ", ".join(
-                [":tenant", *picks, ":now", ":base + v.n", ":base + v.n", ":sync"]
-                + (["v.parent"] if spec.child else [])
-            )
-            # The rows whose data changed took one of this statement's seqs (> :base);
-            # the others were only marked seen by a full sync (``_sync``): not a change.
-            self.upsert_many = text(
-                f"WITH u AS (INSERT INTO {t} AS r ({', '.join(all_cols)}) SELECT {values}"
-                f" FROM unnest({', '.join(arrays)}) WITH ORDINALITY AS v({', '.join(names)}, n)"
-                f"{tail} RETURNING r._seq) SELECT count(*) FROM u WHERE _seq > :base"
-            )
-            # The same merge taking its seqs itself (``record_tables``' row, locked until
-            # the transaction ends, as take_seqs leaves it) and notifying listeners when a
-            # row changed: one round trip where three were (each ~0.3-0.6 ms of a
-            # PostgreSQL worker's CPU, per page).
-            taking = values.replace(":base + v.n", "s.base + v.n")
-            self.upsert_taking_pg = text(
-                "WITH s AS (UPDATE record_tables SET last_seq = last_seq + CAST(:n AS bigint)"
-                " WHERE name = :table RETURNING last_seq - CAST(:n AS bigint) AS base),"
-                f" u AS (INSERT INTO {t} AS r ({', '.join(all_cols)}) SELECT {taking}"
-                f" FROM s, unnest({', '.join(arrays)}) WITH ORDINALITY AS v({', '.join(names)}, n)"
-                f"{tail} RETURNING r._seq)"
-                " SELECT s.base, c.n, (SELECT count(*) FROM (SELECT pg_notify("
-                f"'{NOTIFY_CHANNEL}', CAST(:payload AS text)) WHERE c.n > 0) AS x)"
-                " FROM s, (SELECT count(*) AS n FROM u, s WHERE u._seq > s.base) AS c"
-            )
-            one_values = ", ".join(
-                [":tenant"]
-                + [
-                    f"CAST(:c{i} AS jsonb)"
-                    if c.kind == "json"
-                    else f"CAST(:c{i} AS {_PG_ARRAY[c.kind]})"
-                    for i, c in enumerate(spec.columns)
-                ]
-                + [":now", ":base", ":base", ":sync"]
-                + (["CAST(:parents AS text)"] if spec.child else [])
-            )
-            self.upsert_one = text(
-                f"WITH u AS (INSERT INTO {t} AS r ({', '.join(all_cols)}) VALUES ({one_values})"
-                f"{tail} RETURNING r._seq) SELECT count(*) FROM u WHERE _seq >= :base"
-            )
-            kcols = ", ".join(
-                f"CAST(:k{i} AS {_PG_ARRAY[_kind(spec, k)]}[])" for i, k in enumerate(keys)
-            )
-            knames = ", ".join(f"k{i}" for i in range(len(keys)))
-            match = " AND ".join(f"r.{k} = v.k{i}" for i, k in enumerate(keys))
-            self.delete_pg = text(
-                f"UPDATE {t} AS r SET _deleted_at = :now, _synced_at = :now, _seq = :base + v.n"
-                f" FROM unnest({kcols}) WITH ORDINALITY AS v({knames}, n)"
-                f" WHERE r.tenant = :tenant AND {match} AND r._deleted_at IS NULL"
-            )
-            self.touch_pg = text(
-                f"UPDATE {t} AS r SET _sync = :sync FROM unnest({kcols}) AS v({knames})"
-                f" WHERE r.tenant = :tenant AND {match}"
-            )
-            self.children_of = text(
-                f"SELECT {', '.join(keys)}, _parent FROM {t} WHERE tenant = :tenant"
-                " AND _parent = ANY(CAST(:parents AS text[])) AND _deleted_at IS NULL"
-            )
+            self._build_pg(tail, all_cols, keys)
         else:
-            marks = ", ".join("?" for _ in all_cols)
-            self.upsert_sqlite = (
-                f"INSERT INTO {t} AS r ({', '.join(all_cols)}) VALUES ({marks}){tail}"
-            )
-            self.convert = [
-                (i, f) for i, c in enumerate(spec.columns) if (f := _sqlite_value(c.kind))
-            ]
-            match = " AND ".join(f"{k} = ?" for k in keys)
-            self.delete_sqlite = (
-                f"UPDATE {t} SET _deleted_at = ?, _synced_at = ?, _seq = ?"
-                f" WHERE tenant = ? AND {match} AND _deleted_at IS NULL"
-            )
-            self.touch_sqlite = f"UPDATE {t} SET _sync = ? WHERE tenant = ? AND {match}"
-            self.seqs_sqlite = (
-                f"SELECT count(*) FROM {t} WHERE tenant = ? AND _seq >= ? AND _seq < ?"
-            )
-            self.children_sqlite = (
-                f"SELECT {', '.join(keys)}, _parent FROM {t} WHERE tenant = ?"
-                " AND _parent IN (SELECT value FROM json_each(?)) AND _deleted_at IS NULL"
-            )
+            self._build_sqlite(tail, all_cols, keys)
         self.unswept_q = text(
             f"SELECT {', '.join(keys)} FROM {t} WHERE tenant = :tenant AND _deleted_at IS NULL"
             f" AND (_sync IS NULL OR _sync <> :sync)"
+        )
+
+    def _build_pg(self, tail: str, all_cols: list[str], keys: list[str]) -> None:
+        """The PostgreSQL statements: whole pages as arrays, ``unnest`` to rows."""
+        spec, t = self.spec, self.spec.table
+        arrays = [f"CAST(:c{i} AS {_PG_ARRAY[c.kind]}[])" for i, c in enumerate(spec.columns)]
+        names = [f"c{i}" for i in range(len(spec.columns))]
+        picks = [
+            f"CAST(v.{n} AS jsonb)" if c.kind == "json" else f"v.{n}"
+            for n, c in zip(names, spec.columns, strict=True)
+        ]
+        if spec.child:
+            arrays.append("CAST(:parents AS text[])")
+            names.append("parent")
+        values = ", ".join(
+            [":tenant", *picks, ":now", ":base + v.n", ":base + v.n", ":sync"]
+            + (["v.parent"] if spec.child else [])
+        )
+        # The rows whose data changed took one of this statement's seqs (> :base);
+        # the others were only marked seen by a full sync (``_sync``): not a change.
+        self.upsert_many = text(
+            f"WITH u AS (INSERT INTO {t} AS r ({', '.join(all_cols)}) SELECT {values}"
+            f" FROM unnest({', '.join(arrays)}) WITH ORDINALITY AS v({', '.join(names)}, n)"
+            f"{tail} RETURNING r._seq) SELECT count(*) FROM u WHERE _seq > :base"
+        )
+        # The same merge taking its seqs itself (``record_tables``' row, locked until
+        # the transaction ends, as take_seqs leaves it) and notifying listeners when a
+        # row changed: one round trip where three were (each ~0.3-0.6 ms of a
+        # PostgreSQL worker's CPU, per page).
+        taking = values.replace(":base + v.n", "s.base + v.n")
+        self.upsert_taking_pg = text(
+            "WITH s AS (UPDATE record_tables SET last_seq = last_seq + CAST(:n AS bigint)"
+            " WHERE name = :table RETURNING last_seq - CAST(:n AS bigint) AS base),"
+            f" u AS (INSERT INTO {t} AS r ({', '.join(all_cols)}) SELECT {taking}"
+            f" FROM s, unnest({', '.join(arrays)}) WITH ORDINALITY AS v({', '.join(names)}, n)"
+            f"{tail} RETURNING r._seq)"
+            " SELECT s.base, c.n, (SELECT count(*) FROM (SELECT pg_notify("
+            f"'{NOTIFY_CHANNEL}', CAST(:payload AS text)) WHERE c.n > 0) AS x)"
+            " FROM s, (SELECT count(*) AS n FROM u, s WHERE u._seq > s.base) AS c"
+        )
+        one_values = ", ".join(
+            [":tenant"]
+            + [
+                f"CAST(:c{i} AS jsonb)"
+                if c.kind == "json"
+                else f"CAST(:c{i} AS {_PG_ARRAY[c.kind]})"
+                for i, c in enumerate(spec.columns)
+            ]
+            + [":now", ":base", ":base", ":sync"]
+            + (["CAST(:parents AS text)"] if spec.child else [])
+        )
+        self.upsert_one = text(
+            f"WITH u AS (INSERT INTO {t} AS r ({', '.join(all_cols)}) VALUES ({one_values})"
+            f"{tail} RETURNING r._seq) SELECT count(*) FROM u WHERE _seq >= :base"
+        )
+        kcols = ", ".join(
+            f"CAST(:k{i} AS {_PG_ARRAY[_kind(spec, k)]}[])" for i, k in enumerate(keys)
+        )
+        knames = ", ".join(f"k{i}" for i in range(len(keys)))
+        match = " AND ".join(f"r.{k} = v.k{i}" for i, k in enumerate(keys))
+        self.delete_pg = text(
+            f"UPDATE {t} AS r SET _deleted_at = :now, _synced_at = :now, _seq = :base + v.n"
+            f" FROM unnest({kcols}) WITH ORDINALITY AS v({knames}, n)"
+            f" WHERE r.tenant = :tenant AND {match} AND r._deleted_at IS NULL"
+        )
+        self.touch_pg = text(
+            f"UPDATE {t} AS r SET _sync = :sync FROM unnest({kcols}) AS v({knames})"
+            f" WHERE r.tenant = :tenant AND {match}"
+        )
+        self.children_of = text(
+            f"SELECT {', '.join(keys)}, _parent FROM {t} WHERE tenant = :tenant"
+            " AND _parent = ANY(CAST(:parents AS text[])) AND _deleted_at IS NULL"
+        )
+
+    def _build_sqlite(self, tail: str, all_cols: list[str], keys: list[str]) -> None:
+        """The SQLite statements: one row per execution, ``?`` parameters."""
+        spec, t = self.spec, self.spec.table
+        marks = ", ".join("?" for _ in all_cols)
+        self.upsert_sqlite = f"INSERT INTO {t} AS r ({', '.join(all_cols)}) VALUES ({marks}){tail}"
+        self.convert = [(i, f) for i, c in enumerate(spec.columns) if (f := _sqlite_value(c.kind))]
+        match = " AND ".join(f"{k} = ?" for k in keys)
+        self.delete_sqlite = (
+            f"UPDATE {t} SET _deleted_at = ?, _synced_at = ?, _seq = ?"
+            f" WHERE tenant = ? AND {match} AND _deleted_at IS NULL"
+        )
+        self.touch_sqlite = f"UPDATE {t} SET _sync = ? WHERE tenant = ? AND {match}"
+        self.seqs_sqlite = f"SELECT count(*) FROM {t} WHERE tenant = ? AND _seq >= ? AND _seq < ?"
+        self.children_sqlite = (
+            f"SELECT {', '.join(keys)}, _parent FROM {t} WHERE tenant = ?"
+            " AND _parent IN (SELECT value FROM json_each(?)) AND _deleted_at IS NULL"
         )
 
     # -- writes (in the caller's transaction) --
