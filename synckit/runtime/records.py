@@ -3,7 +3,7 @@
 :func:`prepare` runs in the cycle's task, before the commit: it maps and validates a
 page's records (:class:`~synckit.connectors.records.Records`) into the rows of each table,
 and the failures of the records the model refuses (a dead letter naming the fields).
-:func:`land` runs inside the page's transaction (``poll._commit_page``): per table, it
+:func:`land` runs inside the page's transaction (``page_commit._commit_page``): per table, it
 takes the rows' change sequence numbers, merges the rows in one statement, soft-deletes
 the deleted ones and the children their parents no longer have, and, on the last page
 of a full sync, sweeps what that sync did not see. A row the database refuses (a NUL, a

@@ -1,5 +1,5 @@
-"""A group's page commits (``poll._commit_pages``, ``write_grouped``'s ``many``) write
-what each page's own commit (``poll._commit_page``) writes: checkpoints, dead letters,
+"""A group's page commits (``page_commit._commit_pages``, ``write_grouped``'s ``many``) write
+what each page's own commit (``page_commit._commit_page``) writes: checkpoints, dead letters,
 resolutions and audit counts, on both engines; a page whose job lost its claim writes
 nothing."""
 
@@ -10,7 +10,13 @@ from typing import Any
 
 from sqlalchemy import text
 
-from synckit.runtime.poll import _KEEP, RecordFailure, _commit_page, _commit_pages, _PageCommit
+from synckit.runtime.page_commit import (
+    _KEEP,
+    RecordFailure,
+    _commit_page,
+    _commit_pages,
+    _PageCommit,
+)
 from synckit.store.db import Database
 from synckit.store.jobs import claiming, enqueueing
 from synckit.store.jobs._base import ClaimedJob

@@ -462,7 +462,8 @@ async def test_only_this_streams_open_dead_letters_are_resolved(db: Database, ap
 async def test_read_cycle_start_sees_the_checkpoint_and_open_dead_letters(db: Database) -> None:
     """One statement: the stored checkpoint and whether any dead letter of the stream's
     records is pending or in review (resolved and ignored ones do not count)."""
-    from synckit.runtime.poll import RecordFailure, dead_letter_records, read_cycle_start
+    from synckit.runtime.page_commit import RecordFailure, dead_letter_records
+    from synckit.runtime.poll import read_cycle_start
     from synckit.store.checkpoints import CycleStart
 
     now = utcnow()
@@ -630,7 +631,8 @@ async def test_poll_start_reads_what_get_tenant_read_cycle_start_and_read_pace_r
     next_available_at or its parent's, whichever is later, and the stored quota)."""
     from synckit.app import _poll_start
     from synckit.runtime.pacing import read_pace_sync
-    from synckit.runtime.poll import RecordFailure, dead_letter_records, read_cycle_start
+    from synckit.runtime.page_commit import RecordFailure, dead_letter_records
+    from synckit.runtime.poll import read_cycle_start
     from synckit.runtime.tenants import _tenant, get_tenant
     from synckit.store.tables import resources
 
