@@ -30,7 +30,7 @@ from pathlib import Path
 
 import aio_pika
 
-from synckit.runtime import outbox as ob
+from synckit.runtime.writes import outbox as ob
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
 

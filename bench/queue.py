@@ -36,9 +36,9 @@ from typing import Any
 from sqlalchemy import text
 
 from synckit.errors import RetryPolicy
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.logging import configure_logging
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
+from synckit.runtime.observe.logging import configure_logging
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import enqueueing

@@ -202,7 +202,7 @@ def _set_version(url: str, v: int) -> None:
 
 async def _enqueue(db: Any, tenants: list[str]) -> None:
     from synckit.clock import utcnow
-    from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
+    from synckit.runtime.sync.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
     from synckit.store.jobs.enqueueing import JobSpec, enqueue_new
 
     specs = [

@@ -80,8 +80,8 @@ import httpx
 import psutil
 from sqlalchemy import func, select, text
 
-from synckit.runtime.logging import configure_logging
-from synckit.runtime.poll import POLL_KIND
+from synckit.runtime.observe.logging import configure_logging
+from synckit.runtime.sync.poll import POLL_KIND
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
 from synckit.store.tables import jobs

@@ -3,7 +3,7 @@
 Per size and engine (PostgreSQL; SQLite up to 10,000), with a trivial connector (one GET
 answered at once with one empty page, ``flow_app`` on ``synckit.testing.hostile``):
 
-* ``add_s``: adding every tenant with :func:`synckit.runtime.bulk.add_tenants`;
+* ``add_s``: adding every tenant with :func:`synckit.runtime.admin.bulk.add_tenants`;
 * ``scheduler_all_due_s`` / ``scheduler_all_due_ok``: the first scheduler call after
   that (every tenant due), in bounded runs, and whether it enqueued them all;
 * ``scheduler_none_due_ms``: a scheduler call with nothing due (median of 5);
@@ -49,10 +49,10 @@ from sqlalchemy import delete, func, select, update
 from bench.sync import ROOT, fresh_database, postgres_cpu_seconds, postgres_deadlocks
 from synckit.cli.status import render_status
 from synckit.clock import utcnow
-from synckit.runtime.bulk import add_tenants
-from synckit.runtime.logging import configure_logging
-from synckit.runtime.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
-from synckit.runtime.status import read_status
+from synckit.runtime.admin.bulk import add_tenants
+from synckit.runtime.admin.status import read_status
+from synckit.runtime.observe.logging import configure_logging
+from synckit.runtime.sync.poll import POLL_KIND, POLL_MAX_ATTEMPTS, poll_key
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import claiming
 from synckit.store.jobs.enqueueing import JobSpec, enqueue_new

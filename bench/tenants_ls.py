@@ -1,7 +1,7 @@
 """``synckit tenants ls`` with many tenants: ``python -m bench.tenants_ls [--size 100000]``.
 
 Adds ``--size`` tenants of the demo connector (``tests/apps/connector_app``, a sealed
-``SecretStr`` config each) with :func:`synckit.runtime.bulk.add_tenants`, then runs
+``SecretStr`` config each) with :func:`synckit.runtime.admin.bulk.add_tenants`, then runs
 each form of the command as its own ``synckit`` process, ``--runs`` times, and prints
 the median wall time (process start included): the default page (table), a page as
 JSON lines, and ``--all --json`` (every tenant, streamed a page at a time). ``--engine
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.sync import ROOT, fresh_database
-from synckit.runtime.bulk import add_tenants
+from synckit.runtime.admin.bulk import add_tenants
 from synckit.store.db import open_database
 
 sys.path.insert(0, str(ROOT / "tests" / "apps"))

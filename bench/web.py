@@ -39,12 +39,12 @@ from sqlalchemy import func, select, update
 
 from synckit import Connector, Page
 from synckit.clock import utcnow
-from synckit.runtime import outbox
-from synckit.runtime.alert_delivery import record_alerts
-from synckit.runtime.alert_rules import Alert
-from synckit.runtime.pacing import defer_resource
-from synckit.runtime.poll import POLL_KIND
-from synckit.runtime.tenants import add_tenant, pause_tenant
+from synckit.runtime.admin.tenants import add_tenant, pause_tenant
+from synckit.runtime.http.pacing import defer_resource
+from synckit.runtime.observe.alert_delivery import record_alerts
+from synckit.runtime.observe.alert_rules import Alert
+from synckit.runtime.sync.poll import POLL_KIND
+from synckit.runtime.writes import outbox
 from synckit.store import migrate
 from synckit.store.connections import mark_needs_reauth
 from synckit.store.db import Database, open_database

@@ -106,12 +106,7 @@ if TYPE_CHECKING:
         UnprovenUnauthorized,
         Unreplayable,
     )
-    from synckit.runtime.authorize import begin_authorization, complete_authorization
-    from synckit.runtime.handlers import JobContext, Registry
-    from synckit.runtime.intents import run_intent
-    from synckit.runtime.oauth import OAuth2Auth, reauth
-    from synckit.runtime.secrets import TokenSet
-    from synckit.runtime.tenants import (
+    from synckit.runtime.admin.tenants import (
         Tenant,
         add_tenant,
         get_tenant,
@@ -121,7 +116,12 @@ if TYPE_CHECKING:
         resume_tenant,
         update_tenant,
     )
-    from synckit.runtime.worker import Worker
+    from synckit.runtime.credentials.authorize import begin_authorization, complete_authorization
+    from synckit.runtime.credentials.oauth import OAuth2Auth, reauth
+    from synckit.runtime.credentials.secrets import TokenSet
+    from synckit.runtime.jobs.handlers import JobContext, Registry
+    from synckit.runtime.jobs.worker import Worker
+    from synckit.runtime.writes.intents import run_intent
     from synckit.store.db import Database, open_database
     from synckit.store.jobs.enqueueing import JobSpec, enqueue, enqueue_many
     from synckit.store.migrate import upgrade as migrate_database
@@ -204,9 +204,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Database": ("synckit.store.db", "Database"),
     "ErrorClass": ("synckit.errors", "ErrorClass"),
     "IntentResult": ("synckit.connectors.intents", "IntentResult"),
-    "JobContext": ("synckit.runtime.handlers", "JobContext"),
+    "JobContext": ("synckit.runtime.jobs.handlers", "JobContext"),
     "JobSpec": ("synckit.store.jobs.enqueueing", "JobSpec"),
-    "OAuth2Auth": ("synckit.runtime.oauth", "OAuth2Auth"),
+    "OAuth2Auth": ("synckit.runtime.credentials.oauth", "OAuth2Auth"),
     "OAuth2": ("synckit.connectors.auth", "OAuth2"),
     "OAuth2Config": ("synckit.connectors.auth", "OAuth2Config"),
     "PacePolicy": ("synckit.errors", "PacePolicy"),
@@ -214,33 +214,33 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "Records": ("synckit.connectors.records", "Records"),
     "Deleted": ("synckit.connectors.records", "Deleted"),
     "RateLimit": ("synckit.connectors.base", "RateLimit"),
-    "Registry": ("synckit.runtime.handlers", "Registry"),
+    "Registry": ("synckit.runtime.jobs.handlers", "Registry"),
     "RemoteRecord": ("synckit.connectors.intents", "RemoteRecord"),
     "RetryPolicy": ("synckit.errors", "RetryPolicy"),
     "Stream": ("synckit.connectors.base", "Stream"),
     "SyncContext": ("synckit.connectors.context", "SyncContext"),
-    "Tenant": ("synckit.runtime.tenants", "Tenant"),
-    "TokenSet": ("synckit.runtime.secrets", "TokenSet"),
-    "Worker": ("synckit.runtime.worker", "Worker"),
-    "add_tenant": ("synckit.runtime.tenants", "add_tenant"),
-    "begin_authorization": ("synckit.runtime.authorize", "begin_authorization"),
-    "complete_authorization": ("synckit.runtime.authorize", "complete_authorization"),
+    "Tenant": ("synckit.runtime.admin.tenants", "Tenant"),
+    "TokenSet": ("synckit.runtime.credentials.secrets", "TokenSet"),
+    "Worker": ("synckit.runtime.jobs.worker", "Worker"),
+    "add_tenant": ("synckit.runtime.admin.tenants", "add_tenant"),
+    "begin_authorization": ("synckit.runtime.credentials.authorize", "begin_authorization"),
+    "complete_authorization": ("synckit.runtime.credentials.authorize", "complete_authorization"),
     "classify": ("synckit.errors", "classify"),
     "enqueue": ("synckit.store.jobs.enqueueing", "enqueue"),
     "enqueue_many": ("synckit.store.jobs.enqueueing", "enqueue_many"),
-    "get_tenant": ("synckit.runtime.tenants", "get_tenant"),
-    "list_tenants": ("synckit.runtime.tenants", "list_tenants"),
+    "get_tenant": ("synckit.runtime.admin.tenants", "get_tenant"),
+    "list_tenants": ("synckit.runtime.admin.tenants", "list_tenants"),
     "migrate_database": ("synckit.store.migrate", "upgrade"),
     "open_database": ("synckit.store.db", "open_database"),
-    "outbox_add": ("synckit.runtime.outbox", "add"),
-    "pause_tenant": ("synckit.runtime.tenants", "pause_tenant"),
-    "reauth": ("synckit.runtime.oauth", "reauth"),
-    "remove_tenant": ("synckit.runtime.tenants", "remove_tenant"),
-    "resume_tenant": ("synckit.runtime.tenants", "resume_tenant"),
+    "outbox_add": ("synckit.runtime.writes.outbox", "add"),
+    "pause_tenant": ("synckit.runtime.admin.tenants", "pause_tenant"),
+    "reauth": ("synckit.runtime.credentials.oauth", "reauth"),
+    "remove_tenant": ("synckit.runtime.admin.tenants", "remove_tenant"),
+    "resume_tenant": ("synckit.runtime.admin.tenants", "resume_tenant"),
     "retry_delay": ("synckit.errors", "retry_delay"),
-    "run_intent": ("synckit.runtime.intents", "run_intent"),
+    "run_intent": ("synckit.runtime.writes.intents", "run_intent"),
     "set_testing": ("synckit.errors", "set_testing"),
-    "update_tenant": ("synckit.runtime.tenants", "update_tenant"),
+    "update_tenant": ("synckit.runtime.admin.tenants", "update_tenant"),
     "GitHubSignature": ("synckit.connectors.webhooks", "GitHubSignature"),
     "GraphNotifications": ("synckit.connectors.webhooks", "GraphNotifications"),
     "StandardWebhooks": ("synckit.connectors.webhooks", "StandardWebhooks"),

@@ -6,9 +6,9 @@
 myproject.sync:app`` manages its tenants. The App builds the job :class:`Registry`:
 
 * ``synckit.poll``: one poll cycle of one tenant and stream
-  (:func:`synckit.runtime.poll.run_cycle`);
+  (:func:`synckit.runtime.sync.poll.run_cycle`);
 * ``synckit.schedule``: the scheduler, a recurring job (every 5 s by default) that
-  enqueues the due cycles (:func:`synckit.runtime.scheduler.schedule_polls`).
+  enqueues the due cycles (:func:`synckit.runtime.sync.scheduler.schedule_polls`).
 
 Handlers get no database from the queue, so the App holds one: the one given to
 :meth:`App.worker` / :meth:`App.bind`, else one opened from the worker's
@@ -44,14 +44,16 @@ from synckit.errors.exceptions import (
     TenantNotFound,
 )
 from synckit.errors.pace import PacePolicy
-from synckit.runtime import pacing
-from synckit.runtime.alert_delivery import get_alert_router
-from synckit.runtime.alerts import register_alerts
-from synckit.runtime.context import open_context, prepare_process
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.http import network_of
-from synckit.runtime.pacing import PaceView
-from synckit.runtime.poll import (
+from synckit.runtime.admin.tenants import _COLUMNS, Tenant, _tenant, add_tenant, get_tenant
+from synckit.runtime.http import pacing
+from synckit.runtime.http.client import network_of
+from synckit.runtime.http.pacing import PaceView
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
+from synckit.runtime.observe.alert_delivery import get_alert_router
+from synckit.runtime.observe.alerts import register_alerts
+from synckit.runtime.sync.context import open_context, prepare_process
+from synckit.runtime.sync.poll import (
     POLL_KIND,
     SCHEDULE_KIND,
     CycleResult,
@@ -60,12 +62,10 @@ from synckit.runtime.poll import (
     run_cycle,
     stream_of_kind,
 )
-from synckit.runtime.records import RecordsReader, land
-from synckit.runtime.records import destination as records_destination
-from synckit.runtime.records import prepare as prepare_landing
-from synckit.runtime.scheduler import schedule_polls
-from synckit.runtime.tenants import _COLUMNS, Tenant, _tenant, add_tenant, get_tenant
-from synckit.runtime.worker import Worker
+from synckit.runtime.sync.records import RecordsReader, land
+from synckit.runtime.sync.records import destination as records_destination
+from synckit.runtime.sync.records import prepare as prepare_landing
+from synckit.runtime.sync.scheduler import schedule_polls
 from synckit.store import checkpoints
 from synckit.store.checkpoints import CycleStart, cycle_start_of
 from synckit.store.db import Database, SyncConn, is_driver_error, open_database, savepoint
@@ -98,7 +98,7 @@ class App:
     ``webhook_url`` is where providers reach ``synckit web``'s ``/webhooks`` (e.g.
     ``https://sync.example.com/webhooks``; default ``$SYNCKIT_WEBHOOK_URL``): the
     notification URL of the webhook subscriptions the App keeps
-    (:mod:`synckit.runtime.subscriptions`). Without one, none is made.
+    (:mod:`synckit.runtime.sync.subscriptions`). Without one, none is made.
     """
 
     def __init__(
@@ -151,7 +151,7 @@ class App:
 
     def _register_webhooks(self) -> None:
         """The webhook inbox's jobs, once a connector of the App declares webhooks."""
-        from synckit.runtime.webhooks import register_webhooks
+        from synckit.runtime.sync.webhooks import register_webhooks
 
         if not self._webhooks_registered:
             register_webhooks(self.registry, self, sweep_every=timedelta(seconds=30))
@@ -161,7 +161,7 @@ class App:
             for c in self._connectors.values()
         )
         if subscribed and not self._subscriptions_registered:
-            from synckit.runtime.subscriptions import register_subscriptions
+            from synckit.runtime.sync.subscriptions import register_subscriptions
 
             register_subscriptions(self.registry, self, every=timedelta(minutes=1))
             self._subscriptions_registered = True
@@ -358,7 +358,7 @@ class App:
         """A :class:`Worker` running this App's jobs on ``db`` (options as for Worker).
 
         The process pays its one-time costs now, not on its first cycles' clock
-        (:func:`~synckit.runtime.context.prepare_process`, as ``synckit worker`` does)."""
+        (:func:`~synckit.runtime.sync.context.prepare_process`, as ``synckit worker`` does)."""
         prepare_process()
         self.bind(db)
         if self.clock is not utcnow:
@@ -370,7 +370,7 @@ class App:
     async def add_tenant(
         self, db: Database, tenant: str, connector: str, config: Any = None, **options: Any
     ) -> Tenant:
-        """:func:`synckit.runtime.tenants.add_tenant` with this App's connectors."""
+        """:func:`synckit.runtime.admin.tenants.add_tenant` with this App's connectors."""
         self._adopt(db)
         return await add_tenant(db, tenant, connector, config, app=self, **options)
 
@@ -439,7 +439,7 @@ class App:
     async def replay_webhook(self, db: Database, payload: Any) -> None:
         """Process a dead-lettered webhook event again (its dead letter's ``payload``):
         it goes back to the inbox as pending, with its processing job."""
-        from synckit.runtime.webhooks import replay_event
+        from synckit.runtime.sync.webhooks import replay_event
 
         await replay_event(db, self, payload, self.clock())
 
@@ -531,7 +531,7 @@ class App:
             t = _tenant(row, reveal=True, cipher=None)  # as get_tenant reads it
         except SecretCorrupt as exc:
             # Damaged since the worker's start check: hold this tenant alone, as it does.
-            from synckit.runtime.keys import hold_unreadable
+            from synckit.runtime.credentials.keys import hold_unreadable
 
             fault = "config: " + str(exc).removeprefix(f"tenant {p['tenant']!r}: ")
             await hold_unreadable(db, p["tenant"], fault)

@@ -188,11 +188,11 @@ def _error_class_of(exc: BaseException) -> str | None:
 
 
 def _control_flow(exc: BaseException) -> bool:
-    """A job's snooze, cancel or discard (``synckit.runtime.handlers``, named here: this
+    """A job's snooze, cancel or discard (``synckit.runtime.jobs.handlers``, named here: this
     module sits below the runtime), a generator's end, a task's cancellation: not failures
     of the span they leave."""
     kind = type(exc)
-    if kind.__module__ == "synckit.runtime.handlers":
+    if kind.__module__ == "synckit.runtime.jobs.handlers":
         return kind.__name__ in ("Snooze", "Cancel", "Discard")
     return isinstance(exc, StopAsyncIteration | GeneratorExit) or kind.__name__ == "CancelledError"
 

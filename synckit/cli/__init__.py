@@ -114,7 +114,7 @@ def cli(log_level: str, log_format: str) -> None:
     Every command logs the same way: structured events on stderr, secrets redacted,
     so that stdout carries only the command's output (--json stays valid JSON).
     """
-    from synckit.runtime.logging import configure_logging  # structlog: not for --help
+    from synckit.runtime.observe.logging import configure_logging  # structlog: not for --help
 
     json_lines = {"auto": None, "json": True, "console": False}[log_format.lower()]
     level = logging.getLevelName(log_level.upper())

@@ -24,7 +24,7 @@ from synckit.cli.options import CliError
 # (``secrets keygen``): the App and what it brings (httpx, the runtime) load with it.
 if TYPE_CHECKING:
     from synckit.app import App
-    from synckit.runtime.handlers import Registry
+    from synckit.runtime.jobs.handlers import Registry
 
 __all__ = [
     "APP_ENV",
@@ -112,7 +112,7 @@ def load_registry(spec: str | None, database_url: str | None) -> tuple[Registry,
     """The job :class:`~synckit.Registry` of ``--app`` (an App's, or a Registry itself) and
     the database URL to open: ``database_url``, else an App's own ``database_url``."""
     from synckit.app import App
-    from synckit.runtime.handlers import Registry
+    from synckit.runtime.jobs.handlers import Registry
 
     value = import_app_attribute(spec)
     if isinstance(value, App):
@@ -128,7 +128,7 @@ def load_replay_target(spec: str | None) -> object:
     object offering ``replay_record``/``replayers``/``registry``; never called."""
     from synckit.app import App
     from synckit.dlq.replay import Replayers
-    from synckit.runtime.handlers import Registry
+    from synckit.runtime.jobs.handlers import Registry
 
     value = import_app_attribute(spec)
     offers = any(hasattr(value, a) for a in ("replay_record", "replayers", "registry"))

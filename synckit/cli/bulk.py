@@ -14,7 +14,7 @@ import click
 from synckit.cli.app_loader import app_option, load_app
 from synckit.cli.options import CliError, database_option, run
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
-from synckit.runtime.bulk import add_tenants, read_rows
+from synckit.runtime.admin.bulk import add_tenants, read_rows
 from synckit.store.db import Database
 
 #: Errors printed one per line; the rest are counted.

@@ -19,7 +19,7 @@ from synckit.cli.options import Seconds, log_settings
 from synckit.errors.exceptions import SynckitError
 from synckit.examples.graph_mail.demo import LOG_FILE, DemoResult, run_demo
 from synckit.examples.graph_mail.report import render_summary
-from synckit.runtime.logging import configure_logging
+from synckit.runtime.observe.logging import configure_logging
 
 __all__ = ["demo_command"]
 

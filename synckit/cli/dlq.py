@@ -35,7 +35,7 @@ from synckit.clock import utcnow
 from synckit.dlq.outcomes import ReplayResult
 from synckit.dlq.replay import ReplayProcessor, ReplaySummary, replayers_from_app
 from synckit.redaction import redact
-from synckit.runtime.actions import NO_APP_REASON
+from synckit.runtime.admin.actions import NO_APP_REASON
 from synckit.store.db import Database
 from synckit.store.dead_letters import reads as dlq_reads
 from synckit.store.dead_letters import replay as dlq_replay

@@ -4,7 +4,7 @@ The ``tenants`` group owns the command line of tenants; it attaches these comman
 
 ``connect`` runs the authorization-code flow with PKCE: it listens on a loopback port,
 prints the provider's consent URL, and completes the flow when the browser comes back
-(:mod:`synckit.runtime.authorize`); the connector's ``OAuth2Config`` comes from the
+(:mod:`synckit.runtime.credentials.authorize`); the connector's ``OAuth2Config`` comes from the
 auth it builds for the tenant.
 
 ``reauth`` stores tokens obtained elsewhere. A refresh token alone is enough (the first
@@ -22,14 +22,14 @@ import click
 from synckit.cli.app_loader import app_option, load_app
 from synckit.cli.options import CliError, Seconds, database_option, run
 from synckit.clock import utcnow
-from synckit.runtime.actions import oauth_config_for
-from synckit.runtime.authorize import (
+from synckit.runtime.admin.actions import oauth_config_for
+from synckit.runtime.credentials.authorize import (
     begin_authorization,
     complete_authorization,
     receive_callback,
 )
-from synckit.runtime.oauth import ReauthResult, reauth
-from synckit.runtime.secrets import TokenSet
+from synckit.runtime.credentials.oauth import ReauthResult, reauth
+from synckit.runtime.credentials.secrets import TokenSet
 from synckit.store.db import Database
 
 

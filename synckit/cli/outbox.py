@@ -10,7 +10,7 @@ from rich.table import Table
 
 from synckit.cli.options import ROW_ID, ROWS_SHOWN, CliError, cell, console, database_option, run
 from synckit.redaction import redact
-from synckit.runtime import outbox as store
+from synckit.runtime.writes import outbox as store
 from synckit.store.db import Database
 
 STATUSES = ("pending", "published", "failed")

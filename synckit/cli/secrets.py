@@ -42,8 +42,8 @@ def secrets_check(database_url: str | None) -> None:
     """Exit non-zero, naming the missing key and the tenants, unless every active
     tenant's tokens and config open with $SYNCKIT_SECRET_KEY (what a worker checks
     at start)."""
-    from synckit.runtime import keys
-    from synckit.runtime.secrets import TokenCipher
+    from synckit.runtime.credentials import keys
+    from synckit.runtime.credentials.secrets import TokenCipher
 
     cipher = TokenCipher.from_env()
 
@@ -68,8 +68,8 @@ def secrets_rotate(app_spec: str | None, as_json: bool, database_url: str | None
     With --app, plaintext secrets in configs stored before synckit sealed them are
     sealed too (the connectors' models say which fields are secrets).
     """
-    from synckit.runtime import keys
-    from synckit.runtime.secrets import ENV_KEY, TokenCipher
+    from synckit.runtime.credentials import keys
+    from synckit.runtime.credentials.secrets import ENV_KEY, TokenCipher
 
     models = keys.models_of(load_app(app_spec)) if app_spec else None
     cipher = TokenCipher.from_env()

@@ -1,6 +1,6 @@
 """``synckit status``: tenants, breakers, budgets, queue, alerts, dead letters and the
 outbox at a glance, as rich tables (or one JSON object). What it shows is read by
-:func:`synckit.runtime.status.read_status`; this module only prints it.
+:func:`synckit.runtime.admin.status.read_status`; this module only prints it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rich.table import Table
 
 from synckit.cli.options import cell, console, database_option, page_options, run
 from synckit.cli.options import markup_escaped as escape  # control characters too
-from synckit.runtime.status import ALERTS_ON_THE_SPOT, Status, read_status
+from synckit.runtime.admin.status import ALERTS_ON_THE_SPOT, Status, read_status
 from synckit.store.connections import CONNECTION_STATUSES
 from synckit.store.resources import BREAKER_STATES
 

@@ -1,6 +1,6 @@
 """``synckit sync TENANT|--all|--connector NAME [--stream S] [--wait]``: run poll cycles now.
 
-The cycle is enqueued by :func:`synckit.runtime.actions.enqueue_cycles` as an ordinary
+The cycle is enqueued by :func:`synckit.runtime.admin.actions.enqueue_cycles` as an ordinary
 poll job; a worker runs it. ``--wait`` follows it until it ends: pages committed,
 records handled and failed, dead letters, with a rich display on a terminal and one JSON
 line per tenant with ``--json``. It stops as soon as the cycle cannot go on (the tenant
@@ -25,8 +25,8 @@ from synckit.cli.app_loader import app_option, load_app
 from synckit.cli.options import CliError, Seconds, cell, database_option, markup_escaped, run
 from synckit.clock import utcnow
 from synckit.errors.exceptions import TenantNotFound
-from synckit.runtime.actions import CycleProgress, enqueue_cycles, waiting_hint
-from synckit.runtime.tenants import get_tenant, list_tenants
+from synckit.runtime.admin.actions import CycleProgress, enqueue_cycles, waiting_hint
+from synckit.runtime.admin.tenants import get_tenant, list_tenants
 from synckit.store.db import Database
 from synckit.store.jobs.admin import get_job
 from synckit.store.views import CycleCounts, checkpoint_moment, cycle_counts, job_created_at
@@ -62,7 +62,7 @@ async def _refresh(db: Database, tenant: str, connector: str, cycle: CycleProgre
 
 
 async def _hint(db: Database, cycle: CycleProgress) -> str:
-    """What the pending cycle waits for (:func:`~synckit.runtime.actions.waiting_hint`)."""
+    """What the pending cycle waits for (:func:`~synckit.runtime.admin.actions.waiting_hint`)."""
     info = await get_job(db, cycle.job_id)
     now = utcnow()
     return waiting_hint(

@@ -32,8 +32,8 @@ from synckit.cli.options import markup_escaped as escape  # control characters t
 from synckit.connectors.schedule import DEFAULT_SCHEDULE
 from synckit.errors.exceptions import ConfigurationError
 from synckit.redaction import redact
-from synckit.runtime import tenants as store
-from synckit.runtime.tenant_pages import (
+from synckit.runtime.admin import tenants as store
+from synckit.runtime.admin.tenant_pages import (
     Checkpoint,
     TenantPage,
     page_tenants,

@@ -125,7 +125,7 @@ def show(event: int, as_json: bool, database_url: str | None) -> None:
 def replay(event: int, database_url: str | None) -> None:
     """Put a stored event back to pending: the next worker processes it again."""
     from synckit.clock import utcnow
-    from synckit.runtime.webhooks import process_job_spec
+    from synckit.runtime.sync.webhooks import process_job_spec
     from synckit.store import webhooks as inbox
 
     async def go(d: Database) -> bool:

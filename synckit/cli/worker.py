@@ -22,11 +22,11 @@ from synckit.cli.options import (
     parse_duration,
     run,
 )
-from synckit.runtime.audit import audit_observer
-from synckit.runtime.context import prepare_process
-from synckit.runtime.keys import require_openable_secrets
-from synckit.runtime.recorder import OutcomeObserver
-from synckit.runtime.worker import Worker, WorkerStats
+from synckit.runtime.admin.audit import audit_observer
+from synckit.runtime.credentials.keys import require_openable_secrets
+from synckit.runtime.jobs.recorder import OutcomeObserver
+from synckit.runtime.jobs.worker import Worker, WorkerStats
+from synckit.runtime.sync.context import prepare_process
 from synckit.store.db import Database
 
 __all__ = ["worker_cmd"]
@@ -129,7 +129,7 @@ def worker_cmd(
         server = None
         if metrics_port is not None:
             # prometheus_client only for a worker that serves /metrics.
-            from synckit.runtime.metrics import metrics_observer, start_metrics_server
+            from synckit.runtime.observe.metrics import metrics_observer, start_metrics_server
 
             observers.append(metrics_observer())
             server = await start_metrics_server(metrics_port, d, host=metrics_host)

@@ -14,7 +14,7 @@ a tenant's ``ctx.http``::
         ))
 
 These are plain values: nothing here touches the database or the network. An
-:class:`OAuth2` declaration is fulfilled by :class:`synckit.runtime.oauth.OAuth2Auth`
+:class:`OAuth2` declaration is fulfilled by :class:`synckit.runtime.credentials.oauth.OAuth2Auth`
 (token sets sealed in the tenant's ``connections`` row, refreshed single-flight across
 processes), through the context's :meth:`~synckit.connectors.context.SyncContext.auth_for`.
 """
@@ -58,7 +58,7 @@ class OAuth2Config:
     ``client_secret_post`` need ``client_secret``; ``none`` (a public client, which proves
     itself with PKCE in the connect flow) must have none. ``authorize_url`` is the
     provider's consent page, needed only by the connect flow
-    (:mod:`synckit.runtime.authorize`). A contradictory config raises
+    (:mod:`synckit.runtime.credentials.authorize`). A contradictory config raises
     :class:`~synckit.errors.exceptions.ConfigurationError`.
     """
 
@@ -118,7 +118,7 @@ class OAuth2:
 
     Fields given directly are validated when the class is defined. The runtime attaches
     the tenant's token to every request of ``ctx.http``, refreshing it single-flight
-    across processes (:class:`synckit.runtime.oauth.OAuth2Auth`); the first tokens come
+    across processes (:class:`synckit.runtime.credentials.oauth.OAuth2Auth`); the first tokens come
     from the connect flow (``synckit tenants connect``).
     """
 

@@ -131,7 +131,7 @@ class Stream:
     land (:class:`~synckit.connectors.records.Records`): validated and merged into that
     table in each page's transaction; ``handle()`` is then optional (for side effects).
     ``webhook_window``: webhook events trigger at most one cycle of the stream per
-    window (a flood coalesces; see :mod:`synckit.runtime.webhooks`).
+    window (a flood coalesces; see :mod:`synckit.runtime.sync.webhooks`).
     """
 
     name: str

@@ -7,8 +7,8 @@ tenant, connector, stream and trace id; ``ctx.intent(...)`` an intent-first crea
 
 This module is the interface only: connectors are written against it, and it imports
 nothing of the runtime or the store. The runtime implements it
-(:class:`synckit.runtime.context.RuntimeContext`, opened by
-:func:`synckit.runtime.context.open_context`).
+(:class:`synckit.runtime.sync.context.RuntimeContext`, opened by
+:func:`synckit.runtime.sync.context.open_context`).
 """
 
 from __future__ import annotations

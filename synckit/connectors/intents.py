@@ -1,7 +1,7 @@
 """What a connector author writes an intent with: the records, results and callables.
 
 ``ctx.intent(key, request, create=..., find=...)`` creates a remote resource once however
-many times the job runs (the runtime's side is :mod:`synckit.runtime.intents`): ``create``
+many times the job runs (the runtime's side is :mod:`synckit.runtime.writes.intents`): ``create``
 gets the idempotency key and returns a :class:`RemoteRecord`, ``find`` looks for what an
 earlier attempt may have created, and the call returns an :class:`IntentResult`.
 """

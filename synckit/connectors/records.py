@@ -1,7 +1,7 @@
 """Declared destinations: what a stream's records become, as data (no SQL here).
 
 A stream that declares :class:`Records` hands its records to the runtime, which owns
-the rest (:mod:`synckit.runtime.records`, :mod:`synckit.store.records`)::
+the rest (:mod:`synckit.runtime.sync.records`, :mod:`synckit.store.records`)::
 
     class Message(BaseModel):
         id: str

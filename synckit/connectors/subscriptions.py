@@ -20,7 +20,7 @@ in its webhook declaration and implements three hooks::
             self, ctx: SyncContext, current: ProviderSubscription
         ) -> None: ...
 
-The runtime (:mod:`synckit.runtime.subscriptions`) creates one subscription per tenant and
+The runtime (:mod:`synckit.runtime.sync.subscriptions`) creates one subscription per tenant and
 subscribed stream on first need, renews it before it expires, recreates it when the
 provider no longer knows it (a 404 on renewal), deletes it when the tenant is paused,
 and marks it ``lapsed`` (or ``failed``, if it was never created) after repeated

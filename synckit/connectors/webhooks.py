@@ -11,7 +11,7 @@ A connector declares them as data::
 ``synckit web`` (or :func:`synckit.web.webhooks.webhook_app` mounted in the user's own
 ASGI app) then answers ``POST /webhooks/<connector>/<tenant>``: it verifies the
 delivery with the tenant's secret (a field of its sealed config), stores each event in
-the inbox and only then answers 2xx (:mod:`synckit.runtime.webhooks`).
+the inbox and only then answers 2xx (:mod:`synckit.runtime.sync.webhooks`).
 
 The verifiers are pure functions over (headers, raw body, secret, now): no I/O, no
 clock of their own, every signature compared in constant time over the raw bytes. Each

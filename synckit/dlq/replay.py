@@ -19,7 +19,7 @@ PostgreSQL and on SQLite. For each row it picks what to do (:meth:`ReplayProcess
   Nothing is re-run when the job succeeded since, is queued again, or another
   unfinished job holds its unique key (a dead poll cycle whose stream's next cycle is
   queued): the row is resolved as ``not_rerun``, with that reason. When a job
-  :class:`~synckit.runtime.handlers.Registry` is given and has no handler for the kind,
+  :class:`~synckit.runtime.jobs.handlers.Registry` is given and has no handler for the kind,
   the row is ignored;
 * anything else cannot be replayed and is ``ignored`` with the reason (no replayer for
   the kind, a payload that does not parse, a record payload that is not a JSON object,
@@ -62,7 +62,7 @@ from synckit.errors.exceptions import (
     JobStateError,
     Unreplayable,
 )
-from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.jobs.handlers import JobContext, Registry
 from synckit.store.db import Conn, Database
 from synckit.store.dead_letters import reads as store_reads
 from synckit.store.dead_letters import replay as store

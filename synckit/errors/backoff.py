@@ -8,7 +8,7 @@ with ``u`` uniform in [0, 1). The default ``jitter=0.5`` is equal jitter (a dela
 that the waits grow. ``jitter=1.0`` is AWS-style full jitter, ``0.0`` none. Every backoff
 in synckit is this formula with its own knobs: job retries and the outbox relay (through
 :class:`RetryPolicy`), dead-letter replays (:func:`synckit.errors.dlq_policy.next_retry_delay`)
-and the alert webhook's attempts (:class:`synckit.runtime.alert_delivery.WebhookSink`).
+and the alert webhook's attempts (:class:`synckit.runtime.observe.alert_delivery.WebhookSink`).
 
 A wait the server asked for always wins over the computed backoff, even when it is
 shorter: the server knows. It gets a safety buffer (default +20%), because clocks

@@ -578,7 +578,7 @@ def _description(
     except Exception:  # connector code: a description that fails is no description
         return None
     # Not redacted here (errors/ sits below redaction): ctx.http's exceptions redact their
-    # message (synckit.runtime.http.api_error), and every store and log redacts again.
+    # message (synckit.runtime.http.client.api_error), and every store and log redacts again.
     text = _one_line(text, _DESCRIPTION_LIMIT)
     if not text and error_class is None:
         return None

@@ -1,7 +1,7 @@
 """Pacing decisions (pure): how long a rate limit paces a resource, and at what rate to send.
 
 Three decisions, each values in and a frozen value out; the runtime
-(:mod:`synckit.runtime.pacing`, :mod:`synckit.runtime.http`) stores and applies them:
+(:mod:`synckit.runtime.http.pacing`, :mod:`synckit.runtime.http.client`) stores and applies them:
 
 * :func:`pace_decision`: a rate-limited answer paces the resource until a moment. The
   server's wait wins (the longest of ``retry-after-ms`` and ``Retry-After``, then an

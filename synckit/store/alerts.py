@@ -1,7 +1,7 @@
 """The operations on the alerts' rows: what the rules read, and the fired alerts.
 
-Two families, both for :mod:`synckit.runtime.alerts` (which holds the rules, the
-:class:`~synckit.runtime.alert_rules.Alert` type, the sinks and the routing):
+Two families, both for :mod:`synckit.runtime.observe.alerts` (which holds the rules, the
+:class:`~synckit.runtime.observe.alert_rules.Alert` type, the sinks and the routing):
 
 * what the rules read besides the audit counts (:mod:`synckit.store.audit`): the
   connections with their last successful poll (:func:`load_connections`, also read by
@@ -52,7 +52,7 @@ from synckit.store.tables import checkpoints, connections, dead_letters, dialect
 log = structlog.get_logger("synckit.alerts")
 
 POLL_KIND = "synckit.poll"
-#: The severities an alert row may hold (``synckit.runtime.alert_rules.Severity``'s values).
+#: The severities an alert row may hold (``synckit.runtime.observe.alert_rules.Severity``'s values).
 SEVERITIES = ("info", "warning", "critical")
 
 

@@ -4,7 +4,7 @@ application version.
 ``audit_buckets`` holds counters, never a row per operation: one row per
 ``(tenant, connector, minute, app_version)`` whose ``ok``, ``failed`` and ``paced`` grow by upserts
 that add. Writers call :func:`record_audit_sync` inside their own transaction (the worker's
-:func:`synckit.runtime.audit.audit_observer` runs inside the transaction that records job
+:func:`synckit.runtime.admin.audit.audit_observer` runs inside the transaction that records job
 outcomes), so a count commits atomically with the outcome it counts.
 
 What the counters mean

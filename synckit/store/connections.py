@@ -1,11 +1,11 @@
 """Every statement on the tenants' ``connections`` rows and on ``pending_authorizations``.
 
 The runtime's tenants, token sets, refresh leases, connect flow and key rotation
-(:mod:`synckit.runtime.tenants`, :mod:`~synckit.runtime.secrets`,
-:mod:`~synckit.runtime.oauth`, :mod:`~synckit.runtime.authorize`,
-:mod:`~synckit.runtime.keys`, :mod:`~synckit.runtime.bulk`) call these named operations
-and build no SQL themselves. Secrets arrive here sealed (bytes, or the sealed JSON of a
-config): the store never sees a key or a plaintext token.
+(:mod:`synckit.runtime.admin.tenants`, :mod:`~synckit.runtime.credentials.secrets`,
+:mod:`~synckit.runtime.credentials.oauth`, :mod:`~synckit.runtime.credentials.authorize`,
+:mod:`~synckit.runtime.credentials.keys`, :mod:`~synckit.runtime.admin.bulk`) call these
+named operations and build no SQL themselves. Secrets arrive here sealed (bytes, or the
+sealed JSON of a config): the store never sees a key or a plaintext token.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from synckit.store.tables import checkpoints, connections, dead_letters, pending
 REASON_CHARS = 500
 
 #: The statuses the runtime writes in ``connections.status``; a row holding anything else
-#: is shown with its value marked unknown. (Here, not in synckit.runtime.tenants, so that
+#: is shown with its value marked unknown. (Here, not in synckit.runtime.admin.tenants, so that
 #: ``synckit status`` reads them without importing pydantic and the ciphers.)
 CONNECTION_STATUSES = frozenset({"active", "paused", "needs_reauth"})
 #: How the pause reason of a tenant held for an unreadable row starts (the worker's

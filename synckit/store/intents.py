@@ -1,4 +1,5 @@
-"""Every SQL statement on ``intents``, named (the runtime side is :mod:`synckit.runtime.intents`).
+"""Every SQL statement on ``intents``, named (the runtime side is
+:mod:`synckit.runtime.writes.intents`).
 
 One row per intended create: ``pending`` until the remote id is recorded (``done``). A
 run holds a pending intent under the one lease (:mod:`synckit.store.leases`) while it

@@ -1,5 +1,5 @@
 """Every SQL statement on ``outbox``, named; the relay and publishers are
-:mod:`synckit.runtime.outbox`, which re-exports what its callers use from here.
+:mod:`synckit.runtime.writes.outbox`, which re-exports what its callers use from here.
 
 :func:`add` / :func:`add_many` write messages in the caller's transaction. The relay's
 operations are :func:`claim` (a batch under the one lease, :mod:`synckit.store.leases`,
@@ -105,7 +105,7 @@ _PENDING: Any = literal_column("'pending'")
 
 @dataclass(frozen=True)
 class OutboxMessage:
-    """A message the relay hands to a publisher (:mod:`synckit.runtime.outbox`).
+    """A message the relay hands to a publisher (:mod:`synckit.runtime.writes.outbox`).
 
     ``attempts`` counts the earlier publish attempts (0 on the first).
     """

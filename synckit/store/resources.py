@@ -191,7 +191,7 @@ async def reset_resource(db: Database, resource_key: str) -> ResourceInfo:
     return await get_resource(db, resource_key)
 
 
-# --- the runtime's operations: pacing (synckit.runtime.pacing) and breakers (the worker) --
+# --- the runtime's operations: pacing (synckit.runtime.http.pacing) and breakers (the worker) --
 #
 # Synchronous: they run in the caller's transaction inside ``Database.write`` (the
 # recorder's batch, a request's slot), as the rest of the hot path does.

@@ -1,5 +1,5 @@
 """Every SQL statement on ``webhook_subscriptions``, named; the runtime side is
-:mod:`synckit.runtime.subscriptions`.
+:mod:`synckit.runtime.sync.subscriptions`.
 
 One row per tenant and subscribed stream: the provider's subscription id, its expiry,
 its state (``pending``, ``active``, ``lapsed``, ``failed``) and ``next_at``, when the

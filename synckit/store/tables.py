@@ -488,7 +488,7 @@ audit_buckets = Table(
     Index("ix_audit_buckets_minute", "minute"),
 )
 
-# Alerts the rules fired (migration 0010; see synckit.runtime.alerts): one row per rule,
+# Alerts the rules fired (migration 0010; see synckit.runtime.observe.alerts): one row per rule,
 # subject and window (``dedupe_key``), written undelivered before any sink is called.
 # ``delivered`` maps each sink that took it to when; ``finished_at`` is set once every
 # sink has it or delivery was given up, and a delivery in progress holds a lease.

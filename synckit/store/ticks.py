@@ -1,5 +1,5 @@
-"""Schedule ticks: ``cron_ticks`` (recurring jobs, :mod:`synckit.runtime.cron`) and
-``poll_ticks`` (each tenant's poll cycles, :mod:`synckit.runtime.poll`'s scheduler).
+"""Schedule ticks: ``cron_ticks`` (recurring jobs, :mod:`synckit.runtime.sync.cron`) and
+``poll_ticks`` (each tenant's poll cycles, :mod:`synckit.runtime.sync.poll`'s scheduler).
 
 The callers hold the transaction and make the decisions (which tick is due next, which
 job a tick enqueues); these operations only read and write the rows.

@@ -1,5 +1,5 @@
 """Every SQL statement on the webhook inbox (``webhook_events``, ``webhook_refusals``,
-``webhook_triggers``), named; the runtime side is :mod:`synckit.runtime.webhooks`.
+``webhook_triggers``), named; the runtime side is :mod:`synckit.runtime.sync.webhooks`.
 
 A verified delivery's events are inserted, with the job that processes them, in one
 short transaction that commits before the provider gets its 2xx; an event id already

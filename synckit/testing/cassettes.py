@@ -7,7 +7,7 @@ credential (``Authorization``, ``Cookie``, ``Set-Cookie``, ``X-Api-Key``...), ev
 or form parameter and JSON field that does (``api_key``, ``access_token``,
 ``client_secret``...), and every secret-looking piece of text (``Bearer ...``, JWTs,
 well-known token formats) becomes ``***`` by synckit's own redaction
-(:func:`synckit.runtime.logging.redact`), as do the exact ``secrets`` given, wherever they
+(:func:`synckit.runtime.observe.logging.redact`), as do the exact ``secrets`` given, wherever they
 appear. Replay scrubs the live request the same way before matching it, so a cassette
 recorded with one token replays with another. Compressed answers are stored decoded so
 their bodies can be scrubbed.
@@ -42,7 +42,7 @@ import vcr
 from vcr.cassette import CassetteContextDecorator
 from vcr.request import Request as VcrRequest
 
-from synckit.runtime.logging import REDACTED, is_secret_key, redact, redact_text
+from synckit.runtime.observe.logging import REDACTED, is_secret_key, redact, redact_text
 
 __all__ = [
     "install_scrubbing",
@@ -73,7 +73,8 @@ def _query(query: str, known: tuple[str, ...]) -> str:
 
 def scrub_body(body: bytes | str | None, content_type: str, known: Iterable[str] = ()) -> Any:
     """``body`` with its secrets replaced: JSON by key at any depth and inside strings,
-    a form by parameter name, any other text by :func:`~synckit.runtime.logging.redact_text`.
+    a form by parameter name, any other text by
+    :func:`~synckit.runtime.observe.logging.redact_text`.
     A body that is not text is returned as it is."""
     if body is None or body in (b"", ""):
         return body

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 FIXTURES = "synckit.testing.fixtures"
-#: Set for the session when no key is configured (the names of synckit.runtime.secrets,
+#: Set for the session when no key is configured (the names of synckit.runtime.credentials.secrets,
 #: not imported here: the plugin loads in every pytest run of the environment).
 SECRET_KEY_ENV = "SYNCKIT_SECRET_KEY"
 INSECURE_ENV = "SYNCKIT_INSECURE_DEV_TOKENS"

@@ -40,13 +40,13 @@ from starlette.staticfiles import StaticFiles
 from synckit.clock import parse_duration, utcnow
 from synckit.errors.exceptions import DeadLetterNotFound, JobNotFound, SynckitError, TenantNotFound
 from synckit.printable import printable
-from synckit.runtime import outbox as outbox_store
-from synckit.runtime import tenants as tenant_store
-from synckit.runtime.alert_delivery import recent_alerts
-from synckit.runtime.audit import window_start
-from synckit.runtime.budget import BudgetPolicy, BudgetStatus
-from synckit.runtime.logging import redact, redact_text
-from synckit.runtime.poll import POLL_KIND, list_checkpoints
+from synckit.runtime.admin import tenants as tenant_store
+from synckit.runtime.admin.audit import window_start
+from synckit.runtime.observe.alert_delivery import recent_alerts
+from synckit.runtime.observe.budget import BudgetPolicy, BudgetStatus
+from synckit.runtime.observe.logging import redact, redact_text
+from synckit.runtime.sync.poll import POLL_KIND, list_checkpoints
+from synckit.runtime.writes import outbox as outbox_store
 from synckit.store import console, pages, queue_history
 from synckit.store import jobs as job_store
 from synckit.store import workers as worker_store
@@ -402,9 +402,9 @@ FIRING_TTL = timedelta(seconds=15)
 async def _firing(st: _State, now: datetime) -> tuple[list[Any], bool]:
     """The alerts firing now, by the rules ``synckit status`` evaluates on the spot (the
     same figures, so both agree); False when there are too many tenants to evaluate."""
-    from synckit.runtime.alert_rules import RuleSet
-    from synckit.runtime.alerts import load_alert_data
-    from synckit.runtime.status import ALERTS_ON_THE_SPOT
+    from synckit.runtime.admin.status import ALERTS_ON_THE_SPOT
+    from synckit.runtime.observe.alert_rules import RuleSet
+    from synckit.runtime.observe.alerts import load_alert_data
 
     cached = st.firing
     if cached is not None and now - cached[0] < FIRING_TTL:
@@ -629,7 +629,7 @@ async def tenant_action(request: Request) -> Response:
     async def sync() -> str:
         if st.config.app is None:
             raise ValueError("sync now needs the App: start the console with --app")
-        from synckit.runtime.actions import enqueue_cycles
+        from synckit.runtime.admin.actions import enqueue_cycles
 
         _connector, cycles = await enqueue_cycles(db, st.config.app, name)
         return "; ".join(
@@ -665,8 +665,8 @@ async def tenant_reauthorize(request: Request) -> Response:
     form = await request.form()
     redirect_uri = str(request.base_url).rstrip("/") + CALLBACK_PATH
     try:
-        from synckit.runtime.actions import oauth_config_for
-        from synckit.runtime.authorize import DEFAULT_TTL, begin_authorization
+        from synckit.runtime.admin.actions import oauth_config_for
+        from synckit.runtime.credentials.authorize import DEFAULT_TTL, begin_authorization
 
         t = await tenant_store.get_tenant(db, name, reveal=False)
         if st.config.app is None:
@@ -723,8 +723,8 @@ async def oauth_callback(request: Request) -> Response:
             "start again with Re-authorise on the tenant's page",
         )
     try:
-        from synckit.runtime.actions import oauth_config_for
-        from synckit.runtime.authorize import complete_authorization
+        from synckit.runtime.admin.actions import oauth_config_for
+        from synckit.runtime.credentials.authorize import complete_authorization
 
         if st.config.read_only:
             raise ValueError("the console runs read-only (--read-only)")
@@ -1086,7 +1086,7 @@ async def _replay(st: _State, db: Database, flt: DlqFilter) -> Any:
     """What ``synckit dlq replay`` does: with the App, its replayers; without, dead jobs
     are re-run and record rows are skipped as needing the App."""
     from synckit.dlq.replay import ReplayProcessor, replayers_from_app
-    from synckit.runtime.actions import NO_APP_REASON
+    from synckit.runtime.admin.actions import NO_APP_REASON
 
     if st.config.app is None:
         processor = ReplayProcessor(

@@ -4,7 +4,7 @@ The worker stores each failed run in the job's ``errors`` (``synckit.store.jobs.
 ``run`` numbers the failed runs, ``attempt`` is the attempts counted once it failed, and
 ``counted`` says whether it spent one (a paced run, one waiting for re-authorisation, or
 one that committed progress does not). The limit is the worker's own rule,
-:meth:`synckit.runtime.handlers.Registry.attempt_limit`. Entries written before runs were
+:meth:`synckit.runtime.jobs.handlers.Registry.attempt_limit`. Entries written before runs were
 numbered are numbered by their place.
 """
 

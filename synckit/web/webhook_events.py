@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from synckit.clock import utcnow
-from synckit.runtime.webhooks import process_job_spec
+from synckit.runtime.sync.webhooks import process_job_spec
 from synckit.store import subscriptions as subscription_store
 from synckit.store import webhooks as inbox
 from synckit.store.db import SyncConn

@@ -8,7 +8,7 @@ Mount it in your own Starlette or FastAPI app::
 or let ``synckit web --app ...`` serve it at ``/webhooks/``. It answers
 ``POST /<connector>/<tenant>`` (the tenant in the URL, :class:`TenantFromPath`) and
 ``POST /<connector>`` (the tenant from the body, :class:`TenantFromBody`); the work is
-:func:`synckit.runtime.webhooks.receive`'s. The body is read raw, up to the connector's
+:func:`synckit.runtime.sync.webhooks.receive`'s. The body is read raw, up to the connector's
 ``max_body`` (larger: 413, without reading further), within ``read_timeout`` seconds (a
 slow client gets 408 rather than holding the server). A delivery the database could not
 store is answered 503 (never a 2xx): the provider delivers it again later.
@@ -24,8 +24,8 @@ from urllib.parse import parse_qsl
 import structlog
 
 from synckit.errors.exceptions import DatabaseError
-from synckit.runtime.instruments import record_webhook
-from synckit.runtime.webhooks import Answer, receive, webhooks_of
+from synckit.runtime.observe.instruments import record_webhook
+from synckit.runtime.sync.webhooks import Answer, receive, webhooks_of
 
 if TYPE_CHECKING:
     from synckit.app import App

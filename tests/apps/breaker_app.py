@@ -9,7 +9,7 @@ import httpx
 
 from synckit.errors import BreakerPolicy, RetryPolicy, classify
 from synckit.errors.raising import exception_for
-from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.jobs.handlers import JobContext, Registry
 
 registry = Registry(
     breaker_policy=BreakerPolicy(failure_threshold=3, cooldown=timedelta(seconds=2)),

@@ -22,7 +22,7 @@ from typing import Any
 
 from synckit.dlq import Replayers, ReplayProcessor
 from synckit.errors.exceptions import PermanentError, RetryableError, Unreplayable
-from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.jobs.handlers import JobContext, Registry
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters.rows import DeadLetter
 

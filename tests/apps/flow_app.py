@@ -25,7 +25,7 @@ import httpx
 from pydantic import BaseModel
 
 from synckit import App, Connector, Page, RateLimit, SyncContext
-from synckit.runtime.oauth import OAuth2Auth, OAuth2Config
+from synckit.runtime.credentials.oauth import OAuth2Auth, OAuth2Config
 
 CONNECTOR = "flow"
 CLIENT_ID = "flow-client"

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 
 from synckit.errors import set_testing
-from synckit.runtime.handlers import Registry
-from synckit.runtime.intents import (
+from synckit.runtime.jobs.handlers import Registry
+from synckit.runtime.writes.intents import (
     WRITE_KIND,
     RemoteRecord,
     Writer,

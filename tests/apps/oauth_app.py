@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 from sqlalchemy import text
 
-from synckit.runtime.logging import configure_logging
-from synckit.runtime.oauth import OAuth2Auth, OAuth2Config
+from synckit.runtime.credentials.oauth import OAuth2Auth, OAuth2Config
+from synckit.runtime.observe.logging import configure_logging
 from synckit.store.db import open_database
 
 

@@ -25,8 +25,8 @@ from pydantic import BaseModel
 
 from synckit import App, Connector, Page, SyncContext
 from synckit.connectors.base import RateLimit
-from synckit.runtime.handlers import JobContext
-from synckit.runtime.oauth import OAuth2Auth, OAuth2Config
+from synckit.runtime.credentials.oauth import OAuth2Auth, OAuth2Config
+from synckit.runtime.jobs.handlers import JobContext
 
 RESOURCE = os.environ.get("OAUTH_APP_RESOURCE_URL", "http://127.0.0.1:9/me")
 

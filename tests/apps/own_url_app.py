@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from synckit import App
-from synckit.runtime.handlers import JobContext
+from synckit.runtime.jobs.handlers import JobContext
 
 app = App(database_url=os.environ["OWN_URL_APP_DATABASE"], dlq_replay_every=None, alerts_every=None)
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from synckit import Connector
 from synckit.errors.exceptions import RateLimited
-from synckit.runtime.context import open_context
+from synckit.runtime.sync.context import open_context
 from synckit.store.db import open_database
 
 

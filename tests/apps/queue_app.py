@@ -13,7 +13,7 @@ import os
 import time
 from datetime import timedelta
 
-from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.jobs.handlers import JobContext, Registry
 
 registry = Registry()
 

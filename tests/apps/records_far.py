@@ -15,7 +15,7 @@ from typing import Any
 
 import records_app
 
-import synckit.runtime.poll as poll
+import synckit.runtime.sync.poll as poll
 from synckit.store.db import open_database
 
 runtime_url, far_url, tenant, after = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from otel_spans import file_tracing  # tests/
 
-from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.jobs.handlers import JobContext, Registry
 
 file_tracing(os.environ["TRACED_APP_SPANS"])
 

@@ -18,8 +18,8 @@ from pydantic import BaseModel, SecretStr
 
 from synckit import App, Connector, Page, SyncContext
 from synckit.clock import utcnow
-from synckit.runtime import outbox
-from synckit.runtime.pacing import defer_resource
+from synckit.runtime.http.pacing import defer_resource
+from synckit.runtime.writes import outbox
 from synckit.store.db import Database
 from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.jobs import enqueueing
@@ -61,7 +61,7 @@ async def seed(db: Database) -> dict[str, Any]:
         )
     # globex: rate limited by Retry-After, paced for ten minutes.
     await defer_resource(db, "shop:globex", now + timedelta(minutes=10), "Retry-After")
-    from synckit.runtime.tenants import pause_tenant
+    from synckit.runtime.admin.tenants import pause_tenant
 
     await pause_tenant(db, "initech", "paused for the migration")
     from synckit.store.connections import mark_needs_reauth

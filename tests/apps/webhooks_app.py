@@ -93,7 +93,7 @@ def _serve(url: str, port: int) -> None:
 
 
 async def _main(url: str, tenant: str) -> None:
-    from synckit.runtime.webhooks import BATCH, process_events
+    from synckit.runtime.sync.webhooks import BATCH, process_events
     from synckit.store.db import open_database
 
     assert BATCH > 0

@@ -13,8 +13,8 @@ from engines import sqlite_only  # tests/
 from inprocess import run_cli  # tests/
 
 from synckit.errors.exceptions import PublishRejected
-from synckit.runtime import outbox
-from synckit.runtime.outbox import CallbackPublisher
+from synckit.runtime.writes import outbox
+from synckit.runtime.writes.outbox import CallbackPublisher
 from synckit.store.db import open_database
 from synckit.store.outbox import NewMessage, OutboxMessage
 

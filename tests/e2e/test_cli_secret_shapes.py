@@ -26,7 +26,7 @@ from secret_shapes import SHAPES
 from sqlalchemy import insert, update
 from waits import PROCESS_TIMEOUT  # tests/
 
-from synckit.runtime import outbox as outbox_store
+from synckit.runtime.writes import outbox as outbox_store
 from synckit.store.connections import insert_connection
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import capture as dlq_capture

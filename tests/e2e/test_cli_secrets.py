@@ -18,8 +18,8 @@ from secrets_app import Vault
 from sqlalchemy import update
 from waits import PROCESS_TIMEOUT  # tests/
 
-from synckit.runtime.secrets import TokenCipher, key_id
-from synckit.runtime.tenants import add_tenant
+from synckit.runtime.admin.tenants import add_tenant
+from synckit.runtime.credentials.secrets import TokenCipher, key_id
 from synckit.store.db import Database, open_database
 from synckit.store.tables import connections
 

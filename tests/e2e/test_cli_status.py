@@ -20,8 +20,8 @@ from inprocess import run_cli  # tests/
 from sqlalchemy import insert, update
 from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
-from synckit.runtime.alert_delivery import AlertRouter
-from synckit.runtime.alert_rules import dlq_review_alert
+from synckit.runtime.observe.alert_delivery import AlertRouter
+from synckit.runtime.observe.alert_rules import dlq_review_alert
 from synckit.store.audit import read_audit
 from synckit.store.db import open_database
 from synckit.store.jobs import enqueueing
@@ -176,8 +176,8 @@ def test_status_on_an_empty_database(migrated_url: str) -> None:
 APP = textwrap.dedent(
     """
     from synckit.errors.exceptions import PermanentError
-    from synckit.runtime.alerts import register_alerts
-    from synckit.runtime.handlers import JobContext, Registry
+    from synckit.runtime.observe.alerts import register_alerts
+    from synckit.runtime.jobs.handlers import JobContext, Registry
 
     registry = Registry()
 

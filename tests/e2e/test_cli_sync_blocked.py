@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from loopback import LoopbackServer, Request  # tests/
 
-from synckit.runtime.tenants import pause_tenant
+from synckit.runtime.admin.tenants import pause_tenant
 from synckit.store.db import open_database
 from synckit.store.jobs.admin import list_jobs
 

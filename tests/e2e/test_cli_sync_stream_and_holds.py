@@ -23,7 +23,7 @@ from sqlalchemy import select, update
 from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT, stop  # tests/
 
 from synckit.clock import utcnow
-from synckit.runtime.pacing import defer_resource
+from synckit.runtime.http.pacing import defer_resource
 from synckit.store.db import open_database
 from synckit.store.tables import jobs, resources
 

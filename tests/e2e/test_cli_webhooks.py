@@ -12,7 +12,7 @@ from inprocess import run_cli  # tests/
 from sqlalchemy import Connection, select
 
 from synckit.clock import utcnow
-from synckit.runtime.webhooks import process_job_spec
+from synckit.runtime.sync.webhooks import process_job_spec
 from synckit.store import leases
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database

@@ -374,8 +374,8 @@ def test_the_demo_keeps_its_key_and_ends_with_the_console_command(demo: DemoRun)
     assert demo.summary["next_commands"][-1] == last
 
     async def open_all() -> list[str]:
-        from synckit.runtime.secrets import TokenCipher
-        from synckit.runtime.tenants import get_tenant
+        from synckit.runtime.admin.tenants import get_tenant
+        from synckit.runtime.credentials.secrets import TokenCipher
         from synckit.store.db import open_database
 
         db = open_database(f"sqlite:///{demo.db}")

@@ -21,8 +21,8 @@ from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT
 from web_app import SECRET  # tests/apps, on the path by console_browser
 
 from synckit.errors import RetryPolicy
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
 from synckit.store import migrate
 from synckit.store.dead_letters import reads as dlq_reads
 from synckit.store.dead_letters import rows as dlq_rows
@@ -241,7 +241,7 @@ def test_reauthorise_follows_the_consent_link_back_to_an_active_connection(
             expect(pg.locator("#why")).to_have_text("no worker alive: nothing claims its jobs")
 
     async def status(db: Any) -> str:
-        from synckit.runtime.tenants import get_tenant
+        from synckit.runtime.admin.tenants import get_tenant
 
         return (await get_tenant(db, "acme", reveal=False)).status
 

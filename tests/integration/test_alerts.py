@@ -19,8 +19,9 @@ from structlog.testing import capture_logs
 from synckit.clock import utcnow
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import AlertDeliveryError
-from synckit.runtime import cron
-from synckit.runtime.alert_delivery import (
+from synckit.runtime.jobs.handlers import Registry
+from synckit.runtime.jobs.worker import Worker
+from synckit.runtime.observe.alert_delivery import (
     AlertRouter,
     CallbackSink,
     WebhookSink,
@@ -28,11 +29,15 @@ from synckit.runtime.alert_delivery import (
     recent_alerts,
     record_alerts,
 )
-from synckit.runtime.alert_rules import Alert, BudgetRule, RuleSet, Severity
-from synckit.runtime.alerts import ALERTS_KIND, AlertEvaluator, load_alert_data, register_alerts
-from synckit.runtime.budget import BudgetPolicy
-from synckit.runtime.handlers import Registry
-from synckit.runtime.worker import Worker
+from synckit.runtime.observe.alert_rules import Alert, BudgetRule, RuleSet, Severity
+from synckit.runtime.observe.alerts import (
+    ALERTS_KIND,
+    AlertEvaluator,
+    load_alert_data,
+    register_alerts,
+)
+from synckit.runtime.observe.budget import BudgetPolicy
+from synckit.runtime.sync import cron
 from synckit.store.db import Database
 from synckit.store.tables import alerts, checkpoints, connections, dead_letters, jobs
 
@@ -724,8 +729,8 @@ async def test_the_evaluation_prunes_finished_alerts_after_a_week(db: Database) 
 _EVALUATOR = """
 import asyncio, pathlib, sys, time
 from datetime import UTC, datetime, timedelta
-from synckit.runtime.alert_delivery import AlertRouter
-from synckit.runtime.alert_rules import Alert
+from synckit.runtime.observe.alert_delivery import AlertRouter
+from synckit.runtime.observe.alert_rules import Alert
 from synckit.store.db import open_database
 
 async def main(url, out, me, n):

@@ -11,8 +11,8 @@ from pathlib import Path
 from loopback import LoopbackServer, Request  # type: ignore[import-not-found]
 from procs import spawn_worker, stop_all  # type: ignore[import-not-found]
 
-from synckit.runtime.scheduler import poll_job_spec
-from synckit.runtime.tenants import add_tenant
+from synckit.runtime.admin.tenants import add_tenant
+from synckit.runtime.sync.scheduler import poll_job_spec
 from synckit.store.db import Database
 from synckit.store.jobs import enqueueing
 from synckit.testing import dead_letters

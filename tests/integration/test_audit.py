@@ -16,11 +16,11 @@ from structlog.testing import capture_logs
 
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PermanentError, RetryableError
-from synckit.runtime.audit import audit_observer
-from synckit.runtime.budget import BudgetLevel, BudgetPolicy, tenant_budgets
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.logging import configure_logging, shared_processors
-from synckit.runtime.worker import Worker
+from synckit.runtime.admin.audit import audit_observer
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
+from synckit.runtime.observe.budget import BudgetLevel, BudgetPolicy, tenant_budgets
+from synckit.runtime.observe.logging import configure_logging, shared_processors
 from synckit.store.audit import (
     AuditCounts,
     AuditRow,

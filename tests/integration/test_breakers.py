@@ -88,7 +88,7 @@ async def test_429_paces_its_resource_while_others_run(db: Database, tmp_path: P
     """A 429 with Retry-After: 7 holds its resource for 7 s plus 20%; others keep running."""
     import breaker_app  # type: ignore[import-not-found]
 
-    from synckit.runtime.worker import Worker
+    from synckit.runtime.jobs.worker import Worker
 
     throttled_once = False
 

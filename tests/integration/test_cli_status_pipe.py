@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from synckit import App
 from synckit.cli import cli
-from synckit.runtime.tenants import add_tenant, pause_tenant
+from synckit.runtime.admin.tenants import add_tenant, pause_tenant
 from synckit.store.db import open_database
 from tests.apps.quiet_app import Quiet
 

@@ -17,12 +17,12 @@ from sqlalchemy import select, text, update
 
 from synckit.clock import utcnow
 from synckit.errors.exceptions import ConfigurationError
-from synckit.runtime.authorize import _open_verifier, begin_authorization
-from synckit.runtime.bulk import add_tenants
-from synckit.runtime.keys import find_unopenable, models_of, rotate_secrets
-from synckit.runtime.oauth import OAuth2Config
-from synckit.runtime.secrets import TokenCipher, TokenSet, key_id, write_token_set
-from synckit.runtime.tenants import add_tenant, get_tenant, list_tenants, set_config
+from synckit.runtime.admin.bulk import add_tenants
+from synckit.runtime.admin.tenants import add_tenant, get_tenant, list_tenants, set_config
+from synckit.runtime.credentials.authorize import _open_verifier, begin_authorization
+from synckit.runtime.credentials.keys import find_unopenable, models_of, rotate_secrets
+from synckit.runtime.credentials.oauth import OAuth2Config
+from synckit.runtime.credentials.secrets import TokenCipher, TokenSet, key_id, write_token_set
 from synckit.store.db import Database
 from synckit.store.tables import connections, pending_authorizations
 

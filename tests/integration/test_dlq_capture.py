@@ -30,11 +30,11 @@ from waits import PROCESS_TIMEOUT  # tests/
 from synckit import App, BearerToken, Connector, Page, SyncContext
 from synckit.clock import utcnow
 from synckit.errors.exceptions import PermanentError, PublishRejected
-from synckit.runtime import outbox as outbox_store
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.logging import redact_text
-from synckit.runtime.outbox import CallbackPublisher, OutboxRelay
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
+from synckit.runtime.observe.logging import redact_text
+from synckit.runtime.writes import outbox as outbox_store
+from synckit.runtime.writes.outbox import CallbackPublisher, OutboxRelay
 from synckit.store.db import Database, open_database
 from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.dead_letters import reads as dlq_reads

@@ -13,8 +13,8 @@ from structlog.testing import capture_logs
 
 from synckit.dlq import DLQ_REPLAY_KIND, Replayers, ReplayProcessor, register_dlq_replay
 from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError, Unreplayable
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
 from synckit.store.db import Database
 from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.dead_letters import reads as dlq_reads

@@ -15,7 +15,7 @@ import pytest
 
 from synckit.errors import ErrorClass, classify
 from synckit.examples.graph_mail.simulator import REQUIRED_FIELDS, GraphSimulator
-from synckit.runtime.oauth import authlib_client
+from synckit.runtime.credentials.oauth import authlib_client
 from synckit.testing import FakeClock
 
 # authlib's httpx client as synckit imports it (without its warning about httpx2).

@@ -33,8 +33,8 @@ from synckit import (
 )
 from synckit.connectors.subscriptions import renew_at
 from synckit.examples.graph_mail import GraphMail, GraphSimulator, connect_tenant, make_app
-from synckit.runtime.status import read_status
-from synckit.runtime.subscriptions import sweep_subscriptions
+from synckit.runtime.admin.status import read_status
+from synckit.runtime.sync.subscriptions import sweep_subscriptions
 from synckit.store import subscriptions as subs
 from synckit.store.db import Database
 from synckit.testing import FakeClock, Reply

@@ -11,8 +11,8 @@ import pytest
 
 from synckit import Connector
 from synckit.errors import ClassifyRules, ErrorClass, classify
-from synckit.runtime.context import open_context
-from synckit.runtime.http import ERROR_BODY_LIMIT
+from synckit.runtime.http.client import ERROR_BODY_LIMIT
+from synckit.runtime.sync.context import open_context
 from synckit.store.db import Database
 from synckit.store.dead_letters import capture as dlq_capture
 from synckit.store.dead_letters import reads as dlq_reads
@@ -140,9 +140,9 @@ async def test_dead_cycles_in_a_row_pause_the_tenant_with_an_alert(db: Database)
     from sqlalchemy import insert, select
 
     from synckit.errors.dlq_policy import DEAD_CYCLES_TO_PAUSE
-    from synckit.runtime.alert_delivery import AlertRouter
-    from synckit.runtime.alert_rules import RuleSet
-    from synckit.runtime.alerts import AlertEvaluator
+    from synckit.runtime.observe.alert_delivery import AlertRouter
+    from synckit.runtime.observe.alert_rules import RuleSet
+    from synckit.runtime.observe.alerts import AlertEvaluator
     from synckit.store.tables import connections
 
     async with db.begin() as conn:

@@ -14,8 +14,9 @@ from sqlalchemy import select
 
 from synckit.errors import RetryPolicy, set_testing
 from synckit.errors.exceptions import IntentConflict, PermanentError
-from synckit.runtime.handlers import Registry
-from synckit.runtime.intents import (
+from synckit.runtime.jobs.handlers import Registry
+from synckit.runtime.jobs.worker import Worker
+from synckit.runtime.writes.intents import (
     WRITE_KIND,
     RemoteRecord,
     current_idempotency_headers,
@@ -28,7 +29,6 @@ from synckit.runtime.intents import (
     write_job,
     write_job_handler,
 )
-from synckit.runtime.worker import Worker
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import admin, enqueueing
 from synckit.store.tables import dead_letters, intents

@@ -29,7 +29,7 @@ import pytest
 from sqlalchemy import select
 from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT  # tests/
 
-from synckit.runtime.intents import write_job
+from synckit.runtime.writes.intents import write_job
 from synckit.store.db import Database
 from synckit.store.jobs import admin, enqueueing
 from synckit.store.tables import intents, jobs

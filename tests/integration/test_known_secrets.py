@@ -18,10 +18,10 @@ from sqlalchemy import select
 
 from synckit import App, Connector, Page, Stream, SyncContext
 from synckit.errors import Classification, RetryPolicy
-from synckit.runtime.context import open_context
-from synckit.runtime.intents import RemoteRecord, run_intent
-from synckit.runtime.logging import configure_logging
-from synckit.runtime.scheduler import poll_job_spec
+from synckit.runtime.observe.logging import configure_logging
+from synckit.runtime.sync.context import open_context
+from synckit.runtime.sync.scheduler import poll_job_spec
+from synckit.runtime.writes.intents import RemoteRecord, run_intent
 from synckit.store.db import Database
 from synckit.store.jobs.enqueueing import enqueue_many
 from synckit.store.tables import connections, dead_letters, intents, jobs

@@ -169,7 +169,7 @@ def _claimers(url: str, ids: list[int], n: int) -> list[int]:
 _INTENT_RUNNER = textwrap.dedent(
     """
     import asyncio, os, sys, time
-    from synckit.runtime.intents import RemoteRecord, run_intent
+    from synckit.runtime.writes.intents import RemoteRecord, run_intent
     from synckit.store.db import open_database
 
     async def main(url, path, start):

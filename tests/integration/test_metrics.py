@@ -12,15 +12,15 @@ from sqlalchemy import insert, update
 
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PermanentError
-from synckit.runtime.audit import audit_observer
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.metrics import (
+from synckit.runtime.admin.audit import audit_observer
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
+from synckit.runtime.observe.metrics import (
     metrics_observer,
     record_api_call,
     start_metrics_server,
     status_class,
 )
-from synckit.runtime.worker import Worker
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import enqueueing
 from synckit.store.jobs.enqueueing import JobSpec

@@ -18,7 +18,7 @@ from typing import Any
 from procs import spawn_worker, stop_all  # type: ignore[import-not-found]
 from sqlalchemy import select
 
-from synckit.runtime.actions import enqueue_cycles
+from synckit.runtime.admin.actions import enqueue_cycles
 from synckit.store.db import Database
 from synckit.store.jobs._base import FINISHED
 from synckit.store.tables import jobs

@@ -26,8 +26,8 @@ from synckit.errors.exceptions import (
     RetryableError,
     TokenEndpointUnavailable,
 )
-from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, reauth
-from synckit.runtime.secrets import (
+from synckit.runtime.credentials.oauth import OAuth2Auth, OAuth2Config, reauth
+from synckit.runtime.credentials.secrets import (
     FERNET_MARKER,
     MAX_TOKEN_LIFETIME,
     PLAINTEXT_MARKER,

@@ -22,9 +22,9 @@ from sqlalchemy import select
 from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
 from synckit.errors.exceptions import AuthorizationRefused
-from synckit.runtime.authorize import begin_authorization, complete_authorization
-from synckit.runtime.oauth import OAuth2Config
-from synckit.runtime.secrets import TokenCipher
+from synckit.runtime.credentials.authorize import begin_authorization, complete_authorization
+from synckit.runtime.credentials.oauth import OAuth2Config
+from synckit.runtime.credentials.secrets import TokenCipher
 from synckit.store.checkpoints import load_checkpoint
 from synckit.store.db import Database, open_database
 from synckit.store.tables import connections, pending_authorizations

@@ -31,9 +31,9 @@ from procs import spawn_worker, stop_all  # type: ignore[import-not-found]
 from sqlalchemy import func, select
 from waits import EVENT_TIMEOUT, await_until, wait_until  # tests/
 
-from synckit.runtime import pacing
-from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, reauth
-from synckit.runtime.secrets import TokenSet
+from synckit.runtime.credentials.oauth import OAuth2Auth, OAuth2Config, reauth
+from synckit.runtime.credentials.secrets import TokenSet
+from synckit.runtime.http import pacing
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import enqueueing

@@ -21,8 +21,8 @@ from cryptography.fernet import Fernet
 from sqlalchemy import insert, select
 from waits import PROCESS_TIMEOUT, wait_until  # tests/
 
-from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, reauth
-from synckit.runtime.secrets import TokenCipher, TokenSet
+from synckit.runtime.credentials.oauth import OAuth2Auth, OAuth2Config, reauth
+from synckit.runtime.credentials.secrets import TokenCipher, TokenSet
 from synckit.store.db import open_database
 from synckit.store.tables import connections
 from synckit.testing.oauth_server import OAuthTestServer

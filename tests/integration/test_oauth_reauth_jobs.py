@@ -12,10 +12,10 @@ from cryptography.fernet import Fernet
 from sqlalchemy import insert, select
 
 from synckit.errors import RetryPolicy
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.oauth import OAuth2Auth, OAuth2Config, reauth
-from synckit.runtime.secrets import TokenSet
-from synckit.runtime.worker import Worker
+from synckit.runtime.credentials.oauth import OAuth2Auth, OAuth2Config, reauth
+from synckit.runtime.credentials.secrets import TokenSet
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
 from synckit.store.db import Database
 from synckit.store.jobs import enqueueing
 from synckit.store.jobs.enqueueing import JobSpec

@@ -35,8 +35,8 @@ from synckit.errors.exceptions import (
     PublisherUnavailable,
     PublishRejected,
 )
-from synckit.runtime import outbox
-from synckit.runtime.outbox import CallbackPublisher, LogPublisher, OutboxRelay
+from synckit.runtime.writes import outbox
+from synckit.runtime.writes.outbox import CallbackPublisher, LogPublisher, OutboxRelay
 from synckit.store import outbox as outbox_store
 from synckit.store.db import Database, open_database
 from synckit.store.leases import new_lease
@@ -417,7 +417,7 @@ async def test_running_relay_is_woken_by_a_commit(db: Database) -> None:
 ADD_SCRIPT = """
 import asyncio, sys
 from synckit.store.db import open_database
-from synckit.runtime.outbox import add
+from synckit.runtime.writes.outbox import add
 
 async def main() -> None:
     db = open_database(sys.argv[1])
@@ -492,7 +492,7 @@ async def test_second_relay_skips_held_rows_and_respects_key_order(
 RELAY_SCRIPT = """
 import asyncio, os, sys, time
 from synckit.store.db import open_database
-from synckit.runtime.outbox import CallbackPublisher, OutboxRelay
+from synckit.runtime.writes.outbox import CallbackPublisher, OutboxRelay
 
 url, out_path, go_path = sys.argv[1:4]
 

@@ -27,8 +27,8 @@ from waits import EVENT_TIMEOUT, await_until  # tests/
 
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PublisherUnavailable
-from synckit.runtime import outbox
-from synckit.runtime.outbox import OutboxRelay, RabbitPublisher
+from synckit.runtime.writes import outbox
+from synckit.runtime.writes.outbox import OutboxRelay, RabbitPublisher
 from synckit.store.db import Database
 from synckit.store.outbox import NewMessage
 from synckit.store.tables import dead_letters

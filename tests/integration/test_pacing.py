@@ -27,10 +27,10 @@ from synckit.clock import utcnow
 from synckit.errors import classify
 from synckit.errors.exceptions import RateLimited
 from synckit.errors.pace import PacePolicy
-from synckit.runtime import http as http_module
-from synckit.runtime import pacing
-from synckit.runtime.context import open_context
-from synckit.runtime.http import Pacer
+from synckit.runtime.http import client as http_module
+from synckit.runtime.http import pacing
+from synckit.runtime.http.client import Pacer
+from synckit.runtime.sync.context import open_context
 from synckit.store.db import Database, open_database
 from synckit.store.resources import configure_resource, get_resource, reset_resource
 from synckit.store.tables import resources

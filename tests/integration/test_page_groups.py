@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from synckit.runtime.page_commit import (
+from synckit.runtime.sync.page_commit import (
     _KEEP,
     RecordFailure,
     _commit_page,

@@ -20,7 +20,7 @@ from procs import spawn_worker, stop_all, wait_started  # tests/
 from sqlalchemy import select, text
 from waits import await_until  # tests/
 
-from synckit.runtime.poll import POLL_KIND
+from synckit.runtime.sync.poll import POLL_KIND
 from synckit.store.connections import UNREADABLE_ROW_REASON
 from synckit.store.db import Database
 from synckit.store.jobs import enqueueing

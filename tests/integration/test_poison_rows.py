@@ -11,8 +11,8 @@ from sqlalchemy import insert, select, text
 from structlog.testing import capture_logs
 
 from synckit.errors.exceptions import RetryableError
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.worker import Worker, WorkerStats
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker, WorkerStats
 from synckit.store.db import Database
 from synckit.store.jobs import enqueueing
 from synckit.store.jobs.enqueueing import JobSpec

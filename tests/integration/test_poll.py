@@ -29,8 +29,8 @@ from synckit.clock import utcnow
 from synckit.connectors.schedule import parse_schedule
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import Cancel, NeedsReauth, RateLimited, Unreplayable
-from synckit.runtime.intents import RemoteRecord
-from synckit.runtime.poll import poll_key, run_cycle
+from synckit.runtime.sync.poll import poll_key, run_cycle
+from synckit.runtime.writes.intents import RemoteRecord
 from synckit.store.checkpoints import load_checkpoint, save_checkpoint
 from synckit.store.db import Database
 from synckit.store.jobs import admin, claiming
@@ -462,8 +462,8 @@ async def test_only_this_streams_open_dead_letters_are_resolved(db: Database, ap
 async def test_read_cycle_start_sees_the_checkpoint_and_open_dead_letters(db: Database) -> None:
     """One statement: the stored checkpoint and whether any dead letter of the stream's
     records is pending or in review (resolved and ignored ones do not count)."""
-    from synckit.runtime.page_commit import RecordFailure, dead_letter_records
-    from synckit.runtime.poll import read_cycle_start
+    from synckit.runtime.sync.page_commit import RecordFailure, dead_letter_records
+    from synckit.runtime.sync.poll import read_cycle_start
     from synckit.store.checkpoints import CycleStart
 
     now = utcnow()
@@ -593,7 +593,7 @@ async def test_a_borrowed_transport_given_back_busy_is_closed(api: FakeApi) -> N
     """A transport comes back to the free list only with every connection idle: one
     holding a response nobody closed is closed, and the next borrower gets a new one. An
     idle one is lent again; all close when the last holder leaves."""
-    from synckit.runtime.http import (
+    from synckit.runtime.http.client import (
         borrow_transport,
         give_back_transport,
         shared_connections,
@@ -630,10 +630,10 @@ async def test_poll_start_reads_what_get_tenant_read_cycle_start_and_read_pace_r
     start as read_cycle_start and the pacing as read_pace_sync (the resource's own
     next_available_at or its parent's, whichever is later, and the stored quota)."""
     from synckit.app import _poll_start
-    from synckit.runtime.pacing import read_pace_sync
-    from synckit.runtime.page_commit import RecordFailure, dead_letter_records
-    from synckit.runtime.poll import read_cycle_start
-    from synckit.runtime.tenants import _tenant, get_tenant
+    from synckit.runtime.admin.tenants import _tenant, get_tenant
+    from synckit.runtime.http.pacing import read_pace_sync
+    from synckit.runtime.sync.page_commit import RecordFailure, dead_letter_records
+    from synckit.runtime.sync.poll import read_cycle_start
     from synckit.store.tables import resources
 
     await setup(db, make(api), "acme", "globex")
@@ -752,7 +752,7 @@ async def test_a_row_one_starting_job_cannot_read_fails_that_job_alone(
 
 def count_reservations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The resource keys of the slot reservations ctx.http makes from now on."""
-    from synckit.runtime import http as runtime_http
+    from synckit.runtime.http import client as runtime_http
 
     taken: list[str] = []
     real = runtime_http._take_slot
@@ -772,8 +772,8 @@ async def test_cycles_starting_together_reserve_their_first_slots_in_their_start
     cycles' first slots in their shared start read: what a first request's own
     reservation (take_slot_sync, ahead) would have reserved, on the same shared schedule.
     A paused tenant and a paced resource reserve nothing."""
-    from synckit.runtime import pacing
-    from synckit.runtime.tenants import pause_tenant
+    from synckit.runtime.admin.tenants import pause_tenant
+    from synckit.runtime.http import pacing
     from synckit.store.tables import resources
 
     cls = make(api, rate_limit=RateLimit(5, burst=1))
@@ -855,8 +855,8 @@ async def test_first_slots_reserved_at_another_rate_than_the_clients_are_not_use
 ) -> None:
     """The start read reserves at the connector class's declared rate; a connector
     instance pacing at another (set on the instance) reserves its first slot itself."""
-    from synckit.runtime import pacing
-    from synckit.runtime.context import open_context
+    from synckit.runtime.http import pacing
+    from synckit.runtime.sync.context import open_context
 
     cls = make(api, rate_limit=RateLimit(5, burst=1))
     await setup(db, cls, "vip")
@@ -1316,7 +1316,7 @@ async def test_a_checkpoint_with_nul_or_a_lone_surrogate_is_stored_and_read_back
 ) -> None:
     """PostgreSQL's JSON types refuse NUL: a cursor holding one failed its page's commit
     on every retry. It is stored escaped and read back as the connector gave it."""
-    from synckit.runtime.poll import read_cycle_start
+    from synckit.runtime.sync.poll import read_cycle_start
     from synckit.store.checkpoints import list_checkpoints, save_checkpoint
 
     await db.write(save_checkpoint, "acme", "items", "default", cursor, utcnow())
@@ -1332,7 +1332,7 @@ async def test_a_cycle_reads_its_pacing_with_its_tenant_not_per_request(
     """The poll job reads the resource's pacing in the transaction that reads the tenant:
     the cycle's requests (no rate declared) make no pacing read of their own, and a pace
     stored on the resource is honoured from the first request."""
-    from synckit.runtime import pacing
+    from synckit.runtime.http import pacing
 
     reads: list[str] = []
     real = pacing.read_pace
@@ -1350,7 +1350,7 @@ async def test_a_cycle_reads_its_pacing_with_its_tenant_not_per_request(
     assert reads == []
     # The view the job read is honoured from the first request: a pace in it is waited
     # out without any read of its own.
-    from synckit.runtime.context import open_context
+    from synckit.runtime.sync.context import open_context
 
     api.requests.clear()
     seeded = pacing.PaceView(utcnow() + timedelta(seconds=0.6), None)

@@ -19,8 +19,8 @@ from synckit.errors.exceptions import (
     RateLimited,
     Snooze,
 )
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
 from synckit.store.db import Database
 from synckit.store.jobs import admin, claiming, enqueueing, leasing, outcomes
 from synckit.store.jobs.enqueueing import JobSpec

@@ -12,7 +12,7 @@ from sqlalchemy import func, select, update
 from waits import await_until
 
 from synckit.clock import utcnow
-from synckit.runtime.pacing import defer_resource
+from synckit.runtime.http.pacing import defer_resource
 from synckit.store import queue_history
 from synckit.store.db import Database
 from synckit.store.jobs import enqueueing

@@ -20,12 +20,12 @@ from sqlalchemy import update
 from waits import EVENT_TIMEOUT  # tests/
 
 from synckit import App
-from synckit.runtime.bulk import add_tenants
-from synckit.runtime.keys import find_unopenable
-from synckit.runtime.metrics import read_snapshot
-from synckit.runtime.secrets import TokenCipher
-from synckit.runtime.tenant_pages import page_tenants, read_checkpoints, read_tenant
-from synckit.runtime.tenants import dead_letter_counts, get_tenant, list_tenants
+from synckit.runtime.admin.bulk import add_tenants
+from synckit.runtime.admin.tenant_pages import page_tenants, read_checkpoints, read_tenant
+from synckit.runtime.admin.tenants import dead_letter_counts, get_tenant, list_tenants
+from synckit.runtime.credentials.keys import find_unopenable
+from synckit.runtime.credentials.secrets import TokenCipher
+from synckit.runtime.observe.metrics import read_snapshot
 from synckit.store import resources as resource_store
 from synckit.store.db import Database, open_database
 from synckit.store.jobs import admin, enqueueing

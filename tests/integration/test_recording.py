@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import insert, select
 
 from synckit.errors.exceptions import RetryableError
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
 from synckit.store.db import Database
 from synckit.store.jobs import admin, enqueueing
 from synckit.store.jobs.enqueueing import JobSpec

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import text
 
 from synckit import App, Connector, Page, Records, Stream, SyncContext
-from synckit.runtime.records import land, prepare
+from synckit.runtime.sync.records import land, prepare
 from synckit.store.db import Database, SyncConn
 from synckit.store.records import NOTIFY_CHANNEL
 

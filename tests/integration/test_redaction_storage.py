@@ -27,12 +27,12 @@ from sqlalchemy import select
 from synckit import App, BearerToken, Connector, Page, SyncContext
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PublishRejected
-from synckit.runtime import outbox as outbox_store
-from synckit.runtime.alert_rules import Alert
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.logging import configure_logging
-from synckit.runtime.outbox import CallbackPublisher, OutboxRelay
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
+from synckit.runtime.observe.alert_rules import Alert
+from synckit.runtime.observe.logging import configure_logging
+from synckit.runtime.writes import outbox as outbox_store
+from synckit.runtime.writes.outbox import CallbackPublisher, OutboxRelay
 from synckit.store.db import Database
 from synckit.store.dead_letters.capture import Failure, capture_many
 from synckit.store.jobs import enqueueing

@@ -22,7 +22,7 @@ from web_app import app, seed
 
 from synckit.clock import utcnow
 from synckit.dlq.replay import ReplayProcessor, replayers_from_app
-from synckit.runtime.tenants import get_tenant
+from synckit.runtime.admin.tenants import get_tenant
 from synckit.store.db import Database
 from synckit.store.dead_letters import reads as dlq_reads
 from synckit.store.dead_letters import replay as dlq_replay

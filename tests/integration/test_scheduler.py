@@ -15,11 +15,11 @@ from sqlalchemy import func, select
 from synckit import App, Connector, Page, Stream, SyncContext
 from synckit.clock import utcnow
 from synckit.connectors.schedule import parse_schedule
-from synckit.runtime import scheduler
-from synckit.runtime.bulk import RowError, add_tenants, read_rows
-from synckit.runtime.poll import poll_key
-from synckit.runtime.scheduler import schedule_polls, schedule_run
-from synckit.runtime.tenants import add_tenant, pause_tenant, remove_tenant, resume_tenant
+from synckit.runtime.admin.bulk import RowError, add_tenants, read_rows
+from synckit.runtime.admin.tenants import add_tenant, pause_tenant, remove_tenant, resume_tenant
+from synckit.runtime.sync import scheduler
+from synckit.runtime.sync.poll import poll_key
+from synckit.runtime.sync.scheduler import schedule_polls, schedule_run
 from synckit.store.db import Database
 from synckit.store.tables import connections, jobs, poll_ticks, resources
 

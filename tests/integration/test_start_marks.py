@@ -286,8 +286,8 @@ async def test_plain_successes_wait_for_another_sqlite_writer(db: Database) -> N
 
 async def test_charge_at_claim_charges_every_claimed_job_in_the_claim(db: Database) -> None:
     """The opt-in old mode: attempts charged by the claim, no start marks, jobs all run."""
-    from synckit.runtime.handlers import JobContext, Registry
-    from synckit.runtime.worker import Worker
+    from synckit.runtime.jobs.handlers import JobContext, Registry
+    from synckit.runtime.jobs.worker import Worker
 
     reg = Registry()
 
@@ -312,8 +312,8 @@ async def test_a_stop_before_the_handlers_begin_gives_their_attempts_back(
     first step: the jobs were never run, so they are released pending, attempts 0."""
     from typing import Any, ClassVar, cast
 
-    from synckit.runtime.handlers import JobContext, Registry
-    from synckit.runtime.worker import Worker
+    from synckit.runtime.jobs.handlers import JobContext, Registry
+    from synckit.runtime.jobs.worker import Worker
     from synckit.store.jobs.claiming import ClaimStore
 
     reg = Registry()
@@ -357,7 +357,7 @@ TAKEOVER_BUDGET = 20.0
 
 
 def _by_pid(pid: int) -> object:
-    # Worker ids are host:pid:random (runtime/worker.py).
+    # Worker ids are host:pid:random (runtime/jobs/worker.py).
     return jobs.c.locked_by.like(f"%:{pid}:%")
 
 

@@ -12,9 +12,9 @@ from waits import EVENT_TIMEOUT  # tests/
 
 from synckit import App
 from synckit.cli.status import render_status
-from synckit.runtime.bulk import add_tenants
-from synckit.runtime.status import read_status
-from synckit.runtime.tenants import pause_tenant
+from synckit.runtime.admin.bulk import add_tenants
+from synckit.runtime.admin.status import read_status
+from synckit.runtime.admin.tenants import pause_tenant
 from synckit.store.db import Database
 
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from synckit import Connector, NextUrlPaginator, Page
 from synckit.errors.exceptions import ConfigurationError, PermanentError
-from synckit.runtime.context import open_context
+from synckit.runtime.sync.context import open_context
 from synckit.store.db import Database
 
 

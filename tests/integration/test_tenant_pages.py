@@ -7,9 +7,9 @@ from typing import Any
 from quiet_app import Quiet  # tests/apps
 
 from synckit import App
-from synckit.runtime.bulk import add_tenants
-from synckit.runtime.tenant_pages import page_tenants
-from synckit.runtime.tenants import pause_tenant
+from synckit.runtime.admin.bulk import add_tenants
+from synckit.runtime.admin.tenant_pages import page_tenants
+from synckit.runtime.admin.tenants import pause_tenant
 from synckit.store.db import Database
 
 

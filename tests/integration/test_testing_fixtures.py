@@ -10,7 +10,7 @@ from pathlib import Path
 from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.errors import is_testing
-from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.jobs.handlers import JobContext, Registry
 from synckit.store.jobs.enqueueing import enqueue
 from synckit.testing.fixtures import (
     instant_retries_enabled,
@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from synckit.errors import is_testing
-from synckit.runtime.handlers import JobContext, Registry
+from synckit.runtime.jobs.handlers import JobContext, Registry
 from synckit.store.jobs.enqueueing import enqueue
 from synckit.testing import FakeAPI, FakeClock, Fault
 

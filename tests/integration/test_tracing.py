@@ -30,9 +30,9 @@ from waits import EVENT_TIMEOUT, PROCESS_TIMEOUT, await_until  # tests/
 from synckit import App, BearerToken, Connector, Page, PermanentError, SyncContext
 from synckit.clock import utcnow
 from synckit.errors import RetryPolicy
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.outbox import OutboxRelay, RabbitPublisher
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
+from synckit.runtime.writes.outbox import OutboxRelay, RabbitPublisher
 from synckit.store.db import Database
 from synckit.store.jobs import admin, enqueueing
 from synckit.store.tables import jobs, outbox
@@ -343,7 +343,7 @@ async def test_a_relay_without_tracing_forwards_the_stored_traceparent(
 ) -> None:
     """A message written in a span and published by a process that does not trace keeps
     the writer's ``traceparent``: the consumer still joins that trace."""
-    from synckit.runtime import outbox as relay_outbox
+    from synckit.runtime.writes import outbox as relay_outbox
 
     exchange, queue = rabbit
     with in_memory_tracing():
@@ -388,7 +388,7 @@ async def test_an_intents_span_says_whether_it_created_or_found_what_was_stored(
 ) -> None:
     """The first run creates (its create's request a child of the intent's span); the
     second returns the stored result without calling the API."""
-    from synckit.runtime.intents import RemoteRecord, run_intent
+    from synckit.runtime.writes.intents import RemoteRecord, run_intent
 
     calls = []
 

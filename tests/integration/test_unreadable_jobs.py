@@ -10,12 +10,12 @@ from structlog.testing import capture_logs
 
 from synckit.clock import utcnow
 from synckit.errors import RetryPolicy
-from synckit.runtime import cron
-from synckit.runtime.alert_delivery import AlertRouter
-from synckit.runtime.alert_rules import RuleSet
-from synckit.runtime.alerts import register_alerts
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
+from synckit.runtime.observe.alert_delivery import AlertRouter
+from synckit.runtime.observe.alert_rules import RuleSet
+from synckit.runtime.observe.alerts import register_alerts
+from synckit.runtime.sync import cron
 from synckit.store.db import Database
 from synckit.store.jobs import enqueueing
 from synckit.store.jobs.admin import count_unreadable_run_at, unreadable_run_at

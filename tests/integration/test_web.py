@@ -15,7 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 from web_app import SECRET, app, seed
 
-from synckit.runtime.tenants import get_tenant
+from synckit.runtime.admin.tenants import get_tenant
 from synckit.store import console as console_store
 from synckit.store import pages
 from synckit.store.db import Database
@@ -327,7 +327,7 @@ async def test_reauthorise_runs_the_connect_flow_and_the_callback_completes_it(
     from oauth_worker_app import app as oauth_app
 
     from synckit.clock import utcnow
-    from synckit.runtime.secrets import TokenCipher
+    from synckit.runtime.credentials.secrets import TokenCipher
     from synckit.store.connections import mark_needs_reauth, read_connection
 
     await oauth_app.add_tenant(db, "acme", "me")
@@ -524,8 +524,8 @@ async def test_overview_shows_burn_breakers_and_the_alerts_the_worker_recorded(
     from audit_rows import record_audit  # tests/
 
     from synckit.clock import utcnow
-    from synckit.runtime.alert_delivery import record_alerts
-    from synckit.runtime.alert_rules import Alert
+    from synckit.runtime.observe.alert_delivery import record_alerts
+    from synckit.runtime.observe.alert_rules import Alert
 
     await seed(db)
     now = utcnow()
@@ -654,7 +654,7 @@ async def test_hostile_urls_get_an_answer_never_a_500(db: Database, migrated_url
 async def test_stored_terminal_escapes_are_shown_escaped(db: Database, migrated_url: str) -> None:
     """A reason holding ESC ]0; or a bidi override is shown as ``\\x1b`` on the page (after
     HTML escaping), never passed on raw."""
-    from synckit.runtime.tenants import pause_tenant
+    from synckit.runtime.admin.tenants import pause_tenant
 
     await seed(db)
     await pause_tenant(db, "initech", "moved \x1b]0;pwned\x07 \u202eevil <b>x</b>")

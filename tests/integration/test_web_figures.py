@@ -23,9 +23,9 @@ from web_app import SECRET, app, seed
 from synckit.clock import utcnow
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import RateLimited
-from synckit.runtime.audit import audit_observer
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.worker import Worker
+from synckit.runtime.admin.audit import audit_observer
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
 from synckit.store.audit import minute_of, read_audit
 from synckit.store.db import Database
 from synckit.store.jobs import admin, enqueueing
@@ -287,7 +287,7 @@ async def test_the_overview_fires_the_alerts_synckit_status_fires(
 ) -> None:
     """Issue 34: "Alerts firing now" on the overview are those ``synckit status`` lists,
     on the same database (here: server errors and a failure burst seeded in the audit)."""
-    from synckit.runtime.status import read_status
+    from synckit.runtime.admin.status import read_status
 
     now = utcnow()
     minute = now.replace(second=0, microsecond=0)

@@ -132,8 +132,8 @@ async def test_attempt_counts_are_the_workers(db: Database, migrated_url: str) -
     row, the job page, its run numbers and the list all say what the worker counted."""
     from synckit.errors import RetryPolicy
     from synckit.errors.exceptions import RateLimited
-    from synckit.runtime.handlers import JobContext, Registry
-    from synckit.runtime.worker import Worker
+    from synckit.runtime.jobs.handlers import JobContext, Registry
+    from synckit.runtime.jobs.worker import Worker
     from synckit.store.jobs import admin, enqueueing
 
     reg = Registry()

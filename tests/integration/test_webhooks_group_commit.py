@@ -18,7 +18,7 @@ from sqlalchemy import event, select
 
 from synckit import App, Connector, Page, Stream, SyncContext
 from synckit.connectors.webhooks import StripeSignature, Webhooks, sign_stripe
-from synckit.runtime.tenants import set_config
+from synckit.runtime.admin.tenants import set_config
 from synckit.store.db import Database
 from synckit.store.tables import webhook_events
 from synckit.web.webhooks import webhook_app

@@ -28,7 +28,7 @@ from synckit.connectors.webhooks import (
     sign_standard,
     sign_stripe,
 )
-from synckit.runtime.webhooks import PROCESS_KIND, process_events
+from synckit.runtime.sync.webhooks import PROCESS_KIND, process_events
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database
 from synckit.store.tables import jobs, webhook_events

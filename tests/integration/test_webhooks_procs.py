@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.clock import utcnow
-from synckit.runtime.tenants import add_tenant
+from synckit.runtime.admin.tenants import add_tenant
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database
 

@@ -20,8 +20,8 @@ from pydantic import BaseModel, SecretStr
 from synckit import App, Connector, Page, Records, Stream, SyncContext
 from synckit.connectors.webhooks import StripeSignature, WebhookEvent, Webhooks, sign_stripe
 from synckit.dlq.replay import ReplayProcessor, replayers_from_app
-from synckit.runtime import webhooks as webhooks_runtime
-from synckit.runtime.webhooks import dead_letter_kind, process_events
+from synckit.runtime.sync import webhooks as webhooks_runtime
+from synckit.runtime.sync.webhooks import dead_letter_kind, process_events
 from synckit.store import webhooks as inbox
 from synckit.store.db import Database
 from synckit.store.dead_letters import reads as dlq_reads

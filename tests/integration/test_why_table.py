@@ -14,10 +14,10 @@ from sqlalchemy import update
 from web_app import app
 
 from synckit.clock import utcnow
-from synckit.runtime.pacing import defer_resource
-from synckit.runtime.poll import POLL_KIND
-from synckit.runtime.scheduler import poll_job_spec
-from synckit.runtime.tenants import get_tenant, pause_tenant
+from synckit.runtime.admin.tenants import get_tenant, pause_tenant
+from synckit.runtime.http.pacing import defer_resource
+from synckit.runtime.sync.poll import POLL_KIND
+from synckit.runtime.sync.scheduler import poll_job_spec
 from synckit.store import console
 from synckit.store.connections import mark_needs_reauth
 from synckit.store.db import Database

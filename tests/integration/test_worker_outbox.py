@@ -6,10 +6,10 @@ import asyncio
 from typing import Any
 
 from synckit.errors import RetryPolicy
-from synckit.runtime import outbox
-from synckit.runtime.handlers import JobContext, Registry
-from synckit.runtime.outbox import CallbackPublisher
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.worker import Worker
+from synckit.runtime.writes import outbox
+from synckit.runtime.writes.outbox import CallbackPublisher
 from synckit.store.db import Database
 from synckit.store.jobs import admin, enqueueing
 

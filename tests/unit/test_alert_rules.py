@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from synckit.connectors.schedule import parse_schedule
 from synckit.errors.backoff import backoff_delay
 from synckit.errors.exceptions import AlertDeliveryError, ConfigurationError
-from synckit.runtime.alert_delivery import (
+from synckit.runtime.observe.alert_delivery import (
     AlertRouter,
     CallbackSink,
     WebhookSink,
@@ -23,7 +23,7 @@ from synckit.runtime.alert_delivery import (
     get_alert_router,
     set_alert_router,
 )
-from synckit.runtime.alert_rules import (
+from synckit.runtime.observe.alert_rules import (
     Alert,
     AlertData,
     BudgetRule,
@@ -38,7 +38,7 @@ from synckit.runtime.alert_rules import (
     poll_deadline,
     window_key,
 )
-from synckit.runtime.budget import BudgetPolicy
+from synckit.runtime.observe.budget import BudgetPolicy
 from synckit.store.alerts import ConnectionState, DlqGrowth
 from synckit.store.audit import AuditRow, Totals, VersionTotals
 
@@ -518,8 +518,8 @@ async def test_evaluator_without_any_database_says_so() -> None:
     """An evaluator given no database and run outside a worker refuses by name; there is
     no process-wide registry to bind one through."""
     from synckit.errors.exceptions import SynckitError
-    from synckit.runtime.alerts import register_alerts
-    from synckit.runtime.handlers import Registry
+    from synckit.runtime.jobs.handlers import Registry
+    from synckit.runtime.observe.alerts import register_alerts
 
     evaluator = register_alerts(Registry(), router=AlertRouter(log_sink=False))
     with pytest.raises(SynckitError, match="has no database"):

@@ -489,7 +489,7 @@ def test_dead_letter_replays_back_off_by_the_one_formula(
 def test_the_workers_database_backoff_is_the_one_formula(draws: list[float]) -> None:
     """The worker's waits after database trouble are backoff_delay from 0.2 s doubling to
     5 s less up to half, counted from 1 again after a reset."""
-    from synckit.runtime.recorder import _Backoff
+    from synckit.runtime.jobs.recorder import _Backoff
 
     source = iter(draws * 2)
     backoff = _Backoff(lambda: next(source))

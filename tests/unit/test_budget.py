@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from synckit.runtime.budget import BudgetLevel, BudgetPolicy, budget_status
+from synckit.runtime.observe.budget import BudgetLevel, BudgetPolicy, budget_status
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from synckit.runtime.worker import claim_plan
+from synckit.runtime.jobs.worker import claim_plan
 
 concurrency = st.integers(min_value=1, max_value=512)
 short = st.floats(min_value=0.0, max_value=0.0499, allow_nan=False)

@@ -83,11 +83,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "cryptography",
         "pydantic",
         "synckit.app",
-        "synckit.runtime.secrets",
-        "synckit.runtime.keys",
+        "synckit.runtime.credentials.secrets",
+        "synckit.runtime.credentials.keys",
     ),
     # status evaluates the alert rules on the spot (its documented behaviour), so it
-    # loads synckit.runtime.alerts (and its rules), but none of the sinks' HTTP client.
+    # loads synckit.runtime.observe.alerts (and its rules), but none of the sinks' HTTP client.
     "status": (
         *POSTGRESQL,
         *ORM,
@@ -100,9 +100,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "pydantic",
         "croniter",
         "synckit.app",
-        "synckit.runtime.tenants",
-        "synckit.runtime.worker",
-        "synckit.runtime.poll",
+        "synckit.runtime.admin.tenants",
+        "synckit.runtime.jobs.worker",
+        "synckit.runtime.sync.poll",
         "synckit.connectors.base",
     ),
     "tenants ls": (
@@ -114,11 +114,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "asyncpg",
         "alembic",
         "synckit.app",
-        "synckit.runtime.alerts",
-        "synckit.runtime.alert_rules",
-        "synckit.runtime.alert_delivery",
-        "synckit.runtime.worker",
-        "synckit.runtime.poll",
+        "synckit.runtime.observe.alerts",
+        "synckit.runtime.observe.alert_rules",
+        "synckit.runtime.observe.alert_delivery",
+        "synckit.runtime.jobs.worker",
+        "synckit.runtime.sync.poll",
         "synckit.connectors.base",
     ),
     "jobs ls": (
@@ -133,11 +133,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "pydantic",
         "croniter",
         "synckit.app",
-        "synckit.runtime.alerts",
-        "synckit.runtime.alert_rules",
-        "synckit.runtime.alert_delivery",
-        "synckit.runtime.tenants",
-        "synckit.runtime.worker",
+        "synckit.runtime.observe.alerts",
+        "synckit.runtime.observe.alert_rules",
+        "synckit.runtime.observe.alert_delivery",
+        "synckit.runtime.admin.tenants",
+        "synckit.runtime.jobs.worker",
     ),
     # A worker runs the application's jobs: the HTTP client and the runtime are its
     # work; the demo, the console, Alembic and (on SQLite) PostgreSQL's dialect are not.

@@ -19,7 +19,7 @@ from synckit.errors.exceptions import (
     SecretCorrupt,
     SecretUnavailable,
 )
-from synckit.runtime.config_secrets import (
+from synckit.runtime.credentials.config_secrets import (
     MASK,
     dotted,
     mask_config,
@@ -28,8 +28,8 @@ from synckit.runtime.config_secrets import (
     seal_config,
     secret_paths,
 )
-from synckit.runtime.keys import Unopenable, describe_unopenable
-from synckit.runtime.secrets import FERNET_V1_MARKER, TokenCipher, TokenSet, key_id
+from synckit.runtime.credentials.keys import Unopenable, describe_unopenable
+from synckit.runtime.credentials.secrets import FERNET_V1_MARKER, TokenCipher, TokenSet, key_id
 
 K1, K2 = Fernet.generate_key().decode(), Fernet.generate_key().decode()
 

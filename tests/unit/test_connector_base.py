@@ -297,7 +297,7 @@ def test_a_records_log_is_bound_to_its_record_when_used() -> None:
     import structlog
     from structlog.testing import capture_logs
 
-    from synckit.runtime.context import RuntimeContext
+    from synckit.runtime.sync.context import RuntimeContext
 
     base = structlog.get_logger("t").bind(tenant="acme")
     ctx = RuntimeContext(

@@ -39,7 +39,7 @@ def test_all_is_complete() -> None:
 
 def test_the_connect_flow_is_exported() -> None:
     """A web app connects a tenant with `from synckit import begin_authorization, ...`."""
-    from synckit.runtime import authorize
+    from synckit.runtime.credentials import authorize
 
     assert synckit.begin_authorization is authorize.begin_authorization
     assert synckit.complete_authorization is authorize.complete_authorization

@@ -116,7 +116,7 @@ def test_any_interval_parses_or_is_refused(number: int, unit: str) -> None:
 )
 def test_recurring_jobs_refuse_out_of_range_schedules(kwargs: dict[str, object]) -> None:
     """A recurring job's interval and cron are held to the same bounds as a poll schedule."""
-    from synckit.runtime.handlers import Recurring
+    from synckit.runtime.jobs.handlers import Recurring
 
     with pytest.raises(ConfigurationError, match="recurring job 'r'"):
         Recurring(name="r", kind="k", **kwargs)  # type: ignore[arg-type]

@@ -16,8 +16,8 @@ from synckit import ApiError, Connector, ErrorBody, ErrorDescription, NeedsReaut
 from synckit.errors import BodyRule, ClassifyRules, ErrorClass, classify
 from synckit.errors.exceptions import PermanentError
 from synckit.errors.raising import exception_for
-from synckit.runtime.api_errors import api_response
-from synckit.runtime.http import api_error
+from synckit.runtime.http.api_errors import api_response
+from synckit.runtime.http.client import api_error
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 STRIPE = {

@@ -1,4 +1,4 @@
-"""ctx.http's client parses a request's URL once (synckit.runtime.http.OneParseClient):
+"""ctx.http's client parses a request's URL once (synckit.runtime.http.client.OneParseClient):
 for any path, query and params, the request it builds has exactly the URL httpx's own
 client builds, or both refuse it alike."""
 
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_budget import examples  # type: ignore[import-not-found]
 
-from synckit.runtime.http import OneParseClient
+from synckit.runtime.http.client import OneParseClient
 
 BASES = [
     "http://127.0.0.1:8080",

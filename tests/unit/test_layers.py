@@ -249,7 +249,7 @@ def test_the_cycle_check_sees_a_cycle() -> None:
         "synckit.store", "synckit.store.db", "synckit.web"
     }  # fmt: skip
     assert "synckit.dlq.replay" in _synckit_imports(tree, in_functions=True)
-    assert _package("synckit.runtime.worker") == "runtime"
+    assert _package("synckit.runtime.jobs.worker") == "runtime"
     assert _package("synckit.app") == "app"
     assert _package("synckit.cli") is None
 
@@ -347,7 +347,7 @@ def test_the_cli_imports_at_module_level() -> None:
         # Every command, `synckit --help` too, imports the group and its options: what only
         # commands that run (logging), print tables (rich), open the database (asyncio,
         # SQLAlchemy) or parse a duration (synckit.clock, asyncio) need loads there.
-        ("synckit.cli", "synckit.runtime.logging"),
+        ("synckit.cli", "synckit.runtime.observe.logging"),
         ("synckit.cli.options", "asyncio"),
         ("synckit.cli.options", "rich.console"),
         ("synckit.cli.options", "rich.markup"),
@@ -358,12 +358,12 @@ def test_the_cli_imports_at_module_level() -> None:
         # runtime) and what a replay target may be load when it is given.
         ("synckit.cli.app_loader", "synckit.app"),
         ("synckit.cli.app_loader", "synckit.dlq.replay"),
-        ("synckit.cli.app_loader", "synckit.runtime.handlers"),
+        ("synckit.cli.app_loader", "synckit.runtime.jobs.handlers"),
         # `secrets keygen` needs no database, runtime or cryptography; check and rotate do.
-        ("synckit.cli.secrets", "synckit.runtime"),
-        ("synckit.cli.secrets", "synckit.runtime.secrets"),
+        ("synckit.cli.secrets", "synckit.runtime.credentials"),
+        ("synckit.cli.secrets", "synckit.runtime.credentials.secrets"),
         # prometheus_client only for a worker given --metrics-port.
-        ("synckit.cli.worker", "synckit.runtime.metrics"),
+        ("synckit.cli.worker", "synckit.runtime.observe.metrics"),
         # The web extra (Starlette, Jinja2, uvicorn): only `synckit web` needs it.
         ("synckit.cli.web", "uvicorn"),
         ("synckit.cli.web", "synckit.web.app"),
@@ -377,7 +377,7 @@ def test_the_cli_imports_at_module_level() -> None:
         # `synckit webhooks`: rich, the store and the runtime only in the command run.
         ("synckit.cli.webhooks", "rich.table"),
         ("synckit.cli.webhooks", "synckit.clock"),
-        ("synckit.cli.webhooks", "synckit.runtime.webhooks"),
+        ("synckit.cli.webhooks", "synckit.runtime.sync.webhooks"),
         ("synckit.cli.webhooks", "synckit.store"),
     }
     found = set()

@@ -15,7 +15,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from synckit.runtime.logging import (
+from synckit.runtime.observe.logging import (
     bind_claimed_job,
     bind_job_context,
     configure_logging,

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from synckit.redaction import redact_text
-from synckit.runtime.oauth import (
+from synckit.runtime.credentials.oauth import (
     MAX_401_RETRIES,
     reauth_reason,
     refresh_due,
@@ -17,7 +17,7 @@ from synckit.runtime.oauth import (
     refresh_step,
     unauthorized_verdict,
 )
-from synckit.runtime.secrets import TokenSet
+from synckit.runtime.credentials.secrets import TokenSet
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LEEWAY = timedelta(seconds=60)
@@ -132,7 +132,7 @@ def test_a_refusal_quoting_tokens_is_stored_redacted_with_its_hint_whole() -> No
     value does not run into the hint after it."""
     from authlib.integrations.base_client import OAuthError
 
-    from synckit.runtime.oauth import token_endpoint_error
+    from synckit.runtime.credentials.oauth import token_endpoint_error
 
     leaky = OAuthError(
         error="invalid_grant",

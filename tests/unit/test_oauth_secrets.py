@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from synckit.errors.exceptions import ConfigurationError, InsecureTokenStorageWarning
-from synckit.runtime.oauth import OAuth2Config
-from synckit.runtime.secrets import (
+from synckit.runtime.credentials.oauth import OAuth2Config
+from synckit.runtime.credentials.secrets import (
     FERNET_MARKER,
     MAX_TOKEN_LIFETIME,
     PLAINTEXT_MARKER,

@@ -15,8 +15,10 @@ def test_prepare_process_builds_what_the_first_cycle_would_have() -> None:
     script = textwrap.dedent(
         """
         import sys
-        from synckit.runtime import context, http, instruments
-        lazy = ("synckit.runtime.intents", "synckit.runtime.oauth")
+        from synckit.runtime.sync import context
+        from synckit.runtime.http import client as http
+        from synckit.runtime.observe import instruments
+        lazy = ("synckit.runtime.writes.intents", "synckit.runtime.credentials.oauth")
         assert not any(m in sys.modules for m in lazy), [m for m in lazy if m in sys.modules]
         assert http.tls_context.cache_info().currsize == 0
         context.prepare_process()
@@ -38,7 +40,7 @@ def test_an_apps_worker_prepares_its_process(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         from synckit import App
-        from synckit.runtime import http
+        from synckit.runtime.http import client as http
         from synckit.store.db import open_database
         assert http.tls_context.cache_info().currsize == 0
         App().worker(open_database("sqlite:///{tmp_path / "w.db"}"))

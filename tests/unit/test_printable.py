@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from synckit.printable import printable
-from synckit.runtime.logging import configure_logging
+from synckit.runtime.observe.logging import configure_logging
 
 
 @pytest.mark.parametrize(

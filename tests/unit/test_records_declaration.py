@@ -156,7 +156,7 @@ def test_row_values_are_the_columns_values_text_converted_only_where_it_may_not_
     """A page's rows (validated in one call) hold each column's stored value: an enum's
     text, JSON text for nested values, a number where a validator made one of a str
     field; a str field with no validator keeps its str."""
-    from synckit.runtime.records import prepare
+    from synckit.runtime.sync.records import prepare
 
     raw = {"id": "r1", "n": 1, "price": 2, "createdAt": "2026-01-01T00:00:00", "tags": ["x"]}
     landing, failures, _ = prepare(
@@ -176,7 +176,7 @@ def test_row_values_are_the_columns_values_text_converted_only_where_it_may_not_
 def test_a_page_with_a_record_the_model_refuses_fails_that_one_naming_its_field() -> None:
     """Validated in one call, a page with a refused record is validated record by record:
     the others become rows in order, the refused one a failure naming the field."""
-    from synckit.runtime.records import prepare
+    from synckit.runtime.sync.records import prepare
 
     good = {"id": "r1", "n": 1, "price": 2, "createdAt": "2026-01-01T00:00:00"}
     page = [good, {**good, "id": "r2", "n": "many"}, {**good, "id": "r3"}]

@@ -12,7 +12,7 @@ from pydantic import BaseModel, SecretStr
 from secret_shapes import SHAPES
 
 from synckit import redaction
-from synckit.runtime.logging import (
+from synckit.runtime.observe.logging import (
     bind_known_secrets,
     is_secret_key,
     redact,

@@ -11,8 +11,8 @@ from cryptography.fernet import Fernet
 from pydantic import BaseModel
 
 from synckit import Connector, OAuth2, OAuth2Config, Page, SyncContext
-from synckit.runtime.context import RuntimeContext
-from synckit.runtime.oauth import OAuth2Auth
+from synckit.runtime.credentials.oauth import OAuth2Auth
+from synckit.runtime.sync.context import RuntimeContext
 
 
 class IdpConfig(BaseModel):

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from synckit.connectors.schedule import parse_schedule
-from synckit.runtime.poll import poll_key
-from synckit.runtime.scheduler import marker_of, plan_ticks
+from synckit.runtime.sync.poll import poll_key
+from synckit.runtime.sync.scheduler import marker_of, plan_ticks
 
 STATUSES = st.sampled_from(["active", "paused", "needs_reauth"])
 SCHEDULES = st.sampled_from([None, "every 5m", "every 1h", "0 3 * * *"])

@@ -18,7 +18,7 @@ from otel_spans import as_dict, in_memory_tracing  # tests/
 from secret_shapes import SHAPES  # tests/
 
 from synckit import tracing
-from synckit.runtime.logging import bind_job_context, configure_logging
+from synckit.runtime.observe.logging import bind_job_context, configure_logging
 
 SECRET = "Zq8Tt3Kp0Lm9Xv2Rw7Yb4Nc"
 
@@ -29,7 +29,9 @@ def test_off_without_a_provider_and_opentelemetry_is_not_imported() -> None:
     code = (
         "import sys\n"
         "from synckit import tracing\n"
-        "from synckit.runtime import logging, poll, worker, http, outbox\n"
+        "import synckit.runtime.observe.logging, synckit.runtime.sync.poll\n"
+        "import synckit.runtime.jobs.worker, synckit.runtime.http.client\n"
+        "import synckit.runtime.writes.outbox\n"
         "assert tracing.tracer() is None\n"
         "with tracing.span('x', a=1) as s: assert s is None\n"
         "assert tracing.start('x') is None and tracing.current_traceparent() is None\n"

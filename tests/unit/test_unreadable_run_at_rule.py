@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from synckit.runtime.alert_rules import AlertData, RuleSet, UnreadableRunAt
+from synckit.runtime.observe.alert_rules import AlertData, RuleSet, UnreadableRunAt
 from synckit.store.jobs.admin import StuckJob
 
 NOW = datetime(2026, 3, 4, 12, 4, 30, tzinfo=UTC)

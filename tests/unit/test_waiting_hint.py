@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from synckit.runtime.actions import waiting_hint
+from synckit.runtime.admin.actions import waiting_hint
 
 NOW = datetime(2026, 11, 28, 15, 0, tzinfo=UTC)
 LATER = NOW + timedelta(minutes=2)

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from synckit.errors.exceptions import AlertDeliveryError
-from synckit.runtime.alert_delivery import WebhookSink
-from synckit.runtime.alert_rules import Alert, Severity
+from synckit.runtime.observe.alert_delivery import WebhookSink
+from synckit.runtime.observe.alert_rules import Alert, Severity
 
 ALERT = Alert(
     rule="needs_reauth",

@@ -30,7 +30,7 @@ from synckit.connectors.webhooks import (
     verify_stripe,
 )
 from synckit.errors.exceptions import ConfigurationError
-from synckit.runtime.webhooks import trigger_at
+from synckit.runtime.sync.webhooks import trigger_at
 
 # The Standard Webhooks reference vector (the spec's libraries' tests).
 SW_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -18,8 +18,8 @@ from typing import Any
 from synckit.errors import BreakerPolicy, classify
 from synckit.errors.classify import ErrorClass
 from synckit.errors.gate import gate
-from synckit.runtime.handlers import Registry
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import Registry
+from synckit.runtime.jobs.worker import Worker
 from synckit.store.jobs._base import ClaimedJob
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from synckit.errors.exceptions import DatabaseUnavailable
-from synckit.runtime.handlers import Registry
-from synckit.runtime.worker import Worker
+from synckit.runtime.jobs.handlers import Registry
+from synckit.runtime.jobs.worker import Worker
 from synckit.store.jobs._base import ClaimedJob
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

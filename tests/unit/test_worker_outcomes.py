@@ -16,8 +16,8 @@ from typing import Any
 
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import PermanentError, RateLimited, RetryableError
-from synckit.runtime.handlers import Registry
-from synckit.runtime.worker import Worker, _Outcome
+from synckit.runtime.jobs.handlers import Registry
+from synckit.runtime.jobs.worker import Worker, _Outcome
 from synckit.store.jobs._base import ClaimedJob
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

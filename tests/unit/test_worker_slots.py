@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from synckit.runtime.worker import _Slots
+from synckit.runtime.jobs.worker import _Slots
 
 
 async def test_startable_counts_live_waiters_through_gives_and_cancellations() -> None:

@@ -17,9 +17,9 @@ from pydantic import BaseModel, ValidationError
 from synckit import App, Tenant, get_tenant
 from synckit.errors.exceptions import Discard, PermanentError, TenantNotFound
 from synckit.examples.graph_mail.connector import GraphMail, GraphMailConfig, OutgoingMail
-from synckit.runtime.handlers import JobContext
-from synckit.runtime.oauth import reauth
-from synckit.runtime.secrets import TokenSet
+from synckit.runtime.credentials.oauth import reauth
+from synckit.runtime.credentials.secrets import TokenSet
+from synckit.runtime.jobs.handlers import JobContext
 from synckit.store.db import Database
 from synckit.store.jobs.enqueueing import Enqueued, enqueue
 

@@ -6,7 +6,7 @@ Read it top to bottom; each part teaches one thing synckit expects of a connecto
    It is validated when the tenant is added; secrets are ``SecretStr``.
 2. **Auth** (``GraphMail.auth``): OAuth2 against Azure AD, whose refresh tokens rotate,
    declared with :class:`~synckit.connectors.auth.OAuth2`. The runtime fulfils it
-   (:class:`~synckit.runtime.oauth.OAuth2Auth`): it keeps the tokens encrypted in the
+   (:class:`~synckit.runtime.credentials.oauth.OAuth2Auth`): it keeps the tokens encrypted in the
    database, refreshes them once across every worker, and marks the tenant
    ``needs_reauth`` when Azure AD refuses (``invalid_grant``).
 3. **Reading** (:meth:`GraphMail.poll`): delta sync of one mail folder. Pages follow

@@ -43,7 +43,7 @@ from synckit.errors.exceptions import SynckitError
 from synckit.examples.graph_mail.reads import DemoReader, snapshot_rows, summary_rows
 from synckit.examples.graph_mail.report import colour, render_summary, short
 from synckit.examples.graph_mail.wire import Wire, retry_after_report
-from synckit.runtime.audit import audit_observer
+from synckit.runtime.admin.audit import audit_observer
 from synckit.store import migrate
 from synckit.store.audit import RETRIED_PREFIX
 from synckit.store.db import open_database

@@ -292,7 +292,7 @@ def _clean(text: str | None, limit: int, *, tail: bool = False) -> str | None:
     return text[-limit:] if tail else text[:limit]
 
 
-#: The kind of a poll cycle job (``synckit.runtime.poll.POLL_KIND``; not imported: the
+#: The kind of a poll cycle job (``synckit.runtime.sync.poll.POLL_KIND``; not imported: the
 
 
 def _history_entry(

@@ -276,7 +276,7 @@ async def count_by_status(db: Database) -> dict[str, int]:
         return {s: c for s, c in rows}
 
 
-# --- pending jobs whose run_at cannot be read (synckit.runtime.unreadable_jobs) ---------
+# --- pending jobs whose run_at cannot be read (synckit.runtime.jobs.unreadable) ---------
 
 #: How much of a stored value a report quotes.
 _QUOTED = 60

@@ -1,5 +1,5 @@
-"""ctx.http's transport (synckit.runtime.http1, and the httpcore one of
-synckit.runtime.network it falls back to under a mock) against httpx's own, over real
+"""ctx.http's transport (synckit.runtime.http.http1, and the httpcore one of
+synckit.runtime.http.network it falls back to under a mock) against httpx's own, over real
 sockets: every test runs on each and expects the same answers and the same exceptions,
 on asyncio's own event loop and on uvloop's (whose transports are not asyncio's classes
 and whose create_connection takes no happy_eyeballs_delay)."""
@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from synckit.runtime.http1 import new_transport
-from synckit.runtime.network import new_httpcore_transport
+from synckit.runtime.http.http1 import new_transport
+from synckit.runtime.http.network import new_httpcore_transport
 from synckit.testing import FakeAPI, Fault, Reply
 
 TIMEOUT = httpx.Timeout(2.0, read=0.3)
@@ -33,7 +33,7 @@ BIG = 3 * 1024 * 1024  # past the backend's read buffer limit (it pauses reading
 def make_transport(
     request: pytest.FixtureRequest,
 ) -> Callable[[ssl.SSLContext], httpx.AsyncBaseTransport]:
-    """httpx's own transport, synckit's (h11, :mod:`synckit.runtime.http1`), and the
+    """httpx's own transport, synckit's (h11, :mod:`synckit.runtime.http.http1`), and the
     httpcore one synckit falls back to under a mock: one contract."""
     if request.param == "httpx":
         return lambda tls: httpx.AsyncHTTPTransport(verify=tls)
@@ -219,7 +219,7 @@ async def test_tls_to_an_untrusted_server_is_a_connect_error(
             await c.get(f"https://localhost:{port}/")
 
 
-# --- synckit's own transport (synckit.runtime.http1) ------------------------------------------
+# --- synckit's own transport (synckit.runtime.http.http1) ---------------------------------------
 
 
 async def _serve(handler: Callable[..., object]) -> tuple[asyncio.Server, int]:
@@ -263,7 +263,7 @@ async def test_a_kept_alive_connection_dropped_without_an_answer_resends_a_get_n
 
 
 async def test_a_full_pool_waits_for_a_connection_then_times_out(api: FakeAPI) -> None:
-    from synckit.runtime.http1 import Http11Transport
+    from synckit.runtime.http.http1 import Http11Transport
 
     transport = Http11Transport(ssl.create_default_context(), max_connections=1)
     async with (
