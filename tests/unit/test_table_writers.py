@@ -150,7 +150,7 @@ def test_a_module_of_a_store_package_writes_for_its_package() -> None:
     assert owner_of(store / "dead_letters" / "capture.py") == "synckit/store/dead_letters/"
     assert owner_of(store / "jobs" / "claiming.py") == "synckit/store/jobs/"
     assert owner_of(store / "outbox.py") == "synckit/store/outbox.py"
-    assert owner_of(PACKAGE / "runtime" / "poll.py") == "synckit/runtime/sync/poll.py"
+    assert owner_of(PACKAGE / "runtime" / "sync" / "poll.py") == "synckit/runtime/sync/poll.py"
 
 
 def test_each_table_has_exactly_one_writer_module() -> None:
