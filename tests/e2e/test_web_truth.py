@@ -30,6 +30,12 @@ from synckit.store.dead_letters import rows as dlq_rows
 
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 playwright_api = pytest.importorskip("playwright.sync_api")
+
+# Each bar's class, height and colour, read in one evaluation (%s: the bars' selector).
+DRAWN = """Array.from(document.querySelectorAll("%s"), e => {
+    const s = getComputedStyle(e);
+    return [e.className, e.getBoundingClientRect().height, s.backgroundColor];
+})"""
 expect = playwright_api.expect
 
 
@@ -224,14 +230,12 @@ def test_the_throughput_bars_have_a_colour_and_a_height(browser: Any, tmp_path: 
     with_db(url, audit)
     with console(url, tmp_path) as base, page_on(browser, base) as page:
         page.goto("/")
-        drawn = page.eval_on_selector_all(
-            "#throughput .bar i",
-            """els => els.map(e => {
-                const s = getComputedStyle(e);
-                return [e.className, e.getBoundingClientRect().height, s.backgroundColor];
-            })""",
+        # Query and measure in one turn of the page's script: the live part is swapped
+        # every 0.5 s, and an element swapped out between the two has no style.
+        drawn = page.evaluate(DRAWN % "#throughput .bar i")
+        key = page.evaluate(
+            "getComputedStyle(document.querySelector('h2 .key.paced')).backgroundColor"
         )
-        key = page.eval_on_selector("h2 .key.paced", "e => getComputedStyle(e).backgroundColor")
     painted = [(cls, h, colour) for cls, h, colour in drawn if h > 0]
     transparent = "rgba(0, 0, 0, 0)"
     assert {cls for cls, _h, _c in painted} == {"ok", "bad", "paced"}, drawn[-12:]
@@ -325,13 +329,7 @@ def test_the_queue_depth_bars_have_a_colour_and_a_height_and_paced_its_own(
     with_db(url, samples)
     with console(url, tmp_path) as base, page_on(browser, base) as page:
         page.goto("/")
-        drawn = page.eval_on_selector_all(
-            "#depth-history .bar i",
-            """els => els.map(e => {
-                const s = getComputedStyle(e);
-                return [e.className, e.getBoundingClientRect().height, s.backgroundColor];
-            })""",
-        )
+        drawn = page.evaluate(DRAWN % "#depth-history .bar i")
         shown = page.locator("#depth-history .bar:not(.gap)")
         assert shown.count() == 3
         assert "10 ready, 2 retrying, 30 paced" in (shown.nth(1).get_attribute("title") or "")
