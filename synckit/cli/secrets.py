@@ -71,7 +71,7 @@ def secrets_rotate(app_spec: str | None, as_json: bool, database_url: str | None
     from synckit.runtime.credentials import keys
     from synckit.runtime.credentials.secrets import ENV_KEY, TokenCipher
 
-    models = keys.models_of(load_app(app_spec)) if app_spec else None
+    models = keys.models_of(load_app(app_spec).connectors) if app_spec else None
     cipher = TokenCipher.from_env()
     if not cipher.encrypts:
         raise CliError(f"{ENV_KEY} is not set: give the new key first, then the old ones")

@@ -191,10 +191,10 @@ async def test_rotate_reseals_every_row_once_and_the_old_key_can_go(
     )
 
     rotating = TokenCipher([K2, K1])
-    first = await rotate_secrets(db, rotating, models=models_of(app))
+    first = await rotate_secrets(db, rotating, models=models_of(app.connectors))
     assert (first.token_sets, first.configs, first.verifiers) == (1, 2, 1), first
     assert first.unreadable == () and first.key_id == key_id(K2)
-    again = await rotate_secrets(db, rotating, models=models_of(app))
+    again = await rotate_secrets(db, rotating, models=models_of(app.connectors))
     assert again.total == 0
 
     monkeypatch.setenv("SYNCKIT_SECRET_KEY", K2)

@@ -25,8 +25,8 @@ from synckit.runtime.sync.scheduler import poll_job_spec
 from synckit.store.db import Database
 from synckit.store.jobs.enqueueing import enqueue_many
 
-if TYPE_CHECKING:  # the App sits above the runtime: imported for its type only
-    from synckit.app import App
+if TYPE_CHECKING:
+    from synckit.runtime.sync.context import ConnectorHost
 
 __all__ = [
     "ENDED",
@@ -112,7 +112,7 @@ class CycleProgress:
 
 
 async def enqueue_cycles(
-    db: Database, app: App, tenant: str, streams: Sequence[str] = ()
+    db: Database, app: ConnectorHost, tenant: str, streams: Sequence[str] = ()
 ) -> tuple[str, list[CycleProgress]]:
     """Enqueue a cycle of each of ``streams`` (default: all) of ``tenant``, now.
 
@@ -138,7 +138,7 @@ async def enqueue_cycles(
     ]
 
 
-async def oauth_config_for(app: App, db: Database, tenant: str) -> OAuth2Config:
+async def oauth_config_for(app: ConnectorHost, db: Database, tenant: str) -> OAuth2Config:
     """The ``OAuth2Config`` of ``tenant``'s connector, as its auth builds it."""
     async with app.context(db, tenant) as ctx:
         auth = ctx.http.auth

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from pydantic import BaseModel
@@ -26,7 +26,7 @@ from synckit.store.connections import UNREADABLE_ROW_REASON
 from synckit.store.db import Database
 
 if TYPE_CHECKING:
-    from synckit.app import App
+    from synckit.connectors.base import Connector
 
 __all__ = [
     "RotateResult",
@@ -275,6 +275,7 @@ async def rotate_secrets(
     )
 
 
-def models_of(app: App) -> dict[str, type[BaseModel]]:
-    """Connector name to config model, for the connectors an App knows."""
-    return {name: cls.config_model for name, cls in app.connectors.items()}
+def models_of(connectors: Mapping[str, type[Connector[Any]]]) -> dict[str, type[BaseModel]]:
+    """Connector name to config model, for the connectors an App knows
+    (``models_of(app.connectors)``)."""
+    return {name: cls.config_model for name, cls in connectors.items()}

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -43,7 +43,33 @@ from synckit.store.db import Database
 if TYPE_CHECKING:
     from synckit.runtime.writes.intents import Create, Find, IntentResult
 
-__all__ = ["RuntimeContext", "SendTimeAuth", "open_context"]
+__all__ = ["ConnectorHost", "RuntimeContext", "SendTimeAuth", "open_context"]
+
+
+class ConnectorHost(Protocol):
+    """What the runtime asks of the application that holds the connectors:
+    :class:`synckit.App` is the one there is. The runtime's jobs (webhooks,
+    subscriptions, tenant actions) take a host, not the App: the App sits above the
+    runtime, and the runtime names no module above it."""
+
+    @property
+    def connectors(self) -> Mapping[str, type[Connector[Any]]]: ...
+
+    clock: Callable[[], datetime]
+
+    def connector(self, name: str) -> type[Connector[Any]]: ...
+
+    async def database(self) -> Database: ...
+
+    def context(
+        self,
+        db: Database,
+        tenant: Any,
+        *,
+        stream: str | None = None,
+        trace_id: str | None = None,
+        log: Any = None,
+    ) -> AbstractAsyncContextManager[SyncContext]: ...
 
 
 @runtime_checkable

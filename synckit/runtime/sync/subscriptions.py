@@ -63,7 +63,7 @@ from synckit.store.db import Database, SyncConn
 from synckit.store.jobs.enqueueing import JobSpec, enqueue_new_sync
 
 if TYPE_CHECKING:
-    from synckit.app import App
+    from synckit.runtime.sync.context import ConnectorHost
 
 __all__ = [
     "JOB_KIND",
@@ -84,7 +84,7 @@ JOB_KIND = "synckit.webhooks.subscription"
 URL_ENV = "SYNCKIT_WEBHOOK_URL"
 
 
-def webhook_base_url(app: App) -> str | None:
+def webhook_base_url(app: ConnectorHost) -> str | None:
     """Where providers reach the receiver (``.../webhooks``), or None: no subscriptions."""
     url = getattr(app, "webhook_url", None) or os.environ.get(URL_ENV) or None
     return url.rstrip("/") if url else None
@@ -116,7 +116,7 @@ def subscription_job_spec(tenant: str, connector: str, stream: str) -> JobSpec:
     )
 
 
-def _declared(app: App) -> list[tuple[str, Any, Webhooks]]:
+def _declared(app: ConnectorHost) -> list[tuple[str, Any, Webhooks]]:
     out = []
     for name, cls in app.connectors.items():
         decl = getattr(cls, "webhooks", None)
@@ -125,7 +125,7 @@ def _declared(app: App) -> list[tuple[str, Any, Webhooks]]:
     return out
 
 
-async def sweep_subscriptions(db: Database, app: App) -> list[str]:
+async def sweep_subscriptions(db: Database, app: ConnectorHost) -> list[str]:
     """Add the rows of active tenants lacking one, and enqueue the job of every row due
     or whose tenant stopped; the ids of the jobs enqueued."""
     declared = _declared(app)
@@ -192,7 +192,7 @@ async def _request(
 
 
 async def maintain_subscription(
-    db: Database, app: App, tenant: str, stream: str, *, log: Any = None
+    db: Database, app: ConnectorHost, tenant: str, stream: str, *, log: Any = None
 ) -> str:
     """Do what one subscription needs now (see the module docstring); what was done:
     ``created``, ``renewed``, ``recreated``, ``deleted``, ``failed`` (a failure recorded),
@@ -274,7 +274,7 @@ async def maintain_subscription(
 
 async def _failed(
     db: Database,
-    app: App,
+    app: ConnectorHost,
     row: subs.SubscriptionRow,
     policy: Subscription,
     exc: Exception,
@@ -330,7 +330,7 @@ async def _failed(
     return "failed"
 
 
-async def _delete(db: Database, app: App, row: subs.SubscriptionRow, log: Any) -> str:
+async def _delete(db: Database, app: ConnectorHost, row: subs.SubscriptionRow, log: Any) -> str:
     if row.subscription_id and row.tenant_status is not None:
         try:
             async with app.context(db, row.tenant, stream=row.stream, log=log) as ctx:
@@ -353,7 +353,7 @@ async def _delete(db: Database, app: App, row: subs.SubscriptionRow, log: Any) -
     return "deleted"
 
 
-def register_subscriptions(registry: Registry, app: App, *, every: timedelta) -> None:
+def register_subscriptions(registry: Registry, app: ConnectorHost, *, every: timedelta) -> None:
     """The sweep (recurring) and the per-subscription job, on ``app``'s registry."""
 
     async def sweep(jctx: JobContext) -> None:

@@ -51,7 +51,7 @@ from synckit.store.jobs.enqueueing import JobSpec, enqueue_new_sync
 from synckit.store.leases import new_lease
 
 if TYPE_CHECKING:
-    from synckit.app import App
+    from synckit.runtime.sync.context import ConnectorHost
 
 __all__ = [
     "PROCESS_KIND",
@@ -87,7 +87,7 @@ class Answer:
     content_type: str = "text/plain; charset=utf-8"
 
 
-def webhooks_of(app: App, connector: str) -> Webhooks | None:
+def webhooks_of(app: ConnectorHost, connector: str) -> Webhooks | None:
     """The connector's declaration, or None (no such connector, or it takes none)."""
     cls = app.connectors.get(connector)
     decl = getattr(cls, "webhooks", None) if cls is not None else None
@@ -328,7 +328,7 @@ def _stored(connector: str, stored: inbox.Stored, orphan_of: str | None, log: An
 
 async def receive(
     db: Database,
-    app: App,
+    app: ConnectorHost,
     connector: str,
     *,
     path_tenant: str | None,
@@ -418,7 +418,7 @@ def _event(r: Any) -> WebhookEvent:
 
 
 async def process_events(
-    db: Database, app: App, connector: str, tenant: str, *, log: Any = None
+    db: Database, app: ConnectorHost, connector: str, tenant: str, *, log: Any = None
 ) -> int:
     """Process the tenant's pending events until none is left; how many were processed."""
     cls = app.connectors.get(connector)
@@ -449,7 +449,13 @@ async def process_events(
 
 
 async def _trigger(
-    db: Database, app: App, cls: Any, decl: Webhooks, tenant: str, rows: Sequence[Any], token: str
+    db: Database,
+    app: ConnectorHost,
+    cls: Any,
+    decl: Webhooks,
+    tenant: str,
+    rows: Sequence[Any],
+    token: str,
 ) -> int:
     try:
         t = await get_tenant(db, tenant, reveal=False)
@@ -538,7 +544,7 @@ def _failures(
 
 async def _land(
     db: Database,
-    app: App,
+    app: ConnectorHost,
     cls: Any,
     stream_name: str,
     tenant: str,
@@ -615,7 +621,7 @@ async def _land(
 
 
 async def _run_hook(
-    db: Database, app: App, tenant: str, rows: Sequence[Any], token: str, log: Any
+    db: Database, app: ConnectorHost, tenant: str, rows: Sequence[Any], token: str, log: Any
 ) -> int:
     events = [_event(r) for r in rows]
     failed: dict[int, str] = {}
@@ -663,7 +669,7 @@ async def _fail(db: Database, rows: Sequence[Any], failed: Mapping[int, str], to
     )
 
 
-async def replay_event(db: Database, app: App, payload: Any, now: datetime) -> None:
+async def replay_event(db: Database, app: ConnectorHost, payload: Any, now: datetime) -> None:
     """Put a dead-lettered event (its payload ``{"event": inbox id}``) back to pending
     with its processing job: processed again, it lands or is dead-lettered again."""
     from synckit.errors.exceptions import Unreplayable
@@ -686,7 +692,7 @@ class _HookFailed(Exception):
     """Some events failed in ``on_webhook``; they stay pending (or failed) in the inbox."""
 
 
-def register_webhooks(registry: Registry, app: App, *, sweep_every: timedelta) -> None:
+def register_webhooks(registry: Registry, app: ConnectorHost, *, sweep_every: timedelta) -> None:
     """The processing job and the recurring sweep, on ``app``'s registry."""
 
     async def process(jctx: JobContext) -> None:
