@@ -20,35 +20,25 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 
 from synckit.clock import utcnow
-from synckit.connectors.base import Connector, pace_policy_of
+from synckit.connectors.base import Connector
 from synckit.connectors.context import SyncContext
 from synckit.connectors.records import Records
 from synckit.dlq.replay import ReplayProcessor, register_dlq_replay, replayers_from_app
-from synckit.errors.backoff import RetryPolicy
 from synckit.errors.exceptions import (
     ConfigurationError,
-    Discard,
-    PermanentError,
-    SecretCorrupt,
     TenantNotFound,
 )
-from synckit.errors.pace import PacePolicy
-from synckit.runtime.admin.tenants import _COLUMNS, Tenant, _tenant, add_tenant, get_tenant
-from synckit.runtime.http import pacing
+from synckit.runtime.admin.tenants import Tenant, add_tenant, get_tenant
 from synckit.runtime.http.client import network_of
-from synckit.runtime.http.pacing import PaceView
-from synckit.runtime.jobs.handlers import JobContext, Registry
+from synckit.runtime.jobs.handlers import Registry
 from synckit.runtime.jobs.worker import Worker
 from synckit.runtime.observe.alert_delivery import get_alert_router
 from synckit.runtime.observe.alerts import register_alerts
@@ -58,17 +48,15 @@ from synckit.runtime.sync.poll import (
     SCHEDULE_KIND,
     CycleResult,
     record_id_of,
-    record_kind,
     run_cycle,
     stream_of_kind,
 )
+from synckit.runtime.sync.poll_jobs import PollJobs
 from synckit.runtime.sync.records import RecordsReader, land
 from synckit.runtime.sync.records import destination as records_destination
 from synckit.runtime.sync.records import prepare as prepare_landing
 from synckit.runtime.sync.scheduler import schedule_polls
-from synckit.store import checkpoints
-from synckit.store.checkpoints import CycleStart, cycle_start_of
-from synckit.store.db import Database, SyncConn, is_driver_error, open_database, savepoint
+from synckit.store.db import Database, SyncConn, open_database
 from synckit.store.jobs._base import ClaimedJob
 from synckit.store.records import TableOwner, prepare_destination, upgrade_tables
 
@@ -128,11 +116,13 @@ class App:
         self.transport = transport
         self.clock: Callable[[], datetime] = clock or utcnow
         self.registry = registry if registry is not None else Registry()
-        self.registry.add(POLL_KIND, self._poll_job, timeout=poll_timeout)
+        #: The poll and scheduler jobs of this App's connectors.
+        self.poll_jobs = PollJobs(self, self._connectors)
+        self.registry.add(POLL_KIND, self.poll_jobs.poll, timeout=poll_timeout)
         # A poll cycle that fails is retried with its connector's retry_policy, if any.
-        self.registry.retry_policy_for = self._retry_policy_for
-        self.registry.pace_policy_for = self._pace_policy_for
-        self.registry.add(SCHEDULE_KIND, self._schedule_job, timeout=120.0)
+        self.registry.retry_policy_for = self.poll_jobs.retry_policy_for
+        self.registry.pace_policy_for = self.poll_jobs.pace_policy_for
+        self.registry.add(SCHEDULE_KIND, self.poll_jobs.schedule, timeout=120.0)
         self.registry.recurring(SCHEDULER_NAME, SCHEDULE_KIND, every=scheduler_every)
         if dlq_replay_every is not None:
             # Failed records and dead jobs are replayed automatically (capped backoff).
@@ -145,7 +135,6 @@ class App:
             self._register_webhooks()
         self._db: Database | None = None
         self._owned: tuple[asyncio.AbstractEventLoop, Database] | None = None
-        self._starts: weakref.WeakKeyDictionary[Database, _StartReads] = weakref.WeakKeyDictionary()
 
     # --- connectors -----------------------------------------------------------------------
 
@@ -192,31 +181,6 @@ class App:
         self._connectors[cls.name] = cls
         if getattr(cls, "webhooks", None) is not None and hasattr(self, "_webhooks_registered"):
             self._register_webhooks()
-
-    def _slot_want(self, row: Any) -> pacing.SlotWant | None:
-        """A starting poll job's first slots, for its start read to reserve: those of an
-        active tenant whose connector declares a rate (read from the class: the
-        connector is not made yet). Called in the start read's transaction."""
-        cls = self._connectors.get(row.connector)
-        if cls is None or row.status != "active":
-            return None
-        rate = cls.rate_limit
-        if rate is None:
-            return None
-        wait = cls.max_inline_wait.total_seconds()
-        return pacing.SlotWant(row.resource_key, rate.per_second, rate.burst, wait)
-
-    def _retry_policy_for(self, job: ClaimedJob) -> RetryPolicy | None:
-        if job.kind != POLL_KIND or not isinstance(job.payload, Mapping):
-            return None
-        cls = self._connectors.get(str(job.payload.get("connector")))
-        return cls.retry_policy if cls is not None else None
-
-    def _pace_policy_for(self, job: ClaimedJob) -> PacePolicy | None:
-        if job.kind != POLL_KIND or not isinstance(job.payload, Mapping):
-            return None
-        cls = self._connectors.get(str(job.payload.get("connector")))
-        return pace_policy_of(cls) if cls is not None else None
 
     @property
     def connectors(self) -> Mapping[str, type[Connector[Any]]]:
@@ -495,85 +459,6 @@ class App:
             if decl is not None:
                 await _land_one(db, decl, tenant, stream, payload, self.clock())
 
-    # --- job handlers ---------------------------------------------------------------------
-
-    async def _job_database(self, jctx: JobContext) -> Database:
-        """The database of the worker running the job (its writes then share the worker's
-        writer), else :meth:`database`."""
-        return jctx.db if jctx.db is not None else await self.database()
-
-    async def _schedule_job(self, jctx: JobContext) -> None:
-        fired = await self.schedule(await self._job_database(jctx))
-        if fired:
-            jctx.log.info("poll.cycles_enqueued", cycles=len(fired))
-
-    def _start_reads(self, db: Database) -> _StartReads:
-        reads = self._starts.get(db)
-        if reads is None:
-            reads = self._starts[db] = _StartReads(db, want=self._slot_want, clock=self.clock)
-        return reads
-
-    async def _poll_job(self, jctx: JobContext) -> None:
-        p = jctx.payload
-        if not (
-            isinstance(p, Mapping)
-            and all(isinstance(p.get(k), str) for k in ("tenant", "connector", "stream"))
-        ):
-            raise Discard(f"malformed poll payload: {str(p)[:200]}")
-        db = await self._job_database(jctx)
-        # The tenant and where its stream stands, read with other jobs starting now.
-        row, start, pace, first = await self._start_reads(db).read(
-            p["tenant"], p["connector"], p["stream"]
-        )
-        if row is None:
-            raise Discard(f"tenant {p['tenant']!r} was removed")
-        try:
-            t = _tenant(row, reveal=True, cipher=None)  # as get_tenant reads it
-        except SecretCorrupt as exc:
-            # Damaged since the worker's start check: hold this tenant alone, as it does.
-            from synckit.runtime.credentials.keys import hold_unreadable
-
-            fault = "config: " + str(exc).removeprefix(f"tenant {p['tenant']!r}: ")
-            await hold_unreadable(db, p["tenant"], fault)
-            raise Discard(f"tenant {p['tenant']!r} held: {fault}") from None
-        if t.connector != p["connector"]:
-            raise Discard(f"tenant {t.tenant!r} now uses connector {t.connector!r}")
-        if t.status != "active":
-            raise Discard(f"tenant {t.tenant!r} is {t.status}")
-        try:
-            cls = self.connector(t.connector)
-            cls.stream(p["stream"])
-        except ConfigurationError as exc:
-            raise Discard(str(exc)) from None
-        try:
-            instance = cls(t.tenant, t.config)
-        except ConfigurationError as exc:
-            # The config was valid when added; the model has changed since. Retrying
-            # cannot help: a human must update the tenant's config.
-            raise PermanentError(str(exc)) from exc
-        async with open_context(
-            db,
-            instance,
-            resource_key=t.resource_key,
-            stream=p["stream"],
-            trace_id=jctx.job.trace_id,
-            log=jctx.log,
-            transport=self.transport,
-            network=self.network,
-            clock=self.clock,
-            pace=pace,
-            first_slots=first,
-        ) as ctx:
-            await run_cycle(
-                db,
-                instance,
-                ctx,
-                job=jctx.job,
-                clock=self.clock,
-                progressed=jctx.progressed,
-                start=start,
-            )
-
 
 async def _land_one(
     db: Database, decl: Records, tenant: str, stream: str, payload: Any, now: datetime
@@ -600,192 +485,6 @@ async def _destination_of(decl: Records) -> Database:
     far = records_destination(decl)
     assert far is not None
     return far
-
-
-# --- what a poll job reads first -----------------------------------------------------------
-#
-# Before its cycle a poll job reads its tenant's row (as get_tenant does), its stream's
-# CycleStart and its resource's pacing (as read_pace_sync makes it: its own and its
-# parent's next_available_at, the quota last reported), which the cycle's first request
-# would otherwise read alone. The jobs of one process that start while such a read waits
-# for the database join it: one statement reads them all, their keys one array
-# parameter. Read one job at a time, 64 cycles starting together were 64 transactions: on
-# PostgreSQL as many pooled connections (beyond the pool's size, new ones), on SQLite as
-# many savepoints of the writer's group.
-#
-# In the same transaction, the cycles whose connector declares a rate reserve their first
-# requests' slots (pacing.take_first_slots_sync): a cycle's first request then needs no
-# reservation of its own. Reserved one by one, 50 cycles starting together in a
-# PostgreSQL worker sent their first requests 125-340 ms after they were enqueued (each
-# reservation a transaction queued behind the others), against 45 ms for the claims.
-
-StartKey = tuple[str, str, str]  # tenant, connector, stream
-PollStart = tuple[Any, CycleStart | None, PaceView | None]
-_GONE: PollStart = (None, None, None)
-#: What a poll job reads first, with the first slots reserved for its cycle, if any.
-StartRead = tuple[Any, CycleStart | None, PaceView | None, pacing.FirstSlots | None]
-
-
-# Built once, for the columns get_tenant reads.
-_POLL_STARTS = checkpoints.PollStartReads(_COLUMNS)
-
-
-def _poll_starts(conn: SyncConn, keys: Sequence[StartKey]) -> dict[StartKey, PollStart]:
-    """What each poll job of ``keys`` reads first (see above), in one statement; a key
-    whose tenant is gone has no entry."""
-    wanted = [(t, c, s, record_kind(s)) for t, c, s in keys]
-    out: dict[StartKey, PollStart] = {}
-    for row in _POLL_STARTS.rows(conn, wanted):
-        start = cycle_start_of(row.start_cursor, row.start_open_dead_letters)
-        available = pacing._later(row.next_available_at, row.parent_available_at)
-        pace = PaceView(available, pacing._quota_of(row))
-        out[(row.want_tenant, row.want_connector, row.want_stream)] = (row, start, pace)
-    return out
-
-
-def _poll_start(conn: SyncConn, tenant: str, connector: str, stream: str) -> PollStart:
-    """The tenant's row (None when it is gone), its stream's :class:`CycleStart` and its
-    resource's pacing, in the caller's transaction."""
-    return _poll_starts(conn, [(tenant, connector, stream)]).get((tenant, connector, stream), _GONE)
-
-
-@dataclass(eq=False)
-class _StartBatch:
-    done: asyncio.Future[dict[StartKey, PollStart | Exception]]
-    keys: set[StartKey] = field(default_factory=set)
-    #: The database has begun reading it: later jobs start a batch of their own.
-    taken: bool = False
-    #: The first slots reserved in its transaction, by key (one key per resource).
-    slots: dict[StartKey, tuple[pacing.SlotResult, pacing.SlotWant]] = field(default_factory=dict)
-
-
-class _StartReads:
-    """The poll jobs' first reads on one database, taken together (see above)."""
-
-    def __init__(
-        self,
-        db: Database,
-        *,
-        want: Callable[[Any], pacing.SlotWant | None] | None = None,
-        clock: Callable[[], datetime] = utcnow,
-    ) -> None:
-        self.db = db
-        #: Which first slots a starting job's tenant row asks for (None: none).
-        self._want = want
-        self._clock = clock
-        # The batch is taken where Database.write runs it: SQLite's writer thread.
-        self._lock = threading.Lock()
-        self._open: _StartBatch | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def read(self, tenant: str, connector: str, stream: str) -> StartRead:
-        key = (tenant, connector, stream)
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            batch = self._open
-            fresh = batch is None or batch.taken or batch.done.get_loop() is not loop
-            if fresh:
-                batch = self._open = _StartBatch(loop.create_future())
-                # Retrieved even when every job waiting for it was cancelled meanwhile.
-                batch.done.add_done_callback(lambda f: f.cancelled() or f.exception())
-            assert batch is not None
-            batch.keys.add(key)
-        if fresh:
-            task = loop.create_task(self._run(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        # Shielded: a job cancelled while it waits must not cancel the others' read.
-        found = (await asyncio.shield(batch.done)).get(key, _GONE)
-        if isinstance(found, Exception):
-            raise found
-        # Slot times count from when the answer came back, as a request's own
-        # reservation's do (Pacer.before_request).
-        slot = batch.slots.pop(key, None)
-        first = None
-        if slot is not None:
-            result, want = slot
-            first = pacing.FirstSlots(result, self._clock(), want.rate, want.burst)
-        return (*found, first)
-
-    def _take(self, conn: SyncConn, batch: _StartBatch) -> dict[StartKey, PollStart | Exception]:
-        with self._lock:
-            batch.taken = True
-            keys = sorted(batch.keys)
-        found = self._read(conn, keys)
-        batch.slots = self._first_slots(conn, found)
-        return found
-
-    def _first_slots(
-        self, conn: SyncConn, found: dict[StartKey, PollStart | Exception]
-    ) -> dict[StartKey, tuple[pacing.SlotResult, pacing.SlotWant]]:
-        """The first slots of the starting cycles that want them, reserved in the start
-        read's transaction. A cycle left without (its row held elsewhere or unreadable)
-        reserves at its first request, as it would have anyway."""
-        if self._want is None:
-            return {}
-        owner: dict[str, tuple[StartKey, pacing.SlotWant]] = {}  # one cycle per resource
-        for key, got in found.items():
-            if isinstance(got, Exception) or got[0] is None:
-                continue
-            want = self._want(got[0])
-            if want is not None and want.key not in owner:
-                owner[want.key] = (key, want)
-        if not owner:
-            return {}
-        wants = [want for _key, want in owner.values()]
-        now = self._clock()
-        try:
-            with savepoint(conn):
-                reserved = pacing.take_first_slots_sync(conn, wants, now=now)
-        except Exception:
-            if conn.invalidated or conn.closed:
-                raise
-            # A resource row that cannot be read: each reserves alone, so that only its
-            # cycle goes without (its first request then meets the row itself).
-            reserved = {}
-            for want in wants if len(wants) > 1 else []:
-                try:
-                    with savepoint(conn):
-                        reserved.update(pacing.take_first_slots_sync(conn, [want], now=now))
-                except Exception:
-                    if conn.invalidated or conn.closed:
-                        raise
-        return {owner[k][0]: (result, owner[k][1]) for k, result in reserved.items()}
-
-    def _read(self, conn: SyncConn, keys: list[StartKey]) -> dict[StartKey, PollStart | Exception]:
-        if len(keys) > 1:
-            try:
-                with savepoint(conn):
-                    return dict(_poll_starts(conn, keys))
-            except Exception:  # a row one of them cannot read: each reads alone below
-                if conn.invalidated or conn.closed:
-                    raise
-        # One key's unreadable row (a corrupt timestamp, checkpoint or status) fails that
-        # job alone, as it did when each job read its own.
-        found: dict[StartKey, PollStart | Exception] = {}
-        for key in keys:
-            try:
-                with savepoint(conn):
-                    found[key] = _poll_start(conn, *key)
-            except Exception as exc:
-                if conn.invalidated or conn.closed:
-                    raise
-                # As Database.write would raise it, had the job read alone.
-                found[key] = self.db.translate(exc) if is_driver_error(exc) else exc
-        return found
-
-    async def _run(self, batch: _StartBatch) -> None:
-        try:
-            found = await self.db.write(self._take, batch)
-        except BaseException as exc:
-            with self._lock:
-                batch.taken = True
-            if isinstance(exc, asyncio.CancelledError):
-                batch.done.cancel()
-                raise
-            batch.done.set_exception(exc)
-        else:
-            batch.done.set_result(found)
 
 
 _review_tasks: set[asyncio.Task[Any]] = set()

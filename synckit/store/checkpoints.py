@@ -388,7 +388,7 @@ async def oldest_active_checkpoints(conn: AsyncConnection) -> list[tuple[str, st
 # Before its cycle a poll job reads its tenant's row, its stream's CycleStart and its
 # resource's pacing (its own and its parent's next_available_at, the quota last reported)
 # in one statement; the jobs of one process that start together read in one statement,
-# their keys one array parameter (synckit.app._StartReads).
+# their keys one array parameter (synckit.runtime.sync.poll_jobs._StartReads).
 
 
 def _start_statement(tenant_columns: Sequence[Any], wanted: Any) -> Any:
