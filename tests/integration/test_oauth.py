@@ -33,6 +33,7 @@ from synckit.runtime.credentials.secrets import (
     PLAINTEXT_MARKER,
     TokenCipher,
     TokenSet,
+    save_refreshed_token_set,
 )
 from synckit.store.db import Database, open_database
 from synckit.store.tables import connections
@@ -255,6 +256,54 @@ async def test_another_workers_refresh_is_used_without_calling_the_provider(
     assert (await call(slow, server.resource_url)).status_code == 200  # 401, then re-read
     assert server.stats.token_requests == 1
     assert server.stats.invalid_grants == 0
+
+
+async def test_a_lease_taken_while_the_read_waited_for_the_lock_is_waited_for(
+    db: Database, server: OAuthTestServer
+) -> None:
+    """Another worker took the refresh lease 0.5 s after this one read its clock (its
+    read waited for the lock: a busy machine). That is a refresh in progress, not the
+    endpoint's wait: this one waits for it and uses the stored token, without calling
+    the provider. (Measured from the clock read before the read, the lease looked longer
+    than ``lease_time``, and the job gave up with TokenEndpointUnavailable.)"""
+    tokens = server.issue_tokens("alice")
+    await add_connection(db, "t1", tokens, issued_ago=timedelta(days=2))  # expired
+    cfg = config(server)
+    t0, taken_after = now(), timedelta(seconds=0.5)
+    async with db.begin() as conn:
+        await conn.execute(
+            connections.update()
+            .where(connections.c.tenant == "t1")
+            .values(
+                refresh_owner="other", refresh_until=t0 + timedelta(seconds=0.5) + cfg.lease_time
+            )
+        )
+    readings: list[datetime] = []
+    read_again = asyncio.Event()
+
+    def clock() -> datetime:
+        # The deadline's reading and the loop's first come before the read; later ones
+        # after the lock was had. A fourth: it decided to wait, and reads again.
+        readings.append(t0 if len(readings) < 2 else t0 + taken_after)
+        if len(readings) >= 4:
+            read_again.set()
+        return readings[-1]
+
+    auth = OAuth2Auth(db, "t1", cfg, clock=clock)
+    waiting = asyncio.create_task(auth.refresh())
+    done, _ = await asyncio.wait(
+        [waiting, asyncio.create_task(read_again.wait())], return_when=asyncio.FIRST_COMPLETED
+    )
+    if waiting in done:
+        waiting.result()  # gave up: raises what it raised
+    fresh = TokenSet.from_token_response(server.issue_tokens("alice"), now=t0)
+    async with db.begin() as conn:  # the other worker's refresh lands
+        assert await save_refreshed_token_set(
+            conn, "t1", fresh, owner="other", cipher=TokenCipher.from_env(), now=t0
+        )
+    result = await waiting
+    assert result.token.access_token == fresh.access_token
+    assert server.stats.token_requests == 0
 
 
 @pytest.mark.parametrize("method", ["client_secret_basic", "client_secret_post"])

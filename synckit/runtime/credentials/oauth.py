@@ -460,7 +460,11 @@ class OAuth2Auth(httpx.Auth):
             # Another process refreshes (or the endpoint asked for a wait): wait for it,
             # inline only while that is short. A refresh holds the lease for lease_time
             # at most, so a lease that ends later than that is the endpoint's wait, held
-            # by the refresher it answered: the job is retried after it.
+            # by the refresher it answered: the job is retried after it. Measured from
+            # now, after the read: a read that waited for the lock (the refresher's
+            # write, a busy machine) would otherwise see a fresh refresh lease as longer
+            # than lease_time, and give up on a refresh that is about to succeed.
+            now = self.clock()
             until = row.refresh_until or now
             endpoint_wait = until - now > cfg.lease_time
             if until > deadline or endpoint_wait:
