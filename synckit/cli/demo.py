@@ -17,7 +17,8 @@ from rich.console import Console
 
 from synckit.cli.options import Seconds, log_settings
 from synckit.errors.exceptions import SynckitError
-from synckit.examples.graph_mail.demo import LOG_FILE, DemoResult, run_demo
+from synckit.examples.graph_mail.demo import DemoResult, run_demo
+from synckit.examples.graph_mail.plan import LOG_FILE
 from synckit.examples.graph_mail.report import render_summary
 from synckit.runtime.observe.logging import configure_logging
 

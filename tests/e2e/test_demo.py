@@ -27,7 +27,7 @@ from sqlalchemy import create_engine, select, text
 from waits import PROCESS_TIMEOUT  # tests/
 
 from synckit.examples.graph_mail import internet_message_id
-from synckit.examples.graph_mail.demo import DB_FILE
+from synckit.examples.graph_mail.plan import DB_FILE
 from synckit.examples.graph_mail.simulator import GraphSimulator
 from synckit.store.audit import RETRIED_PREFIX
 from synckit.store.tables import (

@@ -629,11 +629,11 @@ async def test_poll_start_reads_what_get_tenant_read_cycle_start_and_read_pace_r
     """The poll job's one statement reads the tenant as get_tenant does, the stream's
     start as read_cycle_start and the pacing as read_pace_sync (the resource's own
     next_available_at or its parent's, whichever is later, and the stored quota)."""
-    from synckit.runtime.sync.poll_jobs import _poll_start
     from synckit.runtime.admin.tenants import _tenant, get_tenant
     from synckit.runtime.http.pacing import read_pace_sync
     from synckit.runtime.sync.page_commit import RecordFailure, dead_letter_records
     from synckit.runtime.sync.poll import read_cycle_start
+    from synckit.runtime.sync.poll_jobs import _poll_start
     from synckit.store.tables import resources
 
     await setup(db, make(api), "acme", "globex")

@@ -25,9 +25,9 @@ import asyncio
 import contextlib
 import os
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -38,150 +38,39 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from synckit.errors import BreakerPolicy, RetryPolicy
 from synckit.errors.exceptions import SynckitError
-from synckit.examples.graph_mail.reads import DemoReader, snapshot_rows, summary_rows
-from synckit.examples.graph_mail.report import colour, render_summary, short
-from synckit.examples.graph_mail.wire import Wire, retry_after_report
+from synckit.examples.graph_mail.plan import (
+    DB_FILE,
+    DEMO_BREAKER,
+    DEMO_RETRY,
+    HEALTHY,
+    KEY_FILE,
+    LOST_SEND_RATE,
+    PLANS,
+    RECOVERED_THROTTLE_RATE,
+    REVOKED,
+    SENDS_PER_TENANT,
+    THROTTLED,
+    TICK,
+    Snapshot,
+    Story,
+    example_module,
+    landed_ids,
+    read_snapshot,
+    well_formed,
+)
+from synckit.examples.graph_mail.reads import DemoReader
+from synckit.examples.graph_mail.report import colour, short
+from synckit.examples.graph_mail.summary import next_commands, summarise
+from synckit.examples.graph_mail.wire import Wire
 from synckit.runtime.admin.audit import audit_observer
 from synckit.store import migrate
-from synckit.store.audit import RETRIED_PREFIX
 from synckit.store.db import open_database
-from synckit.store.records import live_keys
 
 if TYPE_CHECKING:
     from synckit.examples.graph_mail.simulator import GraphSimulator
 
-__all__ = ["DB_FILE", "KEY_FILE", "LOG_FILE", "DemoResult", "render_summary", "run_demo"]
-
-DB_FILE = "synckit-demo.db"
-LOG_FILE = "synckit-demo.log"
-#: The key the demo made (when ``$SYNCKIT_SECRET_KEY`` was unset), kept beside its database
-#: so that every console action and command works on that database afterwards.
-KEY_FILE = "synckit-demo.key"
-DB_URL = f"sqlite:///{DB_FILE}"
-APP_SPEC = "synckit.examples.graph_mail.app:app"
-SENDS_PER_TENANT = 3
-LOST_SEND_RATE = 0.5
-FABRIKAM_RETRY_AFTER = 1
-RECOVERED_THROTTLE_RATE = 0.1
-TICK = 0.3
-
-# What the demo asks of the runtime, so that minutes of real life fit in seconds.
-DEMO_RETRY = RetryPolicy(
-    base=timedelta(seconds=0.5), cap=timedelta(seconds=2), floor=timedelta(seconds=0.25)
-)
-DEMO_BREAKER = BreakerPolicy(
-    failure_threshold=4,
-    cooldown=timedelta(seconds=2),
-    cooldown_cap=timedelta(seconds=4),
-    probe_timeout=timedelta(seconds=30),
-)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    tenant: str
-    role: str
-    story: str
-    messages: int
-    malformed: int
-    mailbox: dict[str, Any] = field(default_factory=dict)
-
-
-PLANS = (
-    _Plan(
-        "contoso",
-        "healthy",
-        "healthy; its delta token expires mid-run while a message is deleted",
-        messages=40,
-        malformed=2,
-    ),
-    _Plan(
-        "fabrikam",
-        "throttled hard",
-        "throttled hard (40% of requests: 429 Retry-After), then a 503 outage",
-        messages=40,
-        malformed=1,
-        mailbox={
-            "throttled_hard": True,
-            "retry_after": FABRIKAM_RETRY_AFTER,
-            "server_error_rate": 0.05,
-        },
-    ),
-    _Plan(
-        "northwind",
-        "consent revoked",
-        "its admin revokes the app's consent mid-run",
-        messages=20,
-        malformed=1,
-    ),
-)
-HEALTHY, THROTTLED, REVOKED = (p.tenant for p in PLANS)
-
-
-def _example() -> ModuleType:
-    """``synckit.examples.graph_mail``, which ships inside the package."""
-    import synckit.examples.graph_mail as example
-
-    return example
-
-
-# --- what the database says -------------------------------------------------------------------
-
-
-@dataclass
-class Snapshot:
-    """The runtime's tables, read while the worker runs (and once more at the end)."""
-
-    status: dict[str, tuple[str, str | None]] = field(default_factory=dict)
-    breaker: dict[str, tuple[str, Any]] = field(default_factory=dict)
-    cursor: dict[str, Any] = field(default_factory=dict)
-    synced: dict[str, set[str]] = field(default_factory=dict)
-    dlq: Counter[str] = field(default_factory=Counter)
-    sends_done: Counter[str] = field(default_factory=Counter)
-    retried: dict[str, Counter[str]] = field(default_factory=dict)
-
-    def delta_done(self, tenant: str) -> bool:
-        cursor = self.cursor.get(tenant)
-        return isinstance(cursor, dict) and "deltaLink" in cursor
-
-
-def _resource_tenant(key: str) -> str:
-    return key.split(":", 1)[1] if ":" in key else key
-
-
-def _synced_ids(conn: Any) -> dict[str, set[str]]:
-    """The ids of the messages landed (not deleted) per tenant."""
-    spec = _example().MESSAGES.spec
-    return {t: {k[0] for k in keys} for t, keys in live_keys(conn, spec).items()}
-
-
-def read_snapshot(reader: DemoReader, synced_ids: Callable[[Any], dict[str, set[str]]]) -> Snapshot:
-    """The tables the live display shows, read while the worker runs (by a plain SQLite
-    reader: in WAL mode it never blocks the worker's writes); ``synced_ids`` reads the
-    example's messages on the same connection."""
-    rows, synced = reader.read(lambda c: (snapshot_rows(c), synced_ids(c)))
-    s = Snapshot()
-    for r in rows.connections:
-        s.status[r.tenant] = (r.status, r.status_reason)
-    for r in rows.resources:
-        if not r.resource_key.startswith("api:"):
-            s.breaker[_resource_tenant(r.resource_key)] = (r.state, r.opened_at)
-    for r in rows.checkpoints:
-        s.cursor[r.tenant] = r.cursor
-    s.synced = synced
-    for tenant, n in rows.dead_letters:
-        s.dlq[tenant] = n
-    for tenant, n in rows.sends_done:
-        s.sends_done[tenant] = n
-    for r in rows.audit:
-        counts = s.retried.setdefault(r.tenant, Counter())
-        for k, v in (r.failed_by_class or {}).items():
-            if k.startswith(RETRIED_PREFIX):
-                counts[k[len(RETRIED_PREFIX) :]] += int(v)
-    return s
-
+__all__ = ["DemoResult", "run_demo"]
 
 # --- the run ---------------------------------------------------------------------------------
 
@@ -192,37 +81,11 @@ class DemoResult:
     converged: bool
 
 
-@dataclass
-class _Story:
-    """The scripted events and what the monitor has seen happen."""
-
-    started: float = field(default_factory=time.monotonic)
-    events: list[tuple[float, str]] = field(default_factory=list)
-    done: set[str] = field(default_factory=set)
-    openings: dict[str, set[Any]] = field(default_factory=lambda: defaultdict(set))
-    outage_started: float | None = None
-    emit: Callable[[float, str], None] = lambda _at, _text: None
-
-    def at(self) -> float:
-        return time.monotonic() - self.started
-
-    def say(self, text: str) -> None:
-        moment = self.at()
-        self.events.append((moment, text))
-        self.emit(moment, text)
-
-    def once(self, name: str) -> bool:
-        if name in self.done:
-            return False
-        self.done.add(name)
-        return True
-
-
 async def run_demo(
     workdir: Path, *, out: Console, converge_within: float = 50.0, live: bool | None = None
 ) -> DemoResult:
     """Run the demo in ``workdir``; progress and tables go to ``out``."""
-    example = _example()
+    example = example_module()
     from synckit.examples.graph_mail.simulator import GraphSimulator
 
     db_path = workdir / DB_FILE
@@ -242,7 +105,7 @@ async def run_demo(
         return (info.subject if info is not None else None) or "?"
 
     wire = Wire(tenant_of)
-    story = _Story()
+    story = Story()
     db = open_database(f"sqlite:///{db_path}")
     reader = DemoReader(db_path)
     try:
@@ -276,7 +139,7 @@ async def run_demo(
                     out,
                     story,
                     sim,
-                    lambda: read_snapshot(reader, _synced_ids),
+                    lambda: read_snapshot(reader, landed_ids),
                     enqueued,
                     runner,
                     converge_within=converge_within,
@@ -288,8 +151,10 @@ async def run_demo(
                     async with asyncio.timeout(10):
                         await runner
             elapsed = story.at()
-            summary = _summary(reader, example, sim, wire, story, enqueued, elapsed, unmet, db_path)
-            summary["next_commands"] = _next_commands(ephemeral_key)
+            summary = summarise(
+                reader, example, sim, wire, story, enqueued, elapsed, unmet, db_path
+            )
+            summary["next_commands"] = next_commands(ephemeral_key)
             summary["change_feed"] = await _read_changes(app, db)
     finally:
         await wire.inner.aclose()
@@ -392,7 +257,7 @@ def _intro(out: Console, base_url: str, db_path: Path, ephemeral_key: bool) -> N
 
 async def _watch(
     out: Console,
-    story: _Story,
+    story: Story,
     sim: GraphSimulator,
     read: Callable[[], Snapshot],
     enqueued: dict[str, list[str]],
@@ -434,13 +299,8 @@ async def _watch(
     return unmet
 
 
-def _well_formed(sim: GraphSimulator, tenant: str) -> set[str]:
-    malformed = set(sim.mailbox(tenant).malformed_ids)
-    return {m["id"] for m in sim.messages(tenant)} - malformed
-
-
 def _advance(
-    story: _Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
+    story: Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
 ) -> None:
     """Fire the scripted events whose moment has come, and narrate what the tables show."""
     _narrate(story, sim, s, enqueued)
@@ -450,7 +310,7 @@ def _advance(
 
 
 def _narrate(
-    story: _Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
+    story: Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
 ) -> None:
     """Say what the tables show once it first shows: breakers, re-authorisation, first
     syncs, sends done."""
@@ -477,10 +337,10 @@ def _narrate(
             )
 
 
-def _script_healthy(story: _Story, sim: GraphSimulator, s: Snapshot) -> None:
+def _script_healthy(story: Story, sim: GraphSimulator, s: Snapshot) -> None:
     """Once contoso has synced: expire its delta token (deleting one message and delivering
     three) and every tenant's access token; then watch for its full resync."""
-    candidates = sorted(s.synced.get(HEALTHY, set()) & _well_formed(sim, HEALTHY))
+    candidates = sorted(s.synced.get(HEALTHY, set()) & well_formed(sim, HEALTHY))
     if s.delta_done(HEALTHY) and candidates and story.once("expire"):
         sim.delete_message(HEALTHY, candidates[0])
         for _ in range(3):
@@ -495,14 +355,14 @@ def _script_healthy(story: _Story, sim: GraphSimulator, s: Snapshot) -> None:
     if (
         "expire" in story.done
         and sim.stats.full_syncs[HEALTHY] >= 2
-        and s.synced.get(HEALTHY) == _well_formed(sim, HEALTHY)
+        and s.synced.get(HEALTHY) == well_formed(sim, HEALTHY)
         and story.once("resynced")
     ):
         story.say(f"{HEALTHY}: 410 Gone answered by a full resync; the deleted one forgotten")
 
 
 def _script_throttled(
-    story: _Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
+    story: Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
 ) -> None:
     """Once fabrikam has a checkpoint and its sends are done: an outage until its breaker
     opens (or 10 s), then lighter throttling."""
@@ -526,7 +386,7 @@ def _script_throttled(
 
 
 def _script_revoked(
-    story: _Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
+    story: Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
 ) -> None:
     """Once northwind has synced and sent: its admin revokes consent."""
     if (
@@ -550,11 +410,11 @@ _SCRIPT = {
 
 
 def _unmet(
-    story: _Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
+    story: Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
 ) -> list[str]:
     unmet = [what for name, what in _SCRIPT.items() if name not in story.done]
     for t in (HEALTHY, THROTTLED):
-        missing = len(_well_formed(sim, t) ^ s.synced.get(t, set()))
+        missing = len(well_formed(sim, t) ^ s.synced.get(t, set()))
         if missing:
             unmet.append(f"{t}: {missing} messages not in sync")
         if not s.delta_done(t):
@@ -573,7 +433,7 @@ def _unmet(
 
 
 def _live_view(
-    story: _Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
+    story: Story, sim: GraphSimulator, s: Snapshot, enqueued: dict[str, list[str]]
 ) -> RenderableType:
     table = Table(title=f"synckit demo: {story.at():.1f}s", title_justify="left")
     for col in (
@@ -597,7 +457,7 @@ def _live_view(
             t,
             colour(status, status == "active"),
             colour(breaker, breaker == "closed"),
-            f"{len(s.synced.get(t, ()))}/{len(_well_formed(sim, t))}",
+            f"{len(s.synced.get(t, ()))}/{len(well_formed(sim, t))}",
             str(s.dlq[t]),
             str(sim.stats.throttled[t]),
             str(sim.stats.server_errors[t]),
@@ -607,208 +467,3 @@ def _live_view(
         )
     lines = [Text.from_markup(f"[dim]{at:5.1f}s[/] {text}") for at, text in story.events[-8:]]
     return Group(table, *lines)
-
-
-# --- the summary -------------------------------------------------------------------------------
-
-
-def _summary(
-    reader: DemoReader,
-    example: ModuleType,
-    sim: GraphSimulator,
-    wire: Wire,
-    story: _Story,
-    enqueued: dict[str, list[str]],
-    elapsed: float,
-    unmet: list[str],
-    db_path: Path,
-) -> dict[str, Any]:
-    """What happened, as the dict ``--json`` prints and :func:`render_summary` draws:
-    every figure from the tables the worker wrote, the simulator's counters and the wire."""
-    final = read_snapshot(reader, _synced_ids)
-    rows = reader.read(summary_rows)
-    intents = {(r.tenant, r.intent_key): r for r in rows.intents}
-    return {
-        "converged": not unmet,
-        "unmet": unmet,
-        "elapsed_seconds": round(elapsed, 1),
-        "database_url": DB_URL,
-        "database_path": str(db_path),
-        "tenants": _tenant_rows(rows, final, sim, enqueued, intents),
-        "retry_reasons": [
-            {"tenant": t, "error_class": cls, "reason": reason, "count": n}
-            for (t, cls, reason), n in sorted(_retry_reasons(rows.jobs).items())
-        ],
-        "retry_after": retry_after_report(wire.calls),
-        "breakers": [
-            {
-                "resource_key": r.resource_key,
-                "tenant": _resource_tenant(r.resource_key),
-                "opened": len(story.openings.get(_resource_tenant(r.resource_key), ())),
-                "state": r.state,
-                "last_error_class": r.last_error_class,
-            }
-            for r in rows.breakers
-        ],
-        "needs_reauth": _needs_reauth(
-            final, sim, Counter(str(k) for k in rows.unfinished_resources)
-        ),
-        "dead_letters": [
-            {
-                "tenant": r.tenant,
-                "kind": r.kind,
-                "record_id": r.record_id,
-                "error_class": r.error_class,
-                "status": r.status,
-                "attempts": r.attempt_count,
-                "error": short(r.error_message, 200),
-            }
-            for r in rows.dead_letters
-        ],
-        "sent": _sent(example, sim, enqueued, intents),
-        "lost_responses": sum(sim.stats.lost_sends[p.tenant] for p in PLANS),
-        "events": [
-            {"at": round(at, 1), "text": Text.from_markup(t).plain} for at, t in story.events
-        ],
-        "next_commands": _next_commands(False),
-    }
-
-
-def _found(row: Any) -> bool:
-    """An intent whose create's answer was lost and whose resource was found by its id."""
-    return row is not None and isinstance(row.result, dict) and "id" in row.result
-
-
-def _retry_reasons(job_rows: Any) -> Counter[tuple[str, str, str]]:
-    """(tenant, error class, reason) of every retried attempt the jobs recorded."""
-    reasons: Counter[tuple[str, str, str]] = Counter()
-    for r in job_rows:
-        tenant = r.payload.get("tenant") if isinstance(r.payload, dict) else None
-        if not tenant:
-            continue
-        for e in r.errors or []:
-            reasons[(str(tenant), str(e.get("error_class")), short(str(e.get("message", ""))))] += 1
-    return reasons
-
-
-def _tenant_rows(
-    rows: Any,
-    final: Snapshot,
-    sim: GraphSimulator,
-    enqueued: dict[str, list[str]],
-    intents: dict[tuple[str, str], Any],
-) -> list[dict[str, Any]]:
-    audit: dict[str, dict[str, int]] = defaultdict(lambda: {"ok": 0, "failed": 0})
-    for r in rows.audit:
-        audit[r.tenant]["ok"] += int(r.ok)
-        audit[r.tenant]["failed"] += int(r.failed)
-    jobs_ok: Counter[str] = Counter(
-        str(r.payload["tenant"])
-        for r in rows.jobs
-        if isinstance(r.payload, dict) and r.payload.get("tenant") and r.status == "succeeded"
-    )
-    stats = sim.stats
-    out = []
-    for plan in PLANS:
-        t = plan.tenant
-        status, reason = final.status.get(t, ("?", None))
-        out.append(
-            {
-                "tenant": t,
-                "role": plan.role,
-                "status": status,
-                "status_reason": reason,
-                "breaker": final.breaker.get(t, ("?", None))[0],
-                "synced": len(final.synced.get(t, ())),
-                "in_mailbox": len(_well_formed(sim, t)),
-                "malformed": len(sim.mailbox(t).malformed_ids),
-                "dead_letters": final.dlq[t],
-                "checkpoint": _cursor_kind(final.cursor.get(t)),
-                "requests": stats.requests[t],
-                "throttled_429": stats.throttled[t],
-                "server_errors_503": stats.server_errors[t],
-                "retries": dict(sorted(final.retried.get(t, Counter()).items())),
-                "token_refreshes": stats.token_refreshes[t],
-                "token_refusals": sum(
-                    n for k, n in stats.token_errors.items() if k.startswith(f"{t}:")
-                ),
-                "full_syncs": stats.full_syncs[t],
-                "expired_delta_tokens": stats.expired_delta_tokens[t],
-                "audit": dict(audit[t]),
-                "jobs_succeeded": jobs_ok[t],
-                "records_handled": audit[t]["ok"] - jobs_ok[t],
-                "sends": {
-                    "enqueued": len(enqueued[t]),
-                    "done": final.sends_done[t],
-                    "lost_responses": stats.lost_sends[t],
-                    "found_after_lost_response": sum(
-                        1 for key in enqueued[t] if _found(intents.get((t, key)))
-                    ),
-                    "send_calls": stats.sends[t],
-                },
-            }
-        )
-    return out
-
-
-def _sent(
-    example: ModuleType,
-    sim: GraphSimulator,
-    enqueued: dict[str, list[str]],
-    intents: dict[tuple[str, str], Any],
-) -> list[dict[str, Any]]:
-    """Each send the demo enqueued: its intent, and its copies in Sent Items."""
-    sent = []
-    for plan in PLANS:
-        for key in enqueued[plan.tenant]:
-            row = intents.get((plan.tenant, key))
-            imid = example.internet_message_id(plan.tenant, key)
-            sent.append(
-                {
-                    "tenant": plan.tenant,
-                    "key": key,
-                    "internet_message_id": imid,
-                    "intent_status": row.status if row is not None else None,
-                    "intent_attempts": row.attempts if row is not None else 0,
-                    "found_after_lost_response": _found(row),
-                    "copies_in_sent_items": len(sim.find_sent(plan.tenant, imid)),
-                }
-            )
-    return sent
-
-
-def _needs_reauth(
-    final: Snapshot, sim: GraphSimulator, waiting: Counter[str]
-) -> list[dict[str, Any]]:
-    """The tenants that need re-authorising, with the work waiting for them."""
-    return [
-        {
-            "tenant": t,
-            "reason": reason,
-            "jobs_waiting": waiting.get(f"graph_mail:{t}", 0),
-            "messages_not_synced": len(_well_formed(sim, t) - final.synced.get(t, set())),
-        }
-        for t, (status, reason) in sorted(final.status.items())
-        if status == "needs_reauth"
-    ]
-
-
-def _next_commands(kept_key: bool) -> list[str]:
-    """What to run on the demo's database afterwards; the console last, with its App (so
-    "sync now", record replays and re-authorising work) and, when the demo made the key,
-    the key read from the file it kept."""
-    key = f"SYNCKIT_SECRET_KEY=$(cat {KEY_FILE}) " if kept_key else ""
-    return [
-        f"synckit status --database-url {DB_URL}",
-        f"synckit dlq ls --database-url {DB_URL}",
-        f"synckit tenants ls --database-url {DB_URL}",
-        f"{key}synckit web --app {APP_SPEC} --database-url {DB_URL}",
-    ]
-
-
-def _cursor_kind(cursor: Any) -> str | None:
-    if isinstance(cursor, dict):
-        for kind in ("deltaLink", "nextLink"):
-            if cursor.get(kind):
-                return kind
-    return None

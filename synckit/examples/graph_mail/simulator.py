@@ -76,6 +76,7 @@ from urllib.parse import urlencode
 
 import httpx
 
+from synckit.examples.graph_mail.graph_delta import Delta
 from synckit.examples.graph_mail.graph_shapes import FOLDERS, folder_name, graph_error, iso
 from synckit.examples.graph_mail.graph_subscriptions import Subscriptions
 from synckit.examples.graph_mail.graph_tokens import Tokens
@@ -143,26 +144,6 @@ class _Item:
     data: dict[str, Any]
     seq: int
     deleted: bool = False
-
-
-@dataclass(frozen=True)
-class _Round:
-    """One pass of delta paging over a folder: the messages it reports, fixed at its start."""
-
-    number: int
-    tenant: str
-    folder: str
-    ids: tuple[str, ...]
-    upto: int
-
-
-@dataclass
-class _DeltaState:
-    tenant: str
-    folder: str
-    upto: int
-    issued_at: datetime
-    expired: bool = False
 
 
 @dataclass
@@ -237,14 +218,13 @@ class GraphSimulator:
             },
         )
         self.mailboxes: dict[str, Mailbox] = {}
-        self._items: dict[str, _Item] = {}
-        self._seq = 0
+        #: Every message by id, deleted ones kept (delta reports them removed).
+        self.items: dict[str, _Item] = {}
+        #: The last change's sequence number (each add, update or delete takes the next).
+        self.seq = 0
         self._counter = 0
-        self._rounds: dict[int, _Round] = {}
-        self._skiptokens: dict[str, tuple[int, int]] = {}
-        self._skip_by_position: dict[tuple[int, int], str] = {}
-        self._delta_tokens: dict[str, _DeltaState] = {}
-        self._delta_by_round: dict[int, str] = {}
+        #: Delta query: its rounds and the skip and delta tokens that lead through them.
+        self.delta = Delta(self)
         #: The token endpoint and the grants it issued.
         self.tokens = Tokens(self)
         #: Change-notification subscriptions and the notifications queued for them.
@@ -376,7 +356,7 @@ class GraphSimulator:
     def messages(self, tenant: str, folder: str = "inbox") -> list[dict[str, Any]]:
         """Copies of the messages in a folder, oldest first."""
         with self.api.lock:
-            return [dict(i.data) for i in self._folder_items(tenant, folder)]
+            return [dict(i.data) for i in self.folder_items(tenant, folder)]
 
     def sent_items(self, tenant: str) -> list[dict[str, Any]]:
         return self.messages(tenant, "sentitems")
@@ -391,13 +371,7 @@ class GraphSimulator:
     def expire_delta_tokens(self, tenant: str | None = None, folder: str | None = None) -> int:
         """Make every delta token issued so far (for ``tenant``/``folder``, if given) answer
         410 Gone; returns how many were expired."""
-        with self.api.lock:
-            count = 0
-            for state in self._delta_tokens.values():
-                if (tenant in (None, state.tenant)) and (folder in (None, state.folder)):
-                    count += not state.expired
-                    state.expired = True
-            return count
+        return self.delta.expire(tenant, folder)
 
     # --- tokens ----------------------------------------------------------------------------
 
@@ -442,7 +416,7 @@ class GraphSimulator:
         api.route("POST", "/{tenant}/oauth2/v2.0/token", self.tokens.endpoint, auth=False)
         graph: list[tuple[str, str, Callable[[Mailbox, RecordedRequest], Any]]] = [
             ("GET", "/v1.0/me", self._me),
-            ("GET", "/v1.0/me/mailFolders/{folder}/messages/delta", self._delta),
+            ("GET", "/v1.0/me/mailFolders/{folder}/messages/delta", self.delta.page),
             ("GET", "/v1.0/me/mailFolders/{folder}/messages", self._list_folder),
             ("GET", "/v1.0/me/messages", self._list_all),
             ("GET", "/v1.0/me/messages/{id}", self._get_message),
@@ -486,9 +460,7 @@ class GraphSimulator:
             return self._too_many(mailbox.retry_after, "ApplicationThrottled")
         if draw < mailbox.throttle_rate + mailbox.server_error_rate:
             self.stats.server_errors[tenant] += 1
-            return graph_error(
-                503, "ServiceUnavailable", "The service is temporarily unavailable."
-            )
+            return graph_error(503, "ServiceUnavailable", "The service is temporarily unavailable.")
         mailbox.recent.append(now)
         return None
 
@@ -511,65 +483,6 @@ class GraphSimulator:
             "userPrincipalName": mailbox.address,
         }
 
-    def _delta(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
-        folder = folder_name(request.params["folder"])
-        if folder is None:
-            return graph_error(404, "ErrorItemNotFound", "The specified folder was not found.")
-        tenant = mailbox.tenant
-        skiptoken = request.query.get("$skiptoken")
-        deltatoken = request.query.get("$deltatoken")
-        if skiptoken is not None:
-            found = self._skiptokens.get(skiptoken)
-            round_ = self._rounds.get(found[0]) if found else None
-            if (
-                found is None
-                or round_ is None
-                or (round_.tenant, round_.folder)
-                != (
-                    tenant,
-                    folder,
-                )
-            ):
-                return self._sync_state_not_found(tenant)
-            offset = found[1]
-        elif deltatoken is not None:
-            state = self._delta_tokens.get(deltatoken)
-            too_old = (
-                state is not None
-                and self.delta_token_ttl is not None
-                and self.clock() - state.issued_at > self.delta_token_ttl
-            )
-            if (
-                state is None
-                or state.expired
-                or too_old
-                or (state.tenant, state.folder) != (tenant, folder)
-            ):
-                return self._sync_state_not_found(tenant)
-            round_, offset = self._new_round(tenant, folder, since=state.upto), 0
-        else:
-            self.stats.full_syncs[tenant] += 1
-            round_, offset = self._new_round(tenant, folder, since=None), 0
-        size = self._page_size(request)
-        link = f"{request.base_url}/v1.0/me/mailFolders/{request.params['folder']}/messages/delta"
-        body: dict[str, Any] = {
-            "@odata.context": f"{request.base_url}/v1.0/$metadata#Collection(message)",
-            "value": [self._delta_entry(i) for i in round_.ids[offset : offset + size]],
-        }
-        if offset + size < len(round_.ids):
-            body["@odata.nextLink"] = f"{link}?$skiptoken={self._skiptoken(round_, offset + size)}"
-        else:
-            body["@odata.deltaLink"] = f"{link}?$deltatoken={self._deltatoken(round_)}"
-        return body
-
-    def _sync_state_not_found(self, tenant: str) -> Reply:
-        self.stats.expired_delta_tokens[tenant] += 1
-        return graph_error(
-            410,
-            "SyncStateNotFound",
-            "The sync state generation is not found or has expired. Start a full sync.",
-        )
-
     def _list_folder(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
         folder = folder_name(request.params["folder"])
         if folder is None:
@@ -582,7 +495,7 @@ class GraphSimulator:
     def _list(self, mailbox: Mailbox, request: RecordedRequest, folder: str | None) -> Any:
         items = [
             i
-            for i in self._items.values()
+            for i in self.items.values()
             if i.tenant == mailbox.tenant and not i.deleted and folder in (None, i.folder)
         ]
         flt = request.query.get("$filter")
@@ -614,7 +527,7 @@ class GraphSimulator:
         return body
 
     def _get_message(self, mailbox: Mailbox, request: RecordedRequest) -> Any:
-        item = self._items.get(request.params["id"])
+        item = self.items.get(request.params["id"])
         if item is None or item.deleted or item.tenant != mailbox.tenant:
             return graph_error(404, "ErrorItemNotFound", "The specified object was not found.")
         return dict(item.data)
@@ -713,14 +626,14 @@ class GraphSimulator:
         if name is None:
             raise ValueError(f"unknown folder {folder!r} (known: {', '.join(FOLDERS)})")
         data["parentFolderId"] = name
-        self._seq += 1
-        item = _Item(str(data["id"]), tenant, name, data, self._seq)
-        self._items[item.id] = item
+        self.seq += 1
+        item = _Item(str(data["id"]), tenant, name, data, self.seq)
+        self.items[item.id] = item
         return item
 
     def _touch(self, item: _Item) -> None:
-        self._seq += 1
-        item.seq = self._seq
+        self.seq += 1
+        item.seq = self.seq
         if not item.deleted:
             stamp = iso(self.clock())
             change_key = self.opaque("CQAAAB")
@@ -730,68 +643,23 @@ class GraphSimulator:
             item.data["@odata.etag"] = f'W/"{change_key}"'
 
     def _live(self, tenant: str, message_id: str) -> _Item:
-        item = self._items.get(message_id)
+        item = self.items.get(message_id)
         if item is None or item.deleted or item.tenant != tenant:
             raise KeyError(f"no message {message_id!r} in {tenant!r}'s mailbox")
         return item
 
-    def _folder_items(self, tenant: str, folder: str) -> list[_Item]:
+    def folder_items(self, tenant: str, folder: str) -> list[_Item]:
         name = folder_name(folder)
         return sorted(
             (
                 i
-                for i in self._items.values()
+                for i in self.items.values()
                 if i.tenant == tenant and i.folder == name and not i.deleted
             ),
             key=lambda i: i.seq,
         )
 
-    def _new_round(self, tenant: str, folder: str, *, since: int | None) -> _Round:
-        if since is None:
-            chosen = self._folder_items(tenant, folder)
-        else:
-            chosen = sorted(
-                (
-                    i
-                    for i in self._items.values()
-                    if i.tenant == tenant and i.folder == folder and i.seq > since
-                ),
-                key=lambda i: i.seq,
-            )
-        number = len(self._rounds) + 1
-        round_ = _Round(number, tenant, folder, tuple(i.id for i in chosen), self._seq)
-        self._rounds[number] = round_
-        return round_
-
-    def _delta_entry(self, message_id: str) -> dict[str, Any]:
-        item = self._items[message_id]
-        if item.deleted:
-            return {
-                "@odata.type": "#microsoft.graph.message",
-                "id": item.id,
-                "@removed": {"reason": "deleted"},
-            }
-        return dict(item.data)
-
-    def _skiptoken(self, round_: _Round, offset: int) -> str:
-        # The same page asked for twice (a retry) links to the same next page.
-        key = (round_.number, offset)
-        if key not in self._skip_by_position:
-            token = self.opaque("sk")
-            self._skip_by_position[key] = token
-            self._skiptokens[token] = key
-        return self._skip_by_position[key]
-
-    def _deltatoken(self, round_: _Round) -> str:
-        if round_.number not in self._delta_by_round:
-            token = self.opaque("dt")
-            self._delta_by_round[round_.number] = token
-            self._delta_tokens[token] = _DeltaState(
-                round_.tenant, round_.folder, round_.upto, self.clock()
-            )
-        return self._delta_by_round[round_.number]
-
-    def _page_size(self, request: RecordedRequest) -> int:
+    def page_size_of(self, request: RecordedRequest) -> int:
         m = _PAGE_SIZE_PREFERENCE.search(request.headers.get("prefer", ""))
         return max(1, min(int(m.group(1)), 1000)) if m else self.page_size
 
