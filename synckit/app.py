@@ -58,7 +58,7 @@ from synckit.runtime.sync.records import prepare as prepare_landing
 from synckit.runtime.sync.scheduler import schedule_polls
 from synckit.store.db import Database, SyncConn, open_database
 from synckit.store.jobs._base import ClaimedJob
-from synckit.store.records import TableOwner, prepare_destination, upgrade_tables
+from synckit.store.records.schema import TableOwner, prepare_destination, upgrade_tables
 
 __all__ = ["App"]
 
@@ -259,7 +259,7 @@ class App:
         done = await upgrade_tables(db, [o for o in owners if o.database is None], self.clock())
         for url in sorted({o.database for o in owners if o.database is not None}):
             # Tables in another database: created there, beside its own record_tables and
-            # record_landings (synckit.store.records.prepare_destination).
+            # record_landings (synckit.store.records.schema.prepare_destination).
             far = open_database(url)
             try:
                 await far.write(prepare_destination)

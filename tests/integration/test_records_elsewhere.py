@@ -19,7 +19,7 @@ from sqlalchemy import text
 
 from synckit.store.checkpoints import list_checkpoints
 from synckit.store.db import Database, open_database
-from synckit.store.records import NO_LANDING, read_landing
+from synckit.store.records.schema import NO_LANDING, read_landing
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "apps"))
 import records_app

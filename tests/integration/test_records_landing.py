@@ -18,7 +18,7 @@ from sqlalchemy import text
 from synckit import App, Connector, Page, Records, Stream, SyncContext
 from synckit.runtime.sync.records import land, prepare
 from synckit.store.db import Database, SyncConn
-from synckit.store.records import NOTIFY_CHANNEL
+from synckit.store.records.statements import NOTIFY_CHANNEL
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "apps"))
 import records_app

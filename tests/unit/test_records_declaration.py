@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from synckit import ConfigurationError, Connector, Page, Records, Stream
 from synckit.errors.exceptions import RecordsSchemaError
-from synckit.store.records import plan_upgrade
+from synckit.store.records.schema import plan_upgrade
 
 
 class Colour(Enum):

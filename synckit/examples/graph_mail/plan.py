@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from synckit.errors import BreakerPolicy, RetryPolicy
 from synckit.examples.graph_mail.reads import DemoReader, snapshot_rows
 from synckit.store.audit import RETRIED_PREFIX
-from synckit.store.records import live_keys
+from synckit.store.records.statements import live_keys
 
 if TYPE_CHECKING:
     from synckit.examples.graph_mail.simulator import GraphSimulator

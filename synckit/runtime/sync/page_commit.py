@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from synckit.runtime.sync.records import Landing, land
 from synckit.store import checkpoints
-from synckit.store import records as records_store
 from synckit.store.audit import AuditCounts, minute_of, record_audit_many_sync, record_audit_sync
 from synckit.store.checkpoints import (
     save_checkpoint,
@@ -22,6 +21,7 @@ from synckit.store.checkpoints import (
 from synckit.store.db import SyncConn
 from synckit.store.dead_letters import capture as dlq_store
 from synckit.store.jobs._base import ClaimedJob
+from synckit.store.records import statements as record_sql
 
 if TYPE_CHECKING:
     pass
@@ -197,8 +197,8 @@ def _commit_pages(conn: SyncConn, pages: list[_PageCommit]) -> list[bool]:
     (:func:`checkpoints.save_checkpoints_held`), then each page's dead letters,
     resolutions and audit counts. A trivial poll cycle's commit was one statement of its
     own, ~12% of a PostgreSQL worker's CPU (``bench.tenants``)."""
-    # Records tables' sequences first, in name order (synckit.store.records.lock_seqs).
-    records_store.lock_seqs(
+    # Records tables' sequences first, in name order (synckit.store.records.statements.lock_seqs).
+    record_sql.lock_seqs(
         conn, sorted({t for p in pages if (w := _to_land(p)) is not None for t in w.tables})
     )
     held = [
@@ -289,5 +289,3 @@ def _commit_page_rest(conn: SyncConn, p: _PageCommit, *, audit: bool = True) -> 
             _ok_of(p),
             Counter(f.error_class for f in failures),
         )
-
-

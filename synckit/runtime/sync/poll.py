@@ -78,7 +78,6 @@ from synckit.runtime.sync.page_commit import (
 from synckit.runtime.sync.records import Landing, land, prepare
 from synckit.runtime.sync.records import destination as records_destination
 from synckit.store import checkpoints
-from synckit.store import records as records_store
 from synckit.store.audit import record_audit_sync
 from synckit.store.checkpoints import (
     NUL_SAFE_KEY,
@@ -93,6 +92,7 @@ from synckit.store.checkpoints import (
 )
 from synckit.store.db import Database, SyncConn
 from synckit.store.jobs._base import ClaimedJob
+from synckit.store.records import schema as record_schema
 from synckit.store.ticks import delete_poll_ticks
 
 if TYPE_CHECKING:
@@ -299,7 +299,6 @@ async def handle_page(
     return out
 
 
-
 def _prepare_landing(
     connector: Connector[Any],
     ctx: SyncContext,
@@ -362,7 +361,7 @@ def _land_elsewhere(
     ok: int,
 ) -> None:
     """A page's records in their own database (``Records(database=URL)``), with the
-    checkpoint that covers them (:func:`records_store.save_landing`) and what the
+    checkpoint that covers them (:func:`record_schema.save_landing`) and what the
     runtime's commit of the page writes besides (its dead letters and audit counts), in
     one transaction there; a ``hold`` page whose records the database refused keeps the
     checkpoint."""
@@ -372,7 +371,7 @@ def _land_elsewhere(
             "ok": ok - len(landing.refused),
             "failures": [dataclasses.asdict(f) for f in [*failures, *landing.refused]],
         }
-        records_store.save_landing(conn, tenant, connector, stream, cursor, now, page)
+        record_schema.save_landing(conn, tenant, connector, stream, cursor, now, page)
 
 
 async def _landed_checkpoint(
@@ -388,8 +387,8 @@ async def _landed_checkpoint(
     from: the one landed there with its rows. When this database's is behind (a crash
     between the two commits), it is brought up to it first, with the dead letters and
     audit counts of that page; and whether there were dead letters."""
-    landed, page = await far.run_read(records_store.read_landing_page, tenant, connector, stream)
-    if landed is records_store.NO_LANDING or landed == checkpoint:
+    landed, page = await far.run_read(record_schema.read_landing_page, tenant, connector, stream)
+    if landed is record_schema.NO_LANDING or landed == checkpoint:
         return checkpoint, False
     failures = [RecordFailure(**f) for f in (page or {}).get("failures", ())]
 

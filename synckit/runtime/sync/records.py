@@ -36,8 +36,10 @@ from synckit.connectors.records import (
     key_text,
 )
 from synckit.errors.exceptions import ConfigurationError, PermanentError
-from synckit.store import records as store
 from synckit.store.db import Database, SyncConn, open_database, savepoint
+from synckit.store.records import reads as record_reads
+from synckit.store.records import schema as record_schema
+from synckit.store.records import statements as record_sql
 
 __all__ = [
     "Change",
@@ -336,7 +338,7 @@ def _upsert_taking(conn: SyncConn, landing: Landing, n: int, now: dt.datetime) -
     the first seq. When the database refuses a row, that is rolled back (the seqs with
     it), the seqs are taken again and each record lands alone, as in :func:`_upsert_all`."""
     batch = landing.batches[0]
-    sql = store.table_sql(batch.spec, True)
+    sql = record_sql.table_sql(batch.spec, True)
     try:
         with savepoint(conn):
             base, changed = sql.upsert_taking(
@@ -347,9 +349,9 @@ def _upsert_taking(conn: SyncConn, landing: Landing, n: int, now: dt.datetime) -
         landing.notified = changed > 0
         return base
     except Exception as exc:
-        if not store.is_record_error(conn, exc):
+        if not record_sql.is_record_error(conn, exc):
             raise
-    base = store.take_seqs(conn, batch.spec.table, n)
+    base = record_sql.take_seqs(conn, batch.spec.table, n)
     _upsert_all(conn, landing, [(batch, base)], now, batch_first=False)
     return base
 
@@ -368,7 +370,7 @@ def _upsert_all(
     lands alone, in its own savepoint, with its child rows: a record and its children
     land together or fail together."""
     postgres = conn.dialect.name == "postgresql"
-    sqls = [store.table_sql(batch.spec, postgres) for batch, _ in parts]
+    sqls = [record_sql.table_sql(batch.spec, postgres) for batch, _ in parts]
     try:
         if batch_first:
             changed = 0
@@ -382,7 +384,7 @@ def _upsert_all(
             landing.changed += changed
             return
     except Exception as exc:
-        if not store.is_record_error(conn, exc):
+        if not record_sql.is_record_error(conn, exc):
             raise
     # One record at a time: its rows in every table (by the record they came from).
     by_owner: dict[int, list[tuple[int, int]]] = {}
@@ -402,7 +404,7 @@ def _upsert_all(
                         parent=batch.parents[i] if batch.spec.child else None,
                     )  # fmt: skip
         except Exception as exc:
-            if not store.is_record_error(conn, exc):
+            if not record_sql.is_record_error(conn, exc):
                 raise
             _refuse(landing, owner, parts[at][0].spec.table, exc)
             continue
@@ -419,21 +421,21 @@ def land(conn: SyncConn, landing: Landing, now: dt.datetime) -> None:
     postgres = conn.dialect.name == "postgresql"
     parent, children = landing.batches[0], landing.batches[1:]
     if children:  # the tables' sequences in name order, as every group takes them
-        store.lock_seqs(conn, landing.tables)
-    psql = store.table_sql(parent.spec, postgres)
+        record_sql.lock_seqs(conn, landing.tables)
+    psql = record_sql.table_sql(parent.spec, postgres)
     n = len(parent.rows) + len(parent.deletes)
     # One table on PostgreSQL: the seqs taken by the merge's own statement.
     taking = postgres and not children and bool(parent.rows)
     if taking:
         pbase = _upsert_taking(conn, landing, n, now)
     else:
-        pbase = store.take_seqs(conn, parent.spec.table, n) if n else 0
+        pbase = record_sql.take_seqs(conn, parent.spec.table, n) if n else 0
     parts: list[tuple[_Batch, int]] = [(parent, pbase)]
     # Child rows of the replaced parents that this page does not land again: deleted,
     # unless their parent is refused (it keeps its rows as they were).
     stale: list[list[tuple[tuple[Any, ...], str]]] = []
     for batch in children:
-        csql = store.table_sql(batch.spec, postgres)
+        csql = record_sql.table_sql(batch.spec, postgres)
         landed = set(batch.keys)
         gone = [
             (k, p)
@@ -441,7 +443,7 @@ def land(conn: SyncConn, landing: Landing, now: dt.datetime) -> None:
             if k not in landed
         ]
         n = len(batch.rows) + len(gone)
-        parts.append((batch, store.take_seqs(conn, batch.spec.table, n) if n else 0))
+        parts.append((batch, record_sql.take_seqs(conn, batch.spec.table, n) if n else 0))
         stale.append(gone)
     if not taking:
         _upsert_all(conn, landing, [(b, base) for b, base in parts if b.rows], now)
@@ -462,13 +464,13 @@ def land(conn: SyncConn, landing: Landing, now: dt.datetime) -> None:
         if landing.sweep:
             swept = psql.unswept(conn, landing.tenant, landing.sync)
             if swept:
-                base = store.take_seqs(conn, parent.spec.table, len(swept))
+                base = record_sql.take_seqs(conn, parent.spec.table, len(swept))
                 landing.changed += psql.delete(conn, landing.tenant, swept, base=base, now=now)
     refused_parents = {
         key_text(parent.keys[i]) for i, o in enumerate(parent.owners) if o in landing.refused_owners
     }
     for (batch, base), gone in zip(parts[1:], stale, strict=True):
-        csql = store.table_sql(batch.spec, postgres)
+        csql = record_sql.table_sql(batch.spec, postgres)
         keys = [k for k, p in gone if p not in refused_parents]
         if keys:
             landing.changed += csql.delete(
@@ -479,10 +481,10 @@ def land(conn: SyncConn, landing: Landing, now: dt.datetime) -> None:
                 k for k, _ in csql.children(conn, landing.tenant, [key_text(k) for k in swept])
             ]
             if orphans:
-                more = store.take_seqs(conn, batch.spec.table, len(orphans))
+                more = record_sql.take_seqs(conn, batch.spec.table, len(orphans))
                 landing.changed += csql.delete(conn, landing.tenant, orphans, base=more, now=now)
     if landing.changed and postgres and not landing.notified:
-        store.notify_changes(conn, landing.tenant, landing.stream)
+        record_sql.notify_changes(conn, landing.tenant, landing.stream)
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -532,7 +534,7 @@ class RecordsReader:
     async def _recorded(self) -> Any:
         if self._spec is not None:
             return self._spec
-        recorded = await store.recorded_spec(await self.database(), self.decl.table)
+        recorded = await record_schema.recorded_spec(await self.database(), self.decl.table)
         if recorded is None:
             raise ConfigurationError(
                 f"records table {self.decl.table!r} does not exist: run "
@@ -548,7 +550,7 @@ class RecordsReader:
         if not isinstance(since, int) or since < 0:
             raise ConfigurationError(f"cursor {since!r}: expected a non-negative integer")
         limit = max(1, min(int(limit), 10_000))
-        rows = await store.read_changes(
+        rows = await record_reads.read_changes(
             await self.database(),
             self.decl.spec,
             await self._recorded(),
@@ -572,7 +574,7 @@ class RecordsReader:
 
     async def rows(self, *, deleted: bool = False, limit: int = 100) -> list[dict[str, Any]]:
         """The tenant's rows in key order (live ones unless ``deleted``), at most ``limit``."""
-        found = await store.read_rows(
+        found = await record_reads.read_rows(
             await self.database(),
             self.decl.spec,
             await self._recorded(),
@@ -584,7 +586,7 @@ class RecordsReader:
 
     async def get(self, *key: Any) -> dict[str, Any] | None:
         """The row of ``key`` (deleted or not), or None."""
-        found = await store.read_rows(
+        found = await record_reads.read_rows(
             await self.database(),
             self.decl.spec,
             await self._recorded(),
@@ -596,5 +598,5 @@ class RecordsReader:
         return _with_meta(found[0]) if found else None
 
 
-def _with_meta(r: store.StoredRow) -> dict[str, Any]:
+def _with_meta(r: record_reads.StoredRow) -> dict[str, Any]:
     return {**r.data, "_seq": r.seq, "_synced_at": r.synced_at, "_deleted_at": r.deleted_at}
