@@ -37,7 +37,7 @@ from synckit.errors.exceptions import (
     TenantNotFound,
 )
 from synckit.runtime.admin.tenants import Tenant, add_tenant, get_tenant
-from synckit.runtime.http.client import network_of
+from synckit.runtime.http.transports import network_of
 from synckit.runtime.jobs.handlers import Registry
 from synckit.runtime.jobs.worker import Worker
 from synckit.runtime.observe.alert_delivery import get_alert_router

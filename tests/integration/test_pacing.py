@@ -29,7 +29,7 @@ from synckit.errors.exceptions import RateLimited
 from synckit.errors.pace import PacePolicy
 from synckit.runtime.http import client as http_module
 from synckit.runtime.http import pacing
-from synckit.runtime.http.client import Pacer
+from synckit.runtime.http.pacer import Pacer
 from synckit.runtime.sync.context import open_context
 from synckit.store.db import Database, open_database
 from synckit.store.resources import configure_resource, get_resource, reset_resource

@@ -593,7 +593,7 @@ async def test_a_borrowed_transport_given_back_busy_is_closed(api: FakeApi) -> N
     """A transport comes back to the free list only with every connection idle: one
     holding a response nobody closed is closed, and the next borrower gets a new one. An
     idle one is lent again; all close when the last holder leaves."""
-    from synckit.runtime.http.client import (
+    from synckit.runtime.http.transports import (
         borrow_transport,
         give_back_transport,
         shared_connections,
@@ -752,7 +752,7 @@ async def test_a_row_one_starting_job_cannot_read_fails_that_job_alone(
 
 def count_reservations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The resource keys of the slot reservations ctx.http makes from now on."""
-    from synckit.runtime.http import client as runtime_http
+    from synckit.runtime.http import pacer as runtime_http
 
     taken: list[str] = []
     real = runtime_http._take_slot

@@ -1,5 +1,5 @@
 """What a process tells a refusal about the rate the API let through (issue 37): the
-reading a learnt rate starts from (:class:`synckit.runtime.http.client._Shared`)."""
+reading a learnt rate starts from (:class:`synckit.runtime.http.pacer._Shared`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from synckit.runtime.http.client import ACCEPTED_SPAN, _Shared
+from synckit.runtime.http.pacer import ACCEPTED_SPAN, _Shared
 
 
 def _sent(state: _Shared, *ago: float, bound: bool = False) -> None:

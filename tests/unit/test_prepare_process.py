@@ -16,7 +16,7 @@ def test_prepare_process_builds_what_the_first_cycle_would_have() -> None:
         """
         import sys
         from synckit.runtime.sync import context
-        from synckit.runtime.http import client as http
+        from synckit.runtime.http import transports as http
         from synckit.runtime.observe import instruments
         lazy = ("synckit.runtime.writes.intents", "synckit.runtime.credentials.oauth")
         assert not any(m in sys.modules for m in lazy), [m for m in lazy if m in sys.modules]
@@ -40,7 +40,7 @@ def test_an_apps_worker_prepares_its_process(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         from synckit import App
-        from synckit.runtime.http import client as http
+        from synckit.runtime.http import transports as http
         from synckit.store.db import open_database
         assert http.tls_context.cache_info().currsize == 0
         App().worker(open_database("sqlite:///{tmp_path / "w.db"}"))

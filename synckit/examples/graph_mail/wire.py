@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from synckit.clock import utcnow
-from synckit.runtime.http.client import SENT_AT
+from synckit.runtime.http.pacer import SENT_AT
 
 __all__ = ["Call", "Wire", "retry_after_report"]
 

@@ -57,7 +57,7 @@ from synckit.errors.exceptions import (
 from synckit.errors.gate import gate
 from synckit.errors.pace import PacePolicy
 from synckit.errors.waits import DEFAULT_MAX_WAIT, moment_after
-from synckit.runtime.http.client import shared_connections
+from synckit.runtime.http.transports import shared_connections
 from synckit.runtime.jobs.breakers import ResourceBook
 from synckit.runtime.jobs.handlers import JobContext, Registry
 from synckit.runtime.jobs.recorder import (

@@ -26,17 +26,16 @@ from synckit.clock import utcnow
 from synckit.connectors.auth import OAuth2
 from synckit.connectors.base import DEFAULT_STREAM, Connector, pace_policy_of
 from synckit.connectors.context import SyncContext
-from synckit.runtime.http.client import (
+from synckit.runtime.http.client import SyncClient
+from synckit.runtime.http.network import Network
+from synckit.runtime.http.pacer import PacedTransport, Pacer
+from synckit.runtime.http.pacing import FirstSlots, PaceView
+from synckit.runtime.http.transports import (
     DEFAULT_NETWORK,
-    PacedTransport,
-    Pacer,
-    SyncClient,
     borrow_transport,
     tls_context,
     transport_for,
 )
-from synckit.runtime.http.network import Network
-from synckit.runtime.http.pacing import FirstSlots, PaceView
 from synckit.runtime.observe.logging import bind_known_secrets, scrub_values, secret_values
 from synckit.store.db import Database
 
@@ -244,7 +243,7 @@ async def open_context(
     ``transport`` replaces the network (``httpx.MockTransport`` in tests); pacing and
     classification still apply on top of it. Without one, a worker's context borrows the
     connections an earlier one of the connector left open
-    (:func:`~synckit.runtime.http.client.borrow_transport`) and gives them back on exit;
+    (:func:`~synckit.runtime.http.transports.borrow_transport`) and gives them back on exit;
     elsewhere it opens its own, closed on exit. ``pace`` and ``first_slots``, read and
     reserved by the caller just now (a poll job's start read), seed the pacing: the first
     request needs no read or reservation of its own. ``network``: the proxy and CAs
