@@ -6,17 +6,10 @@ pytest.
 """
 
 from synckit.testing.clock import FakeClock
-from synckit.testing.fakeapi import (
-    PASS,
-    FakeAPI,
-    Fault,
-    FaultRates,
-    RecordedRequest,
-    Reply,
-    TokenInfo,
-)
+from synckit.testing.fakeapi import FakeAPI
 from synckit.testing.listings import NewestFirstList
 from synckit.testing.reads import dead_letters
+from synckit.testing.replies import PASS, Fault, FaultRates, RecordedRequest, Reply, TokenInfo
 
 __all__ = [
     "PASS",

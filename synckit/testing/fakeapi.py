@@ -48,20 +48,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
-import http
 import inspect
 import json
 import math
 import random
 import re
-import socket
-import struct
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 import httpx
@@ -70,301 +67,24 @@ from synckit.clock import utcnow
 
 if TYPE_CHECKING:
     import respx
+from synckit.testing.loopback_http import LoopbackServer
+from synckit.testing.replies import (
+    JSON_TYPE,
+    RETRY_HEADERS,
+    DropMode,
+    Fault,
+    FaultRates,
+    Passthrough,
+    RecordedRequest,
+    Reply,
+    RetryAfterForm,
+    Step,
+    TokenInfo,
+    unauthorized_parts,
+    with_type,
+)
 
-__all__ = [
-    "PASS",
-    "DropMode",
-    "FakeAPI",
-    "Fault",
-    "FaultRates",
-    "Handler",
-    "Passthrough",
-    "RecordedRequest",
-    "Reply",
-    "RetryAfterForm",
-    "TokenInfo",
-]
-
-#: How a rate-limit fault states its wait.
-RetryAfterForm = Literal["seconds", "http-date", "retry-after-ms", "x-ms-retry-after-ms"]
-#: How a request goes unanswered (see the module docstring's table).
-DropMode = Literal["timeout", "disconnect", "reset", "connect_error"]
-
-_JSON = "application/json"
-_RETRY_HEADERS: Final[dict[str, str]] = {
-    "seconds": "Retry-After",
-    "http-date": "Retry-After",
-    "retry-after-ms": "retry-after-ms",
-    "x-ms-retry-after-ms": "x-ms-retry-after-ms",
-}
-
-
-# --- what a request looks like, and what answers it --------------------------------------
-
-
-@dataclass(frozen=True)
-class RecordedRequest:
-    """One request as the fake received it; handlers get it too.
-
-    ``path`` is percent-decoded; ``query`` keeps the last value of each parameter
-    (``query_items`` keeps them all, in order); ``params`` are the route's path
-    parameters (``/items/{id}`` gives ``{"id": ...}``); ``time`` is the fake's clock.
-    """
-
-    method: str
-    path: str
-    query: Mapping[str, str]
-    headers: httpx.Headers
-    body: bytes
-    time: datetime
-    url: str
-    params: Mapping[str, str] = field(default_factory=dict)
-    query_items: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", errors="replace")
-
-    def json(self) -> Any:
-        """The body parsed as JSON (raises ``ValueError`` when it is not JSON)."""
-        return json.loads(self.body)
-
-    def form(self) -> dict[str, str]:
-        """The body parsed as ``application/x-www-form-urlencoded``."""
-        return dict(parse_qsl(self.text, keep_blank_values=True))
-
-    @property
-    def base_url(self) -> str:
-        """``scheme://host[:port]`` as the client addressed the fake, for absolute links."""
-        u = httpx.URL(self.url)
-        port = f":{u.port}" if u.port is not None else ""
-        return f"{u.scheme}://{u.host}{port}"
-
-    @property
-    def bearer_token(self) -> str | None:
-        scheme, _, value = self.headers.get("authorization", "").partition(" ")
-        return value.strip() or None if scheme.lower() == "bearer" else None
-
-
-@dataclass(frozen=True)
-class Reply:
-    """An HTTP answer: status, headers and body bytes."""
-
-    status: int = 200
-    body: bytes = b""
-    headers: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def json(cls, data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Reply:
-        return cls(status, json.dumps(data).encode(), _with_type(headers, _JSON))
-
-    @classmethod
-    def text(
-        cls,
-        text: str,
-        status: int = 200,
-        headers: Mapping[str, str] | None = None,
-        content_type: str = "text/plain; charset=utf-8",
-    ) -> Reply:
-        return cls(status, text.encode(), _with_type(headers, content_type))
-
-    @classmethod
-    def empty(cls, status: int = 204, headers: Mapping[str, str] | None = None) -> Reply:
-        return cls(status, b"", tuple((headers or {}).items()))
-
-    def header(self, name: str) -> str | None:
-        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
-
-
-def _with_type(headers: Mapping[str, str] | None, content_type: str) -> tuple[tuple[str, str], ...]:
-    items = dict(headers or {})
-    if not any(k.lower() == "content-type" for k in items):
-        items["Content-Type"] = content_type
-    return tuple(items.items())
-
-
-@dataclass(frozen=True)
-class Fault:
-    """Something going wrong on the server's side, in a script or from a handler.
-
-    Build them with the class methods. ``repeat`` says how many script steps one fault
-    stands for (``Fault.unavailable(times=3)`` is a burst of three 503s).
-    """
-
-    kind: Literal["reply", "drop", "lost_response", "truncated"]
-    status: int = 0
-    body: bytes | None = None
-    headers: tuple[tuple[str, str], ...] = ()
-    retry_after: float | None = None
-    retry_after_form: RetryAfterForm = "seconds"
-    drop: DropMode | None = None
-    delay: float = 0.0
-    repeat: int = 1
-
-    # --- answers that are HTTP responses ---
-
-    @classmethod
-    def rate_limited(
-        cls,
-        retry_after: float | None = 1,
-        *,
-        form: RetryAfterForm = "seconds",
-        status: int = 429,
-        body: Any = None,
-        times: int = 1,
-    ) -> Fault:
-        """429 with the wait as ``Retry-After`` seconds (``form="seconds"``), as an HTTP-date
-        that far from the fake's clock (``"http-date"``), or in milliseconds
-        (``"retry-after-ms"``, ``"x-ms-retry-after-ms"``); ``retry_after=None`` sends none."""
-        if form not in _RETRY_HEADERS:
-            raise ValueError(f"unknown Retry-After form {form!r}")
-        payload = {"error": "rate_limited"} if body is None else body
-        return cls(
-            "reply",
-            status,
-            json.dumps(payload).encode(),
-            (("Content-Type", _JSON),),
-            retry_after=retry_after,
-            retry_after_form=form,
-            repeat=times,
-        )
-
-    @classmethod
-    def server_error(cls, status: int = 500, *, body: Any = None, times: int = 1) -> Fault:
-        payload = {"error": http.HTTPStatus(status).phrase} if body is None else body
-        headers = (("Content-Type", _JSON),)
-        return cls("reply", status, json.dumps(payload).encode(), headers, repeat=times)
-
-    @classmethod
-    def unavailable(cls, times: int = 1, *, retry_after: float | None = None) -> Fault:
-        """503 Service Unavailable, ``times`` in a row, optionally with ``Retry-After``."""
-        return replace(cls.server_error(503, times=times), retry_after=retry_after)
-
-    @classmethod
-    def token_expired(cls, description: str = "The access token expired") -> Fault:
-        """401 with ``WWW-Authenticate: Bearer error="invalid_token"``, whatever the token."""
-        return cls("reply", 401, *_unauthorized_parts(description, None))
-
-    @classmethod
-    def gone(cls, body: Any = None) -> Fault:
-        """410 Gone, as APIs answer an expired cursor or sync token."""
-        payload = {"error": "cursor_expired"} if body is None else body
-        return cls("reply", 410, json.dumps(payload).encode(), (("Content-Type", _JSON),))
-
-    @classmethod
-    def malformed_json(cls, body: bytes = b'{"items": [{"id": 1,, ]', status: int = 200) -> Fault:
-        """A body that is not JSON, sent with a JSON content type."""
-        return cls("reply", status, body, (("Content-Type", _JSON),))
-
-    @classmethod
-    def truncated_json(cls, data: Any = None) -> Fault:
-        """The first half of a JSON document, with a JSON content type and a correct
-        ``Content-Length``: ``data``'s serialisation, or, without data, the handler's own
-        answer (the handler runs)."""
-        body = None if data is None else json.dumps(data).encode()
-        return cls("truncated", 200, body, (("Content-Type", _JSON),))
-
-    # --- no answer ---
-
-    @classmethod
-    def timeout(cls, delay: float = 30.0) -> Fault:
-        """No answer: in-process ``httpx.ReadTimeout``; on loopback the server waits
-        ``delay`` seconds (make it longer than the client's timeout) and closes. The
-        handler does not run."""
-        return cls("drop", drop="timeout", delay=delay)
-
-    @classmethod
-    def disconnect(cls) -> Fault:
-        """The server closes the connection without answering (handler does not run)."""
-        return cls("drop", drop="disconnect")
-
-    @classmethod
-    def connection_reset(cls) -> Fault:
-        """The connection is reset (TCP RST) instead of answered (handler does not run)."""
-        return cls("drop", drop="reset")
-
-    @classmethod
-    def connect_error(cls) -> Fault:
-        """In-process ``httpx.ConnectError``; on loopback an immediate reset."""
-        return cls("drop", drop="connect_error")
-
-    @classmethod
-    def lost_response(cls, delay: float = 0.0) -> Fault:
-        """The handler runs (a create commits), then the answer is lost: the connection
-        closes without it, after ``delay`` seconds on loopback (in-process, a delay makes
-        it a ``ReadTimeout``, as a client with a shorter timeout would see)."""
-        return cls("lost_response", delay=delay)
-
-    def repeated(self, times: int) -> Fault:
-        """This fault as ``times`` consecutive script steps."""
-        return replace(self, repeat=times)
-
-
-class Passthrough:
-    """The type of :data:`PASS`."""
-
-    _instance: Passthrough | None = None
-
-    def __new__(cls) -> Passthrough:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "PASS"
-
-
-#: A script step meaning "answer this request normally" (auth, random faults, handler).
-PASS: Final = Passthrough()
-
-Step = Reply | Fault | Passthrough
-#: A route handler: returns a :class:`Reply`, a :class:`Fault`, ``None`` (204) or any
-#: JSON-serialisable value (200 with that JSON).
-Handler = Callable[[RecordedRequest], Any]
-
-
-@dataclass(frozen=True)
-class FaultRates:
-    """Probabilities of random faults per request (see :meth:`FakeAPI.faults`)."""
-
-    rate_limit: float = 0.0
-    server_error: float = 0.0
-    timeout: float = 0.0
-    connection_reset: float = 0.0
-    lost_response: float = 0.0
-    retry_after: float = 1.0
-    retry_after_form: RetryAfterForm = "seconds"
-    server_error_status: int = 503
-    burst: int = 1
-    timeout_delay: float = 30.0
-    methods: frozenset[str] | None = None
-    paths: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        rates = (
-            self.rate_limit,
-            self.server_error,
-            self.timeout,
-            self.connection_reset,
-            self.lost_response,
-        )
-        if any(not 0.0 <= r <= 1.0 for r in rates) or sum(rates) > 1.0 + 1e-9:
-            raise ValueError("fault rates must be in [0, 1] and add up to at most 1")
-        if self.burst < 1:
-            raise ValueError("burst must be at least 1")
-
-
-@dataclass
-class TokenInfo:
-    """A bearer token the fake knows: who it is for and until when it is good."""
-
-    token: str
-    subject: str | None
-    expires_at: datetime
-    revoked: bool = False
-
-    def valid_at(self, now: datetime) -> bool:
-        return not self.revoked and now < self.expires_at
+__all__ = ["FakeAPI"]
 
 
 # --- routing -------------------------------------------------------------------------------
@@ -464,15 +184,6 @@ def _check_reply(reply: Reply, where: str) -> None:
         )
     ):
         raise TypeError(f"{where}: Reply headers must be (name, value) pairs of str")
-
-
-def _unauthorized_parts(description: str, body: Any) -> tuple[bytes, tuple[tuple[str, str], ...]]:
-    payload = {"error": "invalid_token", "error_description": description} if body is None else body
-    challenge = f'Bearer error="invalid_token", error_description="{description}"'
-    return json.dumps(payload).encode(), (
-        ("Content-Type", _JSON),
-        ("WWW-Authenticate", challenge),
-    )
 
 
 def _seconds(value: timedelta | float) -> timedelta:
@@ -787,12 +498,12 @@ class FakeAPI:
         else:
             base = produce()
         cut = base.body[: max(1, len(base.body) // 2)] if base.body else b"{"
-        return _Decision(request, Reply(base.status, cut, _with_type(None, _JSON)))
+        return _Decision(request, Reply(base.status, cut, with_type(None, JSON_TYPE)))
 
     def _fault_reply(self, fault: Fault, now: datetime) -> Reply:
         headers = list(fault.headers)
         if fault.retry_after is not None:
-            name = _RETRY_HEADERS[fault.retry_after_form]
+            name = RETRY_HEADERS[fault.retry_after_form]
             headers.append((name, _format_wait(fault.retry_after, fault.retry_after_form, now)))
         return Reply(fault.status, fault.body or b"", tuple(headers))
 
@@ -805,7 +516,7 @@ class FakeAPI:
                 if self.unauthorized_body is None
                 else self.unauthorized_body
             ).encode()
-            return Reply(401, body, (("Content-Type", _JSON), ("WWW-Authenticate", "Bearer")))
+            return Reply(401, body, (("Content-Type", JSON_TYPE), ("WWW-Authenticate", "Bearer")))
         info = self._tokens.get(token)
         if info is None:
             problem = "The access token is not recognised"
@@ -815,7 +526,7 @@ class FakeAPI:
             problem = "The access token expired"
         else:
             return None
-        return Reply(401, *_unauthorized_parts(problem, self.unauthorized_body))
+        return Reply(401, *unauthorized_parts(problem, self.unauthorized_body))
 
     def _random_fault(self, method: str, path: str, route: _Route | None) -> Fault | None:
         rates = self._rates
@@ -883,7 +594,7 @@ class FakeAPI:
     async def serve(self, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
         """Serve on ``host:port`` (a free port by default) in this event loop; yields the
         base URL. Leaving the block closes the server and every open connection."""
-        server = _LoopbackServer(self, host, port)
+        server = LoopbackServer(self, host, port)
         url = await server.start()
         try:
             yield url
@@ -897,7 +608,7 @@ class FakeAPI:
         loop = asyncio.new_event_loop()
         ready = threading.Event()
         box: dict[str, Any] = {}
-        server = _LoopbackServer(self, host, port)
+        server = LoopbackServer(self, host, port)
 
         def run() -> None:
             asyncio.set_event_loop(loop)
@@ -951,176 +662,3 @@ def _transport_error(drop: DropMode, request: httpx.Request) -> httpx.TransportE
     return httpx.RemoteProtocolError(
         "Server disconnected without sending a response.", request=request
     )
-
-
-# --- the loopback server: just enough HTTP/1.1 -----------------------------------------------
-
-
-class _BadRequest(Exception):
-    pass
-
-
-@dataclass
-class _RawRequest:
-    method: str
-    target: str
-    version: str
-    headers: httpx.Headers
-    body: bytes
-
-
-class _LoopbackServer:
-    """HTTP/1.1 with keep-alive on asyncio streams; answers come from ``FakeAPI._answer``.
-
-    Hand-rolled rather than ``http.server`` because faults need control of the socket
-    itself: close without answering, reset, or hold the connection open.
-    """
-
-    def __init__(self, api: FakeAPI, host: str, port: int) -> None:
-        self.api = api
-        self.host = host
-        self.port = port
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._hostport = f"{host}:{port}"
-
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._on_connection, self.host, self.port)
-        host, port = self._server.sockets[0].getsockname()[:2]
-        self._hostport = f"{host}:{port}"
-        return f"http://{self._hostport}"
-
-    async def close(self) -> None:
-        if self._server is None:
-            return
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
-        self._server = None
-
-    async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        try:
-            await self._serve(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except asyncio.CancelledError:
-            # Only close() cancels these tasks. Ending normally rather than re-raising:
-            # Python 3.11's stream callback calls task.exception() on a cancelled task
-            # and logs a spurious "Exception in callback".
-            pass
-        except _BadRequest as exc:
-            with contextlib.suppress(ConnectionError):
-                writer.write(_encode(Reply.text(f"bad request: {exc}", 400), "GET", False))
-                await writer.drain()
-        finally:
-            if task is not None:
-                self._tasks.discard(task)
-            writer.close()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            raw = await _read_request(reader)
-            if raw is None:
-                return
-            if raw.target.startswith(("http://", "https://")):
-                url = httpx.URL(raw.target)
-            else:
-                url = httpx.URL(f"http://{raw.headers.get('host') or self._hostport}{raw.target}")
-            decision = self.api._answer(raw.method, url, raw.headers, raw.body)
-            delay = decision.delay + (self.api.latency if decision.reply is not None else 0.0)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if decision.reply is None:
-                if decision.drop in ("reset", "connect_error"):
-                    _abort_with_reset(writer)
-                return  # the finally clause closes the connection without an answer
-            keep_alive = (
-                raw.version == "HTTP/1.1" and raw.headers.get("connection", "").lower() != "close"
-            )
-            writer.write(_encode(decision.reply, raw.method, keep_alive))
-            await writer.drain()
-            if not keep_alive:
-                return
-
-
-async def _read_request(reader: asyncio.StreamReader) -> _RawRequest | None:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial.strip():
-            raise _BadRequest("incomplete request head") from exc
-        return None
-    except asyncio.LimitOverrunError as exc:
-        raise _BadRequest("request head too large") from exc
-    lines = head.decode("latin-1").split("\r\n")
-    try:
-        method, target, version = lines[0].split(" ", 2)
-    except ValueError as exc:
-        raise _BadRequest(f"bad request line {lines[0]!r}") from exc
-    pairs: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise _BadRequest(f"bad header line {line!r}")
-        pairs.append((name.strip(), value.strip()))
-    headers = httpx.Headers(pairs)
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = await _read_chunked(reader)
-    else:
-        try:
-            length = int(headers.get("content-length", "0"))
-        except ValueError as exc:
-            raise _BadRequest("bad Content-Length") from exc
-        body = await reader.readexactly(length) if length > 0 else b""
-    return _RawRequest(method.upper(), target, version.strip(), headers, body)
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        size_line = await reader.readuntil(b"\r\n")
-        try:
-            size = int(size_line.split(b";")[0].strip(), 16)
-        except ValueError as exc:
-            raise _BadRequest("bad chunk size") from exc
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
-                pass
-            return b"".join(chunks)
-        chunks.append(await reader.readexactly(size))
-        await reader.readexactly(2)
-
-
-def _encode(reply: Reply, method: str, keep_alive: bool) -> bytes:
-    try:
-        phrase = http.HTTPStatus(reply.status).phrase
-    except ValueError:
-        phrase = "Unknown"
-    lines = [f"HTTP/1.1 {reply.status} {phrase}"]
-    skip = {"content-length", "transfer-encoding", "connection"}
-    lines += [f"{k}: {v}" for k, v in reply.headers if k.lower() not in skip]
-    no_body = reply.status in (204, 304) or 100 <= reply.status < 200
-    body = b"" if no_body or method == "HEAD" else reply.body
-    if not no_body:
-        lines.append(f"Content-Length: {len(reply.body) if method == 'HEAD' else len(body)}")
-    lines.append(f"Date: {email.utils.formatdate(usegmt=True)}")
-    lines.append("Connection: keep-alive" if keep_alive else "Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
-def _abort_with_reset(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            # Linger 0: close() sends RST instead of FIN, as a crashed peer or middlebox does.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()

@@ -45,7 +45,8 @@ from typing import Any, Literal
 
 import httpx
 
-from synckit.testing.fakeapi import FakeAPI, RecordedRequest, Reply
+from synckit.testing.fakeapi import FakeAPI
+from synckit.testing.replies import RecordedRequest, Reply
 
 __all__ = [
     "Behaviour",

@@ -30,7 +30,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from synckit.testing.fakeapi import FakeAPI, RecordedRequest, Reply
+from synckit.testing.fakeapi import FakeAPI
+from synckit.testing.replies import RecordedRequest, Reply
 
 __all__ = ["NewestFirstList"]
 

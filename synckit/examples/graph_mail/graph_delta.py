@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from synckit.examples.graph_mail.graph_shapes import folder_name, graph_error
-from synckit.testing.fakeapi import RecordedRequest, Reply
+from synckit.testing.replies import RecordedRequest, Reply
 
 if TYPE_CHECKING:
     from synckit.examples.graph_mail.simulator import GraphSimulator, Mailbox

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from synckit.testing.fakeapi import Reply
+from synckit.testing.replies import Reply
 
 __all__ = ["FOLDERS", "folder_name", "graph_error", "iso"]
 

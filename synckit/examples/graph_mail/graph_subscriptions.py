@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from synckit.examples.graph_mail.graph_shapes import folder_name, graph_error, iso
-from synckit.testing.fakeapi import RecordedRequest, Reply
+from synckit.testing.replies import RecordedRequest, Reply
 
 if TYPE_CHECKING:
     from synckit.examples.graph_mail.simulator import GraphSimulator, Mailbox, _Item

@@ -17,7 +17,7 @@ from authlib.oauth2.rfc6749.requests import BasicOAuth2Payload
 from authlib.oauth2.rfc6750 import BearerTokenGenerator
 
 from synckit.examples.graph_mail.graph_shapes import iso
-from synckit.testing.fakeapi import RecordedRequest, Reply
+from synckit.testing.replies import RecordedRequest, Reply
 
 if TYPE_CHECKING:
     from synckit.examples.graph_mail.simulator import GraphSimulator

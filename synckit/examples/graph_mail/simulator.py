@@ -80,7 +80,8 @@ from synckit.examples.graph_mail.graph_delta import Delta
 from synckit.examples.graph_mail.graph_shapes import FOLDERS, folder_name, graph_error, iso
 from synckit.examples.graph_mail.graph_subscriptions import Subscriptions
 from synckit.examples.graph_mail.graph_tokens import Tokens
-from synckit.testing.fakeapi import FakeAPI, Fault, RecordedRequest, Reply
+from synckit.testing.fakeapi import FakeAPI
+from synckit.testing.replies import Fault, RecordedRequest, Reply
 
 __all__ = [
     "HARD_THROTTLE_RATE",
