@@ -6,7 +6,8 @@ import click
 
 from synckit.cli.options import database_option, run
 from synckit.store import migrate
-from synckit.store.db import Database, mask_url
+from synckit.store.db import Database
+from synckit.store.db_errors import mask_url
 from synckit.store.urls import database_url_from_env
 
 __all__ = ["db"]

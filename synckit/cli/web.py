@@ -8,7 +8,7 @@ import click
 
 from synckit.cli.app_loader import app_option, load_app
 from synckit.cli.options import CliError, Seconds, database_option, run
-from synckit.store.db import mask_url
+from synckit.store.db_errors import mask_url
 from synckit.store.urls import database_url_from_env
 
 TOKEN_ENV = "SYNCKIT_WEB_TOKEN"

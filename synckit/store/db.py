@@ -1,4 +1,6 @@
-"""The engine factory and the one seam where driver errors become synckit errors.
+"""The engine factory: ``open_database`` and :class:`Database` (driver errors become
+synckit errors in :mod:`synckit.store.db_errors`; SQLite's one writer is
+:mod:`synckit.store.sqlite_writer`).
 
 ``open_database(url)`` gives a :class:`Database`: an async SQLAlchemy engine configured
 for the engine behind the URL.
@@ -9,8 +11,8 @@ for the engine behind the URL.
   front instead of failing with ``SQLITE_BUSY`` when it upgrades from a read; reads
   (:meth:`Database.read`) open a deferred transaction, which takes no lock.
   Write transactions run whole on a dedicated thread (:meth:`Database.write`), those
-  that queue meanwhile grouped into one transaction (:class:`_WriteQueue`), and tiny
-  ones right on the caller's thread when the write lock is free (:class:`InlineSqlite`).
+  that queue meanwhile grouped into one transaction (:class:`WriteQueue`), and tiny
+  ones right on the caller's thread when the write lock is free (:class:`~synckit.store.sqlite_writer.InlineSqlite`).
 * PostgreSQL (through asyncpg): a connection pool without pre-ping; a connection found
   dead invalidates the pool and callers retry.
 """
@@ -22,13 +24,8 @@ import contextlib
 import contextvars
 import logging
 import os
-import re
-import sqlite3
-import sys
-import threading
-import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -40,10 +37,7 @@ from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import (
     ArgumentError,
-    DBAPIError,
-    InterfaceError,
     NoSuchModuleError,
-    OperationalError,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
@@ -53,6 +47,29 @@ from synckit.errors.exceptions import (
     ConfigurationError,
     DatabaseError,
     DatabaseUnavailable,
+)
+from synckit.store.db_errors import (
+    driver_errors,
+    is_statement_error,
+    mask_url,
+    savepoint,
+    translate_db_error,
+)
+from synckit.store.sqlite_writer import (
+    ALONE,
+    BUSY,
+    PIPELINE_DEPTH,
+    READ_ONLY,
+    Busy,
+    InlineSqlite,
+    QueuedWrite,
+    WriteQueue,
+    call_many,
+    deliver,
+    install_sqlite_pragmas,
+    run_group,
+    settle_future,
+    yield_write_lock,
 )
 from synckit.store.urls import database_url_from_env
 
@@ -65,16 +82,6 @@ Conn: TypeAlias = AsyncConnection
 SyncConn: TypeAlias = Connection
 
 log = logging.getLogger(__name__)
-
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-
-
-def mask_url(url: str | URL) -> str:
-    """The URL with any password replaced by ``***``, safe to print."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return re.sub(r"//([^:/@]*):[^@]*@", r"//\1:***@", str(url))
 
 
 def url_problem(url: str) -> str | None:
@@ -118,10 +125,6 @@ def normalize_url(url: str) -> URL:
     )
 
 
-#: Execution option of a connection opened by :meth:`Database.read`.
-_READ_ONLY = "synckit_read_only"
-
-
 #: What every new PostgreSQL connection sets for its session (_install_pg_session).
 PG_SESSION = ("SET jit = off",)
 
@@ -145,283 +148,6 @@ def _install_pg_session(engine: AsyncEngine, statements: tuple[str, ...] = PG_SE
                 log.debug("PostgreSQL refused %r: %s", statement, exc)
 
 
-def _install_sqlite_pragmas(engine: AsyncEngine | Engine) -> None:
-    target = engine.sync_engine if isinstance(engine, AsyncEngine) else engine
-
-    @event.listens_for(target, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let SQLAlchemy's "begin" event below own transaction control.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-            cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA synchronous = NORMAL")
-            cursor.execute("PRAGMA foreign_keys = ON")
-        finally:
-            cursor.close()
-
-    @event.listens_for(target, "begin")
-    def _on_begin(conn: Any) -> None:
-        # A read (Database.read) takes no lock: WAL gives it a snapshot. Anything else
-        # takes the write lock up front.
-        if conn.get_execution_options().get(_READ_ONLY):
-            conn.exec_driver_sql("BEGIN DEFERRED")
-            return
-        raw = conn.connection.driver_connection
-        if isinstance(raw, sqlite3.Connection):  # a thread's own connection (the writer's)
-            _begin_immediate(conn, raw)
-        else:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-#: A writer tries for SQLite's write lock again after this long, doubling up to the cap.
-LOCK_POLL_FIRST = 0.0002
-LOCK_POLL_CAP = 0.0005
-#: ``conn.info`` key: when a BEGIN on this connection last found the lock taken.
-_CONTENDED_AT = "synckit_contended_at"
-
-
-def _begin_immediate(conn: Connection, raw: sqlite3.Connection) -> None:
-    """BEGIN IMMEDIATE, trying for the write lock every 0.2-0.5 ms, for up to the busy
-    timeout.
-
-    SQLite's own busy handler sleeps between tries for 1, 2, 5, 10 ... then 25, 50 and
-    100 ms: a writer of another process that commits and begins again at once holds the
-    lock whenever the sleeper wakes. In ``bench.sync``'s declared run a worker's writer
-    thread waited p90 110 ms, p99 ~1 s, up to 1.8 s for each BEGIN (half its time); two
-    processes writing back to back, one got 1 transaction in 3 s. Tried often, the lock
-    is taken within a few ms of its release, and with the pause after a contended commit
-    (:func:`yield_write_lock`) the processes take turns. When the timeout passes, the
-    BEGIN is run once more through SQLAlchemy, which raises its error as before.
-    """
-    raw.execute("PRAGMA busy_timeout = 0")
-    try:
-        deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
-        delay = LOCK_POLL_FIRST
-        while True:
-            try:
-                raw.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() >= deadline:
-                    break
-            conn.info[_CONTENDED_AT] = time.monotonic()
-            time.sleep(delay)
-            delay = min(delay * 2, LOCK_POLL_CAP)
-        conn.exec_driver_sql("BEGIN IMMEDIATE")  # raises (or, freed just now, begins)
-    finally:
-        raw.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-
-
-#: How long a writer that found the lock taken lately waits before its next BEGIN.
-LOCK_YIELD = 0.0005
-
-
-def yield_write_lock(conn: Connection | None) -> None:
-    """After a commit: if this connection had to wait for SQLite's write lock in the last
-    second, sleep :data:`LOCK_YIELD`, so that another process trying for it every
-    0.2-0.5 ms takes it now, rather than this writer again at once."""
-    if conn is not None and time.monotonic() - conn.info.get(_CONTENDED_AT, -60.0) < 1.0:
-        time.sleep(LOCK_YIELD)
-
-
-class _Busy:
-    """The inline connection could not take SQLite's write lock without waiting."""
-
-
-BUSY = _Busy()
-
-
-class InlineSqlite:
-    """SQLite: one connection used on the caller's own thread, never waiting for a lock.
-
-    On this kind of machine handing a transaction to the writer thread and back costs
-    more (about 100-170 µs) than a one-row insert and its commit (about 50 µs). For tiny
-    transactions, such as one enqueued job, :meth:`try_run` runs the transaction right
-    here instead, but only if SQLite's write lock is free this instant: the connection's
-    ``busy_timeout`` is 0, so a lock held by another connection or process returns
-    :data:`BUSY` at once, having written nothing, and the caller takes the writer thread,
-    which waits. The event loop is therefore never blocked behind another writer.
-
-    The connection never checkpoints the WAL itself (``wal_autocheckpoint = 0``): a
-    checkpoint can take milliseconds. :meth:`Database.try_inline` asks the writer thread
-    for a passive checkpoint every :attr:`CHECKPOINT_EVERY` commits instead.
-    """
-
-    CHECKPOINT_EVERY = 500
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-        self.commits = 0
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raw = self._engine.raw_connection()
-            conn = raw.driver_connection
-            assert isinstance(conn, sqlite3.Connection)
-            conn.execute("PRAGMA busy_timeout = 0")
-            conn.execute("PRAGMA wal_autocheckpoint = 0")
-            self._raw = raw  # keeps the pooled connection checked out
-            self._conn = conn
-        return self._conn
-
-    def try_run(self, fn: Callable[..., T], *args: Any) -> T | _Busy:
-        """``fn(sqlite3_connection, *args)`` in one transaction, or :data:`BUSY` (having
-        written nothing) if it would have had to wait for a lock at any step. ``fn`` must
-        have no effect outside the transaction: on BUSY it may be run again elsewhere."""
-        if not self._lock.acquire(blocking=False):  # another thread is using it
-            return BUSY
-        try:
-            conn = self._connection()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                if _is_busy(exc):
-                    return BUSY
-                raise
-            try:
-                result = fn(conn, *args)
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
-                    return BUSY  # rolled back, nothing written: the caller waits instead
-                raise
-            self.commits += 1
-            return result
-        finally:
-            self._lock.release()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._raw.close()
-                self._conn = None
-
-
-@dataclass(eq=False)  # each write is itself (a key of _write_many's results)
-class _Write:
-    """One :meth:`Database.write` waiting for the SQLite writer thread."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    context: contextvars.Context
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-    #: :meth:`Database.write_grouped`'s ``order``: a group runs its writes sorted by it.
-    order: tuple[str, ...] = ()
-    #: :meth:`Database.write_grouped`'s ``many``: runs the group's writes that share it.
-    many: Callable[..., list[Any]] | None = None
-    #: :meth:`Database.write_grouped`'s ``pipeline``: a group of one runs as a group.
-    pipeline: bool = False
-
-
-class _WriteQueue:
-    """SQLite's group commit: writes waiting for the writer thread, taken together.
-
-    Every write transaction on SQLite takes the one write lock of the file, which the
-    worker processes hand to each other through ``busy_timeout``'s sleeps; a
-    transaction's BEGIN IMMEDIATE and COMMIT cost more than the few statements of most
-    of synckit's. So the writer thread runs the writes that queued while it was busy in
-    one transaction, each inside a savepoint of its own: a write that raises is rolled
-    back alone and fails alone, as if it had had a transaction of its own, and the others
-    commit together. At most :attr:`MAX` writes share one transaction (the lock is held
-    for a bounded time). A failure of the transaction itself (BEGIN or COMMIT) fails each
-    write of the group with it; nothing of the group is committed.
-    """
-
-    MAX = 64
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.items: list[_Write] = []
-        #: Drains running (SQLite's writer thread: at most one).
-        self.draining = 0
-
-    def put(self, item: _Write, drains: int = 1) -> bool:
-        """Queue ``item``; True when the caller must start a drain (on the writer thread;
-        on PostgreSQL a task), which it may while fewer than ``drains`` run."""
-        with self.lock:
-            self.items.append(item)
-            if self.draining >= drains:
-                return False
-            self.draining += 1
-            return True
-
-    def take(self) -> list[_Write]:
-        """The next group (empty: this drain ends, and a later put starts another)."""
-        with self.lock:
-            group, self.items = self.items[: self.MAX], self.items[self.MAX :]
-            if not group:
-                self.draining -= 1
-            return group
-
-
-def _run_group(conn: Connection, items: list[_Write]) -> list[Any]:
-    """The results of a PostgreSQL group's writes, in order: each ``fn`` in its caller's
-    context, or a run of writes sharing ``many`` in one call (``write_grouped``)."""
-    out: list[Any] = []
-    i = 0
-    while i < len(items):
-        many = items[i].many
-        j = i + 1
-        while many is not None and j < len(items) and items[j].many is many:
-            j += 1
-        if j - i > 1:
-            assert many is not None
-            out.extend(_call_many(conn, many, items[i:j]))
-        else:
-            out.append(items[i].context.run(items[i].fn, conn, *items[i].args))
-        i = j
-    return out
-
-
-def _call_many(conn: Connection, many: Callable[..., list[Any]], items: list[_Write]) -> list[Any]:
-    """``many`` on the writes ``items`` (``write_grouped``), in the first one's context:
-    one result for each, or RuntimeError."""
-    values = items[0].context.run(many, conn, [it.args[0] for it in items])
-    if len(values) != len(items):
-        raise RuntimeError(f"{many.__name__} gave {len(values)} results for {len(items)}")
-    return values
-
-
-def _deliver(item: _Write, ok: bool, value: Any) -> None:
-    def settle() -> None:
-        if item.future.done():  # the caller was cancelled meanwhile
-            return
-        if ok:
-            item.future.set_result(value)
-        else:
-            item.future.set_exception(value)
-
-    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits
-        item.loop.call_soon_threadsafe(settle)
-
-
-#: :meth:`Database.write_grouped(pipeline=True) <Database.write_grouped>`: the groups in
-#: flight at once on one event loop, so that groups' statements run while others commit
-#: (bench.webhooks at load ~9, interleaved pairs: 2 gave 919 and 1,219 acks/s, p99 111
-#: and 73 ms; 4 gave 1,556 and 1,863 acks/s, p99 61 and 39 ms; the same CPU per ack).
-PIPELINE_DEPTH = 4
-
-#: :meth:`Database.write_grouped`'s answer to a caller whose write must run alone.
-_ALONE: Any = object()
-
-
-def _settle(item: _Write, value: Any) -> None:
-    if not item.future.done():
-        item.future.set_result(value)
-
-
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    text_ = str(exc).lower()
-    return "locked" in text_ or "busy" in text_
-
-
 @dataclass(frozen=True)
 class Database:
     """An engine and what synckit needs to know about it."""
@@ -437,10 +163,10 @@ class Database:
     _inline: InlineSqlite | None = field(default=None, repr=False)
     #: The writer thread's own state (its connection); touched only on that thread.
     _writer_state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    #: Writes waiting for the writer thread (group commit, :class:`_WriteQueue`).
-    _queue: _WriteQueue = field(default_factory=_WriteQueue, repr=False, compare=False)
+    #: Writes waiting for the writer thread (group commit, :class:`WriteQueue`).
+    _queue: WriteQueue = field(default_factory=WriteQueue, repr=False, compare=False)
     #: PostgreSQL: :meth:`write_grouped`'s waiting writes, per event loop.
-    _grouped: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _WriteQueue] = field(
+    _grouped: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WriteQueue] = field(
         default_factory=weakref.WeakKeyDictionary, repr=False, compare=False
     )
     _group_tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False, compare=False)
@@ -502,7 +228,7 @@ class Database:
         try:
             async with self.engine.begin() as conn:
                 yield conn
-        except _driver_errors() as exc:
+        except driver_errors() as exc:
             raise self.translate(exc) from exc
 
     @asynccontextmanager
@@ -517,10 +243,10 @@ class Database:
         """
         try:
             async with self.engine.connect() as conn:
-                await conn.execution_options(**{_READ_ONLY: True})
+                await conn.execution_options(**{READ_ONLY: True})
                 async with conn.begin():
                     yield conn
-        except _driver_errors() as exc:
+        except driver_errors() as exc:
             raise self.translate(exc) from exc
 
     async def run_read(self, fn: Callable[..., T], *args: Any) -> T:
@@ -545,14 +271,14 @@ class Database:
         try:
             try:
                 if conn is None:
-                    conn = self.sync_engine.connect().execution_options(**{_READ_ONLY: True})
+                    conn = self.sync_engine.connect().execution_options(**{READ_ONLY: True})
                     self._reader_state["conn"] = conn
                 with conn.begin():
                     return fn(conn, *args)
             except BaseException:
                 self._close_reader_connection()
                 raise
-        except _driver_errors() as exc:
+        except driver_errors() as exc:
             raise self.translate(exc) from exc
 
     def _close_reader_connection(self) -> None:
@@ -571,7 +297,7 @@ class Database:
         try:
             async with self.engine.connect() as conn:
                 yield await conn.execution_options(isolation_level="AUTOCOMMIT")
-        except _driver_errors() as exc:
+        except driver_errors() as exc:
             raise self.translate(exc) from exc
 
     @asynccontextmanager
@@ -585,12 +311,12 @@ class Database:
         """
         try:
             raw = await self.engine.raw_connection()
-        except _driver_errors() as exc:
+        except driver_errors() as exc:
             raise self.translate(exc) from exc
         try:
             yield raw.driver_connection
-        except _driver_errors() as exc:
-            if not _is_statement_error(exc):
+        except driver_errors() as exc:
+            if not is_statement_error(exc):
                 # The server went away (a restart, say): every pooled connection is as
                 # dead as this one, so start a new pool, as SQLAlchemy does itself when
                 # a statement finds a disconnect.
@@ -644,7 +370,7 @@ class Database:
                 if present:
                     query = text("SELECT version_num FROM alembic_version")
                     rev = (await conn.execute(query)).scalar()
-        except _driver_errors() as exc:
+        except driver_errors() as exc:
             raise self.translate(exc) from exc
         if rev is None:
             raise DatabaseError(
@@ -669,7 +395,7 @@ class Database:
         synchronous connection: through aiosqlite every statement, the BEGIN and the
         COMMIT each cost a thread round trip, which dominates short transactions (3x
         slower enqueues). Writes that queue while that thread is busy share one
-        transaction, each in a savepoint of its own (group commit, :class:`_WriteQueue`):
+        transaction, each in a savepoint of its own (group commit, :class:`WriteQueue`):
         a write that raises fails alone, and each returns once it is committed. On
         PostgreSQL it runs on the async engine via ``run_sync``. ``fn`` is plain
         synchronous SQLAlchemy Core code either way, and sees the caller's context
@@ -686,7 +412,7 @@ class Database:
                 return await conn.run_sync(fn, *args)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        item = _Write(fn, args, contextvars.copy_context(), loop, future, many=many)
+        item = QueuedWrite(fn, args, contextvars.copy_context(), loop, future, many=many)
         if self._queue.put(item):
             self._writer.submit(self._drain)
         return await future
@@ -742,18 +468,20 @@ class Database:
         future: asyncio.Future[Any] = loop.create_future()
         queue = self._grouped.get(loop)
         if queue is None:
-            queue = self._grouped[loop] = _WriteQueue()
-        item = _Write(fn, args, contextvars.copy_context(), loop, future, order, many, pipeline)
+            queue = self._grouped[loop] = WriteQueue()
+        item = QueuedWrite(
+            fn, args, contextvars.copy_context(), loop, future, order, many, pipeline
+        )
         if queue.put(item, PIPELINE_DEPTH if pipeline else 1):
             task = loop.create_task(self._run_groups(queue))
             self._group_tasks.add(task)
             task.add_done_callback(self._group_tasks.discard)
         value = await future
-        if value is _ALONE:
+        if value is ALONE:
             return await self.write(fn, *args)
         return cast(T, value)
 
-    async def _run_groups(self, queue: _WriteQueue) -> None:
+    async def _run_groups(self, queue: WriteQueue) -> None:
         try:
             await self._run_queued_groups(queue)
         except BaseException:  # cancelled (the loop closing): the waiting write alone
@@ -761,33 +489,33 @@ class Database:
                 rest, queue.items = queue.items, []
                 queue.draining -= 1
             for item in rest:
-                _settle(item, _ALONE)
+                settle_future(item, ALONE)
             raise
 
-    async def _run_queued_groups(self, queue: _WriteQueue) -> None:
+    async def _run_queued_groups(self, queue: WriteQueue) -> None:
         while group := queue.take():
             group = [item for item in group if not item.future.done()]
             if not group:
                 continue
             if len(group) == 1 and not group[0].pipeline:  # as write() would, in its task
-                _settle(group[0], _ALONE)
+                settle_future(group[0], ALONE)
                 continue
             group.sort(key=lambda item: item.order)
 
-            def run(conn: Connection, items: list[_Write] = group) -> list[Any]:
-                return _run_group(conn, items)
+            def run(conn: Connection, items: list[QueuedWrite] = group) -> list[Any]:
+                return run_group(conn, items)
 
             try:
                 async with self.engine.begin() as conn:
                     values = await conn.run_sync(run)
             except BaseException as exc:  # which write failed, and how, each learns alone
                 for item in group:
-                    _settle(item, _ALONE)
+                    settle_future(item, ALONE)
                 if not isinstance(exc, Exception):
                     raise
                 continue
             for item, value in zip(group, values, strict=True):
-                _settle(item, value)
+                settle_future(item, value)
 
     def _drain(self) -> None:
         """The writer thread: run queued writes, a group per transaction, until none wait."""
@@ -800,14 +528,14 @@ class Database:
                 try:
                     result = item.context.run(self._write_sync, item.fn, item.args)
                 except BaseException as exc:
-                    _deliver(item, False, exc)
+                    deliver(item, False, exc)
                 else:
-                    _deliver(item, True, result)
+                    deliver(item, True, result)
             elif group:
                 self._write_group(group)
             yield_write_lock(self._writer_state.get("conn"))
 
-    def _write_group(self, group: list[_Write]) -> None:
+    def _write_group(self, group: list[QueuedWrite]) -> None:
         assert self.sync_engine is not None
         outcomes: list[tuple[bool, Any]] = []
         try:
@@ -825,7 +553,7 @@ class Database:
                             with savepoint(conn):
                                 value = item.context.run(item.fn, conn, *item.args)
                         except Exception as exc:
-                            if isinstance(exc, _driver_errors()):
+                            if isinstance(exc, driver_errors()):
                                 exc = self.translate(exc)
                             outcomes.append((False, exc))
                         else:
@@ -834,28 +562,28 @@ class Database:
                 self._close_writer_connection()
                 raise
         except BaseException as exc:
-            failure = self.translate(exc) if isinstance(exc, _driver_errors()) else exc
+            failure = self.translate(exc) if isinstance(exc, driver_errors()) else exc
             for item in group:
-                _deliver(item, False, failure)
+                deliver(item, False, failure)
             return
         for item, (ok, value) in zip(group, outcomes, strict=True):
-            _deliver(item, ok, value)
+            deliver(item, ok, value)
 
-    def _write_many(self, conn: Connection, group: list[_Write]) -> dict[_Write, Any]:
+    def _write_many(self, conn: Connection, group: list[QueuedWrite]) -> dict[QueuedWrite, Any]:
         """The writer thread's group: run the writes sharing a ``many`` (write_grouped)
         in one call each, in one savepoint; their results. A call that raises is rolled
         back and leaves its writes to run alone."""
-        by_many: dict[Callable[..., Any], list[_Write]] = {}
+        by_many: dict[Callable[..., Any], list[QueuedWrite]] = {}
         for item in group:
             if item.many is not None:
                 by_many.setdefault(item.many, []).append(item)
-        done: dict[_Write, Any] = {}
+        done: dict[QueuedWrite, Any] = {}
         for many, items in by_many.items():
             if len(items) < 2:
                 continue
             try:
                 with savepoint(conn):
-                    values = _call_many(conn, many, items)
+                    values = call_many(conn, many, items)
             except Exception:
                 continue
             done.update(zip(items, values, strict=True))
@@ -877,7 +605,7 @@ class Database:
                 # starts on a fresh one.
                 self._close_writer_connection()
                 raise
-        except _driver_errors() as exc:
+        except driver_errors() as exc:
             raise self.translate(exc) from exc
 
     def _close_writer_connection(self) -> None:
@@ -886,7 +614,7 @@ class Database:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def try_inline(self, fn: Callable[..., T], *args: Any) -> T | _Busy:
+    def try_inline(self, fn: Callable[..., T], *args: Any) -> T | Busy:
         """SQLite: run ``fn(sqlite3_connection, *args)`` now on this thread, or :data:`BUSY`.
 
         See :class:`InlineSqlite`. Only for transactions of a few statements, and only
@@ -897,10 +625,10 @@ class Database:
             return BUSY
         try:
             result = self._inline.try_run(fn, *args)
-        except _driver_errors() as exc:
+        except driver_errors() as exc:
             raise self.translate(exc) from exc
         every = InlineSqlite.CHECKPOINT_EVERY
-        if not isinstance(result, _Busy) and self._inline.commits % every == 0:
+        if not isinstance(result, Busy) and self._inline.commits % every == 0:
             asyncio.get_running_loop().run_in_executor(self._writer, self._checkpoint)
         return result
 
@@ -935,118 +663,6 @@ class Database:
             self._reader.shutdown(wait=False)
         if self.sync_engine is not None:
             self.sync_engine.dispose()
-
-
-_BASE_DRIVER_ERRORS: tuple[type[BaseException], ...] = (DBAPIError, OSError, sqlite3.Error)
-
-
-def _driver_errors() -> tuple[type[BaseException], ...]:
-    """What a database call can raise that the seam turns into a DatabaseError:
-    SQLAlchemy's wrapped driver errors, network errors, sqlite3's (inline) and asyncpg's
-    own (raised while connecting, when the server is starting or shutting down, and on
-    raw_pg connections).
-
-    asyncpg's only once something imported it (a PostgreSQL engine does, when it is
-    created): no asyncpg error exists before, and a SQLite process (every CLI command on
-    SQLite) need not import it (~30 ms). Called in ``except`` clauses, which evaluate it
-    only when an exception is raised."""
-    asyncpg = sys.modules.get("asyncpg")
-    if asyncpg is None:
-        return _BASE_DRIVER_ERRORS
-    return (*_BASE_DRIVER_ERRORS, asyncpg.PostgresError, asyncpg.InterfaceError)
-
-
-def _is_statement_error(exc: BaseException) -> bool:
-    """An error the server raised for one statement (the connection is still good)."""
-    try:
-        import asyncpg
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(exc, asyncpg.PostgresError) and not isinstance(
-        exc, asyncpg.exceptions.PostgresConnectionError | asyncpg.exceptions.AdminShutdownError
-    )
-
-
-def translate_db_error(exc: BaseException, url: URL | str) -> DatabaseError:
-    """Turn a driver error into a one-line :class:`DatabaseError` naming the database."""
-    shown = mask_url(url)
-    orig = getattr(exc, "orig", None) or exc
-    message = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-    lowered = message.lower()
-    if "readonly" in lowered or "read-only" in lowered or "read only" in lowered:
-        return DatabaseError(f"database {shown} is read-only: {message}")
-    if "unable to open database file" in lowered:
-        return DatabaseError(f"cannot open database {shown}: {message}")
-    unavailable_markers = (
-        "connection refused",
-        "could not connect",
-        "connect call failed",
-        "connection was closed",
-        "connection is closed",
-        "connectiondoesnotexist",
-        "cannot connect",
-        "the database system is starting up",
-        "the database system is shutting down",
-        "too many connections",
-        "terminating connection",
-        "timeout",
-    )
-    if getattr(exc, "connection_invalidated", False) or any(
-        m in lowered for m in unavailable_markers
-    ):
-        return DatabaseUnavailable(f"cannot reach database {shown}: {message}")
-    return DatabaseError(f"database {shown}: {message}")
-
-
-def is_driver_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a driver error as SQLAlchemy raises it (:meth:`Database.translate`
-    makes it the one-line :class:`DatabaseError`)."""
-    return isinstance(exc, DBAPIError)
-
-
-def connection_lost(conn: Connection, exc: BaseException) -> bool:
-    """Whether ``exc``, raised on ``conn``, means the connection (not this one statement)
-    failed."""
-    if conn.invalidated or conn.closed:
-        return True
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(exc, OperationalError | InterfaceError)
-
-
-#: ``conn.info`` key: how many :func:`savepoint` blocks are open on the connection.
-_SAVEPOINTS = "synckit_savepoints"
-
-
-@contextlib.contextmanager
-def savepoint(conn: Connection) -> Iterator[None]:
-    """Run the block in a savepoint: an exception leaving it rolls back what the block
-    wrote, and the transaction goes on; otherwise its writes stay in the transaction.
-
-    What ``conn.begin_nested()`` does, for a fraction of its cost: SQLAlchemy's nested
-    transaction cost ~100 µs on SQLite, and on PostgreSQL (asyncpg) ~1.1 ms of CPU,
-    since each of its savepoints has a name of its own, which asyncpg prepares anew
-    (two more round trips each time). Here the names are fixed per nesting depth
-    (``synckit_sp1``, ``synckit_sp2`` ...), so the statements are prepared once: ~20 µs
-    and ~0.4 ms. Only for blocks whose exceptions are Python's (statements and code run
-    between the savepoint and its release). When the rollback itself fails (the
-    connection is lost), the block's exception is raised; the connection is then
-    invalidated, as the caller can see.
-    """
-    depth = conn.info.get(_SAVEPOINTS, 0) + 1
-    name = f"synckit_sp{depth}"
-    conn.exec_driver_sql(f"SAVEPOINT {name}")
-    conn.info[_SAVEPOINTS] = depth
-    try:
-        yield
-    except BaseException:
-        conn.info[_SAVEPOINTS] = depth - 1
-        with contextlib.suppress(Exception):
-            conn.exec_driver_sql(f"ROLLBACK TO SAVEPOINT {name}")
-            conn.exec_driver_sql(f"RELEASE SAVEPOINT {name}")
-        raise
-    conn.info[_SAVEPOINTS] = depth - 1
-    conn.exec_driver_sql(f"RELEASE SAVEPOINT {name}")
 
 
 def schema_revisions() -> list[str]:
@@ -1115,14 +731,14 @@ def open_database(
 
         postgresql_partial_indexes()
     if engine.dialect.name == "sqlite":
-        _install_sqlite_pragmas(engine)
+        install_sqlite_pragmas(engine)
         sync_url = parsed.set(drivername="sqlite+pysqlite")
         sync_engine = create_engine(sync_url)
-        _install_sqlite_pragmas(sync_engine)
+        install_sqlite_pragmas(sync_engine)
         inline_engine = create_engine(
             sync_url, poolclass=NullPool, connect_args={"check_same_thread": False}
         )
-        _install_sqlite_pragmas(inline_engine)
+        install_sqlite_pragmas(inline_engine)
         return Database(
             engine=engine,
             url=parsed,

@@ -21,7 +21,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from synckit.errors.exceptions import DatabaseError
-from synckit.store.db import Database, savepoint
+from synckit.store.db import Database
+from synckit.store.db_errors import savepoint
 
 
 async def _table(db: Database) -> None:

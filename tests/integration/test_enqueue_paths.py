@@ -25,9 +25,10 @@ from sqlalchemy import select
 from waits import PROCESS_TIMEOUT, await_until, wait_until  # tests/
 
 from synckit.errors.exceptions import DatabaseError, DatabaseUnavailable, JobError, PayloadError
-from synckit.store.db import BUSY, Database, InlineSqlite, open_database
+from synckit.store.db import Database, open_database
 from synckit.store.jobs import admin, enqueueing
 from synckit.store.jobs.enqueueing import JobSpec
+from synckit.store.sqlite_writer import BUSY, InlineSqlite
 from synckit.store.tables import jobs, resources
 
 NOW = datetime(2026, 11, 22, 3, 4, 5, 678901, tzinfo=UTC)

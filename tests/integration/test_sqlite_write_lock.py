@@ -1,4 +1,5 @@
-"""SQLite's one write lock, shared fairly between processes (``store.db._begin_immediate``).
+"""SQLite's one write lock, shared fairly between processes
+(``store.sqlite_writer._begin_immediate``).
 
 SQLite's own busy handler sleeps ever longer between tries (up to 100 ms): a process whose
 writer commits and begins again at once kept the lock from another process's writer for
@@ -22,7 +23,7 @@ from sqlalchemy.engine import Connection
 from waits import wait_until  # tests/
 
 from synckit.errors.exceptions import DatabaseError
-from synckit.store import db as db_module
+from synckit.store import sqlite_writer as db_module
 from synckit.store.db import Database
 
 pytestmark = pytest.mark.parametrize("engine_name", ["sqlite"], indirect=True)

@@ -30,7 +30,8 @@ from synckit.runtime.jobs.handlers import Registry
 from synckit.runtime.observe.logging import redact_text
 from synckit.runtime.writes import outbox
 from synckit.store.connections import mark_needs_reauth_sync
-from synckit.store.db import Database, SyncConn, connection_lost, savepoint
+from synckit.store.db import Database, SyncConn
+from synckit.store.db_errors import connection_lost, savepoint
 from synckit.store.jobs import enqueueing, outcomes
 from synckit.store.jobs._base import ClaimedJob
 from synckit.store.jobs.enqueueing import JobSpec

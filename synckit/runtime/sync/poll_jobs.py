@@ -34,7 +34,8 @@ from synckit.runtime.sync.context import ConnectorHost, open_context
 from synckit.runtime.sync.poll import POLL_KIND, record_kind, run_cycle
 from synckit.store import checkpoints
 from synckit.store.checkpoints import CycleStart, cycle_start_of
-from synckit.store.db import Database, SyncConn, is_driver_error, savepoint
+from synckit.store.db import Database, SyncConn
+from synckit.store.db_errors import is_driver_error, savepoint
 from synckit.store.jobs._base import ClaimedJob
 
 __all__ = ["PollHost", "PollJobs"]

@@ -36,7 +36,8 @@ from synckit.connectors.records import (
     key_text,
 )
 from synckit.errors.exceptions import ConfigurationError, PermanentError
-from synckit.store.db import Database, SyncConn, open_database, savepoint
+from synckit.store.db import Database, SyncConn, open_database
+from synckit.store.db_errors import savepoint
 from synckit.store.records import reads as record_reads
 from synckit.store.records import schema as record_schema
 from synckit.store.records import statements as record_sql

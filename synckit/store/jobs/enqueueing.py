@@ -20,9 +20,10 @@ from synckit.clock import utcnow
 from synckit.errors.exceptions import JobError
 from synckit.store import notify
 from synckit.store import resources as lanes
-from synckit.store.db import Database, _Busy
+from synckit.store.db import Database
 from synckit.store.jobs._base import DEFAULT_MAX_ATTEMPTS, INT32, SQLITE_TIMESTAMP, check_payload
 from synckit.store.notify import NOTIFY_CHANNEL
+from synckit.store.sqlite_writer import Busy
 from synckit.store.tables import dialect_insert, jobs
 
 if TYPE_CHECKING:
@@ -402,7 +403,7 @@ async def enqueue_many(
             if target.is_postgres:
                 return [await _enqueue_one_pg(target, specs[0], now)]
             new_id = target.try_inline(_enqueue_one_sqlite, *specs[0].row_and_json(now))
-            if not isinstance(new_id, _Busy):
+            if not isinstance(new_id, Busy):
                 target_wake(target)
                 return [Enqueued(new_id, True)]
         out = await target.write(_enqueue_sync, specs, now)

@@ -14,8 +14,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.store import resources as lanes
-from synckit.store.db import Database, _Busy
+from synckit.store.db import Database
 from synckit.store.jobs._base import JOB_LEASE, SQLITE_TIMESTAMP, UNCHARGED, ClaimedJob, fence
+from synckit.store.sqlite_writer import Busy
 from synckit.store.tables import jobs
 
 
@@ -191,7 +192,7 @@ def try_start_inline(
     """SQLite: :func:`start_many` right now on the caller's thread if the write lock is
     free this instant; None when it is not (or on PostgreSQL): use :func:`start_many`."""
     got = db.try_inline(_start_many_sqlite, held, now, lease)
-    return None if isinstance(got, _Busy) else got
+    return None if isinstance(got, Busy) else got
 
 
 async def start_many(
@@ -213,7 +214,7 @@ async def start_many(
             )
         return {int(r[0]) for r in rows}
     got = db.try_inline(_start_many_sqlite, held, now, lease)
-    if isinstance(got, _Busy):
+    if isinstance(got, Busy):
         return await db.write(lambda c: start_many_sync(c, held, now=now, lease=lease))
     return got
 
@@ -274,7 +275,7 @@ def try_complete_and_start_inline(
     None when it is not (or on PostgreSQL). Returns the ids completed and started (those
     whose claim still held)."""
     got = db.try_inline(_complete_and_start_sqlite, done, held, now, lease)
-    return None if isinstance(got, _Busy) else got
+    return None if isinstance(got, Busy) else got
 
 
 async def complete_and_start_pg(
