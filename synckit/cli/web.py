@@ -64,7 +64,8 @@ def web_command(
     try:
         import uvicorn
 
-        from synckit.web.app import WebConfig, create_app
+        from synckit.web.app import create_app
+        from synckit.web.base import WebConfig
         from synckit.web.security import bind_refusal
     except ImportError as exc:
         raise CliError(

@@ -11,8 +11,9 @@ for the engine behind the URL.
   front instead of failing with ``SQLITE_BUSY`` when it upgrades from a read; reads
   (:meth:`Database.read`) open a deferred transaction, which takes no lock.
   Write transactions run whole on a dedicated thread (:meth:`Database.write`), those
-  that queue meanwhile grouped into one transaction (:class:`WriteQueue`), and tiny
-  ones right on the caller's thread when the write lock is free (:class:`~synckit.store.sqlite_writer.InlineSqlite`).
+  that queue meanwhile grouped into one transaction (``sqlite_writer.WriteQueue``), and
+  tiny ones right on the caller's thread when the write lock is free
+  (``sqlite_writer.InlineSqlite``).
 * PostgreSQL (through asyncpg): a connection pool without pre-ping; a connection found
   dead invalidates the pool and callers retry.
 """

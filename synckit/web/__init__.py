@@ -7,6 +7,7 @@ where the CLI has the read (the console's own bounded counts and pages are
 :mod:`synckit.store.console`'s and :mod:`synckit.store.pages`').
 """
 
-from synckit.web.app import WebConfig, create_app
+from synckit.web.app import create_app
+from synckit.web.base import WebConfig
 
 __all__ = ["WebConfig", "create_app"]

@@ -20,6 +20,7 @@ from synckit.runtime.sync.webhooks import process_job_spec
 from synckit.store import subscriptions as subscription_store
 from synckit.store import webhooks as inbox
 from synckit.store.db import SyncConn
+from synckit.web.base import act, ids_of, render, state_of
 
 __all__ = ["routes"]
 
@@ -34,9 +35,7 @@ def _filter(request: Request, name: str, allowed: tuple[str, ...] | None = None)
 
 
 async def webhooks_page(request: Request) -> Response:
-    from synckit.web import app as console  # the console's helpers (it imports this module)
-
-    db = console._state(request).database
+    db = state_of(request).database
     filters = {
         "connector": _filter(request, "connector"),
         "tenant": _filter(request, "tenant"),
@@ -53,7 +52,7 @@ async def webhooks_page(request: Request) -> Response:
         return counts, events, subs
 
     counts, events, subs = await db.run_read(read)
-    return console.render(
+    return render(
         request,
         "webhooks.html",
         counts=counts,
@@ -66,11 +65,9 @@ async def webhooks_page(request: Request) -> Response:
 
 
 async def webhooks_replay(request: Request) -> Response:
-    from synckit.web import app as console
-
-    db = console._state(request).database
+    db = state_of(request).database
     form = await request.form()
-    ids = console._ids(form)
+    ids = ids_of(form)
 
     async def work() -> str:
         if not ids:
@@ -90,7 +87,7 @@ async def webhooks_replay(request: Request) -> Response:
         return f"{n} webhook event(s) back to pending"
 
     target = ",".join(map(str, ids[:20]))
-    return await console._act(request, "webhooks.replay", target, work, default="/webhook-events")
+    return await act(request, "webhooks.replay", target, work, default="/webhook-events")
 
 
 def routes() -> list[Route]:

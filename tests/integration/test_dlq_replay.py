@@ -443,7 +443,7 @@ async def test_a_dead_cycle_whose_next_cycle_is_queued_is_resolved_without_a_re_
     """A dead poll cycle cannot be re-run while its stream's next cycle (same unique key)
     is queued: the row is resolved as not re-run, naming that cycle; nothing runs, no
     replay is counted, and the console says so (issue 34)."""
-    from synckit.web.app import replay_message
+    from synckit.web.queue_pages import replay_message
 
     key = "poll:acme:orders"
     dead = await enqueueing.enqueue(db, "synckit.poll", {"tenant": "acme"}, unique_key=key)

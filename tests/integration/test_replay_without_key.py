@@ -28,7 +28,7 @@ from synckit.store.dead_letters import reads as dlq_reads
 from synckit.store.dead_letters import replay as dlq_replay
 from synckit.store.dead_letters.rows import DlqFilter
 from synckit.web import WebConfig, create_app
-from synckit.web.app import CSRF_COOKIE
+from synckit.web.base import CSRF_COOKIE
 
 APPS = Path(__file__).resolve().parents[1] / "apps"
 FIELDS = ("status", "status_reason", "next_retry_at", "replay_attempts", "resolved_at")

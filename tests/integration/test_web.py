@@ -25,7 +25,7 @@ from synckit.store.dead_letters.rows import DlqFilter
 from synckit.store.jobs import admin, enqueueing
 from synckit.store.resources import get_resource
 from synckit.web import WebConfig, create_app
-from synckit.web.app import CSRF_COOKIE
+from synckit.web.base import CSRF_COOKIE
 
 TOKEN = "a-long-enough-access-token"
 

@@ -31,7 +31,7 @@ from synckit.store.db import Database
 from synckit.store.jobs import admin, enqueueing
 from synckit.store.tables import dead_letters
 from synckit.web import WebConfig, create_app
-from synckit.web.app import CSRF_COOKIE
+from synckit.web.base import CSRF_COOKIE
 
 LOCAL = "http://127.0.0.1"  # the Host a loopback console answers to
 

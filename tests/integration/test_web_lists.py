@@ -16,7 +16,7 @@ from web_app import app, seed
 
 from synckit.store.db import Database
 from synckit.web import WebConfig, create_app
-from synckit.web.app import CSRF_COOKIE
+from synckit.web.base import CSRF_COOKIE
 
 LOCAL = "http://127.0.0.1"
 

@@ -367,7 +367,8 @@ async def test_synckit_web_serves_webhooks_outside_the_console_guard(
     db: Database, app: App
 ) -> None:
     """The console wants a token and a CSRF value; a signed delivery needs neither."""
-    from synckit.web.app import WebConfig, create_app
+    from synckit.web.app import create_app
+    from synckit.web.base import WebConfig
 
     console = create_app(WebConfig(database_url=None, app=app, token="t0ken"), database=db)
     transport = httpx.ASGITransport(app=console)

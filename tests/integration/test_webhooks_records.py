@@ -192,7 +192,7 @@ async def test_console_page_lists_events_per_connector_and_replays_one(
     from starlette.testclient import TestClient
 
     from synckit.web import WebConfig, create_app
-    from synckit.web.app import CSRF_COOKIE
+    from synckit.web.base import CSRF_COOKIE
 
     BROKEN.add("evt_bad")
     await client.post("/charges/t1", **_event("evt_good", "ch_g", 1, "2026-01-01T00:00:00Z"))

@@ -24,8 +24,8 @@ from synckit.store.db import Database
 from synckit.store.jobs import admin, claiming, enqueueing, outcomes
 from synckit.store.resources import configure_resource, get_resource
 from synckit.store.tables import resources
-from synckit.web.app import cycle_facts
 from synckit.web.explain import Why, tenant_why
+from synckit.web.tenant_pages import cycle_facts
 
 KEY = "shop:acme"
 Setup = Callable[[Database], Awaitable[None]]

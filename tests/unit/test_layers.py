@@ -372,6 +372,7 @@ def test_the_cli_imports_at_module_level() -> None:
         # The web extra (Starlette, Jinja2, uvicorn): only `synckit web` needs it.
         ("synckit.cli.web", "uvicorn"),
         ("synckit.cli.web", "synckit.web.app"),
+        ("synckit.cli.web", "synckit.web.base"),
         ("synckit.cli.web", "synckit.web.security"),
         # Not built everywhere (Windows): a missing uvloop is `--loop`'s one-line error.
         ("synckit.cli.options", "uvloop"),

@@ -80,44 +80,26 @@ from synckit.runtime.sync.records import destination as records_destination
 from synckit.store import checkpoints
 from synckit.store.audit import record_audit_sync
 from synckit.store.checkpoints import (
-    NUL_SAFE_KEY,
     CycleStart,
-    cycle_start_of,
-    delete_checkpoints,
-    list_checkpoints,
-    load_checkpoint,
-    read_cursor,
     save_checkpoint,
-    stored_cursor,
 )
 from synckit.store.db import Database, SyncConn
 from synckit.store.jobs._base import ClaimedJob
 from synckit.store.records import schema as record_schema
-from synckit.store.ticks import delete_poll_ticks
 
 if TYPE_CHECKING:
     from synckit.connectors.context import SyncContext
 
 __all__ = [
-    "NUL_SAFE_KEY",
     "POLL_KIND",
     "SCHEDULE_KIND",
     "CycleResult",
-    "CycleStart",
-    "cycle_start_of",
-    "delete_checkpoints",
-    "delete_poll_ticks",
-    "list_checkpoints",
-    "load_checkpoint",
     "poll_key",
-    "read_cursor",
     "read_cycle_start",
     "record_failure",
     "record_id_of",
     "record_kind",
     "run_cycle",
-    "save_checkpoint",
-    "stored_cursor",
     "stream_of_kind",
 ]
 

@@ -11,38 +11,3 @@ operations; they never build SQL themselves.
 
 Import each name from the module that defines it.
 """
-
-# The names synckit/web/app.py reads as ``job_store.<name>``: web/ is being reworked in
-# another change and imports this package as one namespace until it moves its imports to
-# the defining modules; nothing else should import through here.
-from synckit.store.jobs._base import INT64
-from synckit.store.jobs.admin import (
-    JOB_STATUSES,
-    JobFilter,
-    JobInfo,
-    cancel_job,
-    count_jobs,
-    get_job,
-    job_page,
-    poll_jobs,
-    reschedule_job,
-    retry_job,
-    running_counts,
-    set_priority,
-)
-
-__all__ = [
-    "INT64",
-    "JOB_STATUSES",
-    "JobFilter",
-    "JobInfo",
-    "cancel_job",
-    "count_jobs",
-    "get_job",
-    "job_page",
-    "poll_jobs",
-    "reschedule_job",
-    "retry_job",
-    "running_counts",
-    "set_priority",
-]
