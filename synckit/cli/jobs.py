@@ -121,6 +121,17 @@ def jobs_ls(
             if line:
                 click.echo(line, err=True)
         return
+    _print_jobs(found, queue, stuck=stuck, more=more, never=never)
+
+def _print_jobs(
+    found: list[JobInfo],
+    queue: dict[str, dict[str, int]],
+    *,
+    stuck: bool,
+    more: str | None,
+    never: str | None,
+) -> None:
+    """``jobs ls``'s table: the queue counted by status, then the jobs."""
     by_status: dict[str, int] = {}
     for counts in queue.values():
         for st, n in counts.items():

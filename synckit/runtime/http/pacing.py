@@ -498,54 +498,73 @@ def _slot(
                 max_wait=max_wait, ahead=ahead,
             )  # fmt: skip
         else:
-            # A declared burst is the connector's; an adaptive rate sends one at a time.
-            # Reserved ahead, a declared or learnt rate's slots reach DECLARED_HORIZON (a
-            # learnt rate moves slowly: a cut is regained in recover seconds; at 0.5 s a
-            # tenant learnt at 2-4/s reserved every request alone); a quota's stop at its
-            # reset and at its remaining requests (those in flight reserved), so they
-            # never spend more than the quota the API reported.
-            declared = declared_rate is not None and rate == declared_rate
-            reach: tuple[float, int] | None = None
-            if ahead and (declared or (learned is not None and rate == learned)):
-                reach = (DECLARED_HORIZON, RESERVE_MAX)
-            elif ahead and quota is not None and quota.reset_at is not None:
-                left = quota.remaining - max(in_flight, 0) if quota.remaining is not None else 0
-                until_reset = (quota.reset_at - now).total_seconds()
-                reach = (min(RESERVE_HORIZON, until_reset), min(RESERVE_MAX, left))
-            if reach is not None and reach[1] >= 1:
-                waits, tat = reserve_slots(
-                    tokens_at,
-                    now,
-                    rate=rate,
-                    burst=burst if declared else 1,
-                    max_wait=max_wait,
-                    horizon=reach[0],
-                    most=reach[1],
-                )
-                if tat is not None:
-                    values["tokens_at"] = tat
-                    why = "rate" if waits[0] > 0 else ""
-                    # Whichever rate reserved, a later slot by the declared rate (the
-                    # fastest any process may send) goes no earlier than this.
-                    opens = (
-                        schedule_opens_at(tat, rate=declared_rate, burst=burst)
-                        if declared_rate is not None
-                        else None
-                    )
-                    result = SlotResult(
-                        waits[0], why, True, view, tuple(waits[1:]), 1 / rate, opens
-                    )
-                else:
-                    slot = reserve_slot(tokens_at, now, rate=rate, burst=burst if declared else 1)
-                    result = SlotResult(slot.wait, "rate", False, view)
-            else:
-                slot = reserve_slot(tokens_at, now, rate=rate, burst=burst if declared_rate else 1)
-                if slot.wait <= max_wait:
-                    values["tokens_at"] = slot.tat
-                    result = SlotResult(slot.wait, "rate" if slot.wait > 0 else "", True, view)
-                else:
-                    result = SlotResult(slot.wait, "rate", False, view)
+            result = _rated(
+                tokens_at, view, values, rate=rate, declared_rate=declared_rate,
+                learned=learned, burst=burst, in_flight=in_flight, now=now,
+                max_wait=max_wait, ahead=ahead,
+            )  # fmt: skip
     return result
+
+
+def _rated(
+    tokens_at: datetime | None,
+    view: PaceView,
+    values: dict[str, Any],
+    *,
+    rate: float,
+    declared_rate: float | None,
+    learned: float | None,
+    burst: int,
+    in_flight: int,
+    now: datetime,
+    max_wait: float,
+    ahead: bool,
+) -> SlotResult:
+    """:func:`_slot`'s decision when a positive ``rate`` applies (the lowest of the
+    declared, adaptive and learnt ones)."""
+    quota = view.quota
+    # A declared burst is the connector's; an adaptive rate sends one at a time.
+    # Reserved ahead, a declared or learnt rate's slots reach DECLARED_HORIZON (a
+    # learnt rate moves slowly: a cut is regained in recover seconds; at 0.5 s a
+    # tenant learnt at 2-4/s reserved every request alone); a quota's stop at its
+    # reset and at its remaining requests (those in flight reserved), so they
+    # never spend more than the quota the API reported.
+    declared = declared_rate is not None and rate == declared_rate
+    reach: tuple[float, int] | None = None
+    if ahead and (declared or (learned is not None and rate == learned)):
+        reach = (DECLARED_HORIZON, RESERVE_MAX)
+    elif ahead and quota is not None and quota.reset_at is not None:
+        left = quota.remaining - max(in_flight, 0) if quota.remaining is not None else 0
+        until_reset = (quota.reset_at - now).total_seconds()
+        reach = (min(RESERVE_HORIZON, until_reset), min(RESERVE_MAX, left))
+    if reach is not None and reach[1] >= 1:
+        waits, tat = reserve_slots(
+            tokens_at,
+            now,
+            rate=rate,
+            burst=burst if declared else 1,
+            max_wait=max_wait,
+            horizon=reach[0],
+            most=reach[1],
+        )
+        if tat is not None:
+            values["tokens_at"] = tat
+            why = "rate" if waits[0] > 0 else ""
+            # Whichever rate reserved, a later slot by the declared rate (the
+            # fastest any process may send) goes no earlier than this.
+            opens = (
+                schedule_opens_at(tat, rate=declared_rate, burst=burst)
+                if declared_rate is not None
+                else None
+            )
+            return SlotResult(waits[0], why, True, view, tuple(waits[1:]), 1 / rate, opens)
+        slot = reserve_slot(tokens_at, now, rate=rate, burst=burst if declared else 1)
+        return SlotResult(slot.wait, "rate", False, view)
+    slot = reserve_slot(tokens_at, now, rate=rate, burst=burst if declared_rate else 1)
+    if slot.wait <= max_wait:
+        values["tokens_at"] = slot.tat
+        return SlotResult(slot.wait, "rate" if slot.wait > 0 else "", True, view)
+    return SlotResult(slot.wait, "rate", False, view)
 
 
 def read_pace_sync(conn: SyncConn, key: str) -> PaceView:

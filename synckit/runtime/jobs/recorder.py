@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from synckit import tracing
 from synckit.errors import ErrorClass, RetryPolicy, classify, retry_delay
 from synckit.errors.backoff import backoff_delay
+from synckit.errors.classify import Classification
 from synckit.errors.exceptions import DatabaseError, NeedsReauth
 from synckit.errors.waits import moment_after
 from synckit.runtime.jobs.breakers import ResourceBook
@@ -434,33 +435,9 @@ class OutcomeRecorder:
         message = redact_text(c.reason)
         detail = redact_text(_full_text(o.exc))  # the reason is one line of 200 at most
         o.tb = redact_text(o.tb) if o.tb else None
-        if isinstance(o.exc, NeedsReauth) and job.resource_key:
-            mark_needs_reauth_sync(conn, job.resource_key, redact_text(str(o.exc)), now=now)
-            # The job waits for re-authorisation without spending an attempt.
+
+        def fail(retry_at: datetime | None, *, count_attempt: bool) -> str | None:
             return self.outcomes.fail_sync(
-                conn,
-                job,
-                max_attempts=self._limit_of(job),
-                now=now,
-                error_class=c.error_class.value,
-                message=message,
-                retry_at=now,
-                traceback=o.tb,
-                detail=detail,
-                count_attempt=False,
-            )
-        if c.error_class is ErrorClass.RATE_LIMITED:
-            # A rate limit paces; it never fails: no attempt, no breaker, no budget.
-            policy = self._retry_policy_of(job)
-            decision = retry_delay(c, job.attempts, policy, rng=self.rng)
-            wait = decision.delay if decision is not None else (c.retry_after or policy.base)
-            retry_at: datetime | None = moment_after(now, wait, self.max_wait)
-            if job.resource_key:
-                paced = self.book.failure(
-                    conn, job, c, now, retry_at, sent_at=o.started_at, traced=job.id in self._spans
-                )
-                retry_at = paced or retry_at
-            recorded = self.outcomes.fail_sync(
                 conn,
                 job,
                 max_attempts=self._limit_of(job),
@@ -470,8 +447,16 @@ class OutcomeRecorder:
                 retry_at=retry_at,
                 traceback=o.tb,
                 detail=detail,
-                count_attempt=False,
+                count_attempt=count_attempt,
             )
+
+        if isinstance(o.exc, NeedsReauth) and job.resource_key:
+            mark_needs_reauth_sync(conn, job.resource_key, redact_text(str(o.exc)), now=now)
+            # The job waits for re-authorisation without spending an attempt.
+            return fail(now, count_attempt=False)
+        if c.error_class is ErrorClass.RATE_LIMITED:
+            # A rate limit paces; it never fails: no attempt, no breaker, no budget.
+            recorded = fail(self._paced_until(conn, o, c, now), count_attempt=False)
             return "paced" if recorded == "pending" else recorded
         retry_at = None
         if job.attempts < self._limit_of(job) or o.progress:
@@ -482,20 +467,26 @@ class OutcomeRecorder:
                 retry_at = moment_after(now, decision.delay, self.max_wait)
         if job.resource_key:
             self.book.failure(conn, job, c, now, retry_at, traced=job.id in self._spans)
-        return self.outcomes.fail_sync(
-            conn,
-            job,
-            max_attempts=self._limit_of(job),
-            now=now,
-            error_class=c.error_class.value,
-            message=message,
-            retry_at=retry_at,
-            traceback=o.tb,
-            detail=detail,
-            # Work committed in this attempt is progress: only attempts that committed
-            # nothing count toward giving up.
-            count_attempt=not o.progress,
-        )
+        # Work committed in this attempt is progress: only attempts that committed
+        # nothing count toward giving up.
+        return fail(retry_at, count_attempt=not o.progress)
+
+    def _paced_until(
+        self, conn: SyncConn, o: _Outcome, c: Classification, now: datetime
+    ) -> datetime | None:
+        """When a rate-limited job runs again: its backoff or the API's wait, or the
+        resource's pace once the rate limit is recorded (it never fails the job)."""
+        job = o.job
+        policy = self._retry_policy_of(job)
+        decision = retry_delay(c, job.attempts, policy, rng=self.rng)
+        wait = decision.delay if decision is not None else (c.retry_after or policy.base)
+        retry_at: datetime | None = moment_after(now, wait, self.max_wait)
+        if job.resource_key:
+            paced = self.book.failure(
+                conn, job, c, now, retry_at, sent_at=o.started_at, traced=job.id in self._spans
+            )
+            retry_at = paced or retry_at
+        return retry_at
 
     def _end_span(self, job_id: int, outcome: str, o: _Outcome | None = None) -> None:
         """End the span of job ``job_id`` (if tracing made one) with its outcome."""

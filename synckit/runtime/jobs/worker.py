@@ -241,6 +241,12 @@ class Worker(OutcomeRecorder):
         self.observers = list(observers)
         #: When set, this worker also relays the transactional outbox to it.
         self.outbox_publisher = outbox_publisher
+        self._init_in_flight()
+
+    # --- public ---------------------------------------------------------------------
+
+    def _init_in_flight(self) -> None:
+        """The bookkeeping of the jobs this worker holds and the outcomes it records."""
         self._held: dict[int, ClaimedJob] = {}
         # Spans of the jobs held here (tracing on), and what their recording decided.
         self._spans: dict[int, Any] = {}
@@ -259,8 +265,6 @@ class Worker(OutcomeRecorder):
         self._recorded = asyncio.Event()
         self._record_seq = 0
         self._log = log.bind(worker_id=self.worker_id)
-
-    # --- public ---------------------------------------------------------------------
 
     def stop(self) -> None:
         """Stop claiming; in-flight jobs get the grace period to finish."""
