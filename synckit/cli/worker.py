@@ -24,8 +24,8 @@ from synckit.cli.options import (
 )
 from synckit.runtime.admin.audit import audit_observer
 from synckit.runtime.credentials.keys import require_openable_secrets
-from synckit.runtime.jobs.recorder import OutcomeObserver
-from synckit.runtime.jobs.worker import Worker, WorkerStats
+from synckit.runtime.jobs.recorder import OutcomeObserver, WorkerStats
+from synckit.runtime.jobs.worker import Worker
 from synckit.runtime.sync.context import prepare_process
 from synckit.store.db import Database
 

@@ -17,7 +17,7 @@ Fixtures:
   (:func:`synckit.errors.set_testing`), restored afterwards;
 * ``run_until_idle``: ``await run_until_idle(registry_or_app)`` runs a worker with instant
   retries on ``synckit_db`` until nothing is due, and returns its
-  :class:`~synckit.runtime.jobs.worker.WorkerStats`;
+  :class:`~synckit.runtime.jobs.recorder.WorkerStats`;
 * ``fake_api``: a fresh :class:`~synckit.testing.fakeapi.FakeAPI`.
 
 The async fixtures are declared with ``pytest_asyncio.fixture``, so they work in
@@ -41,7 +41,8 @@ import pytest_asyncio
 from synckit.errors import RetryPolicy, is_testing, set_testing
 from synckit.errors.exceptions import NothingDueWarning
 from synckit.runtime.jobs.handlers import Registry
-from synckit.runtime.jobs.worker import Worker, WorkerStats
+from synckit.runtime.jobs.recorder import WorkerStats
+from synckit.runtime.jobs.worker import Worker
 from synckit.store import migrate
 from synckit.store.db import Database, open_database
 from synckit.testing.clock import FakeClock

@@ -12,7 +12,8 @@ from structlog.testing import capture_logs
 
 from synckit.errors.exceptions import RetryableError
 from synckit.runtime.jobs.handlers import JobContext, Registry
-from synckit.runtime.jobs.worker import Worker, WorkerStats
+from synckit.runtime.jobs.recorder import WorkerStats
+from synckit.runtime.jobs.worker import Worker
 from synckit.store.db import Database
 from synckit.store.jobs import enqueueing
 from synckit.store.jobs.enqueueing import JobSpec

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from synckit import tracing
 from synckit.errors import ErrorClass, RetryPolicy, classify, retry_delay
@@ -39,10 +39,23 @@ from synckit.store.jobs.enqueueing import JobSpec
 from synckit.store.jobs.outcomes import OutcomeStore
 from synckit.store.outbox import NewMessage
 
-if TYPE_CHECKING:
-    from synckit.runtime.jobs.worker import WorkerStats
+__all__ = ["OutcomeObserver", "OutcomeRecorder", "RecordedOutcome", "WorkerStats"]
 
-__all__ = ["OutcomeObserver", "OutcomeRecorder", "RecordedOutcome"]
+
+@dataclass
+class WorkerStats:
+    """What a worker did, counted as its recorder records each outcome."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    snoozed: int = 0
+    paced: int = 0
+    cancelled: int = 0
+    discarded: int = 0
+    fenced: int = 0
+    rescued: int = 0
 
 
 @dataclass

@@ -35,7 +35,7 @@ import traceback
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal, cast
 
@@ -63,6 +63,7 @@ from synckit.runtime.jobs.handlers import JobContext, Registry
 from synckit.runtime.jobs.recorder import (
     OutcomeObserver,
     OutcomeRecorder,
+    WorkerStats,
     _Backoff,
     _db_backoff,
     _Outcome,
@@ -83,20 +84,6 @@ from synckit.store.resources import BreakerStore
 log = structlog.get_logger("synckit.worker")
 #: Seconds between a worker's tries at the queue-depth sample (one row a minute).
 QUEUE_SAMPLE_EVERY = 30.0
-
-
-@dataclass
-class WorkerStats:
-    claimed: int = 0
-    succeeded: int = 0
-    retried: int = 0
-    dead: int = 0
-    snoozed: int = 0
-    paced: int = 0
-    cancelled: int = 0
-    discarded: int = 0
-    fenced: int = 0
-    rescued: int = 0
 
 
 class _Slots:
