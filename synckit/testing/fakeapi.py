@@ -71,6 +71,7 @@ from synckit.testing.loopback_http import LoopbackServer
 from synckit.testing.replies import (
     JSON_TYPE,
     RETRY_HEADERS,
+    Decision,
     DropMode,
     Fault,
     FaultRates,
@@ -123,14 +124,6 @@ class _Script:
     template: str
     pattern: re.Pattern[str]
     steps: deque[Step]
-
-
-@dataclass(frozen=True)
-class _Decision:
-    request: RecordedRequest
-    reply: Reply | None
-    drop: DropMode | None = None
-    delay: float = 0.0
 
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Z-]+")  # RFC 9110's token, upper-cased
@@ -409,9 +402,9 @@ class FakeAPI:
                 return s.steps.popleft()
         return None
 
-    def _answer(
+    def answer(
         self, method: str, url: httpx.URL, headers: httpx.Headers, body: bytes
-    ) -> _Decision:
+    ) -> Decision:
         with self.lock:
             now = self.clock()
             method = method.upper()
@@ -439,21 +432,21 @@ class FakeAPI:
 
             step = self._scripted(method, path)
             if isinstance(step, Reply):
-                return _Decision(request, step)
+                return Decision(request, step)
             if isinstance(step, Fault):
                 return self._apply(step, request, now, produce)
             needs_auth = self.require_auth if route is None or route.auth is None else route.auth
             if needs_auth and (denied := self._check_auth(request, now)) is not None:
-                return _Decision(request, denied)
+                return Decision(request, denied)
             if (fault := self._random_fault(method, path, route)) is not None:
                 return self._apply(fault, request, now, produce)
             if (gone := self._expired_cursor(request)) is not None:
-                return _Decision(request, gone)
+                return Decision(request, gone)
             result = self._run_handler(request, route, allowed)
             if isinstance(result, Fault):
                 # The handler already ran: a lost response or truncation is of its answer.
                 return self._apply(result, request, now, Reply)
-            return _Decision(request, result)
+            return Decision(request, result)
 
     def _run_handler(
         self, request: RecordedRequest, route: _Route | None, allowed: list[str]
@@ -485,20 +478,20 @@ class FakeAPI:
 
     def _apply(
         self, fault: Fault, request: RecordedRequest, now: datetime, produce: Callable[[], Reply]
-    ) -> _Decision:
+    ) -> Decision:
         if fault.kind == "reply":
-            return _Decision(request, self._fault_reply(fault, now))
+            return Decision(request, self._fault_reply(fault, now))
         if fault.kind == "drop":
-            return _Decision(request, None, fault.drop, fault.delay)
+            return Decision(request, None, fault.drop, fault.delay)
         if fault.kind == "lost_response":
             produce()
-            return _Decision(request, None, "timeout" if fault.delay else "disconnect", fault.delay)
+            return Decision(request, None, "timeout" if fault.delay else "disconnect", fault.delay)
         if fault.body is not None:
             base = Reply(fault.status, fault.body, fault.headers)
         else:
             base = produce()
         cut = base.body[: max(1, len(base.body) // 2)] if base.body else b"{"
-        return _Decision(request, Reply(base.status, cut, with_type(None, JSON_TYPE)))
+        return Decision(request, Reply(base.status, cut, with_type(None, JSON_TYPE)))
 
     def _fault_reply(self, fault: Fault, now: datetime) -> Reply:
         headers = list(fault.headers)
@@ -569,7 +562,7 @@ class FakeAPI:
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         """Answer one httpx request in-process (raises httpx errors for dropped answers)."""
-        decision = self._answer(request.method, request.url, request.headers, request.content)
+        decision = self.answer(request.method, request.url, request.headers, request.content)
         if decision.reply is None:
             raise _transport_error(decision.drop or "disconnect", request)
         reply = decision.reply

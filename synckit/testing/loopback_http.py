@@ -11,16 +11,21 @@ import http
 import socket
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
-if TYPE_CHECKING:
-    pass
-from synckit.testing.replies import Reply
+from synckit.testing.replies import Decision, Reply
 
-if TYPE_CHECKING:
-    from synckit.testing.fakeapi import FakeAPI
+
+class Answerer(Protocol):
+    """What the server asks of its fake (:class:`~synckit.testing.fakeapi.FakeAPI`)."""
+
+    latency: float
+
+    def answer(
+        self, method: str, url: httpx.URL, headers: httpx.Headers, body: bytes
+    ) -> Decision: ...
 
 __all__ = ["LoopbackServer"]
 
@@ -41,13 +46,13 @@ class _RawRequest:
 
 
 class LoopbackServer:
-    """HTTP/1.1 with keep-alive on asyncio streams; answers come from ``FakeAPI._answer``.
+    """HTTP/1.1 with keep-alive on asyncio streams; answers come from ``FakeAPI.answer``.
 
     Hand-rolled rather than ``http.server`` because faults need control of the socket
     itself: close without answering, reset, or hold the connection open.
     """
 
-    def __init__(self, api: FakeAPI, host: str, port: int) -> None:
+    def __init__(self, api: Answerer, host: str, port: int) -> None:
         self.api = api
         self.host = host
         self.port = port
@@ -104,7 +109,7 @@ class LoopbackServer:
                 url = httpx.URL(raw.target)
             else:
                 url = httpx.URL(f"http://{raw.headers.get('host') or self._hostport}{raw.target}")
-            decision = self.api._answer(raw.method, url, raw.headers, raw.body)
+            decision = self.api.answer(raw.method, url, raw.headers, raw.body)
             delay = decision.delay + (self.api.latency if decision.reply is not None else 0.0)
             if delay > 0:
                 await asyncio.sleep(delay)

@@ -321,3 +321,14 @@ def unauthorized_parts(description: str, body: Any) -> tuple[bytes, tuple[tuple[
         ("Content-Type", JSON_TYPE),
         ("WWW-Authenticate", challenge),
     )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How the fake answers one request: ``reply``, or ``drop`` the connection, after
+    ``delay`` seconds."""
+
+    request: RecordedRequest
+    reply: Reply | None
+    drop: DropMode | None = None
+    delay: float = 0.0
