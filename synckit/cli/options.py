@@ -10,7 +10,9 @@ import importlib
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,6 +56,7 @@ __all__ = [
     "plain",
     "read_json_file",
     "run",
+    "without_rich",
 ]
 
 T = TypeVar("T")
@@ -381,3 +384,20 @@ def parse_moment(text: str, option: str = "--at") -> datetime:
     if not 1 < when.year < 9999:
         raise CliError(f"{option} {text!r} is out of range (years 2..9998)")
     return when
+
+
+@contextmanager
+def without_rich() -> Iterator[None]:
+    """Imports made meanwhile find neither rich nor pygments (those that take them when
+    they are there, as structlog's dev renderer and httpx's command line do, go
+    without); afterwards both are importable again. One a process has imported already
+    is left as it is."""
+    held = [name for name in ("rich", "pygments") if name not in sys.modules]
+    for name in held:
+        sys.modules[name] = None  # type: ignore[assignment]  # ImportError for name.*
+    try:
+        yield
+    finally:
+        for name in held:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]

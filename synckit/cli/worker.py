@@ -9,10 +9,7 @@ import signal
 from datetime import timedelta
 
 import click
-import structlog
 
-from synckit import tracing
-from synckit.cli.app_loader import app_option_saying, load_registry
 from synckit.cli.options import (
     LOOPS,
     CliError,
@@ -21,13 +18,24 @@ from synckit.cli.options import (
     loop_factory,
     parse_duration,
     run,
+    without_rich,
 )
-from synckit.runtime.admin.audit import audit_observer
-from synckit.runtime.credentials.keys import require_openable_secrets
-from synckit.runtime.jobs.recorder import OutcomeObserver, WorkerStats
-from synckit.runtime.jobs.worker import Worker
-from synckit.runtime.sync.context import prepare_process
-from synckit.store.db import Database
+
+# structlog's dev renderer and httpx's command line import rich (and pygments) when it is
+# installed: about a tenth of a second of CPU of every worker's start, for a traceback
+# formatter and a command line a worker never uses (its console logs format tracebacks
+# plainly). rich stays importable for whatever asks for it later.
+with without_rich():
+    import structlog
+
+    from synckit import tracing
+    from synckit.cli.app_loader import app_option_saying, load_registry
+    from synckit.runtime.admin.audit import audit_observer
+    from synckit.runtime.credentials.keys import require_openable_secrets
+    from synckit.runtime.jobs.recorder import OutcomeObserver, WorkerStats
+    from synckit.runtime.jobs.worker import Worker
+    from synckit.runtime.sync.context import prepare_process
+    from synckit.store.db import Database
 
 __all__ = ["worker_cmd"]
 

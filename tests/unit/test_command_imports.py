@@ -140,8 +140,17 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "synckit.runtime.jobs.worker",
     ),
     # A worker runs the application's jobs: the HTTP client and the runtime are its
-    # work; the demo, the console, Alembic and (on SQLite) PostgreSQL's dialect are not.
-    "worker --app queue_app:registry --burst": (*DEMO, *WEB, *POSTGRESQL, "alembic"),
+    # work; the demo, the console, Alembic and (on SQLite) PostgreSQL's dialect are not,
+    # nor rich and pygments, which structlog and httpx would take in for nothing
+    # (synckit.cli.options.without_rich).
+    "worker --app queue_app:registry --burst": (
+        *DEMO,
+        *WEB,
+        *POSTGRESQL,
+        "alembic",
+        "rich",
+        "pygments",
+    ),
 }
 
 
