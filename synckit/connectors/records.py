@@ -361,14 +361,6 @@ class PreparedRow:
     values: tuple[Any, ...]
 
 
-def row_of(
-    model_obj: BaseModel, spec: TableSpec, conv: Sequence[tuple[str, Callable[[Any], Any]]]
-) -> PreparedRow:
-    values = tuple(f(getattr(model_obj, name)) for name, f in conv)
-    key = tuple(getattr(model_obj, k) for k in spec.key)
-    return PreparedRow(key, values)
-
-
 def key_from_raw(raw: Any, spec: TableSpec) -> tuple[Any, ...] | None:
     """The key of a raw API record (a deletion marker), by the key fields' aliases or
     names; None when it has none."""

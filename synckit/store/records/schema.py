@@ -282,13 +282,6 @@ async def recorded_spec(db: Database, name: str) -> Any:
     return await db.run_read(run)
 
 
-async def recorded_specs(db: Database) -> dict[str, Any]:
-    """``record_tables``' rows by name: ``(connector, stream, spec, last_seq)``."""
-    async with db.read() as conn:
-        rows = await conn.execute(select(record_tables))
-        return {r.name: r for r in rows}
-
-
 # --- a destination database (records tables in another database) -----------------------
 
 #: In a destination database (``Records(database=URL)``): each stream's checkpoint as of
