@@ -49,7 +49,13 @@ from synckit.store import leases, notify
 from synckit.store.db import Database
 from synckit.store.lazy_asyncio import is_async_session
 from synckit.store.leases import Lease
-from synckit.store.moments import guarded_columns, json_holds_nul, read_moments, read_payload
+from synckit.store.moments import (
+    from_row,
+    guarded_columns,
+    json_holds_nul,
+    read_moments,
+    read_payload,
+)
 from synckit.store.tables import dialect_insert, outbox
 
 if TYPE_CHECKING:
@@ -271,16 +277,7 @@ async def add(
 
 
 def _message(r: Row[Any]) -> OutboxMessage:
-    return OutboxMessage(
-        id=r.id,
-        topic=r.topic,
-        key=r.key,
-        payload=r.payload,
-        message_id=r.message_id,
-        attempts=r.attempts,
-        created_at=r.created_at,
-        trace_parent=r.trace_parent,
-    )
+    return from_row(OutboxMessage, r)
 
 
 _BLOCKERS = {
@@ -610,18 +607,7 @@ def _info(r: Row[Any]) -> OutboxInfo:
         payload = read_payload(r.payload)
     except ValueError as exc:
         payload, bad["payload"] = None, str(exc)
-    return OutboxInfo(
-        id=r.id,
-        topic=r.topic,
-        key=r.key,
-        message_id=r.message_id,
-        status=r.status,
-        attempts=r.attempts,
-        last_error=r.last_error,
-        payload=payload,
-        unreadable=bad,
-        **moments,
-    )
+    return from_row(OutboxInfo, r, payload=payload, unreadable=bad, **moments)
 
 
 # ``outbox`` as the views read it: timestamps guarded and the payload as text, parsed

@@ -20,6 +20,7 @@ from synckit.store.db import Database
 from synckit.store.jobs._base import FINISHED, INT32, JOB_LEASE, JobStatus, check_payload
 from synckit.store.moments import (
     OUT_OF_RANGE,
+    from_row,
     guarded_columns,
     guarded_moment,
     read_moment,
@@ -116,24 +117,7 @@ class JobInfo:
                 errors = list(history) if isinstance(history, list) else []
             except ValueError as exc:
                 bad["errors"] = str(exc)
-        return cls(
-            id=r.id,
-            kind=r.kind,
-            status=r.status,
-            resource_key=r.resource_key,
-            priority=r.priority,
-            attempts=r.attempts,
-            max_attempts=r.max_attempts,
-            unique_key=r.unique_key,
-            locked_by=r.locked_by,
-            last_error=r.last_error,
-            error_class=r.error_class,
-            trace_id=r.trace_id,
-            payload=payload,
-            errors=errors,
-            unreadable=bad,
-            **moments,
-        )
+        return from_row(cls, r, payload=payload, errors=errors, unreadable=bad, **moments)
 
 
 # ``jobs`` as the operator's views read it: JSON as text and timestamps guarded, parsed
