@@ -46,6 +46,7 @@ from synckit.errors.exceptions import (
 )
 from synckit.redaction import redact_text
 from synckit.store import leases, notify
+from synckit.store.batches import delete_in_batches
 from synckit.store.db import Database
 from synckit.store.lazy_asyncio import is_async_session
 from synckit.store.leases import Lease
@@ -709,18 +710,10 @@ async def prune(
     """Delete messages published more than ``older_than`` ago, ``batch`` rows per
     transaction; return how many. Failed messages stay until an operator deals with them."""
     cutoff = (now or utcnow()) - older_than
-    total = 0
-    while True:
-        async with db.begin() as conn:
-            victims = (
-                select(outbox.c.id)
-                .where(outbox.c.status == "published", outbox.c.published_at < cutoff)
-                .limit(batch)
-            )
-            res = await conn.execute(
-                delete(outbox).where(outbox.c.id.in_(victims.scalar_subquery()))
-            )
-            n = res.rowcount or 0
-        total += n
-        if n < batch:
-            return total
+    victims = (
+        select(outbox.c.id)
+        .where(outbox.c.status == "published", outbox.c.published_at < cutoff)
+        .limit(batch)
+    )
+    stmt = delete(outbox).where(outbox.c.id.in_(victims.scalar_subquery()))
+    return await delete_in_batches(db, stmt, batch)

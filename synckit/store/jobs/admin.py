@@ -16,6 +16,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from synckit.clock import utcnow
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
 from synckit.store import resources as lanes
+from synckit.store.batches import delete_in_batches
 from synckit.store.db import Database
 from synckit.store.jobs._base import FINISHED, INT32, JOB_LEASE, JobStatus, check_payload
 from synckit.store.moments import (
@@ -48,21 +49,14 @@ async def prune(
     now: datetime | None = None,
 ) -> int:
     """Delete finished jobs older than ``older_than``, in batches of ``batch``; return count."""
-    now = now or utcnow()
-    cutoff = now - older_than
-    total = 0
-    while True:
-        async with db.begin() as conn:
-            victims = (
-                select(jobs.c.id)
-                .where(jobs.c.finished_at < cutoff, jobs.c.status.in_(FINISHED))
-                .limit(batch)
-            )
-            res = await conn.execute(delete(jobs).where(jobs.c.id.in_(victims.scalar_subquery())))
-            n = res.rowcount or 0
-        total += n
-        if n < batch:
-            return total
+    cutoff = (now or utcnow()) - older_than
+    victims = (
+        select(jobs.c.id)
+        .where(jobs.c.finished_at < cutoff, jobs.c.status.in_(FINISHED))
+        .limit(batch)
+    )
+    stmt = delete(jobs).where(jobs.c.id.in_(victims.scalar_subquery()))
+    return await delete_in_batches(db, stmt, batch)
 
 
 # --- working with jobs ----------------------------------------------------------------
