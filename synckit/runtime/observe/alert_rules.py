@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from synckit.clock import short_duration
 from synckit.connectors.schedule import cached_schedule
 from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.admin.audit import window_start
@@ -676,11 +677,4 @@ def dlq_review_alert(
 
 
 def _human(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
+    return short_duration(delta.total_seconds())
