@@ -23,7 +23,7 @@ import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -52,7 +52,7 @@ from synckit.runtime.jobs.handlers import JobContext, Registry
 from synckit.runtime.jobs.worker import Worker
 from synckit.runtime.observe.alert_delivery import get_alert_router
 from synckit.runtime.observe.alerts import register_alerts
-from synckit.runtime.sync.context import open_context, prepare_process
+from synckit.runtime.sync.context import RuntimeContext, open_context, prepare_process
 from synckit.runtime.sync.poll import (
     POLL_KIND,
     SCHEDULE_KIND,
@@ -246,6 +246,22 @@ class App:
         if self.clock is not utcnow:
             db.use_clock(self.clock)
 
+    def _open(
+        self, db: Database, connector: Connector[Any], resource_key: str, stream: str, **more: Any
+    ) -> AbstractAsyncContextManager[RuntimeContext]:
+        """:func:`open_context` for ``connector``'s tenant with this App's transport,
+        network and clock (``more``: the other arguments it takes)."""
+        return open_context(
+            db,
+            connector,
+            resource_key=resource_key,
+            stream=stream,
+            transport=self.transport,
+            network=self.network,
+            clock=self.clock,
+            **more,
+        )
+
     def use_database_url(self, url: str | None) -> str | None:
         """Called by ``synckit worker`` and ``synckit web`` with the URL of their command
         line (or ``$SYNCKIT_DATABASE_URL``): the App's handlers use that database. Returns
@@ -394,16 +410,8 @@ class App:
         connector = self.instance(t)
         streams = type(connector).declared_streams()
         name = stream or (streams[0].name if streams else "default")
-        async with open_context(
-            db,
-            connector,
-            resource_key=t.resource_key,
-            stream=name,
-            trace_id=trace_id,
-            log=log,
-            transport=self.transport,
-            network=self.network,
-            clock=self.clock,
+        async with self._open(
+            db, connector, t.resource_key, name, trace_id=trace_id, log=log
         ) as ctx:
             yield ctx
 
@@ -480,15 +488,7 @@ class App:
             raise ReplayBlocked(str(exc)) from exc
         if t.status == "paused":
             raise TenantError(f"tenant {tenant!r} is paused")
-        async with open_context(
-            db,
-            instance,
-            resource_key=t.resource_key,
-            stream=stream,
-            transport=self.transport,
-            network=self.network,
-            clock=self.clock,
-        ) as ctx:
+        async with self._open(db, instance, t.resource_key, stream) as ctx:
             decl = cls.stream(stream).records
             if decl is None or cls.handles():
                 await instance.handle(ctx.for_record(record_id_of(instance, payload)), payload)
@@ -551,16 +551,13 @@ class App:
             # The config was valid when added; the model has changed since. Retrying
             # cannot help: a human must update the tenant's config.
             raise PermanentError(str(exc)) from exc
-        async with open_context(
+        async with self._open(
             db,
             instance,
-            resource_key=t.resource_key,
-            stream=p["stream"],
+            t.resource_key,
+            p["stream"],
             trace_id=jctx.job.trace_id,
             log=jctx.log,
-            transport=self.transport,
-            network=self.network,
-            clock=self.clock,
             pace=pace,
             first_slots=first,
         ) as ctx:

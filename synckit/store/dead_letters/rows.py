@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -257,17 +257,9 @@ class DlqFilter:
     def narrowed(self, statuses: Sequence[str]) -> DlqFilter:
         """This filter, restricted to ``statuses`` (intersected with its own, if any)."""
         keep = tuple(s for s in statuses if not self.statuses or s in self.statuses)
-        return DlqFilter(
-            ids=self.ids,
-            tenants=self.tenants,
-            connectors=self.connectors,
-            kinds=self.kinds,
-            error_classes=self.error_classes,
-            # No status is spelt so: the filter matches nothing. (A NUL sentinel was a
-            # driver error on PostgreSQL, whose text cannot hold one.)
-            statuses=keep or ("(none)",),
-            since=self.since,
-        )
+        # No status is spelt "(none)": the filter matches nothing. (A NUL sentinel was a
+        # driver error on PostgreSQL, whose text cannot hold one.)
+        return replace(self, statuses=keep or ("(none)",))
 
 
 def _clean(text: str | None, limit: int, *, tail: bool = False) -> str | None:
