@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,7 +42,7 @@ from synckit.runtime.jobs.handlers import Registry
 from synckit.runtime.jobs.worker import Worker
 from synckit.runtime.observe.alert_delivery import get_alert_router
 from synckit.runtime.observe.alerts import register_alerts
-from synckit.runtime.sync.context import open_context, prepare_process
+from synckit.runtime.sync.context import RuntimeContext, open_context, prepare_process
 from synckit.runtime.sync.poll import (
     POLL_KIND,
     SCHEDULE_KIND,
@@ -210,6 +210,22 @@ class App:
         if self.clock is not utcnow:
             db.use_clock(self.clock)
 
+    def _open(
+        self, db: Database, connector: Connector[Any], resource_key: str, stream: str, **more: Any
+    ) -> AbstractAsyncContextManager[RuntimeContext]:
+        """:func:`open_context` for ``connector``'s tenant with this App's transport,
+        network and clock (``more``: the other arguments it takes)."""
+        return open_context(
+            db,
+            connector,
+            resource_key=resource_key,
+            stream=stream,
+            transport=self.transport,
+            network=self.network,
+            clock=self.clock,
+            **more,
+        )
+
     def use_database_url(self, url: str | None) -> str | None:
         """Called by ``synckit worker`` and ``synckit web`` with the URL of their command
         line (or ``$SYNCKIT_DATABASE_URL``): the App's handlers use that database. Returns
@@ -358,16 +374,8 @@ class App:
         connector = self.instance(t)
         streams = type(connector).declared_streams()
         name = stream or (streams[0].name if streams else "default")
-        async with open_context(
-            db,
-            connector,
-            resource_key=t.resource_key,
-            stream=name,
-            trace_id=trace_id,
-            log=log,
-            transport=self.transport,
-            network=self.network,
-            clock=self.clock,
+        async with self._open(
+            db, connector, t.resource_key, name, trace_id=trace_id, log=log
         ) as ctx:
             yield ctx
 
@@ -444,15 +452,7 @@ class App:
             raise ReplayBlocked(str(exc)) from exc
         if t.status == "paused":
             raise TenantError(f"tenant {tenant!r} is paused")
-        async with open_context(
-            db,
-            instance,
-            resource_key=t.resource_key,
-            stream=stream,
-            transport=self.transport,
-            network=self.network,
-            clock=self.clock,
-        ) as ctx:
+        async with self._open(db, instance, t.resource_key, stream) as ctx:
             decl = cls.stream(stream).records
             if decl is None or cls.handles():
                 await instance.handle(ctx.for_record(record_id_of(instance, payload)), payload)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-__all__ = ["MAX_DURATION", "SleepingClock", "Waiter", "parse_duration"]
+__all__ = ["MAX_DURATION", "SleepingClock", "Waiter", "parse_duration", "short_duration"]
 
 
 @runtime_checkable
@@ -88,3 +88,16 @@ def parse_duration(text: str) -> timedelta:
     if seconds > MAX_DURATION.total_seconds():
         raise ValueError(f"duration {text.strip()!r} is longer than 100 years")
     return timedelta(seconds=seconds)
+
+
+def short_duration(seconds: float) -> str:
+    """``95s``, ``12m``, ``3.5h``, ``2.1d``: a duration in the unit it reads best in (whole
+    seconds below two minutes, minutes below two hours, hours below two days)."""
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"

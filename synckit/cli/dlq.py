@@ -29,6 +29,7 @@ from synckit.cli.options import (
     console,
     database_option,
     parse_duration,
+    print_unreadable,
     run,
 )
 from synckit.clock import utcnow
@@ -253,10 +254,7 @@ def _ls_table(flt: DlqFilter, shown: int, before: int | None, database_url: str 
         else "no dead letters match"
     )
     console.print(table)
-    for r in rows:
-        if r.unreadable:
-            said = ", ".join(f"{name} ({why})" for name, why in sorted(r.unreadable.items()))
-            console.print(cell(f"unreadable in dead letter {r.id}: {said}"), style="red")
+    print_unreadable(console, rows, "dead letter")
 
 
 @dlq.command("show")

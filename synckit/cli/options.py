@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,12 +48,14 @@ __all__ = [
     "console",
     "database_option",
     "err_console",
+    "json_text",
     "loop_factory",
     "markup_escaped",
     "page_options",
     "parse_duration",
     "parse_moment",
     "plain",
+    "print_unreadable",
     "read_json_file",
     "run",
     "without_rich",
@@ -205,7 +207,6 @@ database_option = click.option(
 )
 
 
-
 def page_options(every_help: str) -> Callable[[F], F]:
     """``--limit`` (tenants per page), ``--after`` (the previous page's last) and ``--all``
     (``every_help`` says how), for the commands that list tenants a page at a time."""
@@ -244,12 +245,18 @@ def read_json_file(path: str, what: str = "file") -> Any:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise CliError(f"{what} {path!r} is not UTF-8 (byte {exc.start})") from None
+    return json_text(text, f"{what} {path!r}")
+
+
+def json_text(text: str, what: str) -> Any:
+    """``text`` as JSON, or one :class:`CliError` line naming ``what`` (not JSON, nested
+    too deeply)."""
     try:
         return json.loads(text)
     except RecursionError:
-        raise CliError(f"{what} {path!r} is nested too deeply") from None
+        raise CliError(f"{what} is nested too deeply") from None
     except ValueError as exc:
-        raise CliError(f"{what} {path!r} is not JSON: {exc}") from None
+        raise CliError(f"{what} is not JSON: {exc}") from None
 
 
 def cell(value: object, width: int | None = None) -> Any:
@@ -267,6 +274,15 @@ def cell(value: object, width: int | None = None) -> Any:
         text = " ".join(text.split())
         text = text if len(text) <= width else text[: width - 1] + "…"
     return Text(printable(text, keep_newlines=True))
+
+
+def print_unreadable(out: Console, rows: Iterable[Any], what: str) -> None:
+    """After a table of ``rows``: a red line on ``out`` for each that holds values it could
+    not read (its ``unreadable``, column to reason), naming the row as ``what`` and its id."""
+    for r in rows:
+        if r.unreadable:
+            said = ", ".join(f"{name} ({why})" for name, why in sorted(r.unreadable.items()))
+            out.print(cell(f"unreadable in {what} {r.id}: {said}"), style="red")
 
 
 def markup_escaped(value: object) -> str:

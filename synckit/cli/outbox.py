@@ -8,7 +8,16 @@ from datetime import datetime
 import click
 from rich.table import Table
 
-from synckit.cli.options import ROW_ID, ROWS_SHOWN, CliError, cell, console, database_option, run
+from synckit.cli.options import (
+    ROW_ID,
+    ROWS_SHOWN,
+    CliError,
+    cell,
+    console,
+    database_option,
+    print_unreadable,
+    run,
+)
 from synckit.redaction import redact
 from synckit.runtime.writes import outbox as store
 from synckit.store.db import Database
@@ -73,10 +82,7 @@ def ls(
     if not rows:
         table.caption = "no messages match; " + table.caption
     console.print(table)
-    for r in rows:
-        if r.unreadable:
-            said = ", ".join(f"{name} ({why})" for name, why in sorted(r.unreadable.items()))
-            console.print(cell(f"unreadable in message {r.id}: {said}"), style="red")
+    print_unreadable(console, rows, "message")
 
 
 @outbox.command("retry")

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from synckit.cli.options import cell, console, database_option, page_options, run
 from synckit.cli.options import markup_escaped as escape  # control characters too
+from synckit.clock import short_duration
 from synckit.runtime.admin.status import ALERTS_ON_THE_SPOT, Status, read_status
 from synckit.store.connections import CONNECTION_STATUSES
 from synckit.store.resources import BREAKER_STATES
@@ -63,14 +64,7 @@ _QUEUE_STATUSES = ("pending", "running", "succeeded", "dead", "cancelled", "disc
 def _ago(seconds: float | None) -> str:
     if seconds is None:
         return "never"
-    s = int(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    if s < 172800:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
+    return short_duration(seconds)
 
 
 def _when(moment: datetime | None) -> str:

@@ -23,6 +23,7 @@ from synckit.cli.options import (
     cell,
     console,
     database_option,
+    json_text,
     page_options,
     plain,
     read_json_file,
@@ -55,7 +56,7 @@ def _parse_config(config: str | None, config_file: str | None, sets: tuple[str, 
     if config is not None and config_file is not None:
         raise CliError("give --config or --config-file, not both")
     if config is not None:
-        data = _json_text(config, "--config")
+        data = json_text(config, "--config")
     elif config_file is not None:
         # One reader for config files: size cap, UTF-8, nesting, each a one-line error.
         data = read_json_file(config_file, "--config-file")
@@ -72,16 +73,6 @@ def _parse_config(config: str | None, config_file: str | None, sets: tuple[str, 
         except ValueError:
             data[key] = raw  # a bare string
     return data
-
-
-def _json_text(text: str, what: str) -> Any:
-    """``text`` as JSON, or a one-line error naming ``what`` (as read_json_file words it)."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise CliError(f"{what} is nested too deeply") from None
-    except ValueError as exc:
-        raise CliError(f"{what} is not JSON: {exc}") from None
 
 
 def _model(app: App | None, connector: str) -> type[BaseModel] | None:

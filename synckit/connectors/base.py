@@ -54,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 from typing_extensions import TypeVar
 
 from synckit.connectors.auth import AuthFactory, BearerToken, OAuth2
-from synckit.connectors.records import Records
+from synckit.connectors.records import Records, describe_record_error
 from synckit.connectors.schedule import parse_schedule
 from synckit.errors.backoff import RetryPolicy
 from synckit.errors.classify import Classification, ClassifyRules, classify
@@ -429,11 +429,7 @@ class Connector(typing.Generic[ConfigT]):
 
 def describe_validation_error(exc: ValidationError) -> str:
     """One line naming every field at fault: ``api_token: Field required; page_size: ...``."""
-    parts = []
-    for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "(config)"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or str(exc).splitlines()[0]
+    return describe_record_error(exc, whole="(config)")
 
 
 _NAME_VALUE = re.compile(r"[A-Za-z0-9._~-]+", re.ASCII)

@@ -208,7 +208,41 @@ class Paginator(ABC):
             yield Page(f.records, checkpoint=f.next if f.next is not None else f.tail)
 
 
-class CursorPaginator(Paginator):
+class _ParamCursor(Paginator):
+    """A cursor sent back as the query parameter ``param``; the listing ends where the
+    body's ``has_more`` (a path, if given) is false."""
+
+    def __init__(
+        self, *, records: RecordsAt, param: str, has_more: str | None, max_pages: int | None
+    ) -> None:
+        super().__init__(records=records, max_pages=max_pages)
+        self.param = param
+        self.has_more = has_more
+
+    def request(self, url: str, params: dict[str, Any], state: Any) -> tuple[str, dict[str, Any]]:
+        if state is not None:
+            params[self.param] = state
+        return url, params
+
+    def _no_more(self, body: Any) -> bool:
+        """The body says this page is the last (``has_more`` false)."""
+        return self.has_more is not None and not json_path(body, self.has_more)
+
+
+class _NextUrl(Paginator):
+    """The next page's URL, called as given: query parameters go with the first request
+    only (the URL carries its own). It stays on the origin of the page that named it
+    unless ``other_origins``."""
+
+    def __init__(self, *, records: RecordsAt, max_pages: int | None, other_origins: bool) -> None:
+        super().__init__(records=records, max_pages=max_pages)
+        self.other_origins = other_origins
+
+    def request(self, url: str, params: dict[str, Any], state: Any) -> tuple[str, dict[str, Any]]:
+        return (url, params) if state is None else (str(state), {})
+
+
+class CursorPaginator(_ParamCursor):
     """The body names the next page's cursor (``cursor`` path); sent as ``param``.
 
     No cursor, an empty one, or ``has_more`` (a path) false ends the listing.
@@ -228,10 +262,8 @@ class CursorPaginator(Paginator):
         max_pages: int | None = None,
         exclusive: bool = False,
     ) -> None:
-        super().__init__(records=records, max_pages=max_pages)
+        super().__init__(records=records, param=param, has_more=has_more, max_pages=max_pages)
         self.cursor = cursor
-        self.param = param
-        self.has_more = has_more
         self.exclusive = exclusive
 
     def tail_state(
@@ -240,15 +272,10 @@ class CursorPaginator(Paginator):
         cursor = json_path(body, self.cursor) if self.exclusive else None
         return cursor if isinstance(cursor, str | int) and cursor != "" else state
 
-    def request(self, url: str, params: dict[str, Any], state: Any) -> tuple[str, dict[str, Any]]:
-        if state is not None:
-            params[self.param] = state
-        return url, params
-
     def next_state(
         self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any
     ) -> Any:
-        if self.has_more is not None and not json_path(body, self.has_more):
+        if self._no_more(body):
             return None
         cursor = json_path(body, self.cursor)
         if cursor is None or cursor == "":
@@ -258,7 +285,7 @@ class CursorPaginator(Paginator):
         return cursor
 
 
-class IdCursorPaginator(Paginator):
+class IdCursorPaginator(_ParamCursor):
     """The id of a page's last record, sent back as ``param`` (Stripe's ``starting_after``).
 
     ``has_more`` (a path) false, or an empty page, ends the listing. The cursor is
@@ -280,20 +307,13 @@ class IdCursorPaginator(Paginator):
         take: Literal["last", "first"] = "last",
         max_pages: int | None = None,
     ) -> None:
-        super().__init__(records=records, max_pages=max_pages)
+        super().__init__(records=records, param=param, has_more=has_more, max_pages=max_pages)
         if take not in ("last", "first"):
             raise ConfigurationError(
                 f"IdCursorPaginator take must be 'last' or 'first', not {take!r}"
             )
         self.id = id
-        self.param = param
-        self.has_more = has_more
         self.take = take
-
-    def request(self, url: str, params: dict[str, Any], state: Any) -> tuple[str, dict[str, Any]]:
-        if state is not None:
-            params[self.param] = state
-        return url, params
 
     def cursor_of(self, records: Sequence[Any]) -> str | None:
         """The id of the record the next page starts after (None: an empty page)."""
@@ -310,9 +330,7 @@ class IdCursorPaginator(Paginator):
     def next_state(
         self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any
     ) -> Any:
-        if self.has_more is not None and not json_path(body, self.has_more):
-            return None
-        return self.cursor_of(records)
+        return None if self._no_more(body) else self.cursor_of(records)
 
     def tail_state(
         self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any
@@ -321,7 +339,7 @@ class IdCursorPaginator(Paginator):
         return state if cursor is None else cursor
 
 
-class NextUrlPaginator(Paginator):
+class NextUrlPaginator(_NextUrl):
     """The body carries the URL of the next page (``next`` path), called as given.
 
     Query parameters are sent with the first request only: the next URL carries its own.
@@ -340,10 +358,9 @@ class NextUrlPaginator(Paginator):
         max_pages: int | None = None,
         other_origins: bool = False,
     ) -> None:
-        super().__init__(records=records, max_pages=max_pages)
+        super().__init__(records=records, max_pages=max_pages, other_origins=other_origins)
         self.next = next
         self.delta = delta
-        self.other_origins = other_origins
 
     def tail_state(
         self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any
@@ -356,9 +373,6 @@ class NextUrlPaginator(Paginator):
         if not isinstance(link, str):
             raise PermanentError(f"delta link at {self.delta!r} is not a string")
         return _followable(response, link, link, self.other_origins)
-
-    def request(self, url: str, params: dict[str, Any], state: Any) -> tuple[str, dict[str, Any]]:
-        return (url, params) if state is None else (str(state), {})
 
     def next_state(
         self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any
@@ -401,7 +415,7 @@ def _followable(response: httpx.Response, given: str, target: str, other_origins
     return target
 
 
-class LinkHeaderPaginator(Paginator):
+class LinkHeaderPaginator(_NextUrl):
     """The ``Link`` header's ``rel="next"`` URL (RFC 8288), called as given."""
 
     def __init__(
@@ -412,12 +426,8 @@ class LinkHeaderPaginator(Paginator):
         max_pages: int | None = None,
         other_origins: bool = False,
     ) -> None:
-        super().__init__(records=records, max_pages=max_pages)
+        super().__init__(records=records, max_pages=max_pages, other_origins=other_origins)
         self.rel = rel
-        self.other_origins = other_origins
-
-    def request(self, url: str, params: dict[str, Any], state: Any) -> tuple[str, dict[str, Any]]:
-        return (url, params) if state is None else (str(state), {})
 
     def next_state(
         self, response: httpx.Response, body: Any, records: Sequence[Any], state: Any

@@ -271,11 +271,12 @@ def _spec_of(r: Records) -> TableSpec:
     return TableSpec(r.table, columns, r.keys, child=r.rows is not None, version=r.version)
 
 
-def describe_record_error(exc: ValidationError) -> str:
-    """One line naming every field at fault: ``subject: Field required; ...``."""
+def describe_record_error(exc: ValidationError, *, whole: str = "(record)") -> str:
+    """One line naming every field at fault: ``subject: Field required; ...`` (an error
+    of no one field is named ``whole``)."""
     parts = []
     for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "(record)"
+        loc = ".".join(str(p) for p in err.get("loc", ())) or whole
         parts.append(f"{loc}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or str(exc).splitlines()[0]
 

@@ -50,6 +50,7 @@ __all__ = [
     "Subscription",
     "SubscriptionRequest",
     "after_failure",
+    "check_stream_names",
     "renew_at",
 ]
 
@@ -95,10 +96,16 @@ class Subscription:
             raise ConfigurationError("Subscription.renew_fraction must be in (0, 1]")
         if not isinstance(self.max_failures, int) or self.max_failures < 1:
             raise ConfigurationError("Subscription.max_failures must be at least 1")
-        if self.streams is not None and (
-            isinstance(self.streams, str) or not all(isinstance(s, str) for s in self.streams)
-        ):
-            raise ConfigurationError("Subscription.streams must be a list of stream names")
+        check_stream_names(self.streams, "Subscription")
+
+
+def check_stream_names(streams: Sequence[str] | None, owner: str) -> None:
+    """``owner``'s ``streams`` is None (every stream) or a list of stream names: a
+    :class:`ConfigurationError` otherwise (a lone string, say)."""
+    if streams is None:
+        return
+    if isinstance(streams, str) or not all(isinstance(s, str) for s in streams):
+        raise ConfigurationError(f"{owner}.streams must be a list of stream names")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from synckit.connectors.subscriptions import Subscription
+from synckit.connectors.subscriptions import Subscription, check_stream_names
 from synckit.errors.exceptions import ConfigurationError
 
 __all__ = [
@@ -455,10 +455,7 @@ class Webhooks:
             raise ConfigurationError("Webhooks.tenant must be TenantFromPath() or TenantFromBody()")
         if not isinstance(self.max_body, int) or self.max_body < 1:
             raise ConfigurationError("Webhooks.max_body must be a positive number of bytes")
-        if self.streams is not None and (
-            isinstance(self.streams, str) or not all(isinstance(s, str) for s in self.streams)
-        ):
-            raise ConfigurationError("Webhooks.streams must be a list of stream names")
+        check_stream_names(self.streams, "Webhooks")
         if not isinstance(self.lease, timedelta) or self.lease <= timedelta(0):
             raise ConfigurationError("Webhooks.lease must be a positive timedelta")
         if self.records is not None and (not isinstance(self.records, str) or not self.records):

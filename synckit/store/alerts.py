@@ -45,7 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
 from synckit.store.leases import RELEASED, Lease, claim, fenced, free, new_lease
-from synckit.store.moments import guarded_moment, read_moment, read_payload
+from synckit.store.moments import from_row, guarded_moment, read_moment, read_payload
 from synckit.store.tables import alerts as alerts_table
 from synckit.store.tables import checkpoints, connections, dead_letters, dialect_insert, jobs
 
@@ -193,15 +193,11 @@ def _connection_state(
             seen.append(moment)
     if unread:
         bad.append(("last_success_at", unread[0]))
-    return ConnectionState(
-        tenant=r.tenant,
-        connector=r.connector,
-        status=r.status,
-        schedule=r.schedule,
+    return from_row(
+        ConnectionState,
+        r,
         created_at=created,
         last_success_at=max(seen) if seen else None,
-        status_reason=r.status_reason,
-        resource_key=r.resource_key,
         unreadable=tuple(bad),
     )
 
@@ -320,17 +316,7 @@ def _read_row(row: Any) -> tuple[AlertRow, dict[str, str]]:
         raise ValueError("delivered is not a JSON object")
     if row.severity not in SEVERITIES:
         raise ValueError(f"{row.severity!r} is not a valid Severity")
-    alert = AlertRow(
-        rule=row.rule,
-        subject=row.subject,
-        window_key=row.window_key,
-        severity=row.severity,
-        tenant=row.tenant,
-        connector=row.connector,
-        message=row.message,
-        details=dict(details or {}),
-        fired_at=fired,
-    )
+    alert = from_row(AlertRow, row, details=dict(details or {}), fired_at=fired)
     return alert, {str(k): str(v) for k, v in delivered.items()}
 
 

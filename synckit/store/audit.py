@@ -43,7 +43,7 @@ from sqlalchemy import Text, bindparam, cast, func, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from synckit.store.moments import guarded_moment, read_moment, read_payload
+from synckit.store.moments import from_row, guarded_moment, read_moment, read_payload
 from synckit.store.tables import audit_buckets
 
 ENV_APP_VERSION = "SYNCKIT_APP_VERSION"
@@ -291,13 +291,10 @@ async def read_audit(
         if minute is None:
             continue
         out.append(
-            AuditRow(
-                tenant=r.tenant,
-                connector=r.connector,
+            from_row(
+                AuditRow,
+                r,
                 minute=minute,
-                app_version=r.app_version,
-                ok=r.ok,
-                failed=r.failed,
                 failed_by_class=dict(counts) if isinstance(counts, dict) else {},
                 paced=int(r.paced or 0),
             )

@@ -127,12 +127,27 @@ async def take_refresh_lease(
     conn: Conn, tenant: str, *, owner: str, until: datetime, now: datetime
 ) -> bool:
     """Take the lease if it is free or expired (compare-and-set); True if taken."""
+    lease = Lease(owner, until)
     res = await conn.execute(
         claim(
+            connections, lease, connections.c.tenant == tenant, now=now, columns=REFRESH_LEASE
+        ).returning(connections.c.tenant)
+    )
+    return res.first() is not None
+
+
+async def _fence_refresh(
+    conn: Conn, tenant: str, owner: str, values: dict[str, Any], *, release: bool = True
+) -> bool:
+    """Write ``values`` on ``tenant``'s row, ending the refresh lease unless ``release``
+    is false, only if ``owner`` still holds it; True if written."""
+    res = await conn.execute(
+        fenced(
             connections,
-            Lease(owner, until),
+            owner,
             connections.c.tenant == tenant,
-            now=now,
+            values=values,
+            release=release,
             columns=REFRESH_LEASE,
         ).returning(connections.c.tenant)
     )
@@ -151,16 +166,8 @@ async def save_refreshed_token_set(
     """Store the refreshed (sealed) set and end the lease, only if ``owner`` still holds
     it (the fence: a holder whose lease ran out and that another took over stores
     nothing); True if stored."""
-    res = await conn.execute(
-        fenced(
-            connections,
-            owner,
-            connections.c.tenant == tenant,
-            values={"token_set": sealed, "token_expires_at": expires_at, "updated_at": now},
-            columns=REFRESH_LEASE,
-        ).returning(connections.c.tenant)
-    )
-    return res.first() is not None
+    values = {"token_set": sealed, "token_expires_at": expires_at, "updated_at": now}
+    return await _fence_refresh(conn, tenant, owner, values)
 
 
 async def hand_back_refresh_lease(
@@ -173,17 +180,8 @@ async def hand_back_refresh_lease(
     """End ``owner``'s lease; or, with ``until``, keep it held by ``owner`` until then (a
     token endpoint that asked for a wait is not called before it). Fenced: False, and
     nothing written, when ``owner`` no longer holds it."""
-    res = await conn.execute(
-        fenced(
-            connections,
-            owner,
-            connections.c.tenant == tenant,
-            values={REFRESH_LEASE.expires_at: until} if until else {},
-            release=until is None,
-            columns=REFRESH_LEASE,
-        ).returning(connections.c.tenant)
-    )
-    return res.first() is not None
+    values = {REFRESH_LEASE.expires_at: until} if until else {}
+    return await _fence_refresh(conn, tenant, owner, values, release=until is None)
 
 
 def pause_lanes_sql(source: str) -> Any:

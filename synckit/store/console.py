@@ -25,6 +25,7 @@ from synckit.store.audit import Totals
 from synckit.store.db import Database
 from synckit.store.dead_letters import rows as dlq_rows
 from synckit.store.jobs.admin import JOB_STATUSES, job_kinds
+from synckit.store.moments import from_row
 from synckit.store.pages import COUNT_CAP, Count, Page, bounded, estimates, page_size
 from synckit.store.tables import (
     audit_buckets,
@@ -152,21 +153,7 @@ async def tenant_page(
         stmt = stmt.where(c.tenant == only)
     async with db.read() as conn:
         rows = [
-            TenantRow(
-                tenant=x.tenant,
-                connector=x.connector,
-                resource_key=x.resource_key,
-                status=x.status,
-                status_reason=x.status_reason,
-                schedule=x.schedule,
-                breaker=x.state or "closed",
-                cooldown_until=x.cooldown_until,
-                next_available_at=x.next_available_at,
-                paced_reason=x.paced_reason,
-                max_in_flight=x.max_in_flight,
-                last_error_class=x.last_error_class,
-            )
-            for x in await conn.execute(stmt)
+            from_row(TenantRow, x, breaker=x.state or "closed") for x in await conn.execute(stmt)
         ]
     more = len(rows) > size
     rows = rows[:size]

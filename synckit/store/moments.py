@@ -1,20 +1,24 @@
 """Stored values read so that one corrupt row cannot fail a statement: timestamps
 guarded in SQL (:func:`guarded_moment`) and parsed per row (:func:`read_moment`), JSON
 read as text and parsed per row (:func:`read_payload`), and the NUL check of JSON text
-before it is stored (:func:`json_holds_nul`), and text made storable on both engines
-(:func:`storable_text`). Every store module reads through these."""
+before it is stored (:func:`json_holds_nul`), text made storable on both engines
+(:func:`storable_text`), and a row read into a dataclass of the same field names
+(:func:`from_row`). Every store module reads through these."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Text, and_, case, cast, literal_column, type_coerce
 
 from synckit.store.tables import UTCDateTime
+
+_D = TypeVar("_D")
 
 __all__ = [
     "MOMENT_HI",
@@ -22,6 +26,7 @@ __all__ = [
     "OUT_OF_RANGE",
     "OUT_OF_RANGE_SQL",
     "REPLACEMENT",
+    "from_row",
     "guarded_columns",
     "guarded_moment",
     "json_holds_nul",
@@ -103,6 +108,14 @@ def read_moments(
         except ValueError as exc:
             moments[name], bad[name] = None, str(exc)
     return moments
+
+
+def from_row(cls: type[_D], row: Any, **given: Any) -> _D:
+    """The dataclass ``cls`` built from a stored row: each field not ``given`` is the
+    row's attribute of the same name (a row of a ``select`` or a mapped record)."""
+    declared = fields(cls)  # type: ignore[arg-type]  # any dataclass
+    taken = {f.name: getattr(row, f.name) for f in declared if f.init and f.name not in given}
+    return cls(**taken, **given)
 
 
 def read_payload(value: object) -> Any:

@@ -46,10 +46,17 @@ from synckit.errors.exceptions import (
 )
 from synckit.redaction import redact_text
 from synckit.store import leases, notify
+from synckit.store.batches import delete_in_batches
 from synckit.store.db import Database
 from synckit.store.lazy_asyncio import is_async_session
 from synckit.store.leases import Lease
-from synckit.store.moments import guarded_columns, json_holds_nul, read_moments, read_payload
+from synckit.store.moments import (
+    from_row,
+    guarded_columns,
+    json_holds_nul,
+    read_moments,
+    read_payload,
+)
 from synckit.store.tables import dialect_insert, outbox
 
 if TYPE_CHECKING:
@@ -271,16 +278,7 @@ async def add(
 
 
 def _message(r: Row[Any]) -> OutboxMessage:
-    return OutboxMessage(
-        id=r.id,
-        topic=r.topic,
-        key=r.key,
-        payload=r.payload,
-        message_id=r.message_id,
-        attempts=r.attempts,
-        created_at=r.created_at,
-        trace_parent=r.trace_parent,
-    )
+    return from_row(OutboxMessage, r)
 
 
 _BLOCKERS = {
@@ -610,18 +608,7 @@ def _info(r: Row[Any]) -> OutboxInfo:
         payload = read_payload(r.payload)
     except ValueError as exc:
         payload, bad["payload"] = None, str(exc)
-    return OutboxInfo(
-        id=r.id,
-        topic=r.topic,
-        key=r.key,
-        message_id=r.message_id,
-        status=r.status,
-        attempts=r.attempts,
-        last_error=r.last_error,
-        payload=payload,
-        unreadable=bad,
-        **moments,
-    )
+    return from_row(OutboxInfo, r, payload=payload, unreadable=bad, **moments)
 
 
 # ``outbox`` as the views read it: timestamps guarded and the payload as text, parsed
@@ -723,18 +710,10 @@ async def prune(
     """Delete messages published more than ``older_than`` ago, ``batch`` rows per
     transaction; return how many. Failed messages stay until an operator deals with them."""
     cutoff = (now or utcnow()) - older_than
-    total = 0
-    while True:
-        async with db.begin() as conn:
-            victims = (
-                select(outbox.c.id)
-                .where(outbox.c.status == "published", outbox.c.published_at < cutoff)
-                .limit(batch)
-            )
-            res = await conn.execute(
-                delete(outbox).where(outbox.c.id.in_(victims.scalar_subquery()))
-            )
-            n = res.rowcount or 0
-        total += n
-        if n < batch:
-            return total
+    victims = (
+        select(outbox.c.id)
+        .where(outbox.c.status == "published", outbox.c.published_at < cutoff)
+        .limit(batch)
+    )
+    stmt = delete(outbox).where(outbox.c.id.in_(victims.scalar_subquery()))
+    return await delete_in_batches(db, stmt, batch)

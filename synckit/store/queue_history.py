@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from synckit.store.db import Database
 from synckit.store.jobs.admin import job_kinds
 from synckit.store.jobs.enqueueing import _insert
+from synckit.store.moments import from_row
 from synckit.store.pages import COUNT_CAP
 from synckit.store.tables import jobs, queue_samples, resources
 
@@ -129,15 +130,7 @@ async def history(
     q = queue_samples.c
     rows = await conn.execute(select(queue_samples).where(q.minute >= start))
     found = {
-        r.minute.replace(second=0, microsecond=0): QueueSample(
-            minute=r.minute,
-            ready=r.ready,
-            scheduled=r.scheduled,
-            retrying=r.retrying,
-            paced=r.paced,
-            running=r.running,
-            capped=bool(r.capped),
-        )
+        r.minute.replace(second=0, microsecond=0): from_row(QueueSample, r, capped=bool(r.capped))
         for r in rows
     }
     out = []

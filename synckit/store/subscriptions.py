@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, literal, literal_column, or_, select, update
 from sqlalchemy import delete as sql_delete
 
-from synckit.store.moments import MOMENT_HI, guarded_columns, read_moment
+from synckit.store.moments import MOMENT_HI, from_row, guarded_columns, read_moments
 from synckit.store.tables import connections, dialect_insert, webhook_subscriptions
 
 __all__ = [
@@ -66,38 +66,22 @@ _MOMENTS = ("expires_at", "renewed_at", "next_at", "updated_at")
 
 def _row(r: Any) -> SubscriptionRow:
     m = r._mapping
-    moments: dict[str, datetime | None] = {}
-    unreadable: list[tuple[str, str]] = []
-    for name in _MOMENTS:
-        try:
-            moments[name] = read_moment(m[name])
-        except ValueError as exc:
-            moments[name] = None
-            unreadable.append((name, str(exc)))
-    return SubscriptionRow(
-        tenant=m["tenant"],
-        stream=m["stream"],
-        connector=m["connector"],
-        subscription_id=m["subscription_id"],
-        state=m["state"],
-        expires_at=moments["expires_at"],
-        renewed_at=moments["renewed_at"],
-        next_at=moments["next_at"],
+    bad: dict[str, str] = {}
+    moments = read_moments(m, _MOMENTS, bad)
+    return from_row(
+        SubscriptionRow,
+        r,
         failures=int(m["failures"]),
-        last_error=m["last_error"],
-        last_error_class=m["last_error_class"],
-        updated_at=moments["updated_at"],
         tenant_status=m.get("tenant_status"),
-        unreadable=tuple(unreadable),
+        unreadable=tuple(bad.items()),
+        **moments,
     )
 
 
 def _select() -> Any:
     return select(
         *guarded_columns(webhook_subscriptions.c), connections.c.status.label("tenant_status")
-    ).join(
-        connections, connections.c.tenant == _S.tenant
-    )
+    ).join(connections, connections.c.tenant == _S.tenant)
 
 
 def add_missing(

@@ -44,7 +44,7 @@ import secrets
 import socketserver
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from types import TracebackType
@@ -141,8 +141,27 @@ class _Client(ClientMixin):  # type: ignore[misc]  # authlib ships no type infor
         return grant_type in self.grant_types
 
 
+class IssuedToken(TokenMixin):  # type: ignore[misc]
+    """What authlib asks of a token an authorization server issued (made a dataclass
+    holding these fields): its client, scope and lifetime (served here, and by the Graph
+    simulator's token endpoint)."""
+
+    client_id: str
+    scope: str
+    expires_in: float
+
+    def check_client(self, client: ClientMixin) -> bool:
+        return bool(client.client_id == self.client_id)
+
+    def get_scope(self) -> str:
+        return self.scope
+
+    def get_expires_in(self) -> float:
+        return self.expires_in
+
+
 @dataclass
-class _Token(TokenMixin):  # type: ignore[misc]
+class _Token(IssuedToken):
     access_token: str
     refresh_token: str | None
     client_id: str
@@ -156,15 +175,6 @@ class _Token(TokenMixin):  # type: ignore[misc]
 
     def __repr__(self) -> str:  # authlib logs token objects at debug level
         return f"_Token(user={self.user!r}, client_id={self.client_id!r})"
-
-    def check_client(self, client: _Client) -> bool:
-        return client.client_id == self.client_id
-
-    def get_scope(self) -> str:
-        return self.scope
-
-    def get_expires_in(self) -> float:
-        return self.expires_in
 
     def is_expired(self) -> bool:
         return time.time() >= self.issued_at + self.expires_in
@@ -199,9 +209,12 @@ class _AuthCode(AuthorizationCodeMixin):  # type: ignore[misc]
         return self.scope
 
 
-class _WSGIRequest(OAuth2Request):  # type: ignore[misc]
+class FormRequest(OAuth2Request):  # type: ignore[misc]
+    """A request to an authlib authorization server as its endpoint read it: the form
+    and the query arguments (served here, and by the Graph simulator's token endpoint)."""
+
     def __init__(
-        self, method: str, uri: str, headers: Headers, form: dict[str, str], args: dict[str, str]
+        self, method: str, uri: str, headers: Any, form: dict[str, str], args: dict[str, str]
     ) -> None:
         super().__init__(method, uri, headers=headers)
         self._form = form
@@ -241,7 +254,7 @@ class _AuthorizationCodeGrant(rfc6749_grants.AuthorizationCodeGrant):  # type: i
     TOKEN_ENDPOINT_AUTH_METHODS = _ALL_AUTH_METHODS
     provider: OAuthTestServer  # set on the subclass made per server
 
-    def save_authorization_code(self, code: str, request: _WSGIRequest) -> None:
+    def save_authorization_code(self, code: str, request: FormRequest) -> None:
         data = request.payload.data
         with self.provider._lock:
             self.provider._codes[code] = _AuthCode(
@@ -268,22 +281,32 @@ class _AuthorizationCodeGrant(rfc6749_grants.AuthorizationCodeGrant):  # type: i
         return authorization_code.user
 
 
-class _AuthorizationServer(AuthorizationServer):  # type: ignore[misc]
-    def __init__(self, provider: OAuthTestServer) -> None:
+class FormAuthorizationServer(AuthorizationServer):  # type: ignore[misc]
+    """An authlib authorization server of the ``clients`` by id, that stores each token it
+    issues by ``save``, is handed its requests ready-made (:class:`FormRequest`, no JSON
+    endpoints), gives back ``(status, body, headers)`` as authlib makes them and sends
+    no signals."""
+
+    def __init__(
+        self,
+        clients: Mapping[str, ClientMixin],
+        save: Callable[[dict[str, Any], FormRequest], None],
+    ) -> None:
         super().__init__()
-        self.provider = provider
+        self._clients = clients
+        self._save = save
 
-    def query_client(self, client_id: str) -> _Client | None:
-        return self.provider._clients.get(client_id)
+    def query_client(self, client_id: str) -> ClientMixin | None:
+        return self._clients.get(client_id)
 
-    def save_token(self, token: dict[str, Any], request: _WSGIRequest) -> None:
-        self.provider._save_token(token, request)
+    def save_token(self, token: dict[str, Any], request: FormRequest) -> None:
+        self._save(token, request)
 
-    def create_oauth2_request(self, request: _WSGIRequest) -> _WSGIRequest:
+    def create_oauth2_request(self, request: FormRequest) -> FormRequest:
         return request
 
     def create_json_request(self, request: Any) -> Any:
-        raise NotImplementedError("no JSON endpoints on the test server")
+        raise NotImplementedError("form endpoints only")
 
     def handle_response(
         self, status: int, body: Any, headers: list[tuple[str, str]]
@@ -344,7 +367,7 @@ class OAuthTestServer:
         self.client_id = "synckit-test-client"
         self.client_secret = secrets.token_urlsafe(24)
         self.add_client(self.client_id, self.client_secret)
-        self._authz = _AuthorizationServer(self)
+        self._authz = FormAuthorizationServer(self._clients, self._save_token)
         self._authz.register_token_generator(
             "default",
             BearerTokenGenerator(
@@ -530,7 +553,7 @@ class OAuthTestServer:
         if t.refresh_token:
             self._by_refresh[t.refresh_token] = t
 
-    def _save_token(self, token: dict[str, Any], request: _WSGIRequest) -> None:
+    def _save_token(self, token: dict[str, Any], request: FormRequest) -> None:
         old: _Token | None = request.refresh_token
         client: _Client = request.client
         user = request.user or client.client_id
@@ -592,7 +615,7 @@ class OAuthTestServer:
         form = dict(parse_qsl(raw, keep_blank_values=True))
         args = dict(parse_qsl(environ.get("QUERY_STRING", "")))
         uri = f"{self.url}/token"
-        request = _WSGIRequest("POST", uri, headers, form, args)
+        request = FormRequest("POST", uri, headers, form, args)
         # One token request at a time: rotation (check, issue, revoke) is atomic.
         with self._lock:
             self.stats.token_requests += 1
@@ -612,7 +635,7 @@ class OAuthTestServer:
     ) -> tuple[int, Any, list[tuple[str, str]]]:
         query = environ.get("QUERY_STRING", "")
         args = dict(parse_qsl(query))
-        request = _WSGIRequest("GET", f"{self.url}/authorize?{query}", headers, {}, args)
+        request = FormRequest("GET", f"{self.url}/authorize?{query}", headers, {}, args)
         with self._lock:
             try:
                 grant = self._authz.get_consent_grant(request)
@@ -665,4 +688,10 @@ if __name__ == "__main__":  # pragma: no cover
     main()
 
 
-__all__ = ["OAuthTestServer", "ServerStats"]
+__all__ = [
+    "FormAuthorizationServer",
+    "FormRequest",
+    "IssuedToken",
+    "OAuthTestServer",
+    "ServerStats",
+]

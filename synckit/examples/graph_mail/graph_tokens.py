@@ -11,12 +11,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from authlib.oauth2.rfc6749 import AuthorizationServer, ClientMixin, OAuth2Request, TokenMixin
+from authlib.oauth2.rfc6749 import ClientMixin
 from authlib.oauth2.rfc6749 import grants as rfc6749_grants
-from authlib.oauth2.rfc6749.requests import BasicOAuth2Payload
 from authlib.oauth2.rfc6750 import BearerTokenGenerator
 
 from synckit.examples.graph_mail.graph_shapes import iso
+from synckit.testing.oauth_server import FormAuthorizationServer, FormRequest, IssuedToken
 from synckit.testing.replies import RecordedRequest, Reply
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class _Client(ClientMixin):  # type: ignore[misc]  # authlib ships no type infor
 
 
 @dataclass
-class _Grant(TokenMixin):  # type: ignore[misc]
+class _Grant(IssuedToken):
     access_token: str
     refresh_token: str
     client_id: str
@@ -70,15 +70,6 @@ class _Grant(TokenMixin):  # type: ignore[misc]
     def __repr__(self) -> str:  # authlib logs token objects at debug level: no secrets
         return f"_Grant(tenant={self.tenant!r})"
 
-    def check_client(self, client: _Client) -> bool:
-        return client.client_id == self.client_id
-
-    def get_scope(self) -> str:
-        return self.scope
-
-    def get_expires_in(self) -> int:
-        return self.expires_in
-
     def is_expired(self) -> bool:
         return False  # refresh tokens live until revoked or used (rotation)
 
@@ -86,25 +77,14 @@ class _Grant(TokenMixin):  # type: ignore[misc]
         return self.refresh_revoked
 
 
-class _TokenRequest(OAuth2Request):  # type: ignore[misc]
+class _TokenRequest(FormRequest):
     def __init__(
         self, tenant: str, headers: httpx.Headers, form: dict[str, str], args: dict[str, str]
     ) -> None:
         # authlib refuses plain-http URIs outside loopback; the real endpoint is https.
         uri = f"https://login.microsoftonline.com/{tenant}/oauth2/v2.0/token"
-        super().__init__("POST", uri, headers=headers)
+        super().__init__("POST", uri, headers, form, args)
         self.tenant = tenant
-        self._form = form
-        self._args = args
-        self.payload = BasicOAuth2Payload({**args, **form})
-
-    @property
-    def args(self) -> dict[str, str]:
-        return self._args
-
-    @property
-    def form(self) -> dict[str, str]:
-        return self._form
 
 
 class _RefreshTokenGrant(rfc6749_grants.RefreshTokenGrant):  # type: ignore[misc]
@@ -123,32 +103,6 @@ class _RefreshTokenGrant(rfc6749_grants.RefreshTokenGrant):  # type: ignore[misc
 
     def revoke_old_credential(self, refresh_token: _Grant) -> None:
         refresh_token.refresh_revoked = True
-
-
-class _AuthorizationServer(AuthorizationServer):  # type: ignore[misc]
-    def __init__(self, tokens: Tokens) -> None:
-        super().__init__()
-        self.tokens = tokens
-
-    def query_client(self, client_id: str) -> _Client | None:
-        return self.tokens.clients.get(client_id)
-
-    def save_token(self, token: dict[str, Any], request: _TokenRequest) -> None:
-        self.tokens.save_grant(token, request.client.client_id, str(request.user))
-
-    def create_oauth2_request(self, request: _TokenRequest) -> _TokenRequest:
-        return request
-
-    def create_json_request(self, request: Any) -> Any:
-        raise NotImplementedError("the simulated token endpoint takes forms only")
-
-    def handle_response(
-        self, status: int, body: Any, headers: list[tuple[str, str]]
-    ) -> tuple[int, Any, list[tuple[str, str]]]:
-        return status, body, headers
-
-    def send_signal(self, name: str, *args: Any, **kwargs: Any) -> None:
-        pass
 
 
 # Azure AD's codes for the refusals a connector meets.
@@ -173,7 +127,7 @@ class Tokens:
         self.sim = sim
         self.clients = {sim.client_id: _Client(sim.client_id, sim.client_secret)}
         self.grants_by_refresh: dict[str, _Grant] = {}
-        self.authz = _AuthorizationServer(self)
+        self.authz = FormAuthorizationServer(self.clients, self._save_token)
         self.authz.register_token_generator(
             "default",
             BearerTokenGenerator(
@@ -225,6 +179,9 @@ class Tokens:
                     grant.refresh_revoked = True
                     if access_tokens:
                         self.sim.api.revoke_token(grant.access_token)
+
+    def _save_token(self, token: dict[str, Any], request: FormRequest) -> None:
+        self.save_grant(token, request.client.client_id, str(request.user))
 
     def save_grant(self, token: dict[str, Any], client_id: str, tenant: str) -> None:
         grant = _Grant(

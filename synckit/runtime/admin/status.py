@@ -39,6 +39,7 @@ from synckit.store.audit import Totals, totals_by_tenant
 from synckit.store.connections import CONNECTION_STATUSES
 from synckit.store.db import Conn, Database
 from synckit.store.jobs.admin import StuckJob, count_unreadable_run_at, unreadable_run_at
+from synckit.store.moments import from_row
 from synckit.store.views import (
     BreakerInfo,
     audit_totals_of,
@@ -177,14 +178,9 @@ async def _subscriptions(
         )
     )
     return by_state, [
-        SubscriptionStatus(
-            tenant=r.tenant,
-            connector=r.connector,
-            stream=r.stream,
-            state=r.state,
-            failures=r.failures,
-            expires_at=r.expires_at,
-            next_at=r.next_at,
+        from_row(
+            SubscriptionStatus,
+            r,
             last_error=redact_text(r.last_error) if r.last_error else None,
         )
         for r in down

@@ -46,7 +46,7 @@ from synckit.runtime.credentials.config_secrets import (
     seal_config,
     secret_paths,
 )
-from synckit.runtime.credentials.secrets import TokenCipher
+from synckit.runtime.credentials.secrets import TokenCipher, reseal_in_pages
 from synckit.store import connections as connection_store
 from synckit.store.checkpoints import delete_checkpoints
 from synckit.store.db import Database
@@ -556,27 +556,20 @@ async def reseal_configs(
     if not cipher.encrypts:
         raise ConfigurationError("rotating secrets needs a key: set SYNCKIT_SECRET_KEY")
     models = models or {}
-    resealed, unchecked, unreadable = 0, 0, []
-    after = ""
-    while True:
-        async with db.begin() as conn:
-            rows = await connection_store.configs_page(conn, after=after, limit=page)
-            for r in rows:
-                model = models.get(r.connector)
-                unchecked += model is None
-                try:
-                    stored = _stored_config(r.config_text)
-                    if stored is None:
-                        continue
-                    if not isinstance(stored, Mapping):
-                        raise ConfigurationError("the stored config is not a JSON object")
-                    new = reseal_config(stored, cipher, model)
-                except ConfigurationError as exc:
-                    unreadable.append((r.tenant, str(exc)))
-                    continue
-                if new is not None:
-                    await connection_store.replace_config(conn, r.tenant, new)
-                    resealed += 1
-        if len(rows) < page:
-            return ResealResult(resealed, tuple(unreadable), unchecked)
-        after = rows[-1].tenant
+    unchecked = 0
+
+    def resealed_config(r: Any) -> dict[str, Any] | None:
+        nonlocal unchecked
+        model = models.get(r.connector)
+        unchecked += model is None
+        stored = _stored_config(r.config_text)
+        if stored is None:
+            return None
+        if not isinstance(stored, Mapping):
+            raise ConfigurationError("the stored config is not a JSON object")
+        return reseal_config(stored, cipher, model)
+
+    resealed, unreadable = await reseal_in_pages(
+        db, page, connection_store.configs_page, resealed_config, connection_store.replace_config
+    )
+    return ResealResult(resealed, unreadable, unchecked)

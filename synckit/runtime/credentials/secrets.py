@@ -31,10 +31,10 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -67,6 +67,7 @@ INSECURE = "$insecure"
 _MASK = "***"
 
 log = structlog.get_logger("synckit.secrets")
+_V = TypeVar("_V")
 
 
 def _mask(secret: str | None) -> str | None:
@@ -487,19 +488,40 @@ async def reseal_token_sets(
     transaction holding their locks: a refresh that stores new tokens meanwhile waits
     for it, and is not overwritten. Idempotent.
     """
+    return await reseal_in_pages(
+        db,
+        page,
+        connection_store.token_sets_page,
+        lambda r: cipher.reseal(r.token_set),
+        connection_store.replace_token_set,
+    )
+
+
+async def reseal_in_pages(
+    db: Database,
+    page: int,
+    read: Callable[..., Awaitable[Sequence[Any]]],
+    reseal: Callable[[Any], _V | None],
+    write: Callable[[Conn, str, _V], Awaitable[None]],
+) -> tuple[int, tuple[tuple[str, str], ...]]:
+    """Re-seal the ``connections`` rows ``read`` gives (``read(conn, after=, limit=)``: a
+    page of rows with their ``tenant``, by tenant, locked), ``page`` rows to a short
+    transaction: ``reseal`` gives a row's new value (None: nothing to do;
+    :class:`ConfigurationError`: it cannot be opened), which ``write`` stores. How many
+    were re-sealed, and the tenants that could not be (with the reason)."""
     resealed, failed = 0, []
     after = ""
     while True:
         async with db.begin() as conn:
-            rows = await connection_store.token_sets_page(conn, after=after, limit=page)
+            rows = await read(conn, after=after, limit=page)
             for r in rows:
                 try:
-                    new = cipher.reseal(r.token_set)
+                    new = reseal(r)
                 except ConfigurationError as exc:
                     failed.append((r.tenant, str(exc)))
                     continue
                 if new is not None:
-                    await connection_store.replace_token_set(conn, r.tenant, new)
+                    await write(conn, r.tenant, new)
                     resealed += 1
         if len(rows) < page:
             return resealed, tuple(failed)
@@ -519,6 +541,7 @@ __all__ = [
     "TokenSet",
     "is_sealed_value",
     "key_id",
+    "reseal_in_pages",
     "reseal_token_sets",
     "save_refreshed_token_set",
     "write_token_set",

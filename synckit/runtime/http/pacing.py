@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from synckit.clock import utcnow
@@ -232,27 +233,10 @@ async def record_rate_limit(
     learn: bool = False,
 ) -> datetime | None:
     """:func:`record_rate_limit_sync` in its own transaction (a Database) or the caller's."""
-    args = (key, classification, sent_at, now, policy, succeeded_at, accepted, learn)
-    if isinstance(target, Database):
-        return await target.write(_record_kw, *args)  # positional for write()
-    return await target.run_sync(_record_kw, *args)
-
-
-def _record_kw(
-    conn: SyncConn,
-    key: str,
-    classification: Classification,
-    sent_at: datetime | None,
-    now: datetime,
-    policy: PacePolicy,
-    succeeded_at: datetime | None,
-    accepted: float | None,
-    learn: bool,
-) -> datetime | None:
-    return record_rate_limit_sync(
-        conn,
-        key,
-        classification,
+    record = partial(
+        record_rate_limit_sync,
+        key=key,
+        classification=classification,
         sent_at=sent_at,
         now=now,
         policy=policy,
@@ -260,6 +244,9 @@ def _record_kw(
         accepted=accepted,
         learn=learn,
     )
+    if isinstance(target, Database):
+        return await target.write(record)
+    return await target.run_sync(record)
 
 
 def take_slot_sync(

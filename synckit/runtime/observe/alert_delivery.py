@@ -30,6 +30,7 @@ from synckit.store.alerts import (
     AlertRow,
 )
 from synckit.store.db import Conn, Database
+from synckit.store.moments import from_row
 
 __all__ = [
     "AlertRouter",
@@ -104,15 +105,11 @@ def _row_of(alert: Alert) -> AlertRow:
 
 
 def _alert_of(row: AlertRow) -> Alert:
-    return Alert(
-        rule=row.rule,
-        subject=row.subject,
-        message=row.message,
-        fired_at=row.fired_at,
+    return from_row(
+        Alert,
+        row,
         window=row.window_key,
         severity=Severity(row.severity),
-        tenant=row.tenant,
-        connector=row.connector,
         details=dict(row.details),
     )
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from synckit.clock import short_duration
 from synckit.connectors.schedule import cached_schedule
 from synckit.errors.exceptions import ConfigurationError
 from synckit.runtime.admin.audit import window_start
@@ -58,6 +59,7 @@ __all__ = [
 # and must not pay for an HTTP client (tests/unit/test_command_imports.py).
 if TYPE_CHECKING:
     pass
+
 
 class Severity(StrEnum):
     INFO = "info"
@@ -149,6 +151,34 @@ class AlertRule(Protocol):
     def evaluate(self, data: AlertData) -> list[Alert]: ...
 
 
+class _Repeating:
+    """A rule whose alerts repeat once per ``repeat_every`` window (its dataclass fields)."""
+
+    name: str
+    severity: Severity
+    repeat_every: timedelta
+
+    def _alert(self, data: AlertData, subject: str, message: str, **about: Any) -> Alert:
+        """An alert about ``subject`` at ``data.now``, in the current window; ``about``:
+        its ``tenant``, ``connector`` and ``details``."""
+        return Alert(
+            rule=self.name,
+            subject=subject,
+            message=message,
+            fired_at=data.now,
+            window=window_key(data.now, self.repeat_every),
+            severity=self.severity,
+            **about,
+        )
+
+    def _held(self, data: AlertData, c: ConnectionState, message: str) -> Alert:
+        """An alert about a tenant its connection's status holds, with the reason."""
+        details = {"reason": c.status_reason}
+        return self._alert(
+            data, c.tenant, message, tenant=c.tenant, connector=c.connector, details=details
+        )
+
+
 def _recent_rows(data: AlertData, window: timedelta) -> list[AuditRow]:
     start = window_start(data.now, window)
     return [r for r in data.recent if start <= r.minute <= data.now]
@@ -169,7 +199,7 @@ def _failures_text(by_class: Counter[str]) -> str:
 
 
 @dataclass(frozen=True)
-class ServerErrorBurst:
+class ServerErrorBurst(_Repeating):
     """``threshold`` or more server-side failures within ``window`` for one connector.
 
     Every failed attempt counts, retried or final: five 500s matter even when the
@@ -197,16 +227,11 @@ class ServerErrorBurst:
                     by_class[r.connector][c] += attempts.get(c, 0)
         minutes = self.window.total_seconds() / 60
         return [
-            Alert(
-                rule=self.name,
-                subject=connector,
-                message=(
-                    f"{_failures_text(by_class[connector])} in {minutes:g} min on connector "
-                    f"{connector or '-'} ({len(tenants[connector])} tenant(s))"
-                ),
-                fired_at=data.now,
-                window=window_key(data.now, self.repeat_every),
-                severity=self.severity,
+            self._alert(
+                data,
+                connector,
+                f"{_failures_text(by_class[connector])} in {minutes:g} min on connector "
+                f"{connector or '-'} ({len(tenants[connector])} tenant(s))",
                 connector=connector,
                 details={"count": n, "tenants": sorted(tenants[connector])},
             )
@@ -216,7 +241,7 @@ class ServerErrorBurst:
 
 
 @dataclass(frozen=True)
-class TenantOutlier:
+class TenantOutlier(_Repeating):
     """A tenant failing while the other tenants of its connector are normal.
 
     A tenant fails when at least ``min_failures`` of its attempts in ``window`` failed
@@ -255,17 +280,12 @@ class TenantOutlier:
                 if len(normal) < self.normal_share * len(peers):
                     continue
                 out.append(
-                    Alert(
-                        rule=self.name,
-                        subject=tenant,
-                        message=(
-                            f"tenant {tenant} is failing ({failures} failures, "
-                            f"{rates[tenant]:.0%}) while {len(normal)} of {len(peers)} other "
-                            f"tenant(s) of {connector or '-'} are normal"
-                        ),
-                        fired_at=data.now,
-                        window=window_key(data.now, self.repeat_every),
-                        severity=self.severity,
+                    self._alert(
+                        data,
+                        tenant,
+                        f"tenant {tenant} is failing ({failures} failures, "
+                        f"{rates[tenant]:.0%}) while {len(normal)} of {len(peers)} other "
+                        f"tenant(s) of {connector or '-'} are normal",
                         tenant=tenant,
                         connector=connector,
                         details={
@@ -344,7 +364,7 @@ class DeployRegression:
 
 
 @dataclass(frozen=True)
-class DlqAcceleration:
+class DlqAcceleration(_Repeating):
     """Dead letters accumulating faster: the last ``window`` created at least
     ``min_count`` rows and ``factor`` times as many as the window before."""
 
@@ -357,16 +377,11 @@ class DlqAcceleration:
 
     def evaluate(self, data: AlertData) -> list[Alert]:
         return [
-            Alert(
-                rule=self.name,
-                subject=g.connector,
-                message=(
-                    f"dead letters of {g.connector or '-'} accelerating: {g.current} in the "
-                    f"last {_human(self.window)}, {g.previous} in the one before"
-                ),
-                fired_at=data.now,
-                window=window_key(data.now, self.repeat_every),
-                severity=self.severity,
+            self._alert(
+                data,
+                g.connector,
+                f"dead letters of {g.connector or '-'} accelerating: {g.current} in the "
+                f"last {_human(self.window)}, {g.previous} in the one before",
                 connector=g.connector,
                 details={"current": g.current, "previous": g.previous},
             )
@@ -427,7 +442,7 @@ def poll_deadline(
 
 
 @dataclass(frozen=True)
-class PollLag:
+class PollLag(_Repeating):
     """An active tenant whose last successful poll is older than ``factor`` times its schedule.
 
     The last success is the newest of its checkpoints' ``updated_at`` and its last
@@ -453,16 +468,11 @@ class PollLag:
                 continue
             lag = data.now - since
             out.append(
-                Alert(
-                    rule=self.name,
-                    subject=c.tenant,
-                    message=(
-                        f"tenant {c.tenant} has not polled successfully for {_human(lag)} "
-                        f"(schedule {c.schedule!r})"
-                    ),
-                    fired_at=data.now,
-                    window=window_key(data.now, self.repeat_every),
-                    severity=self.severity,
+                self._alert(
+                    data,
+                    c.tenant,
+                    f"tenant {c.tenant} has not polled successfully for {_human(lag)} "
+                    f"(schedule {c.schedule!r})",
                     tenant=c.tenant,
                     connector=c.connector,
                     details={
@@ -478,7 +488,7 @@ class PollLag:
 
 
 @dataclass(frozen=True)
-class NeedsReauthRule:
+class NeedsReauthRule(_Repeating):
     """A connection that waits for its tenant to re-authorise."""
 
     repeat_every: timedelta = timedelta(hours=6)
@@ -487,19 +497,11 @@ class NeedsReauthRule:
 
     def evaluate(self, data: AlertData) -> list[Alert]:
         return [
-            Alert(
-                rule=self.name,
-                subject=c.tenant,
-                message=(
-                    f"tenant {c.tenant} ({c.connector}) must re-authorise: "
-                    f"{c.status_reason or 'credentials refused'}"
-                ),
-                fired_at=data.now,
-                window=window_key(data.now, self.repeat_every),
-                severity=self.severity,
-                tenant=c.tenant,
-                connector=c.connector,
-                details={"reason": c.status_reason},
+            self._held(
+                data,
+                c,
+                f"tenant {c.tenant} ({c.connector}) must re-authorise: "
+                f"{c.status_reason or 'credentials refused'}",
             )
             for c in sorted(data.connections, key=lambda c: c.tenant)
             if c.status == "needs_reauth"
@@ -507,7 +509,7 @@ class NeedsReauthRule:
 
 
 @dataclass(frozen=True)
-class DeadCyclesRule:
+class DeadCyclesRule(_Repeating):
     """A tenant paused because a stream's poll cycles kept dying (see
     :data:`synckit.errors.dlq_policy.DEAD_CYCLES_TO_PAUSE`); resume with ``synckit tenants
     resume`` once the API is fixed."""
@@ -520,24 +522,14 @@ class DeadCyclesRule:
         from synckit.errors.dlq_policy import DEAD_CYCLES_REASON
 
         return [
-            Alert(
-                rule=self.name,
-                subject=c.tenant,
-                message=f"tenant {c.tenant} ({c.connector}) paused: {c.status_reason}",
-                fired_at=data.now,
-                window=window_key(data.now, self.repeat_every),
-                severity=self.severity,
-                tenant=c.tenant,
-                connector=c.connector,
-                details={"reason": c.status_reason},
-            )
+            self._held(data, c, f"tenant {c.tenant} ({c.connector}) paused: {c.status_reason}")
             for c in data.connections
             if c.status == "paused" and (c.status_reason or "").startswith(DEAD_CYCLES_REASON)
         ]
 
 
 @dataclass(frozen=True)
-class UnreadableConnectionRule:
+class UnreadableConnectionRule(_Repeating):
     """A tenant the worker held (paused) at start because its connection row cannot be
     read (see :func:`synckit.runtime.credentials.keys.hold_unreadable`); repair the row, then
     ``synckit tenants resume``."""
@@ -548,24 +540,14 @@ class UnreadableConnectionRule:
 
     def evaluate(self, data: AlertData) -> list[Alert]:
         return [
-            Alert(
-                rule=self.name,
-                subject=c.tenant,
-                message=f"tenant {c.tenant} ({c.connector}) held: {c.status_reason}",
-                fired_at=data.now,
-                window=window_key(data.now, self.repeat_every),
-                severity=self.severity,
-                tenant=c.tenant,
-                connector=c.connector,
-                details={"reason": c.status_reason},
-            )
+            self._held(data, c, f"tenant {c.tenant} ({c.connector}) held: {c.status_reason}")
             for c in sorted(data.connections, key=lambda c: c.tenant)
             if c.status == "paused" and (c.status_reason or "").startswith(UNREADABLE_ROW_REASON)
         ]
 
 
 @dataclass(frozen=True)
-class BudgetRule:
+class BudgetRule(_Repeating):
     """A tenant whose error budget is in alert (more than 200% burnt) with enough volume
     (``policy.min_operations``) for the rate to mean something."""
 
@@ -581,17 +563,12 @@ class BudgetRule:
             if s.level is not BudgetLevel.ALERT or s.operations < self.policy.min_operations:
                 continue
             out.append(
-                Alert(
-                    rule=self.name,
-                    subject=tenant,
-                    message=(
-                        f"tenant {tenant} burnt {s.burn:.0%} of its error budget "
-                        f"({s.failed} of {s.operations} operations failed in "
-                        f"{_human(self.policy.window)})"
-                    ),
-                    fired_at=data.now,
-                    window=window_key(data.now, self.repeat_every),
-                    severity=self.severity,
+                self._alert(
+                    data,
+                    tenant,
+                    f"tenant {tenant} burnt {s.burn:.0%} of its error budget "
+                    f"({s.failed} of {s.operations} operations failed in "
+                    f"{_human(self.policy.window)})",
                     tenant=tenant,
                     details={
                         "rate": round(s.rate, 6),
@@ -605,7 +582,7 @@ class BudgetRule:
 
 
 @dataclass(frozen=True)
-class UnreadableRunAt:
+class UnreadableRunAt(_Repeating):
     """A pending job whose ``run_at`` no reader can read: no claim ever takes it (it
     compares as later than any time), so it would wait forever without a word. One
     alert per job, naming it, repeated every ``repeat_every`` while it stays so; fix it
@@ -619,13 +596,10 @@ class UnreadableRunAt:
 
     def evaluate(self, data: AlertData) -> list[Alert]:
         return [
-            Alert(
-                rule=self.name,
-                subject=f"job:{j.id}",
-                message=f"job {j.id} ({j.kind}) never runs: its {j.reason}",
-                fired_at=data.now,
-                window=window_key(data.now, self.repeat_every),
-                severity=self.severity,
+            self._alert(
+                data,
+                f"job:{j.id}",
+                f"job {j.id} ({j.kind}) never runs: its {j.reason}",
                 details={"job_id": j.id, "kind": j.kind, "resource_key": j.resource_key},
             )
             for j in data.stuck_jobs[: self.limit]
@@ -703,11 +677,4 @@ def dlq_review_alert(
 
 
 def _human(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
+    return short_duration(delta.total_seconds())

@@ -22,7 +22,7 @@ import datetime as dt
 import operator
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -149,6 +149,8 @@ def _validate_page(decl: Records, records: Sequence[Any]) -> list[Any] | None:
         return None
     return out
 
+
+_R = TypeVar("_R")
 
 _MODEL_VALIDATE = BaseModel.model_validate.__func__  # type: ignore[attr-defined]
 
@@ -544,6 +546,12 @@ class RecordsReader:
         self._spec = recorded
         return recorded
 
+    async def _read(self, read: Callable[..., Awaitable[_R]], **kw: Any) -> _R:
+        """``read`` (a read of :mod:`synckit.store.records.reads`) of this tenant's rows."""
+        return await read(
+            await self.database(), self.decl.spec, await self._recorded(), self.tenant, **kw
+        )
+
     async def changes(self, since: int = 0, limit: int = 100) -> Changes:
         """The changes after cursor ``since`` (0: from the start), oldest first, at most
         ``limit``; read the next page from the returned cursor. A row changed several
@@ -551,14 +559,7 @@ class RecordsReader:
         if not isinstance(since, int) or since < 0:
             raise ConfigurationError(f"cursor {since!r}: expected a non-negative integer")
         limit = max(1, min(int(limit), 10_000))
-        rows = await record_reads.read_changes(
-            await self.database(),
-            self.decl.spec,
-            await self._recorded(),
-            self.tenant,
-            since=since,
-            limit=limit,
-        )
+        rows = await self._read(record_reads.read_changes, since=since, limit=limit)
         out = [
             Change(
                 op="deleted"
@@ -575,27 +576,12 @@ class RecordsReader:
 
     async def rows(self, *, deleted: bool = False, limit: int = 100) -> list[dict[str, Any]]:
         """The tenant's rows in key order (live ones unless ``deleted``), at most ``limit``."""
-        found = await record_reads.read_rows(
-            await self.database(),
-            self.decl.spec,
-            await self._recorded(),
-            self.tenant,
-            deleted=deleted,
-            limit=limit,
-        )
+        found = await self._read(record_reads.read_rows, deleted=deleted, limit=limit)
         return [_with_meta(r) for r in found]
 
     async def get(self, *key: Any) -> dict[str, Any] | None:
         """The row of ``key`` (deleted or not), or None."""
-        found = await record_reads.read_rows(
-            await self.database(),
-            self.decl.spec,
-            await self._recorded(),
-            self.tenant,
-            key=tuple(key),
-            deleted=True,
-            limit=1,
-        )
+        found = await self._read(record_reads.read_rows, key=tuple(key), deleted=True, limit=1)
         return _with_meta(found[0]) if found else None
 
 

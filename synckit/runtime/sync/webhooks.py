@@ -49,6 +49,7 @@ from synckit.store.db import Database, SyncConn
 from synckit.store.dead_letters import capture as dlq_store
 from synckit.store.jobs.enqueueing import JobSpec, enqueue_new_sync
 from synckit.store.leases import new_lease
+from synckit.store.moments import from_row
 
 if TYPE_CHECKING:
     from synckit.runtime.sync.context import ConnectorHost
@@ -406,15 +407,7 @@ async def _store(
 
 
 def _event(r: Any) -> WebhookEvent:
-    return WebhookEvent(
-        id=r.id,
-        event_id=r.event_id,
-        tenant=r.tenant,
-        connector=r.connector,
-        headers=dict(r.headers or {}),
-        body=bytes(r.body),
-        received_at=r.received_at,
-    )
+    return from_row(WebhookEvent, r, headers=dict(r.headers or {}), body=bytes(r.body))
 
 
 async def process_events(

@@ -38,6 +38,7 @@ from synckit.errors.dlq_policy import (
     blocked_until,
 )
 from synckit.store import leases
+from synckit.store.batches import delete_in_batches
 from synckit.store.db import Database
 from synckit.store.dead_letters.reads import iter_ids
 from synckit.store.dead_letters.rows import (
@@ -498,19 +499,9 @@ async def purge(db: Database, *, older_than: timedelta, now: datetime, batch: in
     closed_before = or_(
         c.resolved_at < cutoff, and_(c.resolved_at.is_(None), c.last_attempt_at < cutoff)
     )
-    total = 0
-    while True:
-        victims = (
-            select(c.id).where(c.status.in_(["resolved", "ignored"]), closed_before).limit(batch)
-        )
-        async with db.begin() as conn:
-            res = await conn.execute(
-                delete(dead_letters).where(c.id.in_(victims.scalar_subquery()))
-            )
-            n = res.rowcount or 0
-        total += n
-        if n < batch:
-            return total
+    victims = select(c.id).where(c.status.in_(["resolved", "ignored"]), closed_before).limit(batch)
+    stmt = delete(dead_letters).where(c.id.in_(victims.scalar_subquery()))
+    return await delete_in_batches(db, stmt, batch)
 
 
 async def resolve_outbox_reviews(

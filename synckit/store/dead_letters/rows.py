@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from synckit.redaction import redact_text
-from synckit.store.moments import guarded_moment, read_moments, storable_text
+from synckit.store.moments import from_row, guarded_moment, read_moments, storable_text
 from synckit.store.tables import dead_letters
 
 Status = Literal["pending", "resolved", "ignored", "review"]
@@ -123,28 +123,15 @@ class DeadLetter:
         if not isinstance(history, list):
             history = []
         moments = read_moments(m, _MOMENTS, bad)
-        return cls(
-            id=m["id"],
-            tenant=m["tenant"],
-            connector=m["connector"],
-            kind=m["kind"],
-            record_id=m["record_id"],
-            job_id=m["job_id"],
-            resource_key=m["resource_key"],
+        return from_row(
+            cls,
+            r,
             payload=payload,
-            error_class=m["error_class"],
-            error_message=m["error_message"],
-            trace_id=m["trace_id"],
-            attempt_count=m["attempt_count"],
-            replay_attempts=m["replay_attempts"],
-            status=m["status"],
-            status_reason=m["status_reason"],
             history=[h for h in history if isinstance(h, dict)],
             traceback=m.get("traceback"),
             payload_error=payload_error,
             payload_raw=m["payload_text"] if payload_error is not None else None,
             unreadable=bad,
-            lease_token=m["lease_token"],
             **moments,
         )
 
@@ -270,17 +257,9 @@ class DlqFilter:
     def narrowed(self, statuses: Sequence[str]) -> DlqFilter:
         """This filter, restricted to ``statuses`` (intersected with its own, if any)."""
         keep = tuple(s for s in statuses if not self.statuses or s in self.statuses)
-        return DlqFilter(
-            ids=self.ids,
-            tenants=self.tenants,
-            connectors=self.connectors,
-            kinds=self.kinds,
-            error_classes=self.error_classes,
-            # No status is spelt so: the filter matches nothing. (A NUL sentinel was a
-            # driver error on PostgreSQL, whose text cannot hold one.)
-            statuses=keep or ("(none)",),
-            since=self.since,
-        )
+        # No status is spelt "(none)": the filter matches nothing. (A NUL sentinel was a
+        # driver error on PostgreSQL, whose text cannot hold one.)
+        return replace(self, statuses=keep or ("(none)",))
 
 
 def _clean(text: str | None, limit: int, *, tail: bool = False) -> str | None:

@@ -16,10 +16,12 @@ from sqlalchemy.sql.elements import ColumnElement
 from synckit.clock import utcnow
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
 from synckit.store import resources as lanes
+from synckit.store.batches import delete_in_batches
 from synckit.store.db import Database
 from synckit.store.jobs._base import FINISHED, INT32, JOB_LEASE, JobStatus, check_payload
 from synckit.store.moments import (
     OUT_OF_RANGE,
+    from_row,
     guarded_columns,
     guarded_moment,
     read_moment,
@@ -47,21 +49,14 @@ async def prune(
     now: datetime | None = None,
 ) -> int:
     """Delete finished jobs older than ``older_than``, in batches of ``batch``; return count."""
-    now = now or utcnow()
-    cutoff = now - older_than
-    total = 0
-    while True:
-        async with db.begin() as conn:
-            victims = (
-                select(jobs.c.id)
-                .where(jobs.c.finished_at < cutoff, jobs.c.status.in_(FINISHED))
-                .limit(batch)
-            )
-            res = await conn.execute(delete(jobs).where(jobs.c.id.in_(victims.scalar_subquery())))
-            n = res.rowcount or 0
-        total += n
-        if n < batch:
-            return total
+    cutoff = (now or utcnow()) - older_than
+    victims = (
+        select(jobs.c.id)
+        .where(jobs.c.finished_at < cutoff, jobs.c.status.in_(FINISHED))
+        .limit(batch)
+    )
+    stmt = delete(jobs).where(jobs.c.id.in_(victims.scalar_subquery()))
+    return await delete_in_batches(db, stmt, batch)
 
 
 # --- working with jobs ----------------------------------------------------------------
@@ -116,24 +111,7 @@ class JobInfo:
                 errors = list(history) if isinstance(history, list) else []
             except ValueError as exc:
                 bad["errors"] = str(exc)
-        return cls(
-            id=r.id,
-            kind=r.kind,
-            status=r.status,
-            resource_key=r.resource_key,
-            priority=r.priority,
-            attempts=r.attempts,
-            max_attempts=r.max_attempts,
-            unique_key=r.unique_key,
-            locked_by=r.locked_by,
-            last_error=r.last_error,
-            error_class=r.error_class,
-            trace_id=r.trace_id,
-            payload=payload,
-            errors=errors,
-            unreadable=bad,
-            **moments,
-        )
+        return from_row(cls, r, payload=payload, errors=errors, unreadable=bad, **moments)
 
 
 # ``jobs`` as the operator's views read it: JSON as text and timestamps guarded, parsed

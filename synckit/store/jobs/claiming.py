@@ -60,6 +60,7 @@ from synckit.store.moments import (
     MOMENT_HI,
     MOMENT_LO,
     OUT_OF_RANGE_SQL,
+    from_row,
     guarded_moment,
     read_moment,
     read_payload,
@@ -514,20 +515,14 @@ def _claimed(r: Row[Any], token: int, probe: bool, started: bool) -> ClaimedJob 
     except ValueError as exc:
         return Unreadable(r.id, f"run_at: {exc}")
     assert run_at is not None  # NOT NULL
-    return ClaimedJob(
-        id=r.id,
-        kind=r.kind,
+    return from_row(
+        ClaimedJob,
+        r,
         payload=payload,
-        resource_key=r.resource_key,
-        attempts=r.attempts,
-        max_attempts=r.max_attempts,
-        priority=r.priority,
-        trace_id=r.trace_id,
         run_at=run_at,
         claim_token=token,
         probe=probe,
         started=started,
-        trace_parent=r.trace_parent,
     )
 
 
