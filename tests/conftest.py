@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import zygote  # tests/
 from services import PG_URL, _pg_admin, postgres_problem, service_unavailable
 from sqlalchemy.engine import make_url
 
@@ -81,6 +82,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long tests first (:data:`LONG_FIRST`), each group in its collected order: every
     xdist worker sorts the same way, so they agree on the order."""
     items.sort(key=lambda item: not item.nodeid.split("::", 1)[0].endswith(LONG_FIRST))
+
+
+#: Where the Python commands tests start are forked from a pre-imported process
+#: (tests/zygote.py): not in unit tests, some of which read what a cold interpreter
+#: imports. ``SYNCKIT_TEST_COLD_START=1`` turns it off for a whole run.
+FORKED_DIRS = ("tests/integration/", "tests/e2e/")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    if os.environ.get("SYNCKIT_TEST_COLD_START") != "1" and item.nodeid.startswith(FORKED_DIRS):
+        zygote.install()
+    else:
+        zygote.uninstall()
+    yield
+
+
+def pytest_sessionfinish() -> None:
+    zygote.stop()
 
 
 ENGINES = ["sqlite", "postgresql"]
