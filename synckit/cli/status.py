@@ -11,15 +11,21 @@ import os
 from datetime import datetime
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from synckit.cli.options import cell, console, database_option, page_options, run
+from synckit.cli.options import cell, console, database_option, page_options, run, without_rich
 from synckit.cli.options import markup_escaped as escape  # control characters too
 from synckit.clock import short_duration
-from synckit.runtime.admin.status import ALERTS_ON_THE_SPOT, Status, read_status
-from synckit.store.connections import CONNECTION_STATUSES
-from synckit.store.resources import BREAKER_STATES
+
+# Read before rich is imported, and without it: structlog's dev renderer (which the
+# alert rules' logging brings in) would otherwise import rich's traceback formatter and
+# pygments, a tenth of this command's CPU, for tracebacks it never prints.
+with without_rich():
+    from synckit.runtime.admin.status import ALERTS_ON_THE_SPOT, Status, read_status
+    from synckit.store.connections import CONNECTION_STATUSES
+    from synckit.store.resources import BREAKER_STATES
+
+from rich.console import Console
+from rich.table import Table
 
 __all__ = ["render_status", "status_cmd"]
 
