@@ -90,8 +90,12 @@ class _Server:
             sock = self.start()
             if sock is None:
                 return -1
-            socket.send_fds(sock, [json.dumps(request).encode()], fds)
-            answer = sock.recv(4)
+            try:
+                socket.send_fds(sock, [json.dumps(request).encode()], fds)
+                answer = sock.recv(4)
+            except OSError:  # the server is gone: every command starts cold from here
+                self.broken, self.sock = True, None
+                return -1
         return struct.unpack("!i", answer)[0] if len(answer) == 4 else -1
 
     def stop(self) -> None:
