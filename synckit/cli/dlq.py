@@ -24,13 +24,13 @@ from synckit.cli.app_loader import app_option_saying, load_replay_target
 from synckit.cli.options import (
     ROW_ID,
     CliError,
-    Seconds,
     cell,
     console,
     database_option,
     parse_duration,
     print_unreadable,
     run,
+    seconds_option,
 )
 from synckit.clock import utcnow
 from synckit.dlq.outcomes import ReplayResult
@@ -360,13 +360,7 @@ def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:
     show_default=True,
     help="Replays before review.",
 )
-@click.option(
-    "--timeout",
-    type=Seconds(0, 86_400, min_open=True),
-    default=60.0,
-    show_default=True,
-    help="Seconds per replay.",
-)
+@seconds_option("--timeout", 0, 86_400, 60.0, "Seconds per replay.", min_open=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @database_option
 def replay(

@@ -58,6 +58,7 @@ __all__ = [
     "print_unreadable",
     "read_json_file",
     "run",
+    "seconds_option",
     "without_rich",
 ]
 
@@ -176,6 +177,20 @@ class Seconds(click.FloatRange):
         if not math.isfinite(rv):
             self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
         return rv
+
+
+def seconds_option(
+    flag: str, low: float, high: float, default: float, help: str, *, min_open: bool = False
+) -> Callable[[F], F]:
+    """``flag``: a number of seconds within ``low`` and ``high`` (:class:`Seconds`), its
+    ``default`` shown in the help."""
+    return click.option(
+        flag,
+        type=Seconds(low, high, min_open=min_open),
+        default=default,
+        show_default=True,
+        help=help,
+    )
 
 
 def _check_database_url(
