@@ -26,6 +26,7 @@ from synckit.cli.options import (
     CliError,
     cell,
     console,
+    count_option,
     database_option,
     parse_duration,
     print_unreadable,
@@ -353,13 +354,7 @@ def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:
     "A job Registry or Replayers will do too. Without it, dead jobs are re-run as jobs "
     "and record rows are reported as needing --app."
 )
-@click.option(
-    "--max-attempts",
-    type=click.IntRange(1, 10_000),
-    default=10,
-    show_default=True,
-    help="Replays before review.",
-)
+@count_option("--max-attempts", 1, 10_000, 10, "Replays before review.")
 @seconds_option("--timeout", 0, 86_400, 60.0, "Seconds per replay.", min_open=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @database_option

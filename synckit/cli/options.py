@@ -46,6 +46,7 @@ __all__ = [
     "Seconds",
     "cell",
     "console",
+    "count_option",
     "database_option",
     "err_console",
     "json_text",
@@ -179,6 +180,13 @@ class Seconds(click.FloatRange):
         return rv
 
 
+def count_option(flag: str, low: int, high: int, default: int, help: str) -> Callable[[F], F]:
+    """``flag``: a whole number within ``low`` and ``high``, its ``default`` shown in the help."""
+    return click.option(
+        flag, type=click.IntRange(low, high), default=default, show_default=True, help=help
+    )
+
+
 def seconds_option(
     flag: str, low: float, high: float, default: float, help: str, *, min_open: bool = False
 ) -> Callable[[F], F]:
@@ -231,13 +239,7 @@ def page_options(every_help: str) -> Callable[[F], F]:
         f = click.option(
             "--after", help="Start the page after this tenant (the previous page's last)."
         )(f)
-        return click.option(
-            "--limit",
-            type=click.IntRange(1, 10_000),
-            default=50,
-            show_default=True,
-            help="Tenants per page.",
-        )(f)
+        return count_option("--limit", 1, 10_000, 50, "Tenants per page.")(f)
 
     return decorate
 

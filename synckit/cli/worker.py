@@ -13,6 +13,7 @@ import click
 from synckit.cli.options import (
     LOOPS,
     CliError,
+    count_option,
     database_option,
     loop_factory,
     parse_duration,
@@ -42,13 +43,7 @@ __all__ = ["worker_cmd"]
 
 @click.command("worker")
 @app_option_saying("A job Registry will do too.")
-@click.option(
-    "--concurrency",
-    type=click.IntRange(1, 10_000),
-    default=10,
-    show_default=True,
-    help="Jobs in flight at once.",
-)
+@count_option("--concurrency", 1, 10_000, 10, "Jobs in flight at once.")
 @click.option("--lease", default="60s", show_default=True, help="Lease of a claimed job.")
 @seconds_option("--poll-interval", 0.01, 3600, 1.0, "Fallback polling (s).")
 @seconds_option("--grace", 0, 86400, 30.0, "Shutdown grace period (s).")
