@@ -19,7 +19,15 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-__all__ = ["MAX_DURATION", "SleepingClock", "Waiter", "parse_duration", "short_duration"]
+__all__ = [
+    "DURATION_UNITS",
+    "MAX_DURATION",
+    "SleepingClock",
+    "Waiter",
+    "duration_unit",
+    "parse_duration",
+    "short_duration",
+]
 
 
 @runtime_checkable
@@ -90,14 +98,24 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+#: The units a duration is shown in, largest first: (suffix, seconds).
+DURATION_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+
+def duration_unit(seconds: int, times: int = 1) -> int:
+    """Which of :data:`DURATION_UNITS` (its index) ``seconds`` reads best in: the largest
+    unit it holds at least ``times`` times; seconds below a minute's worth."""
+    for i, (_, size) in enumerate(DURATION_UNITS[:-1]):
+        if seconds >= times * size:
+            return i
+    return len(DURATION_UNITS) - 1
+
+
 def short_duration(seconds: float) -> str:
     """``95s``, ``12m``, ``3.5h``, ``2.1d``: a duration in the unit it reads best in (whole
     seconds below two minutes, minutes below two hours, hours below two days)."""
     s = int(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    if s < 172800:
-        return f"{s / 3600:.1f}h"
-    return f"{s / 86400:.1f}d"
+    unit, size = DURATION_UNITS[duration_unit(s, 2)]
+    if size <= 60:
+        return f"{s // size}{unit}"
+    return f"{s / size:.1f}{unit}"

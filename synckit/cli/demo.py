@@ -15,7 +15,7 @@ from typing import IO
 import click
 from rich.console import Console
 
-from synckit.cli.options import Seconds, log_settings
+from synckit.cli.options import log_settings, seconds_option
 from synckit.errors.exceptions import SynckitError
 from synckit.examples.graph_mail.demo import DemoResult, run_demo
 from synckit.examples.graph_mail.plan import LOG_FILE
@@ -45,12 +45,12 @@ def _log_to(path: Path) -> Iterator[IO[str]]:
 
 @click.command("demo")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
-@click.option(
+@seconds_option(
     "--timeout",
-    type=Seconds(1, 3600),
-    default=50.0,
-    show_default=True,
-    help="Give up (exit 1) if the sync has not converged after this many seconds.",
+    1,
+    3600,
+    50.0,
+    "Give up (exit 1) if the sync has not converged after this many seconds.",
 )
 def demo_command(as_json: bool, timeout: float) -> None:
     """Sync three Graph mail tenants against a simulated Graph, and show what happened.

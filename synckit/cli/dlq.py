@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import IO, Any
 
@@ -24,13 +24,14 @@ from synckit.cli.app_loader import app_option_saying, load_replay_target
 from synckit.cli.options import (
     ROW_ID,
     CliError,
-    Seconds,
     cell,
     console,
+    count_option,
     database_option,
     parse_duration,
     print_unreadable,
     run,
+    seconds_option,
 )
 from synckit.clock import utcnow
 from synckit.dlq.outcomes import ReplayResult
@@ -353,20 +354,8 @@ def _summary_tables(summary: ReplaySummary, title: str) -> list[Any]:
     "A job Registry or Replayers will do too. Without it, dead jobs are re-run as jobs "
     "and record rows are reported as needing --app."
 )
-@click.option(
-    "--max-attempts",
-    type=click.IntRange(1, 10_000),
-    default=10,
-    show_default=True,
-    help="Replays before review.",
-)
-@click.option(
-    "--timeout",
-    type=Seconds(0, 86_400, min_open=True),
-    default=60.0,
-    show_default=True,
-    help="Seconds per replay.",
-)
+@count_option("--max-attempts", 1, 10_000, 10, "Replays before review.")
+@seconds_option("--timeout", 0, 86_400, 60.0, "Seconds per replay.", min_open=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @database_option
 def replay(
@@ -503,36 +492,42 @@ def blocked_text(summary: ReplaySummary) -> str:
 # --- resolve / ignore / purge / export ------------------------------------------------------
 
 
-@dlq.command("resolve")
-@click.argument("ids", nargs=-1, type=ROW_ID)
-@filter_options
-@click.option("--all", "all_rows", is_flag=True, help="Every row not resolved yet.")
-@click.option("--reason", default="resolved by operator", show_default=True)
-@database_option
-def resolve(
-    ids: tuple[int, ...], all_rows: bool, reason: str, database_url: str | None, **filters: Any
-) -> None:
-    """Mark dead letters resolved (fixed by hand): the IDS given, or those matching."""
-    flt = _selection(ids, all_rows, filters)
-    n = run(
-        lambda d: dlq_replay.resolve_matching(d, flt, reason=reason, now=utcnow()), database_url
-    )
-    click.echo(f"{n} dead letter{'s' if n != 1 else ''} resolved")
+def _closing_command(
+    name: str, past: str, doc: str, all_help: str, change: Callable[..., Awaitable[int]]
+) -> click.Command:
+    """``dlq resolve`` and ``dlq ignore``: ``change`` (a close of dead letters, with a
+    reason) on the IDS given or the rows matching, then how many it closed (``past``)."""
+
+    @dlq.command(name, help=doc)
+    @click.argument("ids", nargs=-1, type=ROW_ID)
+    @filter_options
+    @click.option("--all", "all_rows", is_flag=True, help=all_help)
+    @click.option("--reason", default=f"{past} by operator", show_default=True)
+    @database_option
+    def command(
+        ids: tuple[int, ...], all_rows: bool, reason: str, database_url: str | None, **filters: Any
+    ) -> None:
+        flt = _selection(ids, all_rows, filters)
+        n = run(lambda d: change(d, flt, reason=reason, now=utcnow()), database_url)
+        click.echo(f"{n} dead letter{'s' if n != 1 else ''} {past}")
+
+    return command
 
 
-@dlq.command("ignore")
-@click.argument("ids", nargs=-1, type=ROW_ID)
-@filter_options
-@click.option("--all", "all_rows", is_flag=True, help="Every pending and review row.")
-@click.option("--reason", default="ignored by operator", show_default=True)
-@database_option
-def ignore(
-    ids: tuple[int, ...], all_rows: bool, reason: str, database_url: str | None, **filters: Any
-) -> None:
-    """Mark pending and review dead letters ignored, with a reason."""
-    flt = _selection(ids, all_rows, filters)
-    n = run(lambda d: dlq_replay.ignore_matching(d, flt, reason=reason, now=utcnow()), database_url)
-    click.echo(f"{n} dead letter{'s' if n != 1 else ''} ignored")
+resolve = _closing_command(
+    "resolve",
+    "resolved",
+    "Mark dead letters resolved (fixed by hand): the IDS given, or those matching.",
+    "Every row not resolved yet.",
+    dlq_replay.resolve_matching,
+)
+ignore = _closing_command(
+    "ignore",
+    "ignored",
+    "Mark pending and review dead letters ignored, with a reason.",
+    "Every pending and review row.",
+    dlq_replay.ignore_matching,
+)
 
 
 @dlq.command("purge")

@@ -20,7 +20,7 @@ from datetime import timedelta
 import click
 
 from synckit.cli.app_loader import app_option, load_app
-from synckit.cli.options import CliError, Seconds, database_option, run
+from synckit.cli.options import CliError, database_option, run, seconds_option
 from synckit.clock import utcnow
 from synckit.runtime.admin.actions import oauth_config_for
 from synckit.runtime.credentials.authorize import (
@@ -110,13 +110,7 @@ def reauth_command(
 )
 @click.option("--path", "callback_path", default="/callback", show_default=True)
 @click.option("--scope", default=None, help="Scope to ask for (default: the connector's).")
-@click.option(
-    "--wait",
-    type=Seconds(1, 86_400),
-    default=300,
-    show_default=True,
-    help="Seconds to wait for the browser to come back.",
-)
+@seconds_option("--wait", 1, 86_400, 300, "Seconds to wait for the browser to come back.")
 @database_option
 def connect_command(
     tenant: str,

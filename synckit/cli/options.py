@@ -46,6 +46,7 @@ __all__ = [
     "Seconds",
     "cell",
     "console",
+    "count_option",
     "database_option",
     "err_console",
     "json_text",
@@ -58,6 +59,7 @@ __all__ = [
     "print_unreadable",
     "read_json_file",
     "run",
+    "seconds_option",
     "without_rich",
 ]
 
@@ -178,6 +180,27 @@ class Seconds(click.FloatRange):
         return rv
 
 
+def count_option(flag: str, low: int, high: int, default: int, help: str) -> Callable[[F], F]:
+    """``flag``: a whole number within ``low`` and ``high``, its ``default`` shown in the help."""
+    return click.option(
+        flag, type=click.IntRange(low, high), default=default, show_default=True, help=help
+    )
+
+
+def seconds_option(
+    flag: str, low: float, high: float, default: float, help: str, *, min_open: bool = False
+) -> Callable[[F], F]:
+    """``flag``: a number of seconds within ``low`` and ``high`` (:class:`Seconds`), its
+    ``default`` shown in the help."""
+    return click.option(
+        flag,
+        type=Seconds(low, high, min_open=min_open),
+        default=default,
+        show_default=True,
+        help=help,
+    )
+
+
 def _check_database_url(
     _ctx: click.Context, param: click.Parameter, value: str | None
 ) -> str | None:
@@ -216,13 +239,7 @@ def page_options(every_help: str) -> Callable[[F], F]:
         f = click.option(
             "--after", help="Start the page after this tenant (the previous page's last)."
         )(f)
-        return click.option(
-            "--limit",
-            type=click.IntRange(1, 10_000),
-            default=50,
-            show_default=True,
-            help="Tenants per page.",
-        )(f)
+        return count_option("--limit", 1, 10_000, 50, "Tenants per page.")(f)
 
     return decorate
 

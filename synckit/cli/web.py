@@ -7,7 +7,7 @@ import os
 import click
 
 from synckit.cli.app_loader import app_option, load_app
-from synckit.cli.options import CliError, Seconds, database_option, run
+from synckit.cli.options import CliError, database_option, run, seconds_option
 from synckit.store.db_errors import mask_url
 from synckit.store.urls import database_url_from_env
 
@@ -33,13 +33,7 @@ TOKEN_ENV = "SYNCKIT_WEB_TOKEN"
     "Requests naming any other non-loopback Host get 400.",
 )
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing.")
-@click.option(
-    "--refresh",
-    default=2.0,
-    show_default=True,
-    type=Seconds(0.5, 60.0),
-    help="Seconds between live updates of a page.",
-)
+@seconds_option("--refresh", 0.5, 60.0, 2.0, "Seconds between live updates of a page.")
 @database_option
 def web_command(
     app_spec: str | None,

@@ -13,11 +13,12 @@ import click
 from synckit.cli.options import (
     LOOPS,
     CliError,
-    Seconds,
+    count_option,
     database_option,
     loop_factory,
     parse_duration,
     run,
+    seconds_option,
     without_rich,
 )
 
@@ -42,28 +43,10 @@ __all__ = ["worker_cmd"]
 
 @click.command("worker")
 @app_option_saying("A job Registry will do too.")
-@click.option(
-    "--concurrency",
-    type=click.IntRange(1, 10_000),
-    default=10,
-    show_default=True,
-    help="Jobs in flight at once.",
-)
+@count_option("--concurrency", 1, 10_000, 10, "Jobs in flight at once.")
 @click.option("--lease", default="60s", show_default=True, help="Lease of a claimed job.")
-@click.option(
-    "--poll-interval",
-    type=Seconds(0.01, 3600),
-    default=1.0,
-    show_default=True,
-    help="Fallback polling (s).",
-)
-@click.option(
-    "--grace",
-    type=Seconds(0, 86400),
-    default=30.0,
-    show_default=True,
-    help="Shutdown grace period (s).",
-)
+@seconds_option("--poll-interval", 0.01, 3600, 1.0, "Fallback polling (s).")
+@seconds_option("--grace", 0, 86400, 30.0, "Shutdown grace period (s).")
 @click.option("--burst", is_flag=True, help="Run the due jobs, then exit.")
 @click.option(
     "--charge-at",
@@ -97,12 +80,12 @@ __all__ = ["worker_cmd"]
     envvar="SYNCKIT_LOOP",
     help="Event loop: uvloop where installed (auto), or asyncio's own (or $SYNCKIT_LOOP).",
 )
-@click.option(
+@seconds_option(
     "--presence-every",
-    type=Seconds(0.1, 3600),
-    default=5.0,
-    show_default=True,
-    help="Seconds between this worker's presence heartbeats (synckit workers ls); "
+    0.1,
+    3600,
+    5.0,
+    "Seconds between this worker's presence heartbeats (synckit workers ls); "
     "silent for three of them, it is shown as lost.",
 )
 @database_option

@@ -66,7 +66,7 @@ import structlog
 
 from synckit.connectors.base import Page
 from synckit.connectors.context import SyncContext
-from synckit.connectors.paging import IdCursorPaginator, Paginator, json_path
+from synckit.connectors.paging import Fetched, IdCursorPaginator, Paginator, json_path
 from synckit.errors.classify import ErrorClass
 from synckit.errors.exceptions import ConfigurationError, ListingOrderError, PermanentError
 
@@ -535,10 +535,16 @@ class NewestFirstFeed:
                 if state.walk is not None or state.newest is None:
                     if state.walk is None:
                         state.walk = _Walk()
-                    async for page in self._walk_down(client, url, state, query, headers):
+                    down = self._paginator(down=True).fetch(
+                        client, url, params=query, headers=headers, resume=state.walk.after
+                    )
+                    async for page in self._walk_down(state, down):
                         yield page
                     return
-                async for page in self._catch_up(client, url, state, query, headers):
+                up = self._paginator(down=False).fetch(
+                    client, url, params=query, headers=headers, resume=state.newest
+                )
+                async for page in self._catch_up(state, up):
                     yield page
                 return
             except PermanentError as exc:
@@ -562,18 +568,12 @@ class NewestFirstFeed:
                     state.walk.after = None
 
     async def _walk_down(
-        self,
-        http: httpx.AsyncClient,
-        url: str,
-        state: _FeedState,
-        query: dict[str, Any],
-        headers: Mapping[str, str] | None,
+        self, state: _FeedState, pages: AsyncIterator[Fetched]
     ) -> AsyncIterator[Page]:
+        """The walk down the feed (``pages``, read from the walk's ``after``)."""
         walk = state.walk
         assert walk is not None
-        async for fetched in self._paginator(down=True).fetch(
-            http, url, params=query, headers=headers, resume=walk.after
-        ):
+        async for fetched in pages:
             fresh: list[Any] = []
             reached = False
             for record, at, rid in self._placed(fetched.records):
@@ -612,16 +612,10 @@ class NewestFirstFeed:
         state.commit_walk()
 
     async def _catch_up(
-        self,
-        http: httpx.AsyncClient,
-        url: str,
-        state: _FeedState,
-        query: dict[str, Any],
-        headers: Mapping[str, str] | None,
+        self, state: _FeedState, pages: AsyncIterator[Fetched]
     ) -> AsyncIterator[Page]:
-        async for fetched in self._paginator(down=False).fetch(
-            http, url, params=query, headers=headers, resume=state.newest
-        ):
+        """The events the feed added since the position (``pages``, read from it)."""
+        async for fetched in pages:
             placed = self._placed(fetched.records)
             fresh = [r for r, _, rid in reversed(placed) if not rid or rid != state.newest]
             if placed and placed[0][2]:

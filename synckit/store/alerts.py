@@ -44,6 +44,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
+from synckit.store.connections import STATUS_COLUMNS
 from synckit.store.leases import RELEASED, Lease, claim, fenced, free, new_lease
 from synckit.store.moments import from_row, guarded_moment, read_moment, read_payload
 from synckit.store.tables import alerts as alerts_table
@@ -127,11 +128,7 @@ async def load_connections(
     ``ConnectionState.unreadable``, and a last success counts only stored times that
     read (a newer one that does not is passed over)."""
     stmt = select(
-        connections.c.tenant,
-        connections.c.connector,
-        connections.c.resource_key,
-        connections.c.status,
-        connections.c.status_reason,
+        *STATUS_COLUMNS,
         connections.c.schedule,
         guarded_moment(connections.c.created_at),
     ).order_by(connections.c.tenant)

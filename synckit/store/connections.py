@@ -43,6 +43,16 @@ UNREADABLE_ROW_REASON = "connection row unreadable:"
 
 # --- token sets and the refresh lease ----------------------------------------------------
 
+#: Which connection a row is and its status: the head of the rows that read a connection's
+#: state (:func:`read_connection`, :func:`synckit.store.alerts.load_connections`).
+STATUS_COLUMNS = (
+    connections.c.tenant,
+    connections.c.connector,
+    connections.c.resource_key,
+    connections.c.status,
+    connections.c.status_reason,
+)
+
 
 async def read_connection(conn: Conn, tenant: str, *, lock: bool = False) -> Row[Any]:
     """The tenant's connection row (tenant, connector, resource_key, status, token_set...).
@@ -52,11 +62,7 @@ async def read_connection(conn: Conn, tenant: str, *, lock: bool = False) -> Row
     which already holds the database's write lock.
     """
     stmt = select(
-        connections.c.tenant,
-        connections.c.connector,
-        connections.c.resource_key,
-        connections.c.status,
-        connections.c.status_reason,
+        *STATUS_COLUMNS,
         connections.c.token_set,
         connections.c.token_expires_at,
         connections.c.refresh_owner,

@@ -149,6 +149,14 @@ def _install_pg_session(engine: AsyncEngine, statements: tuple[str, ...] = PG_SE
                 log.debug("PostgreSQL refused %r: %s", statement, exc)
 
 
+def _close_kept(state: dict[str, Any]) -> None:
+    """Close the connection a writer or reader thread keeps in ``state`` (if it has one)."""
+    conn = state.pop("conn", None)
+    if conn is not None:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
 @dataclass(frozen=True)
 class Database:
     """An engine and what synckit needs to know about it."""
@@ -267,26 +275,35 @@ class Database:
         return await loop.run_in_executor(self._reader, run, self._read_sync, fn, args)
 
     def _read_sync(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        return self._kept_transaction(self._reader_state, fn, args, read_only=True)
+
+    def _close_reader_connection(self) -> None:
+        _close_kept(self._reader_state)
+
+    def _kept_transaction(
+        self, state: dict[str, Any], fn: Callable[..., T], args: tuple[Any, ...], *, read_only: bool
+    ) -> T:
+        """Run ``fn(conn, *args)`` in one transaction on the connection its thread (the
+        writer's or the reader's) keeps in ``state``: checking a connection out of the pool
+        and resetting it on return cost more than many of the transactions it runs."""
         assert self.sync_engine is not None
-        conn = self._reader_state.get("conn")
+        conn = state.get("conn")
         try:
             try:
                 if conn is None:
-                    conn = self.sync_engine.connect().execution_options(**{READ_ONLY: True})
-                    self._reader_state["conn"] = conn
+                    conn = self.sync_engine.connect()
+                    if read_only:
+                        conn = conn.execution_options(**{READ_ONLY: True})
+                    state["conn"] = conn
                 with conn.begin():
                     return fn(conn, *args)
             except BaseException:
-                self._close_reader_connection()
+                # Whatever state a failure left the connection in, the next transaction
+                # starts on a fresh one.
+                _close_kept(state)
                 raise
         except driver_errors() as exc:
             raise self.translate(exc) from exc
-
-    def _close_reader_connection(self) -> None:
-        conn = self._reader_state.pop("conn", None)
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
 
     @asynccontextmanager
     async def autocommit(self) -> AsyncIterator[AsyncConnection]:
@@ -591,29 +608,10 @@ class Database:
         return done
 
     def _write_sync(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        assert self.sync_engine is not None
-        # The writer thread keeps one connection: checking a connection out of the pool
-        # and resetting it on return cost more than many of the transactions it runs.
-        conn = self._writer_state.get("conn")
-        try:
-            try:
-                if conn is None:
-                    conn = self._writer_state["conn"] = self.sync_engine.connect()
-                with conn.begin():
-                    return fn(conn, *args)
-            except BaseException:
-                # Whatever state a failure left the connection in, the next transaction
-                # starts on a fresh one.
-                self._close_writer_connection()
-                raise
-        except driver_errors() as exc:
-            raise self.translate(exc) from exc
+        return self._kept_transaction(self._writer_state, fn, args, read_only=False)
 
     def _close_writer_connection(self) -> None:
-        conn = self._writer_state.pop("conn", None)
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+        _close_kept(self._writer_state)
 
     def try_inline(self, fn: Callable[..., T], *args: Any) -> T | Busy:
         """SQLite: run ``fn(sqlite3_connection, *args)`` now on this thread, or :data:`BUSY`.

@@ -17,7 +17,7 @@ from sqlalchemy.dialects import sqlite
 
 from synckit.store.tables import UTCDateTime
 
-__all__ = ["list_param", "rows_params", "rows_source"]
+__all__ = ["RowStatements", "list_param", "rows_params", "rows_source"]
 
 _SQLITE = sqlite.dialect()
 # The text SQLite stores for a timestamp (json_each hands values over as they are).
@@ -52,3 +52,21 @@ def rows_params(
 def list_param(postgres: bool, values: Sequence[Any]) -> Any:
     """One list as one parameter: an array, or a JSON array on SQLite (``json_each``)."""
     return list(values) if postgres else json.dumps(list(values))
+
+
+class RowStatements:
+    """The base of a set of statements built once per engine (``postgres``) that read
+    rows through :func:`rows_source` (the DLQ capture's, the scheduler's poll ticks')."""
+
+    def __init__(self, postgres: bool) -> None:
+        self.postgres = postgres
+
+    def source(self, cols: Sequence[tuple[str, str]]) -> str:
+        """The FROM item ``v`` of the rows ``cols`` (:func:`rows_source`)."""
+        return rows_source(self.postgres, cols)
+
+    def rows(
+        self, cols: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
+    ) -> dict[str, Any]:
+        """The parameters for ``rows`` of a statement that reads :meth:`source` ``(cols)``."""
+        return rows_params(self.postgres, [name for name, _ in cols], rows)

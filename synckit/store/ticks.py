@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from synckit.store.connections import poll_spec_marks_sql
 from synckit.store.db import Database
 from synckit.store.jobs.enqueueing import _insert
-from synckit.store.row_arrays import list_param, rows_params, rows_source
+from synckit.store.row_arrays import RowStatements, list_param
 from synckit.store.tables import UNSCHEDULED, cron_ticks, poll_ticks
 
 __all__ = [
@@ -96,14 +96,22 @@ async def advance_cron_tick(
 # --- poll_ticks -------------------------------------------------------------------------
 
 
-class PollTicks:
+#: The rows each set-based statement reads, as (name, PostgreSQL type): the statement's
+#: FROM item and its parameters are both built from them (``source`` and ``rows``).
+_TICKS = (("tenant", "text"), ("stream", "text"), ("connector", "text"), ("at", "timestamptz"))
+_MARKS = (("tenant", "text"), ("marker", "text"))
+_MOVES = (("tenant", "text"), ("stream", "text"), ("old", "timestamptz"), ("nxt", "timestamptz"))
+_GONE = (("tenant", "text"), ("stream", "text"))
+
+
+class PollTicks(RowStatements):
     """The scheduler's statements for one engine (:func:`poll_ticks_of`), and the
     operations that run them in the caller's transaction. Lists travel as arrays (PostgreSQL)
     or one JSON array (SQLite): the text and the parameter count never depend on how
     many rows a run handles, so each statement is prepared once."""
 
     def __init__(self, postgres: bool) -> None:
-        self.postgres = postgres
+        super().__init__(postgres)
         lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
         lock_t = " FOR UPDATE OF t SKIP LOCKED" if postgres else ""
         ours = (
@@ -121,20 +129,16 @@ class PollTicks:
             f" WHERE t.next_tick_at <= :now AND t.connector {ours}"
             f" ORDER BY t.next_tick_at LIMIT :limit{lock_t}"
         ).bindparams(bindparam("now", type_=poll_ticks.c.next_tick_at.type))
-        ticks = self._rows(
-            ("tenant", "text"), ("stream", "text"), ("connector", "text"), ("at", "timestamptz")
-        )
+        ticks = self.source(_TICKS)
         self.upsert_sql = text(
             "INSERT INTO poll_ticks (tenant, stream, connector, next_tick_at)"
             f" SELECT tenant, stream, connector, at FROM {ticks} WHERE true"
             " ON CONFLICT (tenant, stream) DO UPDATE SET next_tick_at = excluded.next_tick_at,"
             " connector = excluded.connector"
         )
-        marks = self._rows(("tenant", "text"), ("marker", "text"))
+        marks = self.source(_MARKS)
         self.mark_sql = poll_spec_marks_sql(marks)
-        moves = self._rows(
-            ("tenant", "text"), ("stream", "text"), ("old", "timestamptz"), ("nxt", "timestamptz")
-        )
+        moves = self.source(_MOVES)
         # The compare-and-set on the old tick keeps a tick fired once even if two
         # schedulers read it (SKIP LOCKED already keeps them apart on PostgreSQL).
         self.advance_sql = text(
@@ -142,7 +146,7 @@ class PollTicks:
             f" FROM {moves} WHERE poll_ticks.tenant = v.tenant AND poll_ticks.stream = v.stream"
             " AND poll_ticks.next_tick_at = v.old RETURNING poll_ticks.tenant, poll_ticks.stream"
         )
-        gone = self._rows(("tenant", "text"), ("stream", "text"))
+        gone = self.source(_GONE)
         self.drop_sql = text(
             f"DELETE FROM poll_ticks WHERE (tenant, stream) IN (SELECT tenant, stream FROM {gone})"
         )
@@ -177,26 +181,22 @@ class PollTicks:
         self, conn: AsyncConnection, ticks: Sequence[tuple[str, str, str, datetime]]
     ) -> None:
         """Store the ticks ``(tenant, stream, connector, next_tick_at)``."""
-        await conn.execute(
-            self.upsert_sql, self.rows(("tenant", "stream", "connector", "at"), ticks)
-        )
+        await conn.execute(self.upsert_sql, self.rows(_TICKS, ticks))
 
     async def mark(self, conn: AsyncConnection, marks: Sequence[tuple[str, str]]) -> None:
         """Record ``(tenant, marker)``: what the scheduler last saw of each tenant."""
-        await conn.execute(self.mark_sql, self.rows(("tenant", "marker"), marks))
+        await conn.execute(self.mark_sql, self.rows(_MARKS, marks))
 
     async def drop(self, conn: AsyncConnection, gone: Sequence[tuple[str, str]]) -> None:
         """Delete the ticks ``(tenant, stream)``."""
-        await conn.execute(self.drop_sql, self.rows(("tenant", "stream"), gone))
+        await conn.execute(self.drop_sql, self.rows(_GONE, gone))
 
     async def advance(
         self, conn: AsyncConnection, moves: Sequence[tuple[str, str, datetime, datetime]]
     ) -> Any:
         """Move each tick ``(tenant, stream, old, next)`` from ``old`` to ``next`` by a
         compare-and-set; the ``(tenant, stream)`` of those moved."""
-        return await conn.execute(
-            self.advance_sql, self.rows(("tenant", "stream", "old", "nxt"), moves)
-        )
+        return await conn.execute(self.advance_sql, self.rows(_MOVES, moves))
 
     async def create_missing(
         self, conn: AsyncConnection, connector: str, stream: str, now: datetime
@@ -204,12 +204,6 @@ class PollTicks:
         """A tick due at ``now`` for every scheduled tenant of ``connector`` without one
         for ``stream``."""
         await conn.execute(self.missing_sql, {"connector": connector, "stream": stream, "now": now})
-
-    def _rows(self, *cols: tuple[str, str]) -> str:
-        return rows_source(self.postgres, cols)
-
-    def rows(self, names: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
-        return rows_params(self.postgres, names, rows)
 
     def names(self, connectors: Sequence[str]) -> Any:
         return list_param(self.postgres, connectors)

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
 import structlog
@@ -54,6 +54,7 @@ BAD_MARK = "!"  # a flash message starting with it reports a failure
 JOB_STATUSES = job_admin.JOB_STATUSES
 OUTBOX_STATUSES = ("pending", "failed", "published")
 log = structlog.get_logger("synckit.web")
+T = TypeVar("T")
 
 
 #: Where the provider sends the user back after consent (outside the token guard).
@@ -350,6 +351,36 @@ def cursor_links(request: Request, name: str, cursor: str | None) -> dict[str, A
     """The page's next and previous links (:func:`synckit.web.paging.page_links`)."""
     nxt, prev = page_links(request.query_params.multi_items(), name, cursor)
     return {"next_query": nxt, "prev_query": prev}
+
+
+def query_values(request: Request, *names: str) -> list[str | None]:
+    """The query parameters ``names``, in order, each None where absent or empty."""
+    q = request.query_params
+    return [q.get(name) or None for name in names]
+
+
+def here_of(request: Request) -> str:
+    """The page's own path with its query string (where its actions come back to)."""
+    return str(request.url.path) + ("?" + request.url.query if request.url.query else "")
+
+
+async def row_or_404(
+    request: Request,
+    param: str,
+    fetch: Callable[[Database, int], Awaitable[T]],
+    missing: type[SynckitError],
+    what: str,
+) -> T | HTMLResponse:
+    """The row the path parameter ``param`` names, read by ``fetch``; or the 404 page when
+    the id is not a number or ``fetch`` raises ``missing`` (``no {what} with id …``)."""
+    raw = request.path_params[param]
+    row_id = int_param(raw)
+    try:
+        if row_id is None:
+            raise missing(f"no {what} with id {raw}")
+        return await fetch(state_of(request).database, row_id)
+    except missing as exc:
+        return render(request, "error.html", status_code=404, message=str(exc))
 
 
 def next_query(request: Request, name: str, cursor: str | None) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from synckit.clock import DURATION_UNITS, duration_unit
 from synckit.errors.gate import LaneFacts, gate
 
 __all__ = ["CycleFacts", "Why", "duration_text", "tenant_why"]
@@ -45,13 +46,14 @@ class CycleFacts:
 def duration_text(seconds: float) -> str:
     """``42s``, ``3m 05s``, ``2h 10m``, ``3d 4h``: short and exact enough to act on."""
     s = max(0, int(seconds))
-    if s < 60:
+    i = duration_unit(s)
+    unit, size = DURATION_UNITS[i]
+    if size == 1:
         return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    return f"{s // 86400}d {s % 86400 // 3600}h"
+    # The unit below it as well: minutes and seconds in two digits, hours after days not.
+    below, below_size = DURATION_UNITS[i + 1]
+    width = 1 if unit == "d" else 2
+    return f"{s // size}{unit} {s % size // below_size:0{width}d}{below}"
 
 
 def _moment(until: datetime | None) -> datetime:

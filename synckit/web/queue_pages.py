@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -46,17 +47,21 @@ from synckit.web.base import (
     act,
     cursor_links,
     failed,
+    here_of,
     ids_of,
     int_param,
     next_query,
+    query_values,
     red,
     render,
+    row_or_404,
     since_param,
     state_of,
     who_of,
 )
 
 log = structlog.get_logger("synckit.web")
+Handler = Callable[[Request], Awaitable[Response]]
 
 
 # --- jobs -------------------------------------------------------------------------------
@@ -74,24 +79,38 @@ def _job_filter(request: Request) -> job_admin.JobFilter:
     )
 
 
+def _refusing_bad_filter(
+    template: str, statuses: Sequence[str], here: str
+) -> Callable[[Handler], Handler]:
+    """The page, or where its filter cannot be read (it raised :class:`BadFilter`) the
+    page with nothing listed and the filter named (:func:`_refused_filter`)."""
+
+    def wrap(page: Handler) -> Handler:
+        @functools.wraps(page)
+        async def run(request: Request) -> Response:
+            try:
+                return await page(request)
+            except BadFilter as exc:
+                return _refused_filter(request, template, exc, statuses=statuses, here=here)
+
+        return run
+
+    return wrap
+
+
+@_refusing_bad_filter("jobs.html", JOB_STATUSES, "/jobs")
 async def jobs_page(request: Request) -> Response:
     db = state_of(request).database
     q = request.query_params
-    try:
-        flt = _job_filter(request)
-    except BadFilter as exc:
-        return _refused_filter(request, "jobs.html", exc, statuses=JOB_STATUSES, here="/jobs")
+    flt = _job_filter(request)
     if q.get("tenant") and not flt.resource_key:
         try:
             t = await tenant_store.get_tenant(db, q["tenant"], reveal=False)
-            flt = dataclasses.replace(flt, resource_key=t.resource_key)
         except TenantNotFound:
             # Named, not queried: the old sentinel key ("\x00...") was a driver error on
             # PostgreSQL, whose text cannot hold a NUL.
-            missing = BadFilter(f"no tenant {q['tenant']!r}")
-            return _refused_filter(
-                request, "jobs.html", missing, statuses=JOB_STATUSES, here="/jobs"
-            )
+            raise BadFilter(f"no tenant {q['tenant']!r}") from None
+        flt = dataclasses.replace(flt, resource_key=t.resource_key)
     page = await job_admin.job_page(db, flt, before_id=int_param(q.get("before")))
     return render(
         request,
@@ -109,20 +128,14 @@ async def jobs_page(request: Request) -> Response:
             + [("internal", "1")]
         ),
         **cursor_links(request, "before", page.next_cursor),
-        here=str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
+        here=here_of(request),
     )
 
 
 async def job_page(request: Request) -> Response:
-    db = state_of(request).database
-    raw = request.path_params["job_id"]
-    job_id = int_param(raw)
-    try:
-        if job_id is None:
-            raise JobNotFound(f"no job with id {raw}")
-        info = await job_admin.get_job(db, job_id)
-    except JobNotFound as exc:
-        return render(request, "error.html", status_code=404, message=str(exc))
+    info = await row_or_404(request, "job_id", job_admin.get_job, JobNotFound, "job")
+    if isinstance(info, Response):
+        return info
     limit = state_of(request).limit_of(info.kind, info.max_attempts)
     timeline: list[tuple[str, datetime | None, str]] = [("created", info.created_at, "")]
     labels = [run_label(e, i, limit) for i, e in enumerate(info.errors, 1)]
@@ -242,13 +255,11 @@ def _refused_filter(request: Request, template: str, exc: BadFilter, **values: A
     )
 
 
+@_refusing_bad_filter("dlq.html", dlq_rows.STATUSES, "/dlq")
 async def dlq_page(request: Request) -> Response:
     db = state_of(request).database
     q = request.query_params
-    try:
-        flt = _dlq_filter(q)
-    except BadFilter as exc:
-        return _refused_filter(request, "dlq.html", exc, statuses=dlq_rows.STATUSES, here="/dlq")
+    flt = _dlq_filter(q)
     open_flt = flt if flt.statuses else flt.narrowed(("pending", "review"))
     groups = await dlq_reads.dlq_groups(
         db,
@@ -275,20 +286,14 @@ async def dlq_page(request: Request) -> Response:
         export_query=urlencode(
             {k: v for k, v in q.items() if k not in ("before", "groups_after") and v}
         ),
-        here=str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
+        here=here_of(request),
     )
 
 
 async def dlq_row_page(request: Request) -> Response:
-    db = state_of(request).database
-    raw = request.path_params["row_id"]
-    row_id = int_param(raw)
-    try:
-        if row_id is None:
-            raise DeadLetterNotFound(f"no dead letter with id {raw}")
-        row = await dlq_reads.get(db, row_id)
-    except DeadLetterNotFound as exc:
-        return render(request, "error.html", status_code=404, message=str(exc))
+    row = await row_or_404(request, "row_id", dlq_reads.get, DeadLetterNotFound, "dead letter")
+    if isinstance(row, Response):
+        return row
     return render(request, "dlq_row.html", row=row)
 
 
@@ -433,13 +438,9 @@ async def dlq_export(request: Request) -> Response:
 async def outbox_page(request: Request) -> Response:
     db = state_of(request).database
     q = request.query_params
-    page = await console.outbox_page(
-        db,
-        status=q.get("status") or None,
-        topic=q.get("topic") or None,
-        key=q.get("key") or None,
-        before_id=int_param(q.get("before")),
-    )
+    status, topic, key = query_values(request, "status", "topic", "key")
+    before_id = int_param(q.get("before"))
+    page = await console.outbox_page(db, status=status, topic=topic, key=key, before_id=before_id)
     return render(
         request,
         "outbox.html",
@@ -448,14 +449,9 @@ async def outbox_page(request: Request) -> Response:
         counts=await outbox_store.count_by_status(db),
         statuses=OUTBOX_STATUSES,
         filters={k: q.get(k, "") for k in ("status", "topic", "key")},
-        total=await console.outbox_total(
-            db,
-            status=q.get("status") or None,
-            topic=q.get("topic") or None,
-            key=q.get("key") or None,
-        ),
+        total=await console.outbox_total(db, status=status, topic=topic, key=key),
         **cursor_links(request, "before", page.next_cursor),
-        here=str(request.url.path) + ("?" + request.url.query if request.url.query else ""),
+        here=here_of(request),
     )
 
 

@@ -35,6 +35,7 @@ from synckit.web.base import (
     act,
     back,
     cursor_links,
+    query_values,
     red,
     render,
     shown_config,
@@ -51,19 +52,13 @@ log = structlog.get_logger("synckit.web")
 async def tenants_page(request: Request) -> Response:
     db = state_of(request).database
     q = request.query_params
+    status, connector, after, prefix = query_values(
+        request, "status", "connector", "after", "prefix"
+    )
     page = await console.tenant_page(
-        db,
-        status=q.get("status") or None,
-        connector=q.get("connector") or None,
-        after=q.get("after") or None,
-        prefix=q.get("prefix") or None,
+        db, status=status, connector=connector, after=after, prefix=prefix
     )
-    total = await console.tenant_total(
-        db,
-        status=q.get("status") or None,
-        connector=q.get("connector") or None,
-        prefix=q.get("prefix") or None,
-    )
+    total = await console.tenant_total(db, status=status, connector=connector, prefix=prefix)
     running = await job_admin.running_counts(db, [t.resource_key for t in page.rows])
     now = utcnow()
     rows = [

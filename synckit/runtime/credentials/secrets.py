@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import structlog
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -438,6 +438,16 @@ class TokenCipher:
 # The statements are synckit.store.connections'; these seal and open around them.
 
 
+class _Stored(TypedDict):
+    sealed: bytes
+    expires_at: datetime | None
+
+
+def _stored(cipher: TokenCipher, token_set: TokenSet) -> _Stored:
+    """``token_set`` as a connection row stores it: sealed, its expiry beside it."""
+    return {"sealed": cipher.seal(token_set), "expires_at": token_set.expires_at}
+
+
 async def write_token_set(
     conn: Conn,
     tenant: str,
@@ -449,12 +459,7 @@ async def write_token_set(
 ) -> None:
     """Store ``token_set`` (sealed) for the tenant; ``activate`` also sets status active."""
     await connection_store.write_token_set(
-        conn,
-        tenant,
-        sealed=cipher.seal(token_set),
-        expires_at=token_set.expires_at,
-        now=now,
-        activate=activate,
+        conn, tenant, **_stored(cipher, token_set), now=now, activate=activate
     )
 
 
@@ -469,12 +474,7 @@ async def save_refreshed_token_set(
 ) -> bool:
     """Store the refreshed set and end the lease, only if ``owner`` still holds it."""
     return await connection_store.save_refreshed_token_set(
-        conn,
-        tenant,
-        sealed=cipher.seal(token_set),
-        expires_at=token_set.expires_at,
-        owner=owner,
-        now=now,
+        conn, tenant, **_stored(cipher, token_set), owner=owner, now=now
     )
 
 

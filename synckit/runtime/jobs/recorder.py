@@ -115,11 +115,12 @@ DB_BACKOFF_CAP = timedelta(seconds=5)
 DB_BACKOFF_JITTER = 0.5
 
 
-def _db_backoff(failures: int) -> float:
-    """The wait after ``failures`` consecutive failures, as :class:`_Backoff` counts them."""
+def _db_backoff(failures: int, uniform: float | None = None) -> float:
+    """The wait after ``failures`` consecutive failures, as :class:`_Backoff` counts them
+    (``uniform``: the jitter's draw in [0, 1]; a fresh random one by default)."""
     return backoff_delay(
         failures,
-        random.random(),
+        random.random() if uniform is None else uniform,
         base=DB_BACKOFF_BASE,
         cap=DB_BACKOFF_CAP,
         jitter=DB_BACKOFF_JITTER,
@@ -139,13 +140,7 @@ class _Backoff:
 
     def next(self) -> float:
         self.n += 1
-        return backoff_delay(
-            self.n,
-            self._draw(),
-            base=DB_BACKOFF_BASE,
-            cap=DB_BACKOFF_CAP,
-            jitter=DB_BACKOFF_JITTER,
-        ).total_seconds()
+        return _db_backoff(self.n, self._draw())
 
 
 class OutcomeRecorder:

@@ -255,12 +255,11 @@ def _commit_page_rest(conn: SyncConn, p: _PageCommit, *, audit: bool = True) -> 
     """What a page commits besides its checkpoint: dead letters, resolutions and (unless
     ``audit`` is False: the caller counts them) audit counts."""
     failures = _failures_of(p)
+    where = {"tenant": p.tenant, "connector": p.connector, "kind": p.kind}
     if failures:
         dead_letter_records(
             conn,
-            tenant=p.tenant,
-            connector=p.connector,
-            kind=p.kind,
+            **where,
             failures=failures,
             trace_id=p.trace_id,
             job_id=p.job.id if p.job is not None else None,
@@ -272,14 +271,7 @@ def _commit_page_rest(conn: SyncConn, p: _PageCommit, *, audit: bool = True) -> 
         refused = {f.record_id for f in failures}
         succeeded = [rid for rid in succeeded if rid not in refused]
     if p.resolve and succeeded:
-        resolve_records(
-            conn,
-            tenant=p.tenant,
-            connector=p.connector,
-            kind=p.kind,
-            record_ids=succeeded,
-            now=p.now,
-        )
+        resolve_records(conn, **where, record_ids=succeeded, now=p.now)
     if audit:
         record_audit_sync(
             conn,

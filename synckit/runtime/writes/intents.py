@@ -292,55 +292,50 @@ async def run_intent(
         synckit__connector=connector,
         synckit__intent__key=key,
     ) as span:
-        result = await _run_intent(
-            db,
-            tenant=tenant,
-            connector=connector,
-            key=key,
-            create=create,
-            find=find,
-            request=request,
-            idempotency_header=idempotency_header,
-            call_timeout=call_timeout,
-            lease_margin=lease_margin,
-            clock=clock,
-        )
+        if not key:
+            raise PermanentError("an intent needs a non-empty key")
+        fp = fingerprint(request)
+        lease = timedelta(seconds=call_timeout) + lease_margin
+        ids = {"tenant": tenant, "connector": connector, "key": key}
+        state = await _claim_or_wait(db, ids, fp=fp, lease=lease, clock=clock)
+        if isinstance(state, IntentResult):
+            result = state
+        else:
+            result = await _run_claimed(
+                db,
+                ids,
+                state,
+                create=create,
+                find=find,
+                idempotency_header=idempotency_header,
+                call_timeout=call_timeout,
+                clock=clock,
+            )
         tracing.set_attributes(
             span, synckit__intent__outcome=result.outcome, synckit__remote_id=result.remote_id
         )
         return result
 
 
-async def _run_intent(
+async def _claim_or_wait(
     db: Database,
+    ids: dict[str, str],
     *,
-    tenant: str,
-    connector: str,
-    key: str,
-    create: Create,
-    find: Find | None,
-    request: Any,
-    idempotency_header: str | None,
-    call_timeout: float,
-    lease_margin: timedelta,
+    fp: str,
+    lease: timedelta,
     clock: Callable[[], datetime],
-) -> IntentResult:
-    if not key:
-        raise PermanentError("an intent needs a non-empty key")
-    fp = fingerprint(request)
-    lease = timedelta(seconds=call_timeout) + lease_margin
+) -> IntentResult | _Claimed:
+    """The stored result, or the intent under a lease of ours, waiting while another
+    worker holds it (:class:`IntentBusy` once that lasts twice the lease)."""
     deadline = time.monotonic() + 2 * lease.total_seconds()
-    ids = {"tenant": tenant, "connector": connector, "key": key}
     pause = 0.05
     while True:
         state = await _claim(db, **ids, fp=fp, now=clock(), lease=lease)
-        if isinstance(state, IntentResult):
+        if isinstance(state, IntentResult | _Claimed):
             return state
-        if isinstance(state, _Claimed):
-            break
         if time.monotonic() >= deadline:
             raise IntentBusy(
-                f"intent {key!r} of tenant {tenant!r} is held by another worker",
+                f"intent {ids['key']!r} of tenant {ids['tenant']!r} is held by another worker",
                 retry_after=max(timedelta(0), state.until - clock()),
             )
         # Another worker is running this intent: wait for it to finish or to lose its lease.
@@ -348,6 +343,21 @@ async def _run_intent(
         await asyncio.sleep(min(pause, remaining + 0.01))
         pause = min(pause * 2, 0.5)
 
+
+async def _run_claimed(
+    db: Database,
+    ids: dict[str, str],
+    state: _Claimed,
+    *,
+    create: Create,
+    find: Find | None,
+    idempotency_header: str | None,
+    call_timeout: float,
+    clock: Callable[[], datetime],
+) -> IntentResult:
+    """``find`` (on a retry) then ``create``, under the lease ``state`` holds; the outcome
+    stored, or the lease released on a failure that is not a timeout."""
+    tenant, connector, key = ids["tenant"], ids["connector"], ids["key"]
     fields = {"tenant": tenant, "connector": connector, "intent_key": key}
     outcome: IntentOutcome = "created"
     try:

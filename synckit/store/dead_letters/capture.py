@@ -45,7 +45,7 @@ from synckit.store.dead_letters.rows import (
     _parse_json,
 )
 from synckit.store.moments import storable_text
-from synckit.store.row_arrays import list_param, rows_params, rows_source
+from synckit.store.row_arrays import RowStatements, list_param
 from synckit.store.tables import dead_letters
 
 _Key = tuple[str, str, str, str]
@@ -230,7 +230,7 @@ _MERGE_COLUMNS = (
 _PAUSE_COLUMNS = (("resource_key", "text"), ("reason", "text"))
 
 
-class _CaptureSql:
+class _CaptureSql(RowStatements):
     """The capture's statements for one engine, built once. Rows travel as one array per
     column (PostgreSQL: ``unnest``) or one JSON array of rows (SQLite: ``json_each``):
     the parameter count never depends on how many rows a capture writes, and the text
@@ -242,15 +242,15 @@ class _CaptureSql:
     pause_columns = _PAUSE_COLUMNS
 
     def __init__(self, postgres: bool) -> None:
-        self.postgres = postgres
+        super().__init__(postgres)
         self.lock = self._lock_sql()
         self.insert = self._insert_sql()
         self.merge = self._merge_sql()
-        self.pause = pause_lanes_sql(self._rows(*_PAUSE_COLUMNS))
+        self.pause = pause_lanes_sql(self.source(_PAUSE_COLUMNS))
         self.resolve = self._resolve_sql()
 
     def _lock_sql(self) -> TextClause:
-        keys = self._rows(*_KEY_COLUMNS)
+        keys = self.source(_KEY_COLUMNS)
         history = "CAST(d.history AS text)" if self.postgres else "d.history"
         lock = " FOR UPDATE OF d" if self.postgres else ""
         return text(
@@ -261,7 +261,7 @@ class _CaptureSql:
         )
 
     def _insert_sql(self) -> TextClause:
-        new = self._rows(*_INSERT_COLUMNS)
+        new = self.source(_INSERT_COLUMNS)
         return text(
             "INSERT INTO dead_letters (tenant, connector, kind, record_id, job_id,"
             " resource_key, payload, error_class, error_message, traceback, history,"
@@ -276,7 +276,7 @@ class _CaptureSql:
         ).bindparams(_NOW)
 
     def _merge_sql(self) -> TextClause:
-        merged = self._rows(*_MERGE_COLUMNS)
+        merged = self.source(_MERGE_COLUMNS)
         # A row kept as it is (an operator ignored it) keeps its reason, replay time,
         # resolution time and replay count; a reopened row ends any replay lease on it.
         return text(
@@ -315,14 +315,6 @@ class _CaptureSql:
     def _json(self, column: str) -> str:
         # SQLite keeps JSON as text: the JSON text travels as a string and is stored as is.
         return f"CAST({column} AS jsonb)" if self.postgres else column
-
-    def _rows(self, *cols: tuple[str, str]) -> str:
-        return rows_source(self.postgres, cols)
-
-    def rows(
-        self, cols: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
-    ) -> dict[str, Any]:
-        return rows_params(self.postgres, [n for n, _ in cols], rows)
 
     def ids(self, ids: Sequence[str]) -> Any:
         return list_param(self.postgres, ids)
