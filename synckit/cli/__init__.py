@@ -14,13 +14,15 @@ The group imports a command's module when that command runs (:class:`LazyGroup`)
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import sys
 import threading
 
 import click
 
-from synckit.cli.options import LOG_SETTINGS, CliError, LazyGroup, LogSettings
+from synckit.cli.options import LOG_SETTINGS, CliError, LazyGroup, LogSettings, hold_gc
 
 __all__ = ["CliError", "cli", "main"]
 
@@ -134,8 +136,39 @@ def _quiet_thread_error(args: threading.ExceptHookArgs) -> None:
 
 def main() -> None:
     """Entry point of the ``synckit`` console script."""
+    hold_gc()
     threading.excepthook = _quiet_thread_error
     try:
         cli.main(prog_name="synckit", standalone_mode=True)
     except KeyboardInterrupt:  # pragma: no cover - interactive only
         sys.exit(130)
+    except SystemExit as exc:
+        _leave(exc)
+
+
+def _leave(exc: SystemExit) -> None:
+    """End the process as the interpreter would, without its teardown.
+
+    Everything a command leaves behind is done by then: its threads are waited for,
+    ``atexit`` runs (logging's flush, a tracer's export), stdout and stderr are flushed.
+    What is skipped is tearing down every module and a last collection of the objects
+    the imports made, about a fifth of a short command's CPU (``synckit status``) and
+    nothing any command writes. An exit status that is not a number is printed, as the
+    interpreter prints it; a flush that fails (a closed pipe) exits 120, as it does.
+    """
+    code = exc.code
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own wait
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            status = status or 120
+    os._exit(status)

@@ -123,6 +123,7 @@ def jobs_ls(
         return
     _print_jobs(found, queue, stuck=stuck, more=more, never=never)
 
+
 def _print_jobs(
     found: list[JobInfo],
     queue: dict[str, dict[str, int]],
