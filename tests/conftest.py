@@ -79,9 +79,32 @@ LONG_FIRST = (
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long tests first (:data:`LONG_FIRST`), each group in its collected order: every
-    xdist worker sorts the same way, so they agree on the order."""
-    items.sort(key=lambda item: not item.nodeid.split("::", 1)[0].endswith(LONG_FIRST))
+    """The long tests (:data:`LONG_FIRST`) first in every xdist worker's share.
+
+    xdist's worksteal hands each worker one contiguous block of the collection at the
+    start and later moves tests from the end of the longest queue to an idle worker. With
+    every long test at the head of the collection, they all fell in the first worker's
+    block and ran one after another, the last of them minutes after the other workers
+    had run out of short tests. Here the long tests are dealt round-robin to the heads of
+    the blocks xdist will cut (its own arithmetic: what is left, divided by the workers
+    left), each block's short tests after them. Every worker orders the same way, so they
+    agree on the order.
+    """
+    is_long = [item.nodeid.split("::", 1)[0].endswith(LONG_FIRST) for item in items]
+    long_ = [item for item, flag in zip(items, is_long, strict=True) if flag]
+    short = [item for item, flag in zip(items, is_long, strict=True) if not flag]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    heads = [long_[i::workers] for i in range(workers)]
+    ordered: list[pytest.Item] = []
+    left = len(items)
+    for i, head in enumerate(heads):
+        size = left // (workers - i)
+        left -= size
+        ordered += head
+        take = max(0, size - len(head))
+        ordered += short[:take]
+        del short[:take]
+    items[:] = ordered + short
 
 
 #: Where the Python commands tests start are forked from a pre-imported process
