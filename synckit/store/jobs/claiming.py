@@ -272,17 +272,22 @@ _LANES = _lanes_statement()
 
 # PostgreSQL: many lanes' claims in one statement (and one round trip), each lane its own
 # LIMIT under FOR UPDATE SKIP LOCKED. With a thousand tenants a claim used to cost a
-# round trip per lane.
+# round trip per lane. The picked ids are a MATERIALIZED CTE, taken once: as a subquery
+# (``jobs.id IN (SELECT ...)``) the planner could put the locking LATERAL on the inner
+# side of a nested loop over ``jobs`` and run it again for every row of the table, which
+# right after a bulk enqueue (statistics from part-way through it) spun one claim for
+# minutes.
 _CLAIM_LANES_PG: Any = (
     text(
-        "UPDATE jobs SET status = 'running', attempts = jobs.attempts + :charge, "
-        + JOB_LEASE.holding_sql(":token", ":until", ":worker")
-        + ", heartbeat_at = :now, started_at = :started, updated_at = :now"
-        " WHERE jobs.id IN (SELECT picked.id FROM unnest(CAST(:lanes AS varchar[]),"
+        "WITH picked AS MATERIALIZED (SELECT p.id FROM unnest(CAST(:lanes AS varchar[]),"
         " CAST(:wants AS int[])) AS l(key, want) CROSS JOIN LATERAL (SELECT j.id FROM jobs j"
         " WHERE j.status = 'pending' AND j.resource_key = l.key AND j.run_at <= :now"
         " ORDER BY j.priority DESC, j.run_at, j.id LIMIT l.want FOR UPDATE SKIP LOCKED)"
-        " AS picked) RETURNING " + _PG_CLAIMED_SQL
+        " AS p) "
+        "UPDATE jobs SET status = 'running', attempts = jobs.attempts + :charge, "
+        + JOB_LEASE.holding_sql(":token", ":until", ":worker")
+        + ", heartbeat_at = :now, started_at = :started, updated_at = :now"
+        " FROM picked WHERE jobs.id = picked.id RETURNING " + _PG_CLAIMED_SQL
     )
     .bindparams(
         bindparam("now", type_=jobs.c.run_at.type),
