@@ -74,8 +74,8 @@ async def backlog(db: Database, rows: int) -> None:
 async def test_claims_walk_the_due_indexes(db: Database) -> None:
     await backlog(db, 20_000)
     async with db.begin() as conn:
-        unkeyed = await plan(conn, claiming._CLAIM_UNKEYED)
-        keyed = await plan(conn, claiming._CLAIM_KEYED)
+        unkeyed = await plan(conn, claiming._CLAIM[conn.dialect.name, False])
+        keyed = await plan(conn, claiming._CLAIM[conn.dialect.name, True])
         lanes = await plan(conn, claiming._LANES)
     assert "ix_jobs_due" in unkeyed, unkeyed
     assert "ix_jobs_lane_due" in keyed, keyed
@@ -356,3 +356,77 @@ async def test_a_session_setting_the_server_refuses_leaves_the_connection_workin
             assert (await conn.execute(text("SELECT count(*) FROM jobs"))).scalar() == 0
     finally:
         await d.dispose()
+
+
+def _sql_literal(value: Any) -> str:
+    """``value`` as a PostgreSQL literal, for ``EXECUTE name(...)``."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool | int):
+        return str(int(value))
+    if isinstance(value, datetime):
+        return f"'{value.isoformat()}'"
+    if isinstance(value, list):
+        return "ARRAY[" + ", ".join(_sql_literal(v) for v in value) + "]"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of a JSON plan, depth first."""
+    return [plan, *(n for child in plan.get("Plans", []) for n in _nodes(child))]
+
+
+async def test_a_claim_right_after_a_bulk_enqueue_locks_its_batch_once(db: Database) -> None:
+    """Right after 100,000 jobs of one tenant are enqueued, with the statistics of before
+    or after (autovacuum's ANALYZE) and with the plan PostgreSQL makes for the values or
+    the generic one it keeps for a prepared statement after five runs, both claim forms
+    (one lane; many lanes in one statement) lock each lane's batch once and read no whole
+    table. As ``jobs.id IN (SELECT ... FOR UPDATE SKIP LOCKED)`` the generic plan hashed
+    a scan of all of jobs per claim, and a claim in a test run spun for minutes; as a join
+    with a MATERIALIZED CTE of the ids, the custom plan did. The ids are now an
+    ``ARRAY(SELECT ...)`` run once, the jobs updated by primary key. SQLite: the one-lane claim walks the lane's index."""
+    lanes = ["busy", "other"]
+    if not db.is_postgres:
+        await backlog(db, 100_000)
+        async with db.begin() as conn:
+            keyed = await plan(conn, claiming._CLAIM["sqlite", True], lane="tenant-2")
+        assert "ix_jobs_lane_due" in keyed and "SCAN jobs\n" not in keyed + "\n", keyed
+        return
+    insert = (
+        "INSERT INTO jobs (kind, payload, status, run_at, created_at, updated_at,"
+        " resource_key) SELECT 'k', '{}', 'pending', now(), now(), now(),"
+        " CASE WHEN g <= 100000 THEN 'busy' ELSE 'other' END FROM generate_series(1, 100010) g"
+    )
+    async with db.begin() as conn:
+        await conn.execute(text(insert))
+    now = datetime.now(UTC)
+    params = {**PARAMS, "now": now, "until": now + timedelta(minutes=1), "wants": [100, 100]}
+    forms = {
+        "one lane": (claiming._CLAIM["postgresql", True], {"lane": "busy"}, 1),
+        "many lanes": (claiming._CLAIM_LANES_PG, {"lanes": lanes}, len(lanes)),
+    }
+    for analyzed in (False, True):
+        if analyzed:
+            async with db.begin() as conn:
+                await conn.execute(text("ANALYZE jobs"))
+        for name, (stmt, extra, runs) in forms.items():
+            compiled = stmt.compile(dialect=db.engine.dialect)
+            values = compiled.construct_params({**params, **extra})
+            args = ", ".join(_sql_literal(values[n]) for n in compiled.positiontup)
+            for mode in ("force_custom_plan", "force_generic_plan"):
+                async with db.begin() as conn:
+                    await conn.exec_driver_sql(f"SET LOCAL plan_cache_mode = {mode}")
+                    await conn.exec_driver_sql("PREPARE claim AS " + compiled.string)
+                    explained = await conn.exec_driver_sql(
+                        f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim({args})"
+                    )
+                    nodes = _nodes(explained.scalar_one()[0]["Plan"])
+                    await conn.exec_driver_sql("DEALLOCATE claim")
+                    await conn.rollback()
+                case = f"{name}, {mode}, analyzed={analyzed}"
+                locks = [n["Actual Loops"] for n in nodes if n["Node Type"] == "LockRows"]
+                assert sum(locks) == runs, (case, nodes)
+                read = [(n["Node Type"], n.get("Relation Name"), n["Actual Rows"]) for n in nodes]
+                assert not any(node == "Seq Scan" for node, _, _ in read), (case, read)
+                claimed = next(n for n in nodes if n["Node Type"] == "ModifyTable")
+                assert claimed["Actual Rows"] == 100 + 10 * (runs - 1), (case, claimed)

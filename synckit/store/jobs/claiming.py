@@ -35,6 +35,7 @@ from sqlalchemy import (
     Row,
     Text,
     and_,
+    any_,
     bindparam,
     case,
     cast,
@@ -130,11 +131,17 @@ _PG_CLAIMED_SQL = (
 )
 
 
-def _claim_statement(keyed: bool) -> Any:
+def _claim_statement(keyed: bool, dialect: str) -> Any:
     """The claim of one lane, built once: parameters ``now``, ``lim``, ``lane``, ``worker``,
     ``token``, ``until`` (the lease's end), ``charge`` (1 when the claimed jobs start now,
     else 0) and ``started`` (``now`` or NULL). Prebuilt so that a claim costs no SQL
-    construction or cache-key computation, only execution."""
+    construction or cache-key computation, only execution.
+
+    On PostgreSQL the locked ids are an ``ARRAY(SELECT ...)``, an init plan run once, and
+    the jobs are updated through their primary key (``id = ANY(...)``). As an
+    ``IN (SELECT ...)`` the planner could hash a scan of every row of jobs per claim (the
+    generic plan of a prepared claim, 100,000 jobs waiting), or rescan the locking LIMIT
+    once per row of jobs."""
     lane_cond = jobs.c.resource_key == bindparam("lane") if keyed else jobs.c.resource_key.is_(None)
     picked = (
         select(jobs.c.id)
@@ -143,15 +150,17 @@ def _claim_statement(keyed: bool) -> Any:
         .limit(bindparam("lim", type_=Integer))
         .with_for_update(skip_locked=True)
     )
-    return _claiming(picked.scalar_subquery())
+    if dialect == "postgresql":
+        return _claiming(jobs.c.id == any_(func.array(picked.scalar_subquery())))
+    return _claiming(jobs.c.id.in_(picked.scalar_subquery()))
 
 
-def _claiming(ids: Any) -> Any:
-    """The claim's UPDATE of the jobs whose ids ``ids`` selects (parameters as for
+def _claiming(which: Any) -> Any:
+    """The claim's UPDATE of the jobs ``which`` selects (parameters as for
     :func:`_claim_statement`), returning the claimed columns."""
     return (
         update(jobs)
-        .where(jobs.c.id.in_(ids))
+        .where(which)
         .values(
             status="running",
             attempts=jobs.c.attempts + bindparam("charge", type_=Integer),
@@ -164,8 +173,12 @@ def _claiming(ids: Any) -> Any:
     )
 
 
-_CLAIM_KEYED = _claim_statement(keyed=True)
-_CLAIM_UNKEYED = _claim_statement(keyed=False)
+#: One lane's claim, by engine and whether the lane has a key.
+_CLAIM = {
+    (dialect, keyed): _claim_statement(keyed, dialect)
+    for dialect in ("postgresql", "sqlite")
+    for keyed in (True, False)
+}
 
 
 def _claim_ones_statement() -> Any:
@@ -185,7 +198,7 @@ def _claim_ones_statement() -> Any:
         .limit(1)
         .scalar_subquery()
     )
-    return _claiming(select(first).select_from(lane))
+    return _claiming(jobs.c.id.in_(select(first).select_from(lane)))
 
 
 _CLAIM_ONES_SQLITE = _claim_ones_statement()
@@ -202,9 +215,8 @@ def _claim_lane_rows(
     terms: dict[str, Any],
 ) -> list[Row[Any]]:
     params = {"now": now, "lim": limit, "worker": worker_id, "token": token, **terms}
-    if lane is None:
-        return list(conn.execute(_CLAIM_UNKEYED, params))
-    return list(conn.execute(_CLAIM_KEYED, {**params, "lane": lane}))
+    statement = _CLAIM[conn.dialect.name, lane is not None]
+    return list(conn.execute(statement, params if lane is None else {**params, "lane": lane}))
 
 
 def _lanes_statement() -> Any:
@@ -272,22 +284,22 @@ _LANES = _lanes_statement()
 
 # PostgreSQL: many lanes' claims in one statement (and one round trip), each lane its own
 # LIMIT under FOR UPDATE SKIP LOCKED. With a thousand tenants a claim used to cost a
-# round trip per lane. The picked ids are a MATERIALIZED CTE, taken once: as a subquery
-# (``jobs.id IN (SELECT ...)``) the planner could put the locking LATERAL on the inner
-# side of a nested loop over ``jobs`` and run it again for every row of the table, which
-# right after a bulk enqueue (statistics from part-way through it) spun one claim for
-# minutes.
+# round trip per lane. The locked ids are an ARRAY(SELECT ...), run once as an init plan,
+# and the jobs updated through their primary key, as one lane's claim (_claim_statement
+# says why). As ``jobs.id IN (SELECT ...)`` the locking LATERAL could be run again for
+# every row of jobs, which right after a bulk enqueue spun one claim for minutes; as a
+# join with a CTE of the ids, the planner, expecting thousands of them, hashed a scan of
+# every row of jobs.
 _CLAIM_LANES_PG: Any = (
     text(
-        "WITH picked AS MATERIALIZED (SELECT p.id FROM unnest(CAST(:lanes AS varchar[]),"
-        " CAST(:wants AS int[])) AS l(key, want) CROSS JOIN LATERAL (SELECT j.id FROM jobs j"
-        " WHERE j.status = 'pending' AND j.resource_key = l.key AND j.run_at <= :now"
-        " ORDER BY j.priority DESC, j.run_at, j.id LIMIT l.want FOR UPDATE SKIP LOCKED)"
-        " AS p) "
         "UPDATE jobs SET status = 'running', attempts = jobs.attempts + :charge, "
         + JOB_LEASE.holding_sql(":token", ":until", ":worker")
         + ", heartbeat_at = :now, started_at = :started, updated_at = :now"
-        " FROM picked WHERE jobs.id = picked.id RETURNING " + _PG_CLAIMED_SQL
+        " WHERE jobs.id = ANY(ARRAY(SELECT p.id FROM unnest(CAST(:lanes AS varchar[]),"
+        " CAST(:wants AS int[])) AS l(key, want) CROSS JOIN LATERAL (SELECT j.id FROM jobs j"
+        " WHERE j.status = 'pending' AND j.resource_key = l.key AND j.run_at <= :now"
+        " ORDER BY j.priority DESC, j.run_at, j.id LIMIT l.want FOR UPDATE SKIP LOCKED)"
+        " AS p)) RETURNING " + _PG_CLAIMED_SQL
     )
     .bindparams(
         bindparam("now", type_=jobs.c.run_at.type),
