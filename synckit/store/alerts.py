@@ -45,7 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import Text
 
 from synckit.store.connections import STATUS_COLUMNS
-from synckit.store.leases import RELEASED, Lease, claim, fenced, free, new_lease
+from synckit.store.leases import RELEASED, Lease, claim, fenced, free, new_lease, picked
 from synckit.store.moments import from_row, guarded_moment, read_moment, read_payload
 from synckit.store.tables import alerts as alerts_table
 from synckit.store.tables import checkpoints, connections, dead_letters, dialect_insert, jobs
@@ -388,7 +388,7 @@ async def claim_deliveries(
         .with_for_update(skip_locked=True)
     )
     taken = await conn.execute(
-        claim(alerts_table, out.lease, c.id.in_(due.scalar_subquery()), now=now).returning(*_ROW)
+        claim(alerts_table, out.lease, picked(c.id, due), now=now).returning(*_ROW)
     )
     for row in sorted(taken.all(), key=lambda r: int(r.id)):
         try:
@@ -420,7 +420,7 @@ async def _give_up_overdue(
     )
     stale = await conn.execute(
         update(alerts_table)
-        .where(c.id.in_(overdue.scalar_subquery()))
+        .where(picked(c.id, overdue))
         .values(finished_at=now, **RELEASED)
         .returning(c.dedupe_key, c.last_error)
     )
@@ -501,7 +501,7 @@ async def prune_alerts(conn: AsyncConnection, *, before: datetime, limit: int = 
     An alert still owed to a sink is kept (it is given up after :data:`GIVE_UP_AFTER`)."""
     c = alerts_table.c
     victims = select(c.id).where(c.fired_at < before, c.finished_at.is_not(None)).limit(limit)
-    result = await conn.execute(delete(alerts_table).where(c.id.in_(victims.scalar_subquery())))
+    result = await conn.execute(delete(alerts_table).where(picked(c.id, victims)))
     return int(result.rowcount or 0)
 
 

@@ -715,5 +715,5 @@ async def prune(
         .where(outbox.c.status == "published", outbox.c.published_at < cutoff)
         .limit(batch)
     )
-    stmt = delete(outbox).where(outbox.c.id.in_(victims.scalar_subquery()))
+    stmt = delete(outbox).where(leases.picked(outbox.c.id, victims))
     return await delete_in_batches(db, stmt, batch)

@@ -303,7 +303,7 @@ def claim_pending(
     stmt = leases.claim(
         webhook_events,
         lease,
-        c.id.in_(pick.scalar_subquery()),
+        leases.picked(c.id, pick),
         c.status == PENDING,
         now=now,
         values={"attempts": c.attempts + 1},

@@ -74,8 +74,8 @@ async def backlog(db: Database, rows: int) -> None:
 async def test_claims_walk_the_due_indexes(db: Database) -> None:
     await backlog(db, 20_000)
     async with db.begin() as conn:
-        unkeyed = await plan(conn, claiming._CLAIM[conn.dialect.name, False])
-        keyed = await plan(conn, claiming._CLAIM[conn.dialect.name, True])
+        unkeyed = await plan(conn, claiming._CLAIM_UNKEYED)
+        keyed = await plan(conn, claiming._CLAIM_KEYED)
         lanes = await plan(conn, claiming._LANES)
     assert "ix_jobs_due" in unkeyed, unkeyed
     assert "ix_jobs_lane_due" in keyed, keyed
@@ -384,12 +384,14 @@ async def test_a_claim_right_after_a_bulk_enqueue_locks_its_batch_once(db: Datab
     table. As ``jobs.id IN (SELECT ... FOR UPDATE SKIP LOCKED)`` the generic plan hashed
     a scan of all of jobs per claim, and a claim in a test run spun for minutes; as a join
     with a MATERIALIZED CTE of the ids, the custom plan did. The ids are now an
-    ``ARRAY(SELECT ...)`` run once, the jobs updated by primary key. SQLite: the one-lane claim walks the lane's index."""
+    ``ARRAY(SELECT ...)`` run once, the jobs updated by primary key
+    (:func:`~synckit.store.leases.picked`). SQLite: the one-lane claim walks the lane's
+    index."""
     lanes = ["busy", "other"]
     if not db.is_postgres:
         await backlog(db, 100_000)
         async with db.begin() as conn:
-            keyed = await plan(conn, claiming._CLAIM["sqlite", True], lane="tenant-2")
+            keyed = await plan(conn, claiming._CLAIM_KEYED, lane="tenant-2")
         assert "ix_jobs_lane_due" in keyed and "SCAN jobs\n" not in keyed + "\n", keyed
         return
     insert = (
@@ -402,7 +404,7 @@ async def test_a_claim_right_after_a_bulk_enqueue_locks_its_batch_once(db: Datab
     now = datetime.now(UTC)
     params = {**PARAMS, "now": now, "until": now + timedelta(minutes=1), "wants": [100, 100]}
     forms = {
-        "one lane": (claiming._CLAIM["postgresql", True], {"lane": "busy"}, 1),
+        "one lane": (claiming._CLAIM_KEYED, {"lane": "busy"}, 1),
         "many lanes": (claiming._CLAIM_LANES_PG, {"lanes": lanes}, len(lanes)),
     }
     for analyzed in (False, True):

@@ -103,7 +103,7 @@ async def due_rows(
     ids = _soonest_pending(limit, max_attempts).with_for_update(skip_locked=True)
     stmt = (
         select(*_BASE_COLUMNS)
-        .where(dead_letters.c.id.in_(ids.scalar_subquery()), dead_letters.c.next_retry_at <= now)
+        .where(leases.picked(dead_letters.c.id, ids), dead_letters.c.next_retry_at <= now)
         .order_by(dead_letters.c.next_retry_at, dead_letters.c.id)
     )
     return [DeadLetter.from_row(r) for r in await conn.execute(stmt)]
@@ -122,7 +122,7 @@ async def claim_due(
     stmt = leases.claim(
         dead_letters,
         lease,
-        dead_letters.c.id.in_(picked.scalar_subquery()),
+        leases.picked(dead_letters.c.id, picked),
         dead_letters.c.next_retry_at <= now,
         now=now,
         values={"next_retry_at": lease.expires_at},
@@ -500,7 +500,7 @@ async def purge(db: Database, *, older_than: timedelta, now: datetime, batch: in
         c.resolved_at < cutoff, and_(c.resolved_at.is_(None), c.last_attempt_at < cutoff)
     )
     victims = select(c.id).where(c.status.in_(["resolved", "ignored"]), closed_before).limit(batch)
-    stmt = delete(dead_letters).where(c.id.in_(victims.scalar_subquery()))
+    stmt = delete(dead_letters).where(leases.picked(c.id, victims))
     return await delete_in_batches(db, stmt, batch)
 
 

@@ -15,6 +15,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from synckit.clock import utcnow
 from synckit.errors.exceptions import JobError, JobNotFound, JobStateError
+from synckit.store import leases
 from synckit.store import resources as lanes
 from synckit.store.batches import delete_in_batches
 from synckit.store.db import Database
@@ -55,7 +56,7 @@ async def prune(
         .where(jobs.c.finished_at < cutoff, jobs.c.status.in_(FINISHED))
         .limit(batch)
     )
-    stmt = delete(jobs).where(jobs.c.id.in_(victims.scalar_subquery()))
+    stmt = delete(jobs).where(leases.picked(jobs.c.id, victims))
     return await delete_in_batches(db, stmt, batch)
 
 

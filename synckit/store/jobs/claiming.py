@@ -35,7 +35,6 @@ from sqlalchemy import (
     Row,
     Text,
     and_,
-    any_,
     bindparam,
     case,
     cast,
@@ -131,28 +130,21 @@ _PG_CLAIMED_SQL = (
 )
 
 
-def _claim_statement(keyed: bool, dialect: str) -> Any:
+def _claim_statement(keyed: bool) -> Any:
     """The claim of one lane, built once: parameters ``now``, ``lim``, ``lane``, ``worker``,
     ``token``, ``until`` (the lease's end), ``charge`` (1 when the claimed jobs start now,
     else 0) and ``started`` (``now`` or NULL). Prebuilt so that a claim costs no SQL
-    construction or cache-key computation, only execution.
-
-    On PostgreSQL the locked ids are an ``ARRAY(SELECT ...)``, an init plan run once, and
-    the jobs are updated through their primary key (``id = ANY(...)``). As an
-    ``IN (SELECT ...)`` the planner could hash a scan of every row of jobs per claim (the
-    generic plan of a prepared claim, 100,000 jobs waiting), or rescan the locking LIMIT
-    once per row of jobs."""
+    construction or cache-key computation, only execution. The locked ids are taken once
+    and the jobs found by primary key (:func:`~synckit.store.leases.picked`)."""
     lane_cond = jobs.c.resource_key == bindparam("lane") if keyed else jobs.c.resource_key.is_(None)
-    picked = (
+    lane_jobs = (
         select(jobs.c.id)
         .where(jobs.c.status == PENDING, jobs.c.run_at <= bindparam("now"), lane_cond)
         .order_by(jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
         .limit(bindparam("lim", type_=Integer))
         .with_for_update(skip_locked=True)
     )
-    if dialect == "postgresql":
-        return _claiming(jobs.c.id == any_(func.array(picked.scalar_subquery())))
-    return _claiming(jobs.c.id.in_(picked.scalar_subquery()))
+    return _claiming(leases.picked(jobs.c.id, lane_jobs))
 
 
 def _claiming(which: Any) -> Any:
@@ -173,12 +165,8 @@ def _claiming(which: Any) -> Any:
     )
 
 
-#: One lane's claim, by engine and whether the lane has a key.
-_CLAIM = {
-    (dialect, keyed): _claim_statement(keyed, dialect)
-    for dialect in ("postgresql", "sqlite")
-    for keyed in (True, False)
-}
+_CLAIM_KEYED = _claim_statement(keyed=True)
+_CLAIM_UNKEYED = _claim_statement(keyed=False)
 
 
 def _claim_ones_statement() -> Any:
@@ -215,8 +203,9 @@ def _claim_lane_rows(
     terms: dict[str, Any],
 ) -> list[Row[Any]]:
     params = {"now": now, "lim": limit, "worker": worker_id, "token": token, **terms}
-    statement = _CLAIM[conn.dialect.name, lane is not None]
-    return list(conn.execute(statement, params if lane is None else {**params, "lane": lane}))
+    if lane is None:
+        return list(conn.execute(_CLAIM_UNKEYED, params))
+    return list(conn.execute(_CLAIM_KEYED, {**params, "lane": lane}))
 
 
 def _lanes_statement() -> Any:
@@ -285,7 +274,7 @@ _LANES = _lanes_statement()
 # PostgreSQL: many lanes' claims in one statement (and one round trip), each lane its own
 # LIMIT under FOR UPDATE SKIP LOCKED. With a thousand tenants a claim used to cost a
 # round trip per lane. The locked ids are an ARRAY(SELECT ...), run once as an init plan,
-# and the jobs updated through their primary key, as one lane's claim (_claim_statement
+# and the jobs updated through their primary key, as one lane's claim (leases.picked
 # says why). As ``jobs.id IN (SELECT ...)`` the locking LATERAL could be run again for
 # every row of jobs, which right after a bulk enqueue spun one claim for minutes; as a
 # join with a CTE of the ids, the planner, expecting thousands of them, hashed a scan of

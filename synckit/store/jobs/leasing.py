@@ -157,7 +157,7 @@ async def rescue_expired(
         dies = and_(~unstarted, jobs.c.attempts >= limit_of)
         res = await conn.execute(
             update(jobs)
-            .where(jobs.c.id.in_(expired.scalar_subquery()))
+            .where(leases.picked(jobs.c.id, expired))
             .values(
                 status=case((dies, "dead"), else_="pending"),
                 finished_at=case((dies, now), else_=None),
