@@ -15,9 +15,13 @@ from synckit.errors import ErrorClass, classify
 from synckit.testing import FakeAPI, FakeClock, Fault, Reply
 
 START = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
-# Short reads (a hang must time out quickly); a connect on a loaded machine may take
-# longer than that (a connect timeout at 0.3 s failed a CI run under full load).
-CLIENT_TIMEOUT = httpx.Timeout(0.3, connect=10.0)
+# Long enough that reaching it means a bug, however loaded the machine: a connect, a
+# write and a read at 0.3 s each failed CI runs under full load (a ConnectTimeout, then
+# a WriteTimeout on a plain 503).
+CLIENT_TIMEOUT = httpx.Timeout(30.0)
+# For the requests whose answer is held back on purpose: a short read, so that the
+# hold times out quickly. Connecting and writing keep the long budget.
+SHORT_READ = httpx.Timeout(30.0, read=0.3)
 
 
 @pytest.fixture
@@ -95,7 +99,7 @@ async def test_a_timeout_holds_the_answer_past_the_client_timeout(
     api.script("GET", "/items", [Fault.timeout(delay=60)])
     started = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
-        await http.get("/items")
+        await http.get("/items", timeout=SHORT_READ)
     assert time.monotonic() - started < 30  # the client's 0.3 s, not the held 60 s
     assert (await http.get("/items")).status_code == 200
 
@@ -133,7 +137,7 @@ async def test_a_slow_lost_create_response_times_out_after_committing(
 ) -> None:
     api.script("POST", "/items", [Fault.lost_response(delay=5)])
     with pytest.raises(httpx.ReadTimeout):
-        await http.post("/items", json={})
+        await http.post("/items", json={}, timeout=SHORT_READ)
     assert len(created) == 1
 
 
