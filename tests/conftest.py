@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import zygote  # tests/
-from services import PG_URL, _pg_admin, postgres_problem, service_unavailable
+from services import PG_URL, pg_execute, pg_fetchval, postgres_problem, service_unavailable
 from sqlalchemy.engine import make_url
 
 from synckit.store import migrate
@@ -144,12 +144,12 @@ def db_url(engine_name: str, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'synckit.db'}"
         return
     schema = f"t_{uuid.uuid4().hex[:16]}"
-    asyncio.run(_pg_admin(f"CREATE SCHEMA {schema}"))
+    pg_execute(f"CREATE SCHEMA {schema}")
     sep = "&" if "?" in PG_URL else "?"
     try:
         yield f"{PG_URL}{sep}search_path={schema}"
     finally:
-        asyncio.run(_pg_admin(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        pg_execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 async def _upgrade(url: str) -> None:
@@ -184,7 +184,7 @@ def _pg_template() -> Iterator[str | None]:
         yield None
         return
     template = f"tpl_{uuid.uuid4().hex[:16]}"
-    asyncio.run(_pg_admin(f"CREATE SCHEMA {template}"))
+    pg_execute(f"CREATE SCHEMA {template}")
     try:
         url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}search_path={template}"
         asyncio.run(_upgrade(url))
@@ -195,7 +195,7 @@ def _pg_template() -> Iterator[str | None]:
              "-U", pg.username or "postgres", "-d", pg.database or "test"],
             capture_output=True, text=True, check=True, timeout=60,
         ).stdout  # fmt: skip
-        version = asyncio.run(_pg_fetch(f"SELECT version_num FROM {template}.alembic_version"))
+        version = pg_fetchval(f"SELECT version_num FROM {template}.alembic_version")
         lines = [
             line
             for line in dump.replace(template, _SCHEMA).splitlines()
@@ -205,27 +205,7 @@ def _pg_template() -> Iterator[str | None]:
         lines.append(f"INSERT INTO {_SCHEMA}.alembic_version VALUES ('{version}');")
         yield "\n".join(lines)
     finally:
-        asyncio.run(_pg_admin(f"DROP SCHEMA IF EXISTS {template} CASCADE"))
-
-
-async def _pg_fetch(sql: str) -> object:
-    import asyncpg
-
-    conn = await asyncpg.connect(PG_URL.split("?")[0])
-    try:
-        return await conn.fetchval(sql)
-    finally:
-        await conn.close()
-
-
-async def _pg_run_script(script: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(PG_URL.split("?")[0])
-    try:
-        await conn.execute(script)  # the simple query protocol: many statements at once
-    finally:
-        await conn.close()
+        pg_execute(f"DROP SCHEMA IF EXISTS {template} CASCADE")
 
 
 @pytest.fixture
@@ -242,7 +222,7 @@ def migrated_url(db_url: str, engine_name: str, request: pytest.FixtureRequest) 
         asyncio.run(_upgrade(db_url))
         return db_url
     schema = db_url.rsplit("search_path=", 1)[1]
-    asyncio.run(_pg_run_script(script.replace(_SCHEMA, schema)))
+    pg_execute(script.replace(_SCHEMA, schema))  # the simple query protocol: many at once
     return db_url
 
 

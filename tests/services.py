@@ -8,13 +8,15 @@ A module of its own, not ``conftest``: ``tests/e2e/conftest.py`` is also a modul
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from sqlalchemy.engine import make_url
-
-from synckit.store.db import open_database
 
 REQUIRE_SERVICES = os.environ.get("SYNCKIT_REQUIRE_SERVICES") == "1"
 
@@ -49,11 +51,50 @@ def postgres_problem() -> str | None:
     return _pg_problem[0]
 
 
-async def _pg_admin(sql: str) -> None:
-    admin = open_database(PG_URL, pool_size=1)
-    try:
-        async with admin.engine.connect() as conn:
-            await conn.exec_driver_sql(sql)
-            await conn.commit()
-    finally:
-        await admin.dispose()
+class _Admin:
+    """One connection to PostgreSQL per test process for the fixtures' administration
+    (each test's schema made, filled from the template and dropped), on an event loop
+    of its own in a thread, so that the synchronous fixtures can use it between tests'
+    loops. It replaced an engine made, connected and disposed of for each statement,
+    three times per PostgreSQL test. A connection that broke is opened again once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: Any = None
+
+    def run(self, call: Callable[[Any], Awaitable[Any]]) -> Any:
+        """``call(connection)``'s result (an asyncpg connection)."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                runs = threading.Thread(target=self._loop.run_forever, name="pg-admin", daemon=True)
+                runs.start()
+            loop = self._loop
+        return asyncio.run_coroutine_threadsafe(self._call(call), loop).result()
+
+    async def _call(self, call: Callable[[Any], Awaitable[Any]]) -> Any:
+        import asyncpg
+
+        for attempt in (1, 2):
+            if self._conn is None or self._conn.is_closed():
+                self._conn = await asyncpg.connect(PG_URL.split("?")[0])
+            try:
+                return await call(self._conn)
+            except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError):
+                if attempt == 2 or not self._conn.is_closed():
+                    raise
+        raise AssertionError("unreachable")
+
+
+_admin = _Admin()
+
+
+def pg_execute(sql: str) -> None:
+    """Run ``sql`` (one or many statements; no parameters) on PostgreSQL, committed."""
+    _admin.run(lambda conn: conn.execute(sql))
+
+
+def pg_fetchval(sql: str) -> Any:
+    """The first value of ``sql``'s first row, on PostgreSQL."""
+    return _admin.run(lambda conn: conn.fetchval(sql))

@@ -7,6 +7,7 @@ before it is stored (:func:`json_holds_nul`), text made storable on both engines
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -113,9 +114,16 @@ def read_moments(
 def from_row(cls: type[_D], row: Any, **given: Any) -> _D:
     """The dataclass ``cls`` built from a stored row: each field not ``given`` is the
     row's attribute of the same name (a row of a ``select`` or a mapped record)."""
-    declared = fields(cls)  # type: ignore[arg-type]  # any dataclass
-    taken = {f.name: getattr(row, f.name) for f in declared if f.init and f.name not in given}
+    names = _init_fields(cls)  # type: ignore[arg-type]  # a class is hashable
+    taken = {name: getattr(row, name) for name in names if name not in given}
     return cls(**taken, **given)
+
+
+@functools.cache
+def _init_fields(cls: type) -> tuple[str, ...]:
+    """The names of the dataclass ``cls``'s fields its constructor takes (read once: a
+    claim builds a job from every row it claims)."""
+    return tuple(f.name for f in fields(cls) if f.init)
 
 
 def read_payload(value: object) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from services import PG_URL, _pg_admin, postgres_problem, service_unavailable
+from services import PG_URL, pg_execute, postgres_problem, service_unavailable
 from sqlalchemy import text
 
 from synckit.store.checkpoints import list_checkpoints
@@ -38,12 +38,12 @@ def far_url(engine_name: str, tmp_path: Path) -> Iterator[str]:
     if (problem := postgres_problem()) is not None:
         service_unavailable("PostgreSQL", problem)
     schema = f"far_{uuid.uuid4().hex[:16]}"
-    asyncio.run(_pg_admin(f"CREATE SCHEMA {schema}"))
+    pg_execute(f"CREATE SCHEMA {schema}")
     sep = "&" if "?" in PG_URL else "?"
     try:
         yield f"{PG_URL}{sep}search_path={schema}"
     finally:
-        asyncio.run(_pg_admin(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        pg_execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 @pytest.fixture
