@@ -12,7 +12,7 @@ from datetime import datetime
 
 import click
 
-from synckit.cli.options import cell, console, database_option, page_options, run, without_rich
+from synckit.cli.options import cell, database_option, page_options, run, without_rich
 from synckit.cli.options import markup_escaped as escape  # control characters too
 from synckit.clock import short_duration
 
@@ -26,6 +26,8 @@ with without_rich():
 
 from rich.console import Console
 from rich.table import Table
+
+from synckit.cli.options import console  # made on first use (rich): after the reads
 
 __all__ = ["render_status", "status_cmd"]
 
