@@ -59,7 +59,6 @@ import structlog
 from synckit.clock import utcnow
 from synckit.errors.exceptions import SynckitError
 from synckit.runtime.admin.audit import window_start
-from synckit.runtime.jobs.handlers import JobContext, Registry
 from synckit.runtime.observe.alert_delivery import AlertRouter, get_alert_router
 from synckit.runtime.observe.alert_rules import Alert, AlertData, RuleSet
 from synckit.runtime.observe.budget import pause_tenants
@@ -84,9 +83,10 @@ from synckit.store.db import Conn, Database
 from synckit.store.jobs.admin import StuckJob, unreadable_run_at
 
 # Only the webhook sink speaks HTTP: ``synckit status`` evaluates the rules on the spot
-# and must not pay for an HTTP client (tests/unit/test_command_imports.py).
+# and must not pay for an HTTP client (tests/unit/test_command_imports.py), nor for the
+# job registry (and the outbox it imports), which only a worker's evaluator needs.
 if TYPE_CHECKING:
-    pass
+    from synckit.runtime.jobs.handlers import JobContext, Registry
 
 ALERTS_KIND = "synckit.alerts"
 
