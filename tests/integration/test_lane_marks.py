@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy import func, select, text, update
+from waits import EVENT_TIMEOUT  # tests/
 
 from synckit.store import migrate
 from synckit.store import resources as resources_store
@@ -285,19 +288,19 @@ async def test_migration_0008_marks_the_lanes_that_have_work(db_url: str) -> Non
 # pairs); a claimer claims up to 64 jobs at a time and completes them at once, so lanes
 # keep emptying while jobs arrive in them. Each runs for the seconds given.
 _RACER = """
-import asyncio, random, sys, time
+import asyncio, os, random, sys, time
 from synckit.clock import utcnow
 from synckit.store.db import open_database
 from synckit.store.jobs.claiming import claim
 from synckit.store.jobs.enqueueing import JobSpec, enqueue, enqueue_many
 from synckit.store.jobs.outcomes import complete_many
 
-async def main(url, role, seed, seconds):
+async def main(url, role, seed, stop, cap):
     rng = random.Random(seed)
     db = open_database(url)
-    end = time.monotonic() + seconds
+    end = time.monotonic() + cap  # a bound for a test that died; the stop file ends it
     try:
-        while time.monotonic() < end:
+        while not os.path.exists(stop) and time.monotonic() < end:
             if role == "enqueue":
                 lane = f"lane-{rng.randrange(100)}"
                 if rng.random() < 0.7:
@@ -313,19 +316,25 @@ async def main(url, role, seed, seconds):
     finally:
         await db.dispose()
 
-asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])))
 """
 
 
+#: The race runs at least this long and until it was looked at this many times: on a
+#: busy machine a look waits longer for SQLite's lock (36 looks in 8 s under stress).
+RACE_SECONDS = 8.0
+RACE_LOOKS = 50
+
+
 async def test_concurrent_enqueues_and_claims_leave_no_lane_unmarked(
-    db: Database, migrated_url: str
+    db: Database, migrated_url: str, tmp_path: Path
 ) -> None:
     """Two processes enqueue into 100 lanes while two others claim and complete there,
     so claims keep emptying lanes as jobs arrive in them. Watched all along, no pending
     job is ever seen in a lane without a mark at or before it (an enqueue and a claim
     emptying its lane are ordered by the lane row's lock), and a last claim takes every
     job left."""
-    seconds = 8.0
+    stop = tmp_path / "stop"
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
@@ -334,7 +343,8 @@ async def test_concurrent_enqueues_and_claims_leave_no_lane_unmarked(
             migrated_url,
             role,
             str(seed),
-            str(seconds),
+            str(stop),
+            str(EVENT_TIMEOUT),
             stderr=asyncio.subprocess.PIPE,
         )
         for seed, role in enumerate(["enqueue", "claim", "enqueue", "claim"])
@@ -342,14 +352,17 @@ async def test_concurrent_enqueues_and_claims_leave_no_lane_unmarked(
     waiting = [asyncio.create_task(p.communicate()) for p in procs]
     seen: list[tuple[str, datetime, datetime | None]] = []
     looks = 0
+    started = time.monotonic()
     while not all(w.done() for w in waiting):
         seen += await unmarked_work(db)
         looks += 1
+        if looks >= RACE_LOOKS and time.monotonic() - started >= RACE_SECONDS:
+            stop.touch()
         await asyncio.sleep(0.005)
     outcomes = [await w for w in waiting]
     errors = [err.decode()[-2000:] for _, err in outcomes]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
-    assert looks > 50
+    assert stop.exists(), f"the racers ended before {RACE_LOOKS} looks: {errors}"
     assert seen == []
     assert await unmarked_work(db) == []
     async with db.begin() as conn:
