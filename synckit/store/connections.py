@@ -604,8 +604,11 @@ BULK_FIELDS = (
 _TYPES = ("text", "text", "text", "text", "text", "text", "int", "float8", "int")
 
 
+_COLUMNS = tuple(zip(BULK_FIELDS, _TYPES, strict=True))
+
+
 def _source(postgres: bool) -> str:
-    return rows_source(postgres, list(zip(BULK_FIELDS, _TYPES, strict=True)))
+    return rows_source(postgres, _COLUMNS)
 
 
 def _statements(postgres: bool) -> tuple[Any, Any, Any, Any]:
@@ -636,7 +639,7 @@ def _is_postgres(conn: Conn) -> bool:
 
 
 def _bulk_params(postgres: bool, values: Sequence[Sequence[Any]], now: datetime) -> dict[str, Any]:
-    return {**rows_params(postgres, BULK_FIELDS, values), "now": now}
+    return {**rows_params(postgres, _COLUMNS, values), "now": now}
 
 
 async def existing_tenants(conn: Conn, names: Sequence[str]) -> set[str]:

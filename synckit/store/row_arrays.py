@@ -36,17 +36,25 @@ def rows_source(postgres: bool, cols: Sequence[tuple[str, str]]) -> str:
 
 
 def rows_params(
-    postgres: bool, names: Sequence[str], rows: Sequence[Sequence[Any]]
+    postgres: bool, cols: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
 ) -> dict[str, Any]:
-    """The parameters of :func:`rows_source` for ``rows`` (values in ``names`` order);
-    on SQLite, timestamps as the text SQLite stores."""
+    """The parameters of :func:`rows_source` ``(cols)`` for ``rows`` (values in ``cols``
+    order); on SQLite, the ``timestamptz`` columns' values as the text SQLite stores (only
+    theirs are looked at: a check of every value cost a tenth of a bulk tenant import)."""
     if postgres:
-        return {n: [r[i] for r in rows] for i, n in enumerate(names)}
-    return {
-        "rows": json.dumps(
-            [[_SQLITE_TS(v) if isinstance(v, datetime) else v for v in r] for r in rows]
-        )
-    }
+        return {n: [r[i] for r in rows] for i, (n, _) in enumerate(cols)}
+    stamps = [i for i, (_, t) in enumerate(cols) if t == "timestamptz"]
+    if stamps:
+        rows = [_stored_stamps(r, stamps) for r in rows]
+    return {"rows": json.dumps(rows)}
+
+
+def _stored_stamps(row: Sequence[Any], stamps: Sequence[int]) -> list[Any]:
+    out = list(row)
+    for i in stamps:
+        if isinstance(out[i], datetime):
+            out[i] = _SQLITE_TS(out[i])
+    return out
 
 
 def list_param(postgres: bool, values: Sequence[Any]) -> Any:
@@ -69,4 +77,4 @@ class RowStatements:
         self, cols: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]
     ) -> dict[str, Any]:
         """The parameters for ``rows`` of a statement that reads :meth:`source` ``(cols)``."""
-        return rows_params(self.postgres, [name for name, _ in cols], rows)
+        return rows_params(self.postgres, cols, rows)
