@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 import zygote  # tests/
-from services import PG_URL, pg_execute, pg_fetchval, postgres_problem, service_unavailable
+from services import (
+    PG_URL,
+    SchemaPool,
+    pg_execute,
+    pg_fetchval,
+    postgres_problem,
+    service_unavailable,
+)
 from sqlalchemy.engine import make_url
 
 from synckit.store import migrate
@@ -124,6 +131,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
 
 def pytest_sessionfinish() -> None:
     zygote.stop()
+    _pool.drop_all()
 
 
 ENGINES = ["sqlite", "postgresql"]
@@ -137,15 +145,29 @@ def engine_name(request: pytest.FixtureRequest) -> str:
     return name
 
 
+_pool = SchemaPool()
+
+
 @pytest.fixture
-def db_url(engine_name: str, tmp_path: Path) -> Iterator[str]:
-    """An empty database of the parametrized engine, as a URL (usable by subprocesses)."""
+def db_url(engine_name: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """An empty database of the parametrized engine, as a URL (usable by subprocesses).
+
+    On PostgreSQL, a schema of its own. A test that also takes ``migrated_url`` (``db``)
+    gets one from this process's pool of migrated schemas (:class:`services.SchemaPool`),
+    emptied after the test; any other test, a new empty schema, dropped after it."""
     if engine_name == "sqlite":
         yield f"sqlite:///{tmp_path / 'synckit.db'}"
         return
+    sep = "&" if "?" in PG_URL else "?"
+    if "migrated_url" in request.fixturenames and request.getfixturevalue("_pg_template"):
+        schema = _pool.take()
+        try:
+            yield f"{PG_URL}{sep}search_path={schema}"
+        finally:
+            _pool.give_back(schema)
+        return
     schema = f"t_{uuid.uuid4().hex[:16]}"
     pg_execute(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in PG_URL else "?"
     try:
         yield f"{PG_URL}{sep}search_path={schema}"
     finally:
@@ -211,18 +233,21 @@ def _pg_template() -> Iterator[str | None]:
 @pytest.fixture
 def migrated_url(db_url: str, engine_name: str, request: pytest.FixtureRequest) -> str:
     """A database URL whose schema is at head: a copy of a schema the migrations built
-    once for this test process (see the template fixtures), or, without ``pg_dump``, the
-    migrations run for this test."""
+    once for this test process (see the template fixtures; on PostgreSQL, a pooled schema
+    already is one), or, without ``pg_dump``, the migrations run for this test."""
     if engine_name == "sqlite":
         template: Path = request.getfixturevalue("_sqlite_template")
         shutil.copyfile(template, make_url(db_url).database or "")
+        return db_url
+    schema = db_url.rsplit("search_path=", 1)[1]
+    if _pool.migrated(schema):
         return db_url
     script: str | None = request.getfixturevalue("_pg_template")
     if script is None:
         asyncio.run(_upgrade(db_url))
         return db_url
-    schema = db_url.rsplit("search_path=", 1)[1]
     pg_execute(script.replace(_SCHEMA, schema))  # the simple query protocol: many at once
+    _pool.filled(schema)
     return db_url
 
 
