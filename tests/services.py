@@ -167,6 +167,8 @@ class SchemaPool:
 
     def __init__(self) -> None:
         self._free: list[str] = []
+        #: Every schema this pool made and has not dropped (free or in a test's hands).
+        self._made: set[str] = set()
         self._migrated: set[str] = set()
         self._reference: str | None = None
         self._version: str | None = None
@@ -180,6 +182,7 @@ class SchemaPool:
             return self._free.pop()
         schema = f"t_{uuid.uuid4().hex[:16]}"
         pg_execute(f"CREATE SCHEMA {schema}")
+        self._made.add(schema)
         return schema
 
     def migrated(self, schema: str) -> bool:
@@ -218,7 +221,11 @@ class SchemaPool:
             )
             self._free.append(schema)
             return
+        self._drop(schema)
+
+    def _drop(self, schema: str) -> None:
         self._migrated.discard(schema)
+        self._made.discard(schema)
         pg_execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
     def _reusable(self, schema: str) -> bool:
@@ -236,6 +243,8 @@ class SchemaPool:
         return bool(found <= self.REUSE_ROWS and touched == 0 and version == self._version)
 
     def drop_all(self) -> None:
-        for schema in self._free:
-            pg_execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        """Drop every schema this pool made: the free ones, and any a test still holds
+        (one whose teardown never ran)."""
+        for schema in sorted(self._made):
+            self._drop(schema)
         self._free.clear()

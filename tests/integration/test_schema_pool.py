@@ -53,6 +53,8 @@ def test_a_schema_given_back_is_emptied_with_its_sequences_restarted_and_reused(
         " VALUES ('k', '{}', 'pending', now(), now(), now())"
     )
     assert pg_fetchval(f"SELECT id FROM {schema}.jobs") == 1
+    p.drop_all()  # a schema still held by a test is dropped too
+    assert not _exists(schema)
 
 
 @pytest.mark.parametrize(
@@ -81,6 +83,8 @@ def test_a_schema_a_test_changed_is_dropped_not_reused(
     p.give_back(schema)
     assert not _exists(schema)
     assert p.take() != schema
+    p.drop_all()
+    assert not _exists(schema)
 
 
 def test_a_schema_whose_test_failed_before_its_migration_is_dropped(
