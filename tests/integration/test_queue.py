@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, insert, select, update
+from waits import EVENT_TIMEOUT, await_until  # tests/
 
 from synckit.errors import RetryPolicy
 from synckit.errors.exceptions import (
@@ -17,6 +18,7 @@ from synckit.errors.exceptions import (
     JobStateError,
     PayloadError,
     RateLimited,
+    RetryableError,
     Snooze,
 )
 from synckit.runtime.jobs.handlers import JobContext, Registry
@@ -404,6 +406,70 @@ async def test_cancelled_running_job_is_stopped_at_heartbeat(db: Database) -> No
     worker.stop()
     await asyncio.wait_for(run, 10)
     assert (await admin.get_job(db, job.id)).status == "cancelled"
+
+
+async def test_a_heartbeat_of_a_retried_jobs_old_claim_does_not_stop_its_next_attempt(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heartbeat reports on the claims it was sent. Attempt 1 fails and is retried while
+    a heartbeat that still carries attempt 1's claim is on its way; the same worker claims
+    attempt 2 meanwhile. That beat's answer (attempt 1's claim is gone) once stopped
+    attempt 2 as a lost claim, and the job then waited out its whole lease (30 s in the
+    demo, whose sends converged late or not at all on a loaded machine)."""
+    reg = Registry()
+    old_beat_sent = asyncio.Event()
+    second_running = asyncio.Event()
+    beat_answered = asyncio.Event()
+    attempts: list[int] = []
+    cancelled: list[int] = []
+    real_heartbeat = leasing.heartbeat
+
+    async def slow_heartbeat(
+        db_: Database, worker_id: str, held: list[tuple[int, int]], **kw: Any
+    ) -> set[int]:
+        if not old_beat_sent.is_set() and attempts == [1]:
+            old_beat_sent.set()
+            await second_running.wait()  # the retry is recorded and claimed again meanwhile
+            alive = await real_heartbeat(db_, worker_id, held, **kw)
+            beat_answered.set()
+            return alive
+        return await real_heartbeat(db_, worker_id, held, **kw)
+
+    monkeypatch.setattr(leasing, "heartbeat", slow_heartbeat)
+
+    @reg.handler("flaky")
+    async def flaky(ctx: JobContext) -> None:
+        attempts.append(ctx.job.attempts)
+        try:
+            if ctx.job.attempts == 1:
+                await old_beat_sent.wait()
+                raise RetryableError("the first attempt fails")
+            second_running.set()
+            await beat_answered.wait()
+            await asyncio.sleep(0)  # the worker acts on the beat's answer here, if at all
+        except asyncio.CancelledError:
+            cancelled.append(ctx.job.attempts)
+            raise
+
+    job = await enqueueing.enqueue(db, "flaky", {})
+    # A lease of a second beats every third of a second; a stopped attempt would come
+    # back as attempt 3 once its lease ran out, which the asserts below tell apart.
+    worker = make_worker(db, reg, lease=timedelta(seconds=1))
+    run = asyncio.create_task(worker.run())
+    try:
+        await await_until(
+            lambda: _status_is(db, job.id, "succeeded"), lambda: f"attempts {attempts}"
+        )
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, EVENT_TIMEOUT)
+    assert cancelled == []
+    assert attempts == [1, 2]
+    assert (await admin.get_job(db, job.id)).attempts == 2
+
+
+async def _status_is(db: Database, job_id: int, status: str) -> bool:
+    return (await admin.get_job(db, job_id)).status == status
 
 
 async def test_a_heartbeat_never_waits_for_a_row_another_transaction_holds(db: Database) -> None:

@@ -666,9 +666,13 @@ class Worker(OutcomeRecorder):
             except Exception as exc:  # the worker must outlive any one failure
                 self._log.warning("worker.heartbeat_failed", error=str(exc))
                 continue
-            for job_id, _ in held:
+            for job_id, token in held:
                 task = self._tasks.get(job_id)
-                if job_id not in alive and task is not None and job_id in self._held:
+                mine = self._held.get(job_id)
+                # Only the claim this beat was sent for: while the beat was on its way the
+                # job may have ended its attempt and been claimed again (a retry), and that
+                # new attempt is not the one whose claim is gone.
+                if job_id not in alive and task is not None and mine and mine.claim_token == token:
                     # Cancelled by an operator or rescued by another worker: stop the handler.
                     self._log.warning("job.lost_claim", job_id=job_id)
                     self._held.pop(job_id, None)
