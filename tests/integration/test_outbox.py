@@ -417,7 +417,7 @@ async def test_running_relay_is_woken_by_a_commit(db: Database) -> None:
 ADD_SCRIPT = """
 import asyncio, sys
 from synckit.store.db import open_database
-from synckit.runtime.writes.outbox import add
+from synckit.store.outbox import add
 
 async def main() -> None:
     db = open_database(sys.argv[1])
