@@ -468,6 +468,95 @@ async def test_a_heartbeat_of_a_retried_jobs_old_claim_does_not_stop_its_next_at
     assert (await admin.get_job(db, job.id)).attempts == 2
 
 
+async def test_a_late_outcome_of_a_rescued_attempt_leaves_the_new_claim_held(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's own job is rescued while its attempt still runs (its lease ran out: a
+    stalled machine) and the same worker claims it again. The old attempt's outcome is
+    fenced off when it comes; recording it must not drop the new claim from what the
+    worker holds, or that claim gets no heartbeats and is rescued once more."""
+    reg = Registry()
+    first: list[int] = []  # attempt 1's claim token
+    first_running = asyncio.Event()
+    second_running = asyncio.Event()
+    attempts: list[int] = []
+    real_heartbeat = leasing.heartbeat
+
+    async def heartbeat(
+        db_: Database, worker_id: str, held: list[tuple[int, int]], **kw: Any
+    ) -> set[int]:
+        # Attempt 1's claim is not asked about: its loss is not what this test is about
+        # (a heartbeat noticing it first would stop attempt 1, a behaviour of its own).
+        old = {job_id for job_id, token in held if token in first}
+        alive = await real_heartbeat(db_, worker_id, [h for h in held if h[1] not in first], **kw)
+        return alive | old
+
+    monkeypatch.setattr(leasing, "heartbeat", heartbeat)
+
+    async def lease_of(job_id: int) -> tuple[int | None, Any]:
+        async with db.read() as conn:
+            row = (
+                await conn.execute(
+                    select(jobs.c.claim_token, jobs.c.lease_expires_at).where(jobs.c.id == job_id)
+                )
+            ).one()
+        return row[0], row[1]
+
+    @reg.handler("long")
+    async def long(ctx: JobContext) -> None:
+        attempts.append(ctx.job.attempts)
+        if ctx.job.attempts == 1:
+            first.append(ctx.job.claim_token)
+            first_running.set()
+            await second_running.wait()
+            return  # a success whose claim is gone: fenced
+        second_running.set()
+        await await_until(lambda: _true_if(worker.stats.fenced == 1), "attempt 1 recorded")
+        # Attempt 1's end left this attempt's task in the worker's books (a heartbeat
+        # that finds this claim gone stops it; a shutdown waits for it).
+        assert worker._tasks.get(ctx.job.id) is asyncio.current_task()
+        token, lease = await lease_of(ctx.job.id)
+        # A heartbeat extends this claim's lease, unless the worker no longer holds it
+        # (then it runs out and another claim takes the job).
+        moved = await await_until(
+            lambda: _lease_moved(lease_of, ctx.job.id, token, lease), "the lease unchanged"
+        )
+        assert moved == "extended", moved
+
+    job = await enqueueing.enqueue(db, "long", {})
+    worker = make_worker(db, reg, lease=timedelta(seconds=1))
+    run = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(first_running.wait(), EVENT_TIMEOUT)
+        async with db.begin() as conn:
+            await conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job.id)
+                .values(lease_expires_at=datetime.now(UTC) - timedelta(hours=1))
+            )
+        assert await leasing.rescue_expired(db) == 1
+        await await_until(
+            lambda: _status_is(db, job.id, "succeeded"), lambda: f"attempts {attempts}"
+        )
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, EVENT_TIMEOUT)
+    assert attempts == [1, 2]
+    assert worker.stats.fenced == 1
+    assert (await admin.get_job(db, job.id)).attempts == 2
+
+
+async def _true_if(value: bool) -> bool:
+    return value
+
+
+async def _lease_moved(lease_of: Any, job_id: int, token: int | None, lease: Any) -> str:
+    now_token, now_lease = await lease_of(job_id)
+    if now_token != token:
+        return "claimed again"
+    return "extended" if now_lease is not None and lease is not None and now_lease > lease else ""
+
+
 async def _status_is(db: Database, job_id: int, status: str) -> bool:
     return (await admin.get_job(db, job_id)).status == status
 

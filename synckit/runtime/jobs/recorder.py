@@ -215,7 +215,7 @@ class OutcomeRecorder:
                     )
             self._unrecorded -= len(batch)
             for o in batch:
-                self._held.pop(o.job.id, None)
+                self._forget_claim(o.job)
                 self._outcomes.task_done()
                 if self._spans:
                     self._end_span(o.job.id, o.kind, o)
@@ -548,6 +548,15 @@ class OutcomeRecorder:
             self.stats.cancelled += 1
         elif status == "discarded":
             self.stats.discarded += 1
+
+    def _forget_claim(self, job: ClaimedJob) -> None:
+        """Stop holding ``job``'s claim, and only that claim: a job this worker's own
+        maintenance rescued while it still ran may have been claimed here again, and the
+        late outcome of the old attempt (fenced) must not drop the new claim, which would
+        then go without heartbeats and be rescued once more."""
+        mine = self._held.get(job.id)
+        if mine is not None and mine.claim_token == job.claim_token:
+            del self._held[job.id]
 
     async def _db_trouble(self, where: str, exc: Exception, backoff: _Backoff) -> None:
         """Log a failed step and wait before the caller retries it.

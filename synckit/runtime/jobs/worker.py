@@ -438,6 +438,13 @@ class Worker(OutcomeRecorder):
         task = asyncio.create_task(self._execute(job, slotted), name=f"synckit-job-{job.id}")
         self._tasks[job.id] = task
 
+    def _forget_task(self, job_id: int) -> None:
+        """Drop the running task's entry for ``job_id``, if it is this task's: a job this
+        worker's own maintenance rescued (its lease ran out while it ran) may have been
+        claimed here again, and its new attempt's task is not this one."""
+        if self._tasks.get(job_id) is asyncio.current_task():
+            del self._tasks[job_id]
+
     def _put_outcome(self, outcome: _Outcome) -> None:
         self._unrecorded += 1
         self._outcomes.put_nowait(outcome)
@@ -449,14 +456,14 @@ class Worker(OutcomeRecorder):
         try:
             if self._stopping.is_set():
                 # Not started: shutdown releases it (a charged attempt is given back).
-                self._tasks.pop(job.id, None)
+                self._forget_task(job.id)
                 self._end_span(job.id, "released")
                 return
             learnt = self.book.learnt.get(job.resource_key or "")
             held = gate(learnt, self.clock()).until if learnt is not None else None
             if held is not None and not job.probe:
                 # Claimed ahead before this worker learnt its resource must wait.
-                self._tasks.pop(job.id, None)
+                self._forget_task(job.id)
                 self._put_outcome(_Outcome(job, "snooze", snooze_until=held))
                 return
             if not job.started:
@@ -464,8 +471,8 @@ class Worker(OutcomeRecorder):
                 if started_job is None:
                     # Rescued or cancelled while it waited: another worker may run it.
                     self._log.warning("job.lost_claim", job_id=job.id)
-                    self._tasks.pop(job.id, None)
-                    self._held.pop(job.id, None)
+                    self._forget_task(job.id)
+                    self._forget_claim(job)
                     self._slot_free.set()
                     self._end_span(job.id, "lost_claim")
                     return
@@ -566,7 +573,7 @@ class Worker(OutcomeRecorder):
         except asyncio.CancelledError:
             # Shutdown past the grace period, or the job was cancelled under us: the
             # release (or the cancel) already decides what happens to it.
-            self._tasks.pop(job.id, None)
+            self._forget_task(job.id)
             self._slot_free.set()
             self._end_span(job.id, "cancelled")
             raise
@@ -579,7 +586,7 @@ class Worker(OutcomeRecorder):
                 progress=ctx is not None and ctx.made_progress,
                 started_at=handler_started,
             )
-        self._tasks.pop(job.id, None)
+        self._forget_task(job.id)
         self._slot_free.set()
         if outcome.kind == "failure" and job.resource_key:
             # Until this failure is recorded (it may pace or open the resource), no job of
