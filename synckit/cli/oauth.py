@@ -143,7 +143,9 @@ def connect_command(
             click.echo(f"Waiting for the redirect to {redirect} ...", err=True)
 
         async def handle(callback_url: str) -> ReauthResult:
-            return await complete_authorization(db, tenant, config, callback_url)
+            return await complete_authorization(
+                db, tenant, config, callback_url, network=app.network
+            )
 
         try:
             return await receive_callback(host, port, callback_path, handle, wait=wait, ready=ready)

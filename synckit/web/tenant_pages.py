@@ -286,7 +286,9 @@ async def oauth_callback(request: Request) -> Response:
         if st.config.app is None:
             raise ValueError("completing a connection needs the App: start the console with --app")
         config = await oauth_config_for(st.config.app, db, tenant)
-        result = await complete_authorization(db, tenant, config, str(request.url))
+        result = await complete_authorization(
+            db, tenant, config, str(request.url), network=st.config.app.network
+        )
     except (SynckitError, LookupError, ValueError) as exc:
         text = red(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         log.warning(

@@ -1,7 +1,8 @@
 """``ctx.http`` behind a proxy and over TLS, against real servers on loopback: the
 environment's ``HTTP_PROXY`` / ``HTTPS_PROXY`` and ``NO_PROXY``, an explicit
 ``App(proxy=...)``, a server whose certificate is not trusted (refused, one line) and the
-same server trusted through ``App(ca_bundle=...)``."""
+same server trusted through ``App(ca_bundle=...)``; and the OAuth2 token endpoint reached
+through the same proxy and CAs."""
 
 from __future__ import annotations
 
@@ -14,7 +15,17 @@ import httpx
 import pytest
 import trustme
 
-from synckit import App, ConfigurationError, Connector, Page, RetryableError, SyncContext
+from synckit import (
+    App,
+    ConfigurationError,
+    Connector,
+    OAuth2,
+    OAuth2Config,
+    Page,
+    RetryableError,
+    SyncContext,
+)
+from synckit.runtime.credentials.oauth import token_client
 from synckit.store.db import Database
 from tests.loopback import LoopbackProxy, LoopbackServer, Request
 
@@ -175,3 +186,54 @@ def test_a_proxy_or_bundle_that_cannot_work_is_one_configuration_line(tmp_path: 
     garbage.write_text("not a certificate\n")
     with pytest.raises(ConfigurationError, match=r"^ca_bundle .*garbage\.pem.* does not load"):
         App([Api], ca_bundle=garbage)
+
+
+# --- the OAuth2 token endpoint -----------------------------------------------------------
+
+
+def token_endpoint(req: Request) -> tuple[int, dict[str, str], bytes]:
+    body = b'{"access_token": "at-1", "token_type": "Bearer", "expires_in": 3600}'
+    return 200, {"Content-Type": "application/json"}, body
+
+
+@pytest.fixture
+def https_token_endpoint(ca: trustme.CA) -> Iterator[LoopbackServer]:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    server = LoopbackServer(token_endpoint, tls=context)
+    yield server
+    server.close()
+
+
+async def test_the_token_endpoint_is_reached_through_the_apps_proxy_and_trusted_by_its_cas(
+    db: Database,
+    proxy: LoopbackProxy,
+    https_token_endpoint: LoopbackServer,
+    ca: trustme.CA,
+    tmp_path: Path,
+) -> None:
+    """A token refresh goes out as the API's requests do: through ``App(proxy=...)``,
+    verifying the endpoint against ``App(ca_bundle=...)`` (it went direct, trusting only
+    the default CAs: behind a company's TLS-inspecting proxy every refresh failed)."""
+    bundle = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(bundle))
+    app = App([Api], proxy=proxy.url, ca_bundle=bundle)
+    cfg = OAuth2Config(
+        f"{https_token_endpoint.url}/token", "id", "secret", grant="client_credentials"
+    )
+    await app.add_tenant(db, "acme", "api", {})
+    async with app.context(db, "acme") as ctx:
+        auth = ctx.auth_for(OAuth2(cfg))
+    assert getattr(auth, "network", None) == app.network  # what the refresh goes through
+
+    async with token_client(cfg, network=app.network) as client:
+        token = await client.fetch_token(cfg.token_url, grant_type="client_credentials")
+    assert token["access_token"] == "at-1"
+    hostport = https_token_endpoint.url.removeprefix("https://")
+    assert proxy.seen == [f"CONNECT {hostport} HTTP/1.1"]
+    assert [r.path for r in https_token_endpoint.requests] == ["/token"]
+
+    # Without the App's network: the test's CA is not among the default ones.
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        async with token_client(cfg) as client:
+            await client.fetch_token(cfg.token_url, grant_type="client_credentials")

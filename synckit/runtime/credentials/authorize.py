@@ -50,6 +50,8 @@ from synckit.runtime.credentials.oauth import (
     token_endpoint_error,
 )
 from synckit.runtime.credentials.secrets import TokenCipher, TokenSet
+from synckit.runtime.http.network import Network
+from synckit.runtime.http.transports import DEFAULT_NETWORK
 from synckit.store import connections as connection_store
 from synckit.store.connections import read_connection
 from synckit.store.db import Database
@@ -215,6 +217,7 @@ async def complete_authorization(
     cipher: TokenCipher | None = None,
     now: datetime | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    network: Network = DEFAULT_NETWORK,
 ) -> ReauthResult:
     """Finish the flow begun by :func:`begin_authorization` with the provider's redirect.
 
@@ -222,7 +225,8 @@ async def complete_authorization(
     :class:`AuthorizationRefused` for a wrong, expired or replayed ``state``, a refused
     consent or a refused code; :class:`~synckit.errors.exceptions.TokenEndpointUnavailable`
     when the provider could not answer (the consent must then be started again: its
-    state is spent).
+    state is spent). ``network``: the App's proxy and CAs (``app.network``), which the
+    token endpoint is reached through.
     """
     cipher = cipher or TokenCipher.from_env()
     now = now or utcnow()
@@ -241,7 +245,7 @@ async def complete_authorization(
 
     try:
         async with token_client(
-            config, transport=transport, redirect_uri=pending.redirect_uri
+            config, transport=transport, network=network, redirect_uri=pending.redirect_uri
         ) as client:
             client.register_compliance_hook("access_token_response", keep)
             raw: Any = await client.fetch_token(

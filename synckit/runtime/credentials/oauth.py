@@ -78,6 +78,8 @@ from synckit.runtime.credentials.secrets import (
     write_token_set,
 )
 from synckit.runtime.http import pacing
+from synckit.runtime.http.network import Network
+from synckit.runtime.http.transports import DEFAULT_NETWORK, tls_context
 from synckit.store.connections import (
     REASON_CHARS,
     hand_back_refresh_lease,
@@ -290,7 +292,9 @@ class OAuth2Auth(httpx.Auth):
     so the token is attached after the pacing wait; with any other client the auth flow
     attaches it.
 
-    ``transport`` is passed to the client that calls the token endpoint (for tests).
+    ``network``: the App's proxy and CAs (``App(proxy=..., ca_bundle=...)``), which the
+    token endpoint is reached through as the API is (``ctx.http`` passes its own).
+    ``transport`` replaces them for the client that calls the token endpoint (tests).
     """
 
     requires_request_body = True  # a request refused with 401 is sent again
@@ -304,6 +308,7 @@ class OAuth2Auth(httpx.Auth):
         cipher: TokenCipher | None = None,
         clock: Callable[[], datetime] = utcnow,
         transport: httpx.AsyncBaseTransport | None = None,
+        network: Network = DEFAULT_NETWORK,
     ) -> None:
         self.db = db
         self.tenant = tenant
@@ -311,6 +316,7 @@ class OAuth2Auth(httpx.Auth):
         self.cipher = cipher or TokenCipher.from_env()
         self.clock = clock
         self.transport = transport
+        self.network = network
         #: Set by ``open_context`` when its transport calls :meth:`before_send`.
         self.attached_by_transport = False
         self._token: TokenSet | None = None
@@ -584,7 +590,7 @@ class OAuth2Auth(httpx.Auth):
             return readable_expiry(response, now)
 
         try:
-            async with token_client(cfg, transport=self.transport) as client:
+            async with token_client(cfg, transport=self.transport, network=self.network) as client:
                 client.register_compliance_hook("refresh_token_response", keep)
                 client.register_compliance_hook("access_token_response", keep)
                 if cfg.grant == "refresh_token":
@@ -670,11 +676,24 @@ def readable_expiry(response: httpx.Response, now: datetime) -> httpx.Response:
 
 
 def token_client(
-    cfg: OAuth2Config, *, transport: httpx.AsyncBaseTransport | None = None, **kwargs: Any
+    cfg: OAuth2Config,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    network: Network = DEFAULT_NETWORK,
+    **kwargs: Any,
 ) -> AsyncOAuth2Client:
-    """authlib's client for ``cfg``'s token endpoint, authenticating as ``cfg`` says."""
+    """authlib's client for ``cfg``'s token endpoint, authenticating as ``cfg`` says,
+    through ``network`` (the App's proxy, else the environment's, and the App's CAs) or,
+    where given, ``transport``."""
     if transport is not None:
         kwargs["transport"] = transport
+    else:
+        # The process's TLS context for these CAs: a client of its own loaded the CA
+        # bundle again for every token refresh (~20-50 ms of CPU each), and trusted only
+        # the default CAs whatever App(ca_bundle=...) said.
+        kwargs["verify"] = tls_context(network.ca_bundle)
+        if network.proxy is not None:
+            kwargs["proxy"] = network.proxy
     client_class, _ = authlib_client()
     return client_class(
         client_id=cfg.client_id,

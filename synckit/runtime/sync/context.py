@@ -122,6 +122,8 @@ class RuntimeContext(SyncContext):
     log: Any
     http: httpx.AsyncClient
     record_id: str | None = None
+    #: The App's proxy and CAs, which its OAuth2 token endpoint is reached through too.
+    network: Network = DEFAULT_NETWORK
 
     def for_record(self, record_id: str) -> RuntimeContext:
         """This context for the handling of one record: ``record_id`` set and logged."""
@@ -170,7 +172,9 @@ class RuntimeContext(SyncContext):
         # Imported here: authlib is loaded only by connectors that use OAuth2.
         from synckit.runtime.credentials.oauth import OAuth2Auth
 
-        return OAuth2Auth(self.db, self.tenant, declaration.config_for(self.connector))
+        return OAuth2Auth(
+            self.db, self.tenant, declaration.config_for(self.connector), network=self.network
+        )
 
 
 async def _idempotency_hook(request: httpx.Request) -> None:
@@ -348,6 +352,7 @@ def _build(
         trace_id=trace_id,
         log=bound,
         http=client,
+        network=network,
     )
     return ctx, client, paced
 
