@@ -69,12 +69,16 @@ def ca() -> trustme.CA:
     return trustme.CA()
 
 
-@pytest.fixture
-def https_server(ca: trustme.CA) -> Iterator[LoopbackServer]:
+def tls_server(ca: trustme.CA, handler: Any) -> LoopbackServer:
     """An HTTPS server on 127.0.0.1 whose certificate a CA of this test alone signed."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(context)
-    server = LoopbackServer(hello, tls=context)
+    return LoopbackServer(handler, tls=context)
+
+
+@pytest.fixture
+def https_server(ca: trustme.CA) -> Iterator[LoopbackServer]:
+    server = tls_server(ca, hello)
     yield server
     server.close()
 
@@ -198,9 +202,7 @@ def token_endpoint(req: Request) -> tuple[int, dict[str, str], bytes]:
 
 @pytest.fixture
 def https_token_endpoint(ca: trustme.CA) -> Iterator[LoopbackServer]:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(context)
-    server = LoopbackServer(token_endpoint, tls=context)
+    server = tls_server(ca, token_endpoint)
     yield server
     server.close()
 
