@@ -28,6 +28,7 @@ from services import (
     pg_fetchval,
     postgres_problem,
     service_unavailable,
+    vacuum_catalogs,
 )
 from sqlalchemy.engine import make_url
 
@@ -129,9 +130,15 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     yield
 
 
-def pytest_sessionfinish() -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
     zygote.stop()
     _pool.drop_all()
+    # Once per run, by the process that started it (xdist's workers have ended by then):
+    # the catalogs the run's schemas churned, vacuumed (services.vacuum_catalogs).
+    if not hasattr(session.config, "workerinput") and postgres_problem() is None:
+        problem = vacuum_catalogs()
+        if problem is not None:
+            print(f"\nthe PostgreSQL catalogs were not vacuumed: {problem}")
 
 
 ENGINES = ["sqlite", "postgresql"]
