@@ -30,6 +30,9 @@ _OWN_PATH = {sys.path[0], *os.environ.get("PYTHONPATH", "").split(os.pathsep)}
 #: The interpreter's own import path (the standard library, the venv's site-packages),
 #: without this script's folder and without the $PYTHONPATH this process started with.
 BASE_PATH = [p for p in sys.path[1:] if p and p not in _OWN_PATH]
+#: The variables that choose the CAs of httpx's default TLS context, and this process's.
+_TLS_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR")
+_ZYGOTE_ENV = dict(os.environ)
 
 
 def _preimport() -> None:
@@ -46,6 +49,12 @@ def _preimport() -> None:
         import synckit.cli
         import synckit.cli.worker
         import synckit.testing.hostile  # noqa: F401
+        from synckit.runtime.http.transports import tls_context
+
+    # The default TLS context (the CA bundle loaded: ~50 ms of CPU), which every worker
+    # builds as it starts (synckit.runtime.sync.context.prepare_process), built once here
+    # and inherited. A command whose environment names other CAs builds its own (_run).
+    tls_context()
 
 
 def _stream(fd: int, like: io.TextIOWrapper, write: bool, unbuffered: bool) -> io.TextIOWrapper:
@@ -105,6 +114,10 @@ def _run(request: dict[str, object], fds: list[int]) -> None:
         assert isinstance(env, dict)
         os.environ.clear()
         os.environ.update(env)
+        if any(env.get(name) != _ZYGOTE_ENV.get(name) for name in _TLS_ENV):
+            from synckit.runtime.http.transports import tls_context
+
+            tls_context.cache_clear()
         extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         kind, target_name = request["kind"], request["target"]
         assert isinstance(target_name, str)

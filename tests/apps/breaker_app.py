@@ -9,6 +9,7 @@ import httpx
 
 from synckit.errors import BreakerPolicy, RetryPolicy, classify
 from synckit.errors.raising import exception_for
+from synckit.runtime.http.transports import tls_context
 from synckit.runtime.jobs.handlers import JobContext, Registry
 
 registry = Registry(
@@ -23,7 +24,9 @@ registry = Registry(
 
 @registry.handler("call", timeout=10)
 async def call(ctx: JobContext) -> None:
-    async with httpx.AsyncClient(base_url=os.environ["BREAKER_APP_API"], timeout=5) as http:
+    async with httpx.AsyncClient(
+        base_url=os.environ["BREAKER_APP_API"], timeout=5, verify=tls_context()
+    ) as http:
         response = await http.get(ctx.payload["path"], headers={"X-Job": str(ctx.job.id)})
     if response.is_success:
         return

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from synckit.errors import set_testing
+from synckit.runtime.http.transports import tls_context
 from synckit.runtime.jobs.handlers import Registry
 from synckit.runtime.writes.intents import (
     WRITE_KIND,
@@ -37,7 +38,7 @@ def client() -> httpx.AsyncClient:
     """One client per worker process (made inside its event loop, on first use)."""
     global _client
     if _client is None:
-        _client = httpx.AsyncClient(base_url=API, timeout=2)
+        _client = httpx.AsyncClient(base_url=API, timeout=2, verify=tls_context())
     return _client
 
 

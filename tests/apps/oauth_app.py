@@ -24,6 +24,7 @@ import httpx
 from sqlalchemy import text
 
 from synckit.runtime.credentials.oauth import OAuth2Auth, OAuth2Config
+from synckit.runtime.http.transports import tls_context
 from synckit.runtime.observe.logging import configure_logging
 from synckit.store.db import open_database
 
@@ -47,7 +48,7 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
         async def job() -> dict[str, Any]:
             auth = OAuth2Auth(db, args.tenant, cfg)
             try:
-                async with httpx.AsyncClient(auth=auth, timeout=60) as client:
+                async with httpx.AsyncClient(auth=auth, timeout=60, verify=tls_context()) as client:
                     response = await client.get(args.resource_url)
                 return {"status": response.status_code}
             except Exception as exc:

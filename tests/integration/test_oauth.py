@@ -35,6 +35,7 @@ from synckit.runtime.credentials.secrets import (
     TokenSet,
     save_refreshed_token_set,
 )
+from synckit.runtime.http.transports import tls_context
 from synckit.store.db import Database, open_database
 from synckit.store.tables import connections
 from synckit.testing.oauth_server import OAuthTestServer
@@ -96,7 +97,7 @@ def config(server: OAuthTestServer, **kw: Any) -> OAuth2Config:
 
 
 async def call(auth: OAuth2Auth, url: str) -> httpx.Response:
-    async with httpx.AsyncClient(auth=auth, timeout=10) as client:
+    async with httpx.AsyncClient(auth=auth, timeout=10, verify=tls_context()) as client:
         return await client.get(url)
 
 

@@ -14,6 +14,7 @@ from sqlalchemy import insert, select
 from synckit.errors import RetryPolicy
 from synckit.runtime.credentials.oauth import OAuth2Auth, OAuth2Config, reauth
 from synckit.runtime.credentials.secrets import TokenSet
+from synckit.runtime.http.transports import tls_context
 from synckit.runtime.jobs.handlers import JobContext, Registry
 from synckit.runtime.jobs.worker import Worker
 from synckit.store.db import Database
@@ -43,7 +44,7 @@ def registry_calling(db: Database, server: OAuthTestServer) -> Registry:
     @reg.handler("call_api")
     async def call_api(ctx: JobContext) -> None:
         auth = OAuth2Auth(db, ctx.payload["tenant"], cfg)
-        async with httpx.AsyncClient(auth=auth, timeout=10) as client:
+        async with httpx.AsyncClient(auth=auth, timeout=10, verify=tls_context()) as client:
             (await client.get(server.resource_url)).raise_for_status()
 
     return reg

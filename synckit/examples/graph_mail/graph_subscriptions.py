@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from synckit.examples.graph_mail.graph_shapes import folder_name, graph_error, iso
+from synckit.runtime.http.transports import tls_context
 from synckit.testing.replies import RecordedRequest, Reply
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ class Subscriptions:
                     batches.setdefault(sub_id, []).append(note)
                     urls[sub_id] = sub.notification_url
         statuses: list[int] = []
-        async with httpx.AsyncClient(timeout=10.0) as client:
+        async with httpx.AsyncClient(timeout=10.0, verify=tls_context()) as client:
             for sub_id, notes in batches.items():
                 try:
                     r = await client.post(urls[sub_id], json={"value": notes})
@@ -201,7 +202,7 @@ class Subscriptions:
         token = f"Validation: Testing client application reachability {self.sim.opaque('vt')}"
         self.sim.stats.validations[tenant] += 1
         try:
-            with httpx.Client(timeout=10.0) as client:
+            with httpx.Client(timeout=10.0, verify=tls_context()) as client:
                 r = client.post(
                     url, params={"validationToken": token}, headers={"Content-Type": "text/plain"}
                 )
