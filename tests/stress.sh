@@ -36,7 +36,7 @@ echo "stress: two CPU-bound processes (${hogs[*]}) beside the suite, $repeats ru
 status=0
 for run in $(seq 1 "$repeats"); do
   started_ms=$(($(date +%s%N) / 1000000))
-  .venv/bin/pytest -q -n 4 "$@"
+  .venv/bin/pytest -q -n 6 "$@"  # as the README's test command
   status=$?
   ms=$(($(date +%s%N) / 1000000 - started_ms))
   printf 'stress: run %d of %d: exit %d, %d.%d s wall\n' \
