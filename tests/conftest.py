@@ -152,22 +152,46 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             short.append(item)
         else:
             modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    heads: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    heads: list[list[list[pytest.Item]]] = [[] for _ in range(workers)]
     load = [0.0] * workers
     for tests in sorted(modules.values(), key=lambda t: -len(t) * (_long_weight(t[0].nodeid) or 0)):
         i = load.index(min(load))
-        heads[i] += tests
+        heads[i].append(tests)
         load[i] += len(tests) * (_long_weight(tests[0].nodeid) or 0)
     ordered: list[pytest.Item] = []
     left = len(items)
     for i, head in enumerate(heads):
         size = left // (workers - i)
         left -= size
-        ordered += head
-        take = max(0, size - len(head))
-        ordered += short[:take]
+        take = max(0, size - sum(map(len, head)))
+        block = short[:take]
         del short[:take]
+        ordered += _spread(head, block, phase=i / workers)
     items[:] = ordered + short
+
+
+#: The share of its short tests over which a block's long modules are spread.
+SPREAD = 0.6
+
+
+def _spread(
+    long_modules: list[list[pytest.Item]], short: list[pytest.Item], phase: float
+) -> list[pytest.Item]:
+    """``short`` with the ``long_modules`` placed at even intervals over its first
+    :data:`SPREAD`, shifted by ``phase`` (0 to 1) of an interval: each process runs its
+    long modules (mostly waits on processes, servers and paced APIs) between short tests
+    (mostly CPU), at other moments than the other processes run theirs, so the cores are
+    not left idle while every process waits at once, nor overloaded after."""
+    if not long_modules:
+        return short
+    span = len(short) * SPREAD
+    at = [int(span * (j + phase) / len(long_modules)) for j in range(len(long_modules))]
+    out: list[pytest.Item] = []
+    start = 0
+    for place, tests in zip(at, long_modules, strict=True):
+        out += short[start:place] + tests
+        start = place
+    return out + short[start:]
 
 
 #: Where the Python commands tests start are forked from a pre-imported process
