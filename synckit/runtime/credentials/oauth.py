@@ -267,19 +267,20 @@ class _Sent:
     sent_at: datetime
 
 
-# One lock per (event loop, database, tenant): this process's refreshers of a tenant queue
-# in order instead of all polling its row.
-_refresh_locks: weakref.WeakValueDictionary[tuple[int, str, str], asyncio.Lock] = (
-    weakref.WeakValueDictionary()
-)
+# One lock per (event loop, database as given, tenant): this process's refreshers of a
+# tenant queue in order instead of all polling its row. Keyed by the loop itself, not its
+# id: a new loop may get a dead one's id, and a lock is bound to its loop.
+_refresh_locks: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock]
+] = weakref.WeakKeyDictionary()
 
 
 def _refresh_lock(db: Database, tenant: str) -> asyncio.Lock:
-    ident = (id(asyncio.get_running_loop()), str(db.url), tenant)
-    lock = _refresh_locks.get(ident)
+    locks = _refresh_locks.setdefault(asyncio.get_running_loop(), weakref.WeakValueDictionary())
+    lock = locks.get((db.given_url, tenant))
     if lock is None:
         lock = asyncio.Lock()
-        _refresh_locks[ident] = lock
+        locks[(db.given_url, tenant)] = lock
     return lock
 
 

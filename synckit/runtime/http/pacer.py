@@ -165,17 +165,19 @@ class _Shared:
         return accepted
 
 
-_shared_views: weakref.WeakValueDictionary[tuple[int, str, str], _Shared] = (
-    weakref.WeakValueDictionary()
-)
+#: Per event loop (gone with it: a new loop may get a dead one's id), per database as
+#: given (its URL with any ``search_path``: two schemas are two databases) and resource.
+_shared_views: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.WeakValueDictionary[tuple[str, str], _Shared]
+] = weakref.WeakKeyDictionary()
 
 
 def _shared(db: Database, key: str) -> _Shared:
-    ident = (id(asyncio.get_running_loop()), str(db.url), key)
-    found = _shared_views.get(ident)
+    views = _shared_views.setdefault(asyncio.get_running_loop(), weakref.WeakValueDictionary())
+    found = views.get((db.given_url, key))
     if found is None:
         found = _Shared()
-        _shared_views[ident] = found
+        views[(db.given_url, key)] = found
     return found
 
 
