@@ -128,7 +128,7 @@ def _long_weight(nodeid: str) -> float | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long tests (:data:`LONG_FIRST`) first in every xdist worker's share, a whole
+    """The long tests (:data:`LONG_FIRST`) early in every xdist worker's share, a whole
     module to one worker.
 
     xdist's worksteal hands each worker one contiguous block of the collection at the
@@ -136,13 +136,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     every long test at the head of the collection, they all fell in the first worker's
     block and ran one after another, the last of them minutes after the other workers
     had run out of short tests. Here the long modules are dealt, longest first, each to
-    the head of the block with the least long work so far (the blocks xdist will cut: its
-    own arithmetic, what is left divided by the workers left), each block's short tests
-    after them. A module goes whole to one block: dealt test by test, a module's tests
-    sat at the same place in every block and ran at the same time, so the four tests
-    that wait on a paced API for 40 s each left both cores idle together, and the tests
-    that share one demo run waited on each other. Every worker orders the same way, so
-    they agree on the order.
+    the block with the least long work so far (the blocks xdist will cut: its own
+    arithmetic, what is left divided by the workers left), and spread among that block's
+    short tests (:func:`_spread`). A module goes whole to one block: dealt test by test,
+    a module's tests sat at the same place in every block and ran at the same time, so
+    the four tests that wait on a paced API for 40 s each left both cores idle together,
+    and the tests that share one demo run waited on each other. Every worker orders the
+    same way, so they agree on the order.
     """
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     modules: dict[str, list[pytest.Item]] = {}

@@ -80,6 +80,7 @@ from synckit.runtime.credentials.secrets import (
 from synckit.runtime.http import pacing
 from synckit.runtime.http.network import Network
 from synckit.runtime.http.transports import DEFAULT_NETWORK, tls_context
+from synckit.runtime.loop_state import PerLoop, per_loop
 from synckit.store.connections import (
     REASON_CHARS,
     hand_back_refresh_lease,
@@ -268,20 +269,12 @@ class _Sent:
 
 
 # One lock per (event loop, database as given, tenant): this process's refreshers of a
-# tenant queue in order instead of all polling its row. Keyed by the loop itself, not its
-# id: a new loop may get a dead one's id, and a lock is bound to its loop.
-_refresh_locks: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock]
-] = weakref.WeakKeyDictionary()
+# tenant queue in order instead of all polling its row.
+_refresh_locks: PerLoop[tuple[str, str], asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
 def _refresh_lock(db: Database, tenant: str) -> asyncio.Lock:
-    locks = _refresh_locks.setdefault(asyncio.get_running_loop(), weakref.WeakValueDictionary())
-    lock = locks.get((db.given_url, tenant))
-    if lock is None:
-        lock = asyncio.Lock()
-        locks[(db.given_url, tenant)] = lock
-    return lock
+    return per_loop(_refresh_locks, (db.given_url, tenant), asyncio.Lock)
 
 
 class OAuth2Auth(httpx.Auth):

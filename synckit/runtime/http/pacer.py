@@ -43,6 +43,7 @@ from synckit.errors.pace import PacePolicy
 from synckit.runtime.http import pacing
 from synckit.runtime.http.network import Network
 from synckit.runtime.http.transports import DEFAULT_NETWORK, give_back_transport
+from synckit.runtime.loop_state import PerLoop, per_loop
 from synckit.runtime.observe.instruments import record_api_latency
 from synckit.store.db import Database
 
@@ -165,20 +166,13 @@ class _Shared:
         return accepted
 
 
-#: Per event loop (gone with it: a new loop may get a dead one's id), per database as
-#: given (its URL with any ``search_path``: two schemas are two databases) and resource.
-_shared_views: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, weakref.WeakValueDictionary[tuple[str, str], _Shared]
-] = weakref.WeakKeyDictionary()
+#: Per event loop, database as given (its URL with any ``search_path``: two schemas are
+#: two databases) and resource.
+_shared_views: PerLoop[tuple[str, str], _Shared] = weakref.WeakKeyDictionary()
 
 
 def _shared(db: Database, key: str) -> _Shared:
-    views = _shared_views.setdefault(asyncio.get_running_loop(), weakref.WeakValueDictionary())
-    found = views.get((db.given_url, key))
-    if found is None:
-        found = _Shared()
-        views[(db.given_url, key)] = found
-    return found
+    return per_loop(_shared_views, (db.given_url, key), _Shared)
 
 
 _waiters: weakref.WeakKeyDictionary[Callable[[], datetime], Waiter] = weakref.WeakKeyDictionary()
