@@ -174,7 +174,8 @@ async def test_a_worker_killed_mid_walk_loses_nothing_and_moves_no_watermark_ear
 ) -> None:
     """The worker walking a tenant's 2,000 newest-first customers is killed (SIGKILL) a
     quarter of the way down. Another worker resumes the walk from its last committed page:
-    every customer is handled (only the page in flight when it died, uncommitted, twice),
+    every customer is handled (only the page in flight when it died, uncommitted, twice;
+    a page more for each attempt a late heartbeat ended on a loaded machine),
     and the next cycle hands on exactly the 150 new ones: the watermark did not move
     before the walk was over."""
     from stripe_app import CONNECTOR, app
@@ -233,8 +234,20 @@ async def test_a_worker_killed_mid_walk_loses_nothing_and_moves_no_watermark_ear
             handled = server.handled("acme", "customers")
             assert set(handled) == set(server.customers["acme"].ids()), "lost"
             twice = [i for i, n in Counter(handled).items() if n > 1]
-            assert len(twice) <= 100, f"{len(twice)} handled twice: more than the page in flight"
-            print(f"killed after {handled_at_kill} handled; {len(twice)} handled twice")
+            # Each attempt that did not finish repeats at most its page in flight (a page is
+            # handled only once the one before it committed). The kill ends one; on a loaded
+            # machine a 3 s lease can also lapse before a heartbeat (the job is rescued, the
+            # late attempt's commit fenced), which ends another: the job's attempts say how
+            # many there were.
+            interrupted = row.attempts - 1
+            assert len(twice) <= 100 * interrupted, (
+                f"{len(twice)} handled twice: more than a page for each of the"
+                f" {interrupted} interrupted attempt(s)"
+            )
+            print(
+                f"killed after {handled_at_kill} handled; {len(twice)} handled twice;"
+                f" {row.attempts} attempts"
+            )
 
             before = len(handled)
             new = server.customers["acme"].add(150)

@@ -84,6 +84,8 @@ from synckit.store.resources import BreakerStore
 log = structlog.get_logger("synckit.worker")
 #: Seconds between a worker's tries at the queue-depth sample (one row a minute).
 QUEUE_SAMPLE_EVERY = 30.0
+#: Seconds before a job whose row was busy at a heartbeat is beaten again (alone).
+BUSY_RETRY = 0.1
 
 
 class _Slots:
@@ -647,22 +649,31 @@ class Worker(OutcomeRecorder):
     async def _heartbeat(self) -> None:
         # Every third of the start lease while a job claimed ahead waits here (so that a
         # crash frees those within seconds); with started jobs alone, every third of
-        # min(lease, 10 s), which bounds how late a cancellation is noticed.
+        # min(lease, 10 s), which bounds how late a cancellation is noticed. A job whose
+        # row another transaction held at a beat (PostgreSQL: mostly this worker's own
+        # page commit of it) is beaten again alone within BUSY_RETRY seconds, not at the
+        # next full beat: a walk committing page after page under load otherwise skipped
+        # beat after beat until its lease ran out and its own worker rescued it.
         short = max(0.05, self.start_lease.total_seconds() / 3)
         long = max(short, min(self.lease, timedelta(seconds=10)).total_seconds() / 3)
         last = time.monotonic()
+        busy: set[int] = set()
         while True:
-            await asyncio.sleep(short)
+            await asyncio.sleep(min(short, BUSY_RETRY) if busy else short)
             current = list(self._held.values())
             if not current:
+                busy = set()
                 continue
             waiting = any(not j.started for j in current)
-            if not waiting and time.monotonic() - last < long:
+            if waiting or time.monotonic() - last >= long:
+                last = time.monotonic()
+            elif busy:
+                current = [j for j in current if j.id in busy]
+            else:
                 continue
-            last = time.monotonic()
             held = [(j.id, j.claim_token) for j in current]
             try:
-                alive = await leasing.heartbeat(
+                beat = await leasing.beat(
                     self.db,
                     self.worker_id,
                     held,
@@ -673,13 +684,19 @@ class Worker(OutcomeRecorder):
             except Exception as exc:  # the worker must outlive any one failure
                 self._log.warning("worker.heartbeat_failed", error=str(exc))
                 continue
+            busy = beat.busy
             for job_id, token in held:
                 task = self._tasks.get(job_id)
                 mine = self._held.get(job_id)
                 # Only the claim this beat was sent for: while the beat was on its way the
                 # job may have ended its attempt and been claimed again (a retry), and that
                 # new attempt is not the one whose claim is gone.
-                if job_id not in alive and task is not None and mine and mine.claim_token == token:
+                if (
+                    job_id not in beat.alive
+                    and task is not None
+                    and mine
+                    and mine.claim_token == token
+                ):
                     # Cancelled by an operator or rescued by another worker: stop the handler.
                     self._log.warning("job.lost_claim", job_id=job_id)
                     self._held.pop(job_id, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -65,6 +66,15 @@ async def release(
     return len(released)
 
 
+@dataclass(frozen=True)
+class Beat:
+    """What a heartbeat found: the ids the worker still holds (``alive``), and among them
+    those whose row another transaction held (``busy``, PostgreSQL): not extended."""
+
+    alive: set[int]
+    busy: set[int]
+
+
 async def heartbeat(
     db: Database,
     worker_id: str,
@@ -74,16 +84,33 @@ async def heartbeat(
     now: datetime | None = None,
     start_lease: timedelta | None = None,
 ) -> set[int]:
-    """Extend the leases of the jobs this worker still holds; return the ids it still holds.
+    """Extend the leases of the jobs this worker still holds; return the ids it still holds
+    (:func:`beat`'s ``alive``)."""
+    found = await beat(db, worker_id, held, lease=lease, now=now, start_lease=start_lease)
+    return found.alive
+
+
+async def beat(
+    db: Database,
+    worker_id: str,
+    held: Sequence[tuple[int, int]],
+    *,
+    lease: timedelta,
+    now: datetime | None = None,
+    start_lease: timedelta | None = None,
+) -> Beat:
+    """Extend the leases of the jobs this worker still holds.
 
     Started jobs get ``lease``; jobs claimed ahead and not started get ``start_lease``
     (default: ``lease``), so that a crash gives them to other workers soon.
-    A job missing from the result was rescued or cancelled: its handler should stop.
+    A job missing from ``alive`` was rescued or cancelled: its handler should stop.
     On PostgreSQL a job whose row another transaction holds right now is not waited
-    for: it counts as held and its lease is extended at the next beat.
+    for: it counts as held, is named in ``busy``, and its lease is not extended; the
+    caller beats it again soon (the worker: a retry of those alone, not the next full
+    beat, so that its own page commits cannot use up a lease beat after beat).
     """
     if not held:
-        return set()
+        return Beat(set(), set())
     now = now or utcnow()
     async with db.begin() as conn:
         dialect = conn.dialect.name
@@ -101,7 +128,7 @@ async def heartbeat(
             busy = set(ids) - free
             held = [(i, t) for i, t in held if i in free]
             if not held:
-                return busy
+                return Beat(busy, busy)
         res = await conn.execute(
             update(jobs)
             .where(_HELD[dialect], jobs.c.status == RUNNING, jobs.c.locked_by == worker_id)
@@ -114,7 +141,7 @@ async def heartbeat(
             .returning(jobs.c.id),
             _held_params(dialect, held),
         )
-        return {r[0] for r in res} | busy
+        return Beat({r[0] for r in res} | busy, busy)
 
 
 _PG_LOCK_FREE: Any = text(
@@ -200,6 +227,8 @@ async def rescue_expired(
 
 
 __all__ = [
+    "Beat",
+    "beat",
     "heartbeat",
     "release",
     "rescue_expired",
