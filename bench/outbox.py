@@ -1,16 +1,18 @@
 """Outbox relay throughput: messages/s published to RabbitMQ with publisher confirms.
 
-    python -m bench.outbox [--n 10000] [--batch 500] [--keys 0] [--json]
+    python -m bench.outbox [--n 10000] [--batch 500] [--keys 0] [--write-batch 50] [--json]
 
 For each engine (a temporary SQLite file; a PostgreSQL schema of its own, created and
 dropped here) it writes ``n`` messages, then times :meth:`OutboxRelay.run_until_empty`
 from the first claim until every message is confirmed by the broker and marked
 published. The broker side is a fresh topic exchange bound to one queue; the queue's
 depth is checked afterwards (all ``n`` messages routed), then both are deleted. Writing
-the messages is not timed: it is the application's transaction, not the relay.
+the messages (:func:`outbox.add_many`, ``--write-batch`` messages per transaction, as an
+application's transactions write them) is timed apart from the relay.
 
 ``--keys K`` spreads the messages over K ordering keys (0: no keys, no ordering).
-``--json`` prints ``{"relay_per_s": <slowest engine>, "relay_per_s_<engine>": ...}``.
+``--json`` prints ``{"relay_per_s": <slowest engine>, "relay_per_s_<engine>": ...,
+"write_per_s_<engine>": ...}``.
 Environment: ``SYNCKIT_BENCH_AMQP_URL`` (default amqp://guest:guest@127.0.0.1:5672/),
 ``SYNCKIT_BENCH_POSTGRES_URL`` (default postgresql://postgres@127.0.0.1:5432/test).
 """
@@ -44,30 +46,35 @@ class Figure:
     n: int
     seconds: float
     routed: int
+    write_seconds: float
 
     @property
     def per_s(self) -> float:
         return self.n / self.seconds
 
 
-async def _fill(db: Database, n: int, keys: int) -> None:
-    async with db.begin() as conn:
-        await ob.add_many(
-            conn,
-            [
-                ob.NewMessage(
-                    topic="bench.event",
-                    payload={"seq": i, "body": "x" * 64},
-                    key=f"k{i % keys}" if keys else None,
-                )
-                for i in range(n)
-            ],
-        )
+async def _fill(db: Database, n: int, keys: int, per_tx: int) -> float:
+    """Write ``n`` messages, ``per_tx`` a transaction; the seconds it took."""
+    start = time.perf_counter()
+    for first in range(0, n, per_tx):
+        async with db.begin() as conn:
+            await ob.add_many(
+                conn,
+                [
+                    ob.NewMessage(
+                        topic="bench.event",
+                        payload={"seq": i, "body": "x" * 64},
+                        key=f"k{i % keys}" if keys else None,
+                    )
+                    for i in range(first, min(n, first + per_tx))
+                ],
+            )
+    return time.perf_counter() - start
 
 
-async def _relay(db: Database, engine: str, n: int, batch: int, keys: int) -> Figure:
+async def _relay(db: Database, engine: str, n: int, batch: int, keys: int, per_tx: int) -> Figure:
     await migrate.upgrade(db)
-    await _fill(db, n, keys)
+    write_seconds = await _fill(db, n, keys, per_tx)
     name = f"bench-outbox-{uuid.uuid4().hex[:12]}"
     admin = await aio_pika.connect(AMQP_URL)
     channel = await admin.channel()
@@ -97,19 +104,19 @@ async def _relay(db: Database, engine: str, n: int, batch: int, keys: int) -> Fi
         await cleanup.queue_delete(name)
         await cleanup.exchange_delete(name)
         await admin.close()
-    return Figure(engine, n, seconds, routed)
+    return Figure(engine, n, seconds, routed, write_seconds)
 
 
-async def _sqlite(n: int, batch: int, keys: int) -> Figure:
+async def _sqlite(n: int, batch: int, keys: int, per_tx: int) -> Figure:
     with tempfile.TemporaryDirectory(prefix="synckit-bench-") as tmp:
         db = open_database(f"sqlite:///{Path(tmp) / 'outbox.db'}")
         try:
-            return await _relay(db, "sqlite", n, batch, keys)
+            return await _relay(db, "sqlite", n, batch, keys, per_tx)
         finally:
             await db.dispose()
 
 
-async def _postgres(n: int, batch: int, keys: int) -> Figure:
+async def _postgres(n: int, batch: int, keys: int, per_tx: int) -> Figure:
     schema = f"bench_{uuid.uuid4().hex[:12]}"
     admin = open_database(PG_URL, pool_size=1)
     try:
@@ -118,7 +125,7 @@ async def _postgres(n: int, batch: int, keys: int) -> Figure:
         sep = "&" if "?" in PG_URL else "?"
         db = open_database(f"{PG_URL}{sep}search_path={schema}")
         try:
-            return await _relay(db, "postgresql", n, batch, keys)
+            return await _relay(db, "postgresql", n, batch, keys, per_tx)
         finally:
             await db.dispose()
             async with admin.begin() as conn:
@@ -127,8 +134,8 @@ async def _postgres(n: int, batch: int, keys: int) -> Figure:
         await admin.dispose()
 
 
-async def main_async(n: int, batch: int, keys: int) -> list[Figure]:
-    return [await _sqlite(n, batch, keys), await _postgres(n, batch, keys)]
+async def main_async(n: int, batch: int, keys: int, per_tx: int = 50) -> list[Figure]:
+    return [await _sqlite(n, batch, keys, per_tx), await _postgres(n, batch, keys, per_tx)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -136,12 +143,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=10_000, help="messages per engine")
     parser.add_argument("--batch", type=int, default=500, help="messages per relay batch")
     parser.add_argument("--keys", type=int, default=0, help="ordering keys (0: none)")
+    parser.add_argument(
+        "--write-batch", type=int, default=50, help="messages per writing transaction"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    figures = asyncio.run(main_async(args.n, args.batch, args.keys))
+    if args.write_batch < 1:
+        parser.error("--write-batch must be at least 1")
+    figures = asyncio.run(main_async(args.n, args.batch, args.keys, args.write_batch))
     if args.json:
         out: dict[str, float] = {"relay_per_s": round(min(f.per_s for f in figures), 1)}
         out.update({f"relay_per_s_{f.engine}": round(f.per_s, 1) for f in figures})
+        out.update({f"write_per_s_{f.engine}": round(f.n / f.write_seconds, 1) for f in figures})
         print(json.dumps(out))
         return
     keys = f"{args.keys} keys" if args.keys else "no keys"
@@ -149,7 +162,9 @@ def main(argv: list[str] | None = None) -> None:
     for f in figures:
         print(
             f"  {f.engine:<10} {f.n:>8,} messages in {f.seconds:6.2f} s  "
-            f"{f.per_s:>9,.0f} msg/s  (routed {f.routed:,})"
+            f"{f.per_s:>9,.0f} msg/s  (routed {f.routed:,}); written in "
+            f"{f.write_seconds:.2f} s, {f.n / f.write_seconds:,.0f} msg/s "
+            f"({args.write_batch} a transaction)"
         )
     sys.stdout.flush()
 
