@@ -665,7 +665,9 @@ class Worker(OutcomeRecorder):
                 busy = set()
                 continue
             waiting = any(not j.started for j in current)
-            if waiting or time.monotonic() - last >= long:
+            # A full beat every `short` while a job claimed ahead waits, else every `long`;
+            # between them, only the busy jobs, alone (never a full beat at BUSY_RETRY).
+            if time.monotonic() - last >= (short if waiting else long):
                 last = time.monotonic()
             elif busy:
                 current = [j for j in current if j.id in busy]
