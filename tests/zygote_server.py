@@ -14,6 +14,7 @@ path, standard streams and exit status.
 from __future__ import annotations
 
 import atexit
+import gc
 import io
 import json
 import os
@@ -55,6 +56,9 @@ def _preimport() -> None:
     # builds as it starts (synckit.runtime.sync.context.prepare_process), built once here
     # and inherited. A command whose environment names other CAs builds its own (_run).
     tls_context()
+    # What the imports made is frozen: no collection in a forked command walks it again.
+    gc.collect()
+    gc.freeze()
 
 
 def _stream(fd: int, like: io.TextIOWrapper, write: bool, unbuffered: bool) -> io.TextIOWrapper:
