@@ -76,7 +76,7 @@ async def test_a_job_holder_taken_over_cannot_finish_it(db: Database, outcome: s
     a, b = await _taken_over(db)
     async with db.begin() as conn:
         assert await FINISHES[outcome](conn, a) is None
-    assert await leasing.heartbeat(db, "worker-a", [(a.id, a.claim_token)], lease=LEASE) == set()
+    assert (await leasing.beat(db, "worker-a", [(a.id, a.claim_token)], lease=LEASE)).alive == set()
     held = [(a.id, a.claim_token)]
     assert await outcomes.start_many(db, held, now=NOW + 3 * LEASE, lease=LEASE) == set()
     info = await admin.get_job(db, a.id)

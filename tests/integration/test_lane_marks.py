@@ -239,7 +239,7 @@ async def test_enqueue_many_takes_12000_distinct_lanes(db: Database) -> None:
     held = await claiming.claim(db, "w", n, now=T0, lease=LEASE)
     assert len(held) == n
     pairs = [(j.id, j.claim_token) for j in held]
-    alive = await leasing.heartbeat(db, "w", pairs, lease=LEASE, now=T0 + timedelta(seconds=1))
+    alive = (await leasing.beat(db, "w", pairs, lease=LEASE, now=T0 + timedelta(seconds=1))).alive
     assert alive == {j.id for j in held}
     assert await leasing.release(db, pairs) == n
     assert await unmarked_work(db) == []

@@ -591,7 +591,7 @@ async def test_a_heartbeat_never_waits_for_a_row_another_transaction_holds(db: D
             assert leases[b.id] < now + timedelta(minutes=5)  # held: not extended this beat
             await other.rollback()
     later = now + timedelta(seconds=1)
-    alive = await leasing.heartbeat(db, "w", held, lease=timedelta(minutes=5), now=later)
+    alive = (await leasing.beat(db, "w", held, lease=timedelta(minutes=5), now=later)).alive
     assert alive == {a.id, b.id}
     async with db.begin() as conn:
         leases = dict((await conn.execute(select(jobs.c.id, jobs.c.lease_expires_at))).all())

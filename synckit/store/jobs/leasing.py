@@ -75,21 +75,6 @@ class Beat:
     busy: set[int]
 
 
-async def heartbeat(
-    db: Database,
-    worker_id: str,
-    held: Sequence[tuple[int, int]],
-    *,
-    lease: timedelta,
-    now: datetime | None = None,
-    start_lease: timedelta | None = None,
-) -> set[int]:
-    """Extend the leases of the jobs this worker still holds; return the ids it still holds
-    (:func:`beat`'s ``alive``)."""
-    found = await beat(db, worker_id, held, lease=lease, now=now, start_lease=start_lease)
-    return found.alive
-
-
 async def beat(
     db: Database,
     worker_id: str,
@@ -229,7 +214,6 @@ async def rescue_expired(
 __all__ = [
     "Beat",
     "beat",
-    "heartbeat",
     "release",
     "rescue_expired",
 ]
